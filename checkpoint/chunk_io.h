@@ -1,0 +1,112 @@
+#pragma once
+// Chunks <-> blocks <-> files: encoding a chunk's logical bytes into
+// independently decodable, checksummed blocks (writers), and reading back any
+// logical byte range of a saved chunk by fetching and decoding only the blocks
+// it overlaps (readers). Torch-free.
+//
+// Errors from reading name the checkpoint directory, item, chunk index (and
+// block) and file, e.g. "checksum mismatch in /ck/step_10 item 'model.w'
+// chunk 1 block 0 (file rank_1.data)". Their types tell what failed:
+// FormatError (metadata that cannot be right), ChecksumError (bytes that
+// decoded but are wrong), IoError (the file system, including truncated
+// files), TransformError (bytes that do not decode).
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "checkpoint/metadata.h"
+#include "checkpoint/resharding.h"
+#include "checkpoint/storage.h"
+
+namespace thread_pool {
+class ThreadPool;
+}
+
+namespace checkpoint {
+
+class ChecksumError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// A chunk ready to be written: `stored` goes into a data file at some offset,
+// and the ChunkMeta for it takes `blocks`, `checksum` and `logical_bytes`
+// (with length = stored.size()).
+struct EncodedChunk {
+  std::vector<uint8_t> stored;
+  std::vector<BlockMeta> blocks;  // stored offsets relative to the start of `stored`
+  uint64_t checksum = 0;          // XXH3-64 of all logical bytes
+  uint64_t logical_bytes = 0;
+};
+
+// Splits data[0, n) into blocks of `block_size` logical bytes (rounded down to
+// a multiple of element_size; the last block may be shorter), passes each
+// through `chain` (descriptors, zstd at `zstd_level`), and computes block and
+// chunk checksums. Blocks are coded in parallel on `pool` when given.
+// REQUIRES: n is a multiple of element_size; 0 < element_size <= block_size
+// <= kMaxBlockLogicalBytes (else std::invalid_argument); not called from a
+// task running on `pool` (it waits for the pool's tasks).
+// Throws TransformError for an unknown descriptor or a bad level.
+EncodedChunk encode_chunk(const uint8_t* data, uint64_t n, size_t element_size,
+                          const std::vector<std::string>& chain, int zstd_level,
+                          uint64_t block_size, thread_pool::ThreadPool* pool);
+
+// Reads saved chunks of one checkpoint directory. Stateless between calls;
+// one reader may serve concurrent calls. The storage and pool must outlive it.
+class ChunkReader {
+ public:
+  ChunkReader(std::shared_ptr<Storage> storage, std::string checkpoint_dir,
+              thread_pool::ThreadPool* pool = nullptr);
+
+  // Copies logical bytes [lo, lo + n) of chunk `index` of `item` into dst.
+  // Reads only the blocks overlapping the range (one read per run of
+  // adjacent blocks, bounded in size), decodes them (in parallel when a pool
+  // is given), verifies each block's checksum, and when the range is the
+  // whole chunk also the chunk's checksum. Untransformed full blocks are read
+  // straight into dst. REQUIRES: lo + n <= the chunk's logical bytes (else
+  // std::invalid_argument).
+  void read_logical(const ItemMeta& item, size_t index, uint64_t lo, uint64_t n, uint8_t* dst);
+
+  // Applies a ReadRequest (resharding.h) for `item`: copies each of its byte
+  // ranges from the saved chunk into `dst_box_bytes`, the row-major buffer of
+  // the box the request was planned for. Each needed block is decoded once,
+  // whatever number of ranges it feeds, and memory stays bounded by a few
+  // blocks however large the chunk.
+  void read_into(const ItemMeta& item, const ReadRequest& req, uint8_t* dst_box_bytes);
+
+  // Reads every block of chunk `index` and checks every block checksum and
+  // the chunk checksum, without holding the whole chunk in memory.
+  void verify_chunk(const ItemMeta& item, size_t index);
+
+ private:
+  std::shared_ptr<Storage> storage_;
+  std::string dir_;
+  thread_pool::ThreadPool* pool_;
+};
+
+struct VerifyProblem {
+  std::string item;
+  size_t chunk = 0;
+  std::string file;
+  std::string message;  // the error, naming directory, item, chunk and file
+};
+
+struct VerifyReport {
+  uint64_t chunks = 0;  // chunks checked
+  uint64_t bytes = 0;   // logical bytes checked
+  std::vector<VerifyProblem> problems;
+  bool ok() const { return problems.empty(); }
+};
+
+// Reads the committed metadata of `checkpoint_dir` and re-reads and checks
+// every chunk (all blocks and checksums), continuing past bad chunks so that
+// each is reported. Throws FormatError "not a committed checkpoint (no
+// .metadata): <dir>" when there is no committed metadata, and FormatError or
+// IoError when the metadata itself cannot be read.
+VerifyReport verify_checkpoint(Storage& storage, const std::string& checkpoint_dir,
+                               thread_pool::ThreadPool* pool = nullptr);
+
+}  // namespace checkpoint

@@ -1,0 +1,309 @@
+#include "checkpoint/storage.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+
+namespace checkpoint {
+
+namespace {
+
+// Closes a file descriptor on scope exit.
+struct Fd {
+  int fd = -1;
+  explicit Fd(int f) : fd(f) {}
+  ~Fd() {
+    if (fd >= 0) ::close(fd);
+  }
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+};
+
+std::string parent_dir(const std::string& path) {
+  const size_t slash = path.find_last_of('/');
+  if (slash == std::string::npos) return ".";
+  if (slash == 0) return "/";
+  return path.substr(0, slash);
+}
+
+void pwrite_all(int fd, const std::string& path, uint64_t offset, const void* data, size_t n) {
+  const auto* p = static_cast<const uint8_t*>(data);
+  while (n > 0) {
+    const ssize_t w = ::pwrite(fd, p, n, static_cast<off_t>(offset));
+    if (w < 0 && errno == EINTR) continue;
+    if (w < 0) throw IoError::from_errno("cannot write", path, errno);
+    p += w;
+    n -= static_cast<size_t>(w);
+    offset += static_cast<uint64_t>(w);
+  }
+}
+
+class PosixWritableFile final : public WritableFile {
+ public:
+  PosixWritableFile(int fd, std::string path) : fd_(fd), path_(std::move(path)) {}
+  ~PosixWritableFile() override {
+    if (fd_ >= 0) ::close(fd_);
+  }
+
+  void append(const void* data, size_t n) override {
+    write_at(position_, data, n);
+    position_ += n;
+  }
+  void write_at(uint64_t offset, const void* data, size_t n) override {
+    require_open();
+    pwrite_all(fd_, path_, offset, data, n);
+  }
+  void sync() override {
+    require_open();
+    if (::fsync(fd_) != 0) throw IoError::from_errno("cannot fsync", path_, errno);
+  }
+  void close() override {
+    if (fd_ < 0) return;
+    const int fd = fd_;
+    fd_ = -1;
+    if (::close(fd) != 0) throw IoError::from_errno("cannot close", path_, errno);
+  }
+
+ private:
+  void require_open() const {
+    if (fd_ < 0) throw IoError("write to closed file " + path_);
+  }
+
+  int fd_;
+  std::string path_;
+  uint64_t position_ = 0;
+};
+
+class PosixStorage final : public Storage {
+ public:
+  std::unique_ptr<WritableFile> create_file(const std::string& path) override {
+    const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) throw IoError::from_errno("cannot create", path, errno);
+    return std::make_unique<PosixWritableFile>(fd, path);
+  }
+
+  void read_at(const std::string& path, uint64_t offset, void* dst, size_t n) override {
+    Fd f(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+    if (f.fd < 0) throw IoError::from_errno("cannot open", path, errno);
+    auto* p = static_cast<uint8_t*>(dst);
+    size_t done = 0;
+    while (done < n) {
+      const ssize_t r = ::pread(f.fd, p + done, n - done, static_cast<off_t>(offset + done));
+      if (r < 0 && errno == EINTR) continue;
+      if (r < 0) throw IoError::from_errno("cannot read", path, errno);
+      if (r == 0) {
+        struct stat st {};
+        const uint64_t size = ::fstat(f.fd, &st) == 0 ? static_cast<uint64_t>(st.st_size) : 0;
+        throw IoError("truncated: " + path + " has " + std::to_string(size) +
+                      " bytes, needed " + std::to_string(offset + n));
+      }
+      done += static_cast<size_t>(r);
+    }
+  }
+
+  uint64_t file_size(const std::string& path) override {
+    struct stat st {};
+    if (::stat(path.c_str(), &st) != 0) throw IoError::from_errno("cannot stat", path, errno);
+    return static_cast<uint64_t>(st.st_size);
+  }
+
+  bool exists(const std::string& path) override {
+    struct stat st {};
+    return ::lstat(path.c_str(), &st) == 0;
+  }
+
+  void make_dirs(const std::string& path) override {
+    if (path.empty()) return;
+    for (size_t pos = path.find('/', 1);; pos = path.find('/', pos + 1)) {
+      const std::string prefix = path.substr(0, pos);
+      if (::mkdir(prefix.c_str(), 0755) != 0 && errno != EEXIST) {
+        throw IoError::from_errno("cannot create directory", prefix, errno);
+      }
+      if (pos == std::string::npos) break;
+    }
+    struct stat st {};
+    if (::stat(path.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+      throw IoError("cannot create directory " + path + ": a file is in the way", ENOTDIR);
+    }
+  }
+
+  void rename(const std::string& from, const std::string& to) override {
+    if (::rename(from.c_str(), to.c_str()) != 0) {
+      throw IoError::from_errno("cannot rename " + from + " to", to, errno);
+    }
+  }
+
+  void sync_dir(const std::string& path) override {
+    Fd f(::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+    if (f.fd < 0) throw IoError::from_errno("cannot open directory", path, errno);
+    if (::fsync(f.fd) != 0) throw IoError::from_errno("cannot fsync directory", path, errno);
+  }
+
+  std::vector<std::string> list_dir(const std::string& path) override {
+    DIR* dir = ::opendir(path.c_str());
+    if (dir == nullptr) throw IoError::from_errno("cannot list", path, errno);
+    std::vector<std::string> names;
+    errno = 0;
+    while (const dirent* entry = ::readdir(dir)) {
+      const std::string name = entry->d_name;
+      if (name != "." && name != "..") names.push_back(name);
+      errno = 0;
+    }
+    const int err = errno;
+    ::closedir(dir);
+    if (err != 0) throw IoError::from_errno("cannot list", path, err);
+    std::sort(names.begin(), names.end());
+    return names;
+  }
+
+  void remove_all(const std::string& path) override {
+    struct stat st {};
+    if (::lstat(path.c_str(), &st) != 0) {
+      if (errno == ENOENT) return;
+      throw IoError::from_errno("cannot stat", path, errno);
+    }
+    if (S_ISDIR(st.st_mode)) {
+      for (const std::string& name : list_dir(path)) remove_all(join_path(path, name));
+      if (::rmdir(path.c_str()) != 0 && errno != ENOENT) {
+        throw IoError::from_errno("cannot remove directory", path, errno);
+      }
+    } else if (::unlink(path.c_str()) != 0 && errno != ENOENT) {
+      throw IoError::from_errno("cannot remove", path, errno);
+    }
+  }
+};
+
+// ---- fault injection ---------------------------------------------------------------
+
+class FaultInjector {
+ public:
+  explicit FaultInjector(FaultPlan plan) : plan_(plan) {}
+
+  // Bytes of an n-byte write that may go through; throws after letting them
+  // through is the caller's job (see FaultyFile::checked_write).
+  size_t admit_write(const std::string& path, size_t n) {
+    const int64_t call = ++write_calls_;
+    if (call == plan_.fail_on_write_call) fail("write", path, plan_.fail_errno);
+    if (plan_.fail_after_bytes < 0) return n;
+    const int64_t before = written_.fetch_add(static_cast<int64_t>(n));
+    const int64_t room = std::max<int64_t>(0, plan_.fail_after_bytes - before);
+    return static_cast<size_t>(std::min<int64_t>(room, static_cast<int64_t>(n)));
+  }
+  void on_sync(const std::string& path) {
+    if (++sync_calls_ == plan_.fail_on_sync_call) fail("fsync", path, plan_.fail_errno);
+  }
+  void on_rename(const std::string& path) {
+    if (++rename_calls_ == plan_.fail_on_rename_call) fail("rename", path, plan_.fail_errno);
+  }
+  [[noreturn]] static void fail(const std::string& what, const std::string& path, int err) {
+    throw IoError::from_errno("injected fault: cannot " + what, path, err);
+  }
+
+ private:
+  const FaultPlan plan_;
+  std::atomic<int64_t> write_calls_{0};
+  std::atomic<int64_t> written_{0};
+  std::atomic<int64_t> sync_calls_{0};
+  std::atomic<int64_t> rename_calls_{0};
+};
+
+class FaultyFile final : public WritableFile {
+ public:
+  FaultyFile(std::unique_ptr<WritableFile> inner, std::string path,
+             std::shared_ptr<FaultInjector> faults)
+      : inner_(std::move(inner)), path_(std::move(path)), faults_(std::move(faults)) {}
+
+  void append(const void* data, size_t n) override {
+    write_at(position_, data, n);
+    position_ += n;
+  }
+  void write_at(uint64_t offset, const void* data, size_t n) override {
+    const size_t admitted = faults_->admit_write(path_, n);
+    if (admitted > 0) inner_->write_at(offset, data, admitted);
+    if (admitted < n) FaultInjector::fail("write", path_, ENOSPC);
+  }
+  void sync() override {
+    faults_->on_sync(path_);
+    inner_->sync();
+  }
+  void close() override { inner_->close(); }
+
+ private:
+  std::unique_ptr<WritableFile> inner_;
+  std::string path_;
+  std::shared_ptr<FaultInjector> faults_;
+  uint64_t position_ = 0;
+};
+
+class FaultInjectingStorage final : public StorageWrapper {
+ public:
+  FaultInjectingStorage(std::shared_ptr<Storage> inner, FaultPlan plan)
+      : StorageWrapper(std::move(inner)), faults_(std::make_shared<FaultInjector>(plan)) {}
+
+  std::unique_ptr<WritableFile> create_file(const std::string& path) override {
+    return std::make_unique<FaultyFile>(inner().create_file(path), path, faults_);
+  }
+  void rename(const std::string& from, const std::string& to) override {
+    faults_->on_rename(from);
+    inner().rename(from, to);
+  }
+  void sync_dir(const std::string& path) override {
+    faults_->on_sync(path);
+    inner().sync_dir(path);
+  }
+
+ private:
+  std::shared_ptr<FaultInjector> faults_;
+};
+
+}  // namespace
+
+IoError IoError::from_errno(const std::string& what, const std::string& path, int error_number) {
+  return IoError(what + " " + path + ": " + std::strerror(error_number), error_number);
+}
+
+WritableFile::~WritableFile() = default;
+Storage::~Storage() = default;
+
+void Storage::write_file_atomic(const std::string& path, const std::vector<uint8_t>& bytes) {
+  const std::string tmp = path + ".tmp";
+  std::unique_ptr<WritableFile> file = create_file(tmp);
+  file->append(bytes.data(), bytes.size());
+  file->sync();
+  file->close();
+  rename(tmp, path);
+  sync_dir(parent_dir(path));
+}
+
+std::vector<uint8_t> Storage::read_file(const std::string& path, uint64_t max_bytes) {
+  const uint64_t size = file_size(path);
+  if (size > max_bytes) {
+    throw IoError(path + ": " + std::to_string(size) + " bytes is more than the " +
+                  std::to_string(max_bytes) + " allowed");
+  }
+  std::vector<uint8_t> bytes(static_cast<size_t>(size));
+  read_at(path, 0, bytes.data(), bytes.size());
+  return bytes;
+}
+
+std::shared_ptr<Storage> posix_storage() {
+  static const std::shared_ptr<Storage> storage = std::make_shared<PosixStorage>();
+  return storage;
+}
+
+std::shared_ptr<Storage> fault_injecting_storage(std::shared_ptr<Storage> inner, FaultPlan plan) {
+  return std::make_shared<FaultInjectingStorage>(std::move(inner), plan);
+}
+
+std::string join_path(const std::string& dir, const std::string& name) {
+  if (dir.empty()) return name;
+  if (dir.back() == '/') return dir + name;
+  return dir + "/" + name;
+}
+
+}  // namespace checkpoint

@@ -1,0 +1,17 @@
+# One precompiled header for every target that includes LibTorch: <torch/torch.h>
+# costs ~30 s per translation unit on this machine without it. All torch targets
+# reuse the PCH of `shardkit_pch`, so they must share its compile flags.
+add_library(shardkit_pch STATIC ${CMAKE_SOURCE_DIR}/cmake/pch.cpp)
+target_link_libraries(shardkit_pch PUBLIC ${TORCH_LIBRARIES} Threads::Threads)
+target_include_directories(shardkit_pch PUBLIC ${CMAKE_SOURCE_DIR})
+target_compile_options(shardkit_pch PUBLIC ${SHARDKIT_WARNINGS} ${TORCH_CXX_FLAGS})
+if(SHARDKIT_CUDA)
+  target_compile_definitions(shardkit_pch PUBLIC SHARDKIT_CUDA=1)
+endif()
+target_precompile_headers(shardkit_pch PRIVATE <torch/torch.h>)
+
+# Make `target` a LibTorch target that reuses the shared PCH.
+function(shardkit_torch_target target)
+  target_link_libraries(${target} PUBLIC shardkit_pch)
+  target_precompile_headers(${target} REUSE_FROM shardkit_pch)
+endfunction()

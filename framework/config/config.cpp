@@ -1,0 +1,209 @@
+// Reading a config: YAML file -> Config, then --set overrides, then the
+// cross-key checks. Writing it back lives in emit.cpp.
+#include "framework/config/config.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <map>
+
+#include "framework/config/schema.h"
+
+namespace framework::config {
+namespace {
+
+// Where each key got its value: "configs/x.yaml:12" or "--set"; absent keys
+// kept their default. Used to point cross-key errors at the right lines.
+using Origins = std::map<std::string, std::string>;
+
+[[noreturn]] void fail(const std::string& message) { throw ConfigError(message); }
+
+std::string suggestion_for(const std::string& path) {
+  std::string close = closest_path(path);
+  return close.empty() ? "" : " \xE2\x80\x94 did you mean " + close + "?";
+}
+
+std::string describe_node(const YAML::Node& node) {
+  if (node.IsMap()) return "a map";
+  if (node.IsSequence()) return "a list";
+  if (node.IsNull()) return "an empty value";
+  return "\"" + node.Scalar() + "\"";
+}
+
+// Walks the YAML tree, assigning every leaf it finds through the schema.
+class FileParser {
+ public:
+  FileParser(std::string source, Config* cfg, Origins* origins)
+      : source_(std::move(source)), cfg_(cfg), origins_(origins) {}
+
+  void parse_document(const YAML::Node& root) {
+    if (root.IsNull()) return;  // empty file: all defaults
+    if (!root.IsMap())
+      fail(source_ + ":" + std::to_string(root.Mark().line + 1) +
+           ": the top level must be a map of sections (run, train, model, ...), got " +
+           describe_node(root));
+    parse_map(root, "");
+  }
+
+ private:
+  std::string at(int line) const { return source_ + ":" + std::to_string(line + 1); }
+
+  void parse_map(const YAML::Node& map, const std::string& prefix) {
+    std::map<std::string, int> seen;  // key name -> line, within this map
+    for (const auto& entry : map) {
+      // Copies: Node is a handle, and iterator proxies are temporaries.
+      const YAML::Node name_node = entry.first;
+      const YAML::Node value_node = entry.second;
+      int line = name_node.Mark().line;
+      if (!name_node.IsScalar())
+        fail((prefix.empty() ? std::string("top level") : prefix) +
+             ": keys must be plain names at " + at(line));
+      std::string path = prefix.empty() ? name_node.Scalar() : prefix + "." + name_node.Scalar();
+      auto [first, inserted] = seen.emplace(name_node.Scalar(), line);
+      if (!inserted) fail_duplicate(path, first->second, line);
+      if (const Key* key = find_key(path)) {
+        parse_leaf(*key, value_node, line);
+      } else if (is_section(path)) {
+        parse_section(path, value_node, line);
+      } else {
+        fail(path + ": unknown key at " + at(line) + suggestion_for(path));
+      }
+    }
+  }
+
+  void fail_duplicate(const std::string& path, int first_line, int line) {
+    fail(path + ": duplicate key at " + at(line) + " (first at line " +
+         std::to_string(first_line + 1) + ")");
+  }
+
+  void parse_section(const std::string& path, const YAML::Node& node, int line) {
+    if (node.IsNull()) return;  // "checkpoint:" with every key left out
+    if (!node.IsMap())
+      fail(path + ": expected a section (a map of keys), got " + describe_node(node) + " at " +
+           at(line));
+    parse_map(node, path);
+  }
+
+  void parse_leaf(const Key& key, const YAML::Node& node, int line) {
+    // Also catches "checkpoint.interval: 5" next to "checkpoint: {interval: 6}".
+    auto [first, inserted] = leaf_lines_.emplace(key.path, line);
+    if (!inserted) fail_duplicate(key.path, first->second, line);
+    if (!node.IsScalar() && !node.IsNull())
+      fail(std::string(key.path) + ": expected " + describe_expected(key) + ", got " +
+           describe_node(node) + " at " + at(line));
+    Value value;
+    auto problem = parse_value(key, node.IsNull() ? "" : node.Scalar(), node.IsNull(), &value);
+    if (problem) fail(std::string(key.path) + ": " + *problem + " at " + at(line));
+    key.set(*cfg_, value);
+    (*origins_)[key.path] = at(line);
+  }
+
+  std::string source_;
+  Config* cfg_;
+  Origins* origins_;
+  std::map<std::string, int> leaf_lines_;
+};
+
+void parse_text(const std::string& yaml_text, const std::string& source, Config* cfg,
+                Origins* origins) {
+  std::vector<YAML::Node> docs;
+  try {
+    docs = YAML::LoadAll(yaml_text);
+  } catch (const YAML::Exception& e) {
+    std::string where = e.mark.is_null() ? source : source + ":" + std::to_string(e.mark.line + 1);
+    fail(where + ": YAML syntax error: " + e.msg);
+  }
+  if (docs.size() > 1)
+    fail(source + ": expected one YAML document, found " + std::to_string(docs.size()));
+  if (!docs.empty()) FileParser(source, cfg, origins).parse_document(docs[0]);
+}
+
+std::string first_key_under(const std::string& section) {
+  for (const Key& key : schema())
+    if (std::string(key.path).rfind(section + ".", 0) == 0) return key.path;
+  return "";
+}
+
+void apply_override(const std::string& text, Config* cfg, Origins* origins) {
+  std::string prefix = "--set " + text + ": ";
+  size_t eq = text.find('=');
+  if (eq == std::string::npos) fail(prefix + "expected key.path=value");
+  std::string path = text.substr(0, eq);
+  std::string raw = text.substr(eq + 1);
+  const Key* key = find_key(path);
+  if (key == nullptr && is_section(path))
+    fail(prefix + path + " is a section, not a key; set one of its keys, e.g. " +
+         first_key_under(path));
+  if (key == nullptr) fail(prefix + "unknown key" + suggestion_for(path));
+  YAML::Node node;
+  try {
+    node = YAML::Load(raw);
+  } catch (const YAML::Exception&) {
+    fail(prefix + "expected " + describe_expected(*key) + ", got \"" + raw +
+         "\" (not a YAML scalar; quote it)");
+  }
+  if (!node.IsScalar() && !node.IsNull())
+    fail(prefix + "expected " + describe_expected(*key) + ", got " + describe_node(node));
+  Value value;
+  auto problem = parse_value(*key, node.IsNull() ? "" : node.Scalar(), node.IsNull(), &value);
+  if (problem) fail(prefix + *problem);
+  key->set(*cfg, value);
+  (*origins)[path] = "--set";
+}
+
+// "train.stop_at (500, configs/x.yaml:3)": value and where it came from.
+std::string describe_key(const std::string& path, const Config& cfg, const Origins& origins) {
+  auto it = origins.find(path);
+  std::string origin = it == origins.end() ? "default" : it->second;
+  return path + " (" + format_value(find_key(path)->get(cfg)) + ", " + origin + ")";
+}
+
+// Checks that involve several keys; run once, after every override.
+void check_consistency(const Config& cfg, const Origins& origins) {
+  auto key = [&](const char* path) { return describe_key(path, cfg, origins); };
+  if (cfg.parallel.replicate == -1 && cfg.parallel.shard == -1)
+    fail(key("parallel.replicate") + " and " + key("parallel.shard") +
+         " are both -1; at most one degree can be derived from the world size");
+  if (cfg.model.kind == "gpt" && cfg.model.d_model % cfg.model.n_heads != 0)
+    fail(key("model.d_model") + " must be divisible by " + key("model.n_heads") +
+         " for model.kind gpt");
+  if (cfg.optim.min_lr > cfg.optim.lr)
+    fail(key("optim.min_lr") + " must not exceed " + key("optim.lr"));
+  if (cfg.data.kind == "text" && cfg.data.path.empty())
+    fail(key("data.path") + " must name a text file when " + key("data.kind") + " is text");
+  if (cfg.train.stop_at != 0 && cfg.train.stop_at > cfg.train.steps)
+    fail(key("train.stop_at") + " must not exceed " + key("train.steps") + " (0 means never)");
+}
+
+std::string read_file(const std::string& path) {
+  std::FILE* file = std::fopen(path.c_str(), "rb");
+  if (file == nullptr) fail(path + ": cannot open config file: " + std::strerror(errno));
+  std::string text;
+  char buf[65536];
+  size_t n = 0;
+  while ((n = std::fread(buf, 1, sizeof(buf), file)) > 0) text.append(buf, n);
+  int read_errno = std::ferror(file) ? errno : 0;
+  std::fclose(file);
+  if (read_errno != 0) fail(path + ": cannot read config file: " + std::strerror(read_errno));
+  return text;
+}
+
+}  // namespace
+
+Config parse_config(const std::string& yaml_text, const std::string& source_name,
+                    const std::vector<std::string>& overrides) {
+  Config cfg;
+  Origins origins;
+  parse_text(yaml_text, source_name, &cfg, &origins);
+  for (const std::string& text : overrides) apply_override(text, &cfg, &origins);
+  check_consistency(cfg, origins);
+  return cfg;
+}
+
+Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
+  return parse_config(read_file(path), path, overrides);
+}
+
+}  // namespace framework::config

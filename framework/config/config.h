@@ -1,0 +1,82 @@
+#pragma once
+// The run configuration: one YAML file plus `--set key.path=value` overrides,
+// parsed into the option structs each component owns. Torch-free.
+//
+// Keys are the dotted paths of the option fields (run.dir, train.steps,
+// checkpoint.compression.level, ...). Every key is described once, in the
+// schema table in schema.cpp, which drives parsing, validation, overrides,
+// to_yaml and reference_markdown.
+//
+// Example:
+//   Config cfg = load_config("configs/default.yaml", {"train.steps=50"});
+//   write_effective_config(cfg, cfg.run.dir);
+//
+// Thread safety: all functions are pure or touch only their own files; they
+// may be called from any thread.
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "checkpoint/options.h"
+#include "framework/data/options.h"
+#include "framework/dist/options.h"
+#include "framework/fsdp/options.h"
+#include "framework/optim/options.h"
+#include "framework/train/options.h"
+#include "models/options.h"
+
+namespace framework::config {
+
+struct Config {
+  framework::train::RunOptions run;
+  framework::train::TrainOptions train;
+  models::ModelOptions model;
+  framework::data::DataOptions data;
+  framework::optim::OptimOptions optim;
+  framework::fsdp::ParallelOptions parallel;
+  framework::dist::DistOptions dist;
+  checkpoint::CheckpointOptions checkpoint;
+};
+
+// Compares every key of the schema (all option fields); doubles exactly.
+bool operator==(const Config& a, const Config& b);
+bool operator!=(const Config& a, const Config& b);
+
+// A user error in the configuration: unknown key, wrong type, value out of
+// range, inconsistent keys, unreadable or malformed file. what() is one
+// user-facing line that names the key path and, for file errors, the
+// source:line (1-based). Callers print it and exit with status 2.
+class ConfigError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// Reads and parses the YAML file at `path`, then applies each override
+// ("key.path=value", value parsed as a YAML scalar) in order, then runs the
+// cross-key checks. Keys not given keep the option structs' defaults; an
+// empty file gives all defaults.
+// Throws ConfigError (missing file: path and strerror; syntax error: file:line).
+Config load_config(const std::string& path,
+                   const std::vector<std::string>& overrides = {});
+
+// Same as load_config on text already in memory; `source_name` stands for the
+// file in messages.
+Config parse_config(const std::string& yaml_text,
+                    const std::string& source_name,
+                    const std::vector<std::string>& overrides = {});
+
+// The full effective configuration, every key, nested by section.
+// parse_config(to_yaml(cfg), ...) == cfg for any cfg that passes validation.
+std::string to_yaml(const Config& cfg);
+
+// Writes to_yaml(cfg) to <run_dir>/config.yaml, creating run_dir. Atomic:
+// written to a temporary file in run_dir, fsynced, then renamed over.
+// Call from one process only (rank 0).
+// Throws std::runtime_error (not ConfigError) naming the path and strerror.
+void write_effective_config(const Config& cfg, const std::string& run_dir);
+
+// A markdown table "key | type | default | meaning" with one row per key, in
+// schema order; defaults are those of the option structs.
+std::string reference_markdown();
+
+}  // namespace framework::config

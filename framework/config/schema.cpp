@@ -1,0 +1,422 @@
+#include "framework/config/schema.h"
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <limits>
+#include <type_traits>
+
+namespace framework::config {
+namespace {
+
+Value to_value(int64_t v) { return Value(v); }
+Value to_value(int v) { return Value(static_cast<int64_t>(v)); }
+Value to_value(double v) { return Value(v); }
+Value to_value(bool v) { return Value(v); }
+Value to_value(const std::string& v) { return Value(v); }
+
+// Narrowing to int is safe: every int field has bounds inside int's range.
+void from_value(const Value& v, int64_t& dst) { dst = std::get<int64_t>(v); }
+void from_value(const Value& v, int& dst) { dst = static_cast<int>(std::get<int64_t>(v)); }
+void from_value(const Value& v, double& dst) { dst = std::get<double>(v); }
+void from_value(const Value& v, bool& dst) { dst = std::get<bool>(v); }
+void from_value(const Value& v, std::string& dst) { dst = std::get<std::string>(v); }
+
+template <typename T>
+constexpr ValueType value_type_of() {
+  if constexpr (std::is_same_v<T, bool>) return ValueType::kBool;
+  else if constexpr (std::is_integral_v<T>) return ValueType::kInt;
+  else if constexpr (std::is_floating_point_v<T>) return ValueType::kFloat;
+  else return ValueType::kString;
+}
+
+// Expands to the path, type, getter and setter of one Config field, so the
+// key string can never drift from the field it names.
+#define SHARDKIT_CONFIG_FIELD(field)                               \
+  #field, value_type_of<decltype(Config{}.field)>(),               \
+      [](const Config& c) { return to_value(c.field); },           \
+      [](Config& c, const Value& v) { from_value(v, c.field); }
+
+std::vector<Key> build_schema() {
+  return {
+      {SHARDKIT_CONFIG_FIELD(run.dir), non_empty(),
+       "Run directory: metrics.jsonl, config.yaml and (by default) checkpoints."},
+      {SHARDKIT_CONFIG_FIELD(run.seed), at_least(0),
+       "Seed of parameter init and synthetic data."},
+
+      {SHARDKIT_CONFIG_FIELD(train.steps), at_least(1), "Number of optimizer steps."},
+      {SHARDKIT_CONFIG_FIELD(train.stop_at), at_least(0),
+       "Exit cleanly after this step, as a preempted job would; 0: never."},
+      {SHARDKIT_CONFIG_FIELD(train.global_batch_size), at_least(1),
+       "Sequences per step, summed over all ranks."},
+      {SHARDKIT_CONFIG_FIELD(train.log_every), at_least(1), "Log metrics every N steps."},
+      {SHARDKIT_CONFIG_FIELD(train.device), one_of({"cpu", "cuda"}),
+       "Device the model trains on."},
+      {SHARDKIT_CONFIG_FIELD(train.grad_clip), at_least(0),
+       "Clip gradients to this global L2 norm; 0: no clipping."},
+
+      {SHARDKIT_CONFIG_FIELD(model.kind), one_of({"gpt", "mlp"}), "Model architecture."},
+      {SHARDKIT_CONFIG_FIELD(model.vocab_size), at_least(2), "Vocabulary size."},
+      {SHARDKIT_CONFIG_FIELD(model.seq_len), at_least(1), "Context length in tokens."},
+      {SHARDKIT_CONFIG_FIELD(model.d_model), at_least(1), "Hidden width."},
+      {SHARDKIT_CONFIG_FIELD(model.n_layers), at_least(1), "Number of blocks."},
+      {SHARDKIT_CONFIG_FIELD(model.n_heads), at_least(1),
+       "Attention heads (gpt); must divide model.d_model."},
+      {SHARDKIT_CONFIG_FIELD(model.d_ff), at_least(0), "MLP inner width; 0: 4 * d_model."},
+      {SHARDKIT_CONFIG_FIELD(model.tie_weights), any_value(),
+       "Share the embedding and output projection weights."},
+
+      {SHARDKIT_CONFIG_FIELD(data.kind), one_of({"synthetic", "text"}), "Dataset."},
+      {SHARDKIT_CONFIG_FIELD(data.task), one_of({"copy", "reverse", "add"}),
+       "Synthetic task (data.kind synthetic)."},
+      {SHARDKIT_CONFIG_FIELD(data.path), any_value(),
+       "Text file to train on; required when data.kind is text."},
+
+      {SHARDKIT_CONFIG_FIELD(optim.lr), above(0), "Peak learning rate, reached after warmup."},
+      {SHARDKIT_CONFIG_FIELD(optim.min_lr), at_least(0),
+       "Cosine floor at the last step; at most optim.lr."},
+      {SHARDKIT_CONFIG_FIELD(optim.warmup_steps), at_least(0), "Linear warmup from 0."},
+      {SHARDKIT_CONFIG_FIELD(optim.weight_decay), at_least(0), "AdamW decoupled weight decay."},
+      {SHARDKIT_CONFIG_FIELD(optim.beta1), from_up_to_excl(0, 1), "AdamW first-moment decay."},
+      {SHARDKIT_CONFIG_FIELD(optim.beta2), from_up_to_excl(0, 1), "AdamW second-moment decay."},
+      {SHARDKIT_CONFIG_FIELD(optim.eps), above(0), "AdamW denominator epsilon."},
+
+      {SHARDKIT_CONFIG_FIELD(parallel.replicate), minus_one_or_at_least(1),
+       "Replicate degree of the mesh; -1: what the world size leaves. 1 with shard -1 is FSDP."},
+      {SHARDKIT_CONFIG_FIELD(parallel.shard), minus_one_or_at_least(1),
+       "Shard degree of the mesh; -1: what the world size leaves. 1 is DDP."},
+      {SHARDKIT_CONFIG_FIELD(parallel.reshard_after_forward), any_value(),
+       "Free gathered parameters after forward, gather again for backward."},
+
+      {SHARDKIT_CONFIG_FIELD(dist.backend), one_of({"auto", "gloo", "nccl"}),
+       "Process group backend; auto: nccl on cuda when built with NCCL, else gloo."},
+      {SHARDKIT_CONFIG_FIELD(dist.timeout_s), above(0),
+       "Collectives fail after this many seconds instead of hanging."},
+      {SHARDKIT_CONFIG_FIELD(dist.master_addr), any_value(),
+       "Rendezvous address; empty: MASTER_ADDR, else 127.0.0.1."},
+      {SHARDKIT_CONFIG_FIELD(dist.master_port), between(0, 65535),
+       "Rendezvous port; 0: MASTER_PORT, else 29500."},
+
+      {SHARDKIT_CONFIG_FIELD(checkpoint.dir), any_value(),
+       "Checkpoint directory; empty: <run.dir>/checkpoints."},
+      {SHARDKIT_CONFIG_FIELD(checkpoint.interval), at_least(0),
+       "Save every N steps and at the last; 0: off."},
+      {SHARDKIT_CONFIG_FIELD(checkpoint.mode), one_of({"sync", "async", "overlap"}),
+       "sync: block; async: stage to host then write in background; overlap: also stage in "
+       "background."},
+      {SHARDKIT_CONFIG_FIELD(checkpoint.keep_last), at_least(0),
+       "Keep the newest N committed checkpoints; 0: keep all."},
+      {SHARDKIT_CONFIG_FIELD(checkpoint.resume), non_empty(),
+       "auto: newest committed checkpoint if any; never; or a checkpoint path."},
+      {SHARDKIT_CONFIG_FIELD(checkpoint.on_error), one_of({"fail", "warn"}),
+       "A failed save stops training (fail) or is logged (warn)."},
+      {SHARDKIT_CONFIG_FIELD(checkpoint.save_on_signal), any_value(),
+       "SIGTERM triggers a final save before exit."},
+      {SHARDKIT_CONFIG_FIELD(checkpoint.when_busy), one_of({"wait", "skip"}),
+       "When a save is due while the last one is still in flight."},
+      {SHARDKIT_CONFIG_FIELD(checkpoint.allow_partial), any_value(),
+       "Load: tolerate missing or unexpected items."},
+      {SHARDKIT_CONFIG_FIELD(checkpoint.model_only), any_value(),
+       "Load: model weights only, fresh optimizer and step 0."},
+      {SHARDKIT_CONFIG_FIELD(checkpoint.io_threads), between(1, 256),
+       "Writer/reader threads per rank."},
+      {SHARDKIT_CONFIG_FIELD(checkpoint.compression.codec), one_of({"none", "zstd"}),
+       "Compression of tensor data."},
+      {SHARDKIT_CONFIG_FIELD(checkpoint.compression.level), between(1, 19), "zstd level."},
+      {SHARDKIT_CONFIG_FIELD(checkpoint.compression.byte_group), one_of({"auto", "on", "off"}),
+       "Group bytes by significance before compressing; auto: on for floats."},
+      {SHARDKIT_CONFIG_FIELD(checkpoint.compression.block_size), between(4096, 1 << 30),
+       "Bytes per independently coded block."},
+  };
+}
+
+#undef SHARDKIT_CONFIG_FIELD
+
+// Optimal string alignment distance: edits, with a swap of neighbours as one.
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<std::vector<size_t>> d(a.size() + 1, std::vector<size_t>(b.size() + 1));
+  for (size_t i = 0; i <= a.size(); ++i) d[i][0] = i;
+  for (size_t j = 0; j <= b.size(); ++j) d[0][j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    for (size_t j = 1; j <= b.size(); ++j) {
+      size_t cost = a[i - 1] == b[j - 1] ? 0 : 1;
+      d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + cost});
+      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1])
+        d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
+    }
+  }
+  return d[a.size()][b.size()];
+}
+
+std::string last_component(const std::string& path) {
+  size_t dot = path.rfind('.');
+  return dot == std::string::npos ? path : path.substr(dot + 1);
+}
+
+std::vector<std::string> all_paths() {
+  std::vector<std::string> paths;
+  for (const Key& key : schema()) {
+    std::string path = key.path;
+    for (size_t dot = path.find('.'); dot != std::string::npos; dot = path.find('.', dot + 1))
+      if (std::find(paths.begin(), paths.end(), path.substr(0, dot)) == paths.end())
+        paths.push_back(path.substr(0, dot));
+    paths.push_back(path);
+  }
+  return paths;
+}
+
+// Shortest text that reads back as the same double, always with a '.' so
+// that YAML 1.1 readers (PyYAML) also see a float: "1.0", "3.0e-04".
+std::string format_double(double v) {
+  char buf[64];
+  auto res = std::to_chars(buf, buf + sizeof(buf), v);
+  std::string text(buf, res.ptr);
+  if (text.find_first_of(".ni") != std::string::npos) return text;  // has '.', or inf/nan
+  size_t exponent = text.find('e');
+  return exponent == std::string::npos ? text + ".0" : text.insert(exponent, ".0");
+}
+
+std::string format_bound(double v) {
+  if (std::floor(v) == v && std::fabs(v) < 1e15) return std::to_string(static_cast<int64_t>(v));
+  return format_double(v);
+}
+
+std::string describe_range(const Constraint& c) {
+  std::string lo = c.min ? format_bound(*c.min) : "";
+  std::string hi = c.max ? format_bound(*c.max) : "";
+  std::string range;
+  if (c.min && c.max && !c.min_open && !c.max_open) range = lo + ".." + hi;
+  else if (c.min && c.max)
+    range = "in " + std::string(c.min_open ? "(" : "[") + lo + ", " + hi + (c.max_open ? ")" : "]");
+  else if (c.min) range = (c.min_open ? "> " : ">= ") + lo;
+  else if (c.max) range = (c.max_open ? "< " : "<= ") + hi;
+  if (c.also) range = std::to_string(*c.also) + " or " + range;
+  return range;
+}
+
+bool in_range(const Constraint& c, double v) {
+  if (c.also && v == static_cast<double>(*c.also)) return true;
+  if (c.min && (c.min_open ? v <= *c.min : v < *c.min)) return false;
+  if (c.max && (c.max_open ? v >= *c.max : v > *c.max)) return false;
+  return true;
+}
+
+std::string quoted(const std::string& text) { return "\"" + text + "\""; }
+
+// Leading '+' is valid YAML; from_chars does not take it.
+std::string strip_plus(const std::string& text) {
+  return !text.empty() && text[0] == '+' ? text.substr(1) : text;
+}
+
+std::optional<std::string> parse_int(const std::string& text, int64_t* out) {
+  std::string digits = strip_plus(text);
+  const char* end = digits.data() + digits.size();
+  auto res = std::from_chars(digits.data(), end, *out);
+  if (digits.empty() || res.ptr != end || res.ec == std::errc::invalid_argument)
+    return "expected an integer, got " + quoted(text);
+  if (res.ec == std::errc::result_out_of_range)
+    return "expected an integer, got " + quoted(text) + " (out of range)";
+  return std::nullopt;
+}
+
+std::optional<std::string> parse_float(const std::string& text, double* out) {
+  std::string digits = strip_plus(text);
+  const char* end = digits.data() + digits.size();
+  auto res = std::from_chars(digits.data(), end, *out);
+  if (digits.empty() || res.ptr != end || res.ec != std::errc() || !std::isfinite(*out))
+    return "expected a number, got " + quoted(text);
+  return std::nullopt;
+}
+
+std::optional<std::string> parse_bool(const std::string& text, bool* out) {
+  if (text == "true" || text == "True" || text == "TRUE") *out = true;
+  else if (text == "false" || text == "False" || text == "FALSE") *out = false;
+  else return "expected true or false, got " + quoted(text);
+  return std::nullopt;
+}
+
+std::optional<std::string> check_constraint(const Key& key, const Value& value) {
+  const Constraint& c = key.constraint;
+  if (key.type == ValueType::kString) {
+    const std::string& s = std::get<std::string>(value);
+    if (!c.choices.empty() && std::find(c.choices.begin(), c.choices.end(), s) == c.choices.end())
+      return "expected " + describe_expected(key) + ", got " + quoted(s);
+    if (c.non_empty && s.empty()) return "expected " + describe_expected(key) + ", got \"\"";
+    return std::nullopt;
+  }
+  double v = 0;
+  if (key.type == ValueType::kInt) v = static_cast<double>(std::get<int64_t>(value));
+  else if (key.type == ValueType::kFloat) v = std::get<double>(value);
+  else return std::nullopt;
+  if (!in_range(c, v)) return "expected " + describe_expected(key) + ", got " + format_value(value);
+  return std::nullopt;
+}
+
+}  // namespace
+
+Constraint any_value() { return Constraint{}; }
+
+Constraint non_empty() {
+  Constraint c;
+  c.non_empty = true;
+  return c;
+}
+
+Constraint one_of(std::vector<std::string> choices) {
+  Constraint c;
+  c.choices = std::move(choices);
+  return c;
+}
+
+Constraint at_least(double min) {
+  Constraint c;
+  c.min = min;
+  return c;
+}
+
+Constraint above(double min) {
+  Constraint c = at_least(min);
+  c.min_open = true;
+  return c;
+}
+
+Constraint between(double min, double max) {
+  Constraint c = at_least(min);
+  c.max = max;
+  return c;
+}
+
+Constraint from_up_to_excl(double min, double max) {
+  Constraint c = between(min, max);
+  c.max_open = true;
+  return c;
+}
+
+Constraint minus_one_or_at_least(double min) {
+  Constraint c = at_least(min);
+  c.also = -1;
+  return c;
+}
+
+const std::vector<Key>& schema() {
+  static const std::vector<Key> keys = build_schema();
+  return keys;
+}
+
+const Key* find_key(const std::string& path) {
+  for (const Key& key : schema())
+    if (path == key.path) return &key;
+  return nullptr;
+}
+
+bool is_section(const std::string& path) {
+  for (const Key& key : schema()) {
+    std::string k = key.path;
+    if (k.size() > path.size() && k.compare(0, path.size(), path) == 0 && k[path.size()] == '.')
+      return true;
+  }
+  return false;
+}
+
+std::string closest_path(const std::string& path) {
+  // A known key name under the wrong section ("train.seed") is a likely slip.
+  std::string name = last_component(path);
+  std::string same_name;
+  int same_name_count = 0;
+  std::string best;
+  size_t best_distance = std::numeric_limits<size_t>::max();
+  for (const std::string& candidate : all_paths()) {
+    if (last_component(candidate) == name) {
+      same_name = candidate;
+      ++same_name_count;
+    }
+    size_t d = edit_distance(path, candidate);
+    if (d < best_distance) {
+      best_distance = d;
+      best = candidate;
+    }
+  }
+  // Two edits for short names ("lvl" -> "level"), three for long ones; one
+  // for names of one or two letters, where two edits could reach anything.
+  size_t allowed = name.size() <= 2 ? 1 : name.size() < 9 ? 2 : 3;
+  if (best_distance <= allowed) return best;
+  if (same_name_count == 1) return same_name;
+  return "";
+}
+
+std::optional<std::string> parse_value(const Key& key, const std::string& text, bool is_null,
+                                       Value* out) {
+  if (is_null && key.type != ValueType::kString)
+    return "expected " + describe_expected(key) + ", got an empty value";
+  std::optional<std::string> problem;
+  switch (key.type) {
+    case ValueType::kInt: {
+      int64_t v = 0;
+      problem = parse_int(text, &v);
+      *out = v;
+      break;
+    }
+    case ValueType::kFloat: {
+      double v = 0;
+      problem = parse_float(text, &v);
+      *out = v;
+      break;
+    }
+    case ValueType::kBool: {
+      bool v = false;
+      problem = parse_bool(text, &v);
+      *out = v;
+      break;
+    }
+    case ValueType::kString:
+      *out = is_null ? std::string() : text;
+      break;
+  }
+  if (problem) return problem;
+  return check_constraint(key, *out);
+}
+
+std::string describe_expected(const Key& key) {
+  const Constraint& c = key.constraint;
+  std::string range = describe_range(c);
+  std::string suffix = range.empty() ? "" : " " + range;
+  switch (key.type) {
+    case ValueType::kInt: return "an integer" + suffix;
+    case ValueType::kFloat: return "a number" + suffix;
+    case ValueType::kBool: return "true or false";
+    case ValueType::kString: break;
+  }
+  if (!c.choices.empty()) {
+    std::string joined;
+    for (const std::string& choice : c.choices) joined += (joined.empty() ? "" : "|") + choice;
+    return "one of " + joined;
+  }
+  return c.non_empty ? "a non-empty string" : "a string";
+}
+
+std::string format_value(const Value& value) {
+  if (auto* i = std::get_if<int64_t>(&value)) return std::to_string(*i);
+  if (auto* d = std::get_if<double>(&value)) return format_double(*d);
+  if (auto* b = std::get_if<bool>(&value)) return *b ? "true" : "false";
+  std::string out = "\"";
+  for (unsigned char ch : std::get<std::string>(value)) {
+    if (ch == '"' || ch == '\\') {
+      out += '\\';
+      out += static_cast<char>(ch);
+    } else if (ch == '\n') {
+      out += "\\n";
+    } else if (ch == '\t') {
+      out += "\\t";
+    } else if (ch < 0x20 || ch == 0x7f) {
+      static const char kHex[] = "0123456789abcdef";
+      out += "\\x";
+      out += kHex[ch >> 4];
+      out += kHex[ch & 15];
+    } else {
+      out += static_cast<char>(ch);
+    }
+  }
+  return out + "\"";
+}
+
+}  // namespace framework::config

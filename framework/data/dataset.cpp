@@ -1,0 +1,33 @@
+#include "framework/data/dataset.h"
+
+#include "framework/data/synthetic_dataset.h"
+#include "framework/data/text_dataset.h"
+
+namespace framework::data {
+
+uint64_t mix_seed(uint64_t seed, uint64_t index) {
+  // Two splitmix64 finaliser rounds so that nearby (seed, index) pairs diverge.
+  auto finalise = [](uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+    return z ^ (z >> 31);
+  };
+  return finalise(finalise(seed + 0x9E3779B97F4A7C15ULL) ^ (index + 0x632BE59BD9B4E019ULL));
+}
+
+std::unique_ptr<Dataset> make_dataset(const DataOptions& data, const models::ModelOptions& model,
+                                      uint64_t seed) {
+  if (data.kind == "synthetic") {
+    return std::make_unique<SyntheticDataset>(parse_synthetic_task(data.task), model.vocab_size,
+                                              model.seq_len, seed);
+  }
+  if (data.kind == "text") {
+    TORCH_CHECK(!data.path.empty(), "data.path must name a text file for data.kind text");
+    TORCH_CHECK(model.vocab_size == TextDataset::kVocabSize,
+                "model.vocab_size must be 256 for data.kind text (byte-level), got ", model.vocab_size);
+    return std::make_unique<TextDataset>(data.path, model.seq_len, seed);
+  }
+  TORCH_CHECK(false, "data.kind must be synthetic or text, got '", data.kind, "'");
+}
+
+}  // namespace framework::data

@@ -1,0 +1,40 @@
+#pragma once
+// Deterministic sample sources. sample(i) is a pure function of (seed, i): it does
+// not depend on which other samples were drawn before, so any rank can produce any
+// global sample and a resumed run sees exactly the samples it would have seen.
+#include "framework/data/options.h"
+#include "models/options.h"
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+
+namespace framework::data {
+
+// Targets equal to this carry no loss (matches torch's cross_entropy ignore_index).
+constexpr int64_t kIgnoreIndex = -100;
+
+class Dataset {
+ public:
+  virtual ~Dataset() = default;
+  virtual int64_t seq_len() const = 0;
+  virtual int64_t vocab_size() const = 0;
+  // (inputs int64 [seq_len], targets int64 [seq_len]); targets may be kIgnoreIndex.
+  // REQUIRES: index >= 0. Thread-safe (const, no shared mutable state).
+  virtual std::pair<torch::Tensor, torch::Tensor> sample(int64_t index) const = 0;
+  virtual std::string describe() const = 0;
+};
+
+// Builds the dataset `data` names, sized for `model`. Errors name the field
+// (data.kind, data.task, data.path, model.vocab_size, model.seq_len).
+std::unique_ptr<Dataset> make_dataset(const DataOptions& data, const models::ModelOptions& model,
+                                      uint64_t seed);
+
+// A well-mixed 64-bit hash of (seed, index) (splitmix64 finaliser); the per-sample
+// seed every dataset derives its randomness from.
+uint64_t mix_seed(uint64_t seed, uint64_t index);
+
+}  // namespace framework::data

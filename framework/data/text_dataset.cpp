@@ -1,0 +1,58 @@
+#include "framework/data/text_dataset.h"
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <sstream>
+
+namespace framework::data {
+namespace {
+
+std::vector<uint8_t> read_file(const std::string& path) {
+  std::unique_ptr<FILE, int (*)(FILE*)> file(std::fopen(path.c_str(), "rb"), &std::fclose);
+  TORCH_CHECK(file, "data.path: cannot open '", path, "': ", std::strerror(errno));
+  std::vector<uint8_t> bytes;
+  uint8_t buffer[1 << 16];
+  size_t got = 0;
+  while ((got = std::fread(buffer, 1, sizeof(buffer), file.get())) > 0) {
+    bytes.insert(bytes.end(), buffer, buffer + got);
+  }
+  TORCH_CHECK(!std::ferror(file.get()), "data.path: cannot read '", path, "': ", std::strerror(errno));
+  return bytes;
+}
+
+}  // namespace
+
+TextDataset::TextDataset(const std::string& path, int64_t seq_len, uint64_t seed)
+    : path_(path), seq_len_(seq_len), seed_(seed) {
+  TORCH_CHECK(seq_len > 0, "model.seq_len must be positive, got ", seq_len);
+  bytes_ = read_file(path);
+  const auto size = static_cast<int64_t>(bytes_.size());
+  TORCH_CHECK(size >= seq_len + 1, "data.path '", path, "' has ", size,
+              " bytes, fewer than model.seq_len + 1 = ", seq_len + 1);
+}
+
+int64_t TextDataset::window_start(int64_t index) const {
+  TORCH_CHECK(index >= 0, "sample index must be >= 0, got ", index);
+  // Valid starts are 0 .. size - seq_len - 1 (the window holds seq_len + 1 bytes).
+  const auto starts = static_cast<uint64_t>(bytes_.size()) - static_cast<uint64_t>(seq_len_);
+  return static_cast<int64_t>(mix_seed(seed_, static_cast<uint64_t>(index)) % starts);
+}
+
+std::pair<torch::Tensor, torch::Tensor> TextDataset::sample(int64_t index) const {
+  const int64_t start = window_start(index);
+  auto window = torch::empty({seq_len_ + 1}, torch::kLong);
+  auto* w = window.data_ptr<int64_t>();
+  for (int64_t t = 0; t <= seq_len_; ++t) w[t] = bytes_[start + t];
+  return {window.slice(0, 0, seq_len_).clone(), window.slice(0, 1, seq_len_ + 1).clone()};
+}
+
+std::string TextDataset::describe() const {
+  std::ostringstream out;
+  out << "text '" << path_ << "' (" << bytes_.size() << " bytes, seq_len " << seq_len_ << ", seed "
+      << seed_ << ")";
+  return out.str();
+}
+
+}  // namespace framework::data

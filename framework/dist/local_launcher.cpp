@@ -1,0 +1,673 @@
+#include "framework/dist/local_launcher.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#ifdef __linux__
+#include <sys/prctl.h>
+#endif
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <iostream>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+extern char** environ;
+
+namespace framework::dist {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// A line longer than this is forwarded in pieces rather than buffered forever.
+constexpr size_t kMaxPendingLine = 64 * 1024;
+// After the last rank is reaped, how long to wait for EOF on its pipes (a
+// daemonised grandchild may hold them open forever).
+constexpr std::chrono::milliseconds kDrainAfterExit{1000};
+// Fallback tick: waitpid() is polled even if a SIGCHLD wake-up were lost.
+constexpr int kPollTickMs = 200;
+constexpr double kMaxGraceS = 365.0 * 24 * 3600;
+
+std::string errno_text(int err) { return std::strerror(err); }
+
+[[noreturn]] void throw_errno(const std::string& what) {
+  throw std::runtime_error("launcher: " + what + ": " + errno_text(errno));
+}
+
+void write_all(int fd, const char* data, size_t size) {
+  while (size > 0) {
+    ssize_t n = ::write(fd, data, size);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return;  // Nowhere left to report a broken stdout/stderr.
+    }
+    data += n;
+    size -= static_cast<size_t>(n);
+  }
+}
+
+void write_all(int fd, const std::string& text) {
+  write_all(fd, text.data(), text.size());
+}
+
+std::string signal_name(int sig) {
+  switch (sig) {
+    case SIGHUP: return "SIGHUP";
+    case SIGINT: return "SIGINT";
+    case SIGQUIT: return "SIGQUIT";
+    case SIGILL: return "SIGILL";
+    case SIGTRAP: return "SIGTRAP";
+    case SIGABRT: return "SIGABRT";
+    case SIGBUS: return "SIGBUS";
+    case SIGFPE: return "SIGFPE";
+    case SIGKILL: return "SIGKILL";
+    case SIGUSR1: return "SIGUSR1";
+    case SIGSEGV: return "SIGSEGV";
+    case SIGUSR2: return "SIGUSR2";
+    case SIGPIPE: return "SIGPIPE";
+    case SIGALRM: return "SIGALRM";
+    case SIGTERM: return "SIGTERM";
+    case SIGXCPU: return "SIGXCPU";
+    case SIGXFSZ: return "SIGXFSZ";
+    case SIGSYS: return "SIGSYS";
+    default: {
+      const char* text = strsignal(sig);
+      return text != nullptr ? text : "unknown signal";
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Signals. The handlers only write the signal number into a non-blocking
+// self-pipe; the poll loop does the real work.
+
+volatile sig_atomic_t g_signal_pipe_write = -1;
+
+extern "C" void note_signal(int sig) {
+  int saved_errno = errno;
+  unsigned char byte = static_cast<unsigned char>(sig);
+  if (g_signal_pipe_write >= 0) {
+    ssize_t ignored = ::write(g_signal_pipe_write, &byte, 1);
+    (void)ignored;  // Pipe full: a wake-up is already pending.
+  }
+  errno = saved_errno;
+}
+
+constexpr int kHandledSignals[] = {SIGINT, SIGTERM, SIGCHLD};
+
+void set_cloexec_nonblock(int fd, bool nonblock) {
+  int fd_flags = fcntl(fd, F_GETFD);
+  fcntl(fd, F_SETFD, fd_flags | FD_CLOEXEC);
+  if (nonblock) fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+}
+
+// A close-on-exec pipe whose ends are both >= 3, so dup2() onto 0..2 in the
+// child never clobbers another pipe end even if the launcher's own standard
+// fds were closed.
+void make_pipe(int fds[2]) {
+  if (pipe2(fds, O_CLOEXEC) != 0) throw_errno("pipe2");
+  for (int i = 0; i < 2; ++i) {
+    if (fds[i] < 3) {
+      int moved = fcntl(fds[i], F_DUPFD_CLOEXEC, 3);
+      if (moved < 0) throw_errno("fcntl(F_DUPFD_CLOEXEC)");
+      ::close(fds[i]);
+      fds[i] = moved;
+    }
+  }
+}
+
+// Installs the handlers for the launcher's lifetime and restores the previous
+// ones (and closes the self-pipe) on destruction, also on exceptions.
+class SignalRedirect {
+ public:
+  SignalRedirect() {
+    if (g_signal_pipe_write >= 0) {
+      throw std::logic_error("run_local_launcher: already running");
+    }
+    make_pipe(pipe_);
+    set_cloexec_nonblock(pipe_[0], true);
+    set_cloexec_nonblock(pipe_[1], true);
+    g_signal_pipe_write = pipe_[1];
+    struct sigaction action {};
+    action.sa_handler = note_signal;
+    sigemptyset(&action.sa_mask);
+    action.sa_flags = SA_RESTART | SA_NOCLDSTOP;
+    for (size_t i = 0; i < std::size(kHandledSignals); ++i) {
+      sigaction(kHandledSignals[i], &action, &previous_[i]);
+    }
+  }
+  ~SignalRedirect() {
+    for (size_t i = 0; i < std::size(kHandledSignals); ++i) {
+      sigaction(kHandledSignals[i], &previous_[i], nullptr);
+    }
+    g_signal_pipe_write = -1;
+    ::close(pipe_[0]);
+    ::close(pipe_[1]);
+  }
+  SignalRedirect(const SignalRedirect&) = delete;
+  SignalRedirect& operator=(const SignalRedirect&) = delete;
+
+  int read_fd() const { return pipe_[0]; }
+  // For the child between fork and exec: put the caller's dispositions back
+  // (exec then resets caught ones to default and keeps ignored ones ignored,
+  // as if the launcher were not there).
+  void restore_in_child() const {
+    for (size_t i = 0; i < std::size(kHandledSignals); ++i) {
+      sigaction(kHandledSignals[i], &previous_[i], nullptr);
+    }
+  }
+
+ private:
+  int pipe_[2] = {-1, -1};
+  struct sigaction previous_[std::size(kHandledSignals)] {};
+};
+
+// ---------------------------------------------------------------------------
+// Ranks.
+
+struct OutputStream {
+  int fd = -1;       // read end of the rank's pipe; -1 after EOF
+  int target = 1;    // launcher fd the lines go to
+  std::string pending;
+};
+
+struct Rank {
+  int index = 0;
+  pid_t pid = -1;
+  bool running = false;
+  OutputStream out;
+  OutputStream err;
+};
+
+// Everything the child needs, prepared before fork() so the child only makes
+// async-signal-safe calls (the caller may have other threads).
+struct ExecPlan {
+  std::vector<std::string> argv_storage;
+  std::vector<char*> argv;
+  std::vector<std::string> env_storage;
+  std::vector<char*> envp;
+  std::string exec_error_prefix;
+};
+
+ExecPlan make_exec_plan(const LocalLaunchOptions& options, int rank,
+                        int port) {
+  ExecPlan plan;
+  plan.argv_storage = options.argv;
+  for (std::string& arg : plan.argv_storage) plan.argv.push_back(arg.data());
+  plan.argv.push_back(nullptr);
+
+  const std::vector<std::pair<std::string, std::string>> launch_vars = {
+      {"RANK", std::to_string(rank)},
+      {"WORLD_SIZE", std::to_string(options.nproc)},
+      {"LOCAL_RANK", std::to_string(rank)},
+      {"LOCAL_WORLD_SIZE", std::to_string(options.nproc)},
+      {"MASTER_ADDR", options.master_addr},
+      {"MASTER_PORT", std::to_string(port)},
+      {"SHARDKIT_LAUNCHED", "1"},
+  };
+  for (char** entry = environ; entry != nullptr && *entry != nullptr;
+       ++entry) {
+    std::string var(*entry);
+    std::string name = var.substr(0, var.find('='));
+    bool overridden = std::any_of(
+        launch_vars.begin(), launch_vars.end(),
+        [&](const auto& kv) { return kv.first == name; });
+    if (!overridden) plan.env_storage.push_back(var);
+  }
+  for (const auto& [name, value] : launch_vars) {
+    plan.env_storage.push_back(name + "=" + value);
+  }
+  for (std::string& var : plan.env_storage) plan.envp.push_back(var.data());
+  plan.envp.push_back(nullptr);
+  plan.exec_error_prefix = "launcher: cannot run " + options.argv[0] + ": ";
+  return plan;
+}
+
+// Runs in the forked child; never returns.
+[[noreturn]] void exec_rank(const ExecPlan& plan, const SignalRedirect& signals,
+                            const sigset_t& caller_mask, pid_t launcher_pid,
+                            int stdin_fd, int out_fd, int err_fd) {
+  signals.restore_in_child();
+  sigprocmask(SIG_SETMASK, &caller_mask, nullptr);
+  setpgid(0, 0);
+#ifdef __linux__
+  // The ranks are not in the terminal's process group (see run()), so make
+  // sure they hear about a launcher that died without forwarding anything.
+  prctl(PR_SET_PDEATHSIG, SIGTERM);
+  if (getppid() != launcher_pid) _exit(1);
+#else
+  (void)launcher_pid;
+#endif
+  dup2(stdin_fd, 0);
+  dup2(out_fd, 1);
+  dup2(err_fd, 2);
+  execvpe(plan.argv[0], plan.argv.data(), plan.envp.data());
+  int err = errno;
+  write_all(2, plan.exec_error_prefix.data(), plan.exec_error_prefix.size());
+  const char* text = strerror(err);
+  write_all(2, text, strlen(text));
+  write_all(2, "\n", 1);
+  _exit(127);
+}
+
+// ---------------------------------------------------------------------------
+
+class LocalLauncher {
+ public:
+  explicit LocalLauncher(const LocalLaunchOptions& options)
+      : options_(options) {}
+  ~LocalLauncher() { kill_and_reap_all(); }
+  LocalLauncher(const LocalLauncher&) = delete;
+  LocalLauncher& operator=(const LocalLauncher&) = delete;
+
+  int run();
+
+ private:
+  void start_ranks(int port);
+  void start_rank(int index, int port, int stdin_fd);
+  void handle_signal_bytes();
+  void signal_running(int sig);
+  void begin_stop();
+  void reap_exited();
+  void record_exit(Rank& rank, int status);
+  void read_stream(Rank& rank, OutputStream& stream);
+  void drain(Rank& rank);
+  void forward_lines(const Rank& rank, OutputStream& stream, bool eof);
+  bool any_running() const;
+  bool any_stream_open() const;
+  int poll_timeout_ms() const;
+  void poll_and_forward();
+  bool finished();
+  void kill_and_reap_all() noexcept;
+
+  const LocalLaunchOptions& options_;
+  std::optional<SignalRedirect> signals_;
+  sigset_t caller_mask_{};
+  std::vector<Rank> ranks_;
+  std::optional<int> first_failure_;  // the return value once a rank failed
+  std::optional<Clock::time_point> kill_deadline_;  // SIGKILL at this time
+  bool killed_ = false;
+  std::optional<Clock::time_point> drain_deadline_;
+};
+
+void LocalLauncher::start_ranks(int port) {
+  int stdin_fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+  if (stdin_fd < 0) throw_errno("open /dev/null");
+  ranks_.reserve(static_cast<size_t>(options_.nproc));
+  try {
+    for (int i = 0; i < options_.nproc; ++i) start_rank(i, port, stdin_fd);
+  } catch (...) {
+    ::close(stdin_fd);
+    throw;
+  }
+  ::close(stdin_fd);
+}
+
+void LocalLauncher::start_rank(int index, int port, int stdin_fd) {
+  ExecPlan plan = make_exec_plan(options_, index, port);
+  int out_pipe[2];
+  int err_pipe[2];
+  make_pipe(out_pipe);
+  try {
+    make_pipe(err_pipe);
+  } catch (...) {
+    ::close(out_pipe[0]);
+    ::close(out_pipe[1]);
+    throw;
+  }
+  // Block the handled signals across fork() so the child cannot run our
+  // handler (and write into our self-pipe) before it has restored its own.
+  sigset_t block;
+  sigemptyset(&block);
+  for (int sig : kHandledSignals) sigaddset(&block, sig);
+  sigprocmask(SIG_BLOCK, &block, nullptr);
+  pid_t launcher_pid = getpid();
+  pid_t pid = fork();
+  if (pid == 0) {
+    exec_rank(plan, *signals_, caller_mask_, launcher_pid, stdin_fd,
+              out_pipe[1], err_pipe[1]);
+  }
+  int fork_errno = errno;
+  if (pid > 0) setpgid(pid, pid);  // also here: no race with signal_running
+  sigprocmask(SIG_SETMASK, &caller_mask_, nullptr);
+  ::close(out_pipe[1]);
+  ::close(err_pipe[1]);
+  if (pid < 0) {
+    ::close(out_pipe[0]);
+    ::close(err_pipe[0]);
+    errno = fork_errno;
+    throw_errno("fork for rank " + std::to_string(index));
+  }
+  Rank rank;
+  rank.index = index;
+  rank.pid = pid;
+  rank.running = true;
+  rank.out.fd = out_pipe[0];
+  rank.out.target = 1;
+  rank.err.fd = err_pipe[0];
+  rank.err.target = 2;
+  set_cloexec_nonblock(rank.out.fd, true);
+  set_cloexec_nonblock(rank.err.fd, true);
+  ranks_.push_back(std::move(rank));
+}
+
+// Each rank leads its own process group, so a signal sent to the group also
+// reaches whatever the rank started (a shell script's children, data loader
+// processes).
+void LocalLauncher::signal_running(int sig) {
+  for (const Rank& rank : ranks_) {
+    if (!rank.running) continue;
+    if (kill(-rank.pid, sig) != 0) kill(rank.pid, sig);
+  }
+}
+
+void LocalLauncher::begin_stop() {
+  if (!kill_deadline_) {
+    // Clamped so that an absurd grace period cannot overflow the clock.
+    double grace_s = std::min(options_.stop_grace_s, kMaxGraceS);
+    kill_deadline_ =
+        Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                           std::chrono::duration<double>(grace_s));
+  }
+}
+
+void LocalLauncher::handle_signal_bytes() {
+  unsigned char bytes[64];
+  ssize_t n;
+  while ((n = ::read(signals_->read_fd(), bytes, sizeof bytes)) > 0) {
+    for (ssize_t i = 0; i < n; ++i) {
+      int sig = bytes[i];
+      if (sig == SIGINT || sig == SIGTERM) {
+        signal_running(sig);
+        begin_stop();
+      }
+      // SIGCHLD only wakes the loop; reap_exited() does the work.
+    }
+  }
+}
+
+void LocalLauncher::record_exit(Rank& rank, int status) {
+  rank.running = false;
+  std::optional<int> code;
+  std::string message;
+  if (WIFEXITED(status) && WEXITSTATUS(status) != 0) {
+    code = WEXITSTATUS(status);
+    message = "launcher: rank " + std::to_string(rank.index) +
+              " exited with status " + std::to_string(*code) + "\n";
+  } else if (WIFSIGNALED(status)) {
+    int sig = WTERMSIG(status);
+    code = 128 + sig;
+    message = "launcher: rank " + std::to_string(rank.index) +
+              " killed by signal " + std::to_string(sig) + " (" +
+              signal_name(sig) + ")\n";
+  }
+  if (!code || first_failure_) return;
+  first_failure_ = code;
+  drain(rank);  // its last words come before our verdict
+  write_all(2, message);
+  signal_running(SIGTERM);
+  begin_stop();
+}
+
+void LocalLauncher::reap_exited() {
+  for (Rank& rank : ranks_) {
+    if (!rank.running) continue;
+    int status = 0;
+    pid_t got = waitpid(rank.pid, &status, WNOHANG);
+    if (got == rank.pid) {
+      record_exit(rank, status);
+    } else if (got < 0 && errno == ECHILD) {
+      // Someone else reaped it (a SIGCHLD handler of the caller?); treat as
+      // a failure we cannot describe better.
+      rank.running = false;
+      if (!first_failure_) {
+        first_failure_ = 1;
+        write_all(2, "launcher: rank " + std::to_string(rank.index) +
+                         " vanished (reaped elsewhere)\n");
+        signal_running(SIGTERM);
+        begin_stop();
+      }
+    }
+  }
+}
+
+void LocalLauncher::forward_lines(const Rank& rank, OutputStream& stream,
+                                  bool eof) {
+  const std::string prefix =
+      options_.prefix_output ? "[rank " + std::to_string(rank.index) + "] "
+                             : std::string();
+  std::string chunk;
+  size_t start = 0;
+  while (true) {
+    size_t newline = stream.pending.find('\n', start);
+    if (newline == std::string::npos) break;
+    chunk += prefix;
+    chunk.append(stream.pending, start, newline + 1 - start);
+    start = newline + 1;
+  }
+  stream.pending.erase(0, start);
+  if (!stream.pending.empty() &&
+      (eof || stream.pending.size() >= kMaxPendingLine)) {
+    chunk += prefix + stream.pending + "\n";
+    stream.pending.clear();
+  }
+  if (!chunk.empty()) write_all(stream.target, chunk);
+}
+
+void LocalLauncher::read_stream(Rank& rank, OutputStream& stream) {
+  char buffer[64 * 1024];
+  ssize_t n = ::read(stream.fd, buffer, sizeof buffer);
+  if (n < 0 && (errno == EINTR || errno == EAGAIN)) return;
+  if (n <= 0) {  // EOF (or an error we cannot do better with)
+    forward_lines(rank, stream, true);
+    ::close(stream.fd);
+    stream.fd = -1;
+    return;
+  }
+  stream.pending.append(buffer, static_cast<size_t>(n));
+  forward_lines(rank, stream, false);
+}
+
+// Forwards what is already in a rank's pipes without blocking.
+void LocalLauncher::drain(Rank& rank) {
+  for (OutputStream* stream : {&rank.out, &rank.err}) {
+    for (int i = 0; i < 64 && stream->fd >= 0; ++i) {
+      size_t before = stream->pending.size();
+      int fd = stream->fd;
+      read_stream(rank, *stream);
+      if (stream->fd == fd && stream->pending.size() == before) break;
+    }
+  }
+}
+
+bool LocalLauncher::any_running() const {
+  return std::any_of(ranks_.begin(), ranks_.end(),
+                     [](const Rank& r) { return r.running; });
+}
+
+bool LocalLauncher::any_stream_open() const {
+  return std::any_of(ranks_.begin(), ranks_.end(), [](const Rank& r) {
+    return r.out.fd >= 0 || r.err.fd >= 0;
+  });
+}
+
+int LocalLauncher::poll_timeout_ms() const {
+  std::optional<Clock::time_point> next = drain_deadline_;
+  if (kill_deadline_ && !killed_ && (!next || *kill_deadline_ < *next)) {
+    next = kill_deadline_;
+  }
+  if (!next) return kPollTickMs;
+  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+                  *next - Clock::now()).count() + 1;
+  return static_cast<int>(std::clamp<long long>(left, 0, kPollTickMs));
+}
+
+void check_options(const LocalLaunchOptions& options) {
+  if (options.nproc < 1) {
+    throw std::invalid_argument("launcher: nproc=" +
+                                std::to_string(options.nproc) +
+                                " must be at least 1");
+  }
+  if (options.argv.empty() || options.argv[0].empty()) {
+    throw std::invalid_argument("launcher: no program to run (argv is empty)");
+  }
+  if (!(options.stop_grace_s >= 0)) {
+    throw std::invalid_argument("launcher: stop_grace_s=" +
+                                std::to_string(options.stop_grace_s) +
+                                " must not be negative");
+  }
+}
+
+// One round: wait (bounded by the next deadline) for output or a signal,
+// then forward what arrived.
+void LocalLauncher::poll_and_forward() {
+  std::vector<pollfd> fds;
+  std::vector<std::pair<Rank*, OutputStream*>> owners;
+  fds.push_back({signals_->read_fd(), POLLIN, 0});
+  owners.push_back({nullptr, nullptr});
+  for (Rank& rank : ranks_) {
+    for (OutputStream* stream : {&rank.out, &rank.err}) {
+      if (stream->fd < 0) continue;
+      fds.push_back({stream->fd, POLLIN, 0});
+      owners.push_back({&rank, stream});
+    }
+  }
+  if (poll(fds.data(), fds.size(), poll_timeout_ms()) < 0) {
+    if (errno == EINTR) return;
+    throw_errno("poll");
+  }
+  if (fds[0].revents != 0) handle_signal_bytes();
+  for (size_t i = 1; i < fds.size(); ++i) {
+    if (fds[i].revents != 0) read_stream(*owners[i].first, *owners[i].second);
+  }
+}
+
+// True once every rank is reaped and its output forwarded (or given up on:
+// a daemonised grandchild may hold a pipe open forever).
+bool LocalLauncher::finished() {
+  if (any_running()) return false;
+  if (!any_stream_open()) return true;
+  if (!drain_deadline_) drain_deadline_ = Clock::now() + kDrainAfterExit;
+  if (Clock::now() < *drain_deadline_) return false;
+  for (Rank& rank : ranks_) {
+    for (OutputStream* stream : {&rank.out, &rank.err}) {
+      if (stream->fd < 0) continue;
+      forward_lines(rank, *stream, true);
+      ::close(stream->fd);
+      stream->fd = -1;
+    }
+  }
+  return true;
+}
+
+int LocalLauncher::run() {
+  check_options(options_);
+  int port = options_.master_port > 0 ? options_.master_port
+                                      : pick_free_port(options_.master_addr);
+  // What the caller buffered must not interleave oddly with the ranks' lines.
+  std::cout.flush();
+  std::cerr.flush();
+  std::fflush(nullptr);
+
+  // Process groups: every rank leads its own group, outside the terminal's
+  // foreground group. A terminal Ctrl-C therefore reaches only the launcher,
+  // which forwards it exactly once to every rank's group (ranks in our group
+  // would see it twice: once from the tty, once from us). The cost is that
+  // the tty no longer reaches ranks directly, so each rank gets
+  // PR_SET_PDEATHSIG=SIGTERM in case the launcher dies without forwarding,
+  // and its stdin is /dev/null (a background group reading the tty would be
+  // stopped by SIGTTIN).
+  signals_.emplace();
+  sigprocmask(SIG_SETMASK, nullptr, &caller_mask_);
+  start_ranks(port);
+  while (true) {
+    reap_exited();
+    if (finished()) break;
+    if (kill_deadline_ && !killed_ && Clock::now() >= *kill_deadline_) {
+      signal_running(SIGKILL);
+      killed_ = true;
+    }
+    poll_and_forward();
+  }
+  signals_.reset();
+  return first_failure_.value_or(0);
+}
+
+// Only reached with ranks still running when run() threw: do not leave
+// orphans behind.
+void LocalLauncher::kill_and_reap_all() noexcept {
+  for (Rank& rank : ranks_) {
+    if (rank.running) {
+      kill(-rank.pid, SIGKILL);
+      kill(rank.pid, SIGKILL);
+      waitpid(rank.pid, nullptr, 0);
+      rank.running = false;
+    }
+    for (OutputStream* stream : {&rank.out, &rank.err}) {
+      if (stream->fd >= 0) ::close(stream->fd);
+      stream->fd = -1;
+    }
+  }
+}
+
+}  // namespace
+
+int run_local_launcher(const LocalLaunchOptions& options) {
+  LocalLauncher launcher(options);
+  return launcher.run();
+}
+
+int pick_free_port(const std::string& addr) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_NUMERICSERV;
+  addrinfo* found = nullptr;
+  int rc = getaddrinfo(addr.c_str(), "0", &hints, &found);
+  if (rc != 0) {
+    throw std::runtime_error("pick_free_port: cannot resolve " + addr + ": " +
+                             gai_strerror(rc));
+  }
+  int last_errno = 0;
+  int port = -1;
+  for (addrinfo* ai = found; ai != nullptr && port < 0; ai = ai->ai_next) {
+    int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC,
+                    ai->ai_protocol);
+    if (fd < 0) {
+      last_errno = errno;
+      continue;
+    }
+    sockaddr_storage bound{};
+    socklen_t len = sizeof bound;
+    if (bind(fd, ai->ai_addr, ai->ai_addrlen) == 0 &&
+        getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &len) == 0) {
+      port = bound.ss_family == AF_INET6
+                 ? ntohs(reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port)
+                 : ntohs(reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
+    } else {
+      last_errno = errno;
+    }
+    ::close(fd);
+  }
+  freeaddrinfo(found);
+  if (port < 0) {
+    throw std::runtime_error("pick_free_port: cannot bind a TCP port on " +
+                             addr + ": " + errno_text(last_errno));
+  }
+  return port;
+}
+
+}  // namespace framework::dist

@@ -1,0 +1,172 @@
+#include "framework/dist/process_group.h"
+
+#include "framework/dist/torch_compat.h"
+
+#include <sstream>
+
+namespace framework::dist {
+
+namespace {
+
+c10d::ReduceOp to_c10d(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum:
+    case ReduceOp::kAvg:  // Gloo rejects AVG: SUM, then divide.
+      return c10d::ReduceOp::SUM;
+    case ReduceOp::kMax:
+      return c10d::ReduceOp::MAX;
+    case ReduceOp::kMin:
+      return c10d::ReduceOp::MIN;
+  }
+  TORCH_INTERNAL_ASSERT(false, "unknown ReduceOp");
+}
+
+void divide_for_avg(at::Tensor& t, ReduceOp op, int size) {
+  if (op != ReduceOp::kAvg) return;
+  TORCH_CHECK(t.is_floating_point(), "ReduceOp::kAvg needs a floating tensor, got ", t.dtype());
+  t.div_(size);
+}
+
+}  // namespace
+
+Group::Group(std::string name, int rank, std::vector<int> ranks, std::unique_ptr<Backend> backend,
+             std::chrono::milliseconds timeout)
+    : name_(std::move(name)), rank_(rank), ranks_(std::move(ranks)), backend_(std::move(backend)),
+      timeout_(timeout) {}
+
+Group::~Group() = default;
+
+std::string Group::backend_name() const { return backend_->kind; }
+
+void Group::check_usable(const char* op) const {
+  if (!broken_reason_.empty()) {
+    std::ostringstream msg;
+    msg << "dist: " << op << " on group '" << name_ << "' (rank " << rank_ << " of " << size()
+        << "): the group is unusable after an earlier failure: " << broken_reason_;
+    throw DistError(msg.str());
+  }
+}
+
+template <class StartFn>
+void Group::run(const char* op, StartFn&& start) {
+  check_usable(op);
+  try {
+    compat::WorkPtr work = start();
+    // The group's own timeout (Options::timeout) bounds this wait; a peer that
+    // died closes its sockets, which fails the wait sooner.
+    work->wait();
+  } catch (const std::exception& e) {
+    std::ostringstream msg;
+    msg << "dist: " << op << " on group '" << name_ << "' (rank " << rank_ << " of " << size()
+        << ", timeout " << timeout_.count() / 1000.0 << " s) failed: " << e.what();
+    broken_reason_ = std::string(op) + " failed";
+    throw DistError(msg.str());
+  }
+}
+
+void Group::all_reduce(at::Tensor& tensor, ReduceOp op) {
+  TORCH_CHECK(tensor.is_contiguous(), "all_reduce needs a contiguous tensor");
+  if (size() > 1) {
+    std::vector<at::Tensor> ts{tensor};
+    c10d::AllreduceOptions opts;
+    opts.reduceOp = to_c10d(op);
+    run("all_reduce", [&] { return backend_->pg->allreduce(ts, opts); });
+  }
+  divide_for_avg(tensor, op, size());
+}
+
+void Group::all_gather(at::Tensor& out, const at::Tensor& in) {
+  TORCH_CHECK(out.is_contiguous(), "all_gather: output must be contiguous");
+  TORCH_CHECK(out.scalar_type() == in.scalar_type(), "all_gather: dtype mismatch ", out.dtype(),
+              " vs ", in.dtype());
+  TORCH_CHECK(out.numel() == in.numel() * size(), "all_gather: output has ", out.numel(),
+              " elements, expected ", in.numel() * size());
+  at::Tensor flat_out = out.view({-1});
+  if (size() == 1) {
+    flat_out.copy_(in.reshape({-1}));
+    return;
+  }
+  // Gloo on 1.13 has no _allgather_base: gather into the chunk views of the
+  // flat output instead (exact, one copy).
+  std::vector<std::vector<at::Tensor>> outs{flat_out.chunk(size())};
+  if (in.numel() == 0) return;
+  std::vector<at::Tensor> ins{in.contiguous().view({-1})};
+  run("all_gather", [&] { return backend_->pg->allgather(outs, ins); });
+}
+
+void Group::reduce_scatter(at::Tensor& out, const at::Tensor& in, ReduceOp op) {
+  TORCH_CHECK(out.is_contiguous(), "reduce_scatter: output must be contiguous");
+  TORCH_CHECK(out.scalar_type() == in.scalar_type(), "reduce_scatter: dtype mismatch");
+  TORCH_CHECK(in.numel() == out.numel() * size(), "reduce_scatter: input has ", in.numel(),
+              " elements, expected ", out.numel() * size());
+  at::Tensor flat_in = in.contiguous().view({-1});
+  at::Tensor flat_out = out.view({-1});
+  if (size() == 1) {
+    flat_out.copy_(flat_in);
+    divide_for_avg(out, op, 1);
+    return;
+  }
+  if (out.numel() == 0) return;
+  TORCH_CHECK(op == ReduceOp::kSum || op == ReduceOp::kAvg,
+              "reduce_scatter supports SUM and AVG");
+  // Gloo has no reduce_scatter on 1.13: all-to-all sends slice j to member j,
+  // then each member sums what it received in member order (deterministic).
+  at::Tensor received = at::empty_like(flat_in);
+  std::vector<int64_t> splits(size(), out.numel());
+  run("reduce_scatter", [&] {
+    c10d::AllToAllOptions opts;
+    return backend_->pg->alltoall_base(received, flat_in, splits, splits, opts);
+  });
+  at::sum_out(flat_out, received.view({size(), out.numel()}), /*dim=*/0);
+  divide_for_avg(out, op, size());
+}
+
+void Group::broadcast(at::Tensor& tensor, int root) {
+  TORCH_CHECK(root >= 0 && root < size(), "broadcast: root ", root, " out of range");
+  if (size() == 1 || tensor.numel() == 0) return;
+  TORCH_CHECK(tensor.is_contiguous(), "broadcast needs a contiguous tensor");
+  std::vector<at::Tensor> ts{tensor};
+  c10d::BroadcastOptions opts;
+  opts.rootRank = root;
+  run("broadcast", [&] { return backend_->pg->broadcast(ts, opts); });
+}
+
+void Group::barrier() {
+  if (size() == 1) return;
+  // A tiny all-reduce rather than c10d's barrier: same semantics, and it
+  // fails with the same timeout and error path as every other collective.
+  at::Tensor t = at::zeros({1}, at::kInt);
+  std::vector<at::Tensor> ts{t};
+  run("barrier", [&] { return backend_->pg->allreduce(ts); });
+}
+
+std::vector<Bytes> Group::all_gather_bytes(const Bytes& mine) {
+  at::Tensor my_len = at::tensor({static_cast<int64_t>(mine.size())}, at::kLong);
+  at::Tensor lens = at::empty({size()}, at::kLong);
+  all_gather(lens, my_len);
+  int64_t max_len = lens.max().item<int64_t>();
+  at::Tensor padded = at::zeros({max_len}, at::kByte);
+  if (!mine.empty()) std::memcpy(padded.data_ptr(), mine.data(), mine.size());
+  at::Tensor all = at::empty({max_len * size()}, at::kByte);
+  if (max_len > 0) all_gather(all, padded);
+  std::vector<Bytes> result(size());
+  const uint8_t* base = all.data_ptr<uint8_t>();
+  for (int r = 0; r < size(); ++r) {
+    int64_t n = lens[r].item<int64_t>();
+    result[r].assign(base + r * max_len, base + r * max_len + n);
+  }
+  return result;
+}
+
+Bytes Group::broadcast_bytes(const Bytes& payload, int root) {
+  at::Tensor len = at::tensor({static_cast<int64_t>(payload.size())}, at::kLong);
+  broadcast(len, root);
+  int64_t n = len.item<int64_t>();
+  at::Tensor buf = at::empty({n}, at::kByte);
+  if (rank_ == root && n > 0) std::memcpy(buf.data_ptr(), payload.data(), n);
+  broadcast(buf, root);
+  const uint8_t* p = buf.data_ptr<uint8_t>();
+  return Bytes(p, p + n);
+}
+
+}  // namespace framework::dist

@@ -1,0 +1,85 @@
+#pragma once
+// framework::dist::Group: the project's process group. It wraps one c10d
+// backend (Gloo, or NCCL in CUDA builds), names itself in every error, turns
+// a dead or stuck peer into a DistError after the group timeout, and provides
+// the collectives Gloo lacks on LibTorch 1.13 (flat all-gather,
+// reduce-scatter, AVG) with exact results.
+//
+// Thread safety: a Group is used from one thread at a time. The training
+// group belongs to the training loop; the checkpoint group to the checkpoint
+// thread. Two groups may run collectives concurrently from two threads.
+// All members must call the same collectives in the same order.
+#include <ATen/ATen.h>
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace framework::dist {
+
+// A collective failed: timeout, dead peer, or an earlier failure left the
+// group unusable. The message names the group, the operation and the rank.
+class DistError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+enum class ReduceOp { kSum, kAvg, kMax, kMin };
+
+using Bytes = std::vector<uint8_t>;
+
+class Group {
+ public:
+  struct Backend;  // opaque; defined next to the c10d compat code
+
+  // `ranks[i]` is the global rank of member i; `rank` is this process's index.
+  Group(std::string name, int rank, std::vector<int> ranks,
+        std::unique_ptr<Backend> backend, std::chrono::milliseconds timeout);
+  ~Group();
+  Group(const Group&) = delete;
+  Group& operator=(const Group&) = delete;
+
+  const std::string& name() const { return name_; }
+  int rank() const { return rank_; }
+  int size() const { return static_cast<int>(ranks_.size()); }
+  const std::vector<int>& global_ranks() const { return ranks_; }
+  std::chrono::milliseconds timeout() const { return timeout_; }
+  std::string backend_name() const;
+
+  // In place on every member.
+  void all_reduce(at::Tensor& tensor, ReduceOp op = ReduceOp::kSum);
+  // out = concat over members of `in` (flattened). REQUIRES: out contiguous,
+  // out.numel() == size() * in.numel(), same dtype.
+  void all_gather(at::Tensor& out, const at::Tensor& in);
+  // out = reduction over members of slice rank() of `in` (flattened).
+  // REQUIRES: in.numel() == size() * out.numel(), same dtype.
+  void reduce_scatter(at::Tensor& out, const at::Tensor& in, ReduceOp op = ReduceOp::kSum);
+  void broadcast(at::Tensor& tensor, int root);
+  void barrier();
+
+  // Byte payloads of any length (plans, metadata, small state).
+  std::vector<Bytes> all_gather_bytes(const Bytes& mine);
+  Bytes broadcast_bytes(const Bytes& payload, int root);
+
+  // True once a collective failed; every later call throws at once.
+  bool broken() const { return !broken_reason_.empty(); }
+
+ private:
+  // Starts a collective (start() returns its c10d work), waits for it, and
+  // turns any failure into a DistError naming the group and `op`.
+  template <class StartFn>
+  void run(const char* op, StartFn&& start);
+  void check_usable(const char* op) const;
+
+  std::string name_;
+  int rank_;
+  std::vector<int> ranks_;
+  std::unique_ptr<Backend> backend_;
+  std::chrono::milliseconds timeout_;
+  std::string broken_reason_;
+};
+
+}  // namespace framework::dist

@@ -1,0 +1,124 @@
+#pragma once
+// THE one place that knows which LibTorch it is compiled against.
+//
+// Everything version-specific lives here: which headers define the c10d
+// Gloo/NCCL backends, what their base class is, how TCPStore options are
+// spelled, how a backend is constructed, and how torch::optim keys its
+// per-parameter state. Only .cpp files include it; the rest of the project
+// sees framework::dist::Group and the helpers at the bottom.
+//
+//   LibTorch 1.13: ProcessGroupGloo derives from c10d::ProcessGroup.
+//   LibTorch 2.x : ProcessGroupGloo derives from c10d::Backend; ProcessGroup
+//                  became a wrapper. A backend constructed directly still has
+//                  the same collective methods, so an alias suffices.
+
+// TorchConfig does not define these, and without them the backend headers
+// compile to nothing.
+#ifndef USE_C10D_GLOO
+#define USE_C10D_GLOO 1
+#endif
+#if defined(SHARDKIT_CUDA) && !defined(USE_C10D_NCCL)
+#define USE_C10D_NCCL 1
+#endif
+
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#include <torch/optim/optimizer.h>
+#include <torch/version.h>
+#ifdef SHARDKIT_CUDA
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
+
+#include "framework/dist/process_group.h"
+#include "framework/dist/runtime.h"
+
+#include <chrono>
+#include <cstdlib>
+#include <string>
+
+namespace framework::dist::compat {
+
+#if TORCH_VERSION_MAJOR >= 2
+using BackendBase = c10d::Backend;
+#else
+using BackendBase = c10d::ProcessGroup;
+#endif
+using BackendPtr = c10::intrusive_ptr<BackendBase>;
+using StorePtr = c10::intrusive_ptr<c10d::Store>;
+using WorkPtr = c10::intrusive_ptr<c10d::Work>;
+
+inline constexpr int kTorchMajor = TORCH_VERSION_MAJOR;
+inline constexpr int kTorchMinor = TORCH_VERSION_MINOR;
+
+// REQUIRES: exactly one caller per job passes is_server = true.
+inline StorePtr make_tcp_store(const std::string& host, int port, bool is_server,
+                               int world_size, std::chrono::milliseconds timeout) {
+  c10d::TCPStoreOptions opts;
+  opts.port = static_cast<std::uint16_t>(port);
+  opts.isServer = is_server;
+  opts.numWorkers = world_size;  // c10::optional in 1.13, std::optional in 2.x
+  opts.waitWorkers = true;
+  opts.timeout = timeout;
+  return c10::make_intrusive<c10d::TCPStore>(host, opts);
+}
+
+inline StorePtr make_prefix_store(const std::string& prefix, StorePtr base) {
+  return c10::make_intrusive<c10d::PrefixStore>(prefix, std::move(base));
+}
+
+// The Gloo transport device: loopback for local jobs, GLOO_SOCKET_IFNAME when
+// set (as in PyTorch), else this host's resolvable address.
+inline std::shared_ptr<::gloo::transport::Device> make_gloo_device(const std::string& master_addr) {
+  if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME"); ifname && *ifname) {
+    return c10d::ProcessGroupGloo::createDeviceForInterface(ifname);
+  }
+  if (master_addr == "127.0.0.1" || master_addr == "localhost") {
+    return c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
+  }
+  return c10d::ProcessGroupGloo::createDefaultDevice();
+}
+
+// Blocks until all `size` members have joined through `store`.
+inline BackendPtr make_gloo_backend(const StorePtr& store, int rank, int size,
+                                    std::chrono::milliseconds timeout,
+                                    const std::string& master_addr) {
+  auto opts = c10d::ProcessGroupGloo::Options::create(timeout);
+  opts->devices.push_back(make_gloo_device(master_addr));
+  opts->threads = 2;
+  return c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size, opts);
+}
+
+#ifdef SHARDKIT_CUDA
+inline BackendPtr make_nccl_backend(const StorePtr& store, int rank, int size,
+                                    std::chrono::milliseconds timeout) {
+  auto opts = c10d::ProcessGroupNCCL::Options::create();
+  opts->timeout = timeout;
+  return c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, size, opts);
+}
+#endif
+
+// torch::optim keys per-parameter state by the parameter's TensorImpl: as a
+// string in 1.13, as a void* in 2.x.
+#if TORCH_VERSION_MAJOR >= 2
+inline void* optimizer_state_key(const at::Tensor& param) { return param.unsafeGetTensorImpl(); }
+#else
+inline std::string optimizer_state_key(const at::Tensor& param) {
+  return c10::guts::to_string(param.unsafeGetTensorImpl());
+}
+#endif
+
+}  // namespace framework::dist::compat
+
+namespace framework::dist {
+
+struct Group::Backend {
+  compat::BackendPtr pg;
+  std::string kind;  // "gloo" | "nccl"
+};
+
+struct Rendezvous::Store {
+  compat::StorePtr store;
+};
+
+}  // namespace framework::dist

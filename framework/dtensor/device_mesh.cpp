@@ -1,0 +1,116 @@
+#include "framework/dtensor/device_mesh.h"
+
+#include <set>
+
+namespace framework::dtensor {
+
+std::vector<int64_t> DeviceMesh::coordinates_of(int64_t rank, const std::vector<int64_t>& shape) {
+  int64_t total = 1;
+  for (int64_t extent : shape) total *= extent;
+  TORCH_CHECK(rank >= 0 && rank < total, "DeviceMesh: rank ", rank, " outside a mesh of ",
+              total, " ranks");
+  std::vector<int64_t> coords(shape.size());
+  for (size_t i = shape.size(); i-- > 0;) {
+    coords[i] = rank % shape[i];
+    rank /= shape[i];
+  }
+  return coords;
+}
+
+int64_t DeviceMesh::rank_of(const std::vector<int64_t>& coordinates,
+                            const std::vector<int64_t>& shape) {
+  TORCH_CHECK(coordinates.size() == shape.size(), "DeviceMesh: ", coordinates.size(),
+              " coordinates for a ", shape.size(), "-D mesh");
+  int64_t rank = 0;
+  for (size_t i = 0; i < shape.size(); ++i) {
+    TORCH_CHECK(coordinates[i] >= 0 && coordinates[i] < shape[i], "DeviceMesh: coordinate ",
+                coordinates[i], " on axis ", i, " outside extent ", shape[i]);
+    rank = rank * shape[i] + coordinates[i];
+  }
+  return rank;
+}
+
+std::shared_ptr<DeviceMesh> DeviceMesh::create(framework::dist::Rendezvous& rv,
+                                               std::vector<int64_t> shape,
+                                               std::vector<std::string> axis_names,
+                                               const std::string& name) {
+  TORCH_CHECK(!shape.empty(), "DeviceMesh '", name, "': shape must have at least one axis");
+  TORCH_CHECK(axis_names.size() == shape.size(), "DeviceMesh '", name, "': ", axis_names.size(),
+              " axis names for ", shape.size(), " axes");
+  int64_t total = 1;
+  std::set<std::string> seen;
+  for (size_t i = 0; i < shape.size(); ++i) {
+    TORCH_CHECK(shape[i] >= 1, "DeviceMesh '", name, "': axis '", axis_names[i],
+                "' has extent ", shape[i], ", must be >= 1");
+    TORCH_CHECK(!axis_names[i].empty(), "DeviceMesh '", name, "': axis ", i, " has no name");
+    TORCH_CHECK(seen.insert(axis_names[i]).second, "DeviceMesh '", name,
+                "': duplicate axis name '", axis_names[i], "'");
+    total *= shape[i];
+  }
+  TORCH_CHECK(total == rv.world_size(), "DeviceMesh '", name, "': shape holds ", total,
+              " ranks but the world size is ", rv.world_size());
+
+  std::shared_ptr<DeviceMesh> mesh(new DeviceMesh());
+  mesh->name_ = name;
+  mesh->shape_ = std::move(shape);
+  mesh->axis_names_ = std::move(axis_names);
+  mesh->global_rank_ = rv.rank();
+  mesh->world_size_ = rv.world_size();
+  mesh->coordinates_ = coordinates_of(rv.rank(), mesh->shape_);
+
+  for (int axis = 0; axis < mesh->ndim(); ++axis) {
+    // Members: this rank's coordinates with `axis` varied, ascending.
+    std::vector<int> members;
+    std::vector<int64_t> coords = mesh->coordinates_;
+    for (int64_t k = 0; k < mesh->shape_[axis]; ++k) {
+      coords[axis] = k;
+      members.push_back(static_cast<int>(rank_of(coords, mesh->shape_)));
+    }
+    // Index of the group: the other coordinates, row-major.
+    int64_t index = 0;
+    for (int other = 0; other < mesh->ndim(); ++other) {
+      if (other != axis) index = index * mesh->shape_[other] + mesh->coordinates_[other];
+    }
+    std::string group_name = name + "." + mesh->axis_names_[axis] + "." + std::to_string(index);
+    auto group = rv.new_group(group_name, members);
+    TORCH_INTERNAL_ASSERT(group->rank() == mesh->coordinates_[axis], "mesh group ", group_name,
+                          " has member index ", group->rank(), ", expected coordinate ",
+                          mesh->coordinates_[axis]);
+    mesh->groups_.push_back(std::move(group));
+  }
+  return mesh;
+}
+
+void DeviceMesh::check_axis(int axis) const {
+  TORCH_CHECK(axis >= 0 && axis < ndim(), "DeviceMesh '", name_, "': axis ", axis,
+              " out of range for a ", ndim(), "-D mesh");
+}
+
+int64_t DeviceMesh::size(int axis) const {
+  check_axis(axis);
+  return shape_[axis];
+}
+
+int64_t DeviceMesh::coordinate(int axis) const {
+  check_axis(axis);
+  return coordinates_[axis];
+}
+
+framework::dist::Group& DeviceMesh::group(int axis) {
+  check_axis(axis);
+  return *groups_[axis];
+}
+
+int DeviceMesh::axis_index(const std::string& name) const {
+  int found = -1;
+  std::string known;
+  for (int i = 0; i < ndim(); ++i) {
+    if (axis_names_[i] == name) found = i;
+    known += (i == 0 ? "" : ", ") + axis_names_[i];
+  }
+  TORCH_CHECK(found >= 0, "DeviceMesh '", name_, "': no axis named '", name, "' (axes: ", known,
+              ")");
+  return found;
+}
+
+}  // namespace framework::dtensor

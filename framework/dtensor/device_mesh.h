@@ -1,0 +1,73 @@
+#pragma once
+// DeviceMesh: the world's ranks laid out row-major over an n-dimensional
+// shape (1-D {n}, or 2-D {replicate, shard} for HSDP), with one process group
+// per mesh axis through this rank. For a 2-D mesh {R, S}: rank = r*S + s; the
+// group along axis 0 holds the R ranks sharing s, the group along axis 1 the S
+// ranks sharing r.
+//
+// Call sequence: (all ranks, same order) DeviceMesh::create. Afterwards each
+// axis group is an ordinary framework::dist::Group: its members must call
+// collectives in the same order, from one thread at a time.
+#include "framework/dist/process_group.h"
+#include "framework/dist/runtime.h"
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace framework::dtensor {
+
+class DeviceMesh {
+ public:
+  // Creates this rank's group along every axis (axis 0 first), named
+  // "<name>.<axis_name>.<index>", where index numbers the groups of that axis
+  // by their coordinates on the other axes (row-major). Blocks until the
+  // members of each group have joined.
+  // REQUIRES: product(shape) == rv.world_size(); every extent >= 1;
+  // axis_names has one distinct, non-empty name per axis; all ranks call it
+  // in the same order; `name` is unique in the job (it prefixes store keys).
+  static std::shared_ptr<DeviceMesh> create(framework::dist::Rendezvous& rv,
+                                            std::vector<int64_t> shape,
+                                            std::vector<std::string> axis_names,
+                                            const std::string& name = "mesh");
+
+  DeviceMesh(const DeviceMesh&) = delete;
+  DeviceMesh& operator=(const DeviceMesh&) = delete;
+
+  const std::string& name() const { return name_; }
+  int ndim() const { return static_cast<int>(shape_.size()); }
+  const std::vector<int64_t>& shape() const { return shape_; }
+  const std::vector<std::string>& axis_names() const { return axis_names_; }
+  int64_t size(int axis) const;
+  // This rank's coordinate on `axis`.
+  int64_t coordinate(int axis) const;
+  // This rank's coordinates on every axis.
+  const std::vector<int64_t>& coordinates() const { return coordinates_; }
+  // This rank's group along `axis`: size() == size(axis), rank() ==
+  // coordinate(axis). The mesh owns it; it lives as long as the mesh.
+  framework::dist::Group& group(int axis);
+  // The axis called `name`; TORCH_CHECK names it when unknown.
+  int axis_index(const std::string& name) const;
+  int global_rank() const { return global_rank_; }
+  int world_size() const { return world_size_; }
+
+  // Row-major coordinates of `rank` in a mesh of `shape` and back (pure).
+  static std::vector<int64_t> coordinates_of(int64_t rank, const std::vector<int64_t>& shape);
+  static int64_t rank_of(const std::vector<int64_t>& coordinates,
+                         const std::vector<int64_t>& shape);
+
+ private:
+  DeviceMesh() = default;
+  void check_axis(int axis) const;
+
+  std::string name_;
+  std::vector<int64_t> shape_;
+  std::vector<std::string> axis_names_;
+  std::vector<int64_t> coordinates_;
+  std::vector<std::shared_ptr<framework::dist::Group>> groups_;  // one per axis
+  int global_rank_ = 0;
+  int world_size_ = 1;
+};
+
+}  // namespace framework::dtensor

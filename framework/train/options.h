@@ -1,0 +1,24 @@
+#pragma once
+// Options of the run and the step loop (config sections `run` and `train`).
+#include <cstdint>
+#include <string>
+
+namespace framework::train {
+
+struct RunOptions {
+  std::string dir = "runs/default";  // metrics.jsonl, config.yaml, checkpoints
+  int64_t seed = 1234;
+};
+
+struct TrainOptions {
+  int64_t steps = 200;
+  // Exit cleanly after this step, as a preempted job would. 0: never.
+  int64_t stop_at = 0;
+  int64_t global_batch_size = 32;
+  int64_t log_every = 10;
+  std::string device = "cpu";  // cpu | cuda
+  // Clip gradients to this global L2 norm. 0 turns clipping off.
+  double grad_clip = 1.0;
+};
+
+}  // namespace framework::train

@@ -1,0 +1,190 @@
+#include "framework/train/trainer.h"
+
+#include "framework/data/dataset.h"
+#include "framework/data/loader.h"
+#include "framework/dtensor/device_mesh.h"
+#include "framework/fsdp/fully_shard.h"
+#include "framework/optim/sharded_adamw.h"
+#include "models/layered_model.h"
+
+#include <nlohmann/json.hpp>
+#include <torch/torch.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iomanip>
+#include <iostream>
+#include <mutex>
+#include <sstream>
+
+namespace framework::train {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+struct Trainer::State {
+  config::Config cfg;
+  dist::Runtime& rt;
+  std::vector<int64_t> mesh_shape;
+  std::shared_ptr<dtensor::DeviceMesh> mesh;
+  std::shared_ptr<models::LayeredModelImpl> model;
+  std::unique_ptr<fsdp::FullyShardedModel> fsdp;
+  std::unique_ptr<optim::ShardedAdamW> optim;
+  std::shared_ptr<data::Dataset> dataset;
+  std::unique_ptr<data::DataLoader> loader;
+  int64_t step = 0;
+  std::vector<StepRecord> history;
+  std::ofstream metrics;
+  bool is_logger = false;
+
+  State(const config::Config& c, dist::Runtime& r) : cfg(c), rt(r) {}
+};
+
+namespace {
+
+std::string format_duration(double seconds) {
+  auto s = static_cast<int64_t>(seconds + 0.5);
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%02lld:%02lld:%02lld", static_cast<long long>(s / 3600),
+                static_cast<long long>(s / 60 % 60), static_cast<long long>(s % 60));
+  return buf;
+}
+
+}  // namespace
+
+std::atomic<int>& Trainer::stop_signal() {
+  static std::atomic<int> signal{0};
+  return signal;
+}
+
+Trainer::Trainer(const config::Config& config, dist::Runtime& runtime)
+    : s_(std::make_unique<State>(config, runtime)) {
+  State& s = *s_;
+  const int world = runtime.env.world_size;
+  const int rank = runtime.env.rank;
+  s.is_logger = rank == 0;
+  s.mesh_shape = fsdp::mesh_shape_for(s.cfg.parallel, world);
+  s.mesh = dtensor::DeviceMesh::create(*runtime.rendezvous, s.mesh_shape, {"replicate", "shard"});
+
+  // Every rank builds the same full model from the same seed, then keeps its
+  // shards: results do not depend on the world size.
+  {
+    // LibTorch's init functions draw from the process-wide generator; ranks
+    // that share a process (tests) must not interleave here.
+    static std::mutex init_mutex;
+    std::lock_guard<std::mutex> lock(init_mutex);
+    torch::manual_seed(static_cast<uint64_t>(s.cfg.run.seed));
+    s.model = models::make_model(s.cfg.model);
+  }
+  s.fsdp = std::make_unique<fsdp::FullyShardedModel>(s.model, s.mesh, s.cfg.parallel);
+  s.optim = std::make_unique<optim::ShardedAdamW>(*s.fsdp, s.cfg.optim, s.cfg.train.steps);
+
+  s.dataset = data::make_dataset(s.cfg.data, s.cfg.model, static_cast<uint64_t>(s.cfg.run.seed));
+  s.loader = std::make_unique<data::DataLoader>(s.dataset, s.cfg.train.global_batch_size,
+                                                static_cast<uint64_t>(s.cfg.run.seed), rank, world);
+
+  if (s.is_logger) {
+    fs::create_directories(s.cfg.run.dir);
+    config::write_effective_config(s.cfg, s.cfg.run.dir);
+    fs::path metrics_path = fs::path(s.cfg.run.dir) / "metrics.jsonl";
+    s.metrics.open(metrics_path, std::ios::app);
+    if (!s.metrics) {
+      throw std::runtime_error("cannot open " + metrics_path.string() + " for appending");
+    }
+    const auto& st = s.fsdp->memory_stats();
+    std::cout << "shardkit: world " << world << " ("
+              << (std::getenv("SHARDKIT_LAUNCHED") ? std::string("train --nproc")
+                                                  : dist::to_string(runtime.env.source))
+              << "), layout " << fsdp::layout_name(s.mesh_shape) << " replicate=" << s.mesh_shape[0]
+              << " shard=" << s.mesh_shape[1] << ", groups train=" << runtime.train->backend_name()
+              << " ckpt=" << runtime.checkpoint->backend_name() << ", LibTorch "
+              << dist::torch_version() << "\n"
+              << "shardkit: model " << s.cfg.model.kind << " "
+              << st.full_param_bytes / 4 << " params, " << st.sharded_param_bytes / 4
+              << " on this rank; data " << s.dataset->describe() << std::endl;
+  }
+}
+
+Trainer::~Trainer() = default;
+
+int64_t Trainer::step() const { return s_->step; }
+fsdp::FullyShardedModel& Trainer::model() { return *s_->fsdp; }
+const std::vector<StepRecord>& Trainer::history() const { return s_->history; }
+
+int Trainer::run() {
+  State& s = *s_;
+  const auto& tc = s.cfg.train;
+  const int64_t last = tc.stop_at > 0 ? std::min(tc.stop_at, tc.steps) : tc.steps;
+  const int64_t tokens_per_step = tc.global_batch_size * s.dataset->seq_len();
+  auto run_start = Clock::now();
+  int64_t first_step = s.step + 1;
+  bool stopped_by_signal = false;
+
+  while (s.step < last) {
+    const int64_t step = s.step + 1;
+    auto t0 = Clock::now();
+    auto [inputs, targets] = s.loader->next();
+    torch::Tensor logits = s.fsdp->forward(inputs);
+    const int64_t vocab = logits.size(-1);
+    torch::Tensor loss_sum = torch::nn::functional::cross_entropy(
+        logits.reshape({-1, vocab}), targets.reshape({-1}),
+        torch::nn::functional::CrossEntropyFuncOptions().ignore_index(-100).reduction(torch::kSum));
+    // One scalar all-reduce per step: global loss sum, global token count,
+    // and whether any rank was asked to stop.
+    torch::Tensor stats = torch::tensor(
+        {loss_sum.item<double>(), (targets != -100).sum().item<double>(),
+         static_cast<double>(stop_signal().load() != 0)},
+        torch::kDouble);
+    s.rt.train->all_reduce(stats);
+    const double global_tokens = std::max(1.0, stats[1].item<double>());
+    // Normalising by the global token count and summing gradients across
+    // ranks gives the gradient of the global mean at any world size.
+    (loss_sum / global_tokens).backward();
+    s.fsdp->finish_backward();
+    double norm = tc.grad_clip > 0 ? s.fsdp->clip_grad_norm(tc.grad_clip) : 0.0;
+    double lr = s.optim->step(step);
+    s.fsdp->zero_grad();
+    s.step = step;
+
+    StepRecord rec;
+    rec.step = step;
+    rec.loss = stats[0].item<double>() / global_tokens;
+    rec.lr = lr;
+    rec.grad_norm = norm;
+    rec.step_time_s = std::chrono::duration<double>(Clock::now() - t0).count();
+    rec.tokens_per_s = static_cast<double>(tokens_per_step) / std::max(rec.step_time_s, 1e-9);
+    s.history.push_back(rec);
+
+    bool log_now = step % tc.log_every == 0 || step == last || step == first_step;
+    if (s.is_logger && log_now) {
+      double elapsed = std::chrono::duration<double>(Clock::now() - run_start).count();
+      double per_step = elapsed / static_cast<double>(step - first_step + 1);
+      std::ostringstream line;
+      line << "step " << step << "/" << tc.steps << " | loss " << std::fixed << std::setprecision(4)
+           << rec.loss << " | lr " << std::scientific << std::setprecision(2) << lr << std::fixed
+           << " | " << std::setprecision(0) << rec.tokens_per_s << " tok/s | "
+           << std::setprecision(3) << rec.step_time_s << " s/step | ETA "
+           << format_duration(per_step * static_cast<double>(last - step));
+      std::cout << line.str() << std::endl;
+      nlohmann::json j = {{"step", step},         {"loss", rec.loss},
+                          {"lr", lr},             {"tokens_per_s", rec.tokens_per_s},
+                          {"step_time_s", rec.step_time_s}, {"grad_norm", norm}};
+      s.metrics << j.dump() << "\n";
+      s.metrics.flush();
+    }
+    if (stats[2].item<double>() > 0) {
+      stopped_by_signal = true;
+      break;
+    }
+  }
+  if (s.is_logger) {
+    std::cout << "shardkit: " << (stopped_by_signal ? "stopped by signal" : "finished")
+              << " at step " << s.step << std::endl;
+  }
+  return stopped_by_signal ? kExitPreempted : 0;
+}
+
+}  // namespace framework::train

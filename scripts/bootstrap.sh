@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Idempotent set-up for a Debian 12 machine: installs the Debian packages that
+# are missing, configures build/ once and builds everything (-j2). Quick when
+# everything is already there. Run as root (or with sudo available).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+packages=(
+  cmake ninja-build g++ pkg-config
+  libtorch-dev libgloo-dev          # LibTorch 1.13.1 (CPU) with c10d/Gloo
+  libyaml-cpp-dev libzstd-dev libxxhash-dev
+  nlohmann-json3-dev libcli11-dev   # JSON, command-line parsing
+  libgtest-dev                      # GoogleTest
+  libthread-pool-dev                # header-only thread pool (checkpoint I/O)
+)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "bootstrap: installing ${missing[*]}"
+  sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  $sudo apt-get update -q
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
+
+if [ ! -f build/build.ninja ]; then
+  cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo
+fi
+cmake --build build -j2

@@ -1,0 +1,256 @@
+// The checkpoint.dir layout: canonical step names, discovery that trusts no
+// name, retention that never deletes the newest or an in-progress checkpoint,
+// and resume resolution.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "checkpoint/checkpoint_dir.h"
+#include "checkpoint/metadata.h"
+
+namespace checkpoint {
+namespace {
+
+namespace fs = std::filesystem;
+
+class TempDir {
+ public:
+  TempDir() {
+    std::string pattern = (fs::temp_directory_path() / "shardkit-ckptdir-XXXXXX").string();
+    if (mkdtemp(pattern.data()) == nullptr) {
+      throw std::runtime_error(std::string("mkdtemp: ") + std::strerror(errno));
+    }
+    path_ = pattern;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path_, ec);
+  }
+  const fs::path& path() const { return path_; }
+  std::string str() const { return path_.string(); }
+
+ private:
+  fs::path path_;
+};
+
+void write_file(const fs::path& path, size_t bytes) {
+  std::ofstream out(path, std::ios::binary);
+  out << std::string(bytes, 'x');
+}
+
+// A step directory with one data file of `bytes`, committed or not.
+fs::path make_step(const fs::path& root, int64_t step, bool committed, size_t bytes = 100) {
+  const fs::path dir = root / step_dir_name(step);
+  fs::create_directories(dir);
+  write_file(dir / "rank_0.data", bytes);
+  if (committed) write_file(dir / kMetadataFileName, 32);
+  return dir;
+}
+
+std::vector<int64_t> steps_of(const std::vector<CheckpointEntry>& entries) {
+  std::vector<int64_t> steps;
+  for (const CheckpointEntry& e : entries) steps.push_back(e.step);
+  return steps;
+}
+
+CheckpointEntry entry(int64_t step, bool committed) {
+  CheckpointEntry e;
+  e.step = step;
+  e.path = "/ckpt/" + step_dir_name(step);
+  e.committed = committed;
+  return e;
+}
+
+TEST(StepDirName, FormatsAndParsesCanonicalNames) {
+  EXPECT_EQ(step_dir_name(0), "step_0");
+  EXPECT_EQ(step_dir_name(120), "step_120");
+  EXPECT_EQ(parse_step_dir_name("step_0"), 0);
+  EXPECT_EQ(parse_step_dir_name("step_120"), 120);
+  EXPECT_EQ(parse_step_dir_name("step_9223372036854775807"), INT64_MAX);
+  EXPECT_THROW(step_dir_name(-1), std::invalid_argument);
+}
+
+TEST(StepDirName, HostileNamesAreNotSteps) {
+  for (const char* name :
+       {"step_", "step_x", "step_-1", "step_+1", "step_01", "step_00", "step_1a", "step_1 ",
+        " step_1", "Step_1", "step1", "step_1.tmp", "step_9223372036854775808",
+        "step_99999999999999999999999", ""}) {
+    EXPECT_FALSE(parse_step_dir_name(name).has_value()) << "'" << name << "'";
+  }
+  EXPECT_FALSE(parse_step_dir_name(std::string("step_1\0", 7)).has_value());
+}
+
+TEST(ListCheckpoints, MissingDirectoryIsEmpty) {
+  TempDir tmp;
+  EXPECT_TRUE(list_checkpoints((tmp.path() / "nope").string()).empty());
+  EXPECT_FALSE(latest_committed((tmp.path() / "nope").string()).has_value());
+}
+
+TEST(ListCheckpoints, AFileInPlaceOfTheDirectoryIsAnErrorNamingIt) {
+  TempDir tmp;
+  write_file(tmp.path() / "file", 1);
+  try {
+    list_checkpoints((tmp.path() / "file").string());
+    FAIL() << "expected an error";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find((tmp.path() / "file").string()), std::string::npos) << e.what();
+  }
+}
+
+TEST(ListCheckpoints, FindsCommittedAndIncompleteStepsAndIgnoresJunk) {
+  TempDir tmp;
+  TempDir outside;
+  make_step(tmp.path(), 10, true, 100);
+  make_step(tmp.path(), 2, true, 50);
+  make_step(tmp.path(), 30, false, 7);
+  // Junk that must never count as a checkpoint.
+  fs::create_directories(tmp.path() / "step_x");
+  fs::create_directories(tmp.path() / "step_-1");
+  fs::rename(make_step(tmp.path(), 5, true), tmp.path() / "step_05");
+  fs::create_directories(tmp.path() / "step_99999999999999999999");
+  write_file(tmp.path() / "step_6", 10);                       // a file, not a directory
+  make_step(outside.path(), 7, true);                           // a committed checkpoint elsewhere
+  fs::create_directory_symlink(outside.path() / "step_7", tmp.path() / "step_7");
+  fs::create_directories(tmp.path() / "other");
+  write_file(tmp.path() / "README", 3);
+
+  const std::vector<CheckpointEntry> entries = list_checkpoints(tmp.str());
+  ASSERT_EQ(steps_of(entries), (std::vector<int64_t>{2, 10, 30}));
+  EXPECT_TRUE(entries[0].committed);
+  EXPECT_TRUE(entries[1].committed);
+  EXPECT_FALSE(entries[2].committed);
+  EXPECT_EQ(entries[0].bytes, 50u + 32u);
+  EXPECT_EQ(entries[1].bytes, 100u + 32u);
+  EXPECT_EQ(entries[2].bytes, 7u);
+  EXPECT_EQ(entries[1].path, (tmp.path() / "step_10").string());
+  EXPECT_GT(entries[1].mtime_unix_s, 1600000000);
+
+  const std::optional<CheckpointEntry> latest = latest_committed(tmp.str());
+  ASSERT_TRUE(latest.has_value());
+  EXPECT_EQ(latest->step, 10);  // step_30 is incomplete
+}
+
+TEST(ListCheckpoints, ASymlinkedMetadataDoesNotCommit) {
+  TempDir tmp;
+  const fs::path dir = make_step(tmp.path(), 3, false);
+  write_file(tmp.path() / "elsewhere", 32);
+  fs::create_symlink(tmp.path() / "elsewhere", dir / kMetadataFileName);
+  const std::vector<CheckpointEntry> entries = list_checkpoints(tmp.str());
+  ASSERT_EQ(entries.size(), 1u);
+  EXPECT_FALSE(entries[0].committed);
+}
+
+TEST(RetentionVictims, KeepLastTable) {
+  const std::vector<CheckpointEntry> entries = {entry(40, true), entry(10, true), entry(30, true),
+                                                entry(20, true)};
+  EXPECT_TRUE(retention_victims(entries, 0).empty());
+  EXPECT_EQ(steps_of(retention_victims(entries, 1)), (std::vector<int64_t>{10, 20, 30}));
+  EXPECT_EQ(steps_of(retention_victims(entries, 2)), (std::vector<int64_t>{10, 20}));
+  EXPECT_EQ(steps_of(retention_victims(entries, 3)), (std::vector<int64_t>{10}));
+  EXPECT_TRUE(retention_victims(entries, 4).empty());
+  EXPECT_TRUE(retention_victims(entries, 100).empty());
+  EXPECT_TRUE(retention_victims({}, 1).empty());
+  EXPECT_THROW(retention_victims(entries, -1), std::invalid_argument);
+}
+
+TEST(RetentionVictims, AnUncommittedNewestIsNeitherCountedNorDeleted) {
+  // step 50 may still be being written: the newest committed (40) must stay.
+  const std::vector<CheckpointEntry> entries = {entry(10, true), entry(20, false), entry(30, true),
+                                                entry(40, true), entry(50, false)};
+  EXPECT_EQ(steps_of(retention_victims(entries, 1)), (std::vector<int64_t>{10, 30}));
+  EXPECT_EQ(steps_of(retention_victims(entries, 2)), (std::vector<int64_t>{10}));
+  EXPECT_TRUE(retention_victims(entries, 3).empty());
+}
+
+TEST(RetentionVictims, TheProtectedStepIsNeverAVictim) {
+  const std::vector<CheckpointEntry> entries = {entry(10, true), entry(20, true), entry(30, true)};
+  EXPECT_EQ(steps_of(retention_victims(entries, 1, 20)), (std::vector<int64_t>{10}));
+  EXPECT_EQ(steps_of(retention_victims(entries, 1, 30)), (std::vector<int64_t>{10, 20}));
+  EXPECT_EQ(steps_of(retention_victims(entries, 1, 99)), (std::vector<int64_t>{10, 20}));
+  EXPECT_TRUE(retention_victims(entries, 2, 10).empty());
+}
+
+TEST(ApplyRetention, DeletesExactlyTheVictims) {
+  TempDir tmp;
+  for (int64_t step : {10, 20, 30, 40}) make_step(tmp.path(), step, true);
+  make_step(tmp.path(), 50, false);
+  fs::create_directories(tmp.path() / "step_x");
+  apply_retention(tmp.str(), 2, std::nullopt);
+  EXPECT_EQ(steps_of(list_checkpoints(tmp.str())), (std::vector<int64_t>{30, 40, 50}));
+  EXPECT_TRUE(fs::exists(tmp.path() / "step_x"));
+  // Nothing is left behind besides what was there.
+  size_t n = 0;
+  for (const auto& e : fs::directory_iterator(tmp.path())) {
+    (void)e;
+    ++n;
+  }
+  EXPECT_EQ(n, 4u);
+}
+
+TEST(ApplyRetention, KeepAllAndProtectDeleteNothingExtra) {
+  TempDir tmp;
+  for (int64_t step : {1, 2, 3}) make_step(tmp.path(), step, true);
+  apply_retention(tmp.str(), 0, std::nullopt);
+  EXPECT_EQ(steps_of(list_checkpoints(tmp.str())), (std::vector<int64_t>{1, 2, 3}));
+  apply_retention(tmp.str(), 1, 2);
+  EXPECT_EQ(steps_of(list_checkpoints(tmp.str())), (std::vector<int64_t>{2, 3}));
+}
+
+TEST(ApplyRetention, SweepsLeftoversOfAnInterruptedDeletion) {
+  TempDir tmp;
+  make_step(tmp.path(), 1, true);
+  fs::rename(make_step(tmp.path(), 0, true), tmp.path() / ".deleting.step_0");
+  fs::create_directories(tmp.path() / ".deleting.notours");
+  apply_retention(tmp.str(), 1, std::nullopt);
+  EXPECT_FALSE(fs::exists(tmp.path() / ".deleting.step_0"));
+  EXPECT_TRUE(fs::exists(tmp.path() / ".deleting.notours"));
+  EXPECT_EQ(steps_of(list_checkpoints(tmp.str())), (std::vector<int64_t>{1}));
+}
+
+TEST(ApplyRetention, AMissingDirectoryIsNothingToDo) {
+  TempDir tmp;
+  EXPECT_NO_THROW(apply_retention((tmp.path() / "nope").string(), 1, std::nullopt));
+}
+
+TEST(ResolveResume, AutoPicksTheLatestCommitted) {
+  TempDir tmp;
+  EXPECT_FALSE(resolve_resume("auto", tmp.str()).has_value());
+  EXPECT_FALSE(resolve_resume("auto", (tmp.path() / "missing").string()).has_value());
+  make_step(tmp.path(), 4, true);
+  make_step(tmp.path(), 8, true);
+  make_step(tmp.path(), 12, false);
+  EXPECT_EQ(resolve_resume("auto", tmp.str()), (tmp.path() / "step_8").string());
+  EXPECT_FALSE(resolve_resume("never", tmp.str()).has_value());
+}
+
+TEST(ResolveResume, AnExplicitPathMustBeACommittedCheckpoint) {
+  TempDir tmp;
+  const std::string committed = make_step(tmp.path(), 4, true).string();
+  const std::string incomplete = make_step(tmp.path(), 8, false).string();
+  const std::string missing = (tmp.path() / "step_99").string();
+  EXPECT_EQ(resolve_resume(committed, "/unused"), committed);
+
+  auto expect_error = [](const std::string& path, const std::string& why) {
+    try {
+      resolve_resume(path, "/unused");
+      FAIL() << "expected an error for " << path;
+    } catch (const std::runtime_error& e) {
+      const std::string msg = e.what();
+      EXPECT_NE(msg.find(path), std::string::npos) << msg;
+      EXPECT_NE(msg.find(why), std::string::npos) << msg;
+    }
+  };
+  expect_error(missing, "no such");
+  expect_error(incomplete, "not a committed checkpoint");
+  expect_error(incomplete + "/rank_0.data", "not a directory");
+}
+
+}  // namespace
+}  // namespace checkpoint

@@ -1,0 +1,194 @@
+// The storage interface: the POSIX implementation, and fault injection that
+// behaves like a full disk or a failing device.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <thread>
+
+#include "checkpoint/storage.h"
+
+namespace checkpoint {
+namespace {
+
+std::string make_temp_dir(const std::string& tag) {
+  std::string templ = ::testing::TempDir() + "/" + tag + "_XXXXXX";
+  if (::mkdtemp(templ.data()) == nullptr) throw std::runtime_error("mkdtemp failed for " + templ);
+  return templ;
+}
+
+std::string error_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const IoError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+class StorageTest : public ::testing::Test {
+ protected:
+  void SetUp() override { dir_ = make_temp_dir("storage"); }
+  void TearDown() override { posix_storage()->remove_all(dir_); }
+
+  std::vector<uint8_t> read_all(const std::string& path) {
+    return posix_storage()->read_file(path, 1 << 20);
+  }
+
+  std::string dir_;
+};
+
+TEST_F(StorageTest, PosixStorageWritesReadsListsRenamesAndRemoves) {
+  auto fs = posix_storage();
+  fs->make_dirs(dir_ + "/a/b");
+  fs->make_dirs(dir_ + "/a/b");  // existing is fine
+  const std::string path = dir_ + "/a/b/rank_0.data";
+  auto file = fs->create_file(path);
+  file->append("hello ", 6);
+  file->append("world", 5);
+  file->write_at(0, "J", 1);
+  file->sync();
+  file->close();
+  file->close();  // idempotent
+  EXPECT_EQ(fs->file_size(path), 11u);
+  char buf[5];
+  fs->read_at(path, 6, buf, 5);
+  EXPECT_EQ(std::string(buf, 5), "world");
+  EXPECT_EQ(read_all(path), (std::vector<uint8_t>{'J', 'e', 'l', 'l', 'o', ' ', 'w', 'o', 'r', 'l', 'd'}));
+
+  fs->create_file(dir_ + "/a/b/c.data")->close();
+  EXPECT_EQ(fs->list_dir(dir_ + "/a/b"), (std::vector<std::string>{"c.data", "rank_0.data"}));
+  fs->rename(path, dir_ + "/a/b/renamed");
+  fs->sync_dir(dir_ + "/a/b");
+  EXPECT_FALSE(fs->exists(path));
+  EXPECT_TRUE(fs->exists(dir_ + "/a/b/renamed"));
+  fs->remove_all(dir_ + "/a");
+  EXPECT_FALSE(fs->exists(dir_ + "/a"));
+  fs->remove_all(dir_ + "/a");  // missing is fine
+}
+
+TEST_F(StorageTest, ReadingPastTheEndSaysTruncatedAndNamesTheFile) {
+  const std::string path = dir_ + "/short.data";
+  posix_storage()->write_file_atomic(path, std::vector<uint8_t>(10, 1));
+  char buf[8];
+  EXPECT_EQ(error_of([&] { posix_storage()->read_at(path, 5, buf, 8); }),
+            "truncated: " + path + " has 10 bytes, needed 13");
+}
+
+TEST_F(StorageTest, IoErrorsCarryThePathAndStrerror) {
+  const std::string path = dir_ + "/missing.data";
+  char buf[1];
+  try {
+    posix_storage()->read_at(path, 0, buf, 1);
+    FAIL() << "no error";
+  } catch (const IoError& e) {
+    EXPECT_EQ(std::string(e.what()), "cannot open " + path + ": " + std::strerror(ENOENT));
+    EXPECT_EQ(e.error_number(), ENOENT);
+  }
+  EXPECT_NE(error_of([&] { posix_storage()->create_file(dir_ + "/no/such/dir/x"); })
+                .find("No such file or directory"),
+            std::string::npos);
+}
+
+TEST_F(StorageTest, WriteFileAtomicReplacesTheFileAndLeavesNoTemporary) {
+  const std::string path = dir_ + "/.metadata";
+  posix_storage()->write_file_atomic(path, {1, 2, 3});
+  posix_storage()->write_file_atomic(path, {4, 5});
+  EXPECT_EQ(read_all(path), (std::vector<uint8_t>{4, 5}));
+  EXPECT_EQ(posix_storage()->list_dir(dir_), (std::vector<std::string>{".metadata"}));
+}
+
+TEST_F(StorageTest, FullDiskStoresWhatFitsThenFailsWithEnospc) {
+  FaultPlan plan;
+  plan.fail_after_bytes = 100;
+  auto fs = fault_injecting_storage(posix_storage(), plan);
+  const std::string path = dir_ + "/rank_0.data";
+  auto file = fs->create_file(path);
+  const std::vector<uint8_t> block(60, 7);
+  file->append(block.data(), block.size());
+  try {
+    file->append(block.data(), block.size());
+    FAIL() << "the write crossing the limit succeeded";
+  } catch (const IoError& e) {
+    EXPECT_EQ(e.error_number(), ENOSPC);
+    EXPECT_NE(std::string(e.what()).find(path), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find(std::strerror(ENOSPC)), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(file->write_at(0, block.data(), 1), IoError);  // the disk stays full
+  file->close();
+  EXPECT_EQ(posix_storage()->file_size(path), 100u);
+}
+
+TEST_F(StorageTest, FullDiskCountsBytesExactlyAcrossThreads) {
+  FaultPlan plan;
+  plan.fail_after_bytes = 5000;
+  auto fs = fault_injecting_storage(posix_storage(), plan);
+  auto file = fs->create_file(dir_ + "/rank_0.data");
+  std::atomic<int> failures{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 8; ++t) {
+    threads.emplace_back([&, t] {
+      const std::vector<uint8_t> bytes(10, static_cast<uint8_t>(t));
+      for (int i = 0; i < 100; ++i) {
+        try {
+          file->write_at(static_cast<uint64_t>(t * 1000 + i * 10), bytes.data(), bytes.size());
+        } catch (const IoError&) {
+          ++failures;
+        }
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(failures.load(), 800 - 500);  // exactly 500 ten-byte writes fit in 5000 bytes
+}
+
+TEST_F(StorageTest, TheNthWriteFailsWithTheChosenErrno) {
+  FaultPlan plan;
+  plan.fail_on_write_call = 2;
+  plan.fail_errno = EIO;
+  auto fs = fault_injecting_storage(posix_storage(), plan);
+  auto file = fs->create_file(dir_ + "/x");
+  file->append("a", 1);
+  try {
+    file->append("b", 1);
+    FAIL() << "no error";
+  } catch (const IoError& e) {
+    EXPECT_EQ(e.error_number(), EIO);
+    EXPECT_NE(std::string(e.what()).find("injected fault"), std::string::npos);
+  }
+  file->append("c", 1);
+}
+
+TEST_F(StorageTest, FailedRenameLeavesNoCommittedFile) {
+  FaultPlan plan;
+  plan.fail_on_rename_call = 1;
+  plan.fail_errno = EIO;
+  auto fs = fault_injecting_storage(posix_storage(), plan);
+  const std::string path = dir_ + "/.metadata";
+  const std::string error = error_of([&] { fs->write_file_atomic(path, {1, 2, 3}); });
+  EXPECT_NE(error.find(std::strerror(EIO)), std::string::npos) << error;
+  EXPECT_FALSE(posix_storage()->exists(path));
+  fs->write_file_atomic(path, {1, 2, 3});  // the second rename goes through
+  EXPECT_EQ(read_all(path), (std::vector<uint8_t>{1, 2, 3}));
+}
+
+TEST_F(StorageTest, FailedFsyncStopsTheCommitBeforeTheRename) {
+  FaultPlan plan;
+  plan.fail_on_sync_call = 1;
+  plan.fail_errno = EIO;
+  auto fs = fault_injecting_storage(posix_storage(), plan);
+  const std::string path = dir_ + "/.metadata";
+  EXPECT_THROW(fs->write_file_atomic(path, {1}), IoError);
+  EXPECT_FALSE(posix_storage()->exists(path));
+}
+
+TEST(JoinPath, JoinsWithOneSlash) {
+  EXPECT_EQ(join_path("/ck/step_1", "rank_0.data"), "/ck/step_1/rank_0.data");
+  EXPECT_EQ(join_path("/ck/step_1/", "rank_0.data"), "/ck/step_1/rank_0.data");
+  EXPECT_EQ(join_path("", "rank_0.data"), "rank_0.data");
+}
+
+}  // namespace
+}  // namespace checkpoint

@@ -1,0 +1,170 @@
+// Block transforms: bit-exact round trips, the byte-grouping layout and its
+// payoff on float data, and corrupt input that must fail cleanly.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <random>
+
+#include "checkpoint/transforms.h"
+
+namespace checkpoint {
+namespace {
+
+std::vector<uint8_t> patterned_bytes(size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<uint8_t> v(n);
+  // Half structure, half noise, so zstd has something to do either way.
+  for (size_t i = 0; i < n; ++i) v[i] = (i / 64) % 2 ? static_cast<uint8_t>(rng()) : static_cast<uint8_t>(i);
+  return v;
+}
+
+std::vector<uint8_t> normal_floats_as_bytes(size_t count, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 0.02f);  // like initialised weights
+  std::vector<uint8_t> bytes(count * sizeof(float));
+  for (size_t i = 0; i < count; ++i) {
+    const float f = normal(rng);
+    std::memcpy(bytes.data() + i * sizeof(float), &f, sizeof(float));
+  }
+  return bytes;
+}
+
+std::vector<uint8_t> encode(const std::vector<std::string>& chain, const std::vector<uint8_t>& in,
+                            size_t element_size, int level = 3) {
+  std::vector<uint8_t> out;
+  TransformChain::for_encoding(chain, level).encode(in.data(), in.size(), element_size, out);
+  return out;
+}
+
+std::vector<uint8_t> decode(const std::vector<std::string>& chain, const std::vector<uint8_t>& in,
+                            size_t element_size, size_t out_n) {
+  std::vector<uint8_t> out(out_n);
+  TransformChain::for_decoding(chain).decode(in.data(), in.size(), element_size, out.data(), out_n);
+  return out;
+}
+
+TEST(Transforms, RoundTripIsBitExactForEveryChainAndElementSize) {
+  const std::vector<std::vector<std::string>> chains = {
+      {}, {"zstd/1"}, {"bytegroup/1"}, {"bytegroup/1", "zstd/1"}};
+  for (const auto& chain : chains) {
+    for (size_t e : {1, 2, 4, 8}) {
+      for (size_t elements : {0, 1, 3, 1000, 70000}) {
+        const std::vector<uint8_t> data = patterned_bytes(elements * e, static_cast<uint32_t>(e));
+        const std::vector<uint8_t> encoded = encode(chain, data, e);
+        EXPECT_EQ(decode(chain, encoded, e, data.size()), data)
+            << "chain of " << chain.size() << ", element size " << e << ", " << elements
+            << " elements";
+      }
+    }
+  }
+}
+
+TEST(Transforms, ByteGroupPutsByteKOfEveryElementInPlaneK) {
+  const std::vector<uint8_t> in = {0x01, 0x02, 0x03, 0x11, 0x12, 0x13};  // two 3-byte elements
+  EXPECT_EQ(encode({"bytegroup/1"}, in, 3),
+            (std::vector<uint8_t>{0x01, 0x11, 0x02, 0x12, 0x03, 0x13}));
+  EXPECT_EQ(encode({"bytegroup/1"}, in, 1), in);  // identity for bytes
+}
+
+TEST(Transforms, ByteGroupRefusesPartialElements) {
+  const std::vector<uint8_t> in(7, 0);
+  EXPECT_THROW(encode({"bytegroup/1"}, in, 4), TransformError);
+  std::vector<uint8_t> out(7);
+  EXPECT_THROW(find_transform("bytegroup/1").decode(in.data(), 7, 4, out.data(), 7),
+               TransformError);
+  EXPECT_THROW(find_transform("bytegroup/1").decode(in.data(), 7, 1, out.data(), 6),
+               TransformError);
+}
+
+TEST(Transforms, ByteGroupingImprovesZstdOnFloat32Weights) {
+  const std::vector<uint8_t> data = normal_floats_as_bytes(1 << 18, 7);
+  const size_t plain = encode({"zstd/1"}, data, 4).size();
+  const size_t grouped = encode({"bytegroup/1", "zstd/1"}, data, 4).size();
+  EXPECT_LT(grouped, plain * 0.93) << "zstd alone " << plain << " bytes, grouped " << grouped
+                                   << " of " << data.size();
+}
+
+TEST(Transforms, ZstdLevelIsAWriterChoiceAnyDecoderReads) {
+  const std::vector<uint8_t> data = patterned_bytes(100000, 3);
+  std::vector<uint8_t> fast, small;
+  make_zstd(1)->encode(data.data(), data.size(), 1, fast);
+  make_zstd(19)->encode(data.data(), data.size(), 1, small);
+  EXPECT_LE(small.size(), fast.size());
+  EXPECT_EQ(decode({"zstd/1"}, fast, 1, data.size()), data);
+  EXPECT_EQ(decode({"zstd/1"}, small, 1, data.size()), data);
+  EXPECT_THROW(make_zstd(0), TransformError);
+  EXPECT_THROW(make_zstd(20), TransformError);
+}
+
+TEST(Transforms, CorruptZstdFramesThrowTransformErrorAndNeverCrash) {
+  const std::vector<uint8_t> data = patterned_bytes(3000, 11);
+  const std::vector<uint8_t> frame = encode({"zstd/1"}, data, 1);
+  const BlockTransform& zstd = find_transform("zstd/1");
+  std::vector<uint8_t> out(data.size() + 64, 0xee);  // guard bytes after out_n
+  size_t rejected = 0;
+  for (size_t i = 0; i < frame.size(); ++i) {
+    for (uint8_t flip : {0x01, 0x80, 0xff}) {
+      std::vector<uint8_t> bad = frame;
+      bad[i] ^= flip;
+      try {
+        zstd.decode(bad.data(), bad.size(), 1, out.data(), data.size());
+      } catch (const TransformError&) {
+        ++rejected;  // decoding garbage silently is fine too: the checksum catches it
+      }
+      for (size_t g = data.size(); g < out.size(); ++g) ASSERT_EQ(out[g], 0xee) << "wrote past out_n";
+    }
+  }
+  EXPECT_GT(rejected, 0u);
+  for (size_t n = 0; n < frame.size(); ++n) {  // every truncation
+    EXPECT_THROW(zstd.decode(frame.data(), n, 1, out.data(), data.size()), TransformError) << n;
+  }
+  // The right frame with the wrong expected size, and trailing bytes.
+  EXPECT_THROW(zstd.decode(frame.data(), frame.size(), 1, out.data(), data.size() - 1),
+               TransformError);
+  std::vector<uint8_t> longer = frame;
+  longer.push_back(0);
+  EXPECT_THROW(zstd.decode(longer.data(), longer.size(), 1, out.data(), data.size()),
+               TransformError);
+}
+
+TEST(Transforms, UnknownDescriptorErrorNamesIt) {
+  try {
+    find_transform("x/9");
+    FAIL() << "no error";
+  } catch (const TransformError& e) {
+    EXPECT_STREQ(e.what(), "unknown transform descriptor 'x/9'");
+  }
+  EXPECT_THROW(TransformChain::for_decoding({"zstd/1", "zstd/2"}), TransformError);
+  EXPECT_EQ(find_transform("zstd/1").descriptor(), "zstd/1");
+  EXPECT_EQ(find_transform("bytegroup/1").descriptor(), "bytegroup/1");
+}
+
+TEST(Transforms, ChainForFollowsTheCompressionOptions) {
+  CompressionOptions c;
+  EXPECT_TRUE(transform_chain_for(c, DType::kFloat32).empty());  // codec none by default
+  c.codec = "zstd";
+  const std::vector<std::string> grouped = {"bytegroup/1", "zstd/1"};
+  const std::vector<std::string> plain = {"zstd/1"};
+  EXPECT_EQ(transform_chain_for(c, DType::kFloat32), grouped);
+  EXPECT_EQ(transform_chain_for(c, DType::kBFloat16), grouped);
+  EXPECT_EQ(transform_chain_for(c, DType::kFloat16), grouped);
+  EXPECT_EQ(transform_chain_for(c, DType::kInt64), plain);
+  EXPECT_EQ(transform_chain_for(c, DType::kFloat64), plain);
+  c.byte_group = "on";
+  EXPECT_EQ(transform_chain_for(c, DType::kInt64), grouped);
+  c.byte_group = "off";
+  EXPECT_EQ(transform_chain_for(c, DType::kFloat32), plain);
+  c.byte_group = "maybe";
+  EXPECT_THROW(transform_chain_for(c, DType::kFloat32), TransformError);
+  c.byte_group = "auto";
+  c.codec = "lz4";
+  try {
+    transform_chain_for(c, DType::kFloat32);
+    FAIL() << "no error";
+  } catch (const TransformError& e) {
+    EXPECT_NE(std::string(e.what()).find("compression.codec 'lz4'"), std::string::npos);
+  }
+}
+
+}  // namespace
+}  // namespace checkpoint

@@ -1,0 +1,468 @@
+// framework/config: YAML -> Config, validation messages, --set overrides,
+// to_yaml round trips, and the repository's configs/*.yaml.
+#include "framework/config/config.h"
+
+#include <gtest/gtest.h>
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <ostream>
+#include <set>
+
+namespace framework::config {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Every key the option structs expose, as documented in the brief.
+const std::vector<std::string> kAllKeys = {
+    "run.dir", "run.seed",
+    "train.steps", "train.stop_at", "train.global_batch_size", "train.log_every",
+    "train.device", "train.grad_clip",
+    "model.kind", "model.vocab_size", "model.seq_len", "model.d_model", "model.n_layers",
+    "model.n_heads", "model.d_ff", "model.tie_weights",
+    "data.kind", "data.task", "data.path",
+    "optim.lr", "optim.min_lr", "optim.warmup_steps", "optim.weight_decay", "optim.beta1",
+    "optim.beta2", "optim.eps",
+    "parallel.replicate", "parallel.shard", "parallel.reshard_after_forward",
+    "dist.backend", "dist.timeout_s", "dist.master_addr", "dist.master_port",
+    "checkpoint.dir", "checkpoint.interval", "checkpoint.mode", "checkpoint.keep_last",
+    "checkpoint.resume", "checkpoint.on_error", "checkpoint.save_on_signal",
+    "checkpoint.when_busy", "checkpoint.allow_partial", "checkpoint.model_only",
+    "checkpoint.io_threads", "checkpoint.compression.codec", "checkpoint.compression.level",
+    "checkpoint.compression.byte_group", "checkpoint.compression.block_size",
+};
+
+// The message of the ConfigError that `fn` throws; fails the test if none.
+std::string error_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "expected a ConfigError";
+  return "";
+}
+
+std::string parse_error(const std::string& yaml, const std::vector<std::string>& sets = {}) {
+  return error_of([&] { parse_config(yaml, "configs/x.yaml", sets); });
+}
+
+// Leaf paths of a YAML map, dotted.
+void collect_leaf_paths(const YAML::Node& node, const std::string& prefix,
+                        std::vector<std::string>* out) {
+  for (const auto& entry : node) {
+    std::string name = entry.first.Scalar();
+    std::string path = prefix.empty() ? name : prefix + "." + name;
+    if (entry.second.IsMap()) collect_leaf_paths(entry.second, path, out);
+    else out->push_back(path);
+  }
+}
+
+// The scalar at a dotted path of a YAML map.
+std::string scalar_at(const YAML::Node& node, const std::string& path) {
+  size_t dot = path.find('.');
+  if (dot == std::string::npos) return node[path].Scalar();
+  return scalar_at(node[path.substr(0, dot)], path.substr(dot + 1));
+}
+
+// A config where every key differs from its default.
+Config non_default_config() {
+  Config c;
+  c.run.dir = "runs/odd \"quoted\" dir: #1";
+  c.run.seed = 7;
+  c.train.steps = 1000;
+  c.train.stop_at = 500;
+  c.train.global_batch_size = 64;
+  c.train.log_every = 5;
+  c.train.device = "cuda";
+  c.train.grad_clip = 0.25;
+  c.model.kind = "mlp";
+  c.model.vocab_size = 256;
+  c.model.seq_len = 128;
+  c.model.d_model = 96;
+  c.model.n_layers = 3;
+  c.model.n_heads = 6;
+  c.model.d_ff = 300;
+  c.model.tie_weights = false;
+  c.data.kind = "text";
+  c.data.task = "add";
+  c.data.path = "data/tiny.txt";
+  c.optim.lr = 1.0 / 3.0;
+  c.optim.min_lr = 1e-7;
+  c.optim.warmup_steps = 0;
+  c.optim.weight_decay = 0.0;
+  c.optim.beta1 = 0.8;
+  c.optim.beta2 = 0.999;
+  c.optim.eps = 1e-12;
+  c.parallel.replicate = 2;
+  c.parallel.shard = 4;
+  c.parallel.reshard_after_forward = false;
+  c.dist.backend = "nccl";
+  c.dist.timeout_s = 30.5;
+  c.dist.master_addr = "10.0.0.1";
+  c.dist.master_port = 29501;
+  c.checkpoint.dir = "/tmp/ckpt";
+  c.checkpoint.interval = 25;
+  c.checkpoint.mode = "overlap";
+  c.checkpoint.keep_last = 3;
+  c.checkpoint.resume = "never";
+  c.checkpoint.on_error = "warn";
+  c.checkpoint.save_on_signal = false;
+  c.checkpoint.when_busy = "skip";
+  c.checkpoint.allow_partial = true;
+  c.checkpoint.model_only = true;
+  c.checkpoint.io_threads = 16;
+  c.checkpoint.compression.codec = "zstd";
+  c.checkpoint.compression.level = 19;
+  c.checkpoint.compression.byte_group = "off";
+  c.checkpoint.compression.block_size = 1 << 20;
+  return c;
+}
+
+// ---- Bad files: each message names the key path and the 1-based line. ----
+
+struct BadConfigCase {
+  const char* name;
+  const char* yaml;
+  const char* key;       // must appear in the message
+  const char* location;  // "configs/x.yaml:<line>", must appear in the message
+  const char* detail;    // must appear in the message
+};
+
+const BadConfigCase kBadConfigs[] = {
+    {"UnknownKeySuggestsTheClosestKey",
+     "run:\n  dir: runs/x\ncheckpoint:\n  interval: 5\n  intervl: 10\n",
+     "checkpoint.intervl", "configs/x.yaml:5", "did you mean checkpoint.interval?"},
+    {"NestedUnknownKeySuggestsTheNestedKey",
+     "checkpoint:\n  compression:\n    codec: zstd\n    levle: 5\n",
+     "checkpoint.compression.levle", "configs/x.yaml:4", "did you mean checkpoint.compression.level?"},
+    {"MisspelledSectionSuggestsTheSection",
+     "train:\n  steps: 5\nchekpoint:\n  interval: 5\n",
+     "chekpoint", "configs/x.yaml:3", "did you mean checkpoint?"},
+    {"ShortMisspelledNameStillGetsASuggestion",
+     "checkpoint:\n  compression:\n    lvl: 3\n", "checkpoint.compression.lvl",
+     "configs/x.yaml:3", "did you mean checkpoint.compression.level?"},
+    {"KeyUnderTheWrongSectionSuggestsWhereItLives",
+     "train:\n  seed: 5\n", "train.seed", "configs/x.yaml:2", "did you mean run.seed?"},
+    {"IntegerGivenAsWordIsRejected",
+     "train:\n  log_every: 1\n  grad_clip: 1\n  steps: abc\n",
+     "train.steps", "configs/x.yaml:4", "expected an integer, got \"abc\""},
+    {"IntegerGivenAsFractionIsRejected",
+     "train:\n  steps: 1.5\n", "train.steps", "configs/x.yaml:2", "expected an integer"},
+    {"IntegerWithTrailingGarbageIsRejected",
+     "model:\n  d_model: 10abc\n", "model.d_model", "configs/x.yaml:2", "\"10abc\""},
+    {"BoolGivenAsYesIsRejected",
+     "model:\n  tie_weights: yes\n", "model.tie_weights", "configs/x.yaml:2",
+     "expected true or false"},
+    {"NumberGivenAsWordIsRejected",
+     "optim:\n  lr: fast\n", "optim.lr", "configs/x.yaml:2", "expected a number"},
+    {"SectionGivenAsScalarIsRejected",
+     "run:\n  seed: 1\ncheckpoint: 3\n", "checkpoint", "configs/x.yaml:3", "expected a section"},
+    {"ScalarGivenAsMapIsRejected",
+     "train:\n  steps:\n    value: 3\n", "train.steps", "configs/x.yaml:2", "got a map"},
+    {"ScalarGivenAsListIsRejected",
+     "dist:\n  backend: [gloo, nccl]\n", "dist.backend", "configs/x.yaml:2", "got a list"},
+    {"EnumOutsideItsChoicesIsRejected",
+     "checkpoint:\n  interval: 5\n  mode: fast\n", "checkpoint.mode", "configs/x.yaml:3",
+     "expected one of sync|async|overlap, got \"fast\""},
+    {"DeviceOutsideItsChoicesIsRejected",
+     "train:\n  device: tpu\n", "train.device", "configs/x.yaml:2", "one of cpu|cuda"},
+    {"ZeroStepsIsRejected",
+     "train:\n  steps: 0\n", "train.steps", "configs/x.yaml:2", "expected an integer >= 1, got 0"},
+    {"NegativeSeedIsRejected",
+     "run:\n  seed: -3\n", "run.seed", "configs/x.yaml:2", ">= 0"},
+    {"Beta2OfOneIsRejected",
+     "optim:\n  beta2: 1.0\n", "optim.beta2", "configs/x.yaml:2", "in [0, 1)"},
+    {"ZeroLearningRateIsRejected",
+     "optim:\n  lr: 0\n", "optim.lr", "configs/x.yaml:2", "> 0"},
+    {"ShardDegreeOfZeroIsRejected",
+     "parallel:\n  shard: 0\n", "parallel.shard", "configs/x.yaml:2", "-1 or >= 1"},
+    {"PortAboveRangeIsRejected",
+     "dist:\n  master_port: 70000\n", "dist.master_port", "configs/x.yaml:2", "0..65535"},
+    {"ZstdLevelAboveRangeIsRejected",
+     "checkpoint:\n  compression:\n    level: 22\n", "checkpoint.compression.level",
+     "configs/x.yaml:3", "1..19"},
+    {"TinyBlockSizeIsRejected",
+     "checkpoint:\n  compression:\n    block_size: 100\n", "checkpoint.compression.block_size",
+     "configs/x.yaml:3", "4096..1073741824"},
+    {"TooManyIoThreadsIsRejected",
+     "checkpoint:\n  io_threads: 1000\n", "checkpoint.io_threads", "configs/x.yaml:2", "1..256"},
+    {"EmptyResumeIsRejected",
+     "checkpoint:\n  resume: \"\"\n", "checkpoint.resume", "configs/x.yaml:2", "non-empty"},
+    {"EmptyIntegerValueIsRejected",
+     "train:\n  steps:\n", "train.steps", "configs/x.yaml:2", "got an empty value"},
+    {"DuplicateKeyNamesBothLines",
+     "checkpoint:\n  interval: 5\n  mode: sync\n  interval: 6\n", "checkpoint.interval",
+     "configs/x.yaml:4", "first at line 2"},
+    {"DuplicateSectionNamesBothLines",
+     "train:\n  steps: 5\nmodel:\n  d_model: 64\ntrain:\n  log_every: 2\n", "train",
+     "configs/x.yaml:5", "first at line 1"},
+    {"DottedKeyRepeatingANestedKeyIsADuplicate",
+     "checkpoint:\n  interval: 5\ncheckpoint.interval: 6\n", "checkpoint.interval",
+     "configs/x.yaml:3", "first at line 2"},
+    {"CrossKeyBothDegreesDerivedNamesBothKeys",
+     "parallel:\n  replicate: -1\n  shard: -1\n", "parallel.replicate", "configs/x.yaml:2",
+     "parallel.shard (-1, configs/x.yaml:3)"},
+    {"CrossKeyHeadsMustDivideWidth",
+     "model:\n  d_model: 65\n  n_heads: 4\n", "model.d_model", "configs/x.yaml:2",
+     "model.n_heads (4, configs/x.yaml:3)"},
+    {"CrossKeyMinLrAboveLr",
+     "optim:\n  lr: 1.0e-3\n  min_lr: 1.0e-2\n", "optim.min_lr", "configs/x.yaml:3",
+     "optim.lr (0.001, configs/x.yaml:2)"},
+    {"CrossKeyTextNeedsAPath",
+     "data:\n  kind: text\n", "data.path", "configs/x.yaml:2", "data.kind (\"text\""},
+    {"CrossKeyStopAfterTheLastStep",
+     "train:\n  steps: 10\n  stop_at: 11\n", "train.stop_at", "configs/x.yaml:3",
+     "train.steps (10, configs/x.yaml:2)"},
+    {"TopLevelListIsRejected",
+     "- a\n- b\n", "top level", "configs/x.yaml:1", "map of sections"},
+    {"YamlSyntaxErrorCarriesTheLine",
+     "train:\n  steps: [1,\nmodel:\n  d_model: 3\n", "YAML syntax error", "configs/x.yaml:",
+     "YAML syntax error"},
+};
+
+// Names the case in test output instead of dumping its bytes.
+void PrintTo(const BadConfigCase& c, std::ostream* os) { *os << c.name; }
+
+class BadConfig : public ::testing::TestWithParam<BadConfigCase> {};
+
+TEST_P(BadConfig, ErrorNamesKeyAndLine) {
+  const BadConfigCase& c = GetParam();
+  std::string message = parse_error(c.yaml);
+  EXPECT_NE(message.find(c.key), std::string::npos) << message;
+  EXPECT_NE(message.find(c.location), std::string::npos) << message;
+  EXPECT_NE(message.find(c.detail), std::string::npos) << message;
+  EXPECT_EQ(message.find('\n'), std::string::npos) << "one line: " << message;
+}
+
+INSTANTIATE_TEST_SUITE_P(Config, BadConfig, ::testing::ValuesIn(kBadConfigs),
+                         [](const auto& info) { return std::string(info.param.name); });
+
+TEST(Config, UnknownKeyMessageHasTheDocumentedShape) {
+  EXPECT_EQ(parse_error("checkpoint:\n  intervl: 5\n"),
+            "checkpoint.intervl: unknown key at configs/x.yaml:2 \xE2\x80\x94 did you mean "
+            "checkpoint.interval?");
+}
+
+TEST(Config, UnknownKeyWithNothingCloseHasNoSuggestion) {
+  std::string message = parse_error("train:\n  zzzzqqq: 5\n");
+  EXPECT_EQ(message, "train.zzzzqqq: unknown key at configs/x.yaml:2");
+}
+
+TEST(Config, WrongTypeMessageHasTheDocumentedShape) {
+  EXPECT_EQ(parse_error("run:\n  seed: 1\ntrain:\n  steps: abc\n"),
+            "train.steps: expected an integer, got \"abc\" at configs/x.yaml:4");
+}
+
+TEST(Config, HeadsNeedNotDivideWidthForMlp) {
+  Config cfg = parse_config("model:\n  kind: mlp\n  d_model: 65\n  n_heads: 4\n", "x.yaml");
+  EXPECT_EQ(cfg.model.d_model, 65);
+}
+
+// ---- Files. ----
+
+TEST(Config, EmptyFileGivesAllDefaults) {
+  EXPECT_EQ(parse_config("", "empty.yaml"), Config{});
+  EXPECT_EQ(parse_config("# nothing here\n", "empty.yaml"), Config{});
+  EXPECT_EQ(parse_config("checkpoint:\n", "empty.yaml"), Config{});
+}
+
+TEST(Config, ValuesInTheFileReachTheStructs) {
+  Config cfg = parse_config(
+      "train:\n  steps: 50\n  grad_clip: 0\n  device: cuda\n"
+      "model:\n  tie_weights: false\n"
+      "optim:\n  lr: 1.0e-2\n"
+      "dist:\n  master_port: 1234\n"
+      "checkpoint:\n  resume: /tmp/ckpt/step_40\n  compression:\n    codec: zstd\n    level: 9\n",
+      "x.yaml");
+  EXPECT_EQ(cfg.train.steps, 50);
+  EXPECT_EQ(cfg.train.grad_clip, 0.0);
+  EXPECT_EQ(cfg.train.device, "cuda");
+  EXPECT_FALSE(cfg.model.tie_weights);
+  EXPECT_DOUBLE_EQ(cfg.optim.lr, 1e-2);
+  EXPECT_EQ(cfg.dist.master_port, 1234);
+  EXPECT_EQ(cfg.checkpoint.resume, "/tmp/ckpt/step_40");
+  EXPECT_EQ(cfg.checkpoint.compression.codec, "zstd");
+  EXPECT_EQ(cfg.checkpoint.compression.level, 9);
+  EXPECT_EQ(cfg.run.seed, Config{}.run.seed);
+}
+
+TEST(Config, MissingFileErrorNamesThePathAndReason) {
+  std::string message = error_of([] { load_config("/nonexistent/dir/cfg.yaml"); });
+  EXPECT_NE(message.find("/nonexistent/dir/cfg.yaml"), std::string::npos) << message;
+  EXPECT_NE(message.find("No such file or directory"), std::string::npos) << message;
+}
+
+TEST(Config, EveryConfigInTheRepositoryParses) {
+  fs::path dir = fs::path(SHARDKIT_SOURCE_DIR) / "configs";
+  std::set<std::string> names;
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    if (entry.path().extension() != ".yaml") continue;
+    names.insert(entry.path().filename().string());
+    EXPECT_NO_THROW(load_config(entry.path().string())) << entry.path();
+  }
+  for (const char* expected : {"default.yaml", "ddp.yaml", "hsdp.yaml", "text.yaml"})
+    EXPECT_EQ(names.count(expected), 1u) << expected;
+}
+
+TEST(Config, RepositoryConfigsSelectTheirLayouts) {
+  auto load = [](const char* name) {
+    return load_config((fs::path(SHARDKIT_SOURCE_DIR) / "configs" / name).string());
+  };
+  Config def = load("default.yaml");
+  EXPECT_EQ(def.parallel.replicate, 1);
+  EXPECT_EQ(def.parallel.shard, -1);
+  EXPECT_EQ(def.checkpoint.mode, "async");
+  EXPECT_EQ(def.checkpoint.interval, 50);
+  Config ddp = load("ddp.yaml");
+  EXPECT_EQ(ddp.parallel.replicate, -1);
+  EXPECT_EQ(ddp.parallel.shard, 1);
+  Config hsdp = load("hsdp.yaml");
+  EXPECT_EQ(hsdp.parallel.replicate, 2);
+  EXPECT_EQ(hsdp.parallel.shard, 2);
+  Config text = load("text.yaml");
+  EXPECT_EQ(text.data.kind, "text");
+  EXPECT_EQ(text.data.path, "README.md");
+  EXPECT_EQ(text.model.vocab_size, 256);
+}
+
+TEST(Config, DefaultYamlListsEveryKey) {
+  YAML::Node root = YAML::LoadFile((fs::path(SHARDKIT_SOURCE_DIR) / "configs/default.yaml").string());
+  std::vector<std::string> paths;
+  collect_leaf_paths(root, "", &paths);
+  EXPECT_EQ(paths, kAllKeys);
+}
+
+// ---- --set overrides. ----
+
+TEST(Config, SetOverridesWinOverTheFile) {
+  Config cfg = parse_config("train:\n  steps: 50\ncheckpoint:\n  mode: sync\n", "x.yaml",
+                            {"train.steps=70", "checkpoint.mode=overlap",
+                             "checkpoint.compression.block_size=65536", "optim.lr=0.01",
+                             "model.tie_weights=false", "data.path=some file.txt"});
+  EXPECT_EQ(cfg.train.steps, 70);
+  EXPECT_EQ(cfg.checkpoint.mode, "overlap");
+  EXPECT_EQ(cfg.checkpoint.compression.block_size, 65536);
+  EXPECT_DOUBLE_EQ(cfg.optim.lr, 0.01);
+  EXPECT_FALSE(cfg.model.tie_weights);
+  EXPECT_EQ(cfg.data.path, "some file.txt");
+}
+
+TEST(Config, LaterSetOverridesWinOverEarlierOnes) {
+  Config cfg = parse_config("", "x.yaml", {"train.steps=5", "train.steps=9"});
+  EXPECT_EQ(cfg.train.steps, 9);
+}
+
+TEST(Config, SetOfAnEmptyValueGivesAnEmptyString) {
+  Config cfg = parse_config("dist:\n  master_addr: host\n", "x.yaml", {"dist.master_addr="});
+  EXPECT_EQ(cfg.dist.master_addr, "");
+}
+
+TEST(Config, SetOfAnUnknownKeySuggestsTheClosestKey) {
+  EXPECT_EQ(parse_error("", {"checkpoint.intervl=5"}),
+            "--set checkpoint.intervl=5: unknown key \xE2\x80\x94 did you mean checkpoint.interval?");
+}
+
+TEST(Config, SetWithTheWrongTypeNamesTheKey) {
+  EXPECT_EQ(parse_error("", {"train.steps=abc"}),
+            "--set train.steps=abc: expected an integer, got \"abc\"");
+}
+
+TEST(Config, SetOutOfRangeNamesTheKeyAndRange) {
+  std::string message = parse_error("", {"checkpoint.compression.level=0"});
+  EXPECT_NE(message.find("--set checkpoint.compression.level=0"), std::string::npos) << message;
+  EXPECT_NE(message.find("1..19"), std::string::npos) << message;
+}
+
+TEST(Config, SetWithoutAnEqualsSignIsAnError) {
+  std::string message = parse_error("", {"train.steps"});
+  EXPECT_NE(message.find("--set train.steps"), std::string::npos) << message;
+  EXPECT_NE(message.find("key.path=value"), std::string::npos) << message;
+}
+
+TEST(Config, SetOfASectionIsAnError) {
+  std::string message = parse_error("", {"checkpoint=3"});
+  EXPECT_NE(message.find("--set checkpoint=3"), std::string::npos) << message;
+  EXPECT_NE(message.find("is a section"), std::string::npos) << message;
+}
+
+TEST(Config, SetOfAListIsAnError) {
+  std::string message = parse_error("", {"train.steps=[1, 2]"});
+  EXPECT_NE(message.find("--set train.steps=[1, 2]"), std::string::npos) << message;
+  EXPECT_NE(message.find("got a list"), std::string::npos) << message;
+}
+
+TEST(Config, CrossKeyChecksRunAfterTheOverrides) {
+  // The file alone is inconsistent; the override repairs it.
+  Config cfg = parse_config("model:\n  d_model: 65\n", "x.yaml", {"model.d_model=68"});
+  EXPECT_EQ(cfg.model.d_model, 68);
+  // The file alone is fine; the override breaks it and is blamed.
+  std::string message = parse_error("parallel:\n  replicate: 1\n", {"parallel.replicate=-1"});
+  EXPECT_NE(message.find("parallel.replicate (-1, --set)"), std::string::npos) << message;
+  EXPECT_NE(message.find("parallel.shard (-1, default)"), std::string::npos) << message;
+}
+
+// ---- Writing back. ----
+
+TEST(Config, ToYamlRoundTripsANonDefaultConfig) {
+  Config cfg = non_default_config();
+  ASSERT_NE(cfg, Config{});
+  Config back = parse_config(to_yaml(cfg), "to_yaml");
+  EXPECT_EQ(back, cfg);
+  EXPECT_EQ(back.run.dir, cfg.run.dir);
+  EXPECT_EQ(back.optim.lr, cfg.optim.lr);  // exact, not approximately
+  EXPECT_EQ(back.checkpoint.compression.block_size, cfg.checkpoint.compression.block_size);
+}
+
+TEST(Config, ToYamlWritesEveryKeyNestedBySection) {
+  YAML::Node root = YAML::Load(to_yaml(Config{}));
+  std::vector<std::string> paths;
+  collect_leaf_paths(root, "", &paths);
+  EXPECT_EQ(paths, kAllKeys);
+}
+
+TEST(Config, EveryKeyDiffersFromItsDefaultInTheRoundTripConfig) {
+  // Guards the round-trip test: a key left at its default would prove nothing.
+  YAML::Node changed = YAML::Load(to_yaml(non_default_config()));
+  YAML::Node defaults = YAML::Load(to_yaml(Config{}));
+  for (const std::string& key : kAllKeys)
+    EXPECT_NE(scalar_at(changed, key), scalar_at(defaults, key)) << key;
+}
+
+TEST(Config, ToYamlWritesFloatsThatYaml11ReadersSeeAsFloats) {
+  // PyYAML (YAML 1.1) reads "1" as an int and "1e-08" as a string.
+  std::string yaml = to_yaml(Config{});
+  EXPECT_NE(yaml.find("grad_clip: 1.0\n"), std::string::npos) << yaml;
+  EXPECT_NE(yaml.find("eps: 1.0e-08\n"), std::string::npos) << yaml;
+}
+
+TEST(Config, WriteEffectiveConfigWritesAParseableFileInANewDirectory) {
+  fs::path dir = fs::path(SHARDKIT_BINARY_DIR) / "test_config_tmp" / "run" / "nested";
+  fs::remove_all(dir.parent_path().parent_path());
+  Config cfg = non_default_config();
+  write_effective_config(cfg, dir.string());
+  EXPECT_EQ(load_config((dir / "config.yaml").string()), cfg);
+  // Overwriting leaves exactly one file behind: no temporaries.
+  write_effective_config(Config{}, dir.string());
+  EXPECT_EQ(load_config((dir / "config.yaml").string()), Config{});
+  EXPECT_EQ(std::distance(fs::directory_iterator(dir), fs::directory_iterator()), 1);
+  fs::remove_all(dir.parent_path().parent_path());
+}
+
+TEST(Config, ReferenceMarkdownListsEveryKey) {
+  std::string md = reference_markdown();
+  EXPECT_EQ(md.rfind("| key | type | default | meaning |", 0), 0u) << md;
+  for (const std::string& key : kAllKeys)
+    EXPECT_NE(md.find("| `" + key + "` |"), std::string::npos) << key;
+  EXPECT_NE(md.find("`\"runs/default\"`"), std::string::npos) << md;
+  EXPECT_NE(md.find("sync\\|async\\|overlap"), std::string::npos) << md;
+  size_t rows = static_cast<size_t>(std::count(md.begin(), md.end(), '\n'));
+  EXPECT_EQ(rows, kAllKeys.size() + 2);
+}
+
+}  // namespace
+}  // namespace framework::config

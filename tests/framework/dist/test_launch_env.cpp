@@ -1,0 +1,178 @@
+#include "framework/dist/launch_env.h"
+
+#include <gtest/gtest.h>
+
+#include <map>
+#include <stdexcept>
+#include <string>
+
+namespace framework::dist {
+namespace {
+
+EnvLookup env_of(std::map<std::string, std::string> vars) {
+  return [vars = std::move(vars)](const std::string& name)
+             -> std::optional<std::string> {
+    auto it = vars.find(name);
+    if (it == vars.end()) return std::nullopt;
+    return it->second;
+  };
+}
+
+// The message of the std::invalid_argument that `detect` throws.
+template <typename F>
+std::string invalid_argument_message(F detect) {
+  try {
+    detect();
+  } catch (const std::invalid_argument& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "expected std::invalid_argument";
+  return "";
+}
+
+TEST(LaunchEnv, TorchrunVariablesGiveRankWorldAndMaster) {
+  LaunchEnv env = detect_launch_env(env_of({{"RANK", "3"},
+                                            {"WORLD_SIZE", "8"},
+                                            {"LOCAL_RANK", "1"},
+                                            {"MASTER_ADDR", "10.0.0.7"},
+                                            {"MASTER_PORT", "29611"}}));
+  EXPECT_EQ(env.source, LaunchSource::kTorchrun);
+  EXPECT_EQ(env.rank, 3);
+  EXPECT_EQ(env.world_size, 8);
+  EXPECT_EQ(env.local_rank, 1);
+  EXPECT_EQ(env.master_addr, "10.0.0.7");
+  EXPECT_EQ(env.master_port, 29611);
+}
+
+TEST(LaunchEnv, TorchrunWinsOverSlurmWhenBothAreSet) {
+  LaunchEnv env = detect_launch_env(env_of({{"RANK", "1"},
+                                            {"WORLD_SIZE", "2"},
+                                            {"SLURM_PROCID", "0"},
+                                            {"SLURM_NTASKS", "1"}}));
+  EXPECT_EQ(env.source, LaunchSource::kTorchrun);
+  EXPECT_EQ(env.rank, 1);
+}
+
+TEST(LaunchEnv, SlurmVariablesWithMasterAddrFromEnvironment) {
+  LaunchEnv env = detect_launch_env(
+      env_of({{"SLURM_PROCID", "5"},
+              {"SLURM_NTASKS", "16"},
+              {"SLURM_LOCALID", "1"},
+              {"SLURM_JOB_NODELIST", "gpu[01-04]"},
+              {"MASTER_ADDR", "gpu01"}}),
+      "from-config", 0);
+  EXPECT_EQ(env.source, LaunchSource::kSlurm);
+  EXPECT_EQ(env.rank, 5);
+  EXPECT_EQ(env.world_size, 16);
+  EXPECT_EQ(env.local_rank, 1);
+  EXPECT_EQ(env.master_addr, "gpu01");
+  EXPECT_EQ(env.master_port, 29500);
+}
+
+TEST(LaunchEnv, SlurmUsesConfigAddressAndPortWhenEnvironmentHasNone) {
+  LaunchEnv env = detect_launch_env(
+      env_of({{"SLURM_PROCID", "0"},
+              {"SLURM_NTASKS", "4"},
+              {"SLURM_LOCALID", "0"},
+              {"SLURM_JOB_NODELIST", "gpu[01-02]"}}),
+      "head.cluster", 31000);
+  EXPECT_EQ(env.master_addr, "head.cluster");
+  EXPECT_EQ(env.master_port, 31000);
+}
+
+TEST(LaunchEnv, SlurmTakesFirstHostOfPlainNodelist) {
+  LaunchEnv env = detect_launch_env(env_of({{"SLURM_PROCID", "1"},
+                                            {"SLURM_NTASKS", "2"},
+                                            {"SLURM_LOCALID", "0"},
+                                            {"SLURM_JOB_NODELIST",
+                                             "nodeA,nodeB"}}));
+  EXPECT_EQ(env.master_addr, "nodeA");
+}
+
+TEST(LaunchEnv, SlurmFallsBackToSlurmNodelist) {
+  LaunchEnv env = detect_launch_env(env_of({{"SLURM_PROCID", "0"},
+                                            {"SLURM_NTASKS", "1"},
+                                            {"SLURM_NODELIST", "solo"}}));
+  EXPECT_EQ(env.master_addr, "solo");
+}
+
+TEST(LaunchEnv, BracketedNodelistWithoutAddressIsAnErrorThatSaysWhatToSet) {
+  std::string message = invalid_argument_message([] {
+    detect_launch_env(env_of({{"SLURM_PROCID", "0"},
+                              {"SLURM_NTASKS", "8"},
+                              {"SLURM_JOB_NODELIST", "node[01-04]"}}));
+  });
+  EXPECT_NE(message.find("SLURM_JOB_NODELIST"), std::string::npos) << message;
+  EXPECT_NE(message.find("node[01-04]"), std::string::npos) << message;
+  EXPECT_NE(message.find("MASTER_ADDR"), std::string::npos) << message;
+  EXPECT_NE(message.find("dist.master_addr"), std::string::npos) << message;
+}
+
+TEST(LaunchEnv, NothingSetMeansSingleProcess) {
+  LaunchEnv env = detect_launch_env(env_of({}));
+  EXPECT_EQ(env.source, LaunchSource::kSingleProcess);
+  EXPECT_EQ(env.rank, 0);
+  EXPECT_EQ(env.world_size, 1);
+  EXPECT_EQ(env.local_rank, 0);
+  EXPECT_EQ(env.master_addr, "127.0.0.1");
+  EXPECT_EQ(env.master_port, 29500);
+}
+
+TEST(LaunchEnv, MalformedRankIsAnErrorNamingRankAndItsValue) {
+  for (const char* bad : {"", "1x", "-1", " 1", "+1", "99999999999"}) {
+    std::string message = invalid_argument_message([&] {
+      detect_launch_env(env_of({{"RANK", bad}, {"WORLD_SIZE", "4"}}));
+    });
+    EXPECT_NE(message.find("RANK=\"" + std::string(bad) + "\""),
+              std::string::npos)
+        << message;
+  }
+}
+
+TEST(LaunchEnv, RankNotBelowWorldSizeIsAnError) {
+  std::string message = invalid_argument_message([] {
+    detect_launch_env(env_of({{"RANK", "4"}, {"WORLD_SIZE", "4"}}));
+  });
+  EXPECT_NE(message.find("RANK=\"4\""), std::string::npos) << message;
+  EXPECT_NE(message.find("WORLD_SIZE=4"), std::string::npos) << message;
+}
+
+TEST(LaunchEnv, ZeroWorldSizeIsAnError) {
+  std::string message = invalid_argument_message([] {
+    detect_launch_env(env_of({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "0"}}));
+  });
+  EXPECT_NE(message.find("SLURM_NTASKS"), std::string::npos) << message;
+}
+
+TEST(LaunchEnv, RankWithoutWorldSizeIsAnErrorNamingWorldSize) {
+  std::string message = invalid_argument_message(
+      [] { detect_launch_env(env_of({{"RANK", "0"}})); });
+  EXPECT_NE(message.find("WORLD_SIZE"), std::string::npos) << message;
+}
+
+TEST(LaunchEnv, PortOutOfRangeIsAnErrorNamingMasterPort) {
+  std::string message = invalid_argument_message([] {
+    detect_launch_env(env_of({{"RANK", "0"},
+                              {"WORLD_SIZE", "1"},
+                              {"MASTER_PORT", "70000"}}));
+  });
+  EXPECT_NE(message.find("MASTER_PORT=\"70000\""), std::string::npos)
+      << message;
+}
+
+TEST(LaunchEnv, SourceNamesAreShortWords) {
+  EXPECT_EQ(to_string(LaunchSource::kSingleProcess), "single");
+  EXPECT_EQ(to_string(LaunchSource::kTorchrun), "torchrun");
+  EXPECT_EQ(to_string(LaunchSource::kSlurm), "slurm");
+}
+
+TEST(LaunchEnv, ProcessEnvReadsTheRealEnvironment) {
+  ::setenv("SHARDKIT_TEST_LAUNCH_ENV", "42", 1);
+  EnvLookup env = process_env();
+  EXPECT_EQ(env("SHARDKIT_TEST_LAUNCH_ENV"), std::optional<std::string>("42"));
+  ::unsetenv("SHARDKIT_TEST_LAUNCH_ENV");
+  EXPECT_EQ(env("SHARDKIT_TEST_LAUNCH_ENV"), std::nullopt);
+}
+
+}  // namespace
+}  // namespace framework::dist

@@ -1,0 +1,167 @@
+// Collectives over real Gloo groups, 2-4 ranks as threads on loopback.
+#include "framework/dist/process_group.h"
+#include "support/multi_rank.h"
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <atomic>
+
+using framework::dist::DistError;
+using framework::dist::Group;
+using framework::dist::ReduceOp;
+using testing_support::RankContext;
+using testing_support::run_ranks;
+
+class CollectivesAcrossWorlds : public ::testing::TestWithParam<int> {};
+
+TEST_P(CollectivesAcrossWorlds, AllReduceSumsAndAverages) {
+  int world = GetParam();
+  run_ranks(world, [&](RankContext& ctx) {
+    auto g = ctx.make_group("train");
+    at::Tensor t = at::full({5}, static_cast<double>(ctx.rank + 1), at::kDouble);
+    g->all_reduce(t, ReduceOp::kSum);
+    double expected = world * (world + 1) / 2.0;
+    EXPECT_TRUE(at::allclose(t, at::full({5}, expected, at::kDouble)));
+    at::Tensor a = at::full({3}, static_cast<float>(ctx.rank), at::kFloat);
+    g->all_reduce(a, ReduceOp::kAvg);
+    EXPECT_FLOAT_EQ(a[0].item<float>(), (world - 1) / 2.0f);
+    at::Tensor m = at::tensor({static_cast<int64_t>(ctx.rank)}, at::kLong);
+    g->all_reduce(m, ReduceOp::kMax);
+    EXPECT_EQ(m.item<int64_t>(), world - 1);
+  });
+}
+
+TEST_P(CollectivesAcrossWorlds, AllGatherConcatenatesInRankOrder) {
+  int world = GetParam();
+  run_ranks(world, [&](RankContext& ctx) {
+    auto g = ctx.make_group("train");
+    at::Tensor in = at::arange(4, at::kFloat) + 10 * ctx.rank;
+    at::Tensor out = at::empty({4 * world}, at::kFloat);
+    g->all_gather(out, in);
+    for (int r = 0; r < world; ++r) {
+      EXPECT_TRUE(at::equal(out.narrow(0, 4 * r, 4), at::arange(4, at::kFloat) + 10 * r));
+    }
+  });
+}
+
+TEST_P(CollectivesAcrossWorlds, ReduceScatterGivesEachRankTheSumOfItsSlice) {
+  int world = GetParam();
+  run_ranks(world, [&](RankContext& ctx) {
+    auto g = ctx.make_group("train");
+    // Member r contributes (r+1) * [0, 1, ..., 3*world-1].
+    at::Tensor in = at::arange(3 * world, at::kDouble) * (ctx.rank + 1);
+    at::Tensor out = at::empty({3}, at::kDouble);
+    g->reduce_scatter(out, in, ReduceOp::kSum);
+    double factor = world * (world + 1) / 2.0;
+    at::Tensor expected = at::arange(3 * ctx.rank, 3 * ctx.rank + 3, at::kDouble) * factor;
+    EXPECT_TRUE(at::allclose(out, expected)) << out << expected;
+    g->reduce_scatter(out, in, ReduceOp::kAvg);
+    EXPECT_TRUE(at::allclose(out, expected / world));
+  });
+}
+
+TEST_P(CollectivesAcrossWorlds, BroadcastAndBytePayloadsReachEveryRank) {
+  int world = GetParam();
+  run_ranks(world, [&](RankContext& ctx) {
+    auto g = ctx.make_group("train");
+    at::Tensor t = ctx.rank == 1 ? at::full({4}, 7, at::kInt) : at::zeros({4}, at::kInt);
+    g->broadcast(t, 1);
+    EXPECT_EQ(t.sum().item<int>(), 28);
+    framework::dist::Bytes mine(static_cast<size_t>(ctx.rank * 3), static_cast<uint8_t>(ctx.rank));
+    auto all = g->all_gather_bytes(mine);
+    ASSERT_EQ(static_cast<int>(all.size()), world);
+    for (int r = 0; r < world; ++r) {
+      EXPECT_EQ(all[r], framework::dist::Bytes(static_cast<size_t>(r * 3), static_cast<uint8_t>(r)));
+    }
+    framework::dist::Bytes payload = {1, 2, 3, 250};
+    auto got = g->broadcast_bytes(ctx.rank == 0 ? payload : framework::dist::Bytes{}, 0);
+    EXPECT_EQ(got, payload);
+    g->barrier();
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Worlds, CollectivesAcrossWorlds, ::testing::Values(2, 3, 4));
+
+TEST(CheckpointGroup, RunsCollectivesFromABackgroundThreadWhileTrainingGroupIsBusy) {
+  run_ranks(2, [&](RankContext& ctx) {
+    auto train = ctx.make_group("train");
+    auto ckpt = ctx.make_group("ckpt");
+    std::atomic<int> ckpt_rounds{0};
+    std::exception_ptr bg_error;
+    std::thread background([&] {
+      try {
+        for (int i = 0; i < 100; ++i) {
+          at::Tensor big = at::full({4096}, static_cast<float>(ctx.rank + i), at::kFloat);
+          at::Tensor out = at::empty({4096 * 2}, at::kFloat);
+          ckpt->all_gather(out, big);
+          if (out[0].item<float>() != static_cast<float>(i) ||
+              out[4096].item<float>() != static_cast<float>(1 + i)) {
+            throw std::runtime_error("checkpoint group all_gather returned wrong data");
+          }
+          if (i % 10 == 0) ckpt->barrier();
+          ckpt_rounds.fetch_add(1);
+        }
+      } catch (...) {
+        bg_error = std::current_exception();
+      }
+    });
+    for (int step = 0; step < 200; ++step) {
+      at::Tensor g = at::full({1024}, static_cast<double>(step), at::kDouble);
+      train->all_reduce(g, ReduceOp::kSum);
+      ASSERT_EQ(g[0].item<double>(), 2.0 * step);
+    }
+    background.join();
+    if (bg_error) std::rethrow_exception(bg_error);
+    EXPECT_EQ(ckpt_rounds.load(), 100);
+  });
+}
+
+TEST(DeadPeer, CollectiveAgainstAStuckPeerTimesOutNamingTheOperation) {
+  std::string message;
+  run_ranks(2, [&](RankContext& ctx) {
+    std::vector<int> all{0, 1};
+    auto g = ctx.rendezvous.new_group("train", all);
+    if (ctx.rank == 1) {
+      // Alive but never joins the collective: stays silent past the timeout.
+      std::this_thread::sleep_for(std::chrono::milliseconds(9000));
+      return;
+    }
+    at::Tensor t = at::ones({8});
+    auto start = std::chrono::steady_clock::now();
+    try {
+      g->all_reduce(t);
+      ADD_FAILURE() << "all_reduce against a stuck peer returned";
+    } catch (const DistError& e) {
+      message = e.what();
+    }
+    double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    // Fails after the 3 s group timeout, long before the peer wakes up (9 s).
+    EXPECT_LT(waited, 7.0);
+    // The group is now unusable and says so at once.
+    EXPECT_THROW(g->barrier(), DistError);
+  }, /*timeout_s=*/3.0);
+  EXPECT_NE(message.find("all_reduce"), std::string::npos) << message;
+  EXPECT_NE(message.find("'train'"), std::string::npos) << message;
+}
+
+TEST(DeadPeer, CollectiveAgainstAPeerThatLeftFailsInsteadOfHanging) {
+  std::string message;
+  run_ranks(2, [&](RankContext& ctx) {
+    std::vector<int> all{0, 1};
+    auto g = ctx.rendezvous.new_group("train", all);
+    if (ctx.rank == 1) {
+      g.reset();  // the peer's sockets close
+      return;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    at::Tensor t = at::ones({8});
+    try {
+      g->all_reduce(t);
+      ADD_FAILURE() << "all_reduce against a departed peer returned";
+    } catch (const DistError& e) {
+      message = e.what();
+    }
+  }, /*timeout_s=*/5.0);
+  EXPECT_NE(message.find("all_reduce"), std::string::npos) << message;
+}

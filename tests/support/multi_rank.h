@@ -1,0 +1,110 @@
+#pragma once
+// Runs a function as `world` ranks, one thread each, over a real TCPStore and
+// real Gloo groups on 127.0.0.1. The first exception thrown by any rank is
+// rethrown (with its rank) after all threads end.
+#include "framework/dist/local_launcher.h"
+#include "framework/dist/runtime.h"
+
+#include <chrono>
+#include <exception>
+#include <functional>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace testing_support {
+
+struct RankContext {
+  int rank;
+  int world;
+  framework::dist::Rendezvous& rendezvous;
+  // All ranks, named "train" (a fresh group per call to make_group).
+  std::shared_ptr<framework::dist::Group> make_group(const std::string& name) {
+    std::vector<int> all(world);
+    for (int r = 0; r < world; ++r) all[r] = r;
+    return rendezvous.new_group(name, all);
+  }
+};
+
+inline void run_ranks(int world, const std::function<void(RankContext&)>& fn,
+                      double timeout_s = 30.0) {
+  int port = framework::dist::pick_free_port("127.0.0.1");
+  std::vector<std::thread> threads;
+  std::mutex mu;
+  std::exception_ptr first;
+  int first_rank = -1;
+  for (int r = 0; r < world; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        framework::dist::Rendezvous rv("127.0.0.1", port, r, world,
+                                       std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000)));
+        RankContext ctx{r, world, rv};
+        fn(ctx);
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(mu);
+        if (!first) {
+          first = std::current_exception();
+          first_rank = r;
+        }
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  if (first) {
+    try {
+      std::rethrow_exception(first);
+    } catch (const std::exception& e) {
+      throw std::runtime_error("rank " + std::to_string(first_rank) + ": " + e.what());
+    }
+  }
+}
+
+}  // namespace testing_support
+
+namespace testing_support {
+
+// Like run_ranks, but each rank gets a full framework::dist::Runtime (store,
+// "train" and "ckpt" groups) from init_runtime, as `train` builds it.
+inline void run_runtimes(int world, const std::function<void(framework::dist::Runtime&)>& fn,
+                         double timeout_s = 60.0) {
+  int port = framework::dist::pick_free_port("127.0.0.1");
+  std::vector<std::thread> threads;
+  std::mutex mu;
+  std::exception_ptr first;
+  int first_rank = -1;
+  for (int r = 0; r < world; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        framework::dist::LaunchEnv env;
+        env.source = framework::dist::LaunchSource::kTorchrun;
+        env.rank = r;
+        env.world_size = world;
+        env.local_rank = r;
+        env.master_addr = "127.0.0.1";
+        env.master_port = port;
+        framework::dist::DistOptions options;
+        options.timeout_s = timeout_s;
+        auto rt = framework::dist::init_runtime(env, options, "cpu");
+        fn(*rt);
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(mu);
+        if (!first) {
+          first = std::current_exception();
+          first_rank = r;
+        }
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  if (first) {
+    try {
+      std::rethrow_exception(first);
+    } catch (const std::exception& e) {
+      throw std::runtime_error("rank " + std::to_string(first_rank) + ": " + e.what());
+    }
+  }
+}
+
+}  // namespace testing_support

@@ -1,0 +1,415 @@
+// ckpt: look at checkpoints without LibTorch or a GPU.
+//   ckpt list DIR               the checkpoints in a checkpoint.dir, committed or not
+//   ckpt inspect CKPT [--chunks] [--json]
+//                               what a checkpoint's metadata says
+//   ckpt verify CKPT [--threads N]
+//                               read every chunk back and check its checksum
+// Exit codes: 0 success (verify: every chunk intact), 1 failure or damage,
+// 2 usage error. Everything read from disk is untrusted: the metadata decoder
+// validates it, and names are escaped before they reach the terminal.
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+#include <thread_pool/thread_pool.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <ctime>
+#include <exception>
+#include <filesystem>
+#include <iostream>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "checkpoint/checkpoint_dir.h"
+#include "checkpoint/chunk_io.h"
+#include "checkpoint/metadata.h"
+#include "checkpoint/storage.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using checkpoint::CheckpointMeta;
+using checkpoint::ChunkMeta;
+using checkpoint::ItemMeta;
+
+constexpr int kExitOk = 0;
+constexpr int kExitFailure = 1;
+constexpr int kExitUsage = 2;
+
+// ---------------------------------------------------------------- formatting
+
+// Hostile names must not drive the terminal: control bytes become \xNN.
+std::string printable(const std::string& s) {
+  std::string out;
+  for (unsigned char c : s) {
+    if (c < 0x20 || c == 0x7f) {
+      char buf[5];
+      std::snprintf(buf, sizeof buf, "\\x%02x", c);
+      out += buf;
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  return out;
+}
+
+std::string human_bytes(uint64_t bytes) {
+  static const char* kUnits[] = {"KiB", "MiB", "GiB", "TiB", "PiB"};
+  if (bytes < 1024) return std::to_string(bytes) + " B";
+  double value = static_cast<double>(bytes) / 1024;
+  size_t unit = 0;
+  while (value >= 1024 && unit + 1 < std::size(kUnits)) {
+    value /= 1024;
+    ++unit;
+  }
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f %s", value, kUnits[unit]);
+  return buf;
+}
+
+// Local time as "2024-05-01 12:00:00"; the raw number when out of range.
+std::string local_time(int64_t unix_s) {
+  const std::time_t t = static_cast<std::time_t>(unix_s);
+  std::tm tm{};
+  char buf[64];
+  if (localtime_r(&t, &tm) == nullptr || std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M:%S", &tm) == 0) {
+    return "@" + std::to_string(unix_s);
+  }
+  return buf;
+}
+
+// Left-aligned columns separated by two spaces.
+void print_table(const std::vector<std::vector<std::string>>& rows, std::ostream& out) {
+  std::vector<size_t> width;
+  for (const auto& row : rows) {
+    width.resize(std::max(width.size(), row.size()), 0);
+    for (size_t i = 0; i < row.size(); ++i) width[i] = std::max(width[i], row[i].size());
+  }
+  for (const auto& row : rows) {
+    std::string line;
+    for (size_t i = 0; i < row.size(); ++i) {
+      line += row[i];
+      if (i + 1 < row.size()) line += std::string(width[i] - row[i].size() + 2, ' ');
+    }
+    out << line << "\n";
+  }
+}
+
+std::string join(const std::vector<std::string>& parts, const std::string& sep) {
+  std::string out;
+  for (size_t i = 0; i < parts.size(); ++i) out += (i ? sep : "") + parts[i];
+  return out;
+}
+
+// ---------------------------------------------------------------- checkpoints
+
+// Throws std::runtime_error naming `path` unless it is a committed checkpoint
+// directory; returns the metadata file path.
+std::string committed_metadata_path(const std::string& path) {
+  std::error_code ec;
+  const fs::file_status status = fs::status(path, ec);
+  if (status.type() == fs::file_type::not_found) {
+    throw std::runtime_error(path + ": no such checkpoint directory");
+  }
+  if (ec) throw std::runtime_error(path + ": " + ec.message());
+  if (!fs::is_directory(status)) throw std::runtime_error(path + ": not a directory");
+  const fs::path metadata = fs::path(path) / checkpoint::kMetadataFileName;
+  if (!fs::is_regular_file(fs::symlink_status(metadata, ec))) {
+    throw std::runtime_error(path + ": not a committed checkpoint (no " +
+                             std::string(checkpoint::kMetadataFileName) + ")");
+  }
+  return metadata.string();
+}
+
+struct ItemSummary {
+  uint64_t logical_bytes = 0;
+  uint64_t stored_bytes = 0;
+  std::vector<std::vector<std::string>> transform_chains;  // distinct, in chunk order
+};
+
+// "bytegroup/1+zstd/1, zstd/1"; "-" for untransformed.
+std::string chains_to_string(const std::vector<std::vector<std::string>>& chains) {
+  if (chains.empty()) return "-";
+  std::vector<std::string> parts;
+  for (const auto& chain : chains) parts.push_back(chain.empty() ? "-" : join(chain, "+"));
+  return join(parts, ", ");
+}
+
+std::string hex64(uint64_t v) {
+  char buf[24];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
+ItemSummary summarize(const ItemMeta& item) {
+  ItemSummary s;
+  std::set<std::vector<std::string>> seen;
+  for (const ChunkMeta& c : item.chunks) {
+    s.logical_bytes += c.logical_bytes;
+    s.stored_bytes += c.length;
+    if (seen.insert(c.transforms).second) s.transform_chains.push_back(c.transforms);
+  }
+  return s;
+}
+
+struct Totals {
+  uint64_t chunks = 0;
+  uint64_t logical_bytes = 0;
+  uint64_t stored_bytes = 0;
+  std::set<std::string> files;
+};
+
+Totals totals_of(const CheckpointMeta& meta) {
+  Totals t;
+  for (const ItemMeta& item : meta.items) {
+    for (const ChunkMeta& c : item.chunks) {
+      ++t.chunks;
+      t.logical_bytes += c.logical_bytes;
+      t.stored_bytes += c.length;
+      t.files.insert(c.file);
+    }
+  }
+  return t;
+}
+
+std::string ratio(uint64_t stored, uint64_t logical) {
+  if (logical == 0) return "-";
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.3f", static_cast<double>(stored) / static_cast<double>(logical));
+  return buf;
+}
+
+// ---------------------------------------------------------------- list
+
+int run_list(const std::string& dir) {
+  const std::vector<checkpoint::CheckpointEntry> entries = checkpoint::list_checkpoints(dir);
+  if (entries.empty()) {
+    std::cout << "no checkpoints in " << dir << "\n";
+    return kExitOk;
+  }
+  std::vector<std::vector<std::string>> rows = {{"STEP", "STATUS", "SIZE", "DATE", "PATH"}};
+  for (const checkpoint::CheckpointEntry& e : entries) {
+    rows.push_back({std::to_string(e.step), e.committed ? "committed" : "INCOMPLETE",
+                    human_bytes(e.bytes), local_time(e.mtime_unix_s), printable(e.path)});
+  }
+  print_table(rows, std::cout);
+  return kExitOk;
+}
+
+// ---------------------------------------------------------------- inspect
+
+std::string chunk_line(size_t index, const ChunkMeta& c) {
+  std::ostringstream line;
+  line << "    chunk " << index << "  box " << checkpoint::box_to_string(c.box) << "  "
+       << printable(c.file) << " @" << c.offset << " +" << c.length << "  logical " << c.logical_bytes
+       << "  rank " << c.writer_rank << "  xxh3 " << hex64(c.checksum);
+  if (!c.transforms.empty()) line << "  " << printable(join(c.transforms, "+"));
+  if (!c.blocks.empty()) {
+    line << "  blocks " << c.blocks.size() << ":";
+    for (const checkpoint::BlockMeta& b : c.blocks) {
+      line << " [" << b.stored_offset << " +" << b.stored_length << " -> " << b.logical_length
+           << " xxh3 " << hex64(b.checksum) << "]";
+    }
+  }
+  return line.str();
+}
+
+void print_inspect_text(const std::string& path, const CheckpointMeta& meta, bool chunks) {
+  std::vector<std::vector<std::string>> header = {
+      {"checkpoint", printable(path)},
+      {"format", "version " + std::to_string(meta.format_version)},
+      {"step", std::to_string(meta.step)},
+      {"world size", std::to_string(meta.world_size)},
+      {"layout", meta.layout.empty() ? "-" : printable(meta.layout)},
+      {"created", local_time(meta.created_unix_s) + " (" + std::to_string(meta.created_unix_s) + ")"}};
+  for (const auto& [key, value] : meta.info) {
+    header.push_back({header.size() == 6 ? "info" : "", printable(key) + " = " + printable(value)});
+  }
+  print_table(header, std::cout);
+  std::cout << "\n";
+
+  std::vector<std::vector<std::string>> rows = {
+      {"ITEM", "KIND", "DTYPE", "SHAPE", "CHUNKS", "LOGICAL", "STORED", "TRANSFORMS"}};
+  for (const ItemMeta& item : meta.items) {
+    const ItemSummary s = summarize(item);
+    rows.push_back({printable(item.name), checkpoint::item_kind_name(item.kind),
+                    checkpoint::dtype_name(item.dtype), checkpoint::shape_to_string(item.global_shape),
+                    std::to_string(item.chunks.size()), human_bytes(s.logical_bytes),
+                    human_bytes(s.stored_bytes), printable(chains_to_string(s.transform_chains))});
+  }
+  if (!chunks) {
+    print_table(rows, std::cout);
+  } else {
+    // One table for the items, each followed by its chunks (not aligned).
+    std::ostringstream table;
+    print_table(rows, table);
+    std::istringstream lines(table.str());
+    std::string line;
+    std::getline(lines, line);
+    std::cout << line << "\n";
+    for (const ItemMeta& item : meta.items) {
+      std::getline(lines, line);
+      std::cout << line << "\n";
+      for (size_t i = 0; i < item.chunks.size(); ++i) std::cout << chunk_line(i, item.chunks[i]) << "\n";
+    }
+  }
+  const Totals t = totals_of(meta);
+  std::cout << "\ntotal: " << meta.items.size() << " items, " << t.chunks << " chunks, "
+            << t.files.size() << " files, " << human_bytes(t.logical_bytes) << " logical ("
+            << t.logical_bytes << " bytes), " << human_bytes(t.stored_bytes) << " stored ("
+            << t.stored_bytes << " bytes), stored/logical " << ratio(t.stored_bytes, t.logical_bytes)
+            << "\n";
+}
+
+nlohmann::ordered_json chunk_json(const ChunkMeta& c) {
+  nlohmann::ordered_json blocks = nlohmann::ordered_json::array();
+  for (const checkpoint::BlockMeta& b : c.blocks) {
+    blocks.push_back({{"stored_offset", b.stored_offset},
+                      {"stored_length", b.stored_length},
+                      {"logical_length", b.logical_length},
+                      {"checksum", b.checksum}});
+  }
+  return {{"offsets", c.box.offsets},
+          {"sizes", c.box.sizes},
+          {"file", c.file},
+          {"offset", c.offset},
+          {"length", c.length},
+          {"logical_bytes", c.logical_bytes},
+          {"transforms", c.transforms},
+          {"checksum", c.checksum},
+          {"writer_rank", c.writer_rank},
+          {"blocks", blocks}};
+}
+
+nlohmann::ordered_json inspect_json(const std::string& path, const CheckpointMeta& meta, bool chunks) {
+  nlohmann::ordered_json items = nlohmann::ordered_json::array();
+  for (const ItemMeta& item : meta.items) {
+    const ItemSummary s = summarize(item);
+    nlohmann::ordered_json j = {{"name", item.name},
+                        {"kind", checkpoint::item_kind_name(item.kind)},
+                        {"dtype", checkpoint::dtype_name(item.dtype)},
+                        {"shape", item.global_shape},
+                        {"num_chunks", item.chunks.size()},
+                        {"logical_bytes", s.logical_bytes},
+                        {"stored_bytes", s.stored_bytes},
+                        {"transform_chains", s.transform_chains}};
+    if (chunks) {
+      j["chunks"] = nlohmann::ordered_json::array();
+      for (const ChunkMeta& c : item.chunks) j["chunks"].push_back(chunk_json(c));
+    }
+    items.push_back(std::move(j));
+  }
+  const Totals t = totals_of(meta);
+  return {{"path", path},
+          {"format_version", meta.format_version},
+          {"step", meta.step},
+          {"world_size", meta.world_size},
+          {"layout", meta.layout},
+          {"created_unix_s", meta.created_unix_s},
+          {"created", local_time(meta.created_unix_s)},
+          {"info", meta.info},
+          {"items", items},
+          {"totals",
+           {{"items", meta.items.size()},
+            {"chunks", t.chunks},
+            {"files", t.files.size()},
+            {"logical_bytes", t.logical_bytes},
+            {"stored_bytes", t.stored_bytes}}}};
+}
+
+int run_inspect(const std::string& path, bool chunks, bool json) {
+  const CheckpointMeta meta = checkpoint::read_metadata_file(committed_metadata_path(path));
+  if (json) {
+    // Names from disk need not be UTF-8: replace rather than throw.
+    std::cout << inspect_json(path, meta, chunks)
+                     .dump(2, ' ', false, nlohmann::ordered_json::error_handler_t::replace)
+              << "\n";
+  } else {
+    print_inspect_text(path, meta, chunks);
+  }
+  return kExitOk;
+}
+
+// ---------------------------------------------------------------- verify
+
+std::string problem_line(const checkpoint::VerifyProblem& p) {
+  std::ostringstream line;
+  line << "BAD";
+  if (!p.item.empty()) line << " item '" << printable(p.item) << "'";
+  line << " chunk " << p.chunk;
+  if (!p.file.empty()) line << " (" << printable(p.file) << ")";
+  line << ": " << printable(p.message);
+  return line.str();
+}
+
+int run_verify(const std::string& path, int threads) {
+  committed_metadata_path(path);
+  const auto start = std::chrono::steady_clock::now();
+  thread_pool::ThreadPool pool(static_cast<size_t>(threads));
+  const std::shared_ptr<checkpoint::Storage> storage = checkpoint::posix_storage();
+  const checkpoint::VerifyReport report = checkpoint::verify_checkpoint(*storage, path, &pool);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (report.ok()) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.3f", seconds);
+    std::cout << "OK: " << report.chunks << " chunks, " << report.bytes << " bytes verified in " << buf
+              << " s\n";
+    return kExitOk;
+  }
+  for (const checkpoint::VerifyProblem& p : report.problems) std::cout << problem_line(p) << "\n";
+  std::cout << "FAILED: " << path << ": " << report.problems.size() << " problem(s) in "
+            << report.chunks << " chunks\n";
+  return kExitFailure;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"ckpt: list, inspect and verify shardkit checkpoints"};
+  app.require_subcommand(1);
+
+  std::string dir;
+  CLI::App* list = app.add_subcommand("list", "the checkpoints in a checkpoint.dir, committed or not");
+  list->add_option("DIR", dir, "a checkpoint.dir (holding step_<N>/ directories)")->required();
+
+  std::string ckpt;
+  bool chunks = false;
+  bool json = false;
+  CLI::App* inspect = app.add_subcommand("inspect", "what a checkpoint's metadata says");
+  inspect->add_option("CKPT", ckpt, "a checkpoint directory (step_<N>/)")->required();
+  inspect->add_flag("--chunks", chunks, "also list every chunk");
+  inspect->add_flag("--json", json, "print one JSON object");
+
+  int threads = 4;
+  CLI::App* verify = app.add_subcommand("verify", "read every chunk back and check its checksum");
+  verify->add_option("CKPT", ckpt, "a checkpoint directory (step_<N>/)")->required();
+  verify->add_option("--threads", threads, "reader threads")->check(CLI::Range(1, 1024));
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::Success& e) {  // --help
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    app.exit(e);
+    return kExitUsage;
+  }
+
+  const std::string command = app.get_subcommands().front()->get_name();
+  try {
+    if (*list) return run_list(dir);
+    if (*inspect) return run_inspect(ckpt, chunks, json);
+    return run_verify(ckpt, threads);
+  } catch (const std::exception& e) {
+    // Errors name the path; those that cannot (bad_alloc) get it here.
+    const std::string& target = *list ? dir : ckpt;
+    const std::string message = e.what();
+    std::cerr << "ckpt " << command << ": "
+              << (message.find(target) == std::string::npos ? printable(target) + ": " : "")
+              << printable(message) << "\n";
+    return kExitFailure;
+  }
+}

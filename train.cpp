@@ -1,0 +1,120 @@
+// train: thin entry point. args -> config -> (launcher | runtime -> Trainer) -> exit code.
+//
+//   train --config configs/default.yaml [--set key.path=value]... [--nproc N]
+//
+// Exit status: 0 done; 2 usage or config error; 75 stopped by a signal after
+// its final save (resume me); anything else: a failure (message on stderr).
+#include "framework/config/config.h"
+#include "framework/dist/launch_env.h"
+#include "framework/dist/local_launcher.h"
+#include "framework/dist/runtime.h"
+#include "framework/fsdp/fully_shard.h"
+#include "framework/train/trainer.h"
+
+#include <CLI/CLI.hpp>
+#include <torch/torch.h>
+
+#include <csignal>
+#include <filesystem>
+#include <cstdlib>
+#include <iostream>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+struct Args {
+  std::string config_path;
+  std::vector<std::string> sets;
+  int nproc = 0;
+  bool print_config = false;
+};
+
+void on_stop_signal(int sig) { framework::train::Trainer::stop_signal().store(sig); }
+
+// argv without "--nproc N" / "--nproc=N": what each launched rank runs.
+std::vector<std::string> rank_argv(int argc, char** argv) {
+  std::vector<std::string> out{std::filesystem::read_symlink("/proc/self/exe").string()};
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "--nproc") {
+      ++i;
+      continue;
+    }
+    if (a.rfind("--nproc=", 0) == 0) continue;
+    out.push_back(a);
+  }
+  return out;
+}
+
+int run_rank(const Args& args, const framework::config::Config& cfg) {
+  namespace dist = framework::dist;
+  dist::LaunchEnv env;
+  try {
+    env = dist::detect_launch_env(dist::process_env(), cfg.dist.master_addr, cfg.dist.master_port);
+  } catch (const std::invalid_argument& e) {
+    std::cerr << "train: " << e.what() << std::endl;
+    return 2;
+  }
+  try {
+    framework::fsdp::mesh_shape_for(cfg.parallel, env.world_size);
+  } catch (const std::invalid_argument& e) {
+    std::cerr << "train: " << args.config_path << ": " << e.what() << std::endl;
+    return 2;
+  }
+  // Like torchrun's OMP_NUM_THREADS: ranks on one machine share its cores.
+  if (const char* lws = std::getenv("LOCAL_WORLD_SIZE")) {
+    int local_world = std::max(1, std::atoi(lws));
+    int cores = static_cast<int>(std::thread::hardware_concurrency());
+    torch::set_num_threads(std::max(1, cores / local_world));
+  }
+  std::signal(SIGTERM, on_stop_signal);
+  std::signal(SIGINT, on_stop_signal);
+  try {
+    auto runtime = dist::init_runtime(env, cfg.dist, cfg.train.device);
+    framework::train::Trainer trainer(cfg, *runtime);
+    return trainer.run();
+  } catch (const std::exception& e) {
+    std::cerr << "train: rank " << env.rank << " failed: " << e.what() << std::endl;
+    return 1;
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Args args;
+  CLI::App app{"shardkit trainer: FSDP/DDP/HSDP training with distributed checkpoints"};
+  app.add_option("--config", args.config_path, "YAML run configuration")->required();
+  app.add_option("--set", args.sets, "override a config key: key.path=value (repeatable)")
+      ->allow_extra_args(false);
+  app.add_option("--nproc", args.nproc, "start N local ranks on 127.0.0.1 (like torchrun --standalone)")
+      ->check(CLI::Range(1, 4096));
+  app.add_flag("--print-config", args.print_config, "print the effective config and exit");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    int rc = app.exit(e);
+    return rc == 0 ? 0 : 2;
+  }
+
+  framework::config::Config cfg;
+  try {
+    cfg = framework::config::load_config(args.config_path, args.sets);
+  } catch (const framework::config::ConfigError& e) {
+    std::cerr << "train: " << e.what() << std::endl;
+    return 2;
+  }
+  if (args.print_config) {
+    std::cout << framework::config::to_yaml(cfg);
+    return 0;
+  }
+  if (args.nproc > 0 && std::getenv("SHARDKIT_LAUNCHED") == nullptr) {
+    framework::dist::LocalLaunchOptions launch;
+    launch.nproc = args.nproc;
+    launch.argv = rank_argv(argc, argv);
+    return framework::dist::run_local_launcher(launch);
+  }
+  return run_rank(args, cfg);
+}
