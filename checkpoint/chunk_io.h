@@ -56,6 +56,8 @@ EncodedChunk encode_chunk(const uint8_t* data, uint64_t n, size_t element_size,
 
 // Reads saved chunks of one checkpoint directory. Stateless between calls;
 // one reader may serve concurrent calls. The storage and pool must outlive it.
+// REQUIRES: calls are not made from a task running on the reader's pool (they
+// wait for the pool's tasks).
 class ChunkReader {
  public:
   ChunkReader(std::shared_ptr<Storage> storage, std::string checkpoint_dir,

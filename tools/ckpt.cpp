@@ -226,8 +226,10 @@ void print_inspect_text(const std::string& path, const CheckpointMeta& meta, boo
       {"world size", std::to_string(meta.world_size)},
       {"layout", meta.layout.empty() ? "-" : printable(meta.layout)},
       {"created", local_time(meta.created_unix_s) + " (" + std::to_string(meta.created_unix_s) + ")"}};
+  const char* label = "info";  // on the first info line only
   for (const auto& [key, value] : meta.info) {
-    header.push_back({header.size() == 6 ? "info" : "", printable(key) + " = " + printable(value)});
+    header.push_back({label, printable(key) + " = " + printable(value)});
+    label = "";
   }
   print_table(header, std::cout);
   std::cout << "\n";

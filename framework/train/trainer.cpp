@@ -1,6 +1,8 @@
 #include "framework/train/trainer.h"
 
+#include "checkpoint/manager.h"
 #include "framework/data/dataset.h"
+#include "framework/data/sampler.h"
 #include "framework/data/loader.h"
 #include "framework/dtensor/device_mesh.h"
 #include "framework/fsdp/fully_shard.h"
@@ -18,6 +20,8 @@
 #include <iomanip>
 #include <iostream>
 #include <mutex>
+#include <optional>
+#include <cstring>
 #include <sstream>
 
 namespace framework::train {
@@ -39,6 +43,12 @@ struct Trainer::State {
   std::vector<StepRecord> history;
   std::ofstream metrics;
   bool is_logger = false;
+  std::unique_ptr<checkpoint::CheckpointManager> ckpt;
+
+  checkpoint::StateDict make_state_dict();
+  void apply_loaded(checkpoint::StateDict& sd, bool model_only);
+  void save_checkpoint(int64_t step);
+  void log_checkpoint_events();
 
   State(const config::Config& c, dist::Runtime& r) : cfg(c), rt(r) {}
 };
@@ -53,7 +63,103 @@ std::string format_duration(double seconds) {
   return buf;
 }
 
+std::vector<uint8_t> int64_bytes(int64_t v) {
+  std::vector<uint8_t> b(8);
+  for (int i = 0; i < 8; ++i) b[i] = static_cast<uint8_t>(static_cast<uint64_t>(v) >> (8 * i));
+  return b;
+}
+
+int64_t bytes_int64(const std::vector<uint8_t>& b, const std::string& what) {
+  if (b.size() != 8) throw std::runtime_error(what + ": expected 8 bytes, got " + std::to_string(b.size()));
+  uint64_t v = 0;
+  for (int i = 0; i < 8; ++i) v |= static_cast<uint64_t>(b[i]) << (8 * i);
+  return static_cast<int64_t>(v);
+}
+
 }  // namespace
+
+// Everything a resumed run needs, as named items. Tensors are this rank's
+// shards (no copies); the optimizer moments have their parameter's layout.
+// The LR schedule is a pure function of train.step, so it needs no item.
+checkpoint::StateDict Trainer::State::make_state_dict() {
+  checkpoint::StateDict sd;
+  const auto names = fsdp->param_names();
+  for (size_t i = 0; i < names.size(); ++i) {
+    auto p = fsdp->param_dtensor(i);
+    sd.add_tensor("model." + names[i], p.local(), p.global_shape(), p.local_offsets());
+    auto st = optim->state(i);
+    sd.add_tensor("optim." + names[i] + ".exp_avg", st.exp_avg.local(), st.exp_avg.global_shape(),
+                  st.exp_avg.local_offsets());
+    sd.add_tensor("optim." + names[i] + ".exp_avg_sq", st.exp_avg_sq.local(),
+                  st.exp_avg_sq.global_shape(), st.exp_avg_sq.local_offsets());
+    sd.add_bytes("optim." + names[i] + ".step", int64_bytes(st.step));
+  }
+  sd.add_bytes("train.step", int64_bytes(step));
+  sd.add_bytes("data.loader", data::encode_loader_state(loader->state()));
+  {
+    auto gen = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    torch::Tensor rng = gen.get_state();
+    const uint8_t* p = rng.data_ptr<uint8_t>();
+    sd.add_bytes("rng.cpu", std::vector<uint8_t>(p, p + rng.numel()));
+  }
+  std::string yaml = config::to_yaml(cfg);
+  sd.add_bytes("config", std::vector<uint8_t>(yaml.begin(), yaml.end()));
+  return sd;
+}
+
+void Trainer::State::apply_loaded(checkpoint::StateDict& sd, bool model_only) {
+  // Model shards were loaded in place.
+  if (model_only) return;
+  const auto names = fsdp->param_names();
+  for (size_t i = 0; i < names.size(); ++i) {
+    int64_t st = bytes_int64(sd.find_bytes("optim." + names[i] + ".step")->data, "optimizer step");
+    if (st > 0) {
+      optim->set_state(i, st, sd.find_tensor("optim." + names[i] + ".exp_avg")->local,
+                       sd.find_tensor("optim." + names[i] + ".exp_avg_sq")->local);
+    }
+  }
+  step = bytes_int64(sd.find_bytes("train.step")->data, "train.step");
+  loader->load_state(data::decode_loader_state(sd.find_bytes("data.loader")->data));
+  const auto& rng = sd.find_bytes("rng.cpu")->data;
+  torch::Tensor t = torch::empty({static_cast<int64_t>(rng.size())}, torch::kUInt8);
+  std::memcpy(t.data_ptr(), rng.data(), rng.size());
+  auto gen = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  gen.set_state(t);
+}
+
+void Trainer::State::save_checkpoint(int64_t at_step) {
+  try {
+    ckpt->save(at_step, make_state_dict());
+  } catch (const checkpoint::CheckpointError& e) {
+    // The previous (background) save failed, or this sync save did.
+    if (cfg.checkpoint.on_error != "warn") throw;
+    if (is_logger) std::cerr << "shardkit: warning: " << e.what() << std::endl;
+    if (ckpt->busy() || cfg.checkpoint.mode == "sync") return;
+    ckpt->save(at_step, make_state_dict());
+  }
+}
+
+void Trainer::State::log_checkpoint_events() {
+  for (const auto& ev : ckpt->take_events()) {
+    if (!is_logger) continue;
+    std::ostringstream line;
+    line << std::fixed << std::setprecision(3) << "checkpoint step " << ev.step << " (" << ev.mode
+         << ") " << (ev.ok ? "committed " : "FAILED ") << ev.path << " | blocking " << ev.blocking_s
+         << " s | stage " << ev.stage_s << " s | write " << ev.write_s << " s | commit "
+         << ev.commit_s << " s | " << std::setprecision(1) << ev.bytes / 1048576.0 << " MiB -> "
+         << ev.stored_bytes / 1048576.0 << " MiB";
+    std::cout << line.str() << std::endl;
+    nlohmann::json j = {{"event", "checkpoint"}, {"step", ev.step},         {"mode", ev.mode},
+                        {"blocking_s", ev.blocking_s}, {"stage_s", ev.stage_s},
+                        {"write_s", ev.write_s},   {"commit_s", ev.commit_s}, {"bytes", ev.bytes},
+                        {"stored_bytes", ev.stored_bytes}, {"ok", ev.ok},   {"path", ev.path}};
+    if (!ev.ok) j["error"] = ev.error;
+    metrics << j.dump() << "\n";
+    metrics.flush();
+  }
+}
 
 std::atomic<int>& Trainer::stop_signal() {
   static std::atomic<int> signal{0};
@@ -86,6 +192,20 @@ Trainer::Trainer(const config::Config& config, dist::Runtime& runtime)
   s.loader = std::make_unique<data::DataLoader>(s.dataset, s.cfg.train.global_batch_size,
                                                 static_cast<uint64_t>(s.cfg.run.seed), rank, world);
 
+  std::ostringstream layout;
+  layout << fsdp::layout_name(s.mesh_shape) << " replicate=" << s.mesh_shape[0]
+         << " shard=" << s.mesh_shape[1];
+  s.ckpt = std::make_unique<checkpoint::CheckpointManager>(
+      s.cfg.checkpoint, (fs::path(s.cfg.run.dir) / "checkpoints").string(), *runtime.checkpoint,
+      layout.str());
+  std::optional<std::string> resume_from = s.ckpt->resume_path();
+  checkpoint::LoadStats resumed;
+  if (resume_from) {
+    checkpoint::StateDict sd = s.make_state_dict();
+    resumed = s.ckpt->load(sd, *resume_from);
+    s.apply_loaded(sd, s.cfg.checkpoint.model_only);
+  }
+
   if (s.is_logger) {
     fs::create_directories(s.cfg.run.dir);
     config::write_effective_config(s.cfg, s.cfg.run.dir);
@@ -105,6 +225,12 @@ Trainer::Trainer(const config::Config& config, dist::Runtime& runtime)
               << "shardkit: model " << s.cfg.model.kind << " "
               << st.full_param_bytes / 4 << " params, " << st.sharded_param_bytes / 4
               << " on this rank; data " << s.dataset->describe() << std::endl;
+    if (resume_from) {
+      std::cout << "shardkit: resumed from " << *resume_from << " (step " << resumed.step
+                << ", saved by " << resumed.saved_world_size << " ranks, "
+                << resumed.saved_layout << ")" << (s.cfg.checkpoint.model_only ? ", model only" : "")
+                << "; continuing after step " << s.step << std::endl;
+    }
   }
 }
 
@@ -136,7 +262,7 @@ int Trainer::run() {
     // and whether any rank was asked to stop.
     torch::Tensor stats = torch::tensor(
         {loss_sum.item<double>(), (targets != -100).sum().item<double>(),
-         static_cast<double>(stop_signal().load() != 0)},
+         static_cast<double>(stop_signal().load() != 0), static_cast<double>(s.ckpt->busy())},
         torch::kDouble);
     s.rt.train->all_reduce(stats);
     const double global_tokens = std::max(1.0, stats[1].item<double>());
@@ -145,6 +271,9 @@ int Trainer::run() {
     (loss_sum / global_tokens).backward();
     s.fsdp->finish_backward();
     double norm = tc.grad_clip > 0 ? s.fsdp->clip_grad_norm(tc.grad_clip) : 0.0;
+    // Overlap mode: the previous save may still be copying parameters and
+    // optimizer state; they change only here.
+    s.ckpt->wait_staged();
     double lr = s.optim->step(step);
     s.fsdp->zero_grad();
     s.step = step;
@@ -175,11 +304,33 @@ int Trainer::run() {
       s.metrics << j.dump() << "\n";
       s.metrics.flush();
     }
-    if (stats[2].item<double>() > 0) {
+    const bool stop_now = stats[2].item<double>() > 0;
+    const bool final_save = stop_now && s.cfg.checkpoint.save_on_signal && s.ckpt->enabled();
+    if (s.ckpt->due(step, last) || final_save) {
+      // Every rank saw the same busy flag in the all-reduce above, so all
+      // ranks skip together or save together.
+      if (s.cfg.checkpoint.when_busy == "skip" && stats[3].item<double>() > 0 && !final_save &&
+          step != last) {
+        if (s.is_logger) std::cout << "checkpoint step " << step << " skipped: previous save still in flight" << std::endl;
+      } else {
+        s.save_checkpoint(step);
+      }
+    }
+    s.log_checkpoint_events();
+    if (stop_now) {
       stopped_by_signal = true;
       break;
     }
   }
+  // A clean exit (done, stop_at, signal) commits the in-flight save first.
+  try {
+    s.ckpt->finish();
+  } catch (const checkpoint::CheckpointError& e) {
+    s.log_checkpoint_events();
+    if (s.cfg.checkpoint.on_error != "warn") throw;
+    if (s.is_logger) std::cerr << "shardkit: warning: " << e.what() << std::endl;
+  }
+  s.log_checkpoint_events();
   if (s.is_logger) {
     std::cout << "shardkit: " << (stopped_by_signal ? "stopped by signal" : "finished")
               << " at step " << s.step << std::endl;

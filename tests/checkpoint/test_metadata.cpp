@@ -378,8 +378,9 @@ TEST(Metadata, UntransformedBlocksStoreTheirLogicalBytes) {
   EXPECT_EQ(error_of(meta), "");
 }
 
-TEST(Metadata, TruncatedBlockChecksumIsRejected) {
-  // A body whose only chunk ends in the middle of its block checksum.
+TEST(Metadata, TruncatedBlockListIsRejectedBeforeAllocating) {
+  // A body whose only chunk ends in the middle of its block checksum: the
+  // block count no longer fits the bytes that remain.
   CheckpointMeta meta;
   ItemMeta item{"x", ItemKind::kTensor, DType::kUInt8, {4}, {}};
   item.chunks.push_back(plain_chunk(Box{{0}, {4}}, 1, "rank_0.data", 0, 0));
@@ -387,7 +388,8 @@ TEST(Metadata, TruncatedBlockChecksumIsRejected) {
   std::vector<uint8_t> blob = encode_metadata(meta);
   std::vector<uint8_t> body(blob.begin() + 24, blob.end() - 8);
   body.resize(body.size() - 3);
-  EXPECT_NE(decode_error(blob_with_body(body)).find("block checksum"), std::string::npos)
+  EXPECT_NE(decode_error(blob_with_body(body)).find("item 'x': chunk 0: bad block count"),
+            std::string::npos)
       << decode_error(blob_with_body(body));
 }
 

