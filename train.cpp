@@ -22,6 +22,8 @@
 #include <thread>
 #include <vector>
 
+#include <unistd.h>
+
 namespace {
 
 struct Args {
@@ -31,7 +33,11 @@ struct Args {
   bool print_config = false;
 };
 
-void on_stop_signal(int sig) { framework::train::Trainer::stop_signal().store(sig); }
+// First SIGTERM/SIGINT: finish the step, save (checkpoint.save_on_signal),
+// exit 75. A second one: exit at once.
+void on_stop_signal(int sig) {
+  if (framework::train::Trainer::stop_signal().exchange(sig) != 0) _exit(128 + sig);
+}
 
 // argv without "--nproc N" / "--nproc=N": what each launched rank runs.
 std::vector<std::string> rank_argv(int argc, char** argv) {

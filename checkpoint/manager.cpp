@@ -3,6 +3,8 @@
 #include "checkpoint/checkpoint_dir.h"
 
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <unordered_map>
 
@@ -26,6 +28,15 @@ framework::dist::Bytes status_bytes(const std::string& error, const std::string&
 
 }  // namespace
 
+void stall_if_requested(const char* phase, int64_t step, int rank) {
+  const char* spec = std::getenv("SHARDKIT_STALL_AT");
+  if (spec == nullptr) return;
+  std::string want = std::string(phase) + ":" + std::to_string(step) + ":" + std::to_string(rank);
+  if (want != spec) return;
+  std::fprintf(stderr, "shardkit: SHARDKIT_STALL_AT=%s: rank %d stops responding\n", spec, rank);
+  for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
+}
+
 struct CheckpointManager::Job {
   int64_t step = 0;
   StateDict source;  // overlap: the live state, staged by the worker
@@ -43,7 +54,8 @@ CheckpointManager::CheckpointManager(CheckpointOptions options, std::string defa
     : options_(std::move(options)),
       dir_(options_.dir.empty() ? std::move(default_dir) : options_.dir),
       group_(group),
-      layout_(std::move(layout)) {}
+      layout_(std::move(layout)),
+      storage_(default_storage()) {}
 
 CheckpointManager::~CheckpointManager() {
   try {
@@ -82,6 +94,7 @@ LoadStats CheckpointManager::load(StateDict& state, const std::string& path) {
   LoadOptions lo;
   lo.allow_partial = options_.allow_partial;
   lo.io_threads = options_.io_threads;
+  lo.storage = storage_;
   if (options_.model_only) {
     lo.filter = [](const std::string& name) { return name.rfind("model.", 0) == 0; };
   }
@@ -149,12 +162,14 @@ void CheckpointManager::persist(std::shared_ptr<Job> job) {
       }
       cv_.notify_all();
     }
+    stall_if_requested("save", job->step, group_.rank());
     SaveOptions so;
     so.step = job->step;
     so.layout = layout_;
     so.compression = options_.compression;
     so.io_threads = options_.io_threads;
     so.info = {{"mode", options_.mode}};
+    so.storage = storage_;
     SaveStats st = save_state_dict(job->staged, job->event.path, group_, so);
     job->event.write_s = st.plan_s + st.write_s;
     job->event.commit_s = st.commit_s;
@@ -169,6 +184,17 @@ void CheckpointManager::persist(std::shared_ptr<Job> job) {
     job->error = std::current_exception();
     try {
       throw;
+    } catch (const CheckpointError& e) {
+      job->event.ok = false;
+      job->event.error = e.what();
+      // Every rank agreed on the failure after its writes ended, so no rank
+      // is still writing here: free the space (it may be a full disk).
+      if (group_.rank() == 0) {
+        try {
+          storage_->remove_all(job->event.path);
+        } catch (const std::exception&) {
+        }
+      }
     } catch (const std::exception& e) {
       job->event.ok = false;
       job->event.error = e.what();

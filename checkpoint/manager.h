@@ -33,6 +33,11 @@
 
 namespace checkpoint {
 
+// Test hook for the reliability harness: when the environment variable
+// SHARDKIT_STALL_AT equals "<phase>:<step>:<rank>" (phase "train" or
+// "save"), the calling thread stops responding forever, like a hung peer.
+void stall_if_requested(const char* phase, int64_t step, int rank);
+
 // One finished save, as rank 0 logs it.
 struct CheckpointEvent {
   int64_t step = 0;
@@ -103,6 +108,7 @@ class CheckpointManager {
   std::vector<CheckpointEvent> events_;
   // Host buffers reused across saves, by item name.
   std::vector<std::pair<std::string, torch::Tensor>> buffers_;
+  std::shared_ptr<Storage> storage_;  // default_storage(): POSIX, or fault-injected
 };
 
 }  // namespace checkpoint

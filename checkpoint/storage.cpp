@@ -1,5 +1,7 @@
 #include "checkpoint/storage.h"
 
+#include <cstdlib>
+
 #include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -304,6 +306,48 @@ std::string join_path(const std::string& dir, const std::string& name) {
   if (dir.empty()) return name;
   if (dir.back() == '/') return dir + name;
   return dir + "/" + name;
+}
+
+FaultPlan parse_fault_plan(const std::string& spec) {
+  FaultPlan plan;
+  size_t pos = 0;
+  while (pos < spec.size()) {
+    size_t end = spec.find(',', pos);
+    if (end == std::string::npos) end = spec.size();
+    std::string part = spec.substr(pos, end - pos);
+    pos = end + 1;
+    if (part.empty()) continue;
+    size_t eq = part.find('=');
+    if (eq == std::string::npos) throw std::invalid_argument("fault plan: expected key=value, got '" + part + "'");
+    std::string key = part.substr(0, eq), value = part.substr(eq + 1);
+    if (key == "errno") {
+      if (value == "ENOSPC") plan.fail_errno = ENOSPC;
+      else if (value == "EIO") plan.fail_errno = EIO;
+      else if (value == "EDQUOT") plan.fail_errno = EDQUOT;
+      else throw std::invalid_argument("fault plan: unknown errno '" + value + "'");
+      continue;
+    }
+    int64_t n = 0;
+    try {
+      size_t used = 0;
+      n = std::stoll(value, &used);
+      if (used != value.size()) throw std::invalid_argument(value);
+    } catch (const std::exception&) {
+      throw std::invalid_argument("fault plan: " + key + " needs an integer, got '" + value + "'");
+    }
+    if (key == "fail_after_bytes") plan.fail_after_bytes = n;
+    else if (key == "fail_on_write_call") plan.fail_on_write_call = n;
+    else if (key == "fail_on_sync_call") plan.fail_on_sync_call = n;
+    else if (key == "fail_on_rename_call") plan.fail_on_rename_call = n;
+    else throw std::invalid_argument("fault plan: unknown key '" + key + "'");
+  }
+  return plan;
+}
+
+std::shared_ptr<Storage> default_storage() {
+  const char* spec = std::getenv("SHARDKIT_FAULT_INJECT");
+  if (spec == nullptr || *spec == '\0') return posix_storage();
+  return fault_injecting_storage(posix_storage(), parse_fault_plan(spec));
 }
 
 }  // namespace checkpoint

@@ -126,6 +126,16 @@ struct FaultPlan {
   int64_t fail_on_rename_call = -1;  // N-th rename (the file is not renamed)
 };
 
+// Parses "fail_after_bytes=N,fail_on_write_call=N,fail_on_sync_call=N,
+// fail_on_rename_call=N,errno=ENOSPC|EIO" (any subset). Throws
+// std::invalid_argument naming the bad part.
+FaultPlan parse_fault_plan(const std::string& spec);
+
+// The storage a process uses for checkpoints: the POSIX file system, wrapped
+// with fault injection when the environment variable SHARDKIT_FAULT_INJECT
+// holds a fault plan (for the reliability harness; never set in production).
+std::shared_ptr<Storage> default_storage();
+
 // Wraps `inner`, failing the operations `plan` names with IoError (message
 // "injected fault: ..." plus the path and strerror). Thread-safe counters.
 std::shared_ptr<Storage> fault_injecting_storage(std::shared_ptr<Storage> inner, FaultPlan plan);

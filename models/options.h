@@ -14,6 +14,9 @@ struct ModelOptions {
   int64_t n_heads = 4;
   int64_t d_ff = 0;          // 0: 4 * d_model
   bool tie_weights = true;
+  // A safetensors or torch.save file of full (unsharded) weights to start from;
+  // empty: random init. Ignored when resuming from a checkpoint.
+  std::string init_from;
 };
 
 }  // namespace models

@@ -4,6 +4,8 @@
 //                               what a checkpoint's metadata says
 //   ckpt verify CKPT [--threads N]
 //                               read every chunk back and check its checksum
+//   ckpt export CKPT --format safetensors|torch --out FILE [--dtype bf16|fp32] [--only model]
+//                               consolidate into one file of full tensors
 // Exit codes: 0 success (verify: every chunk intact), 1 failure or damage,
 // 2 usage error. Everything read from disk is untrusted: the metadata decoder
 // validates it, and names are escaped before they reach the terminal.
@@ -26,6 +28,7 @@
 
 #include "checkpoint/checkpoint_dir.h"
 #include "checkpoint/chunk_io.h"
+#include "checkpoint/export.h"
 #include "checkpoint/metadata.h"
 #include "checkpoint/storage.h"
 
@@ -368,10 +371,38 @@ int run_verify(const std::string& path, int threads) {
   return kExitFailure;
 }
 
+// ---------------------------------------------------------------- export
+
+struct ExportArgs {
+  std::string format;
+  std::string out;
+  std::string dtype;  // "", "bf16" or "fp32"
+  std::string only;
+  int threads = 4;
+};
+
+int run_export(const std::string& path, const ExportArgs& args) {
+  committed_metadata_path(path);
+  checkpoint::ExportOptions options;
+  options.format = args.format == "torch" ? checkpoint::ExportFormat::kTorch
+                                          : checkpoint::ExportFormat::kSafetensors;
+  if (args.dtype == "bf16") options.dtype = checkpoint::DType::kBFloat16;
+  if (args.dtype == "fp32") options.dtype = checkpoint::DType::kFloat32;
+  options.only = args.only;
+  options.io_threads = args.threads;
+  const checkpoint::ExportStats stats = checkpoint::export_checkpoint(path, args.out, options);
+  std::cout << "exported " << stats.tensors << " tensors (" << human_bytes(stats.data_bytes)
+            << ") to " << printable(args.out) << " (" << args.format << ", "
+            << human_bytes(stats.file_bytes) << ")";
+  if (!stats.skipped.empty()) std::cout << "; skipped " << stats.skipped.size() << " items";
+  std::cout << "\n";
+  return kExitOk;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"ckpt: list, inspect and verify shardkit checkpoints"};
+  CLI::App app{"ckpt: list, inspect, verify and export shardkit checkpoints"};
   app.require_subcommand(1);
 
   std::string dir;
@@ -391,6 +422,27 @@ int main(int argc, char** argv) {
   verify->add_option("CKPT", ckpt, "a checkpoint directory (step_<N>/)")->required();
   verify->add_option("--threads", threads, "reader threads")->check(CLI::Range(1, 1024));
 
+  ExportArgs export_args;
+  CLI::App* export_cmd = app.add_subcommand(
+      "export",
+      "consolidate a sharded checkpoint into one file of full tensors (safetensors, or a "
+      "torch.save archive that torch.load(f, weights_only=True) reads); bytes items (RNG state, "
+      "step, loader position, config) are skipped");
+  export_cmd->add_option("CKPT", ckpt, "a checkpoint directory (step_<N>/)")->required();
+  export_cmd->add_option("--format", export_args.format, "output format")
+      ->required()
+      ->check(CLI::IsMember({"safetensors", "torch"}));
+  export_cmd->add_option("--out", export_args.out, "output file (written as FILE.tmp, then renamed)")
+      ->required();
+  export_cmd->add_option("--dtype", export_args.dtype,
+                         "convert floating-point tensors (bf16: round to nearest even); others "
+                         "stay as they are")
+      ->check(CLI::IsMember({"bf16", "fp32"}));
+  export_cmd->add_option("--only", export_args.only,
+                         "only items named ONLY.<name>, written as <name> (e.g. --only model "
+                         "for the model's parameter names)");
+  export_cmd->add_option("--threads", export_args.threads, "reader threads")->check(CLI::Range(1, 1024));
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::Success& e) {  // --help
@@ -404,6 +456,7 @@ int main(int argc, char** argv) {
   try {
     if (*list) return run_list(dir);
     if (*inspect) return run_inspect(ckpt, chunks, json);
+    if (*export_cmd) return run_export(ckpt, export_args);
     return run_verify(ckpt, threads);
   } catch (const std::exception& e) {
     // Errors name the path; those that cannot (bad_alloc) get it here.

@@ -65,6 +65,9 @@ std::vector<Key> build_schema() {
       {SHARDKIT_CONFIG_FIELD(model.d_ff), at_least(0), "MLP inner width; 0: 4 * d_model."},
       {SHARDKIT_CONFIG_FIELD(model.tie_weights), any_value(),
        "Share the embedding and output projection weights."},
+      {SHARDKIT_CONFIG_FIELD(model.init_from), any_value(),
+       "Initialize model weights from a safetensors or torch.save file of full weights; "
+       "ignored when resuming from a checkpoint."},
 
       {SHARDKIT_CONFIG_FIELD(data.kind), one_of({"synthetic", "text"}), "Dataset."},
       {SHARDKIT_CONFIG_FIELD(data.task), one_of({"copy", "reverse", "add"}),

@@ -264,6 +264,7 @@ int Trainer::run() {
         {loss_sum.item<double>(), (targets != -100).sum().item<double>(),
          static_cast<double>(stop_signal().load() != 0), static_cast<double>(s.ckpt->busy())},
         torch::kDouble);
+    checkpoint::stall_if_requested("train", step, s.rt.env.rank);
     s.rt.train->all_reduce(stats);
     const double global_tokens = std::max(1.0, stats[1].item<double>());
     // Normalising by the global token count and summing gradients across

@@ -23,7 +23,7 @@ const std::vector<std::string> kAllKeys = {
     "train.steps", "train.stop_at", "train.global_batch_size", "train.log_every",
     "train.device", "train.grad_clip",
     "model.kind", "model.vocab_size", "model.seq_len", "model.d_model", "model.n_layers",
-    "model.n_heads", "model.d_ff", "model.tie_weights",
+    "model.n_heads", "model.d_ff", "model.tie_weights", "model.init_from",
     "data.kind", "data.task", "data.path",
     "optim.lr", "optim.min_lr", "optim.warmup_steps", "optim.weight_decay", "optim.beta1",
     "optim.beta2", "optim.eps",
@@ -88,6 +88,7 @@ Config non_default_config() {
   c.model.n_heads = 6;
   c.model.d_ff = 300;
   c.model.tie_weights = false;
+  c.model.init_from = "weights/init.safetensors";
   c.data.kind = "text";
   c.data.task = "add";
   c.data.path = "data/tiny.txt";

@@ -1,0 +1,495 @@
+// ckpt_bench helpers: process memory, page cache, safetensors, and the
+// compression study. See bench_util.h.
+#include "bench/bench_util.h"
+
+#include "checkpoint/load.h"
+#include "checkpoint/save.h"
+
+#include <zstd.h>
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <stdexcept>
+#include <tuple>
+
+namespace bench {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string errno_text(const std::string& what, const std::string& path) {
+  return what + " " + path + ": " + std::strerror(errno);
+}
+
+std::vector<std::string> regular_files_under(const std::string& path) {
+  std::vector<std::string> out;
+  std::error_code ec;
+  if (fs::is_regular_file(path, ec)) {
+    out.push_back(path);
+  } else if (fs::is_directory(path, ec)) {
+    for (const auto& e : fs::recursive_directory_iterator(path, ec)) {
+      if (e.is_regular_file()) out.push_back(e.path().string());
+    }
+  }
+  return out;
+}
+
+// RAII file descriptor.
+class Fd {
+ public:
+  Fd(const std::string& path, int flags, mode_t mode = 0644) : path_(path) {
+    fd_ = ::open(path.c_str(), flags | O_CLOEXEC, mode);
+    if (fd_ < 0) throw std::runtime_error(errno_text("cannot open", path));
+  }
+  ~Fd() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  int get() const { return fd_; }
+
+  void write_all(const void* data, size_t n) {
+    const char* p = static_cast<const char*>(data);
+    while (n > 0) {
+      ssize_t w = ::write(fd_, p, std::min<size_t>(n, 8u << 20));
+      if (w < 0 && errno == EINTR) continue;
+      if (w < 0) throw std::runtime_error(errno_text("write failed on", path_));
+      p += w;
+      n -= static_cast<size_t>(w);
+    }
+  }
+  void read_all(void* data, size_t n) {
+    char* p = static_cast<char*>(data);
+    while (n > 0) {
+      ssize_t r = ::read(fd_, p, std::min<size_t>(n, 8u << 20));
+      if (r < 0 && errno == EINTR) continue;
+      if (r < 0) throw std::runtime_error(errno_text("read failed on", path_));
+      if (r == 0) throw std::runtime_error("unexpected end of file: " + path_);
+      p += r;
+      n -= static_cast<size_t>(r);
+    }
+  }
+  void sync() {
+    if (::fsync(fd_) != 0) throw std::runtime_error(errno_text("fsync failed on", path_));
+  }
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+};
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+// Process memory and page cache
+
+uint64_t proc_status_bytes(const char* field) {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  const size_t n = std::strlen(field);
+  while (std::getline(in, line)) {
+    if (line.compare(0, n, field) == 0) {
+      return std::stoull(line.substr(n)) * 1024;  // "VmRSS:   1234 kB"
+    }
+  }
+  return 0;
+}
+
+bool reset_peak_rss() {
+  std::ofstream out("/proc/self/clear_refs");
+  out << "5";
+  out.flush();
+  return static_cast<bool>(out);
+}
+
+bool drop_page_cache(const std::string& path) {
+  bool ok = true;
+  for (const auto& f : regular_files_under(path)) {
+    int fd = ::open(f.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+      ok = false;
+      continue;
+    }
+    ok = ::fdatasync(fd) == 0 && ok;
+    ok = ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED) == 0 && ok;
+    ::close(fd);
+  }
+  return ok;
+}
+
+double resident_fraction(const std::string& path) {
+  const long page = ::sysconf(_SC_PAGESIZE);
+  uint64_t pages = 0;
+  uint64_t resident = 0;
+  for (const auto& f : regular_files_under(path)) {
+    int fd = ::open(f.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return -1;
+    struct stat st {};
+    if (::fstat(fd, &st) != 0 || st.st_size == 0) {
+      ::close(fd);
+      continue;
+    }
+    const size_t len = static_cast<size_t>(st.st_size);
+    void* map = ::mmap(nullptr, len, PROT_READ, MAP_SHARED, fd, 0);
+    ::close(fd);
+    if (map == MAP_FAILED) return -1;
+    std::vector<unsigned char> vec((len + page - 1) / page);
+    bool ok = ::mincore(map, len, vec.data()) == 0;
+    ::munmap(map, len);
+    if (!ok) return -1;
+    pages += vec.size();
+    for (unsigned char c : vec) resident += c & 1;
+  }
+  return pages == 0 ? 0.0 : static_cast<double>(resident) / static_cast<double>(pages);
+}
+
+void fsync_path(const std::string& path) {
+  Fd fd(path, O_RDONLY);
+  fd.sync();
+}
+
+double median(std::vector<double> v) {
+  TORCH_CHECK(!v.empty(), "median of nothing");
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+double max_over(framework::dist::Group& group, double v) {
+  torch::Tensor t = torch::tensor({v}, torch::kDouble);
+  group.all_reduce(t, framework::dist::ReduceOp::kMax);
+  return t.item<double>();
+}
+
+// ---------------------------------------------------------------------------
+// safetensors
+
+namespace {
+
+struct SafetensorsType {
+  const char* name;
+  c10::ScalarType type;
+};
+
+constexpr SafetensorsType kSafetensorsTypes[] = {
+    {"F64", torch::kFloat64}, {"F32", torch::kFloat32}, {"F16", torch::kFloat16},
+    {"BF16", torch::kBFloat16}, {"I64", torch::kInt64},  {"I32", torch::kInt32},
+    {"I16", torch::kInt16},   {"I8", torch::kInt8},     {"U8", torch::kUInt8},
+    {"BOOL", torch::kBool}};
+
+c10::ScalarType safetensors_type(const std::string& name, const std::string& where) {
+  for (const auto& t : kSafetensorsTypes) {
+    if (name == t.name) return t.type;
+  }
+  throw std::runtime_error(where + ": unsupported safetensors dtype '" + name + "'");
+}
+
+const char* safetensors_name(c10::ScalarType type) {
+  for (const auto& t : kSafetensorsTypes) {
+    if (type == t.type) return t.name;
+  }
+  throw std::runtime_error(std::string("no safetensors dtype for ") + c10::toString(type));
+}
+
+}  // namespace
+
+NamedTensors read_safetensors(const std::string& path) {
+  Fd fd(path, O_RDONLY);
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0) throw std::runtime_error(errno_text("cannot stat", path));
+  const uint64_t file_size = static_cast<uint64_t>(st.st_size);
+  if (file_size < 8) throw std::runtime_error(path + ": too short for a safetensors header");
+  uint8_t len_bytes[8];
+  fd.read_all(len_bytes, 8);
+  uint64_t header_len = 0;
+  for (int i = 0; i < 8; ++i) header_len |= static_cast<uint64_t>(len_bytes[i]) << (8 * i);
+  if (header_len > file_size - 8 || header_len > (100u << 20)) {
+    throw std::runtime_error(path + ": header length " + std::to_string(header_len) +
+                             " does not fit the file (" + std::to_string(file_size) + " bytes)");
+  }
+  std::string header(header_len, '\0');
+  fd.read_all(header.data(), header_len);
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(header);
+  } catch (const std::exception& e) {
+    throw std::runtime_error(path + ": header is not JSON: " + e.what());
+  }
+  if (!j.is_object()) throw std::runtime_error(path + ": header is not a JSON object");
+  const uint64_t data_start = 8 + header_len;
+  const uint64_t data_size = file_size - data_start;
+  // Sorted by data offset so the file is read front to back.
+  std::vector<std::tuple<uint64_t, uint64_t, std::string, torch::Tensor>> entries;
+  for (const auto& [name, v] : j.items()) {
+    if (name == "__metadata__") continue;
+    const std::string where = path + " tensor '" + name + "'";
+    try {
+      c10::ScalarType type = safetensors_type(v.at("dtype").get<std::string>(), where);
+      std::vector<int64_t> shape = v.at("shape").get<std::vector<int64_t>>();
+      auto offs = v.at("data_offsets").get<std::vector<uint64_t>>();
+      if (offs.size() != 2 || offs[0] > offs[1] || offs[1] > data_size) {
+        throw std::runtime_error("data_offsets outside the data section");
+      }
+      uint64_t numel = 1;
+      for (int64_t d : shape) {
+        if (d < 0) throw std::runtime_error("negative dimension");
+        numel *= static_cast<uint64_t>(d);
+      }
+      if (numel * c10::elementSize(type) != offs[1] - offs[0]) {
+        throw std::runtime_error("data_offsets span " + std::to_string(offs[1] - offs[0]) +
+                                 " bytes, shape and dtype need " +
+                                 std::to_string(numel * c10::elementSize(type)));
+      }
+      entries.emplace_back(offs[0], offs[1], name, torch::empty(shape, type));
+    } catch (const nlohmann::json::exception& e) {
+      throw std::runtime_error(where + ": " + e.what());
+    } catch (const std::runtime_error& e) {
+      if (std::string(e.what()).rfind(where, 0) == 0) throw;
+      throw std::runtime_error(where + ": " + e.what());
+    }
+  }
+  std::sort(entries.begin(), entries.end(),
+            [](const auto& a, const auto& b) { return std::get<0>(a) < std::get<0>(b); });
+  NamedTensors out;
+  for (auto& [lo, hi, name, t] : entries) {
+    if (hi > lo) {
+      if (::lseek(fd.get(), static_cast<off_t>(data_start + lo), SEEK_SET) < 0) {
+        throw std::runtime_error(errno_text("seek failed on", path));
+      }
+      fd.read_all(t.data_ptr(), hi - lo);
+    }
+    out.emplace_back(name, t);
+  }
+  return out;
+}
+
+void write_safetensors(const std::string& path, const NamedTensors& tensors) {
+  nlohmann::json header = nlohmann::json::object();
+  uint64_t offset = 0;
+  for (const auto& [name, t] : tensors) {
+    const uint64_t n = static_cast<uint64_t>(t.numel()) * t.element_size();
+    header[name] = {{"dtype", safetensors_name(t.scalar_type())},
+                    {"shape", t.sizes().vec()},
+                    {"data_offsets", {offset, offset + n}}};
+    offset += n;
+  }
+  std::string text = header.dump();
+  text.append((8 - text.size() % 8) % 8, ' ');  // data starts 8-byte aligned
+  uint8_t len_bytes[8];
+  for (int i = 0; i < 8; ++i) len_bytes[i] = static_cast<uint8_t>(uint64_t{text.size()} >> (8 * i));
+  Fd fd(path, O_WRONLY | O_CREAT | O_TRUNC);
+  fd.write_all(len_bytes, 8);
+  fd.write_all(text.data(), text.size());
+  for (const auto& [name, t] : tensors) {
+    torch::Tensor c = t.contiguous();
+    fd.write_all(c.data_ptr(), static_cast<size_t>(c.numel()) * c.element_size());
+  }
+  fd.sync();
+}
+
+namespace {
+
+bool same_bytes(const torch::Tensor& a, const torch::Tensor& b) {
+  if (a.scalar_type() != b.scalar_type() || a.sizes() != b.sizes()) return false;
+  torch::Tensor ca = a.contiguous();
+  torch::Tensor cb = b.contiguous();
+  return std::memcmp(ca.data_ptr(), cb.data_ptr(), static_cast<size_t>(ca.numel()) * ca.element_size()) == 0;
+}
+
+}  // namespace
+
+void self_test_safetensors(const std::string& dir) {
+  fs::create_directories(dir);
+  const std::string path = (fs::path(dir) / "selftest.safetensors").string();
+  NamedTensors in = {
+      {"w.f32", torch::randn({3, 5})},
+      {"w.bf16", torch::randn({4, 2}).to(torch::kBFloat16)},
+      {"w.f16", torch::randn({7}).to(torch::kFloat16)},
+      {"ids.i64", torch::arange(6, torch::kInt64).reshape({2, 3})},
+      {"empty", torch::empty({0, 4})}};
+  write_safetensors(path, in);
+  NamedTensors out = read_safetensors(path);
+  std::map<std::string, torch::Tensor> by_name(out.begin(), out.end());
+  for (const auto& [name, t] : in) {
+    auto it = by_name.find(name);
+    if (it == by_name.end() || !same_bytes(t, it->second)) {
+      throw std::runtime_error("safetensors self-test: tensor '" + name + "' did not round-trip");
+    }
+  }
+  if (out.size() != in.size()) throw std::runtime_error("safetensors self-test: extra tensors");
+  fs::remove(path);
+}
+
+// ---------------------------------------------------------------------------
+// Compression study
+
+namespace {
+
+struct Variant {
+  std::string name;
+  std::string codec;       // none | zstd | whole_chunk
+  std::string byte_group;  // on | off
+  int level;
+};
+
+const std::vector<Variant>& variants() {
+  static const std::vector<Variant> v = {
+      {"none", "none", "off", 0},
+      {"zstd", "zstd", "off", 1},
+      {"zstd", "zstd", "off", 3},
+      {"zstd", "zstd", "off", 9},
+      {"bytegroup+zstd", "zstd", "on", 1},
+      {"bytegroup+zstd", "zstd", "on", 3},
+      {"bytegroup+zstd", "zstd", "on", 9},
+      {"zstd_whole_chunk_1thread", "whole_chunk", "off", 3}};
+  return v;
+}
+
+uint64_t nbytes(const torch::Tensor& t) { return static_cast<uint64_t>(t.numel()) * t.element_size(); }
+
+// Independent copies "tile<k>/<name>" until the set holds `min_bytes`: each
+// copy is its own item and chunk, so no codec sees the repetition (zstd
+// frames are per block, and blocks never span chunks).
+NamedTensors tile_set(const NamedTensors& tensors, uint64_t min_bytes, int* copies) {
+  uint64_t set_bytes = 0;
+  for (const auto& [n, t] : tensors) set_bytes += nbytes(t);
+  TORCH_CHECK(set_bytes > 0, "compression input set is empty");
+  *copies = static_cast<int>(std::max<uint64_t>(1, (min_bytes + set_bytes - 1) / set_bytes));
+  if (*copies == 1) return tensors;
+  NamedTensors out;
+  for (int k = 0; k < *copies; ++k) {
+    for (const auto& [n, t] : tensors) out.emplace_back("tile" + std::to_string(k) + "/" + n, t.contiguous());
+  }
+  return out;
+}
+
+// The reference approach: one ZSTD_compress call per whole tensor on one
+// thread, written back to back into one file, fsynced; load reads and
+// decompresses each into its preallocated target.
+void whole_chunk_save(const NamedTensors& set, const std::string& path, int level,
+                      std::vector<uint64_t>& frame_sizes, uint64_t* stored) {
+  Fd fd(path, O_WRONLY | O_CREAT | O_TRUNC);
+  std::vector<uint8_t> buf;
+  *stored = 0;
+  frame_sizes.clear();
+  for (const auto& [n, t] : set) {
+    const size_t src = nbytes(t);
+    buf.resize(ZSTD_compressBound(src));
+    size_t r = ZSTD_compress(buf.data(), buf.size(), t.data_ptr(), src, level);
+    if (ZSTD_isError(r)) throw std::runtime_error(std::string("ZSTD_compress: ") + ZSTD_getErrorName(r));
+    fd.write_all(buf.data(), r);
+    frame_sizes.push_back(r);
+    *stored += r;
+  }
+  fd.sync();
+}
+
+void whole_chunk_load(NamedTensors& targets, const std::string& path,
+                      const std::vector<uint64_t>& frame_sizes) {
+  Fd fd(path, O_RDONLY);
+  std::vector<uint8_t> buf;
+  for (size_t i = 0; i < targets.size(); ++i) {
+    buf.resize(frame_sizes[i]);
+    fd.read_all(buf.data(), buf.size());
+    torch::Tensor& t = targets[i].second;
+    size_t r = ZSTD_decompress(t.data_ptr(), nbytes(t), buf.data(), buf.size());
+    if (ZSTD_isError(r) || r != nbytes(t)) {
+      throw std::runtime_error("ZSTD_decompress of '" + targets[i].first + "' failed");
+    }
+  }
+}
+
+}  // namespace
+
+nlohmann::json run_compression_study(const std::string& set_name, const NamedTensors& tensors,
+                                     bool tile, framework::dist::Group& group,
+                                     const CompressionStudyOptions& options) {
+  int copies = 1;
+  NamedTensors set = tile ? tile_set(tensors, options.min_set_bytes, &copies) : tensors;
+  uint64_t logical = 0;
+  for (const auto& [n, t] : set) logical += nbytes(t);
+  NamedTensors targets;
+  for (const auto& [n, t] : set) targets.emplace_back(n, torch::zeros_like(t));
+
+  nlohmann::json rows = nlohmann::json::array();
+  const std::string set_dir = (fs::path(options.dir) / set_name).string();
+  for (const Variant& v : variants()) {
+    const std::string vdir = (fs::path(set_dir) / (v.name + "_" + std::to_string(v.level))).string();
+    fs::remove_all(vdir);
+    fs::create_directories(vdir);
+    for (auto& [n, t] : targets) t.zero_();
+    uint64_t stored = 0;
+    double save_s = 0;
+    double load_s = 0;
+    int threads = options.io_threads;
+    if (v.codec == "whole_chunk") {
+      threads = 1;
+      const std::string path = (fs::path(vdir) / "whole.zst").string();
+      std::vector<uint64_t> frames;
+      auto t0 = Clock::now();
+      whole_chunk_save(set, path, v.level, frames, &stored);
+      save_s = seconds_since(t0);
+      drop_page_cache(vdir);
+      t0 = Clock::now();
+      whole_chunk_load(targets, path, frames);
+      load_s = seconds_since(t0);
+    } else {
+      checkpoint::StateDict sd;
+      for (const auto& [n, t] : set) sd.add_tensor(n, t);
+      checkpoint::SaveOptions so;
+      so.io_threads = options.io_threads;
+      so.compression.codec = v.codec;
+      so.compression.byte_group = v.byte_group;
+      if (v.level > 0) so.compression.level = v.level;
+      const std::string step_dir = (fs::path(vdir) / "step_0").string();
+      auto t0 = Clock::now();
+      checkpoint::SaveStats st = checkpoint::save_state_dict(sd, step_dir, group, so);
+      save_s = seconds_since(t0);
+      stored = st.total_stored_bytes;
+      drop_page_cache(vdir);
+      checkpoint::StateDict into;
+      for (const auto& [n, t] : targets) into.add_tensor(n, t);
+      checkpoint::LoadOptions lo;
+      lo.io_threads = options.io_threads;
+      t0 = Clock::now();
+      checkpoint::load_state_dict(into, step_dir, lo);
+      load_s = seconds_since(t0);
+    }
+    for (size_t i = 0; i < set.size(); ++i) {
+      if (!same_bytes(set[i].second, targets[i].second)) {
+        throw std::runtime_error("compression study: " + set_name + " variant " + v.name +
+                                 " level " + std::to_string(v.level) + ": tensor '" +
+                                 set[i].first + "' did not load back bit-exact");
+      }
+    }
+    fs::remove_all(vdir);
+    const double mb = static_cast<double>(logical) / 1e6;
+    rows.push_back({{"name", v.name},
+                    {"level", v.level},
+                    {"stored_bytes", stored},
+                    {"logical_bytes", logical},
+                    {"ratio", static_cast<double>(stored) / static_cast<double>(logical)},
+                    {"save_s", save_s},
+                    {"load_s", load_s},
+                    {"threads", threads},
+                    {"save_mb_s_per_thread", mb / (save_s * threads)},
+                    {"load_mb_s", mb / load_s},
+                    {"tensors", set.size()},
+                    {"tile_copies", copies}});
+  }
+  fs::remove_all(set_dir);
+  return rows;
+}
+
+}  // namespace bench

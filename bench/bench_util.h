@@ -1,0 +1,78 @@
+#pragma once
+// Shared pieces of ckpt_bench: timing, process memory, page-cache control,
+// the compression study (bench/compression.cpp) and the safetensors reader.
+// Benchmark-only code; nothing here is part of the library.
+#include "checkpoint/state_dict.h"
+#include "framework/dist/process_group.h"
+
+#include <nlohmann/json.hpp>
+#include <torch/torch.h>
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace bench {
+
+using Clock = std::chrono::steady_clock;
+
+inline double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+// Fields of /proc/self/status in bytes (VmRSS, VmHWM); 0 when unreadable.
+uint64_t proc_status_bytes(const char* field);
+inline uint64_t rss_bytes() { return proc_status_bytes("VmRSS:"); }
+inline uint64_t peak_rss_bytes() { return proc_status_bytes("VmHWM:"); }
+// Resets VmHWM to the current RSS (echo 5 > /proc/self/clear_refs). False
+// when the kernel refused.
+bool reset_peak_rss();
+
+// fdatasync + posix_fadvise(DONTNEED) on every regular file under `path` (a
+// file or a directory). Returns false when any call failed.
+bool drop_page_cache(const std::string& path);
+// Fraction of the pages of the regular files under `path` resident in the
+// page cache (mmap + mincore); -1 when it could not be measured.
+double resident_fraction(const std::string& path);
+
+// fsyncs `path` (a file); throws naming the path and strerror.
+void fsync_path(const std::string& path);
+
+// Median of `v` (not empty).
+double median(std::vector<double> v);
+
+// Largest value of `v` over the members of `group` (all call it).
+double max_over(framework::dist::Group& group, double v);
+
+// A named set of whole tensors (a model's weights, a safetensors file).
+using NamedTensors = std::vector<std::pair<std::string, torch::Tensor>>;
+
+// safetensors: 8-byte little-endian header length, a JSON header mapping
+// names to {dtype, shape, data_offsets}, then the data. Throws
+// std::runtime_error naming the file and what is wrong.
+NamedTensors read_safetensors(const std::string& path);
+void write_safetensors(const std::string& path, const NamedTensors& tensors);
+
+struct CompressionStudyOptions {
+  std::string dir;            // scratch directory (created, removed)
+  int io_threads = 4;
+  uint64_t min_set_bytes = 64ull << 20;  // tile small sets to at least this
+};
+
+// Runs every variant (none, zstd 1/3/9, bytegroup+zstd 1/3/9 through
+// save_state_dict; plain single-threaded zstd of each whole tensor at level 3)
+// on `tensors`, checks every load bit-exact, and returns a JSON list of
+// {name, level, stored_bytes, logical_bytes, save_s, load_s, ...}. Tensors
+// are tiled into independent copies until the set holds `min_set_bytes`
+// (`tile` false: as given). `group` is a one-rank checkpoint group.
+nlohmann::json run_compression_study(const std::string& set_name, const NamedTensors& tensors,
+                                     bool tile, framework::dist::Group& group,
+                                     const CompressionStudyOptions& options);
+
+// Writes a small safetensors file (F32, BF16, F16, I64), reads it back and
+// compares bytes. Throws on any difference.
+void self_test_safetensors(const std::string& dir);
+
+}  // namespace bench

@@ -1,0 +1,914 @@
+// ckpt_bench: how fast and how lean the checkpoint system is, next to the
+// baselines it has to beat, all measured side by side in one run on the same
+// data. Rank 0 prints a table and writes JSON.
+//
+//   ckpt_bench [--size-mb 1024] [--nproc N] [--dir /tmp/ckpt_bench] [--json F]
+//              [--io-threads 4] [--trials 1] [--skip-training]
+//              [--skip-compression] [--input weights.safetensors] [--keep]
+//
+// Call sequence (all ranks): make the synthetic sharded state; memory run of
+// the async manager (--growth-saves saves); per trial: memcpy, raw write/read,
+// torch::save/load, sync save, load, reshard load, async save, overlap save;
+// training-level overhead (Trainer, fresh runtime per run); (rank 0)
+// compression study on a one-rank checkpoint group. Times are the maximum
+// over ranks; GB/s is all ranks' bytes over that time.
+#include "bench/bench_util.h"
+
+#include "checkpoint/checkpoint_dir.h"
+#include "checkpoint/load.h"
+#include "checkpoint/manager.h"
+#include "checkpoint/metadata.h"
+#include "checkpoint/save.h"
+#include "checkpoint/state_dict.h"
+#include "framework/config/config.h"
+#include "framework/dist/launch_env.h"
+#include "framework/dist/local_launcher.h"
+#include "framework/dist/runtime.h"
+#include "framework/fsdp/fully_shard.h"
+#include "framework/train/trainer.h"
+#include "models/layered_model.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+#include <torch/torch.h>
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iomanip>
+#include <iostream>
+#include <map>
+#include <sstream>
+#include <thread>
+
+namespace {
+
+namespace fs = std::filesystem;
+namespace dist = framework::dist;
+using bench::Clock;
+using bench::seconds_since;
+
+struct Args {
+  int64_t size_mb = 1024;
+  int nproc = 1;
+  std::string dir = "/tmp/ckpt_bench";
+  std::string json_path;
+  int io_threads = 4;
+  bool skip_training = false;
+  bool skip_compression = false;
+  std::string input;
+  int trials = 1;
+  bool keep = false;
+  std::string config_path = std::string(SHARDKIT_SOURCE_DIR) + "/configs/default.yaml";
+  int64_t train_steps = 60;
+  int64_t compress_train_steps = 200;
+  int growth_saves = 20;
+};
+
+// ---------------------------------------------------------------------------
+// The synthetic training state
+
+enum class ValueKind { kWeight, kExpAvg, kExpAvgSq };
+
+// One global tensor and the rows [row0, row0 + rows) of dim 0 this rank holds.
+struct ItemSpec {
+  std::string name;
+  std::vector<int64_t> global_shape;
+  ValueKind kind = ValueKind::kWeight;
+  uint64_t seed = 0;
+  int64_t row0 = 0;
+  int64_t rows = 0;
+};
+
+constexpr int64_t kCols = 1024;
+constexpr int64_t kRows = 4096;
+constexpr int64_t kGenBlockElements = 256 * 1024;  // values drawn per generator seed
+
+int64_t inner_numel(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (size_t d = 1; d < shape.size(); ++d) n *= shape[d];
+  return n;
+}
+
+// Rows [r0, r0 + dst.size(0)) of item `s`. Values are drawn in fixed row
+// blocks, each from its own seeded generator, so any rank can regenerate any
+// rows of any item (to check a resharded load) without the whole tensor.
+void fill_rows(torch::Tensor dst, const ItemSpec& s, int64_t r0) {
+  const int64_t inner = inner_numel(s.global_shape);
+  const int64_t block_rows = std::max<int64_t>(1, kGenBlockElements / inner);
+  const int64_t r1 = r0 + dst.size(0);
+  for (int64_t b = r0 / block_rows; b * block_rows < r1; ++b) {
+    const int64_t b0 = b * block_rows;
+    const int64_t b1 = std::min(b0 + block_rows, s.global_shape[0]);
+    std::vector<int64_t> shape = s.global_shape;
+    shape[0] = b1 - b0;
+    auto gen = at::detail::createCPUGenerator(s.seed * 1000003ull + static_cast<uint64_t>(b));
+    torch::Tensor tmp = torch::empty(shape, torch::kFloat32);
+    switch (s.kind) {
+      case ValueKind::kWeight: tmp.normal_(0.0, 0.02, gen); break;
+      case ValueKind::kExpAvg: tmp.normal_(0.0, 1e-3, gen); break;
+      case ValueKind::kExpAvgSq: tmp.normal_(0.0, 1e-3, gen).square_(); break;
+    }
+    const int64_t lo = std::max(r0, b0);
+    const int64_t hi = std::min(r1, b1);
+    dst.narrow(0, lo - r0, hi - lo).copy_(tmp.narrow(0, lo - b0, hi - lo));
+  }
+}
+
+// Transformer-like layers: a [4096, 1024] weight and a [1024] norm each, with
+// their AdamW moments, sized to `total_bytes` over all ranks (the last layer
+// has fewer rows). Every item is sharded along dim 0 like FSDP's Shard(0).
+std::vector<ItemSpec> make_specs(uint64_t total_bytes, int rank, int world) {
+  const uint64_t per_layer = 3 * 4 * static_cast<uint64_t>(kRows * kCols + kCols);
+  std::vector<int64_t> layer_rows(total_bytes / per_layer, kRows);
+  const uint64_t rest = total_bytes - layer_rows.size() * per_layer;
+  int64_t last_rows = static_cast<int64_t>(rest / 12 / kCols) - 1;
+  if (layer_rows.empty()) last_rows = std::max<int64_t>(last_rows, world);
+  if (last_rows >= world) layer_rows.push_back(last_rows);
+  std::vector<ItemSpec> specs;
+  uint64_t seed = 1;
+  for (size_t l = 0; l < layer_rows.size(); ++l) {
+    const std::string base = "layers." + std::to_string(l) + ".";
+    for (const auto& [param, shape] :
+         std::vector<std::pair<std::string, std::vector<int64_t>>>{
+             {base + "weight", {layer_rows[l], kCols}}, {base + "norm", {kCols}}}) {
+      for (auto [prefix, suffix, kind] :
+           {std::tuple{"model.", "", ValueKind::kWeight},
+            std::tuple{"optim.", ".exp_avg", ValueKind::kExpAvg},
+            std::tuple{"optim.", ".exp_avg_sq", ValueKind::kExpAvgSq}}) {
+        ItemSpec s;
+        s.name = std::string(prefix) + param + suffix;
+        s.global_shape = shape;
+        s.kind = kind;
+        s.seed = seed++;
+        s.row0 = shape[0] * rank / world;
+        s.rows = shape[0] * (rank + 1) / world - s.row0;
+        specs.push_back(std::move(s));
+      }
+    }
+  }
+  return specs;
+}
+
+// An uninitialised float32 box of `rows` rows of item `s`.
+torch::Tensor make_box(const ItemSpec& s, int64_t rows) {
+  std::vector<int64_t> shape = s.global_shape;
+  shape[0] = rows;
+  return torch::empty(shape, torch::kFloat32);
+}
+
+std::vector<int64_t> box_offsets(const ItemSpec& s, int64_t row0) {
+  std::vector<int64_t> off(s.global_shape.size(), 0);
+  off[0] = row0;
+  return off;
+}
+
+// Small replicated items every rank holds identically (like step, RNG, config).
+void add_replicated_bytes(checkpoint::StateDict& sd) {
+  std::vector<uint8_t> step(8, 0);
+  step[0] = 42;
+  std::vector<uint8_t> rng(5056);
+  for (size_t i = 0; i < rng.size(); ++i) rng[i] = static_cast<uint8_t>(i * 131 + 7);
+  std::string cfg = "bench: synthetic training state\n";
+  sd.add_bytes("train.step", step);
+  sd.add_bytes("rng.cpu", rng);
+  sd.add_bytes("config", std::vector<uint8_t>(cfg.begin(), cfg.end()));
+}
+
+bool same_bytes(const torch::Tensor& a, const torch::Tensor& b) {
+  if (a.sizes() != b.sizes() || a.scalar_type() != b.scalar_type()) return false;
+  return std::memcmp(a.data_ptr(), b.data_ptr(), static_cast<size_t>(a.numel()) * a.element_size()) == 0;
+}
+
+uint64_t nbytes(const torch::Tensor& t) { return static_cast<uint64_t>(t.numel()) * t.element_size(); }
+
+// ---------------------------------------------------------------------------
+// The run
+
+struct Bench {
+  Args args;
+  dist::Runtime& rt;
+  int rank = 0;
+  int world = 1;
+  std::string dir;
+  std::vector<ItemSpec> specs;
+  checkpoint::StateDict state;
+  std::vector<torch::Tensor> locals;
+  std::vector<torch::Tensor> targets;  // preallocated destinations, same shapes
+  uint64_t state_bytes = 0;            // all ranks
+  uint64_t rank_bytes = 0;             // this rank (max over ranks in the report)
+  std::map<std::string, std::vector<double>> samples;  // per trial
+  nlohmann::json out = nlohmann::json::object();
+  std::vector<std::string> notes;
+
+  Bench(Args a, dist::Runtime& r) : args(std::move(a)), rt(r) {
+    rank = rt.env.rank;
+    world = rt.env.world_size;
+    dir = args.dir;
+  }
+
+  dist::Group& bench_group() { return *rt.train; }  // never used by a manager
+  void barrier() { bench_group().barrier(); }
+  double max_over(double v) { return bench::max_over(bench_group(), v); }
+  std::string path(const std::string& sub) const { return (fs::path(dir) / sub).string(); }
+  void record(const std::string& key, double local_value) {
+    samples[key].push_back(max_over(local_value));
+  }
+  void fail(const std::string& what) {
+    throw std::runtime_error("rank " + std::to_string(rank) + ": " + what);
+  }
+
+  void make_state();
+  void memory_run(checkpoint::CheckpointManager& mgr);
+  void trial(int t, checkpoint::CheckpointManager& async_mgr, checkpoint::CheckpointManager& overlap_mgr,
+             double compute_s);
+  void time_memcpy();
+  void time_raw_io();
+  void time_torch_io();
+  void time_sync_save_and_loads(int t);
+  void time_reshard_load(const std::string& step_dir);
+  void time_async(int t, checkpoint::CheckpointManager& mgr);
+  void time_overlap(int t, checkpoint::CheckpointManager& mgr, double compute_s);
+  checkpoint::StateDict into_targets();
+  void training_overhead();
+  std::vector<double> trainer_step_times(const std::string& label, bool overlap_saves, int64_t steps);
+  std::unique_ptr<dist::Runtime> fresh_runtime();
+  void compression();
+  void report();
+};
+
+void Bench::make_state() {
+  specs = make_specs(static_cast<uint64_t>(args.size_mb) << 20, rank, world);
+  for (const auto& s : specs) {
+    torch::Tensor t = make_box(s, s.rows);
+    fill_rows(t, s, s.row0);
+    state.add_tensor(s.name, t, s.global_shape, box_offsets(s, s.row0));
+    locals.push_back(t);
+    rank_bytes += nbytes(t);
+  }
+  add_replicated_bytes(state);
+  torch::Tensor total = torch::tensor({static_cast<double>(rank_bytes)}, torch::kDouble);
+  bench_group().all_reduce(total);
+  state_bytes = static_cast<uint64_t>(total.item<double>());
+  rank_bytes = static_cast<uint64_t>(max_over(static_cast<double>(rank_bytes)));
+}
+
+// Peak host memory of async saves, staging reuse and RSS growth. The first
+// save allocates the staging buffers; later ones must reuse them.
+void Bench::memory_run(checkpoint::CheckpointManager& mgr) {
+  const uint64_t baseline = bench::rss_bytes();
+  const bool hwm_reset = bench::reset_peak_rss();
+  std::vector<double> blocking, total, stage;
+  double first_blocking = 0;
+  uint64_t peak = 0, rss5 = 0;
+  for (int i = 1; i <= std::max(5, args.growth_saves); ++i) {
+    barrier();
+    auto t0 = Clock::now();
+    mgr.save(i, state);
+    double b = seconds_since(t0);
+    mgr.finish();
+    double tot = seconds_since(t0);
+    for (const auto& ev : mgr.take_events()) stage.push_back(ev.stage_s);
+    if (i == 1) first_blocking = b;
+    if (i >= 2 && i <= 5) {
+      blocking.push_back(b);
+      total.push_back(tot);
+    }
+    if (i == 5) {
+      peak = bench::peak_rss_bytes();
+      rss5 = bench::rss_bytes();
+    }
+  }
+  const uint64_t rss_end = bench::rss_bytes();
+  out["async_blocking_first_s"] = max_over(first_blocking);
+  out["async_stage_s"] = max_over(bench::median(std::vector<double>(stage.begin() + 1, stage.end())));
+  samples["async_blocking_s"].push_back(max_over(bench::median(blocking)));
+  samples["async_total_s"].push_back(max_over(bench::median(total)));
+  const double extra = static_cast<double>(peak) - static_cast<double>(baseline);
+  out["rss_baseline_bytes"] = max_over(static_cast<double>(baseline));
+  out["peak_extra_host_bytes"] = max_over(extra);
+  out["staging_bytes"] = max_over(static_cast<double>(mgr.staging_bytes()));
+  out["rss_after_5"] = max_over(static_cast<double>(rss5));
+  out["rss_after_" + std::to_string(std::max(5, args.growth_saves))] = max_over(static_cast<double>(rss_end));
+  out["rss_growth_bytes_5_to_20"] = max_over(static_cast<double>(rss_end) - static_cast<double>(rss5));
+  out["growth_saves"] = std::max(5, args.growth_saves);
+  out["peak_rss_reset"] = max_over(hwm_reset ? 0 : 1) == 0;
+  if (!hwm_reset) notes.push_back("VmHWM could not be reset; peak includes state creation");
+}
+
+void Bench::time_memcpy() {
+  for (auto& t : targets) t.zero_();  // touched: no page faults in the timing
+  barrier();
+  auto t0 = Clock::now();
+  for (size_t i = 0; i < locals.size(); ++i) targets[i].copy_(locals[i]);
+  record("memcpy_s", seconds_since(t0));
+}
+
+// write(2) in 8 MiB pieces, fsync; read(2) back after dropping the file's
+// pages from the cache.
+void Bench::time_raw_io() {
+  const std::string file = path("raw/rank_" + std::to_string(rank) + ".bin");
+  fs::create_directories(path("raw"));
+  barrier();
+  auto t0 = Clock::now();
+  {
+    int fd = ::open(file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) fail("cannot open " + file + ": " + std::strerror(errno));
+    for (const auto& t : locals) {
+      const char* p = static_cast<const char*>(t.data_ptr());
+      for (uint64_t left = nbytes(t); left > 0;) {
+        ssize_t w = ::write(fd, p, std::min<uint64_t>(left, 8u << 20));
+        if (w < 0 && errno == EINTR) continue;
+        if (w < 0) fail("write " + file + ": " + std::strerror(errno));
+        p += w;
+        left -= static_cast<uint64_t>(w);
+      }
+    }
+    if (::fsync(fd) != 0) fail("fsync " + file + ": " + std::strerror(errno));
+    ::close(fd);
+  }
+  record("raw_write_s", seconds_since(t0));
+  const bool dropped = bench::drop_page_cache(file);
+  const double resident = bench::resident_fraction(file);
+  out["raw_read_cache_dropped"] = max_over(dropped ? 0 : 1) == 0;
+  out["raw_read_resident_fraction_after_drop"] = max_over(resident);
+  for (auto& t : targets) t.zero_();
+  barrier();
+  t0 = Clock::now();
+  {
+    int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) fail("cannot open " + file + ": " + std::strerror(errno));
+    for (auto& t : targets) {
+      char* p = static_cast<char*>(t.data_ptr());
+      for (uint64_t left = nbytes(t); left > 0;) {
+        ssize_t r = ::read(fd, p, std::min<uint64_t>(left, 8u << 20));
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) fail("read " + file + ": " + (r == 0 ? std::string("short file") : std::strerror(errno)));
+        p += r;
+        left -= static_cast<uint64_t>(r);
+      }
+    }
+    ::close(fd);
+  }
+  record("raw_read_s", seconds_since(t0));
+  for (size_t i = 0; i < locals.size(); ++i) {
+    if (!same_bytes(locals[i], targets[i])) fail("raw read-back differs in " + specs[i].name);
+  }
+  fs::remove(file);
+}
+
+// torch::save / torch::load of the same local tensors (a vector), with an
+// fsync of the file counted in the save for fairness.
+void Bench::time_torch_io() {
+  const std::string file = path("torch/rank_" + std::to_string(rank) + ".pt");
+  fs::create_directories(path("torch"));
+  barrier();
+  auto t0 = Clock::now();
+  torch::save(locals, file);
+  bench::fsync_path(file);
+  record("torch_save_s", seconds_since(t0));
+  bench::drop_page_cache(file);
+  barrier();
+  t0 = Clock::now();
+  std::vector<torch::Tensor> loaded;
+  torch::load(loaded, file);
+  record("torch_load_s", seconds_since(t0));
+  if (loaded.size() != locals.size()) fail("torch::load returned a different number of tensors");
+  for (size_t i = 0; i < locals.size(); ++i) {
+    if (!same_bytes(locals[i], loaded[i].contiguous())) fail("torch::load differs in " + specs[i].name);
+  }
+  fs::remove(file);
+}
+
+checkpoint::StateDict Bench::into_targets() {
+  checkpoint::StateDict sd;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    targets[i].zero_();
+    sd.add_tensor(specs[i].name, targets[i], specs[i].global_shape, box_offsets(specs[i], specs[i].row0));
+  }
+  for (const auto& b : state.bytes()) sd.add_bytes(b.name, {});
+  return sd;
+}
+
+void Bench::time_sync_save_and_loads(int t) {
+  const std::string step_dir = path("sync/" + checkpoint::step_dir_name(t));
+  checkpoint::SaveOptions so;
+  so.step = t;
+  so.io_threads = args.io_threads;
+  so.layout = "fsdp replicate=1 shard=" + std::to_string(world);
+  barrier();
+  auto t0 = Clock::now();
+  checkpoint::save_state_dict(state, step_dir, *rt.checkpoint, so);
+  record("sync_save_s", seconds_since(t0));
+
+  barrier();
+  if (rank == 0) bench::drop_page_cache(step_dir);
+  checkpoint::StateDict into = into_targets();
+  checkpoint::LoadOptions lo;
+  lo.io_threads = args.io_threads;
+  barrier();
+  t0 = Clock::now();
+  checkpoint::load_state_dict(into, step_dir, lo);
+  record("load_s", seconds_since(t0));
+  for (size_t i = 0; i < specs.size(); ++i) {
+    if (!same_bytes(locals[i], targets[i])) fail("load_state_dict: wrong data in " + specs[i].name);
+  }
+  for (const auto& b : state.bytes()) {
+    if (into.find_bytes(b.name)->data != b.data) fail("load_state_dict: wrong bytes in " + b.name);
+  }
+  time_reshard_load(step_dir);
+  barrier();
+  if (rank == 0) fs::remove_all(path("sync"));
+}
+
+// Loads into a different layout: dim 0 re-chunked into world + 1 parts (3
+// for one rank); rank r loads part r, the last rank also the extra part (one
+// rank: all three). Each part is one load_state_dict call.
+void Bench::time_reshard_load(const std::string& step_dir) {
+  const int parts = world == 1 ? 3 : world + 1;
+  std::vector<int> mine = {rank};
+  if (world == 1) mine = {0, 1, 2};
+  else if (rank == world - 1) mine.push_back(world);
+  std::vector<checkpoint::StateDict> dicts(mine.size());
+  std::vector<std::vector<std::pair<int64_t, torch::Tensor>>> boxes(mine.size());
+  for (size_t k = 0; k < mine.size(); ++k) {
+    for (const auto& s : specs) {
+      const int64_t r0 = s.global_shape[0] * mine[k] / parts;
+      const int64_t r1 = s.global_shape[0] * (mine[k] + 1) / parts;
+      torch::Tensor box = make_box(s, r1 - r0).zero_();
+      dicts[k].add_tensor(s.name, box, s.global_shape, box_offsets(s, r0));
+      boxes[k].emplace_back(r0, box);
+    }
+    for (const auto& b : state.bytes()) dicts[k].add_bytes(b.name, {});
+  }
+  barrier();
+  if (rank == 0) bench::drop_page_cache(step_dir);
+  checkpoint::LoadOptions lo;
+  lo.io_threads = args.io_threads;
+  barrier();
+  auto t0 = Clock::now();
+  for (auto& sd : dicts) checkpoint::load_state_dict(sd, step_dir, lo);
+  record("reshard_load_s", seconds_since(t0));
+  for (size_t k = 0; k < mine.size(); ++k) {
+    for (size_t i = 0; i < specs.size(); ++i) {
+      const auto& [r0, box] = boxes[k][i];
+      torch::Tensor want = torch::empty_like(box);
+      fill_rows(want, specs[i], r0);
+      if (!same_bytes(want, box)) {
+        fail("resharded load: wrong data in " + specs[i].name + " part " + std::to_string(mine[k]));
+      }
+    }
+  }
+}
+
+void Bench::time_async(int t, checkpoint::CheckpointManager& mgr) {
+  barrier();
+  auto t0 = Clock::now();
+  mgr.save(1000 + t, state);
+  double blocking = seconds_since(t0);
+  mgr.finish();
+  double total = seconds_since(t0);
+  mgr.take_events();
+  record("async_blocking_s", blocking);
+  record("async_total_s", total);
+}
+
+// save() hands the state over; simulated compute (a sleep: the bench keeps
+// the cores for the copy, as a GPU step would) runs while the worker stages;
+// then wait_staged() -- what a training loop does before its optimizer step.
+void Bench::time_overlap(int t, checkpoint::CheckpointManager& mgr, double compute_s) {
+  barrier();
+  auto t0 = Clock::now();
+  mgr.save(2000 + t, state);
+  double b1 = seconds_since(t0);
+  std::this_thread::sleep_for(std::chrono::duration<double>(compute_s));
+  auto t1 = Clock::now();
+  mgr.wait_staged();
+  double b2 = seconds_since(t1);
+  mgr.finish();
+  double total = seconds_since(t0);
+  for (const auto& ev : mgr.take_events()) samples["overlap_stage_s_local"].push_back(ev.stage_s);
+  record("overlap_blocking_s", b1 + b2);
+  record("overlap_total_s", total);
+}
+
+void Bench::trial(int t, checkpoint::CheckpointManager& async_mgr,
+                  checkpoint::CheckpointManager& overlap_mgr, double compute_s) {
+  time_memcpy();
+  time_raw_io();
+  time_torch_io();
+  time_sync_save_and_loads(t);
+  if (t > 0) time_async(t, async_mgr);  // trial 0's sample comes from the memory run
+  time_overlap(t, overlap_mgr, compute_s);
+}
+
+// A runtime of its own for each Trainer: every Trainer creates its mesh
+// groups under the same names, which must not meet an earlier run's keys in
+// the rendezvous store.
+std::unique_ptr<dist::Runtime> Bench::fresh_runtime() {
+  torch::Tensor port = torch::zeros({1}, torch::kInt64);
+  if (rank == 0) port[0] = dist::pick_free_port(rt.env.master_addr);
+  bench_group().broadcast(port, 0);
+  dist::LaunchEnv env = rt.env;
+  env.master_port = static_cast<int>(port.item<int64_t>());
+  dist::DistOptions dopt;
+  dopt.backend = "gloo";
+  dopt.timeout_s = 600;
+  return dist::init_runtime(env, dopt, "cpu");
+}
+
+std::vector<double> Bench::trainer_step_times(const std::string& label, bool overlap_saves, int64_t steps) {
+  const std::string run_dir = path("train/" + label);
+  std::vector<std::string> sets = {"train.steps=" + std::to_string(steps), "train.log_every=1000",
+                                   "run.dir=" + run_dir, "checkpoint.dir=" + run_dir + "/checkpoints",
+                                   "checkpoint.resume=never", "checkpoint.keep_last=2",
+                                   "checkpoint.mode=overlap", "dist.timeout_s=600"};
+  sets.push_back(overlap_saves ? "checkpoint.interval=10" : "checkpoint.interval=0");
+  framework::config::Config cfg = framework::config::load_config(args.config_path, sets);
+  auto runtime = fresh_runtime();
+  std::vector<double> times;
+  {
+    framework::train::Trainer trainer(cfg, *runtime);
+    int rc = trainer.run();
+    if (rc != 0) fail("trainer run " + label + " exited with " + std::to_string(rc));
+    const auto& h = trainer.history();
+    for (size_t i = 5; i < h.size(); ++i) times.push_back(h[i].step_time_s);  // skip warm-up
+  }
+  runtime->train->barrier();
+  return times;
+}
+
+// Mean step time with overlap saves every 10 steps over the mean without
+// saves, runs interleaved A B A B at the current world size.
+void Bench::training_overhead() {
+  std::vector<double> without, with;
+  for (int round = 0; round < 2; ++round) {
+    auto a = trainer_step_times("no_ckpt_" + std::to_string(round), false, args.train_steps);
+    auto b = trainer_step_times("overlap_" + std::to_string(round), true, args.train_steps);
+    without.insert(without.end(), a.begin(), a.end());
+    with.insert(with.end(), b.begin(), b.end());
+  }
+  auto mean = [](const std::vector<double>& v) {
+    double s = 0;
+    for (double x : v) s += x;
+    return v.empty() ? 0.0 : s / static_cast<double>(v.size());
+  };
+  const double no_ckpt = max_over(mean(without));
+  const double overlap = max_over(mean(with));
+  nlohmann::json j;
+  j["step_time_no_ckpt_s"] = no_ckpt;
+  j["step_time_overlap_s"] = overlap;
+  j["step_time_no_ckpt_median_s"] = max_over(without.empty() ? 0 : bench::median(without));
+  j["step_time_overlap_median_s"] = max_over(with.empty() ? 0 : bench::median(with));
+  j["overlap_step_overhead"] = overlap / no_ckpt;
+  j["steps_per_run"] = args.train_steps;
+  j["runs"] = "A B A B (A: checkpoint.interval 0, B: overlap every 10 steps); steps 1-5 of each run skipped; mean";
+  out["training"] = j;
+}
+
+// (all ranks) Train the default model, keep its final checkpoint; (rank 0)
+// read weights and AdamW moments back whole and run the compression study
+// on a one-rank checkpoint group while the other ranks wait.
+void Bench::compression() {
+  const int64_t steps = args.compress_train_steps;
+  const std::string ck_dir = path("trained/checkpoints");
+  {
+    std::vector<std::string> sets = {"train.steps=" + std::to_string(steps), "train.log_every=1000",
+                                     "run.dir=" + path("trained"), "checkpoint.dir=" + ck_dir,
+                                     "checkpoint.resume=never", "checkpoint.mode=sync",
+                                     "checkpoint.interval=" + std::to_string(steps),
+                                     "checkpoint.keep_last=1", "dist.timeout_s=600"};
+    framework::config::Config cfg = framework::config::load_config(args.config_path, sets);
+    auto runtime = fresh_runtime();
+    framework::train::Trainer trainer(cfg, *runtime);
+    if (trainer.run() != 0) fail("training the compression input failed");
+    runtime->train->barrier();
+  }
+  if (rank == 0) {
+    auto solo = rt.rendezvous->new_group("bench.solo", {0});
+    auto latest = checkpoint::latest_committed(ck_dir);
+    if (!latest) fail("no committed checkpoint in " + ck_dir);
+    auto meta = checkpoint::read_metadata_file(latest->path + "/" + checkpoint::kMetadataFileName);
+    checkpoint::StateDict full;
+    bench::NamedTensors trained, trained_bf16;
+    for (const auto& item : meta.items) {
+      if (item.kind != checkpoint::ItemKind::kTensor) continue;
+      torch::Tensor t = torch::empty(item.global_shape, checkpoint::to_scalar_type(item.dtype));
+      full.add_tensor(item.name, t);
+      trained.emplace_back(item.name, t);
+      if (item.name.rfind("model.", 0) == 0) trained_bf16.emplace_back(item.name, t);
+    }
+    checkpoint::LoadOptions lo;
+    lo.allow_partial = true;  // tensors only; the bytes items are not needed
+    checkpoint::load_state_dict(full, latest->path, lo);
+    for (auto& [n, t] : trained_bf16) t = t.to(torch::kBFloat16);
+
+    framework::config::Config cfg = framework::config::load_config(args.config_path);
+    torch::manual_seed(static_cast<uint64_t>(cfg.run.seed));
+    auto model = models::make_model(cfg.model);
+    bench::NamedTensors init;
+    std::vector<const void*> seen;
+    for (const auto& p : model->named_parameters()) {
+      const void* ptr = p.value().data_ptr();
+      if (std::find(seen.begin(), seen.end(), ptr) != seen.end()) continue;  // tied
+      seen.push_back(ptr);
+      init.emplace_back("model." + p.key(), p.value().detach().clone());
+    }
+
+    bench::CompressionStudyOptions co;
+    co.dir = path("compression");
+    co.io_threads = args.io_threads;
+    bench::self_test_safetensors(co.dir);
+    nlohmann::json comp = nlohmann::json::object();
+    comp["trained_fp32"] = bench::run_compression_study("trained_fp32", trained, true, *solo, co);
+    comp["init_fp32"] = bench::run_compression_study("init_fp32", init, true, *solo, co);
+    comp["trained_bf16"] = bench::run_compression_study("trained_bf16", trained_bf16, true, *solo, co);
+    if (!args.input.empty()) {
+      comp["input"] = bench::run_compression_study("input", bench::read_safetensors(args.input), false, *solo, co);
+    }
+    out["compression"] = comp;
+    out["compression_setup"] = {
+        {"trained_fp32", "default model after " + std::to_string(steps) +
+                             " steps at world " + std::to_string(world) +
+                             ": weights + AdamW exp_avg + exp_avg_sq, read back whole from its checkpoint"},
+        {"init_fp32", "default model at initialisation, weights only (AdamW moments are zero then)"},
+        {"trained_bf16", "bf16 copies of the trained weights (no moments)"},
+        {"tiling", "each set repeated as independent items tile<k>/<name> until >= 64 MiB; "
+                   "every copy is its own chunk, so no codec sees the repetition"},
+        {"input", "--input safetensors as given, not tiled"},
+        {"group", "rank 0 alone, on a one-rank checkpoint group"},
+        {"safetensors_selftest", "ok"}};
+  }
+  barrier();
+}
+
+// ---------------------------------------------------------------------------
+// Report
+
+struct Target {
+  const char* key;
+  const char* op;
+  double want;
+};
+
+void print_compression(const std::string& set, const nlohmann::json& rows) {
+  std::printf("\ncompression: %s (%.1f MiB logical, %d tensors, tiled x%d)\n", set.c_str(),
+              rows[0]["logical_bytes"].get<double>() / 1048576.0, rows[0]["tensors"].get<int>(),
+              rows[0]["tile_copies"].get<int>());
+  std::printf("  %-26s %5s %11s %7s %8s %8s %13s %9s\n", "variant", "level", "stored MiB", "ratio",
+              "save s", "load s", "MB/s/thread", "load MB/s");
+  for (const auto& r : rows) {
+    std::printf("  %-26s %5d %11.2f %7.3f %8.3f %8.3f %13.1f %9.1f\n",
+                r["name"].get<std::string>().c_str(), r["level"].get<int>(),
+                r["stored_bytes"].get<double>() / 1048576.0, r["ratio"].get<double>(),
+                r["save_s"].get<double>(), r["load_s"].get<double>(),
+                r["save_mb_s_per_thread"].get<double>(), r["load_mb_s"].get<double>());
+  }
+}
+
+void Bench::report() {
+  for (const auto& [key, v] : samples) {
+    if (key.find("_local") != std::string::npos) continue;
+    out[key] = bench::median(v);
+  }
+  out["state_bytes"] = state_bytes;
+  out["state_bytes_per_rank"] = rank_bytes;
+  out["nproc"] = world;
+  out["io_threads"] = args.io_threads;
+  out["trials"] = args.trials;
+  out["torch_threads"] = torch::get_num_threads();
+  auto v = [&](const char* k) { return out.at(k).get<double>(); };
+  nlohmann::json ratios = {
+      {"async_blocking_over_sync", v("sync_save_s") / v("async_blocking_s")},
+      {"async_blocking_over_memcpy", v("async_blocking_s") / v("memcpy_s")},
+      {"sync_save_over_raw_write", v("raw_write_s") / v("sync_save_s")},
+      {"sync_save_vs_torch_save", v("torch_save_s") / v("sync_save_s")},
+      {"peak_extra_over_state", v("peak_extra_host_bytes") / static_cast<double>(rank_bytes)}};
+  if (out.contains("training")) ratios["overlap_step_overhead"] = out["training"]["overlap_step_overhead"];
+  out["ratios"] = ratios;
+  std::vector<Target> wanted = {{"sync_save_over_raw_write", ">=", 0.8},
+                                {"sync_save_vs_torch_save", ">=", 2.0},
+                                {"peak_extra_over_state", "<=", 1.1}};
+  if (out.contains("training")) wanted.push_back({"overlap_step_overhead", "<=", 1.03});
+  nlohmann::json targets = nlohmann::json::object();
+  for (const auto& t : wanted) {
+    double x = ratios.at(t.key).get<double>();
+    bool pass = std::string(t.op) == ">=" ? x >= t.want : x <= t.want;
+    targets[t.key] = {{"value", x}, {"op", t.op}, {"target", t.want}, {"pass", pass}};
+  }
+  out["targets"] = targets;
+  out["notes"] = notes;
+  if (rank != 0) return;
+
+  const double gb = static_cast<double>(state_bytes) / 1e9;
+  std::printf("\nckpt_bench: %.2f GiB state over %d rank(s) (%.2f GiB per rank), io_threads %d, "
+              "torch threads %d, %d trial(s)%s\n",
+              static_cast<double>(state_bytes) / 1073741824.0, world,
+              static_cast<double>(rank_bytes) / 1073741824.0, args.io_threads,
+              torch::get_num_threads(), args.trials, args.trials > 1 ? " (median)" : "");
+  std::printf("  %-22s %10s %10s   %s\n", "measurement", "seconds", "GB/s", "what");
+  const std::vector<std::pair<const char*, const char*>> rows = {
+      {"memcpy_s", "tensor.copy_ into preallocated buffers"},
+      {"raw_write_s", "write(2) 8 MiB pieces + fsync, one file per rank"},
+      {"raw_read_s", "read(2) back after fadvise(DONTNEED)"},
+      {"torch_save_s", "torch::save(vector<Tensor>) + fsync"},
+      {"torch_load_s", "torch::load after fadvise(DONTNEED)"},
+      {"sync_save_s", "save_state_dict, uncompressed"},
+      {"async_blocking_s", "manager async: save() blocks (staging reused)"},
+      {"async_total_s", "manager async: save() to finish()"},
+      {"overlap_blocking_s", "manager overlap: save() + wait_staged() blocks"},
+      {"overlap_total_s", "manager overlap: save() to finish()"},
+      {"load_s", "load_state_dict, same layout, cache dropped"},
+      {"reshard_load_s", "load_state_dict into world+1 parts (3 for 1 rank)"}};
+  for (const auto& [k, what] : rows) {
+    double s = v(k);
+    std::printf("  %-22s %10.3f %10.2f   %s\n", k, s, gb / s, what);
+  }
+  std::printf("  %-22s %10.3f %10s   first async save (allocates staging)\n", "async_blocking_first_s",
+              v("async_blocking_first_s"), "");
+  std::printf("  %-22s %10.3f %10s   async staging copy (manager event)\n", "async_stage_s",
+              v("async_stage_s"), "");
+  auto mib = [](double b) { return b / 1048576.0; };
+  std::printf("  memory (per rank, max): state %.1f MiB | rss baseline %.1f MiB | peak extra %.1f MiB | "
+              "staging %.1f MiB | rss after 5 saves %.1f MiB, after %d: %.1f MiB (growth %+.1f MiB)%s\n",
+              mib(static_cast<double>(rank_bytes)), mib(v("rss_baseline_bytes")),
+              mib(v("peak_extra_host_bytes")), mib(v("staging_bytes")), mib(v("rss_after_5")),
+              out["growth_saves"].get<int>(),
+              mib(out["rss_after_" + std::to_string(out["growth_saves"].get<int>())].get<double>()),
+              mib(v("rss_growth_bytes_5_to_20")), out["peak_rss_reset"].get<bool>() ? "" : " (VmHWM not reset)");
+  std::printf("  page cache: posix_fadvise(DONTNEED) %s, %.0f%% of the raw file resident after it; "
+              "/proc/sys/vm/drop_caches %s (not used for timings)\n",
+              out["raw_read_cache_dropped"].get<bool>() ? "ok" : "FAILED",
+              100 * v("raw_read_resident_fraction_after_drop"),
+              out["proc_drop_caches_worked"].get<bool>() ? "works" : "refused");
+  if (out.contains("training")) {
+    const auto& tr = out["training"];
+    std::printf("  training (default model, %lld steps x 2 runs each, mean of steps 6..): no ckpt %.4f s/step, "
+                "overlap every 10 %.4f s/step (medians %.4f / %.4f)\n",
+                static_cast<long long>(args.train_steps), tr["step_time_no_ckpt_s"].get<double>(),
+                tr["step_time_overlap_s"].get<double>(), tr["step_time_no_ckpt_median_s"].get<double>(),
+                tr["step_time_overlap_median_s"].get<double>());
+  }
+  std::printf("\n  %-28s %10s\n", "ratio", "value");
+  for (const auto& [k, x] : ratios.items()) {
+    std::string verdict;
+    if (targets.contains(k)) {
+      const auto& t = targets[k];
+      std::ostringstream s;
+      s << "target " << t["op"].get<std::string>() << " " << t["target"].get<double>() << "  "
+        << (t["pass"].get<bool>() ? "PASS" : "MISS");
+      verdict = s.str();
+    }
+    std::printf("  %-28s %10.3f   %s\n", k.c_str(), x.get<double>(), verdict.c_str());
+  }
+  if (out.contains("compression")) {
+    for (const auto& [set, r] : out["compression"].items()) print_compression(set, r);
+  }
+  std::fflush(stdout);
+  if (!args.json_path.empty()) {
+    std::ofstream f(args.json_path);
+    f << out.dump(2) << "\n";
+    if (!f) throw std::runtime_error("cannot write " + args.json_path);
+    std::printf("\nwrote %s\n", args.json_path.c_str());
+  }
+}
+
+// Our subdirectories of --dir; the directory itself goes too when empty.
+const char* const kSubdirs[] = {"async", "overlap", "raw", "torch", "sync", "train", "trained", "compression"};
+
+void clean_dir(const std::string& dir) {
+  for (const char* sub : kSubdirs) fs::remove_all(fs::path(dir) / sub);
+  std::error_code ec;
+  if (fs::is_empty(dir, ec)) fs::remove(dir, ec);
+}
+
+bool try_proc_drop_caches() {
+  std::ofstream f("/proc/sys/vm/drop_caches");
+  f << "1";
+  f.flush();
+  return static_cast<bool>(f);
+}
+
+int run_rank(const Args& args) {
+  dist::LaunchEnv env = dist::detect_launch_env(dist::process_env());
+  if (env.source == dist::LaunchSource::kSingleProcess) env.master_port = dist::pick_free_port(env.master_addr);
+  if (const char* lws = std::getenv("LOCAL_WORLD_SIZE")) {
+    int cores = static_cast<int>(std::thread::hardware_concurrency());
+    torch::set_num_threads(std::max(1, cores / std::max(1, std::atoi(lws))));
+  }
+  dist::DistOptions dopt;
+  dopt.backend = "gloo";
+  dopt.timeout_s = 600;
+  auto rt = dist::init_runtime(env, dopt, "cpu");
+  Bench b(args, *rt);
+  if (b.rank == 0) {
+    clean_dir(b.dir);
+    fs::create_directories(b.dir);
+  }
+  b.barrier();
+  b.out["proc_drop_caches_worked"] = b.rank == 0 ? try_proc_drop_caches() : false;
+  const auto start = Clock::now();
+  b.make_state();
+
+  std::ostringstream layout;
+  layout << "fsdp replicate=1 shard=" << b.world;
+  checkpoint::CheckpointOptions co;
+  co.interval = 1;
+  co.keep_last = 1;
+  co.resume = "never";
+  co.io_threads = args.io_threads;
+  co.mode = "async";
+  co.dir = b.path("async");
+  auto async_mgr = std::make_unique<checkpoint::CheckpointManager>(co, co.dir, *rt->checkpoint, layout.str());
+  b.memory_run(*async_mgr);
+
+  for (const auto& t : b.locals) b.targets.push_back(torch::zeros_like(t));
+  co.mode = "overlap";
+  co.dir = b.path("overlap");
+  auto overlap_mgr = std::make_unique<checkpoint::CheckpointManager>(co, co.dir, *rt->checkpoint, layout.str());
+  // Compute that outlasts staging: twice the async staging time.
+  const double compute_s = std::max(0.05, 2 * b.out["async_stage_s"].get<double>());
+  b.out["overlap_compute_s"] = compute_s;
+  b.time_overlap(-1, *overlap_mgr, compute_s);  // warm-up: allocates the staging buffers
+  b.samples.erase("overlap_blocking_s");
+  b.samples.erase("overlap_total_s");
+  for (int t = 0; t < args.trials; ++t) b.trial(t, *async_mgr, *overlap_mgr, compute_s);
+  async_mgr.reset();
+  overlap_mgr.reset();
+  b.targets.clear();
+  b.out["checkpoint_section_s"] = seconds_since(start);
+
+  if (!args.skip_training) b.training_overhead();
+  if (!args.skip_compression) b.compression();
+  b.out["total_s"] = b.max_over(seconds_since(start));
+  b.report();
+  b.barrier();
+  if (b.rank == 0 && !args.keep) clean_dir(b.dir);
+  return 0;
+}
+
+// argv without "--nproc N" / "--nproc=N": what each launched rank runs.
+std::vector<std::string> rank_argv(int argc, char** argv) {
+  std::vector<std::string> out{fs::read_symlink("/proc/self/exe").string()};
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "--nproc") {
+      ++i;
+      continue;
+    }
+    if (a.rfind("--nproc=", 0) == 0) continue;
+    out.push_back(a);
+  }
+  return out;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Args args;
+  CLI::App app{"ckpt_bench: checkpoint speed, memory and compression next to their baselines"};
+  app.add_option("--size-mb", args.size_mb, "total state over all ranks, MiB")->check(CLI::Range(1, 1 << 20));
+  app.add_option("--nproc", args.nproc, "local ranks (re-executes itself like train --nproc)")
+      ->check(CLI::Range(1, 64));
+  app.add_option("--dir", args.dir, "scratch directory (our subdirectories are removed at the end)");
+  app.add_option("--json", args.json_path, "write the results as JSON here");
+  app.add_option("--io-threads", args.io_threads, "checkpoint writer/reader threads per rank")
+      ->check(CLI::Range(1, 256));
+  app.add_flag("--skip-training", args.skip_training, "skip the training-level overhead runs");
+  app.add_flag("--skip-compression", args.skip_compression, "skip the compression study");
+  app.add_option("--input", args.input, "also run the compression study on this .safetensors file")
+      ->check(CLI::ExistingFile);
+  app.add_option("--trials", args.trials, "repeat the timed phases, report the median")->check(CLI::Range(1, 100));
+  app.add_flag("--keep", args.keep, "keep the scratch directory");
+  app.add_option("--config", args.config_path, "run config for the training-level part");
+  app.add_option("--train-steps", args.train_steps, "steps per training-overhead run")->check(CLI::Range(6, 100000));
+  app.add_option("--compress-train-steps", args.compress_train_steps,
+                 "steps to train the compression input")->check(CLI::Range(1, 100000));
+  app.add_option("--growth-saves", args.growth_saves, "async saves in the memory run (RSS after 5 vs after N)")
+      ->check(CLI::Range(5, 1000));
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    int rc = app.exit(e);
+    return rc == 0 ? 0 : 2;
+  }
+  if (args.nproc > 1 && std::getenv("SHARDKIT_LAUNCHED") == nullptr) {
+    dist::LocalLaunchOptions launch;
+    launch.nproc = args.nproc;
+    launch.argv = rank_argv(argc, argv);
+    return dist::run_local_launcher(launch);
+  }
+  try {
+    return run_rank(args);
+  } catch (const std::exception& e) {
+    std::cerr << "ckpt_bench: failed: " << e.what() << std::endl;
+    return 1;
+  }
+}
