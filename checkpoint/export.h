@@ -60,7 +60,9 @@ ExportStats export_checkpoint(const std::string& step_dir, const std::string& ou
 // elements from `from` to `to`, both floating-point types, `to` being kFloat32
 // or kBFloat16. dst must hold n * element_size(to) bytes.
 void convert_float_elements(DType from, DType to, const uint8_t* src, uint64_t n, uint8_t* dst);
-// float32 -> bfloat16, round to nearest even; NaN -> 0x7FC0 (as c10 does).
+// float32 -> bfloat16, round to nearest even; NaN -> 0x7FC0, as
+// c10::BFloat16(float) does (torch's vectorized CPU .to() gives 0xFFFF, also
+// a NaN; no other value differs).
 uint16_t float_to_bfloat16_bits(float value);
 
 }  // namespace checkpoint

@@ -238,6 +238,7 @@ Trainer::~Trainer() = default;
 
 int64_t Trainer::step() const { return s_->step; }
 fsdp::FullyShardedModel& Trainer::model() { return *s_->fsdp; }
+optim::ShardedAdamW& Trainer::optimizer() { return *s_->optim; }
 const std::vector<StepRecord>& Trainer::history() const { return s_->history; }
 
 int Trainer::run() {

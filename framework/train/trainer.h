@@ -14,6 +14,9 @@
 namespace framework::fsdp {
 class FullyShardedModel;
 }
+namespace framework::optim {
+class ShardedAdamW;
+}
 
 namespace framework::train {
 
@@ -45,6 +48,7 @@ class Trainer {
   int64_t step() const;
   const std::vector<StepRecord>& history() const;
   fsdp::FullyShardedModel& model();
+  optim::ShardedAdamW& optimizer();
 
   // Set from a signal handler: finish the current step, save, and return.
   static std::atomic<int>& stop_signal();

@@ -1,0 +1,254 @@
+// Checkpointing the trainer: every saving layout loads into every loading
+// layout exactly; resumed runs continue the same training; async and overlap
+// saves commit exactly what a sync save commits.
+#include "checkpoint/load.h"
+#include "checkpoint/metadata.h"
+#include "framework/fsdp/fully_shard.h"
+#include "framework/optim/sharded_adamw.h"
+#include "framework/train/trainer.h"
+#include "support/multi_rank.h"
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <filesystem>
+#include <map>
+
+namespace fs = std::filesystem;
+using framework::train::Trainer;
+using testing_support::run_runtimes;
+
+namespace {
+
+struct Layout {
+  const char* name;
+  int world;
+  int64_t replicate;
+  int64_t shard;
+};
+
+const Layout kLayouts[] = {
+    {"fsdp1", 1, 1, 1}, {"fsdp2", 2, 1, 2}, {"fsdp3", 3, 1, 3},
+    {"fsdp4", 4, 1, 4}, {"ddp2", 2, 2, 1},  {"hsdp2x2", 4, 2, 2},
+};
+
+std::string scratch(const std::string& tag) {
+  auto dir = fs::temp_directory_path() / ("shardkit_ckpt_" + tag + "_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  return dir.string();
+}
+
+framework::config::Config base_config(const std::string& dir) {
+  framework::config::Config c;
+  c.run.dir = dir;
+  c.run.seed = 5;
+  c.train.steps = 20;
+  c.train.global_batch_size = 12;
+  c.train.log_every = 100;
+  c.model.vocab_size = 16;
+  c.model.seq_len = 16;
+  c.model.d_model = 24;  // 24 rows / 48 / 72: uneven over 4 ranks in places
+  c.model.n_heads = 2;
+  c.model.n_layers = 2;
+  c.optim.warmup_steps = 2;
+  c.checkpoint.dir = dir + "/checkpoints";
+  c.checkpoint.resume = "never";
+  c.checkpoint.io_threads = 2;
+  return c;
+}
+
+// Full (unsharded) model parameters and optimizer moments by item name, plus
+// the optimizer steps; gathered on every rank, kept from rank 0.
+using FullState = std::map<std::string, torch::Tensor>;
+
+FullState gather_full_state(Trainer& t) {
+  FullState out;
+  auto& model = t.model();
+  auto names = model.param_names();
+  for (size_t i = 0; i < names.size(); ++i) {
+    out["model." + names[i]] = model.param_dtensor(i).full_tensor();
+    auto st = t.optimizer().state(i);
+    out["optim." + names[i] + ".exp_avg"] = st.exp_avg.full_tensor();
+    out["optim." + names[i] + ".exp_avg_sq"] = st.exp_avg_sq.full_tensor();
+    out["optim." + names[i] + ".step"] = torch::tensor({st.step});
+  }
+  return out;
+}
+
+FullState run_and_gather(const framework::config::Config& cfg, const Layout& l,
+                         std::vector<double>* losses = nullptr, int64_t* resumed_step = nullptr) {
+  auto c = cfg;
+  c.parallel.replicate = l.replicate;
+  c.parallel.shard = l.shard;
+  FullState result;
+  std::mutex mu;
+  run_runtimes(l.world, [&](framework::dist::Runtime& rt) {
+    Trainer t(c, rt);
+    int64_t start = t.step();
+    EXPECT_EQ(t.run(), 0);
+    FullState full = gather_full_state(t);
+    if (rt.env.rank == 0) {
+      std::lock_guard<std::mutex> lock(mu);
+      result = std::move(full);
+      if (resumed_step) *resumed_step = start;
+      if (losses) {
+        for (const auto& r : t.history()) losses->push_back(r.loss);
+      }
+    }
+  });
+  return result;
+}
+
+// The state a trainer holds right after loading `path` (no training).
+FullState load_and_gather(const framework::config::Config& cfg, const Layout& l, const std::string& path) {
+  auto c = cfg;
+  c.parallel.replicate = l.replicate;
+  c.parallel.shard = l.shard;
+  c.checkpoint.resume = path;
+  FullState result;
+  std::mutex mu;
+  run_runtimes(l.world, [&](framework::dist::Runtime& rt) {
+    Trainer t(c, rt);
+    FullState full = gather_full_state(t);
+    if (rt.env.rank == 0) {
+      std::lock_guard<std::mutex> lock(mu);
+      result = std::move(full);
+    }
+  });
+  return result;
+}
+
+void expect_same_state(const FullState& a, const FullState& b, const std::string& what) {
+  ASSERT_EQ(a.size(), b.size()) << what;
+  for (const auto& [name, t] : a) {
+    auto it = b.find(name);
+    ASSERT_NE(it, b.end()) << what << ": missing " << name;
+    EXPECT_TRUE(torch::equal(t, it->second)) << what << ": " << name << " differs";
+  }
+}
+
+}  // namespace
+
+TEST(ReshardMatrix, EverySavingLayoutLoadsExactlyIntoEveryLoadingLayout) {
+  std::string root = scratch("matrix");
+  for (const Layout& saver : kLayouts) {
+    auto cfg = base_config(root + "/" + saver.name);
+    cfg.train.steps = 3;
+    cfg.checkpoint.interval = 3;
+    cfg.checkpoint.mode = "sync";
+    FullState saved = run_and_gather(cfg, saver);
+    ASSERT_FALSE(saved.empty());
+    std::string path = cfg.checkpoint.dir + "/step_3";
+    ASSERT_TRUE(fs::exists(path + "/.metadata")) << path;
+    for (const Layout& loader : kLayouts) {
+      SCOPED_TRACE(std::string("saved by ") + saver.name + ", loaded by " + loader.name);
+      FullState loaded = load_and_gather(cfg, loader, path);
+      expect_same_state(saved, loaded, std::string(saver.name) + " -> " + loader.name);
+    }
+  }
+  fs::remove_all(root);
+}
+
+TEST(ResumeAcrossWorldSizes, SavedAtTwoResumedAtThreeAndOneContinuesTheLosses) {
+  std::string root = scratch("reshard_resume");
+  auto cfg = base_config(root + "/full");
+  std::vector<double> reference;
+  run_and_gather(cfg, kLayouts[1], &reference);  // FSDP 2, uninterrupted to 20
+  ASSERT_EQ(reference.size(), 20u);
+
+  auto stopped = base_config(root + "/stopped");
+  stopped.train.stop_at = 10;
+  stopped.checkpoint.interval = 10;
+  stopped.checkpoint.mode = "async";
+  run_and_gather(stopped, kLayouts[1]);
+  std::string path = stopped.checkpoint.dir + "/step_10";
+  ASSERT_TRUE(fs::exists(path + "/.metadata"));
+
+  for (const Layout& l : {kLayouts[2], kLayouts[0], kLayouts[5]}) {
+    SCOPED_TRACE(l.name);
+    auto resumed = base_config(root + "/resumed_" + l.name);
+    resumed.checkpoint.resume = path;
+    std::vector<double> losses;
+    int64_t start = -1;
+    run_and_gather(resumed, l, &losses, &start);
+    EXPECT_EQ(start, 10);
+    ASSERT_EQ(losses.size(), 10u);
+    for (size_t i = 0; i < 10; ++i) {
+      EXPECT_NEAR(losses[i], reference[10 + i], 1e-5 * reference[10 + i]) << "step " << 11 + i;
+    }
+  }
+  fs::remove_all(root);
+}
+
+namespace {
+
+// Everything stored in a committed checkpoint, read back whole on one rank.
+std::map<std::string, std::vector<uint8_t>> read_everything(const std::string& path) {
+  auto meta = checkpoint::read_metadata_file(path + "/.metadata");
+  checkpoint::StateDict sd;
+  for (const auto& item : meta.items) {
+    if (item.name == "config") continue;  // records the mode, which differs on purpose
+    if (item.kind == checkpoint::ItemKind::kBytes) {
+      sd.add_bytes(item.name, {});
+    } else {
+      sd.add_tensor(item.name, torch::empty(item.global_shape, checkpoint::to_scalar_type(item.dtype)));
+    }
+  }
+  checkpoint::LoadOptions lo;
+  lo.filter = [](const std::string& n) { return n != "config"; };
+  checkpoint::load_state_dict(sd, path, lo);
+  std::map<std::string, std::vector<uint8_t>> out;
+  for (const auto& b : sd.bytes()) out[b.name] = b.data;
+  for (const auto& t : sd.tensors()) {
+    const uint8_t* p = static_cast<const uint8_t*>(t.local.data_ptr());
+    out[t.name] = std::vector<uint8_t>(p, p + t.local.numel() * t.local.element_size());
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST(AsyncCheckpointing, AsyncAndOverlapCommitExactlyWhatSyncCommits) {
+  std::string root = scratch("modes");
+  std::map<std::string, std::string> dirs;
+  for (const char* mode : {"sync", "async", "overlap"}) {
+    auto cfg = base_config(root + "/" + mode);
+    cfg.train.steps = 12;
+    cfg.checkpoint.interval = 4;
+    cfg.checkpoint.mode = mode;
+    run_and_gather(cfg, kLayouts[1]);
+    dirs[mode] = cfg.checkpoint.dir;
+  }
+  for (int step : {4, 8, 12}) {
+    SCOPED_TRACE("step " + std::to_string(step));
+    auto sync = read_everything(dirs["sync"] + "/step_" + std::to_string(step));
+    ASSERT_GT(sync.size(), 10u);
+    for (const char* mode : {"async", "overlap"}) {
+      auto other = read_everything(dirs[mode] + "/step_" + std::to_string(step));
+      ASSERT_EQ(other.size(), sync.size()) << mode;
+      for (const auto& [name, bytes] : sync) {
+        EXPECT_EQ(other.at(name), bytes) << mode << ": item " << name << " differs from sync";
+      }
+    }
+  }
+  fs::remove_all(root);
+}
+
+TEST(AsyncCheckpointing, TrainingAndCheckpointCollectivesRunTogetherForManySteps) {
+  std::string root = scratch("busy");
+  for (const char* mode : {"async", "overlap"}) {
+    auto cfg = base_config(root + "/" + mode);
+    cfg.train.steps = 40;
+    cfg.checkpoint.interval = 1;  // a save in flight during almost every step
+    cfg.checkpoint.mode = mode;
+    cfg.checkpoint.keep_last = 2;
+    run_and_gather(cfg, kLayouts[3]);  // 4 ranks
+    int committed = 0;
+    for (const auto& e : fs::directory_iterator(cfg.checkpoint.dir)) {
+      if (fs::exists(e.path() / ".metadata")) ++committed;
+    }
+    EXPECT_EQ(committed, 2) << mode << ": keep_last 2";
+    EXPECT_TRUE(fs::exists(cfg.checkpoint.dir + "/step_40/.metadata")) << mode;
+  }
+  fs::remove_all(root);
+}
