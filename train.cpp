@@ -31,6 +31,7 @@ struct Args {
   std::vector<std::string> sets;
   int nproc = 0;
   bool print_config = false;
+  bool config_reference = false;
 };
 
 // First SIGTERM/SIGINT: finish the step, save (checkpoint.save_on_signal),
@@ -92,7 +93,9 @@ int run_rank(const Args& args, const framework::config::Config& cfg) {
 int main(int argc, char** argv) {
   Args args;
   CLI::App app{"shardkit trainer: FSDP/DDP/HSDP training with distributed checkpoints"};
-  app.add_option("--config", args.config_path, "YAML run configuration")->required();
+  auto* config_opt = app.add_option("--config", args.config_path, "YAML run configuration");
+  app.add_flag("--config-reference", args.config_reference,
+               "print every config key with its type, default and meaning (markdown) and exit");
   app.add_option("--set", args.sets, "override a config key: key.path=value (repeatable)")
       ->allow_extra_args(false);
   app.add_option("--nproc", args.nproc, "start N local ranks on 127.0.0.1 (like torchrun --standalone)")
@@ -100,6 +103,11 @@ int main(int argc, char** argv) {
   app.add_flag("--print-config", args.print_config, "print the effective config and exit");
   try {
     app.parse(argc, argv);
+    if (args.config_reference) {
+      std::cout << framework::config::reference_markdown();
+      return 0;
+    }
+    if (config_opt->count() == 0) throw CLI::RequiredError("--config");
   } catch (const CLI::ParseError& e) {
     int rc = app.exit(e);
     return rc == 0 ? 0 : 2;

@@ -103,11 +103,12 @@ struct VerifyReport {
   bool ok() const { return problems.empty(); }
 };
 
-// Reads the committed metadata of `checkpoint_dir` and re-reads and checks
-// every chunk (all blocks and checksums), continuing past bad chunks so that
-// each is reported. Throws FormatError "not a committed checkpoint (no
-// .metadata): <dir>" when there is no committed metadata, and FormatError or
-// IoError when the metadata itself cannot be read.
+// (any single process; no communication) Reads the committed metadata of
+// `checkpoint_dir` and re-reads and checks every chunk (all blocks and
+// checksums), continuing past bad chunks so that each is reported. Throws
+// FormatError "not a committed checkpoint (no .metadata): <dir>" when there
+// is no committed metadata, and FormatError or IoError when the metadata
+// itself cannot be read.
 VerifyReport verify_checkpoint(Storage& storage, const std::string& checkpoint_dir,
                                thread_pool::ThreadPool* pool = nullptr);
 

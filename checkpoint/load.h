@@ -33,10 +33,16 @@ struct LoadStats {
   std::vector<std::string> unexpected;  // tolerated with allow_partial
 };
 
-// Fills every entry of `state` from the committed checkpoint in `step_dir`,
-// verifying checksums. Throws CheckpointError/FormatError/ChecksumError/IoError
+// (any rank or process; no communication) Fills every entry of `state` from
+// the committed checkpoint in `step_dir`, verifying checksums. Tensors are
+// written in place, so the caller's tensors (which the StateDict shares) hold
+// the result. Throws CheckpointError/FormatError/ChecksumError/IoError
 // naming the checkpoint, the item and the file; the state is then partly
 // overwritten and must not be used.
+// REQUIRES: every tensor entry's `local` is contiguous, with the saved dtype
+// and global shape (else CheckpointError / c10::Error naming the item).
+// Thread safety: loads into different states may run concurrently; nothing
+// else may use `state` meanwhile.
 LoadStats load_state_dict(StateDict& state, const std::string& step_dir, const LoadOptions& options);
 
 }  // namespace checkpoint

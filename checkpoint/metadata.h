@@ -121,7 +121,8 @@ std::vector<uint8_t> encode_metadata(const CheckpointMeta& meta);
 CheckpointMeta decode_metadata(const uint8_t* data, size_t size, const std::string& source);
 
 // Reads `path` whole and decodes it. I/O errors (FormatError too) carry the
-// path and strerror.
+// path and strerror. Any process; e.g. join_path(step_dir, kMetadataFileName)
+// to inspect a checkpoint.
 CheckpointMeta read_metadata_file(const std::string& path);
 
 // Semantic checks (see FORMAT.md, "Validation"): throws FormatError naming

@@ -53,6 +53,12 @@ struct SaveStats {
 // (all ranks of `group`) Saves `state` as the checkpoint directory `step_dir`
 // (created) and commits it. Returns only after the commit; throws
 // CheckpointError on every rank if any rank failed.
+// REQUIRES: every rank passes the same `step_dir`, on a file system every
+// rank sees; the distinct boxes of each item tile its global shape (ranks
+// holding the same box hold equal replicas); `step_dir` holds no committed
+// checkpoint (saving over one rewrites its data files while its old .metadata
+// still names them). The tensors of `state` are read in place: they must not
+// change until this returns.
 // Thread safety: `group` must not be used by another thread meanwhile.
 SaveStats save_state_dict(const StateDict& state, const std::string& step_dir,
                           framework::dist::Group& group, const SaveOptions& options);

@@ -7,6 +7,10 @@
 // the same box (replicas): it is written once. A bytes entry is a small opaque
 // value (step, loader position, RNG state, config) held by one or more ranks;
 // every holder must hold the same bytes.
+//
+// Ownership: a StateDict holds torch::Tensor handles, not copies; saving reads
+// the caller's tensors and loading writes into them. Thread safety: none; use
+// a StateDict from one thread at a time.
 #include "checkpoint/types.h"
 
 #include <torch/torch.h>

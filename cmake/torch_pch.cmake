@@ -11,7 +11,13 @@ endif()
 target_precompile_headers(shardkit_pch PRIVATE <torch/torch.h>)
 
 # Make `target` a LibTorch target that reuses the shared PCH.
+# shardkit_pch is a build detail (its flags must match for REUSE_FROM): it is
+# linked only inside this build. Installed targets (see "Installation" in the
+# top-level CMakeLists.txt) export LibTorch, Threads and the installed include
+# dir instead, so consumers need neither the PCH nor our warning flags.
 function(shardkit_torch_target target)
-  target_link_libraries(${target} PUBLIC shardkit_pch)
+  target_link_libraries(${target} PUBLIC $<BUILD_INTERFACE:shardkit_pch> ${TORCH_LIBRARIES}
+    Threads::Threads)
+  target_include_directories(${target} PUBLIC $<INSTALL_INTERFACE:include/shardkit>)
   target_precompile_headers(${target} REUSE_FROM shardkit_pch)
 endfunction()

@@ -12,6 +12,7 @@ packages=(
   nlohmann-json3-dev libcli11-dev   # JSON, command-line parsing
   libgtest-dev                      # GoogleTest
   libthread-pool-dev                # header-only thread pool (checkpoint I/O)
+  python3-torch                     # independent reader for the interop tests
 )
 missing=()
 for p in "${packages[@]}"; do

@@ -51,7 +51,8 @@ struct Runtime {
 // gloo); throws std::invalid_argument for nccl in a build without CUDA.
 std::string resolve_backend(const DistOptions& options, const std::string& device);
 
-// Rendezvous plus the "train" and "ckpt" groups over all ranks.
+// (all ranks) Rendezvous plus the "train" and "ckpt" groups over all ranks.
+// Blocks until every rank arrived (DistError after options.timeout_s).
 std::unique_ptr<Runtime> init_runtime(const LaunchEnv& env, const DistOptions& options,
                                       const std::string& device);
 

@@ -1,5 +1,6 @@
 #include "framework/train/trainer.h"
 
+#include "checkpoint/import_weights.h"
 #include "checkpoint/manager.h"
 #include "framework/data/dataset.h"
 #include "framework/data/sampler.h"
@@ -204,6 +205,17 @@ Trainer::Trainer(const config::Config& config, dist::Runtime& runtime)
     checkpoint::StateDict sd = s.make_state_dict();
     resumed = s.ckpt->load(sd, *resume_from);
     s.apply_loaded(sd, s.cfg.checkpoint.model_only);
+  } else if (!s.cfg.model.init_from.empty()) {
+    // Full, unsharded weights from elsewhere: each rank reads only the byte
+    // ranges of its own shards. Ignored when resuming (the checkpoint wins).
+    checkpoint::StateDict sd;
+    const auto names = s.fsdp->param_names();
+    for (size_t i = 0; i < names.size(); ++i) {
+      auto p = s.fsdp->param_dtensor(i);
+      sd.add_tensor("model." + names[i], p.local(), p.global_shape(), p.local_offsets());
+    }
+    torch::NoGradGuard no_grad;
+    checkpoint::load_weights_into(sd, s.cfg.model.init_from, "model.", false);
   }
 
   if (s.is_logger) {
@@ -225,6 +237,9 @@ Trainer::Trainer(const config::Config& config, dist::Runtime& runtime)
               << "shardkit: model " << s.cfg.model.kind << " "
               << st.full_param_bytes / 4 << " params, " << st.sharded_param_bytes / 4
               << " on this rank; data " << s.dataset->describe() << std::endl;
+    if (!resume_from && !s.cfg.model.init_from.empty()) {
+      std::cout << "shardkit: model initialised from " << s.cfg.model.init_from << std::endl;
+    }
     if (resume_from) {
       std::cout << "shardkit: resumed from " << *resume_from << " (step " << resumed.step
                 << ", saved by " << resumed.saved_world_size << " ranks, "

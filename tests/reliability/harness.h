@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <map>
 #include <random>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -115,9 +116,9 @@ struct FlipStats {
 
 // Flips one byte at `count` random offsets (drawn with `seed`) across every
 // file of `step_dir` (restoring it after each), runs verify (and for the
-// metadata decode_metadata) on each; a crash would end the process.
-// `is_compressed` classifies accepted flips inside zstd frames as benign only
-// after checking that the decoded bytes really are unchanged.
+// metadata decode_metadata) on each; a crash would end the process. A flip
+// inside a transformed (zstd) block that verify accepts decoded to the same
+// logical bytes (verify checked every block checksum): counted as benign.
 FlipStats corruption_sweep(const fs::path& step_dir, int64_t count, uint64_t seed);
 
 }  // namespace reliability

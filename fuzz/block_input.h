@@ -1,0 +1,44 @@
+#pragma once
+// The input layout of fuzz_block_decoder, shared with the seed generator:
+//
+//   u8  chain         0: none, 1: zstd/1, 2: bytegroup/1 + zstd/1, 3: bytegroup/1
+//   u8  dtype         DType code (1..10; others wrap)
+//   u8  block_count   1..4 (wraps)
+//   block_count x { u16 stored_length; u16 logical_length; u64 checksum }
+//   u64 chunk_checksum
+//   ...               the data file (rank_0.data); the chunk starts at 0
+//
+// All integers little-endian. The metadata built from it is validated like a
+// decoded one before the reader sees it.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace fuzz {
+
+inline std::vector<std::string> chain_for(uint8_t code) {
+  switch (code % 4) {
+    case 1: return {"zstd/1"};
+    case 2: return {"bytegroup/1", "zstd/1"};
+    case 3: return {"bytegroup/1"};
+    default: return {};
+  }
+}
+
+struct BlockHeader {
+  uint16_t stored_length = 0;
+  uint16_t logical_length = 0;
+  uint64_t checksum = 0;
+};
+
+inline void put_le(std::vector<uint8_t>& out, uint64_t v, int bytes) {
+  for (int i = 0; i < bytes; ++i) out.push_back(static_cast<uint8_t>(v >> (8 * i)));
+}
+
+inline uint64_t get_le(const uint8_t* p, int bytes) {
+  uint64_t v = 0;
+  for (int i = 0; i < bytes; ++i) v |= static_cast<uint64_t>(p[i]) << (8 * i);
+  return v;
+}
+
+}  // namespace fuzz

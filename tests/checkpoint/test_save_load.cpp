@@ -1,0 +1,256 @@
+// save_state_dict / load_state_dict over real Gloo groups: failures are
+// agreed by every rank, nothing half-committed, damaged checkpoints are
+// refused with a message naming the checkpoint, the item and the file.
+#include "checkpoint/checksum.h"
+#include "checkpoint/load.h"
+#include "checkpoint/metadata.h"
+#include "checkpoint/save.h"
+#include "checkpoint/storage.h"
+#include "support/multi_rank.h"
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <filesystem>
+#include <fstream>
+
+namespace fs = std::filesystem;
+using namespace checkpoint;
+using testing_support::RankContext;
+using testing_support::run_ranks;
+
+namespace {
+
+std::string scratch(const std::string& tag) {
+  auto dir = fs::temp_directory_path() / ("shardkit_sl_" + tag + "_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return dir.string();
+}
+
+torch::Tensor global_weight() { return torch::arange(6 * 5, torch::kFloat32).reshape({6, 5}) / 7; }
+torch::Tensor global_bias() { return torch::arange(4, torch::kBFloat16); }
+
+// Rank r of `world` holds rows of the weight torch.chunk-style and the whole
+// (replicated) bias, plus a replicated bytes item.
+StateDict rank_state(int rank, int world) {
+  StateDict sd;
+  int64_t chunk = (6 + world - 1) / world;
+  int64_t lo = std::min<int64_t>(rank * chunk, 6), hi = std::min<int64_t>(lo + chunk, 6);
+  sd.add_tensor("w", global_weight().narrow(0, lo, hi - lo).clone(), {6, 5}, {lo, 0});
+  sd.add_tensor("b", global_bias().clone());
+  sd.add_bytes("step", {7, 0, 0, 0});
+  return sd;
+}
+
+void save_world(const std::string& dir, int world, std::shared_ptr<Storage> rank1_storage = nullptr) {
+  run_ranks(world, [&](RankContext& ctx) {
+    auto g = ctx.make_group("ckpt");
+    SaveOptions so;
+    so.step = 7;
+    so.layout = "test";
+    so.compression.block_size = 16;  // several blocks per chunk
+    if (ctx.rank == 1) so.storage = rank1_storage;
+    save_state_dict(rank_state(ctx.rank, world), dir, *g, so);
+  });
+}
+
+StateDict empty_like_state(int rank, int world) {
+  StateDict sd = rank_state(rank, world);
+  for (auto& t : sd.tensors()) t.local.zero_();
+  sd.bytes()[0].data.clear();
+  return sd;
+}
+
+std::string load_error(const std::string& dir, StateDict sd, LoadOptions lo = {}) {
+  try {
+    load_state_dict(sd, dir, lo);
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "";
+}
+
+void flip_byte(const std::string& path, uint64_t offset) {
+  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekg(static_cast<std::streamoff>(offset));
+  char c;
+  f.get(c);
+  f.seekp(static_cast<std::streamoff>(offset));
+  f.put(static_cast<char>(c ^ 0x5a));
+}
+
+}  // namespace
+
+TEST(SaveLoad, RoundTripsAcrossWorldSizes) {
+  std::string root = scratch("roundtrip");
+  save_world(root + "/w2", 2);
+  for (int world : {1, 3, 4}) {
+    for (int r = 0; r < world; ++r) {
+      StateDict sd = empty_like_state(r, world);
+      load_state_dict(sd, root + "/w2", {});
+      StateDict want = rank_state(r, world);
+      EXPECT_TRUE(torch::equal(sd.tensors()[0].local, want.tensors()[0].local)) << world << "/" << r;
+      EXPECT_TRUE(torch::equal(sd.tensors()[1].local, want.tensors()[1].local));
+      EXPECT_EQ(sd.bytes()[0].data, want.bytes()[0].data);
+    }
+  }
+  // Replicated data was written once: the bias has exactly one chunk.
+  auto meta = read_metadata_file(root + "/w2/.metadata");
+  EXPECT_EQ(meta.find("b")->chunks.size(), 1u);
+  EXPECT_EQ(meta.find("w")->chunks.size(), 2u);
+  fs::remove_all(root);
+}
+
+TEST(SaveLoad, ARankThatFailsMakesEveryRankFailAndNothingIsCommitted) {
+  std::string root = scratch("rankfail");
+  save_world(root + "/good", 2);
+  FaultPlan plan;
+  plan.fail_after_bytes = 0;
+  auto failing = fault_injecting_storage(posix_storage(), plan);
+  std::vector<std::string> messages(2);
+  run_ranks(2, [&](RankContext& ctx) {
+    auto g = ctx.make_group("ckpt");
+    SaveOptions so;
+    so.step = 8;
+    if (ctx.rank == 1) so.storage = failing;
+    try {
+      save_state_dict(rank_state(ctx.rank, 2), root + "/bad", *g, so);
+    } catch (const CheckpointError& e) {
+      messages[ctx.rank] = e.what();
+    }
+  });
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_NE(messages[r].find("rank 1"), std::string::npos) << messages[r];
+    EXPECT_NE(messages[r].find("No space left on device"), std::string::npos) << messages[r];
+    EXPECT_NE(messages[r].find("nothing was committed"), std::string::npos) << messages[r];
+  }
+  EXPECT_FALSE(fs::exists(root + "/bad/.metadata"));
+  EXPECT_EQ(load_error(root + "/bad", empty_like_state(0, 1)).find("not a committed checkpoint"), 0u);
+  // The previous checkpoint still loads.
+  StateDict sd = empty_like_state(0, 1);
+  load_state_dict(sd, root + "/good", {});
+  EXPECT_TRUE(torch::equal(sd.tensors()[0].local, global_weight()));
+  fs::remove_all(root);
+}
+
+TEST(SaveLoad, AFlippedDataByteIsDetectedNamingItemAndFile) {
+  std::string root = scratch("flip");
+  save_world(root + "/c", 2);
+  auto meta = read_metadata_file(root + "/c/.metadata");
+  const ChunkMeta& chunk = meta.find("w")->chunks[1];
+  flip_byte(root + "/c/" + chunk.file, chunk.offset + 3);
+  std::string err = load_error(root + "/c", empty_like_state(0, 1));
+  EXPECT_NE(err.find("checksum mismatch"), std::string::npos) << err;
+  EXPECT_NE(err.find("'w'"), std::string::npos) << err;
+  EXPECT_NE(err.find(chunk.file), std::string::npos) << err;
+  EXPECT_NE(err.find(root + "/c"), std::string::npos) << err;
+  fs::remove_all(root);
+}
+
+TEST(SaveLoad, TruncatedOrMissingDataFilesAreNamed) {
+  std::string root = scratch("trunc");
+  save_world(root + "/c", 2);
+  fs::resize_file(root + "/c/rank_1.data", fs::file_size(root + "/c/rank_1.data") / 2);
+  std::string err = load_error(root + "/c", empty_like_state(0, 1));
+  EXPECT_NE(err.find("rank_1.data"), std::string::npos) << err;
+  EXPECT_NE(err.find("truncated"), std::string::npos) << err;
+  fs::remove(root + "/c/rank_1.data");
+  err = load_error(root + "/c", empty_like_state(0, 1));
+  EXPECT_NE(err.find("rank_1.data"), std::string::npos) << err;
+  fs::remove_all(root);
+}
+
+TEST(SaveLoad, UncommittedCheckpointIsNeverLoaded) {
+  std::string root = scratch("uncommitted");
+  save_world(root + "/c", 2);
+  fs::rename(root + "/c/.metadata", root + "/c/.metadata.tmp");
+  std::string err = load_error(root + "/c", empty_like_state(0, 1));
+  EXPECT_NE(err.find("not a committed checkpoint"), std::string::npos) << err;
+  fs::remove_all(root);
+}
+
+TEST(SaveLoad, DtypeAndShapeMismatchesNameTheItem) {
+  std::string root = scratch("mismatch");
+  save_world(root + "/c", 1);
+  StateDict wrong_dtype;
+  wrong_dtype.add_tensor("w", torch::zeros({6, 5}, torch::kFloat64));
+  wrong_dtype.add_tensor("b", torch::zeros({4}, torch::kBFloat16));
+  wrong_dtype.add_bytes("step", {});
+  std::string err = load_error(root + "/c", std::move(wrong_dtype));
+  EXPECT_NE(err.find("dtype mismatch for item 'w'"), std::string::npos) << err;
+  EXPECT_NE(err.find("float32"), std::string::npos) << err;
+  StateDict wrong_shape;
+  wrong_shape.add_tensor("w", torch::zeros({5, 6}));
+  wrong_shape.add_tensor("b", torch::zeros({4}, torch::kBFloat16));
+  wrong_shape.add_bytes("step", {});
+  err = load_error(root + "/c", std::move(wrong_shape));
+  EXPECT_NE(err.find("shape mismatch for item 'w'"), std::string::npos) << err;
+  EXPECT_NE(err.find("[6, 5]"), std::string::npos) << err;
+  fs::remove_all(root);
+}
+
+TEST(SaveLoad, StrictLoadingListsMissingAndUnexpectedKeys) {
+  std::string root = scratch("strict");
+  save_world(root + "/c", 1);
+  StateDict sd;
+  sd.add_tensor("w", torch::zeros({6, 5}));
+  sd.add_tensor("extra", torch::zeros({2}));
+  std::string err = load_error(root + "/c", sd);
+  EXPECT_NE(err.find("missing keys: extra"), std::string::npos) << err;
+  EXPECT_NE(err.find("unexpected keys: b, step"), std::string::npos) << err;
+  LoadOptions partial;
+  partial.allow_partial = true;
+  auto stats = load_state_dict(sd, root + "/c", partial);
+  EXPECT_EQ(stats.missing, std::vector<std::string>{"extra"});
+  EXPECT_TRUE(torch::equal(sd.tensors()[0].local, global_weight()));
+  // A filter (model-only loading) ignores everything else.
+  StateDict only_w;
+  only_w.add_tensor("w", torch::zeros({6, 5}));
+  LoadOptions filtered;
+  filtered.filter = [](const std::string& n) { return n == "w"; };
+  load_state_dict(only_w, root + "/c", filtered);
+  EXPECT_TRUE(torch::equal(only_w.tensors()[0].local, global_weight()));
+  fs::remove_all(root);
+}
+
+TEST(SaveLoad, MetadataPathThatEscapesTheDirectoryIsRefused) {
+  std::string root = scratch("escape");
+  save_world(root + "/c", 1);
+  // Rewrite the data file name inside the committed metadata, fixing up the
+  // trailing checksum so only the path check can catch it.
+  std::string path = root + "/c/.metadata";
+  std::ifstream in(path, std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(in)), {});
+  in.close();
+  size_t at = bytes.find("rank_0.data");
+  ASSERT_NE(at, std::string::npos);
+  bytes.replace(at, 11, "../../x.dat");
+  uint64_t sum = xxh3_64(bytes.data(), bytes.size() - 8);
+  for (int i = 0; i < 8; ++i) bytes[bytes.size() - 8 + i] = static_cast<char>(sum >> (8 * i));
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+  std::string err = load_error(root + "/c", empty_like_state(0, 1));
+  EXPECT_NE(err.find("../../x.dat"), std::string::npos) << err;
+  EXPECT_NE(err.find(path), std::string::npos) << err;
+  fs::remove_all(root);
+}
+
+TEST(SaveLoad, CompressedCheckpointReshardsLikeAnUncompressedOne) {
+  std::string root = scratch("zstd");
+  run_ranks(2, [&](RankContext& ctx) {
+    auto g = ctx.make_group("ckpt");
+    SaveOptions so;
+    so.compression.codec = "zstd";
+    so.compression.block_size = 24;
+    save_state_dict(rank_state(ctx.rank, 2), root + "/z", *g, so);
+  });
+  auto meta = read_metadata_file(root + "/z/.metadata");
+  EXPECT_EQ(meta.find("w")->chunks[0].transforms,
+            (std::vector<std::string>{"bytegroup/1", "zstd/1"}));
+  for (int r = 0; r < 3; ++r) {
+    StateDict sd = empty_like_state(r, 3);
+    load_state_dict(sd, root + "/z", {});
+    EXPECT_TRUE(torch::equal(sd.tensors()[0].local, rank_state(r, 3).tensors()[0].local));
+  }
+  fs::remove_all(root);
+}

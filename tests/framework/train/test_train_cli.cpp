@@ -1,0 +1,102 @@
+// The `train` binary end to end, as a user runs it: `train --nproc 2`.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <string>
+
+namespace fs = std::filesystem;
+
+namespace {
+
+struct Result {
+  int status = -1;
+  std::string output;
+};
+
+Result run(const std::string& args) {
+  std::string cmd = std::string(SHARDKIT_BINARY_DIR) + "/train " + args + " 2>&1";
+  Result r;
+  FILE* p = popen(cmd.c_str(), "r");
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.output.append(buf.data(), n);
+  int raw = pclose(p);
+  r.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : 128 + WTERMSIG(raw);
+  return r;
+}
+
+std::string scratch(const std::string& tag) {
+  auto dir = fs::temp_directory_path() / ("shardkit_cli_" + tag + "_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  return dir.string();
+}
+
+std::string common(const std::string& dir) {
+  return "--config " + std::string(SHARDKIT_SOURCE_DIR) + "/configs/default.yaml --set run.dir=" + dir +
+         " --set checkpoint.dir=" + dir + "/ck --set train.steps=20 --set train.log_every=1"
+         " --set checkpoint.interval=5 --set checkpoint.mode=async";
+}
+
+// step -> loss, as metrics.jsonl records it (later lines win).
+std::map<int64_t, double> losses(const std::string& dir) {
+  std::map<int64_t, double> out;
+  std::ifstream in(dir + "/metrics.jsonl");
+  std::string line;
+  while (std::getline(in, line)) {
+    auto j = nlohmann::json::parse(line);
+    if (j.contains("loss")) out[j["step"].get<int64_t>()] = j["loss"].get<double>();
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST(TrainCli, ResumeAfterStopAtIsBitExact) {
+  std::string full = scratch("full"), split = scratch("split");
+  Result a = run("--nproc 2 " + common(full));
+  ASSERT_EQ(a.status, 0) << a.output;
+  Result b = run("--nproc 2 " + common(split) + " --set train.stop_at=10");
+  ASSERT_EQ(b.status, 0) << b.output;
+  EXPECT_NE(b.output.find("checkpoint step 10 (async) committed"), std::string::npos) << b.output;
+  Result c = run("--nproc 2 " + common(split));
+  ASSERT_EQ(c.status, 0) << c.output;
+  EXPECT_NE(c.output.find("resumed from " + split + "/ck/step_10"), std::string::npos) << c.output;
+  auto want = losses(full), got = losses(split);
+  ASSERT_EQ(want.size(), 20u);
+  ASSERT_EQ(got.size(), 20u);
+  for (int64_t s = 11; s <= 20; ++s) {
+    EXPECT_EQ(got.at(s), want.at(s)) << "step " << s << " is not bit-identical";
+  }
+  EXPECT_LT(want.at(20), want.at(1));
+  fs::remove_all(full);
+  fs::remove_all(split);
+}
+
+TEST(TrainCli, ConfigErrorsExitWithStatusTwoNamingTheKey) {
+  std::string dir = scratch("badcfg");
+  Result r = run(common(dir) + " --set checkpoint.intervl=5");
+  EXPECT_EQ(r.status, 2) << r.output;
+  EXPECT_NE(r.output.find("did you mean checkpoint.interval?"), std::string::npos) << r.output;
+  EXPECT_FALSE(fs::exists(dir));
+  Result w = run("--nproc 2 " + common(dir) + " --set parallel.replicate=3 --set parallel.shard=1");
+  EXPECT_EQ(w.status, 2) << w.output;
+  EXPECT_NE(w.output.find("parallel.replicate"), std::string::npos) << w.output;
+  EXPECT_FALSE(fs::exists(dir));
+}
+
+TEST(TrainCli, ARankThatFailsStopsTheJobAndIsNamed) {
+  std::string dir = scratch("rankfail");
+  Result r = run("--nproc 2 " + common(dir) + " --set data.kind=text --set model.vocab_size=256"
+                 " --set data.path=" + dir + "/no_such_file.txt");
+  EXPECT_NE(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("launcher: rank"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("no_such_file.txt"), std::string::npos) << r.output;
+  fs::remove_all(dir);
+}

@@ -1,0 +1,46 @@
+#pragma once
+// Helpers shared by the test_reliability sources.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "reliability/harness.h"
+
+namespace reliability {
+
+// <build>/reliability-work/<name>, emptied.
+inline fs::path fresh_dir(const std::string& name) {
+  const fs::path dir = fs::path(SHARDKIT_BINARY_DIR) / "reliability-work" / name;
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return dir;
+}
+
+inline fs::path cache_dir() { return fs::path(SHARDKIT_BINARY_DIR) / "reliability-work" / "cache"; }
+
+// A small-model run in `root` (run.dir root/run, checkpoint.dir root/ckpt).
+inline TrainSpec small_run(const fs::path& root, std::vector<std::string> sets, EnvVars env = {}) {
+  TrainSpec spec;
+  spec.run_dir = root / "run";
+  spec.ckpt_dir = root / "ckpt";
+  spec.sets = std::move(sets);
+  spec.env = std::move(env);
+  return spec;
+}
+
+inline RunResult run_train(const TrainSpec& spec, const fs::path& log, double timeout_s = 300) {
+  return run_process(train_argv(spec), spec.env, timeout_s, log.string());
+}
+
+inline std::vector<int64_t> committed_steps(const fs::path& ckpt_dir) {
+  std::vector<int64_t> out;
+  for (const auto& c : committed_checkpoints(ckpt_dir)) out.push_back(c.step);
+  return out;
+}
+
+// The output, for failure messages (the tail is where errors are).
+inline std::string tail(const std::string& text, size_t chars = 3000) {
+  return text.size() <= chars ? text : "..." + text.substr(text.size() - chars);
+}
+
+}  // namespace reliability
