@@ -349,9 +349,10 @@ const std::vector<Variant>& variants() {
       {"zstd", "zstd", "off", 1},
       {"zstd", "zstd", "off", 3},
       {"zstd", "zstd", "off", 9},
-      {"bytegroup+zstd", "zstd", "on", 1},
-      {"bytegroup+zstd", "zstd", "on", 3},
-      {"bytegroup+zstd", "zstd", "on", 9},
+      // byte_group on: float grouping, signrot/1 + bytegroup/1 + zstdplanes/1
+      {"floatgroup+zstd", "zstd", "on", 1},
+      {"floatgroup+zstd", "zstd", "on", 3},
+      {"floatgroup+zstd", "zstd", "on", 9},
       {"zstd_whole_chunk_1thread", "whole_chunk", "off", 3}};
   return v;
 }

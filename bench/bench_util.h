@@ -61,7 +61,7 @@ struct CompressionStudyOptions {
   uint64_t min_set_bytes = 64ull << 20;  // tile small sets to at least this
 };
 
-// Runs every variant (none, zstd 1/3/9, bytegroup+zstd 1/3/9 through
+// Runs every variant (none, zstd 1/3/9, floatgroup+zstd 1/3/9 through
 // save_state_dict; plain single-threaded zstd of each whole tensor at level 3)
 // on `tensors`, checks every load bit-exact, and returns a JSON list of
 // {name, level, stored_bytes, logical_bytes, save_s, load_s, ...}. Tensors

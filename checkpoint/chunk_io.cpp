@@ -354,9 +354,176 @@ EncodedChunk encode_chunk(const uint8_t* data, uint64_t n, size_t element_size,
   return out;
 }
 
+struct ChunkWriter::InFlight {
+  size_t chunk;
+  size_t block;
+  std::future<EncodedBlock> result;
+};
+
+ChunkWriter::ChunkWriter(WritableFile& file, thread_pool::ThreadPool* pool, Options options)
+    : file_(file), pool_(pool), options_(options) {
+  options_.max_blocks_in_flight = std::max<size_t>(1, options_.max_blocks_in_flight);
+}
+
+ChunkWriter::~ChunkWriter() { wait_all(); }
+
+void ChunkWriter::wait_all() noexcept {
+  for (InFlight& f : in_flight_) {
+    if (f.result.valid()) f.result.wait();  // the task still reads the caller's bytes
+  }
+  in_flight_.clear();
+}
+
+std::shared_ptr<const TransformChain> ChunkWriter::chain_for(
+    const std::vector<std::string>& transforms) {
+  for (const auto& [descriptors, chain] : chains_) {
+    if (descriptors == transforms) return chain;
+  }
+  auto chain = std::make_shared<const TransformChain>(
+      TransformChain::for_encoding(transforms, options_.zstd_level));
+  chains_.emplace_back(transforms, chain);
+  return chain;
+}
+
+size_t ChunkWriter::add_chunk(const uint8_t* data, uint64_t n, size_t element_size,
+                              const std::vector<std::string>& transforms,
+                              std::shared_ptr<const void> owner) {
+  const uint64_t block_size = options_.block_size;
+  if (element_size == 0 || block_size == 0 || block_size > kMaxBlockLogicalBytes) {
+    throw std::invalid_argument("ChunkWriter: block size " + std::to_string(block_size) +
+                                " or element size " + std::to_string(element_size) +
+                                " outside [1, 1 GiB]");
+  }
+  if (n % element_size != 0) {
+    throw std::invalid_argument("ChunkWriter: " + std::to_string(n) +
+                                " bytes are not whole elements of " + std::to_string(element_size));
+  }
+  const uint64_t bs = std::max<uint64_t>(element_size, block_size - block_size % element_size);
+  const size_t index = chunks_.size();
+  ChunkMeta c;
+  c.logical_bytes = n;
+  c.transforms = transforms;
+  logical_ += n;
+  if (transforms.empty() || n == 0) {
+    // In place: everything queued before goes first.
+    while (!in_flight_.empty()) write_oldest();
+    c.offset = offset_;
+    if (transforms.empty()) {
+      write_plain(data, n, bs, c);
+    } else {
+      c.checksum = xxh3_64(data, 0);
+    }
+    offset_ += c.length;
+    chunks_.push_back(std::move(c));
+    owners_.emplace_back();
+    blocks_left_.push_back(0);
+    return index;
+  }
+  std::shared_ptr<const TransformChain> chain = chain_for(transforms);
+  const size_t count = static_cast<size_t>((n + bs - 1) / bs);
+  c.blocks.resize(count);
+  chunks_.push_back(std::move(c));
+  owners_.push_back(std::move(owner));
+  blocks_left_.push_back(count);
+  Xxh3Stream stream;
+  for (size_t i = 0; i < count; ++i) {
+    while (in_flight_.size() >= options_.max_blocks_in_flight) write_oldest();
+    const uint8_t* block = data + i * bs;
+    const size_t len = static_cast<size_t>(std::min(bs, n - i * bs));
+    auto encode = [chain, block, len, element_size] {
+      EncodedBlock b;
+      b.checksum = xxh3_64(block, len);
+      chain->encode(block, len, element_size, b.bytes);
+      return b;
+    };
+    std::future<EncodedBlock> result;
+    if (pool_) {
+      result = pool_->Submit(encode);
+    } else {
+      std::promise<EncodedBlock> done;
+      try {
+        done.set_value(encode());
+      } catch (...) {
+        done.set_exception(std::current_exception());
+      }
+      result = done.get_future();
+    }
+    in_flight_.push_back(InFlight{index, i, std::move(result)});
+    peak_in_flight_ = std::max(peak_in_flight_, in_flight_.size());
+    chunks_[index].blocks[i].logical_length = len;
+    stream.update(block, len);  // while the pool encodes
+  }
+  chunks_[index].checksum = stream.digest();
+  return index;
+}
+
+void ChunkWriter::write_oldest() {
+  InFlight& f = in_flight_.front();
+  const EncodedBlock b = f.result.get();
+  ChunkMeta& c = chunks_[f.chunk];
+  if (f.block == 0) c.offset = offset_;
+  BlockMeta& block = c.blocks[f.block];
+  block.stored_offset = offset_ - c.offset;
+  block.stored_length = b.bytes.size();
+  block.checksum = b.checksum;
+  file_.write_at(offset_, b.bytes.data(), b.bytes.size());
+  offset_ += b.bytes.size();
+  c.length += b.bytes.size();
+  if (--blocks_left_[f.chunk] == 0) owners_[f.chunk].reset();
+  in_flight_.pop_front();
+}
+
+// Uncompressed: blocks are checksummed and written straight from the
+// caller's memory, in parallel, with no staging copy.
+void ChunkWriter::write_plain(const uint8_t* data, uint64_t n, uint64_t block, ChunkMeta& c) {
+  const uint64_t nblocks = n == 0 ? 0 : (n + block - 1) / block;
+  c.blocks.resize(nblocks);
+  c.length = n;
+  const uint64_t base = offset_;
+  auto write_block = [this, data, n, block, base, &c](uint64_t i) {
+    const uint64_t lo = i * block;
+    const uint64_t len = std::min(block, n - lo);
+    BlockMeta& bm = c.blocks[i];
+    bm.stored_offset = lo;
+    bm.stored_length = len;
+    bm.logical_length = len;
+    bm.checksum = xxh3_64(data + lo, len);
+    file_.write_at(base + lo, data + lo, len);
+  };
+  if (pool_ == nullptr) {
+    for (uint64_t i = 0; i < nblocks; ++i) write_block(i);
+    c.checksum = xxh3_64(data, n);
+    return;
+  }
+  std::vector<std::future<void>> tasks;
+  tasks.reserve(nblocks);
+  auto chunk_sum = pool_->Submit([data, n] { return xxh3_64(data, n); });
+  for (uint64_t i = 0; i < nblocks; ++i) tasks.push_back(pool_->Submit(write_block, i));
+  std::exception_ptr error;
+  for (auto& t : tasks) {
+    try {
+      t.get();
+    } catch (...) {
+      if (!error) error = std::current_exception();
+    }
+  }
+  c.checksum = chunk_sum.get();
+  if (error) std::rethrow_exception(error);
+}
+
+std::vector<ChunkMeta> ChunkWriter::finish() {
+  while (!in_flight_.empty()) write_oldest();
+  owners_.clear();
+  return std::move(chunks_);
+}
+
 ChunkReader::ChunkReader(std::shared_ptr<Storage> storage, std::string checkpoint_dir,
                          thread_pool::ThreadPool* pool)
     : storage_(std::move(storage)), dir_(std::move(checkpoint_dir)), pool_(pool) {}
+
+ChunkReader::~ChunkReader() {
+  if (storage_) storage_->drop_read_cache();
+}
 
 void ChunkReader::read_logical(const ItemMeta& item, size_t index, uint64_t lo, uint64_t n,
                                uint8_t* dst) {

@@ -12,6 +12,8 @@
 // files), TransformError (bytes that do not decode).
 #include <cstddef>
 #include <cstdint>
+#include <deque>
+#include <future>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -26,6 +28,8 @@ class ThreadPool;
 }
 
 namespace checkpoint {
+
+class TransformChain;
 
 class ChecksumError : public std::runtime_error {
  public:
@@ -54,6 +58,81 @@ EncodedChunk encode_chunk(const uint8_t* data, uint64_t n, size_t element_size,
                           const std::vector<std::string>& chain, int zstd_level,
                           uint64_t block_size, thread_pool::ThreadPool* pool);
 
+// Writes chunks one after another into one data file, in the order they are
+// added, and says where each went. A transformed chunk is split into blocks
+// that are encoded on the pool while the calling thread queues more blocks,
+// of the same chunk or later ones, so many small chunks keep every pool
+// thread busy; at most `max_blocks_in_flight` blocks are queued or encoded
+// and not yet written (bounded memory), and the calling thread writes the
+// encoded blocks in order at increasing offsets. An untransformed chunk is
+// written straight from the caller's memory, its blocks in parallel on the
+// pool, with no staging copy.
+//
+// Call sequence (one thread, never a task running on the pool): add_chunk
+// any number of times, then finish. After an exception the writer is
+// unusable; its destructor still waits for the tasks it started.
+class ChunkWriter {
+ public:
+  struct Options {
+    int zstd_level = 3;
+    uint64_t block_size = uint64_t{8} << 20;  // rounded down to whole elements, >= one
+    size_t max_blocks_in_flight = 8;          // >= 1
+  };
+
+  // Writes to `file` from offset 0. `file` and `pool` must outlive the
+  // writer; without a pool every block is coded on the calling thread.
+  ChunkWriter(WritableFile& file, thread_pool::ThreadPool* pool, Options options);
+  ~ChunkWriter();
+  ChunkWriter(const ChunkWriter&) = delete;
+  ChunkWriter& operator=(const ChunkWriter&) = delete;
+
+  // Queues data[0, n), elements of `element_size` bytes, as the next chunk,
+  // passed through `transforms`; returns its index. The bytes must stay valid
+  // and unchanged while the writer holds `owner`, which it releases once the
+  // chunk's last block is written (at the latest in finish). May block on
+  // writes and on the in-flight bound. REQUIRES: n is a multiple of
+  // element_size; element size and block size in [1, kMaxBlockLogicalBytes]
+  // (else std::invalid_argument). Throws TransformError, IoError.
+  size_t add_chunk(const uint8_t* data, uint64_t n, size_t element_size,
+                   const std::vector<std::string>& transforms,
+                   std::shared_ptr<const void> owner = nullptr);
+
+  // Writes every block still in flight and returns where each chunk went,
+  // in the order added: offset, length, logical_bytes, checksum, transforms
+  // and blocks (file, box and writer_rank are the caller's). Does not sync.
+  std::vector<ChunkMeta> finish();
+
+  // The end of the data written so far.
+  uint64_t stored_bytes() const { return offset_; }
+  uint64_t logical_bytes() const { return logical_; }
+  // The most blocks that were ever in flight at once (<= max_blocks_in_flight).
+  size_t peak_blocks_in_flight() const { return peak_in_flight_; }
+
+ private:
+  struct EncodedBlock {
+    std::vector<uint8_t> bytes;
+    uint64_t checksum = 0;
+  };
+  struct InFlight;
+
+  std::shared_ptr<const TransformChain> chain_for(const std::vector<std::string>& transforms);
+  void write_plain(const uint8_t* data, uint64_t n, uint64_t block, ChunkMeta& c);
+  void write_oldest();
+  void wait_all() noexcept;
+
+  WritableFile& file_;
+  thread_pool::ThreadPool* pool_;
+  Options options_;
+  std::vector<ChunkMeta> chunks_;
+  std::vector<std::shared_ptr<const void>> owners_;  // released when the chunk is written
+  std::vector<size_t> blocks_left_;                 // per chunk, not yet written
+  std::deque<InFlight> in_flight_;
+  std::vector<std::pair<std::vector<std::string>, std::shared_ptr<const TransformChain>>> chains_;
+  uint64_t offset_ = 0;
+  uint64_t logical_ = 0;
+  size_t peak_in_flight_ = 0;
+};
+
 // Reads saved chunks of one checkpoint directory. Stateless between calls;
 // one reader may serve concurrent calls. The storage and pool must outlive it.
 // REQUIRES: calls are not made from a task running on the reader's pool (they
@@ -62,6 +141,10 @@ class ChunkReader {
  public:
   ChunkReader(std::shared_ptr<Storage> storage, std::string checkpoint_dir,
               thread_pool::ThreadPool* pool = nullptr);
+  // Drops the storage's read cache (Storage::drop_read_cache).
+  ~ChunkReader();
+  ChunkReader(const ChunkReader&) = delete;
+  ChunkReader& operator=(const ChunkReader&) = delete;
 
   // Copies logical bytes [lo, lo + n) of chunk `index` of `item` into dst.
   // Reads only the blocks overlapping the range (one read per run of

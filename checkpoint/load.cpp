@@ -73,8 +73,14 @@ LoadStats load_state_dict(StateDict& state, const std::string& step_dir, const L
     throw CheckpointError(msg.str());
   }
 
-  thread_pool::ThreadPool pool(static_cast<size_t>(std::max(1, options.io_threads)));
-  ChunkReader reader(storage, step_dir, nullptr);
+  // One task per request on `pool`; a request spanning several blocks (a big
+  // chunk) decodes them in parallel on `block_pool`, a second pool so that
+  // no task waits on its own pool. `pool` is declared last: if this throws
+  // with tasks queued, its destructor finishes them before `reader` goes.
+  const size_t threads = static_cast<size_t>(std::max(1, options.io_threads));
+  thread_pool::ThreadPool block_pool(threads);
+  ChunkReader reader(storage, step_dir, &block_pool);
+  thread_pool::ThreadPool pool(threads);
   std::vector<std::future<void>> tasks;
 
   for (auto& t : state.tensors()) {

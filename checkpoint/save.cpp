@@ -109,87 +109,49 @@ torch::Tensor sub_box(const torch::Tensor& held, const Box& held_box, const Box&
   return t.contiguous();
 }
 
+// This rank's data file. Chunks are queued in order and written by a
+// ChunkWriter: compressed blocks of all chunks are encoded on the pool, at
+// most 2 * io_threads in flight; uncompressed chunks go straight from the
+// tensors' memory.
 class RankWriter {
  public:
   RankWriter(Storage& storage, const std::string& step_dir, int rank, const SaveOptions& options)
       : options_(options), pool_(static_cast<size_t>(std::max(1, options.io_threads))) {
     file_name_ = "rank_" + std::to_string(rank) + ".data";
     file_ = storage.create_file(join_path(step_dir, file_name_));
+    ChunkWriter::Options o;
+    o.zstd_level = options.compression.level;
+    o.block_size = static_cast<uint64_t>(std::max<int64_t>(1, options.compression.block_size));
+    o.max_blocks_in_flight = 2 * pool_.num_threads();
+    chunks_ = std::make_unique<ChunkWriter>(*file_, &pool_, o);
   }
 
-  // Writes `n` logical bytes as one chunk at the end of this rank's file.
-  ChunkMeta write_chunk(const uint8_t* data, uint64_t n, DType dtype) {
-    ChunkMeta c;
-    c.file = file_name_;
-    c.offset = offset_;
-    c.logical_bytes = n;
-    const size_t es = element_size(dtype);
-    c.transforms = transform_chain_for(options_.compression, dtype);
-    uint64_t block = static_cast<uint64_t>(options_.compression.block_size);
-    block = std::max<uint64_t>(es, block / es * es);
-    if (c.transforms.empty()) {
-      write_plain(data, n, block, c);
-    } else {
-      EncodedChunk enc = encode_chunk(data, n, es, c.transforms, options_.compression.level, block, &pool_);
-      file_->write_at(offset_, enc.stored.data(), enc.stored.size());
-      c.length = enc.stored.size();
-      c.blocks = std::move(enc.blocks);
-      c.checksum = enc.checksum;
-    }
-    offset_ += c.length;
-    logical_ += n;
-    return c;
+  // Queues `n` logical bytes as the next chunk of this rank's file; the
+  // writer holds `owner` (what keeps the bytes alive) until they are written.
+  void add_chunk(const uint8_t* data, uint64_t n, DType dtype, std::shared_ptr<const void> owner) {
+    chunks_->add_chunk(data, n, element_size(dtype), transform_chain_for(options_.compression, dtype),
+                       std::move(owner));
   }
 
-  void finish() {
+  // Writes what is still in flight, fsyncs and closes the file; returns the
+  // chunks' locations in the order queued.
+  std::vector<ChunkMeta> finish() {
+    std::vector<ChunkMeta> out = chunks_->finish();
+    for (ChunkMeta& c : out) c.file = file_name_;
     file_->sync();
     file_->close();
+    return out;
   }
 
-  uint64_t stored_bytes() const { return offset_; }
-  uint64_t logical_bytes() const { return logical_; }
+  uint64_t stored_bytes() const { return chunks_->stored_bytes(); }
+  uint64_t logical_bytes() const { return chunks_->logical_bytes(); }
 
  private:
-  // Uncompressed: blocks are checksummed and written straight from the
-  // tensor's memory, in parallel, with no staging copy.
-  void write_plain(const uint8_t* data, uint64_t n, uint64_t block, ChunkMeta& c) {
-    uint64_t nblocks = n == 0 ? 0 : (n + block - 1) / block;
-    c.blocks.resize(nblocks);
-    c.length = n;
-    std::vector<std::future<void>> tasks;
-    tasks.reserve(nblocks + 1);
-    auto chunk_sum = pool_.Submit([data, n] { return xxh3_64(data, n); });
-    for (uint64_t i = 0; i < nblocks; ++i) {
-      uint64_t lo = i * block;
-      uint64_t len = std::min(block, n - lo);
-      BlockMeta* bm = &c.blocks[i];
-      uint64_t file_offset = offset_ + lo;
-      tasks.push_back(pool_.Submit([this, data, lo, len, bm, file_offset] {
-        bm->stored_offset = lo;
-        bm->stored_length = len;
-        bm->logical_length = len;
-        bm->checksum = xxh3_64(data + lo, len);
-        file_->write_at(file_offset, data + lo, len);
-      }));
-    }
-    std::exception_ptr error;
-    for (auto& t : tasks) {
-      try {
-        t.get();
-      } catch (...) {
-        if (!error) error = std::current_exception();
-      }
-    }
-    c.checksum = chunk_sum.get();
-    if (error) std::rethrow_exception(error);
-  }
-
   const SaveOptions& options_;
   thread_pool::ThreadPool pool_;
   std::string file_name_;
   std::unique_ptr<WritableFile> file_;
-  uint64_t offset_ = 0;
-  uint64_t logical_ = 0;
+  std::unique_ptr<ChunkWriter> chunks_;  // destroyed first: waits for its tasks
 };
 
 LocalPlan make_local_plan(const StateDict& state, int rank) {
@@ -216,7 +178,8 @@ LocalPlan make_local_plan(const StateDict& state, int rank) {
   return plan;
 }
 
-// This rank's assigned regions, written; returns their locations in order.
+// This rank's assigned regions, written, synced and closed; returns their
+// locations in order.
 std::vector<ChunkMeta> write_assignments(const StateDict& state,
                                          const std::vector<WriteAssignment>& assignments,
                                          RankWriter& writer, int rank) {
@@ -224,22 +187,23 @@ std::vector<ChunkMeta> write_assignments(const StateDict& state,
   std::map<std::string, const BytesEntry*> bytes;
   for (const auto& t : state.tensors()) tensors[t.name] = &t;
   for (const auto& b : state.bytes()) bytes[b.name] = &b;
-  std::vector<ChunkMeta> out;
   for (const auto& a : assignments) {
-    ChunkMeta c;
     if (auto it = bytes.find(a.name); it != bytes.end()) {
-      const auto& data = it->second->data;
-      c = writer.write_chunk(data.data(), data.size(), DType::kUInt8);
+      const auto& data = it->second->data;  // the state outlives the writer
+      writer.add_chunk(data.data(), data.size(), DType::kUInt8, nullptr);
     } else {
       const TensorEntry& t = *tensors.at(a.name);
-      torch::Tensor piece = sub_box(t.local, Box{t.offsets, t.local.sizes().vec()}, a.box);
-      c = writer.write_chunk(static_cast<const uint8_t*>(piece.data_ptr()),
-                             static_cast<uint64_t>(piece.numel()) * piece.element_size(),
-                             to_dtype(piece.scalar_type()));
+      auto piece = std::make_shared<const torch::Tensor>(
+          sub_box(t.local, Box{t.offsets, t.local.sizes().vec()}, a.box));
+      writer.add_chunk(static_cast<const uint8_t*>(piece->data_ptr()),
+                       static_cast<uint64_t>(piece->numel()) * piece->element_size(),
+                       to_dtype(piece->scalar_type()), piece);
     }
-    c.box = a.box;
-    c.writer_rank = rank;
-    out.push_back(std::move(c));
+  }
+  std::vector<ChunkMeta> out = writer.finish();
+  for (size_t i = 0; i < out.size(); ++i) {
+    out[i].box = assignments[i].box;
+    out[i].writer_rank = rank;
   }
   return out;
 }
@@ -321,7 +285,6 @@ SaveStats save_state_dict(const StateDict& state, const std::string& step_dir,
     storage->make_dirs(step_dir);
     RankWriter writer(*storage, step_dir, rank, options);
     std::vector<ChunkMeta> chunks = write_assignments(state, plan.per_rank[rank], writer, rank);
-    writer.finish();
     stats.logical_bytes = writer.logical_bytes();
     stats.stored_bytes = writer.stored_bytes();
     wire::ByteWriter w;

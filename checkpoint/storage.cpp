@@ -10,6 +10,9 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <list>
+#include <mutex>
+#include <unordered_map>
 
 namespace checkpoint {
 
@@ -81,17 +84,101 @@ class PosixWritableFile final : public WritableFile {
   uint64_t position_ = 0;
 };
 
+// Read descriptors kept open between read_at calls: opening the file for
+// every read dominates loads of many small items. pread on a shared
+// descriptor is thread-safe. Entries are shared: one evicted while a read
+// uses it closes when that read is done.
+class ReadFdCache {
+ public:
+  static constexpr size_t kMaxOpen = 64;
+
+  // An open descriptor for `path`. A cached one whose file was deleted or
+  // renamed over since (no links left) is replaced by a fresh open.
+  std::shared_ptr<const Fd> open(const std::string& path) {
+    if (std::shared_ptr<const Fd> fd = lookup(path)) {
+      struct stat st {};
+      if (::fstat(fd->fd, &st) == 0 && st.st_nlink > 0) return fd;
+      forget(path);
+    }
+    auto fd = std::make_shared<const Fd>(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+    if (fd->fd < 0) throw IoError::from_errno("cannot open", path, errno);
+    std::lock_guard<std::mutex> lock(mu_);
+    if (auto it = index_.find(path); it != index_.end()) return it->second->second;  // raced
+    lru_.emplace_front(path, fd);
+    index_[path] = lru_.begin();
+    if (lru_.size() > kMaxOpen) {
+      index_.erase(lru_.back().first);
+      lru_.pop_back();
+    }
+    return fd;
+  }
+
+  void forget(const std::string& path) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (auto it = index_.find(path); it != index_.end()) {
+      lru_.erase(it->second);
+      index_.erase(it);
+    }
+  }
+
+  // Forgets `path` and everything under it.
+  void forget_under(const std::string& path) {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto it = lru_.begin(); it != lru_.end();) {
+      const std::string& p = it->first;
+      const bool under = p.compare(0, path.size(), path) == 0 &&
+                         (p.size() == path.size() || p[path.size()] == '/' ||
+                          (!path.empty() && path.back() == '/'));
+      if (under) {
+        index_.erase(p);
+        it = lru_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+
+  void clear() {
+    std::lock_guard<std::mutex> lock(mu_);
+    index_.clear();
+    lru_.clear();
+  }
+
+  size_t size() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return lru_.size();
+  }
+
+ private:
+  std::shared_ptr<const Fd> lookup(const std::string& path) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = index_.find(path);
+    if (it == index_.end()) return nullptr;
+    lru_.splice(lru_.begin(), lru_, it->second);  // most recently used first
+    return it->second->second;
+  }
+
+  std::mutex mu_;
+  std::list<std::pair<std::string, std::shared_ptr<const Fd>>> lru_;
+  std::unordered_map<std::string, std::list<std::pair<std::string, std::shared_ptr<const Fd>>>::iterator>
+      index_;
+};
+
 class PosixStorage final : public Storage {
  public:
+  void drop_read_cache() override { read_fds_.clear(); }
+  size_t cached_read_fds() override { return read_fds_.size(); }
+
   std::unique_ptr<WritableFile> create_file(const std::string& path) override {
+    read_fds_.forget(path);
     const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0) throw IoError::from_errno("cannot create", path, errno);
     return std::make_unique<PosixWritableFile>(fd, path);
   }
 
   void read_at(const std::string& path, uint64_t offset, void* dst, size_t n) override {
-    Fd f(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-    if (f.fd < 0) throw IoError::from_errno("cannot open", path, errno);
+    const std::shared_ptr<const Fd> fd = read_fds_.open(path);
+    const Fd& f = *fd;
     auto* p = static_cast<uint8_t*>(dst);
     size_t done = 0;
     while (done < n) {
@@ -135,6 +222,8 @@ class PosixStorage final : public Storage {
   }
 
   void rename(const std::string& from, const std::string& to) override {
+    read_fds_.forget_under(from);
+    read_fds_.forget_under(to);
     if (::rename(from.c_str(), to.c_str()) != 0) {
       throw IoError::from_errno("cannot rename " + from + " to", to, errno);
     }
@@ -164,6 +253,7 @@ class PosixStorage final : public Storage {
   }
 
   void remove_all(const std::string& path) override {
+    read_fds_.forget_under(path);
     struct stat st {};
     if (::lstat(path.c_str(), &st) != 0) {
       if (errno == ENOENT) return;
@@ -178,6 +268,9 @@ class PosixStorage final : public Storage {
       throw IoError::from_errno("cannot remove", path, errno);
     }
   }
+
+ private:
+  ReadFdCache read_fds_;
 };
 
 // ---- fault injection ---------------------------------------------------------------

@@ -72,6 +72,15 @@ class Storage {
   // path is fine. Does not follow symbolic links.
   virtual void remove_all(const std::string& path) = 0;
 
+  // Closes the descriptors an implementation keeps open between read_at
+  // calls (posix_storage does), so that files deleted since (by retention,
+  // perhaps in another process) free their space. Readers call it when they
+  // are done (ChunkReader's destructor); reads in flight are not disturbed.
+  // The default keeps nothing.
+  virtual void drop_read_cache() {}
+  // How many descriptors are kept open for reads (for tests).
+  virtual size_t cached_read_fds() { return 0; }
+
   // Durably replaces `path` with `bytes`: writes <path>.tmp, fsyncs it,
   // renames it over `path` and fsyncs the parent directory. A crash at any
   // point leaves either the old file or the new one at `path`.
@@ -101,6 +110,8 @@ class StorageWrapper : public Storage {
     return inner_->list_dir(path);
   }
   void remove_all(const std::string& path) override { inner_->remove_all(path); }
+  void drop_read_cache() override { inner_->drop_read_cache(); }
+  size_t cached_read_fds() override { return inner_->cached_read_fds(); }
 
  protected:
   Storage& inner() { return *inner_; }
@@ -109,7 +120,12 @@ class StorageWrapper : public Storage {
   std::shared_ptr<Storage> inner_;
 };
 
-// The local file system: open/pread/pwrite/fsync. Stateless and shared.
+// The local file system: open/pread/pwrite/fsync. Shared; its only state is
+// a cache of up to 64 descriptors open for reading, so that reading many
+// small chunks does not open the file each time. A cached descriptor whose
+// file was deleted or replaced (its link count is 0) is reopened; create_file,
+// rename and remove_all through this storage forget the paths they touch, and
+// drop_read_cache closes them all.
 std::shared_ptr<Storage> posix_storage();
 
 // When a fault-injecting storage fails an operation. Counts start at 1 and

@@ -1,6 +1,7 @@
 #pragma once
 // Per-block stream transforms (compression, byte grouping), recorded in the
-// metadata by versioned descriptor ("zstd/1", "bytegroup/1") and looked up in
+// metadata by versioned descriptor ("zstd/1", "signrot/1", "bytegroup/1",
+// "zstdplanes/1"; FORMAT.md defines each) and looked up in
 // a registry when reading. A chunk's transforms are applied to each of its
 // blocks in order; readers invert them in reverse (FORMAT.md, "Data files").
 // Torch-free.
@@ -55,6 +56,8 @@ class BlockTransform {
 
 constexpr const char* kZstdDescriptor = "zstd/1";
 constexpr const char* kByteGroupDescriptor = "bytegroup/1";
+constexpr const char* kSignRotDescriptor = "signrot/1";
+constexpr const char* kZstdPlanesDescriptor = "zstdplanes/1";
 
 // The registry's transform for `descriptor` (a process-lifetime singleton).
 // Its encoder uses default settings (zstd level 3); its decoder reads what
@@ -66,10 +69,18 @@ const BlockTransform& find_transform(const std::string& descriptor);
 // writer choice; decoding does not need it.
 std::unique_ptr<BlockTransform> make_zstd(int level);
 
+// A zstdplanes/1 encoder at `level` (1..19, else TransformError). Planes
+// that look like noise are stored raw; levels below 16 all code the others
+// with level 1's fast strategy and a minimum match of 7 (as small as higher
+// fast levels on float byte planes, much faster); 16..19 as zstd does.
+std::unique_ptr<BlockTransform> make_zstd_planes(int level);
+
 // The descriptors a writer applies to chunks of `dtype` under `c`:
 //   codec "none" -> {}
-//   codec "zstd" -> {"zstd/1"}, or {"bytegroup/1", "zstd/1"} when byte_group
-//                   is "on", or "auto" and dtype is float32/bfloat16/float16.
+//   codec "zstd" -> {"zstd/1"}, or float grouping {"signrot/1", "bytegroup/1",
+//                   "zstdplanes/1"} when byte_group is "on", or "auto" and
+//                   dtype is float32/bfloat16/float16.
+// Chunks written by older builds as {"bytegroup/1", "zstd/1"} stay readable.
 // Throws TransformError naming the field for an unknown codec or byte_group.
 std::vector<std::string> transform_chain_for(const CompressionOptions& c, DType dtype);
 
@@ -81,7 +92,8 @@ class TransformChain {
   // For reading: every descriptor from the registry (TransformError for an
   // unknown one).
   static TransformChain for_decoding(const std::vector<std::string>& descriptors);
-  // For writing: like for_decoding, but zstd/1 encodes at `zstd_level`.
+  // For writing: like for_decoding, but zstd/1 and zstdplanes/1 encode at
+  // `zstd_level`.
   static TransformChain for_encoding(const std::vector<std::string>& descriptors, int zstd_level);
 
   bool is_identity() const { return transforms_.empty(); }

@@ -5,8 +5,11 @@
 
 #include <thread_pool/thread_pool.hpp>
 
+#include <algorithm>
+#include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <mutex>
 #include <random>
 #include <set>
@@ -23,7 +26,8 @@ constexpr uint64_t kBlock = 4096;
 constexpr const char* kFile = "rank_0.data";
 
 using Chain = std::vector<std::string>;
-const std::vector<Chain> kChains = {{}, {"zstd/1"}, {"bytegroup/1", "zstd/1"}};
+const std::vector<Chain> kChains = {
+    {}, {"zstd/1"}, {"bytegroup/1", "zstd/1"}, {"signrot/1", "bytegroup/1", "zstdplanes/1"}};
 
 std::string make_temp_dir(const std::string& tag) {
   std::string templ = ::testing::TempDir() + "/" + tag + "_XXXXXX";
@@ -161,6 +165,153 @@ TEST(EncodeChunk, ParallelEncodingEqualsSerial) {
   EXPECT_EQ(serial.blocks, parallel.blocks);
   EXPECT_EQ(serial.checksum, parallel.checksum);
   EXPECT_LT(serial.stored.size(), data.size());
+}
+
+// Chunks for the ChunkWriter tests: many small ones, a big one of many
+// blocks in the middle, an empty one, and chains changing along the way.
+struct TestChunk {
+  std::vector<uint8_t> data;
+  Chain chain;
+};
+
+std::vector<TestChunk> mixed_chunks() {
+  std::vector<TestChunk> chunks;
+  for (size_t i = 0; i < 120; ++i) {
+    const size_t numel = 1 + (i * 37) % 900;
+    chunks.push_back({tensor_bytes(numel, static_cast<uint32_t>(i)), kChains[1 + i % 3]});
+    if (i == 60) chunks.push_back({tensor_bytes(40 * kBlock / 4 + 3, 99), kChains[3]});
+    if (i == 70) chunks.push_back({{}, kChains[3]});
+    if (i == 80) chunks.push_back({tensor_bytes(3 * kBlock / 4 + 1, 98), {}});  // uncompressed
+  }
+  return chunks;
+}
+
+// Writes `chunks` through a ChunkWriter into `path`; returns their metadata.
+std::vector<ChunkMeta> write_with_chunk_writer(const std::string& path,
+                                               const std::vector<TestChunk>& chunks,
+                                               thread_pool::ThreadPool* pool, size_t window,
+                                               size_t* peak = nullptr) {
+  auto file = posix_storage()->create_file(path);
+  ChunkWriter::Options o;
+  o.block_size = kBlock;
+  o.max_blocks_in_flight = window;
+  ChunkWriter writer(*file, pool, o);
+  for (const TestChunk& c : chunks) writer.add_chunk(c.data.data(), c.data.size(), 4, c.chain);
+  std::vector<ChunkMeta> metas = writer.finish();
+  if (peak) *peak = writer.peak_blocks_in_flight();
+  file->sync();
+  file->close();
+  return metas;
+}
+
+TEST_F(ChunkIoTest, ChunkWriterStoresWhatEncodeChunkDoesBackToBackInOrder) {
+  const std::vector<TestChunk> chunks = mixed_chunks();
+  thread_pool::ThreadPool pool(3);
+  size_t peak = 0;
+  const std::string path = join_path(dir_, kFile);
+  const std::vector<ChunkMeta> metas = write_with_chunk_writer(path, chunks, &pool, 4, &peak);
+  const std::vector<uint8_t> file = posix_storage()->read_file(path, 1 << 30);
+  ASSERT_EQ(metas.size(), chunks.size());
+  uint64_t end = 0;
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    const ChunkMeta& m = metas[i];
+    EXPECT_EQ(m.offset, end) << "chunk " << i << " does not follow the one before";
+    end = m.offset + m.length;
+    const EncodedChunk want = encode_chunk(chunks[i].data.data(), chunks[i].data.size(), 4,
+                                           chunks[i].chain, 3, kBlock, nullptr);
+    EXPECT_EQ(m.transforms, chunks[i].chain);
+    EXPECT_EQ(m.logical_bytes, want.logical_bytes);
+    EXPECT_EQ(m.checksum, want.checksum) << "chunk " << i;
+    ASSERT_EQ(m.blocks.size(), want.blocks.size()) << "chunk " << i;
+    for (size_t b = 0; b < want.blocks.size(); ++b) {
+      EXPECT_EQ(m.blocks[b].stored_offset, want.blocks[b].stored_offset) << i << "/" << b;
+      EXPECT_EQ(m.blocks[b].stored_length, want.blocks[b].stored_length) << i << "/" << b;
+      EXPECT_EQ(m.blocks[b].logical_length, want.blocks[b].logical_length) << i << "/" << b;
+      EXPECT_EQ(m.blocks[b].checksum, want.blocks[b].checksum) << i << "/" << b;
+    }
+    ASSERT_EQ(m.length, want.stored.size()) << "chunk " << i;
+    EXPECT_TRUE(std::equal(want.stored.begin(), want.stored.end(),
+                           file.begin() + static_cast<std::ptrdiff_t>(m.offset)))
+        << "chunk " << i << " stored bytes differ";
+  }
+  EXPECT_EQ(end, file.size());
+  EXPECT_LE(peak, 4u);
+  EXPECT_GT(peak, 1u) << "blocks of different chunks were never in flight together";
+}
+
+TEST_F(ChunkIoTest, ChunkWriterOutputReadsBackBitExact) {
+  const std::vector<TestChunk> chunks = mixed_chunks();
+  thread_pool::ThreadPool pool(2);
+  const std::vector<ChunkMeta> metas =
+      write_with_chunk_writer(join_path(dir_, kFile), chunks, &pool, 3);
+  ChunkReader reader(posix_storage(), dir_, &pool);
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    const int64_t numel = static_cast<int64_t>(chunks[i].data.size() / 4);
+    ItemMeta item{"item" + std::to_string(i), ItemKind::kTensor, DType::kFloat32, {numel}, {}};
+    ChunkMeta c = metas[i];
+    c.file = kFile;
+    c.box = Box{{0}, {numel}};
+    item.chunks.push_back(c);
+    std::vector<uint8_t> got(chunks[i].data.size());
+    reader.read_logical(item, 0, 0, got.size(), got.data());
+    EXPECT_EQ(got, chunks[i].data) << "chunk " << i;
+  }
+}
+
+TEST_F(ChunkIoTest, ChunkWriterWithoutAPoolMatchesThePipeline) {
+  const std::vector<TestChunk> chunks = mixed_chunks();
+  thread_pool::ThreadPool pool(4);
+  const auto piped = write_with_chunk_writer(join_path(dir_, "a.data"), chunks, &pool, 8);
+  size_t peak = 0;
+  const auto serial = write_with_chunk_writer(join_path(dir_, "b.data"), chunks, nullptr, 1, &peak);
+  EXPECT_EQ(peak, 1u);
+  ASSERT_EQ(piped.size(), serial.size());
+  for (size_t i = 0; i < piped.size(); ++i) {
+    EXPECT_EQ(piped[i].offset, serial[i].offset);
+    EXPECT_EQ(piped[i].checksum, serial[i].checksum);
+  }
+  EXPECT_EQ(posix_storage()->read_file(join_path(dir_, "a.data"), 1 << 30),
+            posix_storage()->read_file(join_path(dir_, "b.data"), 1 << 30));
+}
+
+TEST_F(ChunkIoTest, ChunkWriterReleasesEachChunksBytesOnceWritten) {
+  thread_pool::ThreadPool pool(2);
+  auto file = posix_storage()->create_file(join_path(dir_, kFile));
+  ChunkWriter::Options o;
+  o.block_size = kBlock;
+  o.max_blocks_in_flight = 2;
+  ChunkWriter writer(*file, &pool, o);
+  std::vector<std::weak_ptr<const std::vector<uint8_t>>> owners;
+  for (uint32_t i = 0; i < 20; ++i) {
+    auto data = std::make_shared<const std::vector<uint8_t>>(tensor_bytes(3 * kBlock / 4, i));
+    owners.push_back(data);
+    writer.add_chunk(data->data(), data->size(), 4, kChains[3], data);
+  }
+  // With 2 blocks in flight, the earlier chunks are written and let go of.
+  for (size_t i = 0; i + 3 < owners.size(); ++i) EXPECT_TRUE(owners[i].expired()) << "chunk " << i;
+  writer.finish();
+  for (size_t i = 0; i < owners.size(); ++i) EXPECT_TRUE(owners[i].expired()) << "chunk " << i;
+}
+
+TEST_F(ChunkIoTest, ChunkWriterRethrowsAFailedWriteAndCanStillBeDestroyed) {
+  FaultPlan plan;
+  plan.fail_on_write_call = 5;
+  plan.fail_errno = EIO;
+  auto storage = fault_injecting_storage(posix_storage(), plan);
+  thread_pool::ThreadPool pool(2);
+  auto file = storage->create_file(join_path(dir_, kFile));
+  const std::vector<TestChunk> chunks = mixed_chunks();
+  try {
+    ChunkWriter::Options o;
+    o.block_size = kBlock;
+    ChunkWriter writer(*file, &pool, o);
+    for (const TestChunk& c : chunks) writer.add_chunk(c.data.data(), c.data.size(), 4, c.chain);
+    writer.finish();
+    FAIL() << "no error";
+  } catch (const IoError& e) {
+    EXPECT_EQ(e.error_number(), EIO);
+    EXPECT_NE(std::string(e.what()).find(kFile), std::string::npos) << e.what();
+  }
 }
 
 TEST_F(ChunkIoTest, WholeChunksReadBackBitExactForEveryChain) {

@@ -5,8 +5,11 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <cstdio>
 #include <functional>
 #include <thread>
+
+#include <unistd.h>
 
 #include "checkpoint/storage.h"
 
@@ -182,6 +185,78 @@ TEST_F(StorageTest, FailedFsyncStopsTheCommitBeforeTheRename) {
   const std::string path = dir_ + "/.metadata";
   EXPECT_THROW(fs->write_file_atomic(path, {1}), IoError);
   EXPECT_FALSE(posix_storage()->exists(path));
+}
+
+void write_text(Storage& fs, const std::string& path, const std::string& text) {
+  auto f = fs.create_file(path);
+  f->append(text.data(), text.size());
+  f->close();
+}
+
+std::string read_text(Storage& fs, const std::string& path, size_t n) {
+  std::string s(n, '\0');
+  fs.read_at(path, 0, s.data(), n);
+  return s;
+}
+
+TEST_F(StorageTest, ReadsReuseOpenFilesButSeeFilesReplacedSince) {
+  auto fs = posix_storage();
+  fs->drop_read_cache();
+  const std::string a = dir_ + "/a";
+  write_text(*fs, a, "first");
+  EXPECT_EQ(read_text(*fs, a, 5), "first");
+  EXPECT_EQ(read_text(*fs, a, 5), "first");
+  EXPECT_EQ(fs->cached_read_fds(), 1u);
+  // Replaced through this storage (rename over it), and behind its back
+  // (unlinked and recreated, as another process would).
+  fs->write_file_atomic(a, {'s', 'e', 'c', 'o', 'n', 'd'});
+  EXPECT_EQ(read_text(*fs, a, 6), "second");
+  ASSERT_EQ(::unlink(a.c_str()), 0);
+  FILE* f = std::fopen(a.c_str(), "wb");
+  ASSERT_NE(f, nullptr);
+  std::fputs("third", f);
+  std::fclose(f);
+  EXPECT_EQ(read_text(*fs, a, 5), "third");
+  fs->remove_all(dir_ + "/a");
+  EXPECT_EQ(fs->cached_read_fds(), 0u);
+  EXPECT_NE(error_of([&] { read_text(*fs, a, 5); }).find("cannot open " + a), std::string::npos);
+}
+
+TEST_F(StorageTest, AtMost64FilesStayOpenAndDroppingClosesThem) {
+  auto fs = posix_storage();
+  fs->drop_read_cache();
+  for (int i = 0; i < 100; ++i) {
+    const std::string path = dir_ + "/f" + std::to_string(i);
+    write_text(*fs, path, "file" + std::to_string(i % 10));
+    EXPECT_EQ(read_text(*fs, path, 5), "file" + std::to_string(i % 10));
+  }
+  EXPECT_EQ(fs->cached_read_fds(), 64u);
+  fs->drop_read_cache();
+  EXPECT_EQ(fs->cached_read_fds(), 0u);
+}
+
+TEST_F(StorageTest, ConcurrentReadsOfManyFilesReturnTheirOwnBytes) {
+  auto fs = posix_storage();
+  constexpr int kFiles = 100;
+  for (int i = 0; i < kFiles; ++i) {
+    write_text(*fs, dir_ + "/f" + std::to_string(i), "value" + std::to_string(1000 + i));
+  }
+  std::atomic<int> wrong{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 8; ++t) {
+    threads.emplace_back([&, t] {
+      for (int k = 0; k < 500; ++k) {
+        const int i = (k * 7 + t * 13) % kFiles;  // more files than stay open
+        if (read_text(*fs, dir_ + "/f" + std::to_string(i), 9) != "value" + std::to_string(1000 + i)) {
+          ++wrong;
+        }
+        if (k % 100 == 0) fs->drop_read_cache();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(wrong.load(), 0);
+  fs->drop_read_cache();
 }
 
 TEST(JoinPath, JoinsWithOneSlash) {

@@ -1,5 +1,6 @@
-// Block transforms: bit-exact round trips, the byte-grouping layout and its
-// payoff on float data, and corrupt input that must fail cleanly.
+// Block transforms: bit-exact round trips, the sign rotation and byte-grouping
+// layouts and their payoff on float data, and corrupt input that must fail
+// cleanly.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -45,7 +46,13 @@ std::vector<uint8_t> decode(const std::vector<std::string>& chain, const std::ve
 
 TEST(Transforms, RoundTripIsBitExactForEveryChainAndElementSize) {
   const std::vector<std::vector<std::string>> chains = {
-      {}, {"zstd/1"}, {"bytegroup/1"}, {"bytegroup/1", "zstd/1"}};
+      {},
+      {"zstd/1"},
+      {"bytegroup/1"},
+      {"bytegroup/1", "zstd/1"},
+      {"signrot/1"},
+      {"zstdplanes/1"},
+      {"signrot/1", "bytegroup/1", "zstdplanes/1"}};
   for (const auto& chain : chains) {
     for (size_t e : {1, 2, 4, 8}) {
       for (size_t elements : {0, 1, 3, 1000, 70000}) {
@@ -64,6 +71,91 @@ TEST(Transforms, ByteGroupPutsByteKOfEveryElementInPlaneK) {
   EXPECT_EQ(encode({"bytegroup/1"}, in, 3),
             (std::vector<uint8_t>{0x01, 0x11, 0x02, 0x12, 0x03, 0x13}));
   EXPECT_EQ(encode({"bytegroup/1"}, in, 1), in);  // identity for bytes
+}
+
+TEST(Transforms, SignRotMakesTheTopByteTheExponent) {
+  // -1.0 as bfloat16 is 0xBF80 (sign 1, exponent 127, mantissa 0), stored
+  // little-endian; rotated left it is 0x7F01: exponent on top, sign at bit 0.
+  EXPECT_EQ(encode({"signrot/1"}, {0x80, 0xBF}, 2), (std::vector<uint8_t>{0x01, 0x7F}));
+  // -1.0f is 0xBF800000 -> 0x7F000001; 2.0f is 0x40000000 -> 0x80000000.
+  EXPECT_EQ(encode({"signrot/1"}, {0x00, 0x00, 0x80, 0xBF, 0x00, 0x00, 0x00, 0x40}, 4),
+            (std::vector<uint8_t>{0x01, 0x00, 0x00, 0x7F, 0x00, 0x00, 0x00, 0x80}));
+  EXPECT_EQ(encode({"signrot/1"}, {0x81}, 1), (std::vector<uint8_t>{0x03}));
+  std::vector<uint8_t> out(6);
+  const std::vector<uint8_t> in(6, 0);
+  EXPECT_THROW(encode({"signrot/1"}, in, 4), TransformError);  // partial element
+  EXPECT_THROW(encode({"signrot/1"}, in, 3), TransformError);  // no such element size
+  EXPECT_THROW(find_transform("signrot/1").decode(in.data(), 6, 2, out.data(), 4),
+               TransformError);
+}
+
+TEST(Transforms, ZstdPlanesWritesOneFramePerPlane) {
+  const std::vector<uint8_t> data = patterned_bytes(4000, 5);
+  const std::vector<uint8_t> encoded = encode({"zstdplanes/1"}, data, 4);
+  // Each of the 4 frames decodes on its own to its 1000-byte plane.
+  std::vector<uint8_t> plane(1000);
+  size_t pos = 0;
+  for (size_t k = 0; k < 4; ++k) {
+    std::vector<uint8_t> rest(encoded.begin() + static_cast<std::ptrdiff_t>(pos), encoded.end());
+    const uint64_t size = find_transform("zstd/1").decoded_size(rest.data(), rest.size());
+    EXPECT_EQ(size, 1000u) << "plane " << k;
+    // The frame's length: the one prefix that decodes as a whole zstd/1 frame.
+    size_t len = 1;
+    for (; len <= rest.size(); ++len) {
+      try {
+        find_transform("zstd/1").decode(rest.data(), len, 1, plane.data(), plane.size());
+        break;
+      } catch (const TransformError&) {
+      }
+    }
+    ASSERT_LE(len, rest.size()) << "plane " << k << " is not a frame";
+    EXPECT_EQ(plane, std::vector<uint8_t>(data.begin() + static_cast<std::ptrdiff_t>(k * 1000),
+                                          data.begin() + static_cast<std::ptrdiff_t>((k + 1) * 1000)));
+    pos += len;
+  }
+  EXPECT_EQ(pos, encoded.size());
+  EXPECT_EQ(find_transform("zstdplanes/1").decoded_size(encoded.data(), encoded.size()), 4000u);
+}
+
+TEST(Transforms, NoisePlanesAreStoredRawAndStillDecode) {
+  std::mt19937 rng(9);
+  std::vector<uint8_t> data(4 << 20);  // 1 MiB planes of noise: not worth compressing
+  for (auto& b : data) b = static_cast<uint8_t>(rng());
+  for (size_t i = 0; i < data.size() / 4; ++i) data[3 * (data.size() / 4) + i] = static_cast<uint8_t>(i % 3);
+  const std::vector<uint8_t> encoded = encode({"zstdplanes/1"}, data, 4, 9);
+  // Three raw planes cost a few bytes each per 128 KiB; the fourth shrinks.
+  EXPECT_LT(encoded.size(), 3 * (data.size() / 4) + 1000);
+  EXPECT_GT(encoded.size(), 3 * (data.size() / 4));
+  EXPECT_EQ(decode({"zstdplanes/1"}, encoded, 4, data.size()), data);
+}
+
+TEST(Transforms, CorruptZstdPlanesThrowTransformErrorAndNeverCrash) {
+  const std::vector<uint8_t> data = patterned_bytes(1200, 13);
+  const std::vector<uint8_t> planes = encode({"zstdplanes/1"}, data, 4);
+  const BlockTransform& t = find_transform("zstdplanes/1");
+  std::vector<uint8_t> out(data.size() + 64, 0xee);
+  size_t rejected = 0;
+  for (size_t i = 0; i < planes.size(); ++i) {
+    std::vector<uint8_t> bad = planes;
+    bad[i] ^= 0x80;
+    try {
+      t.decode(bad.data(), bad.size(), 4, out.data(), data.size());
+    } catch (const TransformError&) {
+      ++rejected;
+    }
+    for (size_t g = data.size(); g < out.size(); ++g) ASSERT_EQ(out[g], 0xee) << "wrote past out_n";
+  }
+  EXPECT_GT(rejected, 0u);
+  for (size_t n = 0; n < planes.size(); ++n) {  // every truncation, a missing plane included
+    EXPECT_THROW(t.decode(planes.data(), n, 4, out.data(), data.size()), TransformError) << n;
+  }
+  std::vector<uint8_t> longer = planes;
+  longer.push_back(0);
+  EXPECT_THROW(t.decode(longer.data(), longer.size(), 4, out.data(), data.size()), TransformError);
+  // The right frames read as the wrong number of planes.
+  EXPECT_THROW(t.decode(planes.data(), planes.size(), 2, out.data(), data.size()), TransformError);
+  EXPECT_THROW(t.decode(planes.data(), planes.size(), 4, out.data(), data.size() - 4),
+               TransformError);
 }
 
 TEST(Transforms, ByteGroupRefusesPartialElements) {
@@ -86,6 +178,13 @@ TEST(Transforms, ByteGroupingImprovesZstdOnFloat32Weights) {
       << "zstd alone " << plain << " bytes, grouped " << grouped << " of " << data.size();
 }
 
+TEST(Transforms, FloatGroupingStoresWeightsSmallerThanByteGroupingAlone) {
+  const std::vector<uint8_t> data = normal_floats_as_bytes(1 << 18, 7);
+  const size_t grouped = encode({"bytegroup/1", "zstd/1"}, data, 4).size();
+  const size_t float_grouped = encode({"signrot/1", "bytegroup/1", "zstdplanes/1"}, data, 4).size();
+  EXPECT_LT(float_grouped, grouped) << "of " << data.size() << " bytes";
+}
+
 TEST(Transforms, ZstdLevelIsAWriterChoiceAnyDecoderReads) {
   const std::vector<uint8_t> data = patterned_bytes(100000, 3);
   std::vector<uint8_t> fast, small;
@@ -96,6 +195,12 @@ TEST(Transforms, ZstdLevelIsAWriterChoiceAnyDecoderReads) {
   EXPECT_EQ(decode({"zstd/1"}, small, 1, data.size()), data);
   EXPECT_THROW(make_zstd(0), TransformError);
   EXPECT_THROW(make_zstd(20), TransformError);
+  for (int level : {1, 9, 19}) {
+    std::vector<uint8_t> planes;
+    make_zstd_planes(level)->encode(data.data(), data.size(), 4, planes);
+    EXPECT_EQ(decode({"zstdplanes/1"}, planes, 4, data.size()), data) << "level " << level;
+  }
+  EXPECT_THROW(make_zstd_planes(0), TransformError);
 }
 
 TEST(Transforms, CorruptZstdFramesThrowTransformErrorAndNeverCrash) {
@@ -139,13 +244,15 @@ TEST(Transforms, UnknownDescriptorErrorNamesIt) {
   EXPECT_THROW(TransformChain::for_decoding({"zstd/1", "zstd/2"}), TransformError);
   EXPECT_EQ(find_transform("zstd/1").descriptor(), "zstd/1");
   EXPECT_EQ(find_transform("bytegroup/1").descriptor(), "bytegroup/1");
+  EXPECT_EQ(find_transform("signrot/1").descriptor(), "signrot/1");
+  EXPECT_EQ(find_transform("zstdplanes/1").descriptor(), "zstdplanes/1");
 }
 
 TEST(Transforms, ChainForFollowsTheCompressionOptions) {
   CompressionOptions c;
   EXPECT_TRUE(transform_chain_for(c, DType::kFloat32).empty());  // codec none by default
   c.codec = "zstd";
-  const std::vector<std::string> grouped = {"bytegroup/1", "zstd/1"};
+  const std::vector<std::string> grouped = {"signrot/1", "bytegroup/1", "zstdplanes/1"};
   const std::vector<std::string> plain = {"zstd/1"};
   EXPECT_EQ(transform_chain_for(c, DType::kFloat32), grouped);
   EXPECT_EQ(transform_chain_for(c, DType::kBFloat16), grouped);

@@ -51,7 +51,7 @@ std::vector<BadConfig> bad_configs() {
       {"HeadsDoNotDivideWidth", "model:\n  d_model: 30\n  n_heads: 4\n", {}, {"model.d_model (30, {CFG}:6)", "model.n_heads (4, {CFG}:7)"}},
       {"MinLrAboveLr", "optim:\n  lr: 0.001\n  min_lr: 0.01\n", {}, {"optim.min_lr (0.01, {CFG}:7)", "optim.lr"}},
       {"StopAtAfterSteps", "train:\n  steps: 10\n  stop_at: 20\n", {}, {"train.stop_at (20, {CFG}:7)", "train.steps (10, {CFG}:6)"}},
-      {"TextWithoutPath", "data:\n  kind: text\n", {}, {"data.path", "data.kind (text, {CFG}:6)"}},
+      {"TextWithoutPath", "data:\n  kind: text\n", {}, {"data.path", "data.kind (\"text\", {CFG}:6)"}},
       {"BothDegreesDerived", "parallel:\n  replicate: -1\n  shard: -1\n", {}, {"parallel.replicate (-1, {CFG}:6)", "parallel.shard (-1, {CFG}:7)"}},
       {"MeshDoesNotMatchWorld", "parallel:\n  replicate: 3\n  shard: 1\n", {}, {"parallel.replicate", "{CFG}"}},
       {"DuplicateKey", "train:\n  steps: 5\n  steps: 6\n", {}, {"train.steps: duplicate key at {CFG}:7 (first at line 6)"}},
@@ -67,7 +67,7 @@ std::vector<BadConfig> bad_configs() {
       {"SetSection", "", {"--set", "checkpoint=5"}, {"--set checkpoint=5: checkpoint is a section"}},
       {"SetOutOfRange", "", {"--set", "checkpoint.io_threads=999"}, {"--set checkpoint.io_threads=999: "}},
       {"SetFlowList", "", {"--set", "train.steps=[1,2]"}, {"--set train.steps=[1,2]: expected"}},
-      {"SetCrossKey", "", {"--set", "optim.min_lr=1"}, {"optim.min_lr (1, --set)", "optim.lr"}},
+      {"SetCrossKey", "", {"--set", "optim.min_lr=1"}, {"optim.min_lr (1.0, --set)", "optim.lr"}},
       {"NprocZero", "", {"--nproc", "0"}, {"--nproc"}},
   };
 }

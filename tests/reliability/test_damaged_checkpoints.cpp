@@ -48,8 +48,8 @@ class DamagedCheckpoints : public ::testing::Test {
 fs::path* DamagedCheckpoints::plain_ = nullptr;
 fs::path* DamagedCheckpoints::zstd_ = nullptr;
 
-void report(const char* what, const FlipStats& s) {
-  std::cout << what << " (seed " << kSeed << "): " << s.flips << " flips, " << s.in_stored_bytes
+void report(const char* what, uint64_t seed, const FlipStats& s) {
+  std::cout << what << " (seed " << seed << "): " << s.flips << " flips, " << s.in_stored_bytes
             << " in stored bytes/metadata, " << s.detected << " detected, " << s.benign
             << " benign (zstd frame decodes identically), " << s.unreferenced << " in unreferenced bytes ("
             << s.unreferenced_detected << " detected)\n";
@@ -60,7 +60,7 @@ void report(const char* what, const FlipStats& s) {
 TEST_F(DamagedCheckpoints, EveryFlipInAnUncompressedCheckpointIsDetected) {
   ASSERT_EQ(verify_problems(*plain_), "");
   const FlipStats s = corruption_sweep(*plain_, kFlips, kSeed);
-  report("uncompressed", s);
+  report("uncompressed", kSeed, s);
   EXPECT_TRUE(s.misses.empty());
   EXPECT_EQ(s.detected, s.in_stored_bytes);
   EXPECT_EQ(s.benign, 0);
@@ -70,7 +70,7 @@ TEST_F(DamagedCheckpoints, EveryFlipInAnUncompressedCheckpointIsDetected) {
 TEST_F(DamagedCheckpoints, EveryFlipInACompressedCheckpointIsDetectedOrHarmless) {
   ASSERT_EQ(verify_problems(*zstd_), "");
   const FlipStats s = corruption_sweep(*zstd_, kFlips, kSeed + 1);
-  report("zstd", s);
+  report("zstd", kSeed + 1, s);
   EXPECT_TRUE(s.misses.empty());
   EXPECT_EQ(s.detected + s.benign, s.in_stored_bytes);
   EXPECT_EQ(verify_problems(*zstd_), "");

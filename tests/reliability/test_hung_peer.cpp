@@ -29,6 +29,9 @@ const StallCase kCases[] = {
     {"SaveOverlap", "save:4:1", "overlap", "'ckpt'"},
 };
 
+// Names the case in test listings (ctest shows it).
+void PrintTo(const StallCase& c, std::ostream* os) { *os << c.name; }
+
 class HungPeer : public ::testing::TestWithParam<StallCase> {};
 
 TEST_P(HungPeer, OtherRankFailsWithinBoundNamingTheCollective) {

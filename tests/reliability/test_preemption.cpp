@@ -48,6 +48,9 @@ struct SignalCase {
   int rank;  // -1: the launcher
 };
 
+// Names the case in test listings (ctest shows it).
+void PrintTo(const SignalCase& c, std::ostream* os) { *os << c.name; }
+
 class Preemption : public ::testing::TestWithParam<SignalCase> {};
 
 TEST_P(Preemption, SavesAtTheStopStepExits75AndResumesBitExact) {

@@ -467,3 +467,16 @@ TEST(Config, ReferenceMarkdownListsEveryKey) {
 
 }  // namespace
 }  // namespace framework::config
+
+// The README's configuration reference is the schema's own output, verbatim.
+TEST(ConfigReference, ReadmeTableMatchesTheSchema) {
+  std::ifstream in(std::string(SHARDKIT_SOURCE_DIR) + "/README.md");
+  std::string readme((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::string begin = "<!-- config-reference:begin -->\n", end = "<!-- config-reference:end -->";
+  auto b = readme.find(begin), e = readme.find(end);
+  ASSERT_NE(b, std::string::npos) << "README.md lacks the config reference markers";
+  ASSERT_NE(e, std::string::npos);
+  EXPECT_EQ(readme.substr(b + begin.size(), e - b - begin.size()),
+            framework::config::reference_markdown())
+      << "regenerate the README table with: build/train --config-reference";
+}
