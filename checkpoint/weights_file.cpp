@@ -136,7 +136,11 @@ void WeightsFile::open_safetensors() {
       }
       continue;
     }
-    auto bad = [&](const std::string& what) { return error_in(path_, "tensor '" + name + "': " + what); };
+    // C++17 lambdas cannot capture structured bindings (clang rejects it).
+    const std::string& tensor_name = name;
+    auto bad = [&](const std::string& what) {
+      return error_in(path_, "tensor '" + tensor_name + "': " + what);
+    };
     if (name.empty() || name.size() > kMaxNameLength) throw bad("invalid name length");
     if (!entry.is_object()) throw bad("entry is not an object");
     if (!entry.contains("dtype") || !entry["dtype"].is_string()) throw bad("missing \"dtype\"");

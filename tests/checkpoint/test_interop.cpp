@@ -4,6 +4,7 @@
 // The Python checks run when a python3 with torch is found (SHARDKIT_PYTHON,
 // /usr/bin/python3, python3) and are skipped, saying so, otherwise.
 #include <gtest/gtest.h>
+#include <unistd.h>
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
@@ -118,7 +119,10 @@ std::pair<int64_t, int64_t> part_range(int64_t n, int part, int parts) {
 class InteropTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    root_ = new fs::path(fs::path(SHARDKIT_BINARY_DIR) / "test_interop_tmp");
+    // Per process: ctest runs each test of this binary as its own process, in
+    // parallel, and they must not delete each other's files.
+    root_ = new fs::path(fs::path(SHARDKIT_BINARY_DIR) /
+                         ("test_interop_tmp_" + std::to_string(::getpid())));
     fs::remove_all(*root_);
     fs::create_directories(*root_);
     ckpt_ = new std::string((*root_ / "step_5").string());
