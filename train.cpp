@@ -40,21 +40,6 @@ void on_stop_signal(int sig) {
   if (framework::train::Trainer::stop_signal().exchange(sig) != 0) _exit(128 + sig);
 }
 
-// argv without "--nproc N" / "--nproc=N": what each launched rank runs.
-std::vector<std::string> rank_argv(int argc, char** argv) {
-  std::vector<std::string> out{std::filesystem::read_symlink("/proc/self/exe").string()};
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    if (a == "--nproc") {
-      ++i;
-      continue;
-    }
-    if (a.rfind("--nproc=", 0) == 0) continue;
-    out.push_back(a);
-  }
-  return out;
-}
-
 int run_rank(const Args& args, const framework::config::Config& cfg) {
   namespace dist = framework::dist;
   dist::LaunchEnv env;
@@ -127,7 +112,7 @@ int main(int argc, char** argv) {
   if (args.nproc > 0 && std::getenv("SHARDKIT_LAUNCHED") == nullptr) {
     framework::dist::LocalLaunchOptions launch;
     launch.nproc = args.nproc;
-    launch.argv = rank_argv(argc, argv);
+    launch.argv = framework::dist::argv_without_nproc(argc, argv);
     return framework::dist::run_local_launcher(launch);
   }
   return run_rank(args, cfg);

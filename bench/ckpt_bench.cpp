@@ -916,21 +916,6 @@ int run_rank(const Args& args) {
   return 0;
 }
 
-// argv without "--nproc N" / "--nproc=N": what each launched rank runs.
-std::vector<std::string> rank_argv(int argc, char** argv) {
-  std::vector<std::string> out{fs::read_symlink("/proc/self/exe").string()};
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    if (a == "--nproc") {
-      ++i;
-      continue;
-    }
-    if (a.rfind("--nproc=", 0) == 0) continue;
-    out.push_back(a);
-  }
-  return out;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -964,7 +949,7 @@ int main(int argc, char** argv) {
   if (args.nproc > 1 && std::getenv("SHARDKIT_LAUNCHED") == nullptr) {
     dist::LocalLaunchOptions launch;
     launch.nproc = args.nproc;
-    launch.argv = rank_argv(argc, argv);
+    launch.argv = framework::dist::argv_without_nproc(argc, argv);
     return dist::run_local_launcher(launch);
   }
   try {

@@ -1,4 +1,5 @@
 #include "checkpoint/chunk_io.h"
+#include "checkpoint/futures.h"
 
 #include <thread_pool/thread_pool.hpp>
 
@@ -496,19 +497,12 @@ void ChunkWriter::write_plain(const uint8_t* data, uint64_t n, uint64_t block, C
     return;
   }
   std::vector<std::future<void>> tasks;
-  tasks.reserve(nblocks);
-  auto chunk_sum = pool_->Submit([data, n] { return xxh3_64(data, n); });
+  tasks.reserve(nblocks + 1);
+  uint64_t chunk_sum = 0;
+  tasks.push_back(pool_->Submit([data, n, &chunk_sum] { chunk_sum = xxh3_64(data, n); }));
   for (uint64_t i = 0; i < nblocks; ++i) tasks.push_back(pool_->Submit(write_block, i));
-  std::exception_ptr error;
-  for (auto& t : tasks) {
-    try {
-      t.get();
-    } catch (...) {
-      if (!error) error = std::current_exception();
-    }
-  }
-  c.checksum = chunk_sum.get();
-  if (error) std::rethrow_exception(error);
+  checkpoint::wait_all(tasks);
+  c.checksum = chunk_sum;
 }
 
 std::vector<ChunkMeta> ChunkWriter::finish() {

@@ -15,18 +15,6 @@ bool is_float(DType d) {
          d == DType::kBFloat16;
 }
 
-std::string join_names(const std::vector<std::string>& names) {
-  std::ostringstream s;
-  for (size_t i = 0; i < names.size(); ++i) {
-    if (i == 8) {
-      s << ", ... (" << names.size() - 8 << " more)";
-      break;
-    }
-    s << (i ? ", " : "") << names[i];
-  }
-  return s.str();
-}
-
 struct ImportJob {
   TensorEntry* entry;
   const WeightsTensorInfo* info;

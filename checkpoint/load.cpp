@@ -1,6 +1,7 @@
 #include "checkpoint/load.h"
 
 #include "checkpoint/chunk_io.h"
+#include "checkpoint/futures.h"
 #include "checkpoint/metadata.h"
 #include "checkpoint/resharding.h"
 
@@ -15,18 +16,6 @@ namespace checkpoint {
 namespace {
 
 constexpr uint64_t kMaxMetadataBytes = uint64_t{1} << 30;
-
-std::string join_names(const std::vector<std::string>& names) {
-  std::ostringstream s;
-  for (size_t i = 0; i < names.size(); ++i) {
-    if (i == 8) {
-      s << ", ... (" << names.size() - 8 << " more)";
-      break;
-    }
-    s << (i ? ", " : "") << names[i];
-  }
-  return s.str();
-}
 
 std::string shape_str(const std::vector<int64_t>& shape) {
   std::ostringstream s;
@@ -124,15 +113,7 @@ LoadStats load_state_dict(StateDict& state, const std::string& step_dir, const L
     }));
     stats.bytes_read += b.data.size();
   }
-  std::exception_ptr error;
-  for (auto& t : tasks) {
-    try {
-      t.get();
-    } catch (...) {
-      if (!error) error = std::current_exception();
-    }
-  }
-  if (error) std::rethrow_exception(error);
+  wait_all(tasks);
   return stats;
 }
 

@@ -123,4 +123,16 @@ std::string box_to_string(const Box& box) {
   return out + "]";
 }
 
+std::string join_names(const std::vector<std::string>& names, size_t max) {
+  std::string out;
+  for (size_t i = 0; i < names.size(); ++i) {
+    if (i == max) {
+      out += ", ... (" + std::to_string(names.size() - max) + " more)";
+      break;
+    }
+    out += (i ? ", " : "") + names[i];
+  }
+  return out;
+}
+
 }  // namespace checkpoint

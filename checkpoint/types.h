@@ -87,5 +87,7 @@ std::optional<uint64_t> checked_numel(const std::vector<int64_t>& dims);
 // "[2, 8]" and "[0:2, 4:8]" for error messages.
 std::string shape_to_string(const std::vector<int64_t>& shape);
 std::string box_to_string(const Box& box);
+// "a, b, c", at most `max` names, then ", ... (N more)".
+std::string join_names(const std::vector<std::string>& names, size_t max = 8);
 
 }  // namespace checkpoint

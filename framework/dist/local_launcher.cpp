@@ -1,5 +1,7 @@
 #include "framework/dist/local_launcher.h"
 
+#include <filesystem>
+
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netdb.h>
@@ -668,6 +670,20 @@ int pick_free_port(const std::string& addr) {
                              addr + ": " + errno_text(last_errno));
   }
   return port;
+}
+
+std::vector<std::string> argv_without_nproc(int argc, char** argv) {
+  std::vector<std::string> out{std::filesystem::read_symlink("/proc/self/exe").string()};
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "--nproc") {
+      ++i;
+      continue;
+    }
+    if (a.rfind("--nproc=", 0) == 0) continue;
+    out.push_back(std::move(a));
+  }
+  return out;
 }
 
 }  // namespace framework::dist

@@ -32,6 +32,10 @@ struct LocalLaunchOptions {
 // its duration.
 int run_local_launcher(const LocalLaunchOptions& options);
 
+// What each launched rank runs: this executable (/proc/self/exe) with the
+// given arguments minus "--nproc N" / "--nproc=N".
+std::vector<std::string> argv_without_nproc(int argc, char** argv);
+
 // A TCP port that was free on `addr` a moment ago.
 int pick_free_port(const std::string& addr);
 
