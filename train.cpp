@@ -49,6 +49,14 @@ int run_rank(const Args& args, const framework::config::Config& cfg) {
     std::cerr << "train: " << e.what() << std::endl;
     return 2;
   }
+  if (cfg.train.device != "cpu") {
+    // The CUDA path (device state, NCCL, pinned staging) is not built yet:
+    // refuse rather than silently train on the CPU.
+    std::cerr << "train: " << args.config_path << ": train.device: " << cfg.train.device
+              << " is not supported by this build yet (the GPU path is not implemented); use cpu"
+              << std::endl;
+    return 2;
+  }
   try {
     framework::fsdp::mesh_shape_for(cfg.parallel, env.world_size);
   } catch (const std::invalid_argument& e) {
