@@ -4,13 +4,18 @@
 
 #include <string>
 
+#include <unistd.h>
+
 #include "reliability/harness.h"
 
 namespace reliability {
 
-// <build>/reliability-work/<name>, emptied.
+// <build>/reliability-work/<name>.<pid>, emptied. Per process: ctest runs
+// each test as its own process, two at a time, and tests that share a name
+// prefix must not delete each other's files.
 inline fs::path fresh_dir(const std::string& name) {
-  const fs::path dir = fs::path(SHARDKIT_BINARY_DIR) / "reliability-work" / name;
+  const fs::path dir = fs::path(SHARDKIT_BINARY_DIR) / "reliability-work" /
+                       (name + "." + std::to_string(::getpid()));
   fs::remove_all(dir);
   fs::create_directories(dir);
   return dir;
