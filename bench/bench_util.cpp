@@ -423,73 +423,92 @@ nlohmann::json run_compression_study(const std::string& set_name, const NamedTen
   NamedTensors targets;
   for (const auto& [n, t] : set) targets.emplace_back(n, torch::zeros_like(t));
 
-  nlohmann::json rows = nlohmann::json::array();
+  const std::vector<Variant>& vs = variants();
   const std::string set_dir = (fs::path(options.dir) / set_name).string();
-  for (const Variant& v : variants()) {
-    const std::string vdir = (fs::path(set_dir) / (v.name + "_" + std::to_string(v.level))).string();
-    fs::remove_all(vdir);
-    fs::create_directories(vdir);
-    for (auto& [n, t] : targets) t.zero_();
-    uint64_t stored = 0;
-    double save_s = 0;
-    double load_s = 0;
-    int threads = options.io_threads;
-    if (v.codec == "whole_chunk") {
-      threads = 1;
-      const std::string path = (fs::path(vdir) / "whole.zst").string();
-      std::vector<uint64_t> frames;
-      auto t0 = Clock::now();
-      whole_chunk_save(set, path, v.level, frames, &stored);
-      save_s = seconds_since(t0);
-      drop_page_cache(vdir);
-      t0 = Clock::now();
-      whole_chunk_load(targets, path, frames);
-      load_s = seconds_since(t0);
-    } else {
-      checkpoint::StateDict sd;
-      for (const auto& [n, t] : set) sd.add_tensor(n, t);
-      checkpoint::SaveOptions so;
-      so.io_threads = options.io_threads;
-      so.compression.codec = v.codec;
-      so.compression.byte_group = v.byte_group;
-      if (v.level > 0) so.compression.level = v.level;
-      const std::string step_dir = (fs::path(vdir) / "step_0").string();
-      auto t0 = Clock::now();
-      checkpoint::SaveStats st = checkpoint::save_state_dict(sd, step_dir, group, so);
-      save_s = seconds_since(t0);
-      stored = st.total_stored_bytes;
-      drop_page_cache(vdir);
-      checkpoint::StateDict into;
-      for (const auto& [n, t] : targets) into.add_tensor(n, t);
-      checkpoint::LoadOptions lo;
-      lo.io_threads = options.io_threads;
-      t0 = Clock::now();
-      checkpoint::load_state_dict(into, step_dir, lo);
-      load_s = seconds_since(t0);
-    }
-    for (size_t i = 0; i < set.size(); ++i) {
-      if (!same_bytes(set[i].second, targets[i].second)) {
-        throw std::runtime_error("compression study: " + set_name + " variant " + v.name +
-                                 " level " + std::to_string(v.level) + ": tensor '" +
-                                 set[i].first + "' did not load back bit-exact");
+  std::vector<uint64_t> stored(vs.size(), 0);
+  std::vector<std::vector<double>> save_samples(vs.size()), load_samples(vs.size());
+  const int trials = std::max(1, options.trials);
+  // Trial t runs the variants in a rotated order, so that no variant always
+  // follows the same one (the disk's write-back state, the CPU's caches).
+  for (int t = 0; t < trials; ++t) {
+    for (size_t j = 0; j < vs.size(); ++j) {
+      const size_t vi = (j + static_cast<size_t>(t)) % vs.size();
+      const Variant& v = vs[vi];
+      const std::string vdir =
+          (fs::path(set_dir) / (v.name + "_" + std::to_string(v.level))).string();
+      fs::remove_all(vdir);
+      fs::create_directories(vdir);
+      for (auto& [n, tt] : targets) tt.zero_();
+      double save_s = 0;
+      double load_s = 0;
+      if (v.codec == "whole_chunk") {
+        const std::string path = (fs::path(vdir) / "whole.zst").string();
+        std::vector<uint64_t> frames;
+        auto t0 = Clock::now();
+        whole_chunk_save(set, path, v.level, frames, &stored[vi]);
+        save_s = seconds_since(t0);
+        drop_page_cache(vdir);
+        t0 = Clock::now();
+        whole_chunk_load(targets, path, frames);
+        load_s = seconds_since(t0);
+      } else {
+        checkpoint::StateDict sd;
+        for (const auto& [n, tt] : set) sd.add_tensor(n, tt);
+        checkpoint::SaveOptions so;
+        so.io_threads = options.io_threads;
+        so.compression.codec = v.codec;
+        so.compression.byte_group = v.byte_group;
+        if (v.level > 0) so.compression.level = v.level;
+        const std::string step_dir = (fs::path(vdir) / "step_0").string();
+        auto t0 = Clock::now();
+        checkpoint::SaveStats st = checkpoint::save_state_dict(sd, step_dir, group, so);
+        save_s = seconds_since(t0);
+        stored[vi] = st.total_stored_bytes;
+        drop_page_cache(vdir);
+        checkpoint::StateDict into;
+        for (const auto& [n, tt] : targets) into.add_tensor(n, tt);
+        checkpoint::LoadOptions lo;
+        lo.io_threads = options.io_threads;
+        t0 = Clock::now();
+        checkpoint::load_state_dict(into, step_dir, lo);
+        load_s = seconds_since(t0);
       }
+      for (size_t i = 0; i < set.size(); ++i) {
+        if (!same_bytes(set[i].second, targets[i].second)) {
+          throw std::runtime_error("compression study: " + set_name + " variant " + v.name +
+                                   " level " + std::to_string(v.level) + ": tensor '" +
+                                   set[i].first + "' did not load back bit-exact");
+        }
+      }
+      fs::remove_all(vdir);
+      save_samples[vi].push_back(save_s);
+      load_samples[vi].push_back(load_s);
     }
-    fs::remove_all(vdir);
-    const double mb = static_cast<double>(logical) / 1e6;
+  }
+  fs::remove_all(set_dir);
+
+  nlohmann::json rows = nlohmann::json::array();
+  const double mb = static_cast<double>(logical) / 1e6;
+  for (size_t vi = 0; vi < vs.size(); ++vi) {
+    const Variant& v = vs[vi];
+    const int threads = v.codec == "whole_chunk" ? 1 : options.io_threads;
+    const double save_s = median(save_samples[vi]);
+    const double load_s = median(load_samples[vi]);
     rows.push_back({{"name", v.name},
                     {"level", v.level},
-                    {"stored_bytes", stored},
+                    {"stored_bytes", stored[vi]},
                     {"logical_bytes", logical},
-                    {"ratio", static_cast<double>(stored) / static_cast<double>(logical)},
+                    {"ratio", static_cast<double>(stored[vi]) / static_cast<double>(logical)},
                     {"save_s", save_s},
                     {"load_s", load_s},
+                    {"save_s_trials", save_samples[vi]},
+                    {"load_s_trials", load_samples[vi]},
                     {"threads", threads},
                     {"save_mb_s_per_thread", mb / (save_s * threads)},
                     {"load_mb_s", mb / load_s},
                     {"tensors", set.size()},
                     {"tile_copies", copies}});
   }
-  fs::remove_all(set_dir);
   return rows;
 }
 

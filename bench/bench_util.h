@@ -59,13 +59,16 @@ struct CompressionStudyOptions {
   std::string dir;            // scratch directory (created, removed)
   int io_threads = 4;
   uint64_t min_set_bytes = 64ull << 20;  // tile small sets to at least this
+  int trials = 1;             // each variant saved and loaded this often; medians reported
 };
 
 // Runs every variant (none, zstd 1/3/9, floatgroup+zstd 1/3/9 through
 // save_state_dict; plain single-threaded zstd of each whole tensor at level 3)
 // on `tensors`, checks every load bit-exact, and returns a JSON list of
-// {name, level, stored_bytes, logical_bytes, save_s, load_s, ...}. Tensors
-// are tiled into independent copies until the set holds `min_set_bytes`
+// {name, level, stored_bytes, logical_bytes, save_s, load_s, ...}. Each of
+// `options.trials` trials runs every variant, in an order rotated by one per
+// trial; save_s and load_s are medians, save_s_trials and load_s_trials the
+// samples. Tensors are tiled into independent copies until the set holds `min_set_bytes`
 // (`tile` false: as given). `group` is a one-rank checkpoint group.
 nlohmann::json run_compression_study(const std::string& set_name, const NamedTensors& tensors,
                                      bool tile, framework::dist::Group& group,

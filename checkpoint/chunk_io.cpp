@@ -95,8 +95,9 @@ class ChunkRead {
     std::vector<BlockPlan> plans = plan_blocks(ranges);
     const bool whole = covered == chunk_->logical_bytes;
     Xxh3Stream stream;
-    run_plans(plans, whole ? &stream : nullptr);
-    if (whole) check_chunk_checksum(stream);
+    const bool hash = whole && chunk_->blocks.size() > 1;
+    run_plans(plans, hash ? &stream : nullptr);
+    if (whole) check_chunk_checksum(hash ? &stream : nullptr);
   }
 
   // Reads every block, checking all checksums.
@@ -104,8 +105,9 @@ class ChunkRead {
     std::vector<BlockPlan> plans(chunk_->blocks.size());
     for (size_t b = 0; b < plans.size(); ++b) plans[b].block = b;
     Xxh3Stream stream;
-    run_plans(plans, &stream);
-    check_chunk_checksum(stream);
+    const bool hash = chunk_->blocks.size() > 1;
+    run_plans(plans, hash ? &stream : nullptr);
+    check_chunk_checksum(hash ? &stream : nullptr);
   }
 
  private:
@@ -208,11 +210,11 @@ class ChunkRead {
     const BlockMeta& tail = block_of(plans[last - 1]);
     const uint64_t stored_bytes = tail.stored_offset + tail.stored_length - head.stored_offset;
     const bool in_place = reads_in_place(plans[first]);
-    std::vector<uint8_t> staging;
+    std::unique_ptr<uint8_t[]> staging;  // not zero-filled: the read fills it
     uint8_t* fetched = plans[first].direct;
     if (!in_place) {
-      staging.resize(static_cast<size_t>(stored_bytes));
-      fetched = staging.data();
+      staging.reset(new uint8_t[static_cast<size_t>(stored_bytes)]);
+      fetched = staging.get();
     }
     read_stored(chunk_->offset + head.stored_offset, fetched, stored_bytes, plans[first].block,
                 plans[last - 1].block);
@@ -220,7 +222,7 @@ class ChunkRead {
     // Each block's logical bytes: in the caller's buffer, in staging (an
     // untransformed block), or in a decode buffer.
     std::vector<const uint8_t*> logical(last - first);
-    std::vector<std::vector<uint8_t>> decoded(last - first);
+    std::vector<std::unique_ptr<uint8_t[]>> decoded(last - first);
     run_all(pool_, last - first, [&](size_t k) {
       const BlockPlan& plan = plans[first + k];
       const BlockMeta& block = block_of(plan);
@@ -230,8 +232,8 @@ class ChunkRead {
       } else {
         uint8_t* out = plan.direct;
         if (out == nullptr) {
-          decoded[k].resize(static_cast<size_t>(block.logical_length));
-          out = decoded[k].data();
+          decoded[k].reset(new uint8_t[static_cast<size_t>(block.logical_length)]);
+          out = decoded[k].get();
         }
         decode_block(plan.block, stored, out);
         logical[k] = out;
@@ -281,8 +283,17 @@ class ChunkRead {
     }
   }
 
-  void check_chunk_checksum(const Xxh3Stream& stream) const {
-    if (stream.digest() != chunk_->checksum) {
+  // The chunk checksum, from `stream` over all blocks. Without a stream the
+  // chunk has at most one block, already checked: its checksum is the
+  // chunk's (XXH3 of the same bytes), so the two recorded values must agree.
+  void check_chunk_checksum(const Xxh3Stream* stream) const {
+    uint64_t digest = 0;
+    if (stream) {
+      digest = stream->digest();
+    } else {
+      digest = chunk_->blocks.empty() ? xxh3_64(nullptr, 0) : chunk_->blocks[0].checksum;
+    }
+    if (digest != chunk_->checksum) {
       throw ChecksumError("checksum mismatch in " + where_ + file_suffix_ +
                           ": the blocks are intact but the chunk checksum differs");
     }
@@ -355,15 +366,32 @@ EncodedChunk encode_chunk(const uint8_t* data, uint64_t n, size_t element_size,
   return out;
 }
 
-struct ChunkWriter::InFlight {
+// One block of one chunk, queued for a batch.
+struct ChunkWriter::Item {
   size_t chunk;
   size_t block;
-  std::future<EncodedBlock> result;
+  const uint8_t* data;
+  size_t length;
+  size_t element_size;
+  std::shared_ptr<const TransformChain> chain;  // null: stored as is
+};
+
+// A batch's stored bytes, back to back, and each block's share of them.
+struct ChunkWriter::Encoded {
+  std::vector<uint8_t> bytes;
+  std::vector<uint64_t> lengths;    // stored bytes per item
+  std::vector<uint64_t> checksums;  // XXH3 of each item's logical bytes
+};
+
+struct ChunkWriter::InFlight {
+  std::vector<Item> items;
+  std::future<Encoded> result;
 };
 
 ChunkWriter::ChunkWriter(WritableFile& file, thread_pool::ThreadPool* pool, Options options)
     : file_(file), pool_(pool), options_(options) {
   options_.max_blocks_in_flight = std::max<size_t>(1, options_.max_blocks_in_flight);
+  options_.batch_bytes = std::max<uint64_t>(1, options_.batch_bytes);
 }
 
 ChunkWriter::~ChunkWriter() { wait_all(); }
@@ -400,14 +428,15 @@ size_t ChunkWriter::add_chunk(const uint8_t* data, uint64_t n, size_t element_si
                                 " bytes are not whole elements of " + std::to_string(element_size));
   }
   const uint64_t bs = std::max<uint64_t>(element_size, block_size - block_size % element_size);
+  const uint64_t batch_limit = std::min(options_.batch_bytes, bs);
   const size_t index = chunks_.size();
   ChunkMeta c;
   c.logical_bytes = n;
   c.transforms = transforms;
   logical_ += n;
-  if (transforms.empty() || n == 0) {
+  if (n == 0 || (transforms.empty() && n >= batch_limit)) {
     // In place: everything queued before goes first.
-    while (!in_flight_.empty()) write_oldest();
+    drain();
     c.offset = offset_;
     if (transforms.empty()) {
       write_plain(data, n, bs, c);
@@ -415,63 +444,112 @@ size_t ChunkWriter::add_chunk(const uint8_t* data, uint64_t n, size_t element_si
       c.checksum = xxh3_64(data, 0);
     }
     offset_ += c.length;
+    note_written();
     chunks_.push_back(std::move(c));
     owners_.emplace_back();
     blocks_left_.push_back(0);
     return index;
   }
-  std::shared_ptr<const TransformChain> chain = chain_for(transforms);
+  std::shared_ptr<const TransformChain> chain = transforms.empty() ? nullptr : chain_for(transforms);
   const size_t count = static_cast<size_t>((n + bs - 1) / bs);
   c.blocks.resize(count);
+  for (size_t i = 0; i < count; ++i) {
+    c.blocks[i].logical_length = std::min(bs, n - i * bs);
+  }
   chunks_.push_back(std::move(c));
   owners_.push_back(std::move(owner));
   blocks_left_.push_back(count);
+  // A one-block chunk's checksum is its block's (the same XXH3 of the same
+  // bytes), taken when the block is written; longer ones are hashed here,
+  // block by block, while the pool encodes.
   Xxh3Stream stream;
   for (size_t i = 0; i < count; ++i) {
-    while (in_flight_.size() >= options_.max_blocks_in_flight) write_oldest();
-    const uint8_t* block = data + i * bs;
     const size_t len = static_cast<size_t>(std::min(bs, n - i * bs));
-    auto encode = [chain, block, len, element_size] {
-      EncodedBlock b;
-      b.checksum = xxh3_64(block, len);
-      chain->encode(block, len, element_size, b.bytes);
-      return b;
-    };
-    std::future<EncodedBlock> result;
-    if (pool_) {
-      result = pool_->Submit(encode);
-    } else {
-      std::promise<EncodedBlock> done;
-      try {
-        done.set_value(encode());
-      } catch (...) {
-        done.set_exception(std::current_exception());
-      }
-      result = done.get_future();
-    }
-    in_flight_.push_back(InFlight{index, i, std::move(result)});
-    peak_in_flight_ = std::max(peak_in_flight_, in_flight_.size());
-    chunks_[index].blocks[i].logical_length = len;
-    stream.update(block, len);  // while the pool encodes
+    if (!batch_.empty() && batch_logical_ + len > batch_limit) submit_batch();
+    batch_.push_back(Item{index, i, data + i * bs, len, element_size, chain});
+    batch_logical_ += len;
+    if (batch_logical_ >= batch_limit) submit_batch();
+    if (count > 1) stream.update(data + i * bs, len);
   }
-  chunks_[index].checksum = stream.digest();
+  if (count > 1) chunks_[index].checksum = stream.digest();
   return index;
+}
+
+void ChunkWriter::submit_batch() {
+  if (batch_.empty()) return;
+  while (in_flight_.size() >= options_.max_blocks_in_flight) write_oldest();
+  std::vector<Item> items = std::move(batch_);
+  batch_.clear();
+  const uint64_t logical = batch_logical_;
+  batch_logical_ = 0;
+  // The task reads `items` through the InFlight entry's copy, which lives
+  // until the task is done (wait_all, write_oldest).
+  auto encode = [items, logical] {
+    Encoded e;
+    // Stored bytes rarely exceed logical ones by more than frame headers.
+    e.bytes.reserve(static_cast<size_t>(logical + logical / 64 + 64 * items.size()));
+    e.lengths.reserve(items.size());
+    e.checksums.reserve(items.size());
+    for (const Item& it : items) {
+      const size_t before = e.bytes.size();
+      e.checksums.push_back(xxh3_64(it.data, it.length));
+      if (it.chain) {
+        it.chain->encode_append(it.data, it.length, it.element_size, e.bytes);
+      } else {
+        e.bytes.insert(e.bytes.end(), it.data, it.data + it.length);
+      }
+      e.lengths.push_back(e.bytes.size() - before);
+    }
+    return e;
+  };
+  std::future<Encoded> result;
+  if (pool_) {
+    result = pool_->Submit(encode);
+  } else {
+    std::promise<Encoded> done;
+    try {
+      done.set_value(encode());
+    } catch (...) {
+      done.set_exception(std::current_exception());
+    }
+    result = done.get_future();
+  }
+  in_flight_.push_back(InFlight{std::move(items), std::move(result)});
+  peak_in_flight_ = std::max(peak_in_flight_, in_flight_.size());
 }
 
 void ChunkWriter::write_oldest() {
   InFlight& f = in_flight_.front();
-  const EncodedBlock b = f.result.get();
-  ChunkMeta& c = chunks_[f.chunk];
-  if (f.block == 0) c.offset = offset_;
-  BlockMeta& block = c.blocks[f.block];
-  block.stored_offset = offset_ - c.offset;
-  block.stored_length = b.bytes.size();
-  block.checksum = b.checksum;
-  file_.write_at(offset_, b.bytes.data(), b.bytes.size());
-  offset_ += b.bytes.size();
-  c.length += b.bytes.size();
-  if (--blocks_left_[f.chunk] == 0) owners_[f.chunk].reset();
+  const Encoded e = f.result.get();
+  file_.write_at(offset_, e.bytes.data(), e.bytes.size());
+  uint64_t at = offset_;
+  for (size_t i = 0; i < f.items.size(); ++i) {
+    const Item& it = f.items[i];
+    ChunkMeta& c = chunks_[it.chunk];
+    if (it.block == 0) c.offset = at;
+    BlockMeta& block = c.blocks[it.block];
+    block.stored_offset = at - c.offset;
+    block.stored_length = e.lengths[i];
+    block.checksum = e.checksums[i];
+    if (c.blocks.size() == 1) c.checksum = e.checksums[i];
+    c.length += e.lengths[i];
+    at += e.lengths[i];
+    if (--blocks_left_[it.chunk] == 0) owners_[it.chunk].reset();
+  }
+  offset_ = at;
   in_flight_.pop_front();
+  note_written();
+}
+
+void ChunkWriter::drain() {
+  submit_batch();
+  while (!in_flight_.empty()) write_oldest();
+}
+
+void ChunkWriter::note_written() {
+  if (options_.writeback_bytes == 0 || offset_ - writeback_from_ < options_.writeback_bytes) return;
+  file_.start_writeback(writeback_from_, offset_ - writeback_from_);
+  writeback_from_ = offset_;
 }
 
 // Uncompressed: blocks are checksummed and written straight from the
@@ -491,9 +569,9 @@ void ChunkWriter::write_plain(const uint8_t* data, uint64_t n, uint64_t block, C
     bm.checksum = xxh3_64(data + lo, len);
     file_.write_at(base + lo, data + lo, len);
   };
-  if (pool_ == nullptr) {
+  if (pool_ == nullptr || nblocks <= 1) {
     for (uint64_t i = 0; i < nblocks; ++i) write_block(i);
-    c.checksum = xxh3_64(data, n);
+    c.checksum = nblocks == 1 ? c.blocks[0].checksum : xxh3_64(data, n);
     return;
   }
   std::vector<std::future<void>> tasks;
@@ -506,7 +584,7 @@ void ChunkWriter::write_plain(const uint8_t* data, uint64_t n, uint64_t block, C
 }
 
 std::vector<ChunkMeta> ChunkWriter::finish() {
-  while (!in_flight_.empty()) write_oldest();
+  drain();
   owners_.clear();
   return std::move(chunks_);
 }

@@ -59,14 +59,18 @@ EncodedChunk encode_chunk(const uint8_t* data, uint64_t n, size_t element_size,
                           uint64_t block_size, thread_pool::ThreadPool* pool);
 
 // Writes chunks one after another into one data file, in the order they are
-// added, and says where each went. A transformed chunk is split into blocks
-// that are encoded on the pool while the calling thread queues more blocks,
-// of the same chunk or later ones, so many small chunks keep every pool
-// thread busy; at most `max_blocks_in_flight` blocks are queued or encoded
-// and not yet written (bounded memory), and the calling thread writes the
-// encoded blocks in order at increasing offsets. An untransformed chunk is
-// written straight from the caller's memory, its blocks in parallel on the
-// pool, with no staging copy.
+// added, and says where each went. Chunks are cut into blocks; blocks are
+// grouped into batches of about `batch_bytes` logical bytes (a block bigger
+// than that is a batch of its own), so that many small chunks cost one pool
+// task and one write per batch rather than per chunk. Each batch is encoded
+// (transformed chunks) or copied (untransformed ones) and checksummed on the
+// pool while the calling thread queues more; at most `max_blocks_in_flight`
+// batches are queued or encoded and not yet written (bounded memory), and
+// the calling thread writes the finished batches in order at increasing
+// offsets, asking the file to start write-back every `writeback_bytes` so
+// that the disk works while the pool still encodes. An untransformed chunk
+// of at least a batch is written straight from the caller's memory, its
+// blocks in parallel on the pool, with no staging copy.
 //
 // Call sequence (one thread, never a task running on the pool): add_chunk
 // any number of times, then finish. After an exception the writer is
@@ -76,11 +80,14 @@ class ChunkWriter {
   struct Options {
     int zstd_level = 3;
     uint64_t block_size = uint64_t{8} << 20;  // rounded down to whole elements, >= one
-    size_t max_blocks_in_flight = 8;          // >= 1
+    size_t max_blocks_in_flight = 8;          // batches in flight, >= 1
+    // Batches close at min(batch_bytes, block size) logical bytes.
+    uint64_t batch_bytes = uint64_t{1} << 20;
+    uint64_t writeback_bytes = uint64_t{16} << 20;  // 0: never hint
   };
 
   // Writes to `file` from offset 0. `file` and `pool` must outlive the
-  // writer; without a pool every block is coded on the calling thread.
+  // writer; without a pool every batch is coded on the calling thread.
   ChunkWriter(WritableFile& file, thread_pool::ThreadPool* pool, Options options);
   ~ChunkWriter();
   ChunkWriter(const ChunkWriter&) = delete;
@@ -97,28 +104,31 @@ class ChunkWriter {
                    const std::vector<std::string>& transforms,
                    std::shared_ptr<const void> owner = nullptr);
 
-  // Writes every block still in flight and returns where each chunk went,
-  // in the order added: offset, length, logical_bytes, checksum, transforms
-  // and blocks (file, box and writer_rank are the caller's). Does not sync.
+  // Writes every block still queued or in flight and returns where each
+  // chunk went, in the order added: offset, length, logical_bytes, checksum,
+  // transforms and blocks (file, box and writer_rank are the caller's). Does
+  // not sync.
   std::vector<ChunkMeta> finish();
 
   // The end of the data written so far.
   uint64_t stored_bytes() const { return offset_; }
   uint64_t logical_bytes() const { return logical_; }
-  // The most blocks that were ever in flight at once (<= max_blocks_in_flight).
+  // The most batches that were ever in flight at once (<= max_blocks_in_flight).
   size_t peak_blocks_in_flight() const { return peak_in_flight_; }
 
  private:
-  struct EncodedBlock {
-    std::vector<uint8_t> bytes;
-    uint64_t checksum = 0;
-  };
+  struct Item;
+  struct Encoded;
   struct InFlight;
 
   std::shared_ptr<const TransformChain> chain_for(const std::vector<std::string>& transforms);
+  void queue_block(Item item);
+  void submit_batch();
   void write_plain(const uint8_t* data, uint64_t n, uint64_t block, ChunkMeta& c);
   void write_oldest();
+  void drain();
   void wait_all() noexcept;
+  void note_written();
 
   WritableFile& file_;
   thread_pool::ThreadPool* pool_;
@@ -126,10 +136,13 @@ class ChunkWriter {
   std::vector<ChunkMeta> chunks_;
   std::vector<std::shared_ptr<const void>> owners_;  // released when the chunk is written
   std::vector<size_t> blocks_left_;                 // per chunk, not yet written
+  std::vector<Item> batch_;                         // blocks not yet submitted
+  uint64_t batch_logical_ = 0;
   std::deque<InFlight> in_flight_;
   std::vector<std::pair<std::vector<std::string>, std::shared_ptr<const TransformChain>>> chains_;
   uint64_t offset_ = 0;
   uint64_t logical_ = 0;
+  uint64_t writeback_from_ = 0;
   size_t peak_in_flight_ = 0;
 };
 

@@ -10,6 +10,8 @@
 #include <future>
 #include <set>
 #include <sstream>
+#include <string_view>
+#include <unordered_map>
 
 namespace checkpoint {
 
@@ -43,12 +45,20 @@ LoadStats load_state_dict(StateDict& state, const std::string& step_dir, const L
   stats.saved_layout = meta.layout;
   auto wanted = [&](const std::string& name) { return !options.filter || options.filter(name); };
 
+  std::unordered_map<std::string_view, const ItemMeta*> by_name;
+  by_name.reserve(meta.items.size());
+  for (const ItemMeta& item : meta.items) by_name.emplace(item.name, &item);
+  auto find = [&by_name](const std::string& name) -> const ItemMeta* {
+    auto it = by_name.find(name);
+    return it == by_name.end() ? nullptr : it->second;
+  };
+
   // Strictness: both directions, named.
   std::set<std::string> have;
   for (const auto& t : state.tensors()) have.insert(t.name);
   for (const auto& b : state.bytes()) have.insert(b.name);
   for (const auto& name : have) {
-    if (wanted(name) && meta.find(name) == nullptr) stats.missing.push_back(name);
+    if (wanted(name) && find(name) == nullptr) stats.missing.push_back(name);
   }
   for (const auto& item : meta.items) {
     if (wanted(item.name) && !have.count(item.name)) stats.unexpected.push_back(item.name);
@@ -74,7 +84,7 @@ LoadStats load_state_dict(StateDict& state, const std::string& step_dir, const L
 
   for (auto& t : state.tensors()) {
     if (!wanted(t.name)) continue;
-    const ItemMeta* item = meta.find(t.name);
+    const ItemMeta* item = find(t.name);
     if (item == nullptr) continue;  // tolerated above
     const std::string where = "item '" + t.name + "' of checkpoint " + step_dir;
     if (item->kind != ItemKind::kTensor) throw CheckpointError(where + " is not a tensor");
@@ -100,7 +110,7 @@ LoadStats load_state_dict(StateDict& state, const std::string& step_dir, const L
   }
   for (auto& b : state.bytes()) {
     if (!wanted(b.name)) continue;
-    const ItemMeta* item = meta.find(b.name);
+    const ItemMeta* item = find(b.name);
     if (item == nullptr) continue;
     if (item->kind != ItemKind::kBytes || item->chunks.size() != 1) {
       throw CheckpointError("item '" + b.name + "' of checkpoint " + step_dir +

@@ -102,6 +102,9 @@ struct HeldRegion {
 // The bytes of `sub` (inside the held box), contiguous. Splits along dim 0 of
 // a contiguous tensor need no copy.
 torch::Tensor sub_box(const torch::Tensor& held, const Box& held_box, const Box& sub) {
+  if (sub.offsets == held_box.offsets && sub.sizes == held_box.sizes && held.is_contiguous()) {
+    return held;  // the whole box (the common case): no views to make
+  }
   torch::Tensor t = held;
   for (size_t d = 0; d < sub.offsets.size(); ++d) {
     t = t.narrow(static_cast<int64_t>(d), sub.offsets[d] - held_box.offsets[d], sub.sizes[d]);
@@ -110,9 +113,10 @@ torch::Tensor sub_box(const torch::Tensor& held, const Box& held_box, const Box&
 }
 
 // This rank's data file. Chunks are queued in order and written by a
-// ChunkWriter: compressed blocks of all chunks are encoded on the pool, at
-// most 2 * io_threads in flight; uncompressed chunks go straight from the
-// tensors' memory.
+// ChunkWriter: small chunks are grouped into batches of about 1 MiB, each
+// encoded (or copied) on the pool and written with one call, at most
+// 2 * io_threads batches in flight; big uncompressed chunks go straight from
+// the tensors' memory.
 class RankWriter {
  public:
   RankWriter(Storage& storage, const std::string& step_dir, int rank, const SaveOptions& options)

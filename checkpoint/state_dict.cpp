@@ -6,8 +6,7 @@ namespace checkpoint {
 
 void StateDict::check_new_name(const std::string& name) const {
   TORCH_CHECK(!name.empty(), "StateDict: empty item name");
-  for (const auto& t : tensors_) TORCH_CHECK(t.name != name, "StateDict: duplicate item ", name);
-  for (const auto& b : bytes_) TORCH_CHECK(b.name != name, "StateDict: duplicate item ", name);
+  TORCH_CHECK(names_.count(name) == 0, "StateDict: duplicate item ", name);
 }
 
 void StateDict::add_tensor(std::string name, torch::Tensor local, std::vector<int64_t> global_shape,
@@ -24,6 +23,7 @@ void StateDict::add_tensor(std::string name, torch::Tensor local, std::vector<in
                 ") outside the global size ", global_shape[d]);
   }
   to_dtype(local.scalar_type());  // rejects unsupported types early
+  names_.insert(name);
   tensors_.push_back({std::move(name), std::move(local), std::move(global_shape), std::move(offsets)});
 }
 
@@ -34,6 +34,7 @@ void StateDict::add_tensor(std::string name, torch::Tensor full) {
 
 void StateDict::add_bytes(std::string name, std::vector<uint8_t> data) {
   check_new_name(name);
+  names_.insert(name);
   bytes_.push_back({std::move(name), std::move(data)});
 }
 

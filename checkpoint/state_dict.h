@@ -16,6 +16,7 @@
 #include <torch/torch.h>
 
 #include <string>
+#include <unordered_set>
 #include <vector>
 
 namespace checkpoint {
@@ -34,7 +35,9 @@ struct BytesEntry {
 
 class StateDict {
  public:
-  // REQUIRES: names unique across tensors and bytes; local on CPU.
+  // REQUIRES: names unique across tensors and bytes (checked); local on CPU.
+  // Names are fixed once added: the mutable accessors below are for the
+  // entries' data, not their names.
   void add_tensor(std::string name, torch::Tensor local, std::vector<int64_t> global_shape,
                   std::vector<int64_t> offsets);
   // A whole tensor (unsharded; replicated if several ranks add it).
@@ -54,6 +57,7 @@ class StateDict {
   void check_new_name(const std::string& name) const;
   std::vector<TensorEntry> tensors_;
   std::vector<BytesEntry> bytes_;
+  std::unordered_set<std::string> names_;  // of all entries
 };
 
 DType to_dtype(c10::ScalarType t);         // throws for types the format lacks

@@ -47,6 +47,14 @@ class WritableFile {
   virtual void write_at(uint64_t offset, const void* data, size_t n) = 0;
   virtual void sync() = 0;   // fsync
   virtual void close() = 0;  // idempotent; no writes after it
+  // A hint that bytes [offset, offset + n), already written, will not change
+  // before sync: start writing them to the device now, without waiting, so
+  // that the final sync has less left to do. Errors are ignored (sync still
+  // reports them). The default does nothing.
+  virtual void start_writeback(uint64_t offset, uint64_t n) {
+    (void)offset;
+    (void)n;
+  }
 };
 
 class Storage {

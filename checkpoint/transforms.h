@@ -84,7 +84,11 @@ std::unique_ptr<BlockTransform> make_zstd_planes(int level);
 // Throws TransformError naming the field for an unknown codec or byte_group.
 std::vector<std::string> transform_chain_for(const CompressionOptions& c, DType dtype);
 
-// A resolved list of transforms applied in order; empty = identity.
+// A resolved list of transforms applied in order; empty = identity. The
+// float-grouping chain {"signrot/1", "bytegroup/1", "zstdplanes/1"} runs
+// fused: one pass rotates and splits into planes, and the planes are coded
+// straight from (decoded straight into) a per-thread scratch buffer of one
+// block, with the bytes the three transforms produce one after another.
 class TransformChain {
  public:
   TransformChain() = default;
@@ -100,13 +104,20 @@ class TransformChain {
 
   // Replaces `out` with in[0, n) passed through every transform in order.
   void encode(const uint8_t* in, size_t n, size_t element_size, std::vector<uint8_t>& out) const;
+  // The same, appended to what `out` holds already.
+  void encode_append(const uint8_t* in, size_t n, size_t element_size,
+                     std::vector<uint8_t>& out) const;
 
   // Inverts encode into out[0, out_n). Intermediate results are bounded by
   // kMaxBlockStoredBytes. Same error contract as BlockTransform::decode.
   void decode(const uint8_t* in, size_t n, size_t element_size, uint8_t* out, size_t out_n) const;
 
  private:
+  void detect_float_group(const std::vector<std::string>& descriptors, int zstd_level);
+
   std::vector<std::shared_ptr<const BlockTransform>> transforms_;
+  bool float_group_ = false;  // the fused float-grouping chain
+  int float_group_level_ = 3;
 };
 
 }  // namespace checkpoint

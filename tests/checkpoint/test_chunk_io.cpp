@@ -293,6 +293,95 @@ TEST_F(ChunkIoTest, ChunkWriterReleasesEachChunksBytesOnceWritten) {
   for (size_t i = 0; i < owners.size(); ++i) EXPECT_TRUE(owners[i].expired()) << "chunk " << i;
 }
 
+// A real file that records its write and write-back calls.
+class RecordingFile : public WritableFile {
+ public:
+  explicit RecordingFile(std::unique_ptr<WritableFile> inner) : inner_(std::move(inner)) {}
+  void append(const void* data, size_t n) override { inner_->append(data, n); }
+  void write_at(uint64_t offset, const void* data, size_t n) override {
+    ++writes;
+    inner_->write_at(offset, data, n);
+  }
+  void sync() override { inner_->sync(); }
+  void close() override { inner_->close(); }
+  void start_writeback(uint64_t offset, uint64_t n) override {
+    writebacks.emplace_back(offset, n);
+    inner_->start_writeback(offset, n);
+  }
+  size_t writes = 0;
+  std::vector<std::pair<uint64_t, uint64_t>> writebacks;
+
+ private:
+  std::unique_ptr<WritableFile> inner_;
+};
+
+// Many small chunks, compressed or not, go out in few batches (one pool task
+// and one write each), still read back bit-exact, and the file is asked to
+// start write-back as the data accumulates, over contiguous ranges.
+TEST_F(ChunkIoTest, ChunkWriterBatchesSmallChunksIntoFewWritesAndHintsWriteback) {
+  for (const Chain& chain : {kChains[0], kChains[3]}) {
+    RecordingFile file(posix_storage()->create_file(join_path(dir_, kFile)));
+    thread_pool::ThreadPool pool(2);
+    ChunkWriter::Options o;
+    o.block_size = 1 << 20;
+    o.batch_bytes = 64 << 10;
+    o.writeback_bytes = 128 << 10;
+    ChunkWriter writer(file, &pool, o);
+    std::vector<std::vector<uint8_t>> datas;
+    for (uint32_t i = 0; i < 400; ++i) datas.push_back(tensor_bytes(100 + (i * 13) % 400, i));
+    uint64_t logical = 0;
+    for (const auto& d : datas) {
+      writer.add_chunk(d.data(), d.size(), 4, chain);
+      logical += d.size();
+    }
+    const std::vector<ChunkMeta> metas = writer.finish();
+    file.sync();
+    file.close();
+    // 400 chunks of about 1.2 KiB: 1 write per 64 KiB batch, not per chunk.
+    EXPECT_LE(file.writes, logical / (64 << 10) + 2) << "chain of " << chain.size();
+    EXPECT_GE(file.writes, 2u);
+    ASSERT_FALSE(file.writebacks.empty());
+    uint64_t next = 0;
+    for (const auto& [offset, n] : file.writebacks) {
+      EXPECT_EQ(offset, next);
+      EXPECT_GE(n, uint64_t{128} << 10);
+      next = offset + n;
+    }
+    EXPECT_LE(next, writer.stored_bytes());
+    ChunkReader reader(posix_storage(), dir_, &pool);
+    for (size_t i = 0; i < datas.size(); ++i) {
+      const int64_t numel = static_cast<int64_t>(datas[i].size() / 4);
+      ItemMeta item{"item" + std::to_string(i), ItemKind::kTensor, DType::kFloat32, {numel}, {}};
+      ChunkMeta c = metas[i];
+      c.file = kFile;
+      c.box = Box{{0}, {numel}};
+      item.chunks.push_back(c);
+      std::vector<uint8_t> got(datas[i].size());
+      reader.read_logical(item, 0, 0, got.size(), got.data());
+      EXPECT_EQ(got, datas[i]) << "chunk " << i;
+      EXPECT_EQ(c.checksum, xxh3_64(datas[i].data(), datas[i].size())) << "chunk " << i;
+    }
+  }
+}
+
+// A one-block chunk's checksum is its block's; metadata where the two
+// disagree is reported, not trusted.
+TEST_F(ChunkIoTest, OneBlockChunkWhoseChunkChecksumDisagreesIsReported) {
+  const std::vector<uint8_t> data = tensor_bytes(500, 4);
+  ItemMeta item = write_item("model.w", 500, 1, 500, kChains[3], data, kFile);
+  ASSERT_EQ(item.chunks.size(), 1u);
+  ASSERT_EQ(item.chunks[0].blocks.size(), 1u);
+  item.chunks[0].checksum ^= 1;
+  ChunkReader reader(posix_storage(), dir_);
+  std::vector<uint8_t> got(data.size());
+  try {
+    reader.read_logical(item, 0, 0, got.size(), got.data());
+    FAIL() << "no error";
+  } catch (const ChecksumError& e) {
+    EXPECT_NE(std::string(e.what()).find("model.w"), std::string::npos) << e.what();
+  }
+}
+
 TEST_F(ChunkIoTest, ChunkWriterRethrowsAFailedWriteAndCanStillBeDestroyed) {
   FaultPlan plan;
   plan.fail_on_write_call = 5;

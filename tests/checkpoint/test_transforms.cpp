@@ -6,6 +6,7 @@
 #include <cstring>
 #include <random>
 
+#include "checkpoint/byte_planes.h"
 #include "checkpoint/transforms.h"
 
 namespace checkpoint {
@@ -63,6 +64,93 @@ TEST(Transforms, RoundTripIsBitExactForEveryChainAndElementSize) {
             << " elements";
       }
     }
+  }
+}
+
+// The byte shuffles against a direct definition, for every element size and
+// for counts around the SIMD step of 16 (tails on both sides).
+TEST(Transforms, SplitAndMergePlanesMatchTheDefinitionForEveryCountAndSize) {
+  for (size_t e : {1, 2, 3, 4, 8}) {
+    for (size_t count : {0, 1, 15, 16, 17, 31, 32, 33, 100, 1027}) {
+      for (bool rotate : {false, true}) {
+        if (rotate && e == 3) continue;  // rotation is for 1, 2, 4, 8
+        const std::vector<uint8_t> in = patterned_bytes(count * e, static_cast<uint32_t>(count + e));
+        std::vector<uint8_t> want(in.size());
+        for (size_t i = 0; i < count; ++i) {
+          uint64_t x = 0;
+          for (size_t k = 0; k < e; ++k) x |= static_cast<uint64_t>(in[i * e + k]) << (8 * k);
+          if (rotate) {
+            const unsigned bits = static_cast<unsigned>(8 * e);
+            const uint64_t mask = bits == 64 ? ~uint64_t{0} : (uint64_t{1} << bits) - 1;
+            x = ((x << 1) | (x >> (bits - 1))) & mask;
+          }
+          for (size_t k = 0; k < e; ++k) want[k * count + i] = static_cast<uint8_t>(x >> (8 * k));
+        }
+        std::vector<uint8_t> planes(in.size());
+        split_planes(in.data(), count, e, rotate, planes.data());
+        EXPECT_EQ(planes, want) << "e " << e << ", count " << count << ", rotate " << rotate;
+        std::vector<uint8_t> back(in.size());
+        merge_planes(planes.data(), count, e, rotate, back.data());
+        EXPECT_EQ(back, in) << "e " << e << ", count " << count << ", rotate " << rotate;
+      }
+    }
+  }
+}
+
+// The float-grouping chain runs fused; its bytes must be exactly what the
+// three transforms produce one after another, and each decoder must read
+// the other's output.
+TEST(Transforms, FusedFloatGroupingEqualsTheTransformsOneByOne) {
+  const std::vector<std::string> chain = {"signrot/1", "bytegroup/1", "zstdplanes/1"};
+  for (size_t e : {2, 4, 8}) {
+    for (size_t elements : {0, 1, 17, 1000, 70000}) {
+      const std::vector<uint8_t> data = elements * e == 0 ? std::vector<uint8_t>{}
+                                                          : normal_floats_as_bytes(elements * e / 4 + 1, 7);
+      const std::vector<uint8_t> in(data.begin(), data.begin() + static_cast<std::ptrdiff_t>(elements * e));
+      std::vector<uint8_t> step = in;
+      for (const std::string& d : chain) {
+        std::vector<uint8_t> next;
+        TransformChain::for_encoding({d}, 3).encode(step.data(), step.size(), e, next);
+        step = std::move(next);
+      }
+      const std::vector<uint8_t> fused = encode(chain, in, e);
+      EXPECT_EQ(fused, step) << "e " << e << ", " << elements << " elements";
+      // Decoding one by one, in reverse.
+      std::vector<uint8_t> back = fused;
+      for (size_t i = chain.size(); i-- > 0;) {
+        const TransformChain t = TransformChain::for_decoding({chain[i]});
+        std::vector<uint8_t> out(in.size());
+        t.decode(back.data(), back.size(), e, out.data(), out.size());
+        back = std::move(out);
+      }
+      EXPECT_EQ(back, in) << "e " << e << ", " << elements << " elements";
+      EXPECT_EQ(decode(chain, step, e, in.size()), in);
+    }
+  }
+}
+
+// encode_append adds to what the buffer holds, for every kind of chain.
+TEST(Transforms, EncodeAppendAppends) {
+  const std::vector<uint8_t> in = normal_floats_as_bytes(3000, 5);
+  for (const std::vector<std::string>& chain :
+       std::vector<std::vector<std::string>>{{}, {"zstd/1"}, {"signrot/1", "bytegroup/1", "zstdplanes/1"}}) {
+    const std::vector<uint8_t> alone = encode(chain, in, 4);
+    std::vector<uint8_t> out = {1, 2, 3};
+    TransformChain::for_encoding(chain, 3).encode_append(in.data(), in.size(), 4, out);
+    ASSERT_EQ(out.size(), 3 + alone.size());
+    EXPECT_TRUE(std::equal(alone.begin(), alone.end(), out.begin() + 3));
+    EXPECT_EQ(out[0], 1);
+  }
+}
+
+// The planes coder skips ahead after misses; long runs must still be found.
+TEST(Transforms, FloatGroupingStillShrinksConstantAndZeroTensorsToAlmostNothing) {
+  for (float value : {0.0f, 1.0f, -3.5e-4f}) {
+    std::vector<uint8_t> in(4 * 1000000);
+    for (size_t i = 0; i < in.size(); i += 4) std::memcpy(in.data() + i, &value, 4);
+    const std::vector<uint8_t> out = encode({"signrot/1", "bytegroup/1", "zstdplanes/1"}, in, 4);
+    EXPECT_LT(out.size(), in.size() / 200) << "value " << value << ": " << out.size() << " bytes";
+    EXPECT_EQ(decode({"signrot/1", "bytegroup/1", "zstdplanes/1"}, out, 4, in.size()), in);
   }
 }
 
