@@ -32,10 +32,10 @@ void split_scalar(const uint8_t* in, size_t from, size_t count, bool rotate, uin
 }
 
 template <typename U>
-void merge_scalar(const uint8_t* planes, size_t from, size_t count, bool rotate, uint8_t* out) {
+void merge_scalar(const uint8_t* const* planes, size_t from, size_t count, bool rotate, uint8_t* out) {
   for (size_t i = from; i < count; ++i) {
     U x = 0;
-    for (size_t k = 0; k < sizeof(U); ++k) x |= static_cast<U>(static_cast<U>(planes[k * count + i]) << (8 * k));
+    for (size_t k = 0; k < sizeof(U); ++k) x |= static_cast<U>(static_cast<U>(planes[k][i]) << (8 * k));
     if (rotate) x = rotr1(x);
     std::memcpy(out + i * sizeof(U), &x, sizeof(U));
   }
@@ -50,6 +50,12 @@ void split_any(const uint8_t* in, size_t count, size_t e, uint8_t* out) {
 void merge_any(const uint8_t* planes, size_t count, size_t e, uint8_t* out) {
   for (size_t i = 0; i < count; ++i) {
     for (size_t k = 0; k < e; ++k) out[i * e + k] = planes[k * count + i];
+  }
+}
+
+void merge_any_from(const uint8_t* const* planes, size_t count, size_t e, uint8_t* out) {
+  for (size_t i = 0; i < count; ++i) {
+    for (size_t k = 0; k < e; ++k) out[i * e + k] = planes[k][i];
   }
 }
 
@@ -89,13 +95,13 @@ size_t split4_sse2(const uint8_t* in, size_t count, bool rotate, uint8_t* out) {
   return i;
 }
 
-size_t merge4_sse2(const uint8_t* planes, size_t count, bool rotate, uint8_t* out) {
+size_t merge4_sse2(const uint8_t* const* planes, size_t count, bool rotate, uint8_t* out) {
   size_t i = 0;
   for (; i + 16 <= count; i += 16) {
-    const __m128i p0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(planes + i));
-    const __m128i p1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(planes + count + i));
-    const __m128i p2 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(planes + 2 * count + i));
-    const __m128i p3 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(planes + 3 * count + i));
+    const __m128i p0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(planes[0] + i));
+    const __m128i p1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(planes[1] + i));
+    const __m128i p2 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(planes[2] + i));
+    const __m128i p3 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(planes[3] + i));
     const __m128i lo01 = _mm_unpacklo_epi8(p0, p1), hi01 = _mm_unpackhi_epi8(p0, p1);
     const __m128i lo23 = _mm_unpacklo_epi8(p2, p3), hi23 = _mm_unpackhi_epi8(p2, p3);
     __m128i e[4] = {_mm_unpacklo_epi16(lo01, lo23), _mm_unpackhi_epi16(lo01, lo23),
@@ -127,11 +133,11 @@ size_t split2_sse2(const uint8_t* in, size_t count, bool rotate, uint8_t* out) {
   return i;
 }
 
-size_t merge2_sse2(const uint8_t* planes, size_t count, bool rotate, uint8_t* out) {
+size_t merge2_sse2(const uint8_t* const* planes, size_t count, bool rotate, uint8_t* out) {
   size_t i = 0;
   for (; i + 16 <= count; i += 16) {
-    const __m128i p0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(planes + i));
-    const __m128i p1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(planes + count + i));
+    const __m128i p0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(planes[0] + i));
+    const __m128i p1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(planes[1] + i));
     __m128i e0 = _mm_unpacklo_epi8(p0, p1);
     __m128i e1 = _mm_unpackhi_epi8(p0, p1);
     if (rotate) {
@@ -147,9 +153,9 @@ size_t merge2_sse2(const uint8_t* planes, size_t count, bool rotate, uint8_t* ou
 #else
 
 size_t split4_sse2(const uint8_t*, size_t, bool, uint8_t*) { return 0; }
-size_t merge4_sse2(const uint8_t*, size_t, bool, uint8_t*) { return 0; }
+size_t merge4_sse2(const uint8_t* const*, size_t, bool, uint8_t*) { return 0; }
 size_t split2_sse2(const uint8_t*, size_t, bool, uint8_t*) { return 0; }
-size_t merge2_sse2(const uint8_t*, size_t, bool, uint8_t*) { return 0; }
+size_t merge2_sse2(const uint8_t* const*, size_t, bool, uint8_t*) { return 0; }
 
 #endif
 
@@ -172,18 +178,29 @@ void split_planes(const uint8_t* in, size_t count, size_t e, bool rotate, uint8_
 }
 
 void merge_planes(const uint8_t* planes, size_t count, size_t e, bool rotate, uint8_t* out) {
+  if (e > kMaxPlanes) {
+    merge_any(planes, count, e, out);  // callers allow rotation for 1, 2, 4, 8 only
+    return;
+  }
+  const uint8_t* from[kMaxPlanes];
+  for (size_t k = 0; k < e; ++k) from[k] = planes + k * count;
+  merge_planes_from(from, count, e, rotate, out);
+}
+
+void merge_planes_from(const uint8_t* const* planes, size_t count, size_t e, bool rotate,
+                       uint8_t* out) {
   switch (e) {
     case 1:
       if (rotate) {
         merge_scalar<uint8_t>(planes, 0, count, true, out);
       } else if (count) {
-        std::memcpy(out, planes, count);
+        std::memcpy(out, planes[0], count);
       }
       return;
     case 2: merge_scalar<uint16_t>(planes, merge2_sse2(planes, count, rotate, out), count, rotate, out); return;
     case 4: merge_scalar<uint32_t>(planes, merge4_sse2(planes, count, rotate, out), count, rotate, out); return;
     case 8: merge_scalar<uint64_t>(planes, 0, count, rotate, out); return;
-    default: merge_any(planes, count, e, out); return;
+    default: merge_any_from(planes, count, e, out); return;
   }
 }
 

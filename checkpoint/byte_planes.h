@@ -20,6 +20,12 @@ void split_planes(const uint8_t* in, size_t count, size_t e, bool rotate, uint8_
 // rotated right by one bit when `rotate`.
 void merge_planes(const uint8_t* planes, size_t count, size_t e, bool rotate, uint8_t* out);
 
+// The same with each plane anywhere: plane k is planes[k][0, count).
+// REQUIRES: e <= kMaxPlanes.
+constexpr size_t kMaxPlanes = 8;
+void merge_planes_from(const uint8_t* const* planes, size_t count, size_t e, bool rotate,
+                       uint8_t* out);
+
 // Rotates each of `count` elements of e bytes (1, 2, 4 or 8) by one bit,
 // left or right, from `in` to `out` (which may be the same buffer).
 void rotate_elements(const uint8_t* in, size_t count, size_t e, bool left, uint8_t* out);

@@ -482,10 +482,19 @@ void ChunkWriter::submit_batch() {
   batch_.clear();
   const uint64_t logical = batch_logical_;
   batch_logical_ = 0;
-  // The task reads `items` through the InFlight entry's copy, which lives
-  // until the task is done (wait_all, write_oldest).
-  auto encode = [items, logical] {
+  // A written batch's buffer is reused: no allocation (and no page faults)
+  // per batch.
+  std::vector<uint8_t> buffer;
+  if (!spare_.empty()) {
+    buffer = std::move(spare_.back());
+    spare_.pop_back();
+  }
+  // The caller's bytes stay valid until the task is done (wait_all,
+  // write_oldest).
+  auto encode = [items, logical, buffer = std::move(buffer)]() mutable {
     Encoded e;
+    e.bytes = std::move(buffer);
+    e.bytes.clear();
     // Stored bytes rarely exceed logical ones by more than frame headers.
     e.bytes.reserve(static_cast<size_t>(logical + logical / 64 + 64 * items.size()));
     e.lengths.reserve(items.size());
@@ -520,7 +529,7 @@ void ChunkWriter::submit_batch() {
 
 void ChunkWriter::write_oldest() {
   InFlight& f = in_flight_.front();
-  const Encoded e = f.result.get();
+  Encoded e = f.result.get();
   file_.write_at(offset_, e.bytes.data(), e.bytes.size());
   uint64_t at = offset_;
   for (size_t i = 0; i < f.items.size(); ++i) {
@@ -538,6 +547,7 @@ void ChunkWriter::write_oldest() {
   }
   offset_ = at;
   in_flight_.pop_front();
+  if (spare_.size() < options_.max_blocks_in_flight) spare_.push_back(std::move(e.bytes));
   note_written();
 }
 
@@ -586,6 +596,8 @@ void ChunkWriter::write_plain(const uint8_t* data, uint64_t n, uint64_t block, C
 std::vector<ChunkMeta> ChunkWriter::finish() {
   drain();
   owners_.clear();
+  spare_.clear();
+  spare_.shrink_to_fit();
   return std::move(chunks_);
 }
 

@@ -139,6 +139,7 @@ class ChunkWriter {
   std::vector<Item> batch_;                         // blocks not yet submitted
   uint64_t batch_logical_ = 0;
   std::deque<InFlight> in_flight_;
+  std::vector<std::vector<uint8_t>> spare_;  // written batches' buffers, for reuse
   std::vector<std::pair<std::vector<std::string>, std::shared_ptr<const TransformChain>>> chains_;
   uint64_t offset_ = 0;
   uint64_t logical_ = 0;
