@@ -89,7 +89,7 @@ void metadata_seeds(const fs::path& dir) {
 void block_seeds(const fs::path& dir) {
   fs::create_directories(dir);
   int n = 0;
-  for (uint8_t code = 0; code < 4; ++code) {
+  for (uint8_t code = 0; code < fuzz::kChainCount; ++code) {
     for (uint64_t block_size : {uint64_t{256}, uint64_t{96}}) {
       const auto chain = fuzz::chain_for(code);
       auto bytes = floats(64, 0.5f);  // 256 logical bytes
