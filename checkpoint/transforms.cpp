@@ -104,6 +104,7 @@ uint8_t* thread_scratch(int slot, size_t n) {
   Buffer& b = buffers[slot];
   if (b.size < n) {
     b.data.reset();  // release the old one before taking the new one
+    b.size = 0;
     b.data.reset(new uint8_t[n]);
     b.size = n;
   }
@@ -186,13 +187,13 @@ class SignRotTransform final : public BlockTransform {
 // A plane at least this long whose bytes are close to uniform (order-0
 // entropy of 7.9 bits per byte or more) is stored as a raw frame without
 // running the compressor over it: the low mantissa bytes of floats are noise
-// that zstd cannot shrink. Shorter planes go to the compressor regardless:
-// with the planes settings below it passes over noise at 1.3-2 GB/s, about
-// what the estimate itself would cost, and its output is replaced by a raw
-// frame when that is smaller. The estimate looks at up to kProbeBytes of
-// the plane, in kProbeWindows evenly spaced windows: the decision only ever
+// that zstd cannot shrink. The estimate looks at up to kProbeBytes of the
+// plane, in kProbeWindows evenly spaced windows: the decision only ever
 // costs size, never correctness, and a sample this large estimates an
-// entropy near 8 bits to a few hundredths of a bit.
+// entropy near 8 bits to a few hundredths of a bit. Shorter planes get a
+// cheaper test (sample_looks_like_noise, from 1 KiB); the shortest go to the
+// compressor regardless, whose output is replaced by a raw frame when that
+// is smaller.
 constexpr size_t kRawProbeMinPlane = 16384;
 constexpr double kRawEntropyBits = 7.9;
 constexpr size_t kProbeBytes = 16384;
@@ -401,6 +402,23 @@ void encode_planes(const uint8_t* in, size_t n, size_t e, int level, std::vector
   out.resize(pos);
 }
 
+// The length of the header of a single-segment frame without checksum or
+// dictionary (the frames write_raw_frame writes), or 0 for any other input.
+size_t raw_frame_header_size(const uint8_t* in, size_t n) {
+  if (n < 6 || in[0] != 0x28 || in[1] != 0xB5 || in[2] != 0x2F || in[3] != 0xFD) return 0;
+  const uint8_t fhd = in[4];
+  if ((fhd & 0x20) == 0 || (fhd & 0x1F) != 0) return 0;  // single segment, nothing else
+  static constexpr size_t kFcsBytes[4] = {1, 2, 4, 8};
+  const size_t size = 5 + kFcsBytes[fhd >> 6];
+  return size <= n ? size : 0;
+}
+
+// The 3-byte block header at in[0, 3).
+uint32_t block_header(const uint8_t* in) {
+  return static_cast<uint32_t>(in[0]) | static_cast<uint32_t>(in[1]) << 8 |
+         static_cast<uint32_t>(in[2]) << 16;
+}
+
 // When in[0, n) is a frame of raw blocks only (what write_raw_frame writes:
 // single segment, no checksum, no dictionary), copies its content into
 // out[0, out_n) and returns true. Returns false for anything else, leaving
@@ -408,16 +426,12 @@ void encode_planes(const uint8_t* in, size_t n, size_t e, int level, std::vector
 // Copying directly skips the decompression context's per-frame set-up,
 // which costs more than the copy for small planes.
 bool copy_raw_frame(const uint8_t* in, size_t n, uint8_t* out, size_t out_n) {
-  if (n < 6 || in[0] != 0x28 || in[1] != 0xB5 || in[2] != 0x2F || in[3] != 0xFD) return false;
-  const uint8_t fhd = in[4];
-  if ((fhd & 0x20) == 0 || (fhd & 0x1F) != 0) return false;  // single segment, nothing else
-  static constexpr size_t kFcsBytes[4] = {1, 2, 4, 8};
-  size_t pos = 5 + kFcsBytes[fhd >> 6];
+  size_t pos = raw_frame_header_size(in, n);
+  if (pos == 0) return false;
   size_t written = 0;
   for (;;) {
-    if (pos > n || n - pos < 3) return false;
-    const uint32_t header = static_cast<uint32_t>(in[pos]) | static_cast<uint32_t>(in[pos + 1]) << 8 |
-                            static_cast<uint32_t>(in[pos + 2]) << 16;
+    if (n - pos < 3) return false;
+    const uint32_t header = block_header(in + pos);
     pos += 3;
     const bool last = header & 1;
     const uint32_t type = (header >> 1) & 3;
@@ -434,15 +448,9 @@ bool copy_raw_frame(const uint8_t* in, size_t n, uint8_t* out, size_t out_n) {
 // The content of a frame of exactly one raw block of `size` bytes (what
 // write_raw_frame writes for a plane of up to 128 KiB), or null.
 const uint8_t* single_raw_block(const uint8_t* in, size_t n, size_t size) {
-  if (n < 6 || in[0] != 0x28 || in[1] != 0xB5 || in[2] != 0x2F || in[3] != 0xFD) return nullptr;
-  const uint8_t fhd = in[4];
-  if ((fhd & 0x20) == 0 || (fhd & 0x1F) != 0) return nullptr;
-  static constexpr size_t kFcsBytes[4] = {1, 2, 4, 8};
-  const size_t pos = 5 + kFcsBytes[fhd >> 6];
-  if (pos > n || n - pos != 3 + size) return nullptr;
-  const uint32_t header = static_cast<uint32_t>(in[pos]) | static_cast<uint32_t>(in[pos + 1]) << 8 |
-                          static_cast<uint32_t>(in[pos + 2]) << 16;
-  return header == ((static_cast<uint32_t>(size) << 3) | 1u) ? in + pos + 3 : nullptr;
+  const size_t pos = raw_frame_header_size(in, n);
+  if (pos == 0 || n - pos != 3 + size) return nullptr;
+  return block_header(in + pos) == ((static_cast<uint32_t>(size) << 3) | 1u) ? in + pos + 3 : nullptr;
 }
 
 // Decodes a zstdplanes/1 encoding of out_n bytes (e planes): plane k is
