@@ -10,14 +10,32 @@ if(SHARDKIT_CUDA)
 endif()
 target_precompile_headers(shardkit_pch PRIVATE <torch/torch.h>)
 
+# libstdc++ before LibTorch in every executable's DT_NEEDED list.
+# The pip / pytorch.org LibTorch (2.5 and later) exports copies of statically
+# linked libstdc++ symbols, std::filesystem among them, and some of those
+# copies are broken: an executable that lists libtorch.so before
+# libstdc++.so.6 binds std::filesystem::remove_all & co. to them and jumps to
+# address 0 (pytorch/pytorch#133437). The dynamic linker resolves a symbol in
+# the first library of the executable's search scope that defines it, so
+# naming libstdc++ first on the link line (--no-as-needed, or the linker drops
+# it as "not needed yet") makes every such reference bind to the system
+# libstdc++. Debian's LibTorch exports no such symbols; there it changes
+# nothing. tests/packaging checks the order (readelf) and the bindings
+# (LD_DEBUG) on every build. The option is exported with the installed
+# targets, so consumers of the package get it too.
+add_library(shardkit_stdcxx_first INTERFACE)
+target_link_options(shardkit_stdcxx_first INTERFACE
+  "SHELL:-Wl,--push-state,--no-as-needed -lstdc++ -Wl,--pop-state")
+target_link_libraries(shardkit_pch PUBLIC shardkit_stdcxx_first)
+
 # Make `target` a LibTorch target that reuses the shared PCH.
 # shardkit_pch is a build detail (its flags must match for REUSE_FROM): it is
 # linked only inside this build. Installed targets (see "Installation" in the
 # top-level CMakeLists.txt) export LibTorch, Threads and the installed include
 # dir instead, so consumers need neither the PCH nor our warning flags.
 function(shardkit_torch_target target)
-  target_link_libraries(${target} PUBLIC $<BUILD_INTERFACE:shardkit_pch> ${TORCH_LIBRARIES}
-    Threads::Threads)
+  target_link_libraries(${target} PUBLIC $<BUILD_INTERFACE:shardkit_pch> shardkit_stdcxx_first
+    ${TORCH_LIBRARIES} Threads::Threads)
   target_include_directories(${target} PUBLIC $<INSTALL_INTERFACE:include/shardkit>)
   target_precompile_headers(${target} REUSE_FROM shardkit_pch)
 endfunction()

@@ -60,6 +60,13 @@ inline StorePtr make_tcp_store(const std::string& host, int port, bool is_server
   opts.numWorkers = world_size;  // c10::optional in 1.13, std::optional in 2.x
   opts.waitWorkers = true;
   opts.timeout = timeout;
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
+  // From 2.4 on useLibUV defaults to true, but Debian (and other distribution)
+  // builds of LibTorch have no libuv, and then every TCPStore throws "use_libuv
+  // was requested but PyTorch was build without libuv support". The classic
+  // backend is in every build and is what 1.13 used.
+  opts.useLibUV = false;
+#endif
   return c10::make_intrusive<c10d::TCPStore>(host, opts);
 }
 
