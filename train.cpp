@@ -4,6 +4,7 @@
 //
 // Exit status: 0 done; 2 usage or config error; 75 stopped by a signal after
 // its final save (resume me); anything else: a failure (message on stderr).
+#include "framework/dist/device.h"
 #include "framework/config/config.h"
 #include "framework/dist/launch_env.h"
 #include "framework/dist/local_launcher.h"
@@ -49,12 +50,11 @@ int run_rank(const Args& args, const framework::config::Config& cfg) {
     std::cerr << "train: " << e.what() << std::endl;
     return 2;
   }
-  if (cfg.train.device != "cpu") {
-    // The CUDA path (device state, NCCL, pinned staging) is not built yet:
-    // refuse rather than silently train on the CPU.
-    std::cerr << "train: " << args.config_path << ": train.device: " << cfg.train.device
-              << " is not supported by this build yet (the GPU path is not implemented); use cpu"
-              << std::endl;
+  try {
+    // LOCAL_RANK picks the GPU; refused as a config error when there is none.
+    dist::select_device(cfg.train.device, env.local_rank);
+  } catch (const std::invalid_argument& e) {
+    std::cerr << "train: " << args.config_path << ": " << e.what() << std::endl;
     return 2;
   }
   try {

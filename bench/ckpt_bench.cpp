@@ -12,6 +12,7 @@
 // training-level overhead (Trainer, fresh runtime per run); (rank 0)
 // compression study on a one-rank checkpoint group. Times are the maximum
 // over ranks; GB/s is all ranks' bytes over that time.
+#include "cuda_bench.h"
 #include "bench/bench_util.h"
 
 #include "checkpoint/checkpoint_dir.h"
@@ -1018,6 +1019,8 @@ int run_rank(const Args& args) {
 
 int main(int argc, char** argv) {
   Args args;
+  std::string device = "cpu";
+  bench::CudaBenchArgs cuda;
   CLI::App app{"ckpt_bench: checkpoint speed, memory and compression next to their baselines"};
   app.add_option("--size-mb", args.size_mb, "total state over all ranks, MiB")->check(CLI::Range(1, 1 << 20));
   app.add_option("--nproc", args.nproc, "local ranks (re-executes itself like train --nproc)")
@@ -1046,11 +1049,29 @@ int main(int argc, char** argv) {
                  "steps to train the compression input")->check(CLI::Range(1, 100000));
   app.add_option("--growth-saves", args.growth_saves, "async saves in the memory run (RSS after 5 vs after N)")
       ->check(CLI::Range(5, 1000));
+  app.add_option("--device", device,
+                 "cpu: the host-state benchmarks above; cuda: GPU state, one process, next to the "
+                 "bare pinned copy (uses --size-mb, default 8192 there, --trials, --dir, --json, --io-threads)")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     int rc = app.exit(e);
     return rc == 0 ? 0 : 2;
+  }
+  if (device == "cuda") {
+    cuda.size_mb = app.count("--size-mb") ? args.size_mb : 8192;
+    cuda.trials = app.count("--trials") ? args.trials : 3;
+    cuda.dir = args.dir;
+    cuda.json_path = args.json_path;
+    cuda.keep = args.keep;
+    if (app.count("--io-threads")) cuda.io_threads = args.io_threads;
+    try {
+      return bench::run_cuda_bench(cuda);
+    } catch (const std::exception& e) {
+      std::cerr << "ckpt_bench: failed: " << e.what() << std::endl;
+      return 1;
+    }
   }
   if (args.nproc > 1 && std::getenv("SHARDKIT_LAUNCHED") == nullptr) {
     dist::LocalLaunchOptions launch;

@@ -30,6 +30,7 @@ std::string shape_str(const std::vector<int64_t>& shape) {
 }  // namespace
 
 LoadStats load_state_dict(StateDict& state, const std::string& step_dir, const LoadOptions& options) {
+  require_host_tensors(state, "load_state_dict");
   std::shared_ptr<Storage> storage = options.storage ? options.storage : posix_storage();
   const std::string meta_path = join_path(step_dir, kMetadataFileName);
   if (!storage->exists(meta_path)) {

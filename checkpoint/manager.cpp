@@ -46,6 +46,8 @@ struct CheckpointManager::Job {
   bool done = false;            // guarded by mu_
   bool blocking_final = false;  // guarded by mu_
   bool reported = false;        // guarded by mu_
+  bool device_copy_in_flight = false;  // overlap on a GPU: staged by save(), still copying
+  Clock::time_point started;
   std::exception_ptr error;
 };
 
@@ -101,7 +103,18 @@ LoadStats CheckpointManager::load(StateDict& state, const std::string& path) {
   LoadStats stats;
   std::string error;
   try {
-    stats = load_state_dict(state, path, lo);
+    if (HostStaging::has_device_tensors(state)) {
+      // GPU state loads through the pinned staging buffers: they start as a
+      // copy of the state (items a partial load leaves alone keep their
+      // values), take the checkpoint's bytes, and go back host to device.
+      wait_in_flight();
+      StateDict host = staging_.stage(state);
+      staging_.wait();
+      stats = load_state_dict(host, path, lo);
+      staging_.to_device(state, host);
+    } else {
+      stats = load_state_dict(state, path, lo);
+    }
   } catch (const std::exception& e) {
     error = e.what();
   }
@@ -117,43 +130,29 @@ LoadStats CheckpointManager::load(StateDict& state, const std::string& path) {
   return stats;
 }
 
-StateDict CheckpointManager::stage(const StateDict& state) {
-  // Buffers are allocated at the first save and reused by every later one:
-  // host memory for staging stays at one copy of the state.
-  std::unordered_map<std::string, torch::Tensor*> by_name;
-  for (auto& [name, buf] : buffers_) by_name[name] = &buf;
-  StateDict out;
-  for (const auto& t : state.tensors()) {
-    torch::Tensor* buf = nullptr;
-    if (auto it = by_name.find(t.name); it != by_name.end()) buf = it->second;
-    if (buf == nullptr) {
-      buffers_.emplace_back(t.name, torch::Tensor());
-      buf = &buffers_.back().second;
-      by_name.clear();
-      for (auto& [name, b] : buffers_) by_name[name] = &b;
-    }
-    if (!buf->defined() || buf->sizes() != t.local.sizes() ||
-        buf->scalar_type() != t.local.scalar_type()) {
-      *buf = torch::empty(t.local.sizes(), t.local.options().requires_grad(false));
-    }
-    buf->copy_(t.local.detach());
-    out.add_tensor(t.name, *buf, t.global_shape, t.offsets);
-  }
-  for (const auto& b : state.bytes()) out.add_bytes(b.name, b.data);
-  return out;
+void CheckpointManager::reserve_staging(const StateDict& state) {
+  wait_in_flight();
+  staging_.reserve(state);
 }
 
-uint64_t CheckpointManager::staging_bytes() const {
-  uint64_t n = 0;
-  for (const auto& [name, buf] : buffers_) n += static_cast<uint64_t>(buf.numel()) * buf.element_size();
-  return n;
-}
+uint64_t CheckpointManager::staging_bytes() const { return staging_.bytes(); }
+bool CheckpointManager::staging_pinned() const { return staging_.pinned(); }
 
 void CheckpointManager::persist(std::shared_ptr<Job> job) {
   try {
-    if (options_.mode == "overlap") {
+    if (job->device_copy_in_flight) {
+      // Overlap on a GPU: the copies were enqueued by save(); the compute
+      // stream already waits for them, the host waits here.
+      staging_.wait();
+      job->event.stage_s = seconds_since(job->started);
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        job->staged_done = true;
+      }
+      cv_.notify_all();
+    } else if (options_.mode == "overlap") {
       auto t = Clock::now();
-      job->staged = stage(job->source);
+      job->staged = staging_.stage(job->source);
       job->source = StateDict();
       job->event.stage_s = seconds_since(t);
       {
@@ -235,9 +234,18 @@ void CheckpointManager::save(int64_t step, StateDict state) {
   job->event.step = step;
   job->event.mode = options_.mode;
   job->event.path = (std::filesystem::path(dir_) / step_dir_name(step)).string();
+  job->started = t0;
+  const bool on_device = HostStaging::has_device_tensors(state);
 
   if (options_.mode == "sync") {
-    job->staged = std::move(state);
+    if (on_device) {
+      auto t = Clock::now();
+      job->staged = staging_.stage(state);
+      staging_.wait();
+      job->event.stage_s = seconds_since(t);
+    } else {
+      job->staged = std::move(state);
+    }
     in_flight_ = job;
     persist(job);
     job->event.blocking_s = seconds_since(t0);
@@ -245,9 +253,16 @@ void CheckpointManager::save(int64_t step, StateDict state) {
     return;
   }
   if (options_.mode == "async") {
+    // The only part the loop waits for: a copy into the reused buffers.
     auto t = Clock::now();
-    job->staged = stage(state);
+    job->staged = staging_.stage(state);
+    staging_.wait();
     job->event.stage_s = seconds_since(t);
+  } else if (on_device) {
+    // Overlap on a GPU: enqueue the copies on the copy stream and return;
+    // wait_staged() orders the optimizer step after them on the device.
+    job->staged = staging_.stage(state);
+    job->device_copy_in_flight = true;
   } else {
     job->source = std::move(state);
   }
@@ -271,6 +286,15 @@ void CheckpointManager::wait_staged() {
   }
   if (!job || options_.mode != "overlap") return;
   auto t = Clock::now();
+  if (job->device_copy_in_flight) {
+    // No host sync: the optimizer's kernels queue behind the copies.
+    std::lock_guard<std::mutex> lock(mu_);
+    if (job->blocking_final) return;
+    staging_.block_compute();
+    job->event.blocking_s += seconds_since(t);
+    job->blocking_final = true;
+    return;
+  }
   std::unique_lock<std::mutex> lock(mu_);
   if (job->blocking_final) return;
   cv_.wait(lock, [&] { return job->staged_done; });

@@ -11,6 +11,11 @@
 //           stages it while the loop runs the next forward and backward; the
 //           loop calls wait_staged() before it changes the state (before the
 //           optimizer step).
+// State on a GPU is staged into one pinned host slab on a dedicated copy
+// stream (checkpoint/staging.h): async waits only for that copy; overlap
+// enqueues it and wait_staged() makes the compute stream wait for it on the
+// device, without a host sync. Loading into GPU state goes through the same
+// pinned buffers, host to device.
 // At most one save is in flight; save() first waits for the previous one.
 // A background failure is rethrown by the next save(), wait_staged() or
 // finish() as a CheckpointError naming the step.
@@ -21,6 +26,7 @@
 #include "checkpoint/load.h"
 #include "checkpoint/options.h"
 #include "checkpoint/save.h"
+#include "checkpoint/staging.h"
 #include "checkpoint/state_dict.h"
 
 #include <condition_variable>
@@ -88,14 +94,19 @@ class CheckpointManager {
   // Finished saves not yet taken, oldest first.
   std::vector<CheckpointEvent> take_events();
 
-  // Staging memory held for reuse across saves (bytes).
+  // Allocates the host staging buffers for `state` now (pinned for GPU
+  // state), so that the first save does not pay for the allocation while
+  // the training loop waits. Optional; save() allocates them otherwise.
+  void reserve_staging(const StateDict& state);
+  // Staging memory held for reuse across saves (bytes), and whether it is
+  // page-locked.
   uint64_t staging_bytes() const;
+  bool staging_pinned() const;
 
  private:
   struct Job;
   void persist(std::shared_ptr<Job> job);
   void wait_in_flight();
-  StateDict stage(const StateDict& state);
 
   CheckpointOptions options_;
   std::string dir_;
@@ -106,8 +117,10 @@ class CheckpointManager {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::vector<CheckpointEvent> events_;
-  // Host buffers reused across saves, by item name.
-  std::vector<std::pair<std::string, torch::Tensor>> buffers_;
+  // Host buffers reused across saves. The training thread stages into it;
+  // the worker only waits on it and reads the staged copy (overlap on CPU:
+  // the worker stages, while the training thread waits in wait_staged()).
+  HostStaging staging_;
   std::shared_ptr<Storage> storage_;  // default_storage(): POSIX, or fault-injected
 };
 

@@ -253,6 +253,7 @@ CheckpointMeta assemble_metadata(const std::vector<LocalPlan>& plans, const Glob
 
 SaveStats save_state_dict(const StateDict& state, const std::string& step_dir,
                           framework::dist::Group& group, const SaveOptions& options) {
+  require_host_tensors(state, "save_state_dict");
   SaveStats stats;
   const int rank = group.rank();
   const int world = group.size();

@@ -4,6 +4,14 @@
 
 namespace checkpoint {
 
+void require_host_tensors(const StateDict& state, const char* what) {
+  for (const auto& t : state.tensors()) {
+    TORCH_CHECK(t.local.device().is_cpu(), what, ": item ", t.name, " is on ", t.local.device(),
+                "; stage GPU state to the host first (CheckpointManager does, through pinned "
+                "buffers; or HostStaging)");
+  }
+}
+
 void StateDict::check_new_name(const std::string& name) const {
   TORCH_CHECK(!name.empty(), "StateDict: empty item name");
   TORCH_CHECK(names_.count(name) == 0, "StateDict: duplicate item ", name);
@@ -12,7 +20,8 @@ void StateDict::check_new_name(const std::string& name) const {
 void StateDict::add_tensor(std::string name, torch::Tensor local, std::vector<int64_t> global_shape,
                            std::vector<int64_t> offsets) {
   check_new_name(name);
-  TORCH_CHECK(local.device().is_cpu(), "StateDict: item ", name, " is not on the CPU");
+  TORCH_CHECK(local.device().is_cpu() || local.device().is_cuda(), "StateDict: item ", name,
+              " is on ", local.device(), "; only CPU and CUDA tensors are supported");
   TORCH_CHECK(static_cast<size_t>(local.dim()) == global_shape.size() &&
                   offsets.size() == global_shape.size(),
               "StateDict: item ", name, " has rank ", local.dim(), " but global shape ",

@@ -23,7 +23,7 @@ namespace checkpoint {
 
 struct TensorEntry {
   std::string name;
-  torch::Tensor local;                // CPU; filled in place by load
+  torch::Tensor local;                // CPU or CUDA; filled in place by load
   std::vector<int64_t> global_shape;
   std::vector<int64_t> offsets;       // of `local` inside the global tensor
 };
@@ -35,7 +35,9 @@ struct BytesEntry {
 
 class StateDict {
  public:
-  // REQUIRES: names unique across tensors and bytes (checked); local on CPU.
+  // REQUIRES: names unique across tensors and bytes (checked); local on the
+  // CPU or a CUDA device (save_state_dict / load_state_dict take host
+  // tensors only; CheckpointManager stages GPU state through pinned buffers).
   // Names are fixed once added: the mutable accessors below are for the
   // entries' data, not their names.
   void add_tensor(std::string name, torch::Tensor local, std::vector<int64_t> global_shape,
@@ -59,6 +61,9 @@ class StateDict {
   std::vector<BytesEntry> bytes_;
   std::unordered_set<std::string> names_;  // of all entries
 };
+
+// Throws naming the first item whose tensor is not on the CPU.
+void require_host_tensors(const StateDict& state, const char* what);
 
 DType to_dtype(c10::ScalarType t);         // throws for types the format lacks
 c10::ScalarType to_scalar_type(DType t);

@@ -23,9 +23,19 @@ target_precompile_headers(shardkit_pch PRIVATE <torch/torch.h>)
 # nothing. tests/packaging checks the order (readelf) and the bindings
 # (LD_DEBUG) on every build. The option is exported with the installed
 # targets, so consumers of the package get it too.
+# The library is named by its full path (the one the compiler links against):
+# a plain -lstdc++ did not reach DT_NEEDED with the pip LibTorch on Ubuntu.
+execute_process(COMMAND ${CMAKE_CXX_COMPILER} -print-file-name=libstdc++.so.6
+  OUTPUT_VARIABLE SHARDKIT_LIBSTDCXX OUTPUT_STRIP_TRAILING_WHITESPACE)
+if(NOT IS_ABSOLUTE "${SHARDKIT_LIBSTDCXX}")
+  set(SHARDKIT_LIBSTDCXX "-lstdc++")
+else()
+  get_filename_component(SHARDKIT_LIBSTDCXX "${SHARDKIT_LIBSTDCXX}" REALPATH)
+endif()
+message(STATUS "shardkit: libstdc++ first in DT_NEEDED: ${SHARDKIT_LIBSTDCXX}")
 add_library(shardkit_stdcxx_first INTERFACE)
 target_link_options(shardkit_stdcxx_first INTERFACE
-  "SHELL:-Wl,--push-state,--no-as-needed -lstdc++ -Wl,--pop-state")
+  "SHELL:-Wl,--push-state,--no-as-needed ${SHARDKIT_LIBSTDCXX} -Wl,--pop-state")
 target_link_libraries(shardkit_pch PUBLIC shardkit_stdcxx_first)
 
 # Make `target` a LibTorch target that reuses the shared PCH.

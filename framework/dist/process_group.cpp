@@ -21,6 +21,20 @@ c10d::ReduceOp to_c10d(ReduceOp op) {
   TORCH_INTERNAL_ASSERT(false, "unknown ReduceOp");
 }
 
+// Gloo reduces host tensors; NCCL device tensors. A tensor on the other side
+// is staged through a copy on the backend's side (the way to run several
+// ranks on one GPU is a Gloo training group over CUDA tensors, and the
+// checkpoint group's byte payloads are host tensors even under NCCL).
+at::Tensor on_backend_device(const at::Tensor& t, bool backend_is_cuda) {
+  if (backend_is_cuda && !t.is_cuda()) return t.to(at::kCUDA);
+  if (!backend_is_cuda && !t.is_cpu()) return t.to(at::kCPU);
+  return t;
+}
+
+void copy_back(at::Tensor& dst, const at::Tensor& staged) {
+  if (!dst.is_same(staged)) dst.copy_(staged);
+}
+
 void divide_for_avg(at::Tensor& t, ReduceOp op, int size) {
   if (op != ReduceOp::kAvg) return;
   TORCH_CHECK(t.is_floating_point(), "ReduceOp::kAvg needs a floating tensor, got ", t.dtype());
@@ -37,6 +51,7 @@ Group::Group(std::string name, int rank, std::vector<int> ranks, std::unique_ptr
 Group::~Group() = default;
 
 std::string Group::backend_name() const { return backend_->kind; }
+bool Group::backend_is_cuda() const { return backend_->kind == "nccl"; }
 
 void Group::check_usable(const char* op) const {
   if (!broken_reason_.empty()) {
@@ -67,10 +82,12 @@ void Group::run(const char* op, StartFn&& start) {
 void Group::all_reduce(at::Tensor& tensor, ReduceOp op) {
   TORCH_CHECK(tensor.is_contiguous(), "all_reduce needs a contiguous tensor");
   if (size() > 1) {
-    std::vector<at::Tensor> ts{tensor};
+    at::Tensor staged = on_backend_device(tensor, backend_is_cuda());
+    std::vector<at::Tensor> ts{staged};
     c10d::AllreduceOptions opts;
     opts.reduceOp = to_c10d(op);
     run("all_reduce", [&] { return backend_->pg->allreduce(ts, opts); });
+    copy_back(tensor, staged);
   }
   divide_for_avg(tensor, op, size());
 }
@@ -88,10 +105,12 @@ void Group::all_gather(at::Tensor& out, const at::Tensor& in) {
   }
   // Gloo on 1.13 has no _allgather_base: gather into the chunk views of the
   // flat output instead (exact, one copy).
-  std::vector<std::vector<at::Tensor>> outs{flat_out.chunk(size())};
   if (in.numel() == 0) return;
-  std::vector<at::Tensor> ins{in.contiguous().view({-1})};
+  at::Tensor staged_out = on_backend_device(flat_out, backend_is_cuda());
+  std::vector<std::vector<at::Tensor>> outs{staged_out.chunk(size())};
+  std::vector<at::Tensor> ins{on_backend_device(in.contiguous().view({-1}), backend_is_cuda())};
   run("all_gather", [&] { return backend_->pg->allgather(outs, ins); });
+  copy_back(flat_out, staged_out);
 }
 
 void Group::reduce_scatter(at::Tensor& out, const at::Tensor& in, ReduceOp op) {
@@ -111,13 +130,15 @@ void Group::reduce_scatter(at::Tensor& out, const at::Tensor& in, ReduceOp op) {
               "reduce_scatter supports SUM and AVG");
   // Gloo has no reduce_scatter on 1.13: all-to-all sends slice j to member j,
   // then each member sums what it received in member order (deterministic).
-  at::Tensor received = at::empty_like(flat_in);
+  at::Tensor staged_in = on_backend_device(flat_in, backend_is_cuda());
+  at::Tensor received = at::empty_like(staged_in);
   std::vector<int64_t> splits(size(), out.numel());
   run("reduce_scatter", [&] {
     c10d::AllToAllOptions opts;
-    return backend_->pg->alltoall_base(received, flat_in, splits, splits, opts);
+    return backend_->pg->alltoall_base(received, staged_in, splits, splits, opts);
   });
-  at::sum_out(flat_out, received.view({size(), out.numel()}), /*dim=*/0);
+  at::Tensor summed = received.view({size(), out.numel()}).sum(/*dim=*/0);
+  flat_out.copy_(summed);
   divide_for_avg(out, op, size());
 }
 
@@ -125,17 +146,19 @@ void Group::broadcast(at::Tensor& tensor, int root) {
   TORCH_CHECK(root >= 0 && root < size(), "broadcast: root ", root, " out of range");
   if (size() == 1 || tensor.numel() == 0) return;
   TORCH_CHECK(tensor.is_contiguous(), "broadcast needs a contiguous tensor");
-  std::vector<at::Tensor> ts{tensor};
+  at::Tensor staged = on_backend_device(tensor, backend_is_cuda());
+  std::vector<at::Tensor> ts{staged};
   c10d::BroadcastOptions opts;
   opts.rootRank = root;
   run("broadcast", [&] { return backend_->pg->broadcast(ts, opts); });
+  copy_back(tensor, staged);
 }
 
 void Group::barrier() {
   if (size() == 1) return;
   // A tiny all-reduce rather than c10d's barrier: same semantics, and it
   // fails with the same timeout and error path as every other collective.
-  at::Tensor t = at::zeros({1}, at::kInt);
+  at::Tensor t = on_backend_device(at::zeros({1}, at::kInt), backend_is_cuda());
   std::vector<at::Tensor> ts{t};
   run("barrier", [&] { return backend_->pg->allreduce(ts); });
 }

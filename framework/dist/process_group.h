@@ -48,6 +48,10 @@ class Group {
   const std::vector<int>& global_ranks() const { return ranks_; }
   std::chrono::milliseconds timeout() const { return timeout_; }
   std::string backend_name() const;
+  // NCCL: collectives run on CUDA tensors (host tensors are staged through
+  // the current device). Gloo: on host tensors (CUDA tensors are staged
+  // through host copies). Either way callers may pass tensors of any device.
+  bool backend_is_cuda() const;
 
   // In place on every member.
   void all_reduce(at::Tensor& tensor, ReduceOp op = ReduceOp::kSum);

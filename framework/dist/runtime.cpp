@@ -1,6 +1,10 @@
 #include "framework/dist/runtime.h"
 
+#include "framework/dist/device.h"
 #include "framework/dist/torch_compat.h"
+
+#include <algorithm>
+#include <cstdlib>
 
 #include <sstream>
 
@@ -72,13 +76,34 @@ std::unique_ptr<Runtime> init_runtime(const LaunchEnv& env, const DistOptions& o
                                       const std::string& device) {
   auto rt = std::make_unique<Runtime>();
   rt->env = env;
+  rt->device = select_device(device, env.local_rank);
+  std::string train_backend = resolve_backend(options, device);
+  if (train_backend == "nccl" && env.world_size > 1) {
+    // Ranks on this node: torchrun and our launcher say so; SLURM's tasks
+    // per node; else assume a single node.
+    int local_world = env.world_size;
+    if (const char* lws = std::getenv("LOCAL_WORLD_SIZE")) {
+      local_world = std::max(1, std::atoi(lws));
+    } else if (const char* tpn = std::getenv("SLURM_NTASKS_PER_NODE")) {
+      local_world = std::max(1, std::atoi(tpn));
+    }
+    if (local_world > cuda_device_count()) {
+      if (options.backend == "nccl") {
+        throw std::invalid_argument(
+            "dist.backend: nccl needs one GPU per rank, but " + std::to_string(local_world) +
+            " local ranks share " + std::to_string(cuda_device_count()) +
+            " GPU(s); use gloo or auto (Gloo stages CUDA tensors through the host)");
+      }
+      train_backend = "gloo";
+    }
+  }
   auto timeout = std::chrono::milliseconds(static_cast<int64_t>(options.timeout_s * 1000.0));
   rt->rendezvous = std::make_unique<Rendezvous>(env.master_addr, env.master_port, env.rank,
                                                 env.world_size, timeout);
   std::vector<int> all(env.world_size);
   for (int r = 0; r < env.world_size; ++r) all[r] = r;
   // Same order on every rank: construction blocks until all members join.
-  rt->train = rt->rendezvous->new_group("train", all, resolve_backend(options, device));
+  rt->train = rt->rendezvous->new_group("train", all, train_backend);
   rt->checkpoint = rt->rendezvous->new_group("ckpt", all, "gloo");
   return rt;
 }

@@ -42,6 +42,7 @@ class Rendezvous {
 
 struct Runtime {
   LaunchEnv env;
+  at::Device device{at::kCPU};        // train.device; CUDA: LOCAL_RANK % device count
   std::unique_ptr<Rendezvous> rendezvous;
   std::shared_ptr<Group> train;       // training collectives (Gloo or NCCL)
   std::shared_ptr<Group> checkpoint;  // checkpoint collectives, always Gloo
@@ -51,8 +52,12 @@ struct Runtime {
 // gloo); throws std::invalid_argument for nccl in a build without CUDA.
 std::string resolve_backend(const DistOptions& options, const std::string& device);
 
-// (all ranks) Rendezvous plus the "train" and "ckpt" groups over all ranks.
-// Blocks until every rank arrived (DistError after options.timeout_s).
+// (all ranks) Selects the device (`device`: "cpu" | "cuda", see
+// select_device), then the rendezvous plus the "train" and "ckpt" groups
+// over all ranks. Blocks until every rank arrived (DistError after
+// options.timeout_s). With dist.backend auto on CUDA, the training group is
+// NCCL when every local rank has a GPU of its own, else Gloo (several ranks
+// on one GPU; NCCL refuses that), which stages CUDA tensors through the host.
 std::unique_ptr<Runtime> init_runtime(const LaunchEnv& env, const DistOptions& options,
                                       const std::string& device);
 

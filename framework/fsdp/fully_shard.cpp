@@ -324,8 +324,10 @@ dtensor::DTensor FullyShardedModel::param_dtensor(size_t index) const {
 
 double FullyShardedModel::grad_norm() {
   torch::NoGradGuard no_grad;
-  torch::Tensor sq = torch::zeros({1}, torch::kDouble);
-  for (const torch::Tensor& t : local_params()) {
+  const auto params = local_params();
+  auto device = params.empty() ? torch::Device(torch::kCPU) : params.front().device();
+  torch::Tensor sq = torch::zeros({1}, torch::TensorOptions().dtype(torch::kDouble).device(device));
+  for (const torch::Tensor& t : params) {
     if (t.grad().defined() && t.numel() > 0) sq += t.grad().to(torch::kDouble).pow(2).sum();
   }
   // Shards are disjoint across the shard axis; replicas hold equal gradients.

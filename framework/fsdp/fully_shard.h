@@ -25,8 +25,15 @@
 // by the global normaliser (e.g. the global token count), which makes results
 // independent of the world size.
 //
-// Thread safety: one training thread; all collectives run on it (the CPU
-// autograd engine runs backward on the calling thread).
+// Thread safety: one training thread drives it. The CPU autograd engine runs
+// backward (and so the gather and reduce hooks) on the calling thread; for
+// CUDA tensors it runs them on its own per-device thread while the calling
+// thread blocks in backward(). Either way the hooks' collectives never run
+// concurrently with the training thread's, they run in the same backward
+// order on every rank, and on the stream the engine runs each unit's
+// backward on (the current stream of the device thread, which is the
+// forward's stream): NCCL's wait() orders that stream after the collective,
+// and Gloo stages CUDA tensors through the host synchronously.
 #include "framework/dtensor/dtensor.h"
 #include "framework/fsdp/options.h"
 #include "models/layered_model.h"

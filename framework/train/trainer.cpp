@@ -3,6 +3,7 @@
 #include "checkpoint/import_weights.h"
 #include "checkpoint/manager.h"
 #include "framework/data/dataset.h"
+#include "framework/dist/device.h"
 #include "framework/data/sampler.h"
 #include "framework/data/loader.h"
 #include "framework/dtensor/device_mesh.h"
@@ -33,6 +34,7 @@ using Clock = std::chrono::steady_clock;
 struct Trainer::State {
   config::Config cfg;
   dist::Runtime& rt;
+  torch::Device device{torch::kCPU};  // where the model, optimizer and batches live
   std::vector<int64_t> mesh_shape;
   std::shared_ptr<dtensor::DeviceMesh> mesh;
   std::shared_ptr<models::LayeredModelImpl> model;
@@ -186,6 +188,13 @@ Trainer::Trainer(const config::Config& config, dist::Runtime& runtime)
     torch::manual_seed(static_cast<uint64_t>(s.cfg.run.seed));
     s.model = models::make_model(s.cfg.model);
   }
+  // The model is initialised on the CPU from the seed either way, so a CUDA
+  // run starts from the same weights as a CPU run, then moves to the GPU.
+  s.device = runtime.device;
+  if (s.device.is_cuda()) {
+    dist::use_deterministic_cuda();  // bit-exact resume needs reproducible kernels
+    s.model->to(s.device);
+  }
   s.fsdp = std::make_unique<fsdp::FullyShardedModel>(s.model, s.mesh, s.cfg.parallel);
   s.optim = std::make_unique<optim::ShardedAdamW>(*s.fsdp, s.cfg.optim, s.cfg.train.steps);
 
@@ -199,6 +208,11 @@ Trainer::Trainer(const config::Config& config, dist::Runtime& runtime)
   s.ckpt = std::make_unique<checkpoint::CheckpointManager>(
       s.cfg.checkpoint, (fs::path(s.cfg.run.dir) / "checkpoints").string(), *runtime.checkpoint,
       layout.str());
+  if (s.ckpt->enabled() && (s.cfg.checkpoint.mode != "sync" || s.device.is_cuda())) {
+    // Host (pinned, for GPU state) staging buffers now, not at the first
+    // save while the training loop waits.
+    s.ckpt->reserve_staging(s.make_state_dict());
+  }
   std::optional<std::string> resume_from = s.ckpt->resume_path();
   checkpoint::LoadStats resumed;
   if (resume_from) {
@@ -232,7 +246,8 @@ Trainer::Trainer(const config::Config& config, dist::Runtime& runtime)
                                                   : dist::to_string(runtime.env.source))
               << "), layout " << fsdp::layout_name(s.mesh_shape) << " replicate=" << s.mesh_shape[0]
               << " shard=" << s.mesh_shape[1] << ", groups train=" << runtime.train->backend_name()
-              << " ckpt=" << runtime.checkpoint->backend_name() << ", LibTorch "
+              << " ckpt=" << runtime.checkpoint->backend_name() << ", device " << s.device.str()
+              << ", LibTorch "
               << dist::torch_version() << "\n"
               << "shardkit: model " << s.cfg.model.kind << " "
               << st.full_param_bytes / 4 << " params, " << st.sharded_param_bytes / 4
@@ -268,20 +283,26 @@ int Trainer::run() {
   while (s.step < last) {
     const int64_t step = s.step + 1;
     auto t0 = Clock::now();
-    auto [inputs, targets] = s.loader->next();
+    auto [host_inputs, host_targets] = s.loader->next();
+    torch::Tensor inputs = host_inputs.to(s.device);
+    torch::Tensor targets = host_targets.to(s.device);
     torch::Tensor logits = s.fsdp->forward(inputs);
     const int64_t vocab = logits.size(-1);
     torch::Tensor loss_sum = torch::nn::functional::cross_entropy(
         logits.reshape({-1, vocab}), targets.reshape({-1}),
         torch::nn::functional::CrossEntropyFuncOptions().ignore_index(-100).reduction(torch::kSum));
-    // One scalar all-reduce per step: global loss sum, global token count,
-    // and whether any rank was asked to stop.
-    torch::Tensor stats = torch::tensor(
-        {loss_sum.item<double>(), (targets != -100).sum().item<double>(),
-         static_cast<double>(stop_signal().load() != 0), static_cast<double>(s.ckpt->busy())},
+    // One small all-reduce per step, on the training device: global loss
+    // sum, global token count, and whether any rank was asked to stop or is
+    // still saving. Its result is the one host read of the step.
+    torch::Tensor flags = torch::tensor(
+        {static_cast<double>(stop_signal().load() != 0), static_cast<double>(s.ckpt->busy())},
         torch::kDouble);
+    torch::Tensor stats = torch::cat({loss_sum.detach().to(torch::kDouble).reshape({1}),
+                                      (targets != -100).sum().to(torch::kDouble).reshape({1}),
+                                      flags.to(s.device)});
     checkpoint::stall_if_requested("train", step, s.rt.env.rank);
     s.rt.train->all_reduce(stats);
+    stats = stats.to(torch::kCPU);
     const double global_tokens = std::max(1.0, stats[1].item<double>());
     // Normalising by the global token count and summing gradients across
     // ranks gives the gradient of the global mean at any world size.

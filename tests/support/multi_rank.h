@@ -67,8 +67,10 @@ namespace testing_support {
 
 // Like run_ranks, but each rank gets a full framework::dist::Runtime (store,
 // "train" and "ckpt" groups) from init_runtime, as `train` builds it.
+// `device` is train.device ("cpu" | "cuda"); every rank of a CUDA run shares
+// GPU 0 (LOCAL_RANK % device count), over a Gloo training group beyond world 1.
 inline void run_runtimes(int world, const std::function<void(framework::dist::Runtime&)>& fn,
-                         double timeout_s = 60.0) {
+                         double timeout_s = 60.0, const std::string& device = "cpu") {
   int port = framework::dist::pick_free_port("127.0.0.1");
   std::vector<std::thread> threads;
   std::mutex mu;
@@ -86,7 +88,7 @@ inline void run_runtimes(int world, const std::function<void(framework::dist::Ru
         env.master_port = port;
         framework::dist::DistOptions options;
         options.timeout_s = timeout_s;
-        auto rt = framework::dist::init_runtime(env, options, "cpu");
+        auto rt = framework::dist::init_runtime(env, options, device);
         fn(*rt);
       } catch (...) {
         std::lock_guard<std::mutex> lock(mu);

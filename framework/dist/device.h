@@ -1,0 +1,89 @@
+#pragma once
+// Devices and host<->device copies: the one place that knows CUDA.
+//
+// Everything here works in every build. Without CUDA (SHARDKIT_CUDA off, or no
+// device present) cuda_available() is false, HostSlab is ordinary memory and
+// CopyStream copies synchronously, so callers need no #ifdefs.
+//
+// Thread safety: HostSlab is a plain buffer. A CopyStream is used by one
+// thread at a time, except synchronize()/query(), which any thread may call
+// after record() returned.
+#include <ATen/ATen.h>
+
+#include <cstddef>
+#include <string>
+
+namespace framework::dist {
+
+bool cuda_available();  // built with CUDA and at least one device present
+int cuda_device_count();
+// The device of this process for train.device ("cpu" | "cuda"): CUDA device
+// local_rank % count, made current for this thread and the process's later
+// CUDA work. Throws std::invalid_argument naming train.device when CUDA is
+// asked for but unavailable (no CUDA build, or no device).
+at::Device select_device(const std::string& kind, int local_rank);
+// Makes `device` current on the calling thread (no-op for CPU).
+void set_current_device(const at::Device& device);
+// Reproducible CUDA kernels: deterministic algorithms (cuBLAS workspace
+// config set if the user did not). REQUIRES: called before the first cuBLAS
+// call. No-op without CUDA.
+void use_deterministic_cuda();
+// Host waits for all work queued on `device` (no-op for CPU).
+void synchronize(const at::Device& device);
+
+// One host allocation, page-locked when `pinned` (cudaHostAlloc) so copies
+// to and from the GPU run at full bandwidth and asynchronously. Exactly
+// `bytes` are allocated (LibTorch's caching host allocator rounds up to a
+// power of two, up to 2x). Falls back to ordinary memory without CUDA.
+class HostSlab {
+ public:
+  HostSlab(size_t bytes, bool pinned);
+  ~HostSlab();
+  HostSlab(const HostSlab&) = delete;
+  HostSlab& operator=(const HostSlab&) = delete;
+  void* data() const { return data_; }
+  size_t size() const { return size_; }
+  bool pinned() const { return pinned_; }
+  // A tensor viewing [offset, offset + numel * itemsize) of the slab.
+  // REQUIRES: in bounds; the slab outlives the tensor.
+  at::Tensor view(size_t offset, at::IntArrayRef sizes, at::ScalarType dtype) const;
+
+ private:
+  void* data_ = nullptr;
+  size_t size_ = 0;
+  bool pinned_ = false;
+};
+
+// A dedicated copy stream and a completion mark on one CUDA device, for
+// staging device state to the host (and back) without stalling the compute
+// stream. For a CPU device every call copies synchronously.
+//
+// Call sequence (training thread): begin() orders the copy stream after the
+// work queued so far on the current (compute) stream; copy() enqueues copies;
+// record() marks them. Then either synchronize() (host waits: async mode),
+// or block_current_stream() (the compute stream waits on the device, with no
+// host sync: overlap mode) and later synchronize() from the writer thread.
+class CopyStream {
+ public:
+  explicit CopyStream(at::Device device);
+  ~CopyStream();
+  CopyStream(const CopyStream&) = delete;
+  CopyStream& operator=(const CopyStream&) = delete;
+
+  const at::Device& device() const { return device_; }
+  void begin();
+  // dst.copy_(src) on the copy stream; asynchronous when the host side is
+  // pinned. The caller keeps both alive and unchanged until the mark passed.
+  void copy(at::Tensor& dst, const at::Tensor& src);
+  void record();
+  void synchronize();
+  void block_current_stream();
+  bool query();  // true once the recorded mark has passed
+
+ private:
+  struct Impl;
+  at::Device device_;
+  Impl* impl_ = nullptr;
+};
+
+}  // namespace framework::dist
