@@ -7,6 +7,7 @@
 #include "framework/optim/sharded_adamw.h"
 #include "framework/train/trainer.h"
 #include "support/multi_rank.h"
+#include "support/trainer_state.h"
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -16,6 +17,10 @@
 
 namespace fs = std::filesystem;
 using framework::train::Trainer;
+using testing_support::FullState;
+using testing_support::expect_same_state;
+using testing_support::gather_full_state;
+using testing_support::read_checkpoint_items;
 using testing_support::run_runtimes;
 
 namespace {
@@ -55,24 +60,6 @@ framework::config::Config base_config(const std::string& dir) {
   c.checkpoint.resume = "never";
   c.checkpoint.io_threads = 2;
   return c;
-}
-
-// Full (unsharded) model parameters and optimizer moments by item name, plus
-// the optimizer steps; gathered on every rank, kept from rank 0.
-using FullState = std::map<std::string, torch::Tensor>;
-
-FullState gather_full_state(Trainer& t) {
-  FullState out;
-  auto& model = t.model();
-  auto names = model.param_names();
-  for (size_t i = 0; i < names.size(); ++i) {
-    out["model." + names[i]] = model.param_dtensor(i).full_tensor();
-    auto st = t.optimizer().state(i);
-    out["optim." + names[i] + ".exp_avg"] = st.exp_avg.full_tensor();
-    out["optim." + names[i] + ".exp_avg_sq"] = st.exp_avg_sq.full_tensor();
-    out["optim." + names[i] + ".step"] = torch::tensor({st.step});
-  }
-  return out;
 }
 
 FullState run_and_gather(const framework::config::Config& cfg, const Layout& l,
@@ -116,15 +103,6 @@ FullState load_and_gather(const framework::config::Config& cfg, const Layout& l,
     }
   });
   return result;
-}
-
-void expect_same_state(const FullState& a, const FullState& b, const std::string& what) {
-  ASSERT_EQ(a.size(), b.size()) << what;
-  for (const auto& [name, t] : a) {
-    auto it = b.find(name);
-    ASSERT_NE(it, b.end()) << what << ": missing " << name;
-    EXPECT_TRUE(torch::equal(t, it->second)) << what << ": " << name << " differs";
-  }
 }
 
 }  // namespace
@@ -180,33 +158,6 @@ TEST(ResumeAcrossWorldSizes, SavedAtTwoResumedAtThreeAndOneContinuesTheLosses) {
   fs::remove_all(root);
 }
 
-namespace {
-
-// Everything stored in a committed checkpoint, read back whole on one rank.
-std::map<std::string, std::vector<uint8_t>> read_everything(const std::string& path) {
-  auto meta = checkpoint::read_metadata_file(path + "/.metadata");
-  checkpoint::StateDict sd;
-  for (const auto& item : meta.items) {
-    if (item.name == "config") continue;  // records the mode, which differs on purpose
-    if (item.kind == checkpoint::ItemKind::kBytes) {
-      sd.add_bytes(item.name, {});
-    } else {
-      sd.add_tensor(item.name, torch::empty(item.global_shape, checkpoint::to_scalar_type(item.dtype)));
-    }
-  }
-  checkpoint::LoadOptions lo;
-  lo.filter = [](const std::string& n) { return n != "config"; };
-  checkpoint::load_state_dict(sd, path, lo);
-  std::map<std::string, std::vector<uint8_t>> out;
-  for (const auto& b : sd.bytes()) out[b.name] = b.data;
-  for (const auto& t : sd.tensors()) {
-    const uint8_t* p = static_cast<const uint8_t*>(t.local.data_ptr());
-    out[t.name] = std::vector<uint8_t>(p, p + t.local.numel() * t.local.element_size());
-  }
-  return out;
-}
-
-}  // namespace
 
 TEST(AsyncCheckpointing, AsyncAndOverlapCommitExactlyWhatSyncCommits) {
   std::string root = scratch("modes");
@@ -221,10 +172,10 @@ TEST(AsyncCheckpointing, AsyncAndOverlapCommitExactlyWhatSyncCommits) {
   }
   for (int step : {4, 8, 12}) {
     SCOPED_TRACE("step " + std::to_string(step));
-    auto sync = read_everything(dirs["sync"] + "/step_" + std::to_string(step));
+    auto sync = read_checkpoint_items(dirs["sync"] + "/step_" + std::to_string(step));
     ASSERT_GT(sync.size(), 10u);
     for (const char* mode : {"async", "overlap"}) {
-      auto other = read_everything(dirs[mode] + "/step_" + std::to_string(step));
+      auto other = read_checkpoint_items(dirs[mode] + "/step_" + std::to_string(step));
       ASSERT_EQ(other.size(), sync.size()) << mode;
       for (const auto& [name, bytes] : sync) {
         EXPECT_EQ(other.at(name), bytes) << mode << ": item " << name << " differs from sync";

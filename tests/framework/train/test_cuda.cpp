@@ -12,6 +12,7 @@
 #include "framework/optim/sharded_adamw.h"
 #include "framework/train/trainer.h"
 #include "support/multi_rank.h"
+#include "support/trainer_state.h"
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -27,7 +28,14 @@
 
 namespace fs = std::filesystem;
 using framework::train::Trainer;
+using testing_support::CliResult;
+using testing_support::FullState;
+using testing_support::expect_same_state;
+using testing_support::gather_full_state;
+using testing_support::logged_losses;
+using testing_support::read_checkpoint_items;
 using testing_support::run_runtimes;
+using testing_support::run_train_binary;
 
 #define SHARDKIT_REQUIRE_CUDA()                                                         \
   do {                                                                                  \
@@ -62,23 +70,6 @@ framework::config::Config base_config(const std::string& dir, const std::string&
   c.checkpoint.resume = "never";
   c.checkpoint.io_threads = 2;
   return c;
-}
-
-// Full parameters and moments by item name, on the host.
-using FullState = std::map<std::string, torch::Tensor>;
-
-FullState gather_full_state(Trainer& t) {
-  FullState out;
-  auto& model = t.model();
-  auto names = model.param_names();
-  for (size_t i = 0; i < names.size(); ++i) {
-    out["model." + names[i]] = model.param_dtensor(i).full_tensor().to(torch::kCPU);
-    auto st = t.optimizer().state(i);
-    out["optim." + names[i] + ".exp_avg"] = st.exp_avg.full_tensor().to(torch::kCPU);
-    out["optim." + names[i] + ".exp_avg_sq"] = st.exp_avg_sq.full_tensor().to(torch::kCPU);
-    out["optim." + names[i] + ".step"] = torch::tensor({st.step});
-  }
-  return out;
 }
 
 struct RunResult {
@@ -118,15 +109,6 @@ RunResult train_run(const framework::config::Config& cfg, int world, int64_t sha
   return out;
 }
 
-void expect_same_state(const FullState& a, const FullState& b, const std::string& what) {
-  ASSERT_EQ(a.size(), b.size()) << what;
-  for (const auto& [name, t] : a) {
-    auto it = b.find(name);
-    ASSERT_NE(it, b.end()) << what << ": missing " << name;
-    EXPECT_TRUE(torch::equal(t, it->second)) << what << ": " << name << " differs";
-  }
-}
-
 std::vector<uint8_t> file_bytes(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);
   return std::vector<uint8_t>((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
@@ -144,49 +126,12 @@ std::map<std::string, std::vector<uint8_t>> data_files(const std::string& step_d
   return out;
 }
 
-// Every item of a committed checkpoint but "config", read back whole.
-std::map<std::string, std::vector<uint8_t>> read_items(const std::string& path) {
-  auto meta = checkpoint::read_metadata_file(path + "/.metadata");
-  checkpoint::StateDict sd;
-  for (const auto& item : meta.items) {
-    if (item.name == "config") continue;
-    if (item.kind == checkpoint::ItemKind::kBytes) {
-      sd.add_bytes(item.name, {});
-    } else {
-      sd.add_tensor(item.name, torch::empty(item.global_shape, checkpoint::to_scalar_type(item.dtype)));
-    }
-  }
-  checkpoint::LoadOptions lo;
-  lo.filter = [](const std::string& n) { return n != "config"; };
-  checkpoint::load_state_dict(sd, path, lo);
-  std::map<std::string, std::vector<uint8_t>> out;
-  for (const auto& b : sd.bytes()) out[b.name] = b.data;
-  for (const auto& t : sd.tensors()) {
-    const uint8_t* p = static_cast<const uint8_t*>(t.local.data_ptr());
-    out[t.name] = std::vector<uint8_t>(p, p + t.local.numel() * t.local.element_size());
-  }
-  return out;
-}
-
 // The train binary as a user runs it. Multi-rank CUDA runs are processes:
 // ranks that are threads of one process share LibTorch's one autograd
 // thread per GPU, where one rank's backward hook would wait in a collective
 // for a rank whose backward is queued behind it.
-struct CliResult {
-  int status = -1;
-  std::string output;
-};
-
 CliResult run_train(const std::string& args) {
-  std::string cmd = std::string(SHARDKIT_BINARY_DIR) + "/train " + args + " 2>&1";
-  CliResult r;
-  FILE* p = popen(cmd.c_str(), "r");
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.output.append(buf.data(), n);
-  int raw = pclose(p);
-  r.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : 128 + WTERMSIG(raw);
-  return r;
+  return run_train_binary(std::string(SHARDKIT_BINARY_DIR) + "/train", args);
 }
 
 std::string cli_args(const std::string& dir, const std::string& device, int nproc, int64_t shard) {
@@ -196,18 +141,6 @@ std::string cli_args(const std::string& dir, const std::string& device, int npro
          " --set checkpoint.resume=never --set train.device=" + device +
          " --set parallel.replicate=" + std::to_string(nproc / shard) +
          " --set parallel.shard=" + std::to_string(shard);
-}
-
-// step -> loss from metrics.jsonl (round-trip precision; later lines win).
-std::map<int64_t, double> logged_losses(const std::string& dir) {
-  std::map<int64_t, double> out;
-  std::ifstream in(dir + "/metrics.jsonl");
-  std::string line;
-  while (std::getline(in, line)) {
-    auto j = nlohmann::json::parse(line);
-    if (j.contains("loss")) out[j["step"].get<int64_t>()] = j["loss"].get<double>();
-  }
-  return out;
 }
 
 }  // namespace
@@ -342,10 +275,10 @@ TEST(CudaCheckpoint, AsyncAndOverlapUnderTrainingCommitExactlyWhatSyncCommitsAnd
   for (int step : {4, 8, 12}) {
     SCOPED_TRACE("step " + std::to_string(step));
     std::string s = "/step_" + std::to_string(step);
-    auto sync = read_items(dirs["cuda_sync"] + s);
+    auto sync = read_checkpoint_items(dirs["cuda_sync"] + s);
     ASSERT_GT(sync.size(), 10u);
     for (const char* mode : {"cuda_async", "cuda_overlap"}) {
-      auto other = read_items(dirs[mode] + s);
+      auto other = read_checkpoint_items(dirs[mode] + s);
       ASSERT_EQ(other.size(), sync.size()) << mode;
       for (const auto& [name, bytes] : sync) {
         EXPECT_EQ(other.at(name), bytes) << mode << ": item " << name << " differs from cuda_sync";
