@@ -30,6 +30,18 @@ class TcpStoreServer final : public StoreServer {
   int port_;
 };
 
+// Returns once all `size` callers of the same round have arrived (rounds
+// count up, so a key can be reused). Waits up to the store's timeout.
+void wait_for_all(const compat::StorePtr& store, const std::string& key, int64_t size) {
+  const int64_t arrived = compat::store_add(store, key, 1);
+  const std::string done = key + "/" + std::to_string((arrived - 1) / size);
+  if (arrived % size == 0) {
+    compat::store_set(store, done, "1");
+  } else {
+    compat::store_wait(store, done);
+  }
+}
+
 }  // namespace
 
 std::unique_ptr<StoreServer> host_tcp_store(const std::string& addr, int port,
@@ -114,6 +126,11 @@ std::shared_ptr<Group> Rendezvous::new_group(const std::string& name, const std:
     } else {
       throw std::invalid_argument("unsupported backend '" + backend + "'");
     }
+    // As PyTorch's new_group does (_store_based_barrier): Gloo's connect ends
+    // without a handshake, so a member that returned and dropped the group at
+    // once could cut a slower member's connect short ("Connection closed by
+    // peer", pair.cc). No member returns before every member has connected.
+    wait_for_all(store, "created", static_cast<int64_t>(ranks.size()));
   } catch (const std::exception& e) {
     std::ostringstream msg;
     msg << "dist: creating group '" << name << "' (" << backend << ", " << ranks.size()

@@ -106,6 +106,14 @@ inline std::string store_get(const StorePtr& store, const std::string& key) {
   return std::string(value.begin(), value.end());
 }
 
+// Adds `delta` to the counter at `key` (0 when unset); returns the new value.
+inline int64_t store_add(const StorePtr& store, const std::string& key, int64_t delta) {
+  return store->add(key, delta);
+}
+
+// Waits up to the store's timeout until `key` is set.
+inline void store_wait(const StorePtr& store, const std::string& key) { store->wait({key}); }
+
 // Whether `key` is set now (no waiting).
 inline bool store_has(const StorePtr& store, const std::string& key) {
   return store->check({key});
