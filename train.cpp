@@ -121,7 +121,13 @@ int main(int argc, char** argv) {
     framework::dist::LocalLaunchOptions launch;
     launch.nproc = args.nproc;
     launch.argv = framework::dist::argv_without_nproc(argc, argv);
-    return framework::dist::run_local_launcher(launch);
+    launch.store_server = framework::dist::host_tcp_store;
+    try {
+      return framework::dist::run_local_launcher(launch);
+    } catch (const std::exception& e) {
+      std::cerr << "train: " << e.what() << std::endl;
+      return 1;
+    }
   }
   return run_rank(args, cfg);
 }

@@ -212,6 +212,9 @@ struct Bench {
   std::map<std::string, std::vector<double>> samples;  // per trial
   nlohmann::json out = nlohmann::json::object();
   std::vector<std::string> notes;
+  // Rank 0 serves the stores of fresh_runtime(); they outlive those runtimes.
+  std::vector<std::unique_ptr<dist::StoreServer>> fresh_stores;
+  int fresh_count = 0;
 
   Bench(Args a, dist::Runtime& r) : args(std::move(a)), rt(r) {
     rank = rt.env.rank;
@@ -571,11 +574,20 @@ void Bench::trial(int t, checkpoint::CheckpointManager& async_mgr,
 // groups under the same names, which must not meet an earlier run's keys in
 // the rendezvous store.
 std::unique_ptr<dist::Runtime> Bench::fresh_runtime() {
+  // Same on every rank, and not the job's own id.
+  const std::string job_id =
+      (rt.env.job_id.empty() ? std::string("ckpt_bench") : rt.env.job_id) + ".fresh" +
+      std::to_string(fresh_count++);
   torch::Tensor port = torch::zeros({1}, torch::kInt64);
-  if (rank == 0) port[0] = dist::pick_free_port(rt.env.master_addr);
+  if (rank == 0) {
+    fresh_stores.push_back(dist::host_tcp_store(rt.env.master_addr, 0, job_id));
+    port[0] = fresh_stores.back()->port();
+  }
   bench_group().broadcast(port, 0);
   dist::LaunchEnv env = rt.env;
   env.master_port = static_cast<int>(port.item<int64_t>());
+  env.store_hosted = true;
+  env.job_id = job_id;
   dist::DistOptions dopt;
   dopt.backend = "gloo";
   dopt.timeout_s = 600;
@@ -958,7 +970,6 @@ bool try_proc_drop_caches() {
 
 int run_rank(const Args& args) {
   dist::LaunchEnv env = dist::detect_launch_env(dist::process_env());
-  if (env.source == dist::LaunchSource::kSingleProcess) env.master_port = dist::pick_free_port(env.master_addr);
   if (const char* lws = std::getenv("LOCAL_WORLD_SIZE")) {
     int cores = static_cast<int>(std::thread::hardware_concurrency());
     torch::set_num_threads(std::max(1, cores / std::max(1, std::atoi(lws))));
@@ -1077,6 +1088,7 @@ int main(int argc, char** argv) {
     dist::LocalLaunchOptions launch;
     launch.nproc = args.nproc;
     launch.argv = framework::dist::argv_without_nproc(argc, argv);
+    launch.store_server = dist::host_tcp_store;
     return dist::run_local_launcher(launch);
   }
   try {

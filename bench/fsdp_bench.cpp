@@ -9,7 +9,7 @@
 // in FullyShardedModel::memory_stats). World 1 is the unsharded baseline:
 // the whole model's parameters and gradients. Target (issue): about the
 // sharded total plus the largest unit.
-#include "framework/dist/local_launcher.h"
+#include "framework/dist/launch_env.h"
 #include "framework/dist/runtime.h"
 #include "framework/dtensor/device_mesh.h"
 #include "framework/fsdp/fully_shard.h"
@@ -36,7 +36,9 @@ struct Row {
 double mib(int64_t b) { return static_cast<double>(b) / 1048576.0; }
 
 Row measure(int world, const models::ModelOptions& mo) {
-  int port = framework::dist::pick_free_port("127.0.0.1");
+  // This thread serves the ranks' store, as `train --nproc` does.
+  const std::string job_id = framework::dist::new_job_id();
+  auto store = framework::dist::host_tcp_store("127.0.0.1", 0, job_id);
   Row row;
   row.world = world;
   std::mutex mu;
@@ -46,7 +48,9 @@ Row measure(int world, const models::ModelOptions& mo) {
       framework::dist::LaunchEnv env;
       env.rank = r;
       env.world_size = world;
-      env.master_port = port;
+      env.master_port = store->port();
+      env.store_hosted = true;
+      env.job_id = job_id;
       framework::dist::DistOptions dopt;
       auto rt = framework::dist::init_runtime(env, dopt, "cpu");
       auto mesh = framework::dtensor::DeviceMesh::create(*rt->rendezvous, {1, world},

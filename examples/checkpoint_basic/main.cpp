@@ -196,6 +196,8 @@ int main(int argc, char** argv) {
     fd::LocalLaunchOptions launch;
     launch.nproc = nproc;
     launch.argv = {std::filesystem::read_symlink("/proc/self/exe").string(), "--dir", dir};
+    // The launcher serves the job's c10d store itself; the ranks connect to it.
+    launch.store_server = fd::host_tcp_store;
     const int rc = fd::run_local_launcher(launch);
     if (own_dir && rc == 0) std::filesystem::remove_all(dir);
     return rc;

@@ -1,7 +1,10 @@
 #include "framework/dist/launch_env.h"
 
+#include <cinttypes>
+#include <cstdio>
 #include <cstdlib>
 #include <limits>
+#include <random>
 #include <stdexcept>
 
 namespace framework::dist {
@@ -163,7 +166,30 @@ LaunchEnv detect_slurm(const EnvLookup& env,
   return result;
 }
 
+bool read_store_hosted(const EnvLookup& env) {
+  std::optional<std::string> value = env(kStoreHostedVar);
+  if (!value || *value == "0") return false;
+  if (*value == "1") return true;
+  throw_bad_value(kStoreHostedVar, *value, "is not 0 or 1");
+}
+
+// torchrun names every job (--rdzv-id, a fresh uuid under --standalone).
+std::string read_job_id(const EnvLookup& env) {
+  for (const char* name : {kJobIdVar, "TORCHELASTIC_RUN_ID"}) {
+    if (std::optional<std::string> id = non_empty(env(name))) return *id;
+  }
+  return "";
+}
+
 }  // namespace
+
+std::string new_job_id() {
+  std::random_device entropy;
+  const uint64_t id = (static_cast<uint64_t>(entropy()) << 32) ^ entropy();
+  char text[17];
+  std::snprintf(text, sizeof text, "%016" PRIx64, id);
+  return text;
+}
 
 EnvLookup process_env() {
   return [](const std::string& name) -> std::optional<std::string> {
@@ -199,6 +225,8 @@ LaunchEnv detect_launch_env(const EnvLookup& env,
     }
   }
   result.master_port = resolve_port(env, config_master_port);
+  result.store_hosted = read_store_hosted(env);
+  result.job_id = read_job_id(env);
   return result;
 }
 

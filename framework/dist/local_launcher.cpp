@@ -1,14 +1,13 @@
 #include "framework/dist/local_launcher.h"
 
+#include "framework/dist/launch_env.h"
+
 #include <filesystem>
 
-#include <arpa/inet.h>
 #include <fcntl.h>
-#include <netdb.h>
-#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
-#include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -20,8 +19,10 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <iostream>
+#include <memory>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -202,11 +203,57 @@ struct ExecPlan {
   std::vector<std::string> env_storage;
   std::vector<char*> envp;
   std::string exec_error_prefix;
+  std::vector<int> inherited_fds;  // ascending, all >= 3
+  long open_max = 0;               // for close_other_fds without close_range
+};
+
+// The fds >= 3 that a child of this process would inherit now.
+std::vector<int> inheritable_fds() {
+  std::vector<int> fds;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd", ec)) {
+    const int fd = std::atoi(entry.path().filename().c_str());
+    const int flags = fcntl(fd, F_GETFD);
+    if (fd >= 3 && flags >= 0 && (flags & FD_CLOEXEC) == 0) fds.push_back(fd);
+  }
+  std::sort(fds.begin(), fds.end());
+  return fds;
+}
+
+// In the child: closes fds lo..hi. Async-signal-safe.
+void close_fd_range(unsigned lo, unsigned hi, long open_max) {
+  if (lo > hi) return;
+#ifdef SYS_close_range
+  if (syscall(SYS_close_range, lo, hi, 0) == 0) return;
+#endif
+  for (unsigned long fd = lo; fd <= hi && fd < static_cast<unsigned long>(open_max); ++fd) {
+    ::close(static_cast<int>(fd));
+  }
+}
+
+// In the child, after the dup2()s: closes every fd >= 3 except `keep`
+// (ascending). Async-signal-safe: reads the prepared vector only.
+void close_other_fds(const std::vector<int>& keep, long open_max) {
+  unsigned next = 3;
+  for (int fd : keep) {
+    close_fd_range(next, static_cast<unsigned>(fd) - 1, open_max);
+    next = static_cast<unsigned>(fd) + 1;
+  }
+  close_fd_range(next, ~0U, open_max);
+}
+
+// Where the ranks find the job's store, which the launcher serves.
+struct JobRendezvous {
+  int port = 0;
+  std::string job_id;
 };
 
 ExecPlan make_exec_plan(const LocalLaunchOptions& options, int rank,
-                        int port) {
+                        const JobRendezvous& job,
+                        const std::vector<int>& inherited_fds) {
   ExecPlan plan;
+  plan.inherited_fds = inherited_fds;
+  plan.open_max = sysconf(_SC_OPEN_MAX);
   plan.argv_storage = options.argv;
   for (std::string& arg : plan.argv_storage) plan.argv.push_back(arg.data());
   plan.argv.push_back(nullptr);
@@ -217,7 +264,9 @@ ExecPlan make_exec_plan(const LocalLaunchOptions& options, int rank,
       {"LOCAL_RANK", std::to_string(rank)},
       {"LOCAL_WORLD_SIZE", std::to_string(options.nproc)},
       {"MASTER_ADDR", options.master_addr},
-      {"MASTER_PORT", std::to_string(port)},
+      {"MASTER_PORT", std::to_string(job.port)},
+      {kStoreHostedVar, "1"},
+      {kJobIdVar, job.job_id},
       {"SHARDKIT_LAUNCHED", "1"},
   };
   for (char** entry = environ; entry != nullptr && *entry != nullptr;
@@ -256,6 +305,7 @@ ExecPlan make_exec_plan(const LocalLaunchOptions& options, int rank,
   dup2(stdin_fd, 0);
   dup2(out_fd, 1);
   dup2(err_fd, 2);
+  close_other_fds(plan.inherited_fds, plan.open_max);
   execvpe(plan.argv[0], plan.argv.data(), plan.envp.data());
   int err = errno;
   write_all(2, plan.exec_error_prefix.data(), plan.exec_error_prefix.size());
@@ -278,8 +328,8 @@ class LocalLauncher {
   int run();
 
  private:
-  void start_ranks(int port);
-  void start_rank(int index, int port, int stdin_fd);
+  void start_ranks(const JobRendezvous& job);
+  void start_rank(int index, const JobRendezvous& job, int stdin_fd);
   void handle_signal_bytes();
   void signal_running(int sig);
   void begin_stop();
@@ -296,6 +346,12 @@ class LocalLauncher {
   void kill_and_reap_all() noexcept;
 
   const LocalLaunchOptions& options_;
+  // What the caller lets children inherit; ranks get these and 0..2, and
+  // nothing the launcher (or its store server) opened.
+  std::vector<int> inherited_fds_;
+  // Declared before ranks_, so destroyed after them: it serves the ranks'
+  // store until the last one is reaped (also when run() throws).
+  std::unique_ptr<StoreServer> store_server_;
   std::optional<SignalRedirect> signals_;
   sigset_t caller_mask_{};
   std::vector<Rank> ranks_;
@@ -305,12 +361,12 @@ class LocalLauncher {
   std::optional<Clock::time_point> drain_deadline_;
 };
 
-void LocalLauncher::start_ranks(int port) {
+void LocalLauncher::start_ranks(const JobRendezvous& job) {
   int stdin_fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
   if (stdin_fd < 0) throw_errno("open /dev/null");
   ranks_.reserve(static_cast<size_t>(options_.nproc));
   try {
-    for (int i = 0; i < options_.nproc; ++i) start_rank(i, port, stdin_fd);
+    for (int i = 0; i < options_.nproc; ++i) start_rank(i, job, stdin_fd);
   } catch (...) {
     ::close(stdin_fd);
     throw;
@@ -318,8 +374,8 @@ void LocalLauncher::start_ranks(int port) {
   ::close(stdin_fd);
 }
 
-void LocalLauncher::start_rank(int index, int port, int stdin_fd) {
-  ExecPlan plan = make_exec_plan(options_, index, port);
+void LocalLauncher::start_rank(int index, const JobRendezvous& job, int stdin_fd) {
+  ExecPlan plan = make_exec_plan(options_, index, job, inherited_fds_);
   int out_pipe[2];
   int err_pipe[2];
   make_pipe(out_pipe);
@@ -526,6 +582,16 @@ void check_options(const LocalLaunchOptions& options) {
   if (options.argv.empty() || options.argv[0].empty()) {
     throw std::invalid_argument("launcher: no program to run (argv is empty)");
   }
+  if (!options.store_server) {
+    throw std::invalid_argument(
+        "launcher: no store server (LocalLaunchOptions::store_server; "
+        "framework::dist::host_tcp_store serves c10d's TCPStore)");
+  }
+  if (options.master_port < 0 || options.master_port > 65535) {
+    throw std::invalid_argument("launcher: master_port=" +
+                                std::to_string(options.master_port) +
+                                " is not 0 or a TCP port");
+  }
   if (!(options.stop_grace_s >= 0)) {
     throw std::invalid_argument("launcher: stop_grace_s=" +
                                 std::to_string(options.stop_grace_s) +
@@ -577,8 +643,32 @@ bool LocalLauncher::finished() {
 
 int LocalLauncher::run() {
   check_options(options_);
-  int port = options_.master_port > 0 ? options_.master_port
-                                      : pick_free_port(options_.master_addr);
+  // The port is bound here and stays bound for the whole job: choosing a
+  // "free" port for rank 0 to bind later let a parallel job take it first.
+  // Taken before the store server opens anything: c10d (1.13) opens its
+  // sockets inheritable, and its threads accept the ranks' connections while
+  // later ranks are still being forked.
+  inherited_fds_ = inheritable_fds();
+  JobRendezvous job;
+  job.job_id = new_job_id();
+  {
+    // The server's threads inherit this mask, so the signals we handle reach
+    // the main thread's poll loop and never interrupt the server.
+    sigset_t block;
+    sigset_t previous;
+    sigemptyset(&block);
+    for (int sig : kHandledSignals) sigaddset(&block, sig);
+    pthread_sigmask(SIG_BLOCK, &block, &previous);
+    try {
+      store_server_ = options_.store_server(options_.master_addr,
+                                            options_.master_port, job.job_id);
+    } catch (...) {
+      pthread_sigmask(SIG_SETMASK, &previous, nullptr);
+      throw;
+    }
+    pthread_sigmask(SIG_SETMASK, &previous, nullptr);
+  }
+  job.port = store_server_->port();
   // What the caller buffered must not interleave oddly with the ranks' lines.
   std::cout.flush();
   std::cerr.flush();
@@ -594,7 +684,7 @@ int LocalLauncher::run() {
   // stopped by SIGTTIN).
   signals_.emplace();
   sigprocmask(SIG_SETMASK, nullptr, &caller_mask_);
-  start_ranks(port);
+  start_ranks(job);
   while (true) {
     reap_exited();
     if (finished()) break;
@@ -630,46 +720,6 @@ void LocalLauncher::kill_and_reap_all() noexcept {
 int run_local_launcher(const LocalLaunchOptions& options) {
   LocalLauncher launcher(options);
   return launcher.run();
-}
-
-int pick_free_port(const std::string& addr) {
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_NUMERICSERV;
-  addrinfo* found = nullptr;
-  int rc = getaddrinfo(addr.c_str(), "0", &hints, &found);
-  if (rc != 0) {
-    throw std::runtime_error("pick_free_port: cannot resolve " + addr + ": " +
-                             gai_strerror(rc));
-  }
-  int last_errno = 0;
-  int port = -1;
-  for (addrinfo* ai = found; ai != nullptr && port < 0; ai = ai->ai_next) {
-    int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC,
-                    ai->ai_protocol);
-    if (fd < 0) {
-      last_errno = errno;
-      continue;
-    }
-    sockaddr_storage bound{};
-    socklen_t len = sizeof bound;
-    if (bind(fd, ai->ai_addr, ai->ai_addrlen) == 0 &&
-        getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &len) == 0) {
-      port = bound.ss_family == AF_INET6
-                 ? ntohs(reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port)
-                 : ntohs(reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
-    } else {
-      last_errno = errno;
-    }
-    ::close(fd);
-  }
-  freeaddrinfo(found);
-  if (port < 0) {
-    throw std::runtime_error("pick_free_port: cannot bind a TCP port on " +
-                             addr + ": " + errno_text(last_errno));
-  }
-  return port;
 }
 
 std::vector<std::string> argv_without_nproc(int argc, char** argv) {

@@ -2,6 +2,8 @@
 // The built-in local launcher behind `train --nproc N` (like `torchrun
 // --standalone`): runs N copies of a program on this machine as ranks
 // 0..N-1. Torch-free.
+#include "framework/dist/store_server.h"
+
 #include <string>
 #include <vector>
 
@@ -12,14 +14,24 @@ struct LocalLaunchOptions {
   // Program and arguments each rank runs (argv[0] is resolved via execvp).
   std::vector<std::string> argv;
   std::string master_addr = "127.0.0.1";
-  int master_port = 0;           // 0: pick a free port on master_addr
+  int master_port = 0;           // 0: the store server takes any free port
+  // REQUIRED: serves the job's rendezvous store (host_tcp_store in runtime.h
+  // for ranks that use framework::dist). Called once, before any rank starts;
+  // the server lives until every rank has exited, so no rank binds a port and
+  // no other job can take the port between choosing and binding it.
+  StoreServerFactory store_server;
   double stop_grace_s = 10.0;    // SIGTERM, then SIGKILL after this long
   bool prefix_output = true;     // "[rank K] " before each forwarded line
 };
 
-// Starts every rank with RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
-// MASTER_ADDR and MASTER_PORT set (and SHARDKIT_LAUNCHED=1), forwards their
-// stdout and stderr line by line with a rank prefix, and waits.
+// Makes a new job id (new_job_id), starts the store server on
+// master_addr:master_port with it, then starts every rank with RANK,
+// WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT (the
+// server's port), SHARDKIT_STORE_HOSTED=1, SHARDKIT_JOB_ID and
+// SHARDKIT_LAUNCHED=1 set, forwards their stdout and stderr line by line with
+// a rank prefix, and waits. A server that cannot start throws before any rank
+// starts. Ranks inherit fds 0..2 and what the caller left inheritable when it
+// called; nothing the launcher or its store server opened.
 //
 // Returns 0 when every rank exited 0. When a rank exits non-zero or dies by a
 // signal, the others get SIGTERM (then SIGKILL after stop_grace_s), a line on
@@ -35,8 +47,5 @@ int run_local_launcher(const LocalLaunchOptions& options);
 // What each launched rank runs: this executable (/proc/self/exe) with the
 // given arguments minus "--nproc N" / "--nproc=N".
 std::vector<std::string> argv_without_nproc(int argc, char** argv);
-
-// A TCP port that was free on `addr` a moment ago.
-int pick_free_port(const std::string& addr);
 
 }  // namespace framework::dist

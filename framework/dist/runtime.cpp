@@ -5,22 +5,103 @@
 
 #include <algorithm>
 #include <cstdlib>
-
+#include <memory>
 #include <sstream>
+#include <string>
 
 namespace framework::dist {
 
-Rendezvous::Rendezvous(const std::string& addr, int port, int rank, int world_size,
-                       std::chrono::milliseconds timeout)
-    : store_(std::make_unique<Store>()), addr_(addr), rank_(rank), world_size_(world_size),
-      timeout_(timeout) {
+namespace {
+
+// Where a store names its job (see Rendezvous in runtime.h).
+constexpr const char* kJobIdKey = "shardkit/job_id";
+// How long a hosted store server's own client waits on it: it only writes the
+// job id, into a store in this very process.
+constexpr std::chrono::seconds kStoreServerTimeout{60};
+
+std::string endpoint(const std::string& addr, int port) {
+  return addr + ":" + std::to_string(port);
+}
+
+class TcpStoreServer final : public StoreServer {
+ public:
+  TcpStoreServer(compat::StorePtr store, int port) : store_(std::move(store)), port_(port) {}
+  int port() const override { return port_; }
+
+ private:
+  compat::StorePtr store_;  // serves while it lives
+  int port_;
+};
+
+// Returns once all `size` callers of the same round have arrived (rounds
+// count up, so a key can be reused). Waits up to the store's timeout.
+void wait_for_all(const compat::StorePtr& store, const std::string& key, int64_t size) {
+  const int64_t arrived = compat::store_add(store, key, 1);
+  const std::string done = key + "/" + std::to_string((arrived - 1) / size);
+  if (arrived % size == 0) {
+    compat::store_set(store, done, "1");
+  } else {
+    compat::store_wait(store, done);
+  }
+}
+
+}  // namespace
+
+std::unique_ptr<StoreServer> host_tcp_store(const std::string& addr, int port,
+                                            const std::string& job_id) {
+  TORCH_CHECK(!job_id.empty(), "host_tcp_store: job_id must not be empty");
   try {
-    store_->store = compat::make_tcp_store(addr, port, rank == 0, world_size, timeout);
+    compat::StorePtr store = compat::make_tcp_store_server(addr, port, kStoreServerTimeout);
+    // Written before any rank can start, so that ranks need not wait for it.
+    compat::store_set(store, kJobIdKey, job_id);
+    return std::make_unique<TcpStoreServer>(store, compat::tcp_store_port(store));
+  } catch (const std::exception& e) {
+    throw DistError("dist: cannot serve the rendezvous store on " + endpoint(addr, port) + ": " +
+                    e.what());
+  }
+}
+
+Rendezvous::Rendezvous(const LaunchEnv& env, std::chrono::milliseconds timeout)
+    : store_(std::make_unique<Store>()), addr_(env.master_addr), port_(env.master_port),
+      rank_(env.rank), world_size_(env.world_size), timeout_(timeout) {
+  const bool serves = !env.store_hosted && rank_ == 0;
+  // Concurrent single-process runs must not fight over one MASTER_PORT.
+  if (serves && world_size_ == 1) port_ = 0;
+  try {
+    store_->store = compat::make_tcp_store(addr_, port_, serves, world_size_, timeout);
+    port_ = compat::tcp_store_port(store_->store);
   } catch (const std::exception& e) {
     std::ostringstream msg;
-    msg << "dist: rendezvous at " << addr << ":" << port << " failed for rank " << rank << " of "
-        << world_size << " (timeout " << timeout.count() / 1000.0 << " s): " << e.what();
+    msg << "dist: rendezvous at " << endpoint(addr_, port_) << " failed for rank " << rank_
+        << " of " << world_size_ << " (timeout " << timeout.count() / 1000.0 << " s): " << e.what();
     throw DistError(msg.str());
+  }
+  if (serves) {
+    compat::store_set(store_->store, kJobIdKey, env.job_id.empty() ? new_job_id() : env.job_id);
+  } else if (!env.job_id.empty()) {
+    check_job_id(env.job_id, env.store_hosted);
+  }
+}
+
+void Rendezvous::check_job_id(const std::string& expected, bool store_hosted) {
+  std::string found = "none";
+  try {
+    // A hosted store has its id before any rank starts; rank 0 writes its
+    // own once every rank has connected.
+    if (!store_hosted || compat::store_has(store_->store, kJobIdKey)) {
+      found = compat::store_get(store_->store, kJobIdKey);
+    }
+  } catch (const std::exception& e) {
+    std::ostringstream msg;
+    msg << "dist: rendezvous at " << endpoint(addr_, port_) << ": rank " << rank_
+        << " could not read the job id (timeout " << timeout_.count() / 1000.0
+        << " s; is rank 0 up, and is this store one of ours?): " << e.what();
+    throw DistError(msg.str());
+  }
+  if (found != expected) {
+    throw DistError("dist: rendezvous at " + endpoint(addr_, port_) +
+                    " belongs to another job (id " + found + ", expected " + expected +
+                    "): rank " + std::to_string(rank_) + " refuses it");
   }
 }
 
@@ -48,6 +129,11 @@ std::shared_ptr<Group> Rendezvous::new_group(const std::string& name, const std:
     } else {
       throw std::invalid_argument("unsupported backend '" + backend + "'");
     }
+    // As PyTorch's new_group does (_store_based_barrier): Gloo's connect ends
+    // without a handshake, so a member that returned and dropped the group at
+    // once could cut a slower member's connect short ("Connection closed by
+    // peer", pair.cc). No member returns before every member has connected.
+    wait_for_all(store, "created", static_cast<int64_t>(ranks.size()));
   } catch (const std::exception& e) {
     std::ostringstream msg;
     msg << "dist: creating group '" << name << "' (" << backend << ", " << ranks.size()
@@ -98,8 +184,7 @@ std::unique_ptr<Runtime> init_runtime(const LaunchEnv& env, const DistOptions& o
     }
   }
   auto timeout = std::chrono::milliseconds(static_cast<int64_t>(options.timeout_s * 1000.0));
-  rt->rendezvous = std::make_unique<Rendezvous>(env.master_addr, env.master_port, env.rank,
-                                                env.world_size, timeout);
+  rt->rendezvous = std::make_unique<Rendezvous>(env, timeout);
   std::vector<int> all(env.world_size);
   for (int r = 0; r < env.world_size; ++r) all[r] = r;
   // Same order on every rank: construction blocks until all members join.

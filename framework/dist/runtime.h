@@ -7,6 +7,7 @@
 #include "framework/dist/launch_env.h"
 #include "framework/dist/options.h"
 #include "framework/dist/process_group.h"
+#include "framework/dist/store_server.h"
 
 #include <memory>
 #include <string>
@@ -14,17 +15,32 @@
 
 namespace framework::dist {
 
+// This rank's connection to the job's c10d TCPStore at
+// env.master_addr:env.master_port.
+//
+// Who serves the store: with env.store_hosted, a launcher does (host_tcp_store)
+// and every rank connects as a client. Otherwise rank 0 serves it and waits
+// until all env.world_size ranks have connected; a job of one rank serves on
+// any free port instead of master_port, since nobody else looks for it.
+//
+// Which job it belongs to: the store holds the job's id. The server writes it
+// (host_tcp_store; rank 0 writes env.job_id, or a new_job_id() when that is
+// empty), and every other rank with a non-empty env.job_id reads it (rank 0's
+// after waiting for it) and throws DistError "rendezvous at ADDR:PORT belongs
+// to another job (id X, expected Y)" when they differ, before any group can
+// pick up another job's peers. A rank with an empty job_id checks nothing.
 class Rendezvous {
  public:
   struct Store;  // opaque c10d store
-  // Rank 0 hosts the TCPStore at addr:port; every rank connects. Blocks until
-  // all `world_size` ranks arrive or `timeout` passes (DistError).
-  Rendezvous(const std::string& addr, int port, int rank, int world_size,
-             std::chrono::milliseconds timeout);
+  // Blocks until the store is reachable and its job id checked, or `timeout`
+  // passes (DistError); rank 0 serving the store also waits for all ranks.
+  Rendezvous(const LaunchEnv& env, std::chrono::milliseconds timeout);
   ~Rendezvous();
 
   int rank() const { return rank_; }
   int world_size() const { return world_size_; }
+  // The store's port: master_port, except for a one-rank job's own store.
+  int port() const { return port_; }
 
   // A new Gloo (or NCCL) group over `ranks` (global ranks, ascending), with its
   // own store prefix "<name>/". Only members call it; blocks until all members
@@ -33,8 +49,12 @@ class Rendezvous {
                                    const std::string& backend = "gloo");
 
  private:
+  // Throws DistError unless the store's job id is `expected`.
+  void check_job_id(const std::string& expected, bool store_hosted);
+
   std::unique_ptr<Store> store_;
   std::string addr_;
+  int port_ = 0;
   int rank_;
   int world_size_;
   std::chrono::milliseconds timeout_;
@@ -60,6 +80,14 @@ std::string resolve_backend(const DistOptions& options, const std::string& devic
 // on one GPU; NCCL refuses that), which stages CUDA tensors through the host.
 std::unique_ptr<Runtime> init_runtime(const LaunchEnv& env, const DistOptions& options,
                                       const std::string& device);
+
+// Serves a c10d TCPStore on addr:port (0: any free port) for ranks that all
+// connect as clients (LaunchEnv::store_hosted), with `job_id` recorded for
+// them to check; until the returned object is destroyed. Returns at once: it
+// waits for no rank. Throws DistError naming addr:port when it cannot listen.
+// Fits LocalLaunchOptions::store_server. REQUIRES: job_id is not empty.
+std::unique_ptr<StoreServer> host_tcp_store(const std::string& addr, int port,
+                                            const std::string& job_id);
 
 // The LibTorch this binary was built against, e.g. "1.13".
 std::string torch_version();

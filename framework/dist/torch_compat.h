@@ -34,8 +34,10 @@
 #include "framework/dist/runtime.h"
 
 #include <chrono>
+#include <cstdint>
 #include <cstdlib>
 #include <string>
+#include <vector>
 
 namespace framework::dist::compat {
 
@@ -51,14 +53,11 @@ using WorkPtr = c10::intrusive_ptr<c10d::Work>;
 inline constexpr int kTorchMajor = TORCH_VERSION_MAJOR;
 inline constexpr int kTorchMinor = TORCH_VERSION_MINOR;
 
-// REQUIRES: exactly one caller per job passes is_server = true.
-inline StorePtr make_tcp_store(const std::string& host, int port, bool is_server,
-                               int world_size, std::chrono::milliseconds timeout) {
+inline c10d::TCPStoreOptions tcp_store_options(int port, bool is_server,
+                                               std::chrono::milliseconds timeout) {
   c10d::TCPStoreOptions opts;
   opts.port = static_cast<std::uint16_t>(port);
   opts.isServer = is_server;
-  opts.numWorkers = world_size;  // c10::optional in 1.13, std::optional in 2.x
-  opts.waitWorkers = true;
   opts.timeout = timeout;
 #if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
   // From 2.4 on useLibUV defaults to true, but Debian (and other distribution)
@@ -67,7 +66,57 @@ inline StorePtr make_tcp_store(const std::string& host, int port, bool is_server
   // backend is in every build and is what 1.13 used.
   opts.useLibUV = false;
 #endif
+  return opts;
+}
+
+// A rank's store. The server (is_server) waits in here until `world_size`
+// callers, itself included, have connected; a client only connects.
+// REQUIRES: exactly one caller per job passes is_server = true.
+inline StorePtr make_tcp_store(const std::string& host, int port, bool is_server,
+                               int world_size, std::chrono::milliseconds timeout) {
+  c10d::TCPStoreOptions opts = tcp_store_options(port, is_server, timeout);
+  opts.numWorkers = world_size;  // c10::optional in 1.13, std::optional in 2.x
+  opts.waitWorkers = true;
   return c10::make_intrusive<c10d::TCPStore>(host, opts);
+}
+
+// A store server for ranks elsewhere that all connect as clients: it counts
+// and waits for no one (numWorkers unset), so it returns once it listens.
+// Port 0: any free port (tcp_store_port says which).
+inline StorePtr make_tcp_store_server(const std::string& host, int port,
+                                      std::chrono::milliseconds timeout) {
+  c10d::TCPStoreOptions opts = tcp_store_options(port, /*is_server=*/true, timeout);
+  opts.waitWorkers = false;
+  return c10::make_intrusive<c10d::TCPStore>(host, opts);
+}
+
+// The port a TCPStore listens on (server) or connected to (client).
+inline int tcp_store_port(const StorePtr& store) {
+  return static_cast<const c10d::TCPStore&>(*store).getPort();
+}
+
+// Strings in and out of a store (c10d stores bytes).
+inline void store_set(const StorePtr& store, const std::string& key, const std::string& value) {
+  store->set(key, std::vector<uint8_t>(value.begin(), value.end()));
+}
+
+// Waits up to the store's timeout for `key` to be set.
+inline std::string store_get(const StorePtr& store, const std::string& key) {
+  const std::vector<uint8_t> value = store->get(key);
+  return std::string(value.begin(), value.end());
+}
+
+// Adds `delta` to the counter at `key` (0 when unset); returns the new value.
+inline int64_t store_add(const StorePtr& store, const std::string& key, int64_t delta) {
+  return store->add(key, delta);
+}
+
+// Waits up to the store's timeout until `key` is set.
+inline void store_wait(const StorePtr& store, const std::string& key) { store->wait({key}); }
+
+// Whether `key` is set now (no waiting).
+inline bool store_has(const StorePtr& store, const std::string& key) {
+  return store->check({key});
 }
 
 inline StorePtr make_prefix_store(const std::string& prefix, StorePtr base) {

@@ -31,6 +31,7 @@
 #include "checkpoint/weights_file.h"
 #include "checkpoint/zip_archive.h"
 #include "support/multi_rank.h"
+#include "support/skip.h"
 
 namespace checkpoint {
 namespace {
@@ -541,7 +542,7 @@ std::string python_script() { return SHARDKIT_SOURCE_DIR "/tests/tools/test_expo
 
 TEST_F(InteropTest, PythonTorchLoadsTheExportsWithWeightsOnly) {
   const std::string python = python_with_torch();
-  if (python.empty()) GTEST_SKIP() << kNoPython;
+  if (python.empty()) SHARDKIT_SKIP(kNoPython);
   // The expected tensors, as raw bytes the script compares against.
   const fs::path expected = *root_ / "expected";
   fs::create_directories(expected);
@@ -570,7 +571,7 @@ TEST_F(InteropTest, PythonTorchLoadsTheExportsWithWeightsOnly) {
 
 TEST_F(InteropTest, PythonTorchSaveFilesImport) {
   const std::string python = python_with_torch();
-  if (python.empty()) GTEST_SKIP() << kNoPython;
+  if (python.empty()) SHARDKIT_SKIP(kNoPython);
   const fs::path dir = *root_ / "from_python";
   const std::string log = out("python_write.log");
   ASSERT_EQ(run_command(python + " " + python_script() + " write-torch-saves " + dir.string() + " > " + log +

@@ -116,8 +116,8 @@ class TmpfsFullDisk : public ::testing::Test {
     mnt_ = root_ / "ckpt";
     fs::create_directories(mnt_);
     if (::mount("tmpfs", mnt_.c_str(), "tmpfs", 0, "size=2m") != 0) {
-      GTEST_SKIP() << "cannot mount a tmpfs (" << std::strerror(errno)
-                   << "); the injected full-disk tests cover this";
+      SHARDKIT_SKIP("cannot mount a tmpfs (" << std::strerror(errno)
+                                             << "); the injected full-disk tests cover this");
     }
     mounted_ = true;
   }

@@ -23,7 +23,7 @@ std::string which(const std::string& program) {
 
 TEST(FuzzSmoke, EachTargetRunsCleanFromTheSeedCorpus) {
   const std::string clang = which("clang++");
-  if (clang.empty()) GTEST_SKIP() << "clang++ not found: the fuzz build needs clang (Debian: clang)";
+  if (clang.empty()) SHARDKIT_SKIP("clang++ not found: the fuzz build needs clang (Debian: clang)");
   const fs::path work = fresh_dir("fuzz_probe");
   std::ofstream(work / "probe.cpp") << "#include <cstdint>\n#include <cstddef>\n"
                                        "extern \"C\" int LLVMFuzzerTestOneInput(const uint8_t*, size_t) { return 0; }\n";
@@ -31,8 +31,8 @@ TEST(FuzzSmoke, EachTargetRunsCleanFromTheSeedCorpus) {
                                  (work / "probe").string()},
                                 {}, 120, (work / "probe.log").string());
   if (probe.exit_code != 0) {
-    GTEST_SKIP() << "clang++ -fsanitize=fuzzer does not link (Debian: libclang-rt-14-dev): "
-                 << tail(probe.output, 500);
+    SHARDKIT_SKIP("clang++ -fsanitize=fuzzer does not link (Debian: libclang-rt-14-dev): "
+                  << tail(probe.output, 500));
   }
   const fs::path build = fs::path(SHARDKIT_BINARY_DIR) / "fuzz-ci";
   const std::string src = SHARDKIT_SOURCE_DIR;

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include "reliability/harness.h"
+#include "support/skip.h"
 
 namespace reliability {
 

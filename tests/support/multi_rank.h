@@ -1,8 +1,10 @@
 #pragma once
 // Runs a function as `world` ranks, one thread each, over a real TCPStore and
-// real Gloo groups on 127.0.0.1. The first exception thrown by any rank is
-// rethrown (with its rank) after all threads end.
-#include "framework/dist/local_launcher.h"
+// real Gloo groups on 127.0.0.1. The test thread serves the store, as `train
+// --nproc` does, so that tests running in parallel never race for a port. The
+// first exception thrown by any rank is rethrown (with its rank) after all
+// threads end.
+#include "framework/dist/launch_env.h"
 #include "framework/dist/runtime.h"
 
 #include <chrono>
@@ -28,9 +30,27 @@ struct RankContext {
   }
 };
 
+// What rank `rank` of a job of `world` ranks on `server` knows: the launch
+// environment `train --nproc` gives a rank.
+inline framework::dist::LaunchEnv hosted_rank_env(const framework::dist::StoreServer& server,
+                                                  const std::string& job_id, int rank,
+                                                  int world) {
+  framework::dist::LaunchEnv env;
+  env.source = framework::dist::LaunchSource::kTorchrun;
+  env.rank = rank;
+  env.world_size = world;
+  env.local_rank = rank;
+  env.master_addr = "127.0.0.1";
+  env.master_port = server.port();
+  env.store_hosted = true;
+  env.job_id = job_id;
+  return env;
+}
+
 inline void run_ranks(int world, const std::function<void(RankContext&)>& fn,
                       double timeout_s = 30.0) {
-  int port = framework::dist::pick_free_port("127.0.0.1");
+  const std::string job_id = framework::dist::new_job_id();
+  auto server = framework::dist::host_tcp_store("127.0.0.1", 0, job_id);
   std::vector<std::thread> threads;
   std::mutex mu;
   std::exception_ptr first;
@@ -38,8 +58,9 @@ inline void run_ranks(int world, const std::function<void(RankContext&)>& fn,
   for (int r = 0; r < world; ++r) {
     threads.emplace_back([&, r] {
       try {
-        framework::dist::Rendezvous rv("127.0.0.1", port, r, world,
-                                       std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000)));
+        framework::dist::Rendezvous rv(
+            hosted_rank_env(*server, job_id, r, world),
+            std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000)));
         RankContext ctx{r, world, rv};
         fn(ctx);
       } catch (...) {
@@ -71,7 +92,8 @@ namespace testing_support {
 // GPU 0 (LOCAL_RANK % device count), over a Gloo training group beyond world 1.
 inline void run_runtimes(int world, const std::function<void(framework::dist::Runtime&)>& fn,
                          double timeout_s = 60.0, const std::string& device = "cpu") {
-  int port = framework::dist::pick_free_port("127.0.0.1");
+  const std::string job_id = framework::dist::new_job_id();
+  auto server = framework::dist::host_tcp_store("127.0.0.1", 0, job_id);
   std::vector<std::thread> threads;
   std::mutex mu;
   std::exception_ptr first;
@@ -79,13 +101,7 @@ inline void run_runtimes(int world, const std::function<void(framework::dist::Ru
   for (int r = 0; r < world; ++r) {
     threads.emplace_back([&, r] {
       try {
-        framework::dist::LaunchEnv env;
-        env.source = framework::dist::LaunchSource::kTorchrun;
-        env.rank = r;
-        env.world_size = world;
-        env.local_rank = r;
-        env.master_addr = "127.0.0.1";
-        env.master_port = port;
+        framework::dist::LaunchEnv env = hosted_rank_env(*server, job_id, r, world);
         framework::dist::DistOptions options;
         options.timeout_s = timeout_s;
         auto rt = framework::dist::init_runtime(env, options, device);

@@ -160,6 +160,44 @@ TEST(LaunchEnv, PortOutOfRangeIsAnErrorNamingMasterPort) {
       << message;
 }
 
+TEST(LaunchEnv, LocalLauncherVariablesSayTheStoreIsHostedAndNameTheJob) {
+  LaunchEnv env = detect_launch_env(env_of({{"RANK", "1"},
+                                            {"WORLD_SIZE", "2"},
+                                            {"SHARDKIT_STORE_HOSTED", "1"},
+                                            {"SHARDKIT_JOB_ID", "0123456789abcdef"},
+                                            {"TORCHELASTIC_RUN_ID", "ignored"}}));
+  EXPECT_TRUE(env.store_hosted);
+  EXPECT_EQ(env.job_id, "0123456789abcdef");
+}
+
+TEST(LaunchEnv, TorchrunRunIdNamesTheJobAndRankZeroServesTheStore) {
+  LaunchEnv env = detect_launch_env(
+      env_of({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"TORCHELASTIC_RUN_ID", "run-7"}}));
+  EXPECT_FALSE(env.store_hosted);
+  EXPECT_EQ(env.job_id, "run-7");
+}
+
+TEST(LaunchEnv, WithoutAJobIdNoneIsChecked) {
+  LaunchEnv env = detect_launch_env(env_of({{"RANK", "0"}, {"WORLD_SIZE", "2"}}));
+  EXPECT_FALSE(env.store_hosted);
+  EXPECT_EQ(env.job_id, "");
+}
+
+TEST(LaunchEnv, StoreHostedOtherThanZeroOrOneIsAnError) {
+  std::string message = invalid_argument_message([] {
+    detect_launch_env(env_of({{"SHARDKIT_STORE_HOSTED", "yes"}}));
+  });
+  EXPECT_NE(message.find("SHARDKIT_STORE_HOSTED=\"yes\""), std::string::npos) << message;
+}
+
+TEST(LaunchEnv, NewJobIdsAreSixteenHexDigitsAndDiffer) {
+  const std::string a = new_job_id();
+  const std::string b = new_job_id();
+  EXPECT_EQ(a.size(), 16u);
+  EXPECT_EQ(a.find_first_not_of("0123456789abcdef"), std::string::npos) << a;
+  EXPECT_NE(a, b);
+}
+
 TEST(LaunchEnv, SourceNamesAreShortWords) {
   EXPECT_EQ(to_string(LaunchSource::kSingleProcess), "single");
   EXPECT_EQ(to_string(LaunchSource::kTorchrun), "torchrun");

@@ -17,6 +17,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <set>
 #include <sstream>
 #include <stdexcept>
@@ -48,6 +49,61 @@ bool wait_for_files(const std::vector<fs::path>& paths, double timeout_s) {
 }
 
 bool process_is_gone(pid_t pid) { return kill(pid, 0) != 0 && errno == ESRCH; }
+
+// A store server as far as the launcher can tell: a listening TCP socket on
+// 127.0.0.1 that stays open while the object lives (the c10d one needs
+// LibTorch; this binary is torch-free).
+class ListeningSocket : public StoreServer {
+ public:
+  // `inheritable`: without close-on-exec, as c10d 1.13 opens its sockets.
+  explicit ListeningSocket(int port, bool inheritable = false) {
+    fd_ = socket(AF_INET, SOCK_STREAM | (inheritable ? 0 : SOCK_CLOEXEC), 0);
+    if (fd_ < 0) throw std::runtime_error(std::string("socket: ") + std::strerror(errno));
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<uint16_t>(port));
+    inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
+    socklen_t len = sizeof addr;
+    if (bind(fd_, reinterpret_cast<sockaddr*>(&addr), len) != 0 || listen(fd_, 16) != 0 ||
+        getsockname(fd_, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+      int err = errno;
+      close(fd_);
+      throw std::runtime_error("cannot listen on 127.0.0.1:" + std::to_string(port) + ": " +
+                               std::strerror(err));
+    }
+    port_ = ntohs(addr.sin_port);
+  }
+  ~ListeningSocket() override { close(fd_); }
+  int port() const override { return port_; }
+
+ private:
+  int fd_ = -1;
+  int port_ = 0;
+};
+
+// Serves on any free port whatever port is asked for, and leaves
+// "<port asked> <port served> <job id>" in dir/server.txt for the test.
+StoreServerFactory recording_server(const fs::path& dir) {
+  return [dir](const std::string&, int port, const std::string& job_id) {
+    auto server = std::make_unique<ListeningSocket>(0);
+    std::ofstream(dir / "server.tmp") << port << " " << server->port() << " " << job_id << "\n";
+    fs::rename(dir / "server.tmp", dir / "server.txt");
+    return server;
+  };
+}
+
+struct ServerRecord {
+  int asked_port = -1;
+  int port = -1;
+  std::string job_id;
+};
+
+ServerRecord read_server_record(const fs::path& dir) {
+  ServerRecord record;
+  std::istringstream(read_text(dir / "server.txt")) >> record.asked_port >> record.port >>
+      record.job_id;
+  return record;
+}
 
 struct LaunchOutcome {
   int exit_code = -1;
@@ -136,6 +192,7 @@ class LocalLauncherTest : public ::testing::Test {
     options.nproc = nproc;
     options.argv = {"/bin/sh", "-c", script, "sh", dir_.string()};
     options.stop_grace_s = 5;
+    options.store_server = recording_server(dir_);
     return options;
   }
 
@@ -181,8 +238,12 @@ TEST_F(LocalLauncherTest, OutputIsForwardedUnprefixedWhenAskedTo) {
 TEST_F(LocalLauncherTest, EachRankSeesItsOwnRankAndTheSharedRendezvous) {
   LaunchOutcome r = launch(shell_ranks(
       4, "echo \"env $RANK $WORLD_SIZE $LOCAL_RANK $LOCAL_WORLD_SIZE "
-         "$MASTER_ADDR $MASTER_PORT $SHARDKIT_LAUNCHED\""));
+         "$MASTER_ADDR $MASTER_PORT $SHARDKIT_LAUNCHED $SHARDKIT_STORE_HOSTED "
+         "$SHARDKIT_JOB_ID\""));
   ASSERT_EQ(r.exit_code, 0) << r.err;
+  const ServerRecord server = read_server_record(dir_);
+  EXPECT_EQ(server.asked_port, 0);
+  EXPECT_EQ(server.job_id.size(), 16u) << server.job_id;
   std::istringstream lines(r.out);
   std::string line;
   std::set<int> ranks;
@@ -190,11 +251,13 @@ TEST_F(LocalLauncherTest, EachRankSeesItsOwnRankAndTheSharedRendezvous) {
   while (std::getline(lines, line)) {
     std::istringstream words(line);
     std::string tag, prefix_rank, env;
-    int rank, world, local_rank, local_world, port, launched;
-    std::string addr;
+    int rank, world, local_rank, local_world, port, launched, hosted;
+    std::string addr, job_id;
     words >> tag >> prefix_rank >> env >> rank >> world >> local_rank >>
-        local_world >> addr >> port >> launched;
+        local_world >> addr >> port >> launched >> hosted >> job_id;
     ASSERT_FALSE(words.fail()) << line;
+    EXPECT_EQ(hosted, 1);
+    EXPECT_EQ(job_id, server.job_id);
     EXPECT_EQ(prefix_rank, std::to_string(rank) + "]");
     EXPECT_EQ(world, 4);
     EXPECT_EQ(local_rank, rank);
@@ -205,17 +268,50 @@ TEST_F(LocalLauncherTest, EachRankSeesItsOwnRankAndTheSharedRendezvous) {
     ports.insert(port);
   }
   EXPECT_EQ(ranks, (std::set<int>{0, 1, 2, 3}));
-  ASSERT_EQ(ports.size(), 1u);
-  EXPECT_GT(*ports.begin(), 0);
+  EXPECT_EQ(ports, (std::set<int>{server.port}));
 }
 
-TEST_F(LocalLauncherTest, GivenMasterPortIsPassedThrough) {
+TEST_F(LocalLauncherTest, RanksReachTheStoreServerWhichIsUpBeforeAnyRankStarts) {
+  // bash, for its /dev/tcp: a rank that cannot connect exits 1.
+  LaunchOutcome r = launch(shell_ranks(
+      3, "test -e \"$1/server.txt\" || exit 2; "
+         "exec bash -c 'exec 3<>/dev/tcp/$MASTER_ADDR/$MASTER_PORT && echo connected'"));
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  for (int k = 0; k < 3; ++k) {
+    EXPECT_TRUE(contains(r.out, "[rank " + std::to_string(k) + "] connected\n")) << r.out;
+  }
+}
+
+TEST_F(LocalLauncherTest, EachLaunchIsANewJob) {
+  const std::string script = "echo \"$SHARDKIT_JOB_ID\"";
+  LaunchOutcome first = launch(shell_ranks(1, script));
+  LaunchOutcome second = launch(shell_ranks(1, script));
+  ASSERT_EQ(first.exit_code, 0) << first.err;
+  ASSERT_EQ(second.exit_code, 0) << second.err;
+  EXPECT_NE(first.out, second.out);
+}
+
+TEST_F(LocalLauncherTest, RanksGetTheServersPortWhateverPortWasAsked) {
   LocalLaunchOptions options = shell_ranks(2, "echo \"port $MASTER_PORT\"");
   options.master_port = 34567;
   LaunchOutcome r = launch(options);
   EXPECT_EQ(r.exit_code, 0);
-  EXPECT_TRUE(contains(r.out, "[rank 0] port 34567\n")) << r.out;
-  EXPECT_TRUE(contains(r.out, "[rank 1] port 34567\n")) << r.out;
+  const ServerRecord server = read_server_record(dir_);
+  EXPECT_EQ(server.asked_port, 34567);
+  const std::string port = std::to_string(server.port);
+  EXPECT_TRUE(contains(r.out, "[rank 0] port " + port + "\n")) << r.out;
+  EXPECT_TRUE(contains(r.out, "[rank 1] port " + port + "\n")) << r.out;
+}
+
+TEST_F(LocalLauncherTest, StoreServerThatCannotStartStopsTheLaunchBeforeAnyRank) {
+  LocalLaunchOptions options = shell_ranks(2, "touch \"$1/started.$RANK\"");
+  options.store_server = [](const std::string&, int, const std::string&)
+      -> std::unique_ptr<StoreServer> { throw std::runtime_error("port 29500 is taken"); };
+  LaunchOutcome r = launch(options);
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_TRUE(contains(r.err, "port 29500 is taken")) << r.err;
+  EXPECT_FALSE(fs::exists(dir_ / "started.0"));
+  EXPECT_FALSE(fs::exists(dir_ / "started.1"));
 }
 
 // Ranks other than 1 publish their pid and sleep; rank 1 waits for them, then
@@ -327,6 +423,7 @@ TEST_F(LocalLauncherTest, MissingProgramFailsWith127AndSaysWhy) {
   LocalLaunchOptions options;
   options.nproc = 2;
   options.argv = {"/nonexistent/shardkit-no-such-program", "--flag"};
+  options.store_server = recording_server(dir_);
   LaunchOutcome r = launch(options);
   EXPECT_EQ(r.exit_code, 127) << r.err;
   EXPECT_TRUE(contains(r.err,
@@ -370,15 +467,34 @@ TEST_F(LocalLauncherTest, RanksInheritNoLauncherFileDescriptors) {
   }
 }
 
-TEST(LocalLauncher, PreviousSignalHandlersAreRestoredAfterwards) {
+TEST_F(LocalLauncherTest, RanksDoNotInheritTheStoreServersSockets) {
+  LocalLaunchOptions options = shell_ranks(2, "ls /proc/$$/fd");
+  options.store_server = [](const std::string&, int, const std::string&) {
+    return std::make_unique<ListeningSocket>(0, /*inheritable=*/true);
+  };
+  LaunchOutcome r = launch(options);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  std::set<int> expected = inheritable_fds();
+  expected.insert({0, 1, 2});
+  for (int k = 0; k < 2; ++k) {
+    std::istringstream lines(r.out);
+    std::string prefix = "[rank " + std::to_string(k) + "] ";
+    std::string line;
+    std::set<int> seen;
+    while (std::getline(lines, line)) {
+      if (line.rfind(prefix, 0) == 0) seen.insert(std::atoi(line.c_str() + prefix.size()));
+    }
+    EXPECT_EQ(seen, expected) << r.out;
+  }
+}
+
+TEST_F(LocalLauncherTest, PreviousSignalHandlersAreRestoredAfterwards) {
   struct sigaction custom {};
   custom.sa_handler = SIG_IGN;
   sigemptyset(&custom.sa_mask);
   struct sigaction saved {};
   ASSERT_EQ(sigaction(SIGTERM, &custom, &saved), 0);
-  LocalLaunchOptions options;
-  options.nproc = 2;
-  options.argv = {"true"};
+  LocalLaunchOptions options = shell_ranks(2, "true");
   EXPECT_EQ(run_local_launcher(options), 0);
   struct sigaction now {};
   sigaction(SIGTERM, nullptr, &now);
@@ -386,38 +502,26 @@ TEST(LocalLauncher, PreviousSignalHandlersAreRestoredAfterwards) {
   sigaction(SIGTERM, &saved, nullptr);
 }
 
-TEST(LocalLauncher, InvalidOptionsAreRejectedBeforeAnythingStarts) {
-  LocalLaunchOptions options;
+TEST_F(LocalLauncherTest, InvalidOptionsAreRejectedBeforeAnythingStarts) {
+  const LocalLaunchOptions valid = shell_ranks(1, "true");
+  LocalLaunchOptions options = valid;
   options.nproc = 0;
-  options.argv = {"true"};
   EXPECT_THROW(run_local_launcher(options), std::invalid_argument);
-  options.nproc = 1;
+  options = valid;
   options.argv = {};
   EXPECT_THROW(run_local_launcher(options), std::invalid_argument);
-}
-
-TEST(LocalLauncher, PickedPortIsFreeToBind) {
-  int port = pick_free_port("127.0.0.1");
-  ASSERT_GT(port, 0);
-  ASSERT_LE(port, 65535);
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  ASSERT_GE(fd, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
-  EXPECT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0)
-      << std::strerror(errno);
-  close(fd);
-}
-
-TEST(LocalLauncher, UnresolvableAddressIsAnErrorNamingIt) {
+  options = valid;
+  options.master_port = 65536;
+  EXPECT_THROW(run_local_launcher(options), std::invalid_argument);
+  options = valid;
+  options.store_server = nullptr;
   try {
-    pick_free_port("no-such-host.invalid");
+    run_local_launcher(options);
     FAIL() << "expected an error";
-  } catch (const std::runtime_error& e) {
-    EXPECT_TRUE(contains(e.what(), "no-such-host.invalid")) << e.what();
+  } catch (const std::invalid_argument& e) {
+    EXPECT_TRUE(contains(e.what(), "store_server")) << e.what();
   }
+  EXPECT_FALSE(fs::exists(dir_ / "server.txt"));
 }
 
 }  // namespace

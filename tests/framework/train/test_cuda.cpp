@@ -12,6 +12,7 @@
 #include "framework/optim/sharded_adamw.h"
 #include "framework/train/trainer.h"
 #include "support/multi_rank.h"
+#include "support/skip.h"
 #include "support/trainer_state.h"
 
 #include <gtest/gtest.h>
@@ -37,11 +38,11 @@ using testing_support::read_checkpoint_items;
 using testing_support::run_runtimes;
 using testing_support::run_train_binary;
 
-#define SHARDKIT_REQUIRE_CUDA()                                                         \
-  do {                                                                                  \
-    if (!framework::dist::cuda_available()) {                                           \
-      GTEST_SKIP() << "shardkit-skip: no CUDA device (this build or machine has none)"; \
-    }                                                                                   \
+#define SHARDKIT_REQUIRE_CUDA()                                                   \
+  do {                                                                            \
+    if (!framework::dist::cuda_available()) {                                     \
+      SHARDKIT_SKIP("no CUDA device (CPU-only LibTorch build, or no GPU visible)"); \
+    }                                                                             \
   } while (0)
 
 namespace {
