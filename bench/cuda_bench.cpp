@@ -4,7 +4,6 @@
 #include "checkpoint/manager.h"
 #include "framework/dist/device.h"
 #include "framework/dist/launch_env.h"
-#include "framework/dist/local_launcher.h"
 #include "framework/dist/runtime.h"
 
 #include <nlohmann/json.hpp>
@@ -45,8 +44,12 @@ int run_cuda_bench(const CudaBenchArgs& args) {
     std::cerr << "ckpt_bench: --device cuda needs a CUDA build and a GPU (none here)" << std::endl;
     return 2;
   }
+  // One process that serves its own rendezvous store on a free port.
   dist::LaunchEnv env;
-  env.master_port = dist::pick_free_port(env.master_addr);
+  env.job_id = dist::new_job_id();
+  auto store = dist::host_tcp_store(env.master_addr, 0, env.job_id);
+  env.master_port = store->port();
+  env.store_hosted = true;
   dist::DistOptions dopt;
   dopt.timeout_s = 600;
   auto rt = dist::init_runtime(env, dopt, "cuda");
