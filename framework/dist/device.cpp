@@ -48,6 +48,7 @@ at::Device select_device(const std::string& kind, int local_rank) {
   if (kind == "cpu") return at::Device(at::kCPU);
   if (kind != "cuda") throw std::invalid_argument("train.device: unknown device '" + kind + "'");
 #ifndef SHARDKIT_CUDA
+  (void)local_rank;
   throw std::invalid_argument(
       "train.device: cuda, but this build has no CUDA (built against a LibTorch without CUDA); "
       "build with a CUDA LibTorch (scripts/gpu-build) or use train.device: cpu");
