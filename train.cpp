@@ -6,6 +6,7 @@
 // its final save (resume me); anything else: a failure (message on stderr).
 #include "framework/dist/device.h"
 #include "framework/config/config.h"
+#include "framework/dist/cpu_threads.h"
 #include "framework/dist/launch_env.h"
 #include "framework/dist/local_launcher.h"
 #include "framework/dist/runtime.h"
@@ -20,7 +21,6 @@
 #include <cstdlib>
 #include <iostream>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include <unistd.h>
@@ -64,11 +64,8 @@ int run_rank(const Args& args, const framework::config::Config& cfg) {
     return 2;
   }
   // Like torchrun's OMP_NUM_THREADS: ranks on one machine share its cores.
-  if (const char* lws = std::getenv("LOCAL_WORLD_SIZE")) {
-    int local_world = std::max(1, std::atoi(lws));
-    int cores = static_cast<int>(std::thread::hardware_concurrency());
-    torch::set_num_threads(std::max(1, cores / local_world));
-  }
+  // Sizes OpenBLAS's pool too: it would otherwise take every core per rank.
+  dist::share_cpu_threads_among_local_ranks(dist::process_env());
   std::signal(SIGTERM, on_stop_signal);
   std::signal(SIGINT, on_stop_signal);
   try {

@@ -22,6 +22,7 @@
 #include "checkpoint/save.h"
 #include "checkpoint/state_dict.h"
 #include "framework/config/config.h"
+#include "framework/dist/cpu_threads.h"
 #include "framework/dist/launch_env.h"
 #include "framework/dist/local_launcher.h"
 #include "framework/dist/runtime.h"
@@ -970,10 +971,7 @@ bool try_proc_drop_caches() {
 
 int run_rank(const Args& args) {
   dist::LaunchEnv env = dist::detect_launch_env(dist::process_env());
-  if (const char* lws = std::getenv("LOCAL_WORLD_SIZE")) {
-    int cores = static_cast<int>(std::thread::hardware_concurrency());
-    torch::set_num_threads(std::max(1, cores / std::max(1, std::atoi(lws))));
-  }
+  dist::share_cpu_threads_among_local_ranks(dist::process_env());  // LibTorch's and OpenBLAS's pools
   dist::DistOptions dopt;
   dopt.backend = "gloo";
   dopt.timeout_s = 600;

@@ -55,6 +55,35 @@ std::string last_lines(const std::string& text, size_t n) {
   return pos == std::string::npos ? text : text.substr(pos + 1);
 }
 
+// The shared libraries `train` runs on, as the dynamic loader resolves them
+// in this environment (LD_PRELOAD and update-alternatives included): a hash of
+// the real path, size and mtime of each. Losses depend on them as much as on
+// the binary: the same binary rounds differently on the reference BLAS and on
+// OpenBLAS, so a reference cached under one must not serve the other.
+std::string resolved_libraries_key(const fs::path& scratch_dir) {
+  const fs::path listing = scratch_dir / ("ldd." + std::to_string(getpid()) + ".txt");
+  RunResult r = run_process({"/usr/bin/ldd", train_binary()}, {}, 60, listing.string());
+  fs::remove(listing);
+  if (r.exit_code != 0) return "ldd-failed";
+  std::string libraries;
+  std::istringstream lines(r.output);
+  std::string token;
+  while (lines >> token) {
+    if (token.empty() || token[0] != '/') continue;  // names, "=>", load addresses
+    std::error_code ec;
+    fs::path real = fs::canonical(token, ec);
+    struct stat st {};
+    if (ec || ::stat(real.c_str(), &st) != 0) continue;
+    libraries += real.string() + ":" + std::to_string(st.st_size) + ":" +
+                 std::to_string(st.st_mtim.tv_sec) + "\n";
+  }
+  uint64_t hash = 1469598103934665603ull;  // FNV-1a: stable across runs and builds
+  for (unsigned char c : libraries) hash = (hash ^ c) * 1099511628211ull;
+  std::ostringstream out;
+  out << std::hex << hash;
+  return out.str();
+}
+
 }  // namespace
 
 void set_binary_dir(const std::string& dir) { binary_dir() = dir; }
@@ -154,10 +183,11 @@ std::map<int64_t, double> reference_losses(const std::string& mode, const fs::pa
                                            std::string* error) {
   struct stat st {};
   ::stat(train_binary().c_str(), &st);
-  const std::string key = std::to_string(st.st_size) + ":" + std::to_string(st.st_mtim.tv_sec) +
-                          "." + std::to_string(st.st_mtim.tv_nsec) + ":" +
-                          join_lines(small_model_sets(), ",") + ":" + mode;
+  const std::string binary_key = std::to_string(st.st_size) + ":" + std::to_string(st.st_mtim.tv_sec) +
+                                 "." + std::to_string(st.st_mtim.tv_nsec) + ":" +
+                                 join_lines(small_model_sets(), ",") + ":" + mode;
   fs::create_directories(cache_dir);
+  const std::string key = binary_key + ":libs " + resolved_libraries_key(cache_dir);
   const fs::path cache = cache_dir / ("reference_" + mode + ".json");
   {
     std::ifstream in(cache);

@@ -63,7 +63,9 @@ std::string verify_problems(const fs::path& step_dir);
 
 // The reference: losses of an uninterrupted run of the small config in
 // `mode`, cached under <cache_dir> keyed by the train binary's size and
-// mtime (runs train once when there is no valid cache).
+// mtime and by the shared libraries it resolves to (the BLAS chosen by
+// update-alternatives or LD_PRELOAD changes the losses); runs train once when
+// there is no valid cache.
 std::map<int64_t, double> reference_losses(const std::string& mode, const fs::path& cache_dir,
                                            std::string* error);
 
