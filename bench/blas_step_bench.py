@@ -14,8 +14,8 @@ metrics.jsonl; step 1 (allocations, thread start-up) is skipped.
                                    [--nproc 2] [--set key=value]... [--json FILE]
 
 Prints a table and JSON: median s/step per BLAS over every measured step of
-every trial, and reference / OpenBLAS. The reference BLAS takes about 22 s a
-step here, so the defaults take about 2.5 minutes.
+every trial, and reference / OpenBLAS. The reference BLAS takes 10-17 s a
+step on this project's 2-core machine, so the defaults take 1-2 minutes.
 """
 import argparse
 import json

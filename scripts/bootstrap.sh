@@ -8,8 +8,8 @@ cd "$(dirname "$0")/.."
 packages=(
   cmake ninja-build g++ pkg-config
   libtorch-dev libgloo-dev          # LibTorch 1.13.1 (CPU) with c10d/Gloo
-  libopenblas0-pthread              # LibTorch's matmuls call libblas.so.3; OpenBLAS takes it
-                                    # over (update-alternatives) from the ~17x slower reference BLAS
+  libopenblas0-pthread              # LibTorch's matmuls call libblas.so.3; OpenBLAS takes it over
+                                    # (update-alternatives) from the reference BLAS, 14-17x slower
   libyaml-cpp-dev libzstd-dev libxxhash-dev
   nlohmann-json3-dev libcli11-dev   # JSON, command-line parsing
   libgtest-dev                      # GoogleTest
