@@ -3,7 +3,8 @@
 // the compression study (bench/compression.cpp) and the safetensors reader.
 // Benchmark-only code; nothing here is part of the library.
 #include "checkpoint/state_dict.h"
-#include "checkpoint/storage.h"
+#include "checkpoint/storage/paced.h"
+#include "checkpoint/storage/storage.h"
 #include "framework/dist/process_group.h"
 
 #include <nlohmann/json.hpp>
@@ -56,14 +57,6 @@ using NamedTensors = std::vector<std::pair<std::string, torch::Tensor>>;
 NamedTensors read_safetensors(const std::string& path);
 void write_safetensors(const std::string& path, const NamedTensors& tensors);
 
-// A storage device of a given bandwidth, emulated over `inner`: every read
-// and every write is booked on one shared timeline at `mb_per_s` (1e6 B/s);
-// a read returns when the device would have delivered it, writes are
-// buffered (like the page cache) and sync() returns when the device would
-// have written everything booked so far. Models a network file system or a
-// cloud volume on a machine whose own disk is as fast as its memory.
-std::shared_ptr<checkpoint::Storage> paced_storage(std::shared_ptr<checkpoint::Storage> inner,
-                                                   double mb_per_s);
 
 struct CompressionStudyOptions {
   std::string dir;            // scratch directory (created, removed)

@@ -15,10 +15,10 @@
 #include "cuda_bench.h"
 #include "bench/bench_util.h"
 
-#include "checkpoint/checkpoint_dir.h"
+#include "checkpoint/storage/checkpoint_dir.h"
 #include "checkpoint/load.h"
-#include "checkpoint/manager.h"
-#include "checkpoint/metadata.h"
+#include "checkpoint/async/manager.h"
+#include "checkpoint/format/metadata.h"
 #include "checkpoint/save.h"
 #include "checkpoint/state_dict.h"
 #include "framework/config/config.h"
@@ -664,9 +664,9 @@ void Bench::compression() {
   }
   if (rank == 0) {
     auto solo = rt.rendezvous->new_group("bench.solo", {0});
-    auto latest = checkpoint::latest_committed(ck_dir);
+    auto latest = checkpoint::latest_committed(*checkpoint::posix_storage(), ck_dir);
     if (!latest) fail("no committed checkpoint in " + ck_dir);
-    auto meta = checkpoint::read_metadata_file(latest->path + "/" + checkpoint::kMetadataFileName);
+    auto meta = checkpoint::read_committed_metadata(*checkpoint::posix_storage(), latest->path);
     checkpoint::StateDict full;
     bench::NamedTensors trained, trained_bf16;
     for (const auto& item : meta.items) {
@@ -710,7 +710,7 @@ void Bench::compression() {
       // The same sets on an emulated device of paced_mbps: the regime where
       // the disk, not the CPU, is the bottleneck.
       bench::CompressionStudyOptions pc = co;
-      pc.storage = bench::paced_storage(checkpoint::posix_storage(), args.paced_mbps);
+      pc.storage = checkpoint::paced_storage(checkpoint::posix_storage(), args.paced_mbps);
       pc.reference_variants_only = true;
       nlohmann::json paced = nlohmann::json::object();
       paced["device_mb_s"] = args.paced_mbps;

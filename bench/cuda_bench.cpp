@@ -1,7 +1,7 @@
 #include "cuda_bench.h"
 
 #include "checkpoint/load.h"
-#include "checkpoint/manager.h"
+#include "checkpoint/async/manager.h"
 #include "framework/dist/device.h"
 #include "framework/dist/launch_env.h"
 #include "framework/dist/runtime.h"

@@ -1,9 +1,9 @@
 #include "checkpoint/load.h"
 
-#include "checkpoint/chunk_io.h"
+#include "checkpoint/codec/chunk_reader.h"
 #include "checkpoint/futures.h"
-#include "checkpoint/metadata.h"
-#include "checkpoint/resharding.h"
+#include "checkpoint/format/metadata.h"
+#include "checkpoint/plan/resharding.h"
 
 #include <thread_pool/thread_pool.hpp>
 
@@ -16,8 +16,6 @@
 namespace checkpoint {
 
 namespace {
-
-constexpr uint64_t kMaxMetadataBytes = uint64_t{1} << 30;
 
 std::string shape_str(const std::vector<int64_t>& shape) {
   std::ostringstream s;
@@ -32,13 +30,7 @@ std::string shape_str(const std::vector<int64_t>& shape) {
 LoadStats load_state_dict(StateDict& state, const std::string& step_dir, const LoadOptions& options) {
   require_host_tensors(state, "load_state_dict");
   std::shared_ptr<Storage> storage = options.storage ? options.storage : posix_storage();
-  const std::string meta_path = join_path(step_dir, kMetadataFileName);
-  if (!storage->exists(meta_path)) {
-    throw CheckpointError("not a committed checkpoint (no " + std::string(kMetadataFileName) +
-                          "): " + step_dir);
-  }
-  std::vector<uint8_t> raw = storage->read_file(meta_path, kMaxMetadataBytes);
-  CheckpointMeta meta = decode_metadata(raw.data(), raw.size(), meta_path);
+  const CheckpointMeta meta = read_committed_metadata(*storage, step_dir);
 
   LoadStats stats;
   stats.step = meta.step;

@@ -4,7 +4,7 @@
 // ranges (blocks) that overlap it -- resharding to any world size and layout.
 #include "checkpoint/save.h"
 #include "checkpoint/state_dict.h"
-#include "checkpoint/storage.h"
+#include "checkpoint/storage/storage.h"
 
 #include <functional>
 #include <memory>

@@ -1,6 +1,7 @@
 #pragma once
 // Checkpoint options (config section `checkpoint`). Torch-free.
 #include <cstdint>
+#include <stdexcept>
 #include <string>
 
 namespace checkpoint {
@@ -11,6 +12,17 @@ struct CompressionOptions {
   std::string byte_group = "auto"; // auto | on | off (auto: on for floats)
   int64_t block_size = 8 << 20;    // bytes per independently coded block
 };
+
+// checkpoint.mode, parsed once (manager.h describes the modes).
+enum class SaveMode { kSync, kAsync, kOverlap };
+// checkpoint.when_busy: what a due save does while the previous one is still
+// in flight.
+enum class WhenBusy { kWait, kSkip };
+
+// "sync" | "async" | "overlap"; throws std::invalid_argument naming the value.
+SaveMode parse_save_mode(const std::string& mode);
+// "wait" | "skip"; throws std::invalid_argument naming the value.
+WhenBusy parse_when_busy(const std::string& when_busy);
 
 struct CheckpointOptions {
   std::string dir = "";        // empty: <run.dir>/checkpoints
@@ -26,5 +38,18 @@ struct CheckpointOptions {
   int io_threads = 4;
   CompressionOptions compression;
 };
+
+inline SaveMode parse_save_mode(const std::string& mode) {
+  if (mode == "sync") return SaveMode::kSync;
+  if (mode == "async") return SaveMode::kAsync;
+  if (mode == "overlap") return SaveMode::kOverlap;
+  throw std::invalid_argument("checkpoint.mode '" + mode + "' is not one of sync, async, overlap");
+}
+
+inline WhenBusy parse_when_busy(const std::string& when_busy) {
+  if (when_busy == "wait") return WhenBusy::kWait;
+  if (when_busy == "skip") return WhenBusy::kSkip;
+  throw std::invalid_argument("checkpoint.when_busy '" + when_busy + "' is not one of wait, skip");
+}
 
 }  // namespace checkpoint

@@ -1,10 +1,10 @@
 #include "checkpoint/save.h"
 
-#include "checkpoint/checksum.h"
-#include "checkpoint/chunk_io.h"
-#include "checkpoint/metadata.h"
-#include "checkpoint/transforms.h"
-#include "checkpoint/wire.h"
+#include "checkpoint/format/checksum.h"
+#include "checkpoint/codec/chunk_writer.h"
+#include "checkpoint/format/metadata.h"
+#include "checkpoint/codec/transforms.h"
+#include "checkpoint/format/wire.h"
 
 #include <thread_pool/thread_pool.hpp>
 
@@ -126,7 +126,7 @@ class RankWriter {
     ChunkWriter::Options o;
     o.zstd_level = options.compression.level;
     o.block_size = static_cast<uint64_t>(std::max<int64_t>(1, options.compression.block_size));
-    o.max_blocks_in_flight = 2 * pool_.num_threads();
+    o.max_batches_in_flight = 2 * pool_.num_threads();
     chunks_ = std::make_unique<ChunkWriter>(*file_, &pool_, o);
   }
 
@@ -148,6 +148,7 @@ class RankWriter {
   }
 
   uint64_t stored_bytes() const { return chunks_->stored_bytes(); }
+  size_t peak_batches_in_flight() const { return chunks_->peak_batches_in_flight(); }
   uint64_t logical_bytes() const { return chunks_->logical_bytes(); }
 
  private:
@@ -292,6 +293,7 @@ SaveStats save_state_dict(const StateDict& state, const std::string& step_dir,
     std::vector<ChunkMeta> chunks = write_assignments(state, plan.per_rank[rank], writer, rank);
     stats.logical_bytes = writer.logical_bytes();
     stats.stored_bytes = writer.stored_bytes();
+    stats.peak_batches_in_flight = writer.peak_batches_in_flight();
     wire::ByteWriter w;
     w.put_u64(stats.logical_bytes);
     w.put_u64(stats.stored_bytes);

@@ -13,9 +13,9 @@
 // A failure on any rank reaches every rank as a CheckpointError naming the
 // rank and its cause; nothing is committed then.
 #include "checkpoint/options.h"
-#include "checkpoint/planner.h"
+#include "checkpoint/plan/planner.h"
 #include "checkpoint/state_dict.h"
-#include "checkpoint/storage.h"
+#include "checkpoint/storage/storage.h"
 #include "framework/dist/process_group.h"
 
 #include <map>
@@ -45,6 +45,10 @@ struct SaveStats {
   uint64_t stored_bytes = 0;         // written by this rank, on disk
   uint64_t total_logical_bytes = 0;  // all ranks
   uint64_t total_stored_bytes = 0;
+  // This rank's write memory bound at work: the most batches (about 1 MiB
+  // each, or a block) that were queued or being coded at once, at most
+  // 2 x io_threads.
+  size_t peak_batches_in_flight = 0;
   double plan_s = 0;
   double write_s = 0;
   double commit_s = 0;

@@ -27,11 +27,11 @@
 //           and global shapes must match. Destinations must be contiguous CPU
 //           tensors. CheckpointManager::load is the all-ranks variant that
 //           fails on every rank when one rank fails.
-//   inspect read_metadata_file(join_path(dir, kMetadataFileName)) (metadata.h)
+//   inspect read_committed_metadata(storage, dir) (format/metadata.h)
 //           -> CheckpointMeta: step, world size, layout, items, their global
 //           shapes, dtypes and chunks. list_checkpoints / latest_committed
 //           (checkpoint_dir.h) find step_<N> directories. Any process.
-//   verify  verify_checkpoint(*posix_storage(), dir) (chunk_io.h) re-reads
+//   verify  verify_checkpoint(*posix_storage(), dir) (codec/chunk_reader.h) re-reads
 //           every chunk and checks every checksum; returns a report listing
 //           each bad chunk. Any single process; no communication.
 //   export  export_checkpoint (export.h): one safetensors or torch.save file
@@ -56,7 +56,7 @@
 // Thread safety, in short: a Group is used by one thread at a time, so a
 // group given to a CheckpointManager is not used for anything else while a
 // save is in flight, and save_state_dict calls on one group do not overlap.
-// load_state_dict, verify_checkpoint, read_metadata_file and
+// load_state_dict, verify_checkpoint, read_committed_metadata and
 // export_checkpoint share no state and may run concurrently on different
 // arguments. A StateDict is not synchronised: one thread at a time.
 //
@@ -69,22 +69,23 @@
 
 // Every installed header, directly or through another (the packaging test
 // compiles the example against the installed tree, so each must be there).
-#include "checkpoint/checkpoint_dir.h"
-#include "checkpoint/chunk_io.h"
-#include "checkpoint/export.h"
-#include "checkpoint/import_weights.h"
+#include "checkpoint/storage/checkpoint_dir.h"
+#include "checkpoint/codec/chunk_reader.h"
+#include "checkpoint/codec/chunk_writer.h"
+#include "checkpoint/interop/export.h"
+#include "checkpoint/interop/import_weights.h"
 #include "checkpoint/load.h"
-#include "checkpoint/manager.h"
-#include "checkpoint/metadata.h"
+#include "checkpoint/async/manager.h"
+#include "checkpoint/format/metadata.h"
 #include "checkpoint/options.h"
-#include "checkpoint/planner.h"
-#include "checkpoint/resharding.h"
+#include "checkpoint/plan/planner.h"
+#include "checkpoint/plan/resharding.h"
 #include "checkpoint/save.h"
 #include "checkpoint/state_dict.h"
-#include "checkpoint/storage.h"
-#include "checkpoint/transforms.h"
-#include "checkpoint/types.h"
-#include "checkpoint/weights_file.h"
+#include "checkpoint/storage/storage.h"
+#include "checkpoint/codec/transforms.h"
+#include "checkpoint/format/types.h"
+#include "checkpoint/interop/weights_file.h"
 #include "framework/dist/launch_env.h"
 #include "framework/dist/local_launcher.h"
 #include "framework/dist/process_group.h"

@@ -11,7 +11,7 @@
 // Ownership: a StateDict holds torch::Tensor handles, not copies; saving reads
 // the caller's tensors and loading writes into them. Thread safety: none; use
 // a StateDict from one thread at a time.
-#include "checkpoint/types.h"
+#include "checkpoint/format/types.h"
 
 #include <torch/torch.h>
 

@@ -10,49 +10,13 @@
 #include <memory>
 #include <vector>
 
-#include "checkpoint/chunk_io.h"
-#include "checkpoint/metadata.h"
-#include "checkpoint/storage.h"
-#include "checkpoint/transforms.h"
+#include "checkpoint/codec/chunk_reader.h"
+#include "checkpoint/codec/chunk_writer.h"
+#include "checkpoint/format/metadata.h"
+#include "checkpoint/storage/memory.h"
+#include "checkpoint/storage/storage.h"
+#include "checkpoint/codec/transforms.h"
 #include "block_input.h"
-
-namespace {
-
-// Read-only files held in memory.
-class MemoryStorage final : public checkpoint::Storage {
- public:
-  std::map<std::string, std::vector<uint8_t>> files;
-
-  std::unique_ptr<checkpoint::WritableFile> create_file(const std::string& path) override {
-    throw checkpoint::IoError("read-only: " + path);
-  }
-  void read_at(const std::string& path, uint64_t offset, void* dst, size_t n) override {
-    const auto& f = file(path);
-    if (offset > f.size() || n > f.size() - offset) {
-      throw checkpoint::IoError("truncated: " + path + " has " + std::to_string(f.size()) +
-                                " bytes, needed " + std::to_string(offset + n));
-    }
-    if (n > 0) std::memcpy(dst, f.data() + offset, n);
-  }
-  uint64_t file_size(const std::string& path) override { return file(path).size(); }
-  bool exists(const std::string& path) override { return files.count(path) > 0; }
-  void make_dirs(const std::string&) override {}
-  void rename(const std::string& from, const std::string&) override {
-    throw checkpoint::IoError("read-only: " + from);
-  }
-  void sync_dir(const std::string&) override {}
-  std::vector<std::string> list_dir(const std::string&) override { return {}; }
-  void remove_all(const std::string&) override {}
-
- private:
-  const std::vector<uint8_t>& file(const std::string& path) {
-    auto it = files.find(path);
-    if (it == files.end()) throw checkpoint::IoError::from_errno("cannot open", path, ENOENT);
-    return it->second;
-  }
-};
-
-}  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 3) return 0;
@@ -100,8 +64,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     return 0;  // a reader would have refused this metadata
   }
 
-  auto storage = std::make_shared<MemoryStorage>();
-  storage->files["/ck/rank_0.data"] = std::vector<uint8_t>(data + pos, data + size);
+  auto storage = checkpoint::memory_storage();
+  storage->make_dirs("/ck");
+  {
+    auto file = storage->create_file("/ck/rank_0.data");
+    file->append(data + pos, size - pos);
+    file->close();
+  }
   checkpoint::ChunkReader reader(storage, "/ck");
   std::vector<uint8_t> out(logical);
   auto attempt = [&](auto&& fn) {

@@ -6,7 +6,7 @@
 #include <cstdlib>
 #include <cstdio>
 
-#include "checkpoint/metadata.h"
+#include "checkpoint/format/metadata.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   checkpoint::CheckpointMeta meta;

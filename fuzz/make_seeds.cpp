@@ -9,9 +9,10 @@
 #include <string>
 #include <vector>
 
-#include "checkpoint/checksum.h"
-#include "checkpoint/chunk_io.h"
-#include "checkpoint/metadata.h"
+#include "checkpoint/format/checksum.h"
+#include "checkpoint/codec/chunk_reader.h"
+#include "checkpoint/codec/chunk_writer.h"
+#include "checkpoint/format/metadata.h"
 #include "block_input.h"
 
 namespace fs = std::filesystem;

@@ -19,22 +19,20 @@
 #include <cstdio>
 #include <ctime>
 #include <exception>
-#include <filesystem>
 #include <iostream>
 #include <set>
 #include <sstream>
 #include <string>
 #include <vector>
 
-#include "checkpoint/checkpoint_dir.h"
-#include "checkpoint/chunk_io.h"
-#include "checkpoint/export.h"
-#include "checkpoint/metadata.h"
-#include "checkpoint/storage.h"
+#include "checkpoint/storage/checkpoint_dir.h"
+#include "checkpoint/codec/chunk_reader.h"
+#include "checkpoint/interop/export.h"
+#include "checkpoint/format/metadata.h"
+#include "checkpoint/storage/storage.h"
 
 namespace {
 
-namespace fs = std::filesystem;
 using checkpoint::CheckpointMeta;
 using checkpoint::ChunkMeta;
 using checkpoint::ItemMeta;
@@ -110,23 +108,8 @@ std::string join(const std::vector<std::string>& parts, const std::string& sep) 
 
 // ---------------------------------------------------------------- checkpoints
 
-// Throws std::runtime_error naming `path` unless it is a committed checkpoint
-// directory; returns the metadata file path.
-std::string committed_metadata_path(const std::string& path) {
-  std::error_code ec;
-  const fs::file_status status = fs::status(path, ec);
-  if (status.type() == fs::file_type::not_found) {
-    throw std::runtime_error(path + ": no such checkpoint directory");
-  }
-  if (ec) throw std::runtime_error(path + ": " + ec.message());
-  if (!fs::is_directory(status)) throw std::runtime_error(path + ": not a directory");
-  const fs::path metadata = fs::path(path) / checkpoint::kMetadataFileName;
-  if (!fs::is_regular_file(fs::symlink_status(metadata, ec))) {
-    throw std::runtime_error(path + ": not a committed checkpoint (no " +
-                             std::string(checkpoint::kMetadataFileName) + ")");
-  }
-  return metadata.string();
-}
+// Where the tool reads checkpoints: the local file system.
+checkpoint::Storage& storage() { return *checkpoint::posix_storage(); }
 
 struct ItemSummary {
   uint64_t logical_bytes = 0;
@@ -189,7 +172,7 @@ std::string ratio(uint64_t stored, uint64_t logical) {
 // ---------------------------------------------------------------- list
 
 int run_list(const std::string& dir) {
-  const std::vector<checkpoint::CheckpointEntry> entries = checkpoint::list_checkpoints(dir);
+  const std::vector<checkpoint::CheckpointEntry> entries = checkpoint::list_checkpoints(storage(), dir);
   if (entries.empty()) {
     std::cout << "no checkpoints in " << dir << "\n";
     return kExitOk;
@@ -327,7 +310,7 @@ nlohmann::ordered_json inspect_json(const std::string& path, const CheckpointMet
 }
 
 int run_inspect(const std::string& path, bool chunks, bool json) {
-  const CheckpointMeta meta = checkpoint::read_metadata_file(committed_metadata_path(path));
+  const CheckpointMeta meta = checkpoint::read_committed_metadata(storage(), path);
   if (json) {
     // Names from disk need not be UTF-8: replace rather than throw.
     std::cout << inspect_json(path, meta, chunks)
@@ -352,11 +335,9 @@ std::string problem_line(const checkpoint::VerifyProblem& p) {
 }
 
 int run_verify(const std::string& path, int threads) {
-  committed_metadata_path(path);
   const auto start = std::chrono::steady_clock::now();
   thread_pool::ThreadPool pool(static_cast<size_t>(threads));
-  const std::shared_ptr<checkpoint::Storage> storage = checkpoint::posix_storage();
-  const checkpoint::VerifyReport report = checkpoint::verify_checkpoint(*storage, path, &pool);
+  const checkpoint::VerifyReport report = checkpoint::verify_checkpoint(storage(), path, &pool);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (report.ok()) {
     char buf[32];
@@ -382,7 +363,6 @@ struct ExportArgs {
 };
 
 int run_export(const std::string& path, const ExportArgs& args) {
-  committed_metadata_path(path);
   checkpoint::ExportOptions options;
   options.format = args.format == "torch" ? checkpoint::ExportFormat::kTorch
                                           : checkpoint::ExportFormat::kSafetensors;

@@ -88,7 +88,7 @@ int count_mismatches(const ck::StateDict& state, const TensorMap& tensors, const
 
 // Rank 0: what the metadata says, and whether every chunk reads back intact.
 int inspect_and_verify(const std::string& dir) {
-  const ck::CheckpointMeta meta = ck::read_metadata_file(ck::join_path(dir, ck::kMetadataFileName));
+  const ck::CheckpointMeta meta = ck::read_committed_metadata(*ck::posix_storage(), dir);
   std::cout << dir << ": step " << meta.step << ", saved by " << meta.world_size << " ranks\n";
   for (const ck::ItemMeta& item : meta.items) {
     std::cout << "  " << item.name << " " << ck::dtype_name(item.dtype) << " "
@@ -135,7 +135,7 @@ int run_rank(const std::string& dir) {
     for (ck::TensorEntry& e : state.tensors()) e.local.zero_();  // fine: the copy is saved
     manager.finish();  // waits for the commit; rethrows a failure as CheckpointError
   }
-  const std::string async_dir = ck::latest_committed(options.dir).value().path;
+  const std::string async_dir = ck::latest_committed(*ck::posix_storage(), options.dir).value().path;
 
   // 4. Load into a different split. No communication: every rank reads just
   //    the blocks that overlap its boxes.

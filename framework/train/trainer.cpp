@@ -1,7 +1,7 @@
 #include "framework/train/trainer.h"
 
-#include "checkpoint/import_weights.h"
-#include "checkpoint/manager.h"
+#include "checkpoint/interop/import_weights.h"
+#include "checkpoint/async/manager.h"
 #include "framework/data/dataset.h"
 #include "framework/dist/device.h"
 #include "framework/data/sampler.h"
@@ -47,6 +47,7 @@ struct Trainer::State {
   std::ofstream metrics;
   bool is_logger = false;
   std::unique_ptr<checkpoint::CheckpointManager> ckpt;
+  TrainerHooks hooks;
 
   checkpoint::StateDict make_state_dict();
   void apply_loaded(checkpoint::StateDict& sd, bool model_only);
@@ -169,9 +170,10 @@ std::atomic<int>& Trainer::stop_signal() {
   return signal;
 }
 
-Trainer::Trainer(const config::Config& config, dist::Runtime& runtime)
+Trainer::Trainer(const config::Config& config, dist::Runtime& runtime, TrainerHooks hooks)
     : s_(std::make_unique<State>(config, runtime)) {
   State& s = *s_;
+  s.hooks = std::move(hooks);
   const int world = runtime.env.world_size;
   const int rank = runtime.env.rank;
   s.is_logger = rank == 0;
@@ -207,7 +209,8 @@ Trainer::Trainer(const config::Config& config, dist::Runtime& runtime)
          << " shard=" << s.mesh_shape[1];
   s.ckpt = std::make_unique<checkpoint::CheckpointManager>(
       s.cfg.checkpoint, (fs::path(s.cfg.run.dir) / "checkpoints").string(), *runtime.checkpoint,
-      layout.str());
+      layout.str(), s.hooks.storage ? s.hooks.storage : checkpoint::posix_storage(),
+      s.hooks.checkpoint);
   if (s.ckpt->enabled() && (s.cfg.checkpoint.mode != "sync" || s.device.is_cuda())) {
     // Host (pinned, for GPU state) staging buffers now, not at the first
     // save while the training loop waits.
@@ -300,7 +303,7 @@ int Trainer::run() {
     torch::Tensor stats = torch::cat({loss_sum.detach().to(torch::kDouble).reshape({1}),
                                       (targets != -100).sum().to(torch::kDouble).reshape({1}),
                                       flags.to(s.device)});
-    checkpoint::stall_if_requested("train", step, s.rt.env.rank);
+    if (s.hooks.before_step) s.hooks.before_step(step, s.rt.env.rank);
     s.rt.train->all_reduce(stats);
     stats = stats.to(torch::kCPU);
     const double global_tokens = std::max(1.0, stats[1].item<double>());

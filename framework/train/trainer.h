@@ -4,9 +4,12 @@
 //
 // Call sequence (all ranks): Trainer(config, runtime); run().
 #include "framework/config/config.h"
+#include "checkpoint/async/manager.h"
+#include "checkpoint/storage/storage.h"
 #include "framework/dist/runtime.h"
 
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -33,11 +36,21 @@ struct StepRecord {
   double tokens_per_s = 0;
 };
 
+// What the caller of a Trainer may plug in besides the config.
+struct TrainerHooks {
+  // Where checkpoints are read and written; null: the POSIX file system.
+  std::shared_ptr<checkpoint::Storage> storage;
+  // Called at the start of every training step, before its collectives.
+  std::function<void(int64_t step, int rank)> before_step;
+  // Passed to the checkpoint manager (checkpoint/async/manager.h).
+  checkpoint::ManagerHooks checkpoint;
+};
+
 class Trainer {
  public:
   // REQUIRES: runtime outlives the trainer; every rank constructs it with the
   // same config.
-  Trainer(const config::Config& config, dist::Runtime& runtime);
+  Trainer(const config::Config& config, dist::Runtime& runtime, TrainerHooks hooks = {});
   ~Trainer();
 
   // Trains from the current step to train.steps (or train.stop_at). Returns

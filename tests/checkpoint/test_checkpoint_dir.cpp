@@ -12,8 +12,9 @@
 #include <filesystem>
 #include <fstream>
 
-#include "checkpoint/checkpoint_dir.h"
-#include "checkpoint/metadata.h"
+#include "checkpoint/storage/checkpoint_dir.h"
+#include "checkpoint/storage/memory.h"
+#include "checkpoint/format/metadata.h"
 
 namespace checkpoint {
 namespace {
@@ -89,15 +90,15 @@ TEST(StepDirName, HostileNamesAreNotSteps) {
 
 TEST(ListCheckpoints, MissingDirectoryIsEmpty) {
   TempDir tmp;
-  EXPECT_TRUE(list_checkpoints((tmp.path() / "nope").string()).empty());
-  EXPECT_FALSE(latest_committed((tmp.path() / "nope").string()).has_value());
+  EXPECT_TRUE(list_checkpoints(*posix_storage(), (tmp.path() / "nope").string()).empty());
+  EXPECT_FALSE(latest_committed(*posix_storage(), (tmp.path() / "nope").string()).has_value());
 }
 
 TEST(ListCheckpoints, AFileInPlaceOfTheDirectoryIsAnErrorNamingIt) {
   TempDir tmp;
   write_file(tmp.path() / "file", 1);
   try {
-    list_checkpoints((tmp.path() / "file").string());
+    list_checkpoints(*posix_storage(), (tmp.path() / "file").string());
     FAIL() << "expected an error";
   } catch (const std::runtime_error& e) {
     EXPECT_NE(std::string(e.what()).find((tmp.path() / "file").string()), std::string::npos) << e.what();
@@ -121,7 +122,7 @@ TEST(ListCheckpoints, FindsCommittedAndIncompleteStepsAndIgnoresJunk) {
   fs::create_directories(tmp.path() / "other");
   write_file(tmp.path() / "README", 3);
 
-  const std::vector<CheckpointEntry> entries = list_checkpoints(tmp.str());
+  const std::vector<CheckpointEntry> entries = list_checkpoints(*posix_storage(), tmp.str());
   ASSERT_EQ(steps_of(entries), (std::vector<int64_t>{2, 10, 30}));
   EXPECT_TRUE(entries[0].committed);
   EXPECT_TRUE(entries[1].committed);
@@ -132,7 +133,7 @@ TEST(ListCheckpoints, FindsCommittedAndIncompleteStepsAndIgnoresJunk) {
   EXPECT_EQ(entries[1].path, (tmp.path() / "step_10").string());
   EXPECT_GT(entries[1].mtime_unix_s, 1600000000);
 
-  const std::optional<CheckpointEntry> latest = latest_committed(tmp.str());
+  const std::optional<CheckpointEntry> latest = latest_committed(*posix_storage(), tmp.str());
   ASSERT_TRUE(latest.has_value());
   EXPECT_EQ(latest->step, 10);  // step_30 is incomplete
 }
@@ -142,7 +143,7 @@ TEST(ListCheckpoints, ASymlinkedMetadataDoesNotCommit) {
   const fs::path dir = make_step(tmp.path(), 3, false);
   write_file(tmp.path() / "elsewhere", 32);
   fs::create_symlink(tmp.path() / "elsewhere", dir / kMetadataFileName);
-  const std::vector<CheckpointEntry> entries = list_checkpoints(tmp.str());
+  const std::vector<CheckpointEntry> entries = list_checkpoints(*posix_storage(), tmp.str());
   ASSERT_EQ(entries.size(), 1u);
   EXPECT_FALSE(entries[0].committed);
 }
@@ -182,8 +183,8 @@ TEST(ApplyRetention, DeletesExactlyTheVictims) {
   for (int64_t step : {10, 20, 30, 40}) make_step(tmp.path(), step, true);
   make_step(tmp.path(), 50, false);
   fs::create_directories(tmp.path() / "step_x");
-  apply_retention(tmp.str(), 2, std::nullopt);
-  EXPECT_EQ(steps_of(list_checkpoints(tmp.str())), (std::vector<int64_t>{30, 40, 50}));
+  apply_retention(*posix_storage(), tmp.str(), 2, std::nullopt);
+  EXPECT_EQ(steps_of(list_checkpoints(*posix_storage(), tmp.str())), (std::vector<int64_t>{30, 40, 50}));
   EXPECT_TRUE(fs::exists(tmp.path() / "step_x"));
   // Nothing is left behind besides what was there.
   size_t n = 0;
@@ -197,10 +198,10 @@ TEST(ApplyRetention, DeletesExactlyTheVictims) {
 TEST(ApplyRetention, KeepAllAndProtectDeleteNothingExtra) {
   TempDir tmp;
   for (int64_t step : {1, 2, 3}) make_step(tmp.path(), step, true);
-  apply_retention(tmp.str(), 0, std::nullopt);
-  EXPECT_EQ(steps_of(list_checkpoints(tmp.str())), (std::vector<int64_t>{1, 2, 3}));
-  apply_retention(tmp.str(), 1, 2);
-  EXPECT_EQ(steps_of(list_checkpoints(tmp.str())), (std::vector<int64_t>{2, 3}));
+  apply_retention(*posix_storage(), tmp.str(), 0, std::nullopt);
+  EXPECT_EQ(steps_of(list_checkpoints(*posix_storage(), tmp.str())), (std::vector<int64_t>{1, 2, 3}));
+  apply_retention(*posix_storage(), tmp.str(), 1, 2);
+  EXPECT_EQ(steps_of(list_checkpoints(*posix_storage(), tmp.str())), (std::vector<int64_t>{2, 3}));
 }
 
 TEST(ApplyRetention, SweepsLeftoversOfAnInterruptedDeletion) {
@@ -208,26 +209,26 @@ TEST(ApplyRetention, SweepsLeftoversOfAnInterruptedDeletion) {
   make_step(tmp.path(), 1, true);
   fs::rename(make_step(tmp.path(), 0, true), tmp.path() / ".deleting.step_0");
   fs::create_directories(tmp.path() / ".deleting.notours");
-  apply_retention(tmp.str(), 1, std::nullopt);
+  apply_retention(*posix_storage(), tmp.str(), 1, std::nullopt);
   EXPECT_FALSE(fs::exists(tmp.path() / ".deleting.step_0"));
   EXPECT_TRUE(fs::exists(tmp.path() / ".deleting.notours"));
-  EXPECT_EQ(steps_of(list_checkpoints(tmp.str())), (std::vector<int64_t>{1}));
+  EXPECT_EQ(steps_of(list_checkpoints(*posix_storage(), tmp.str())), (std::vector<int64_t>{1}));
 }
 
 TEST(ApplyRetention, AMissingDirectoryIsNothingToDo) {
   TempDir tmp;
-  EXPECT_NO_THROW(apply_retention((tmp.path() / "nope").string(), 1, std::nullopt));
+  EXPECT_NO_THROW(apply_retention(*posix_storage(), (tmp.path() / "nope").string(), 1, std::nullopt));
 }
 
 TEST(ResolveResume, AutoPicksTheLatestCommitted) {
   TempDir tmp;
-  EXPECT_FALSE(resolve_resume("auto", tmp.str()).has_value());
-  EXPECT_FALSE(resolve_resume("auto", (tmp.path() / "missing").string()).has_value());
+  EXPECT_FALSE(resolve_resume(*posix_storage(), "auto", tmp.str()).has_value());
+  EXPECT_FALSE(resolve_resume(*posix_storage(), "auto", (tmp.path() / "missing").string()).has_value());
   make_step(tmp.path(), 4, true);
   make_step(tmp.path(), 8, true);
   make_step(tmp.path(), 12, false);
-  EXPECT_EQ(resolve_resume("auto", tmp.str()), (tmp.path() / "step_8").string());
-  EXPECT_FALSE(resolve_resume("never", tmp.str()).has_value());
+  EXPECT_EQ(resolve_resume(*posix_storage(), "auto", tmp.str()), (tmp.path() / "step_8").string());
+  EXPECT_FALSE(resolve_resume(*posix_storage(), "never", tmp.str()).has_value());
 }
 
 TEST(ResolveResume, AnExplicitPathMustBeACommittedCheckpoint) {
@@ -235,11 +236,11 @@ TEST(ResolveResume, AnExplicitPathMustBeACommittedCheckpoint) {
   const std::string committed = make_step(tmp.path(), 4, true).string();
   const std::string incomplete = make_step(tmp.path(), 8, false).string();
   const std::string missing = (tmp.path() / "step_99").string();
-  EXPECT_EQ(resolve_resume(committed, "/unused"), committed);
+  EXPECT_EQ(resolve_resume(*posix_storage(), committed, "/unused"), committed);
 
   auto expect_error = [](const std::string& path, const std::string& why) {
     try {
-      resolve_resume(path, "/unused");
+      resolve_resume(*posix_storage(), path, "/unused");
       FAIL() << "expected an error for " << path;
     } catch (const std::runtime_error& e) {
       const std::string msg = e.what();
@@ -250,6 +251,43 @@ TEST(ResolveResume, AnExplicitPathMustBeACommittedCheckpoint) {
   expect_error(missing, "no such");
   expect_error(incomplete, "not a committed checkpoint");
   expect_error(incomplete + "/rank_0.data", "not a directory");
+}
+
+// Discovery, retention and resume on the in-memory Storage: the same rules as
+// on POSIX, with no file system involved.
+void make_memory_step(Storage& storage, const std::string& root, int64_t step, bool committed) {
+  const std::string dir = join_path(root, step_dir_name(step));
+  storage.make_dirs(dir);
+  storage.write_file_atomic(join_path(dir, "rank_0.data"), std::vector<uint8_t>(10, 1));
+  if (committed) storage.write_file_atomic(join_path(dir, kMetadataFileName), {1});
+}
+
+TEST(MemoryStorage, DiscoveryRetentionAndResumeFollowTheSameRules) {
+  auto storage = memory_storage();
+  const std::string root = "/runs/ckpt";
+  EXPECT_TRUE(list_checkpoints(*storage, root).empty());
+  EXPECT_FALSE(resolve_resume(*storage, "auto", root).has_value());
+  for (int64_t step : {10, 20, 30, 40}) make_memory_step(*storage, root, step, true);
+  make_memory_step(*storage, root, 50, false);
+  storage->make_dirs(join_path(root, "step_x"));
+  storage->write_file_atomic(join_path(root, "step_60"), {1});  // a file, not a checkpoint
+  const std::vector<CheckpointEntry> entries = list_checkpoints(*storage, root);
+  EXPECT_EQ(steps_of(entries), (std::vector<int64_t>{10, 20, 30, 40, 50}));
+  EXPECT_EQ(entries[0].bytes, 11u);
+  EXPECT_FALSE(entries[4].committed);
+  EXPECT_EQ(latest_committed(*storage, root)->step, 40);
+  EXPECT_EQ(resolve_resume(*storage, "auto", root), join_path(root, "step_40"));
+
+  apply_retention(*storage, root, 2, std::nullopt);
+  EXPECT_EQ(steps_of(list_checkpoints(*storage, root)), (std::vector<int64_t>{30, 40, 50}));
+  EXPECT_EQ(storage->list_dir(root),
+            (std::vector<std::string>{"step_30", "step_40", "step_50", "step_60", "step_x"}));
+  try {
+    resolve_resume(*storage, join_path(root, "step_50"), root);
+    FAIL() << "an uncommitted checkpoint was accepted";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("not a committed checkpoint"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace

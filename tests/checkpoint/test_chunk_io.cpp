@@ -15,9 +15,11 @@
 #include <set>
 #include <unistd.h>
 
-#include "checkpoint/checksum.h"
-#include "checkpoint/chunk_io.h"
-#include "checkpoint/transforms.h"
+#include "checkpoint/format/checksum.h"
+#include "checkpoint/codec/chunk_reader.h"
+#include "checkpoint/codec/chunk_writer.h"
+#include "support/faulty_storage.h"
+#include "checkpoint/codec/transforms.h"
 
 namespace checkpoint {
 namespace {
@@ -194,11 +196,11 @@ std::vector<ChunkMeta> write_with_chunk_writer(const std::string& path,
   auto file = posix_storage()->create_file(path);
   ChunkWriter::Options o;
   o.block_size = kBlock;
-  o.max_blocks_in_flight = window;
+  o.max_batches_in_flight = window;
   ChunkWriter writer(*file, pool, o);
   for (const TestChunk& c : chunks) writer.add_chunk(c.data.data(), c.data.size(), 4, c.chain);
   std::vector<ChunkMeta> metas = writer.finish();
-  if (peak) *peak = writer.peak_blocks_in_flight();
+  if (peak) *peak = writer.peak_batches_in_flight();
   file->sync();
   file->close();
   return metas;
@@ -279,7 +281,7 @@ TEST_F(ChunkIoTest, ChunkWriterReleasesEachChunksBytesOnceWritten) {
   auto file = posix_storage()->create_file(join_path(dir_, kFile));
   ChunkWriter::Options o;
   o.block_size = kBlock;
-  o.max_blocks_in_flight = 2;
+  o.max_batches_in_flight = 2;
   ChunkWriter writer(*file, &pool, o);
   std::vector<std::weak_ptr<const std::vector<uint8_t>>> owners;
   for (uint32_t i = 0; i < 20; ++i) {
@@ -383,10 +385,10 @@ TEST_F(ChunkIoTest, OneBlockChunkWhoseChunkChecksumDisagreesIsReported) {
 }
 
 TEST_F(ChunkIoTest, ChunkWriterRethrowsAFailedWriteAndCanStillBeDestroyed) {
-  FaultPlan plan;
+  faults::FaultPlan plan;
   plan.fail_on_write_call = 5;
   plan.fail_errno = EIO;
-  auto storage = fault_injecting_storage(posix_storage(), plan);
+  auto storage = faults::fault_injecting_storage(posix_storage(), plan);
   thread_pool::ThreadPool pool(2);
   auto file = storage->create_file(join_path(dir_, kFile));
   const std::vector<TestChunk> chunks = mixed_chunks();

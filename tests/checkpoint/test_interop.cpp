@@ -21,15 +21,15 @@
 #include <string>
 #include <vector>
 
-#include "checkpoint/export.h"
-#include "checkpoint/import_weights.h"
+#include "checkpoint/interop/export.h"
+#include "checkpoint/interop/import_weights.h"
 #include "checkpoint/load.h"
-#include "checkpoint/metadata.h"
+#include "checkpoint/format/metadata.h"
 #include "checkpoint/save.h"
 #include "checkpoint/state_dict.h"
-#include "checkpoint/torch_pickle.h"
-#include "checkpoint/weights_file.h"
-#include "checkpoint/zip_archive.h"
+#include "checkpoint/interop/torch_pickle.h"
+#include "checkpoint/interop/weights_file.h"
+#include "checkpoint/interop/zip_archive.h"
 #include "support/multi_rank.h"
 #include "support/skip.h"
 

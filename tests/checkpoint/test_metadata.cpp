@@ -8,8 +8,10 @@
 #include <cstring>
 #include <fstream>
 
-#include "checkpoint/checksum.h"
-#include "checkpoint/metadata.h"
+#include "checkpoint/format/checksum.h"
+#include "checkpoint/format/metadata.h"
+#include "checkpoint/storage/memory.h"
+#include "checkpoint/storage/storage.h"
 
 namespace checkpoint {
 namespace {
@@ -128,26 +130,38 @@ TEST(Metadata, EncodingIsDeterministic) {
   EXPECT_EQ(encode_metadata(rich_meta()), encode_metadata(rich_meta()));
 }
 
-TEST(Metadata, FileRoundTripReadsTheSameIndex) {
-  const std::string path = ::testing::TempDir() + "/test_metadata_roundtrip.metadata";
-  const std::vector<uint8_t> blob = encode_metadata(rich_meta());
-  {
-    std::ofstream out(path, std::ios::binary);
-    out.write(reinterpret_cast<const char*>(blob.data()), static_cast<std::streamsize>(blob.size()));
+// The committed metadata reads back through each Storage the same.
+TEST(Metadata, CommittedMetadataRoundTripsOnPosixAndInMemory) {
+  const std::string posix_dir = ::testing::TempDir() + "/test_metadata_roundtrip";
+  for (auto [storage, dir] : {std::pair{posix_storage(), posix_dir},
+                              std::pair{memory_storage(), std::string("/ck/step_3")}}) {
+    storage->remove_all(dir);
+    storage->make_dirs(dir);
+    storage->write_file_atomic(join_path(dir, kMetadataFileName), encode_metadata(rich_meta()));
+    EXPECT_EQ(read_committed_metadata(*storage, dir), rich_meta());
+    storage->remove_all(dir);
   }
-  EXPECT_EQ(read_metadata_file(path), rich_meta());
-  std::remove(path.c_str());
 }
 
-TEST(Metadata, MissingFileErrorNamesPathAndReason) {
-  const std::string path = ::testing::TempDir() + "/no_such_dir/.metadata";
+std::string metadata_error(Storage& storage, const std::string& dir) {
   try {
-    read_metadata_file(path);
-    FAIL() << "expected FormatError";
+    read_committed_metadata(storage, dir);
   } catch (const FormatError& e) {
-    EXPECT_NE(std::string(e.what()).find(path), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find(std::strerror(ENOENT)), std::string::npos) << e.what();
+    return e.what();
   }
+  return "no error";
+}
+
+TEST(Metadata, ReadingWhatIsNotACommittedCheckpointNamesTheDirectoryAndWhy) {
+  auto storage = memory_storage();
+  storage->make_dirs("/ck/step_1");
+  storage->write_file_atomic("/ck/file", {1, 2, 3});
+  EXPECT_EQ(metadata_error(*storage, "/ck/nope"), "no such checkpoint directory: /ck/nope");
+  EXPECT_EQ(metadata_error(*storage, "/ck/file"), "not a directory: /ck/file");
+  EXPECT_EQ(metadata_error(*storage, "/ck/step_1"),
+            "not a committed checkpoint (no .metadata): /ck/step_1");
+  storage->make_dirs("/ck/step_1/.metadata");
+  EXPECT_EQ(metadata_error(*storage, "/ck/step_1"), "/ck/step_1/.metadata: not a regular file");
 }
 
 TEST(Metadata, EveryTruncationIsRejected) {

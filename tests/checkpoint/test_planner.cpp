@@ -5,7 +5,7 @@
 #include <algorithm>
 #include <map>
 
-#include "checkpoint/planner.h"
+#include "checkpoint/plan/planner.h"
 
 namespace checkpoint {
 namespace {

@@ -4,7 +4,7 @@
 
 #include <cstring>
 
-#include "checkpoint/resharding.h"
+#include "checkpoint/plan/resharding.h"
 
 namespace checkpoint {
 namespace {

@@ -1,11 +1,16 @@
 // save_state_dict / load_state_dict over real Gloo groups: failures are
 // agreed by every rank, nothing half-committed, damaged checkpoints are
 // refused with a message naming the checkpoint, the item and the file.
-#include "checkpoint/checksum.h"
+#include "checkpoint/format/checksum.h"
 #include "checkpoint/load.h"
-#include "checkpoint/metadata.h"
+#include "checkpoint/format/metadata.h"
 #include "checkpoint/save.h"
-#include "checkpoint/storage.h"
+#include "checkpoint/async/manager.h"
+#include "checkpoint/codec/chunk_reader.h"
+#include "checkpoint/storage/checkpoint_dir.h"
+#include "checkpoint/storage/memory.h"
+#include "checkpoint/storage/storage.h"
+#include "support/faulty_storage.h"
 #include "support/multi_rank.h"
 
 #include <gtest/gtest.h>
@@ -43,14 +48,16 @@ StateDict rank_state(int rank, int world) {
   return sd;
 }
 
-void save_world(const std::string& dir, int world, std::shared_ptr<Storage> rank1_storage = nullptr) {
+void save_world(const std::string& dir, int world, std::shared_ptr<Storage> rank1_storage = nullptr,
+                std::shared_ptr<Storage> storage = nullptr) {
   run_ranks(world, [&](RankContext& ctx) {
     auto g = ctx.make_group("ckpt");
     SaveOptions so;
     so.step = 7;
     so.layout = "test";
     so.compression.block_size = 16;  // several blocks per chunk
-    if (ctx.rank == 1) so.storage = rank1_storage;
+    so.storage = storage;
+    if (ctx.rank == 1 && rank1_storage) so.storage = rank1_storage;
     save_state_dict(rank_state(ctx.rank, world), dir, *g, so);
   });
 }
@@ -96,18 +103,81 @@ TEST(SaveLoad, RoundTripsAcrossWorldSizes) {
     }
   }
   // Replicated data was written once: the bias has exactly one chunk.
-  auto meta = read_metadata_file(root + "/w2/.metadata");
+  auto meta = read_committed_metadata(*posix_storage(), root + "/w2");
   EXPECT_EQ(meta.find("b")->chunks.size(), 1u);
   EXPECT_EQ(meta.find("w")->chunks.size(), 2u);
   fs::remove_all(root);
 }
 
+// The same protocol on the in-memory Storage: nothing touches the disk, and
+// a world-2 checkpoint reshards to worlds 1, 3 and 4.
+TEST(SaveLoad, RoundTripsAcrossWorldSizesOnTheMemoryStorage) {
+  auto memory = memory_storage();
+  const std::string dir = "/memory/w2/step_7";
+  save_world(dir, 2, nullptr, memory);
+  EXPECT_FALSE(fs::exists("/memory"));
+  EXPECT_TRUE(memory->exists(join_path(dir, kMetadataFileName)));
+  for (int world : {1, 3, 4}) {
+    for (int r = 0; r < world; ++r) {
+      StateDict sd = empty_like_state(r, world);
+      LoadOptions lo;
+      lo.storage = memory;
+      load_state_dict(sd, dir, lo);
+      StateDict want = rank_state(r, world);
+      EXPECT_TRUE(torch::equal(sd.tensors()[0].local, want.tensors()[0].local)) << world << "/" << r;
+      EXPECT_TRUE(torch::equal(sd.tensors()[1].local, want.tensors()[1].local));
+      EXPECT_EQ(sd.bytes()[0].data, want.bytes()[0].data);
+    }
+  }
+  EXPECT_TRUE(verify_checkpoint(*memory, dir).ok());
+}
+
+// The manager's discovery, retention and resume on the in-memory Storage:
+// four saves with keep_last 2 leave steps 3 and 4, resume picks step 4, and
+// it loads exactly.
+TEST(SaveLoad, ManagerRetentionAndResumeRunOnTheMemoryStorage) {
+  auto memory = memory_storage();
+  CheckpointOptions options;
+  options.dir = "/memory/ckpt";
+  options.interval = 1;
+  options.keep_last = 2;
+  options.mode = "async";
+  run_ranks(2, [&](RankContext& ctx) {
+    auto g = ctx.make_group("ckpt");
+    CheckpointManager manager(options, "", *g, "test", memory);
+    for (int64_t step = 1; step <= 4; ++step) {
+      StateDict sd = rank_state(ctx.rank, 2);
+      sd.tensors()[0].local.add_(static_cast<float>(step));
+      manager.save(step, std::move(sd));
+    }
+    manager.finish();
+  });
+  std::vector<int64_t> steps;
+  for (const CheckpointEntry& e : list_checkpoints(*memory, "/memory/ckpt")) steps.push_back(e.step);
+  EXPECT_EQ(steps, (std::vector<int64_t>{3, 4}));
+  EXPECT_FALSE(fs::exists("/memory"));
+  run_ranks(2, [&](RankContext& ctx) {
+    auto g = ctx.make_group("ckpt");
+    CheckpointOptions resume = options;
+    resume.resume = "auto";
+    CheckpointManager manager(resume, "", *g, "test", memory);
+    const std::optional<std::string> path = manager.resume_path();
+    ASSERT_TRUE(path.has_value());
+    EXPECT_EQ(*path, "/memory/ckpt/step_4");
+    StateDict sd = empty_like_state(ctx.rank, 2);
+    manager.load(sd, *path);
+    StateDict want = rank_state(ctx.rank, 2);
+    want.tensors()[0].local.add_(4.0f);
+    EXPECT_TRUE(torch::equal(sd.tensors()[0].local, want.tensors()[0].local)) << ctx.rank;
+  });
+}
+
 TEST(SaveLoad, ARankThatFailsMakesEveryRankFailAndNothingIsCommitted) {
   std::string root = scratch("rankfail");
   save_world(root + "/good", 2);
-  FaultPlan plan;
+  faults::FaultPlan plan;
   plan.fail_after_bytes = 0;
-  auto failing = fault_injecting_storage(posix_storage(), plan);
+  auto failing = faults::fault_injecting_storage(posix_storage(), plan);
   std::vector<std::string> messages(2);
   run_ranks(2, [&](RankContext& ctx) {
     auto g = ctx.make_group("ckpt");
@@ -137,7 +207,7 @@ TEST(SaveLoad, ARankThatFailsMakesEveryRankFailAndNothingIsCommitted) {
 TEST(SaveLoad, AFlippedDataByteIsDetectedNamingItemAndFile) {
   std::string root = scratch("flip");
   save_world(root + "/c", 2);
-  auto meta = read_metadata_file(root + "/c/.metadata");
+  auto meta = read_committed_metadata(*posix_storage(), root + "/c");
   const ChunkMeta& chunk = meta.find("w")->chunks[1];
   flip_byte(root + "/c/" + chunk.file, chunk.offset + 3);
   std::string err = load_error(root + "/c", empty_like_state(0, 1));
@@ -244,7 +314,7 @@ TEST(SaveLoad, CompressedCheckpointReshardsLikeAnUncompressedOne) {
     so.compression.block_size = 24;
     save_state_dict(rank_state(ctx.rank, 2), root + "/z", *g, so);
   });
-  auto meta = read_metadata_file(root + "/z/.metadata");
+  auto meta = read_committed_metadata(*posix_storage(), root + "/z");
   EXPECT_EQ(meta.find("w")->chunks[0].transforms,
             (std::vector<std::string>{"signrot/1", "bytegroup/1", "zstdplanes/1"}));
   for (int r = 0; r < 3; ++r) {

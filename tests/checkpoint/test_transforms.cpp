@@ -6,8 +6,8 @@
 #include <cstring>
 #include <random>
 
-#include "checkpoint/byte_planes.h"
-#include "checkpoint/transforms.h"
+#include "checkpoint/codec/byte_planes.h"
+#include "checkpoint/codec/transforms.h"
 
 namespace checkpoint {
 namespace {

@@ -15,9 +15,9 @@
 #include <stdexcept>
 #include <thread>
 
-#include "checkpoint/chunk_io.h"
-#include "checkpoint/metadata.h"
-#include "checkpoint/storage.h"
+#include "checkpoint/codec/chunk_reader.h"
+#include "checkpoint/format/metadata.h"
+#include "checkpoint/storage/storage.h"
 
 namespace reliability {
 
@@ -105,7 +105,7 @@ std::vector<std::string> small_model_sets() {
 }
 
 std::vector<std::string> train_argv(const TrainSpec& spec) {
-  std::vector<std::string> argv{train_binary(), "--config",
+  std::vector<std::string> argv{binary_dir() + "/" + spec.binary, "--config",
                                 spec.config.empty() ? default_config() : spec.config};
   if (spec.nproc > 0) {
     argv.push_back("--nproc");
@@ -438,7 +438,7 @@ uint8_t read_byte(const fs::path& file, uint64_t offset) {
 FlipStats corruption_sweep(const fs::path& step_dir, int64_t count, uint64_t seed) {
   FlipStats stats;
   const checkpoint::CheckpointMeta meta =
-      checkpoint::read_metadata_file((step_dir / ".metadata").string());
+      checkpoint::read_committed_metadata(*checkpoint::posix_storage(), step_dir.string());
   std::map<std::string, std::vector<Range>> covered;
   for (const auto& item : meta.items) {
     for (const auto& c : item.chunks) {

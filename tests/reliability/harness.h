@@ -38,6 +38,9 @@ struct TrainSpec {
   int nproc = 2;
   EnvVars env;
   bool small_model = true;            // prepend small_model_sets()
+  // The program run: "train", or "train_faults" (tests/reliability/
+  // train_faults.cpp) for runs whose env asks for injected faults.
+  std::string binary = "train";
 };
 
 // The fast configuration every trial uses: a 1-layer GPT of width 32, 40

@@ -10,7 +10,7 @@
 #include <fstream>
 #include <random>
 
-#include "checkpoint/metadata.h"
+#include "checkpoint/format/metadata.h"
 #include "reliability/test_util.h"
 
 namespace reliability {

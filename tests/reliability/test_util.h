@@ -25,12 +25,16 @@ inline fs::path fresh_dir(const std::string& name) {
 inline fs::path cache_dir() { return fs::path(SHARDKIT_BINARY_DIR) / "reliability-work" / "cache"; }
 
 // A small-model run in `root` (run.dir root/run, checkpoint.dir root/ckpt).
+// Runs asking for injected faults run train_faults, which reads them.
 inline TrainSpec small_run(const fs::path& root, std::vector<std::string> sets, EnvVars env = {}) {
   TrainSpec spec;
   spec.run_dir = root / "run";
   spec.ckpt_dir = root / "ckpt";
   spec.sets = std::move(sets);
   spec.env = std::move(env);
+  for (const auto& [name, value] : spec.env) {
+    if (name == "SHARDKIT_FAULT_INJECT" || name == "SHARDKIT_STALL_AT") spec.binary = "train_faults";
+  }
   return spec;
 }
 

@@ -3,7 +3,7 @@
 // state, every item of a committed checkpoint, and the `train` binary run as
 // a user runs it with the losses it logged.
 #include "checkpoint/load.h"
-#include "checkpoint/metadata.h"
+#include "checkpoint/format/metadata.h"
 #include "framework/fsdp/fully_shard.h"
 #include "framework/optim/sharded_adamw.h"
 #include "framework/train/trainer.h"
@@ -53,7 +53,7 @@ inline void expect_same_state(const FullState& a, const FullState& b, const std:
 // records the saving mode, which tests vary on purpose), read back whole on
 // one rank: item name -> bytes.
 inline std::map<std::string, std::vector<uint8_t>> read_checkpoint_items(const std::string& path) {
-  auto meta = checkpoint::read_metadata_file(path + "/.metadata");
+  auto meta = checkpoint::read_committed_metadata(*checkpoint::posix_storage(), path);
   checkpoint::StateDict sd;
   for (const auto& item : meta.items) {
     if (item.name == "config") continue;

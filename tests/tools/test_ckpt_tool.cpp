@@ -15,9 +15,9 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
-#include "checkpoint/checkpoint_dir.h"
-#include "checkpoint/checksum.h"
-#include "checkpoint/metadata.h"
+#include "checkpoint/storage/checkpoint_dir.h"
+#include "checkpoint/format/checksum.h"
+#include "checkpoint/format/metadata.h"
 
 namespace checkpoint {
 namespace {

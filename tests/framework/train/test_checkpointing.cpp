@@ -2,7 +2,7 @@
 // layout exactly; resumed runs continue the same training; async and overlap
 // saves commit exactly what a sync save commits.
 #include "checkpoint/load.h"
-#include "checkpoint/metadata.h"
+#include "checkpoint/format/metadata.h"
 #include "framework/fsdp/fully_shard.h"
 #include "framework/optim/sharded_adamw.h"
 #include "framework/train/trainer.h"

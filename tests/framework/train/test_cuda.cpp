@@ -5,8 +5,8 @@
 // Every test needs a CUDA device: a CPU-only build or machine skips them,
 // printing why.
 #include "checkpoint/load.h"
-#include "checkpoint/manager.h"
-#include "checkpoint/metadata.h"
+#include "checkpoint/async/manager.h"
+#include "checkpoint/format/metadata.h"
 #include "framework/dist/device.h"
 #include "framework/fsdp/fully_shard.h"
 #include "framework/optim/sharded_adamw.h"

@@ -1,0 +1,310 @@
+#include "checkpoint/async/manager.h"
+
+#include "checkpoint/storage/checkpoint_dir.h"
+
+#include <chrono>
+#include <cstdio>
+#include <unordered_map>
+
+namespace checkpoint {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+framework::dist::Bytes status_bytes(const std::string& error, const std::string& payload) {
+  const std::string& s = error.empty() ? payload : error;
+  framework::dist::Bytes b(1 + s.size());
+  b[0] = static_cast<uint8_t>(error.empty() ? 1 : 0);
+  std::copy(s.begin(), s.end(), b.begin() + 1);
+  return b;
+}
+
+}  // namespace
+
+struct CheckpointManager::Job {
+  int64_t step = 0;
+  StateDict source;  // overlap: the live state, staged by the worker
+  StateDict staged;  // what is written
+  CheckpointEvent event;
+  bool staged_done = false;     // guarded by mu_
+  bool done = false;            // guarded by mu_
+  bool blocking_final = false;  // guarded by mu_
+  bool reported = false;        // guarded by mu_
+  bool device_copy_in_flight = false;  // overlap on a GPU: staged by save(), still copying
+  Clock::time_point started;
+  std::exception_ptr error;
+};
+
+CheckpointManager::CheckpointManager(CheckpointOptions options, std::string default_dir,
+                                     framework::dist::Group& group, std::string layout,
+                                     std::shared_ptr<Storage> storage, ManagerHooks hooks)
+    : options_(std::move(options)),
+      dir_(options_.dir.empty() ? std::move(default_dir) : options_.dir),
+      group_(group),
+      layout_(std::move(layout)),
+      mode_(parse_save_mode(options_.mode)),
+      storage_(std::move(storage)),
+      hooks_(std::move(hooks)) {}
+
+CheckpointManager::~CheckpointManager() {
+  try {
+    wait_in_flight();
+  } catch (...) {
+    // The caller chose not to call finish(); the error was theirs to see.
+  }
+}
+
+bool CheckpointManager::due(int64_t step, int64_t last_step) const {
+  return options_.interval > 0 && (step % options_.interval == 0 || step == last_step);
+}
+
+bool CheckpointManager::busy() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return in_flight_ && !in_flight_->done;
+}
+
+std::optional<std::string> CheckpointManager::resume_path() {
+  std::string error, path;
+  if (group_.rank() == 0) {
+    try {
+      path = resolve_resume(*storage_, options_.resume, dir_).value_or("");
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  }
+  auto reply = group_.broadcast_bytes(status_bytes(error, path), 0);
+  std::string text(reply.begin() + 1, reply.end());
+  if (reply[0] != 1) throw CheckpointError("checkpoint.resume: " + text);
+  if (text.empty()) return std::nullopt;
+  return text;
+}
+
+LoadStats CheckpointManager::load(StateDict& state, const std::string& path) {
+  LoadOptions lo;
+  lo.allow_partial = options_.allow_partial;
+  lo.io_threads = options_.io_threads;
+  lo.storage = storage_;
+  if (options_.model_only) {
+    lo.filter = [](const std::string& name) { return name.rfind("model.", 0) == 0; };
+  }
+  LoadStats stats;
+  std::string error;
+  try {
+    if (HostStaging::has_device_tensors(state)) {
+      // GPU state loads through the pinned staging buffers: they start as a
+      // copy of the state (items a partial load leaves alone keep their
+      // values), take the checkpoint's bytes, and go back host to device.
+      wait_in_flight();
+      StateDict host = staging_.stage(state);
+      staging_.wait();
+      stats = load_state_dict(host, path, lo);
+      staging_.to_device(state, host);
+    } else {
+      stats = load_state_dict(state, path, lo);
+    }
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  // Every rank fails together, so none is left alone in a later collective.
+  auto replies = group_.all_gather_bytes(status_bytes(error, ""));
+  std::string all;
+  for (size_t r = 0; r < replies.size(); ++r) {
+    if (replies[r][0] == 1) continue;
+    all += (all.empty() ? "" : "; ") + std::string("rank ") + std::to_string(r) + ": " +
+           std::string(replies[r].begin() + 1, replies[r].end());
+  }
+  if (!all.empty()) throw CheckpointError("loading checkpoint " + path + " failed (" + all + ")");
+  return stats;
+}
+
+void CheckpointManager::reserve_staging(const StateDict& state) {
+  wait_in_flight();
+  staging_.reserve(state);
+}
+
+uint64_t CheckpointManager::staging_bytes() const { return staging_.bytes(); }
+bool CheckpointManager::staging_pinned() const { return staging_.pinned(); }
+
+void CheckpointManager::persist(std::shared_ptr<Job> job) {
+  try {
+    if (job->device_copy_in_flight) {
+      // Overlap on a GPU: the copies were enqueued by save(); the compute
+      // stream already waits for them, the host waits here.
+      staging_.wait();
+      job->event.stage_s = seconds_since(job->started);
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        job->staged_done = true;
+      }
+      cv_.notify_all();
+    } else if (mode_ == SaveMode::kOverlap) {
+      auto t = Clock::now();
+      job->staged = staging_.stage(job->source);
+      job->source = StateDict();
+      job->event.stage_s = seconds_since(t);
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        job->staged_done = true;
+      }
+      cv_.notify_all();
+    }
+    if (hooks_.before_write) hooks_.before_write(job->step, group_.rank());
+    SaveOptions so;
+    so.step = job->step;
+    so.layout = layout_;
+    so.compression = options_.compression;
+    so.io_threads = options_.io_threads;
+    so.info = {{"mode", options_.mode}};
+    so.storage = storage_;
+    SaveStats st = save_state_dict(job->staged, job->event.path, group_, so);
+    job->event.write_s = st.plan_s + st.write_s;
+    job->event.commit_s = st.commit_s;
+    job->event.bytes = st.total_logical_bytes;
+    job->event.stored_bytes = st.total_stored_bytes;
+    // Only committed checkpoints older than the newest keep_last go; never
+    // the one just written, never one without metadata (it may be in flight).
+    if (group_.rank() == 0 && options_.keep_last > 0) {
+      apply_retention(*storage_, dir_, options_.keep_last, job->step);
+    }
+  } catch (...) {
+    job->error = std::current_exception();
+    try {
+      throw;
+    } catch (const CheckpointError& e) {
+      job->event.ok = false;
+      job->event.error = e.what();
+      // Every rank agreed on the failure after its writes ended, so no rank
+      // is still writing here: free the space (it may be a full disk).
+      if (group_.rank() == 0) {
+        try {
+          storage_->remove_all(job->event.path);
+        } catch (const std::exception&) {
+        }
+      }
+    } catch (const std::exception& e) {
+      job->event.ok = false;
+      job->event.error = e.what();
+    }
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    job->staged_done = true;
+    job->done = true;
+  }
+  cv_.notify_all();
+}
+
+void CheckpointManager::wait_in_flight() {
+  if (worker_.joinable()) worker_.join();
+  std::shared_ptr<Job> job;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    job = std::move(in_flight_);
+    if (!job) return;
+    job->blocking_final = true;
+    if (!job->reported) {
+      job->reported = true;
+      events_.push_back(job->event);
+    }
+  }
+  if (job->error) {
+    throw CheckpointError("checkpoint of step " + std::to_string(job->step) + " (" +
+                          job->event.path + ") failed: " + job->event.error);
+  }
+}
+
+void CheckpointManager::save(int64_t step, StateDict state) {
+  auto t0 = Clock::now();
+  wait_in_flight();
+  auto job = std::make_shared<Job>();
+  job->step = step;
+  job->event.step = step;
+  job->event.mode = options_.mode;
+  job->event.path = join_path(dir_, step_dir_name(step));
+  job->started = t0;
+  const bool on_device = HostStaging::has_device_tensors(state);
+
+  if (mode_ == SaveMode::kSync) {
+    if (on_device) {
+      auto t = Clock::now();
+      job->staged = staging_.stage(state);
+      staging_.wait();
+      job->event.stage_s = seconds_since(t);
+    } else {
+      job->staged = std::move(state);
+    }
+    in_flight_ = job;
+    persist(job);
+    job->event.blocking_s = seconds_since(t0);
+    wait_in_flight();  // reports the event, rethrows a failure
+    return;
+  }
+  if (mode_ == SaveMode::kAsync) {
+    // The only part the loop waits for: a copy into the reused buffers.
+    auto t = Clock::now();
+    job->staged = staging_.stage(state);
+    staging_.wait();
+    job->event.stage_s = seconds_since(t);
+  } else if (on_device) {
+    // Overlap on a GPU: enqueue the copies on the copy stream and return;
+    // wait_staged() orders the optimizer step after them on the device.
+    job->staged = staging_.stage(state);
+    job->device_copy_in_flight = true;
+  } else {
+    job->source = std::move(state);
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    in_flight_ = job;
+  }
+  worker_ = std::thread([this, job] { persist(job); });
+  job->event.blocking_s = seconds_since(t0);
+  if (mode_ == SaveMode::kAsync) {
+    std::lock_guard<std::mutex> lock(mu_);
+    job->blocking_final = true;
+  }
+}
+
+void CheckpointManager::wait_staged() {
+  std::shared_ptr<Job> job;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    job = in_flight_;
+  }
+  if (!job || mode_ != SaveMode::kOverlap) return;
+  auto t = Clock::now();
+  if (job->device_copy_in_flight) {
+    // No host sync: the optimizer's kernels queue behind the copies.
+    std::lock_guard<std::mutex> lock(mu_);
+    if (job->blocking_final) return;
+    staging_.block_compute();
+    job->event.blocking_s += seconds_since(t);
+    job->blocking_final = true;
+    return;
+  }
+  std::unique_lock<std::mutex> lock(mu_);
+  if (job->blocking_final) return;
+  cv_.wait(lock, [&] { return job->staged_done; });
+  job->event.blocking_s += seconds_since(t);
+  job->blocking_final = true;
+}
+
+void CheckpointManager::finish() { wait_in_flight(); }
+
+std::vector<CheckpointEvent> CheckpointManager::take_events() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (in_flight_ && in_flight_->done && in_flight_->blocking_final && !in_flight_->reported) {
+    in_flight_->reported = true;
+    events_.push_back(in_flight_->event);
+  }
+  std::vector<CheckpointEvent> out;
+  out.swap(events_);
+  return out;
+}
+
+}  // namespace checkpoint

@@ -1,0 +1,134 @@
+#pragma once
+// Periodic checkpoints for a training loop: when to save, sync / async /
+// overlap saving, retention, and which checkpoint to resume from.
+//
+// Modes (checkpoint.mode):
+//   sync    save() writes and commits before returning.
+//   async   save() copies the state into host buffers that are allocated once
+//           and reused (the only part the loop waits for), then a background
+//           thread plans, writes and commits over the checkpoint group.
+//   overlap save() only hands the state to the background thread, which
+//           stages it while the loop runs the next forward and backward; the
+//           loop calls wait_staged() before it changes the state (before the
+//           optimizer step).
+// State on a GPU is staged into one pinned host slab on a dedicated copy
+// stream (checkpoint/async/staging.h): async waits only for that copy; overlap
+// enqueues it and wait_staged() makes the compute stream wait for it on the
+// device, without a host sync. Loading into GPU state goes through the same
+// pinned buffers, host to device.
+// At most one save is in flight; save() first waits for the previous one.
+// A background failure is rethrown by the next save(), wait_staged() or
+// finish() as a CheckpointError naming the step.
+//
+// Thread safety: all public methods from the training thread. The checkpoint
+// group is used only by this manager: by the calling thread in resume_path()
+// and agree(), by the background thread while a save is in flight.
+#include "checkpoint/load.h"
+#include "checkpoint/options.h"
+#include "checkpoint/save.h"
+#include "checkpoint/async/staging.h"
+#include "checkpoint/state_dict.h"
+
+#include <condition_variable>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace checkpoint {
+
+// Callbacks a caller may install, e.g. the reliability tests' hung peer.
+struct ManagerHooks {
+  // Called on the thread that writes a save (the background thread unless
+  // mode is sync), after staging and before the save's first collective.
+  std::function<void(int64_t step, int rank)> before_write;
+};
+
+// One finished save, as rank 0 logs it.
+struct CheckpointEvent {
+  int64_t step = 0;
+  std::string mode;
+  std::string path;
+  double blocking_s = 0;  // time the training loop was held
+  double stage_s = 0;     // copy into host buffers (0 in sync mode)
+  double write_s = 0;     // planning + writing + fsync, all ranks
+  double commit_s = 0;
+  uint64_t bytes = 0;          // logical bytes, all ranks
+  uint64_t stored_bytes = 0;   // on disk, all ranks
+  bool ok = true;
+  std::string error;
+};
+
+class CheckpointManager {
+ public:
+  // `default_dir` is used when options.dir is empty. `layout` is recorded in
+  // the metadata. Every byte (saves, loads, discovery, retention) goes
+  // through `storage`. REQUIRES: `group` outlives the manager.
+  CheckpointManager(CheckpointOptions options, std::string default_dir,
+                    framework::dist::Group& group, std::string layout,
+                    std::shared_ptr<Storage> storage = posix_storage(), ManagerHooks hooks = {});
+  // Waits for an in-flight save; swallows its error (call finish() first).
+  ~CheckpointManager();
+
+  const std::string& dir() const { return dir_; }
+  const CheckpointOptions& options() const { return options_; }
+  bool enabled() const { return options_.interval > 0; }
+  // interval > 0 and (step is a multiple of it, or step == last_step).
+  bool due(int64_t step, int64_t last_step) const;
+  // True while a save is in flight on this rank.
+  bool busy() const;
+
+  // (all ranks) checkpoint.resume resolved by rank 0 and broadcast, so every
+  // rank loads the same checkpoint. nullopt: start fresh.
+  std::optional<std::string> resume_path();
+  // (all ranks) Loads `state` from `path`; if any rank fails, every rank
+  // throws a CheckpointError naming the failing ranks and causes.
+  LoadStats load(StateDict& state, const std::string& path);
+
+  // (all ranks) Starts the save of `state` at `step` (see the modes above).
+  // The tensors of `state` must stay valid and unchanged until save() returns
+  // (sync, async) or until wait_staged() returns (overlap).
+  void save(int64_t step, StateDict state);
+  // Overlap mode: blocks until the last save's staging finished. No-op otherwise.
+  void wait_staged();
+  // Waits for the in-flight save and rethrows its failure.
+  void finish();
+  // Finished saves not yet taken, oldest first.
+  std::vector<CheckpointEvent> take_events();
+
+  // Allocates the host staging buffers for `state` now (pinned for GPU
+  // state), so that the first save does not pay for the allocation while
+  // the training loop waits. Optional; save() allocates them otherwise.
+  void reserve_staging(const StateDict& state);
+  // Staging memory held for reuse across saves (bytes), and whether it is
+  // page-locked.
+  uint64_t staging_bytes() const;
+  bool staging_pinned() const;
+
+ private:
+  struct Job;
+  void persist(std::shared_ptr<Job> job);
+  void wait_in_flight();
+
+  CheckpointOptions options_;
+  std::string dir_;
+  framework::dist::Group& group_;
+  std::string layout_;
+  SaveMode mode_;
+  std::thread worker_;
+  std::shared_ptr<Job> in_flight_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<CheckpointEvent> events_;
+  // Host buffers reused across saves. The training thread stages into it;
+  // the worker only waits on it and reads the staged copy (overlap on CPU:
+  // the worker stages, while the training thread waits in wait_staged()).
+  HostStaging staging_;
+  std::shared_ptr<Storage> storage_;
+  ManagerHooks hooks_;
+};
+
+}  // namespace checkpoint

@@ -1,0 +1,68 @@
+#pragma once
+// Consolidating a sharded checkpoint into one file of full tensors that other
+// tools read: safetensors, or a torch.save archive that Python's
+// torch.load(f, weights_only=True) accepts. Torch-free (ckpt export uses it).
+//
+// Memory stays bounded whatever the model size: items are written one after
+// another, each in slabs along dim 0 of at most `slab_bytes` (at least one
+// row of dim 0): for every slab the reads that fill it are planned with
+// plan_reads and only the blocks overlapping it are decoded. For the usual
+// dim-0 split, a slab is a contiguous range of one or two saved chunks; for
+// other splits (column shards, general boxes) it gathers rows from several
+// chunks, still within the slab. The output is written to <out>.tmp, fsynced
+// and renamed to <out>, so a failed export leaves no partial file under <out>.
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "checkpoint/storage/storage.h"
+#include "checkpoint/format/types.h"
+
+namespace checkpoint {
+
+enum class ExportFormat { kSafetensors, kTorch };
+
+struct ExportOptions {
+  ExportFormat format = ExportFormat::kSafetensors;
+  // Convert floating-point tensors (float32/float64/float16/bfloat16) to
+  // this type: kFloat32 or kBFloat16 (float32 -> bfloat16 rounds to nearest
+  // even, NaN stays NaN, as torch's .to(torch.bfloat16) does; float64 goes
+  // via float32). Other tensors are written unchanged. nullopt: keep dtypes.
+  std::optional<DType> dtype;
+  // Non-empty: only items named "<only>.<rest>" are exported, as "<rest>"
+  // (e.g. "model" exports the model's parameter names). Empty: every tensor
+  // item under its full name. Bytes items are never exported.
+  std::string only;
+  int io_threads = 4;
+  uint64_t slab_bytes = uint64_t{64} << 20;
+  std::shared_ptr<Storage> storage;  // null: the POSIX file system
+};
+
+struct ExportStats {
+  uint64_t tensors = 0;
+  uint64_t data_bytes = 0;           // tensor bytes written (after conversion)
+  uint64_t file_bytes = 0;           // size of the output file
+  std::vector<std::string> skipped;  // bytes items, and items outside `only`
+};
+
+// Reads the committed checkpoint `step_dir` and writes `out_path`. Throws
+// std::invalid_argument for a `dtype` other than float32/bfloat16;
+// FormatError naming the checkpoint for a directory without committed
+// metadata or with nothing to export; read errors
+// (FormatError, ChecksumError, IoError, TransformError) name the directory,
+// the item and the file; IoError for the output.
+ExportStats export_checkpoint(const std::string& step_dir, const std::string& out_path,
+                              const ExportOptions& options);
+
+// Element conversion used by the exporter (exposed for tests): converts `n`
+// elements from `from` to `to`, both floating-point types, `to` being kFloat32
+// or kBFloat16. dst must hold n * element_size(to) bytes.
+void convert_float_elements(DType from, DType to, const uint8_t* src, uint64_t n, uint8_t* dst);
+// float32 -> bfloat16, round to nearest even; NaN -> 0x7FC0, as
+// c10::BFloat16(float) does (torch's vectorized CPU .to() gives 0xFFFF, also
+// a NaN; no other value differs).
+uint16_t float_to_bfloat16_bits(float value);
+
+}  // namespace checkpoint

@@ -1,0 +1,277 @@
+#include "checkpoint/interop/weights_file.h"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cstring>
+
+#include "checkpoint/format/metadata.h"
+#include "checkpoint/plan/resharding.h"
+#include "checkpoint/interop/torch_pickle.h"
+#include "checkpoint/interop/zip_archive.h"
+
+namespace checkpoint {
+
+namespace {
+
+constexpr uint64_t kMaxPickleBytes = uint64_t{64} << 20;
+constexpr int kMaxJsonDepth = 4;  // {"name": {"shape": [..]}}
+
+struct SafetensorsDType {
+  DType dtype;
+  const char* name;
+};
+constexpr SafetensorsDType kSafetensorsDTypes[] = {
+    {DType::kFloat32, "F32"}, {DType::kFloat64, "F64"}, {DType::kFloat16, "F16"},
+    {DType::kBFloat16, "BF16"}, {DType::kInt64, "I64"}, {DType::kInt32, "I32"},
+    {DType::kInt16, "I16"},   {DType::kInt8, "I8"},    {DType::kUInt8, "U8"},
+    {DType::kBool, "BOOL"},
+};
+
+FormatError error_in(const std::string& path, const std::string& what) {
+  return FormatError(path + ": " + what);
+}
+
+// Byte size of `shape` x `dtype`, or a FormatError naming the tensor.
+uint64_t checked_nbytes(const std::string& path, const std::string& name,
+                        const std::vector<int64_t>& shape, DType dtype) {
+  const std::optional<uint64_t> numel = checked_numel(shape);
+  const uint64_t esize = element_size(dtype);
+  if (shape.size() > kMaxNdim || !numel || *numel > kMaxItemBytes / esize) {
+    throw error_in(path, "tensor '" + name + "' has an invalid shape " + shape_to_string(shape));
+  }
+  return *numel * esize;
+}
+
+std::vector<int64_t> parse_shape(const nlohmann::json& j, const std::string& path,
+                                 const std::string& name) {
+  if (!j.is_array() || j.size() > kMaxNdim) {
+    throw error_in(path, "tensor '" + name + "': \"shape\" must be an array of at most " +
+                             std::to_string(kMaxNdim) + " dims");
+  }
+  std::vector<int64_t> shape;
+  for (const auto& d : j) {
+    if (!d.is_number_unsigned() || d.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)) {
+      throw error_in(path, "tensor '" + name + "': \"shape\" holds " + d.dump() +
+                               ", not a non-negative integer");
+    }
+    shape.push_back(static_cast<int64_t>(d.get<uint64_t>()));
+  }
+  return shape;
+}
+
+}  // namespace
+
+const char* safetensors_dtype_name(DType dtype) {
+  for (const auto& d : kSafetensorsDTypes) {
+    if (d.dtype == dtype) return d.name;
+  }
+  return "?";
+}
+
+std::optional<DType> parse_safetensors_dtype(const std::string& name) {
+  for (const auto& d : kSafetensorsDTypes) {
+    if (name == d.name) return d.dtype;
+  }
+  return std::nullopt;
+}
+
+WeightsFile WeightsFile::open(const std::string& path, std::shared_ptr<Storage> storage) {
+  WeightsFile f;
+  f.storage_ = storage ? std::move(storage) : posix_storage();
+  f.path_ = path;
+  const uint64_t size = f.storage_->file_size(path);
+  uint8_t magic[4] = {0, 0, 0, 0};
+  if (size >= sizeof magic) f.storage_->read_at(path, 0, magic, sizeof magic);
+  if (std::memcmp(magic, "PK\x03\x04", 4) == 0) {
+    f.format_ = "torch";
+    f.open_torch_zip();
+  } else {
+    f.format_ = "safetensors";
+    f.open_safetensors();
+  }
+  for (size_t i = 0; i < f.tensors_.size(); ++i) f.index_[f.tensors_[i].name] = i;
+  return f;
+}
+
+void WeightsFile::open_safetensors() {
+  const uint64_t file_size = storage_->file_size(path_);
+  if (file_size < 8) throw error_in(path_, "too short for a safetensors header length");
+  uint8_t len_bytes[8];
+  storage_->read_at(path_, 0, len_bytes, 8);
+  uint64_t header_len = 0;
+  for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | len_bytes[i];
+  if (header_len > kMaxSafetensorsHeaderBytes || header_len > file_size - 8) {
+    throw error_in(path_, "safetensors header length " + std::to_string(header_len) +
+                              " exceeds the file (" + std::to_string(file_size) +
+                              " bytes) or the 100 MiB limit; not a safetensors file?");
+  }
+  std::string text(header_len, '\0');
+  storage_->read_at(path_, 8, text.data(), text.size());
+  const uint64_t data_start = 8 + header_len;
+  const uint64_t data_size = file_size - data_start;
+
+  nlohmann::json header;
+  try {
+    header = nlohmann::json::parse(text, [](int depth, nlohmann::json::parse_event_t, nlohmann::json&) {
+      if (depth > kMaxJsonDepth) throw std::runtime_error("nested too deeply");
+      return true;
+    });
+  } catch (const std::exception& e) {
+    throw error_in(path_, std::string("bad safetensors JSON header: ") + e.what());
+  }
+  if (!header.is_object()) throw error_in(path_, "safetensors header is not a JSON object");
+
+  struct Span {
+    uint64_t begin, end;
+    size_t tensor;
+  };
+  std::vector<Span> spans;
+  for (const auto& [name, entry] : header.items()) {
+    if (name == "__metadata__") {
+      if (!entry.is_object()) throw error_in(path_, "\"__metadata__\" is not an object");
+      for (const auto& [key, value] : entry.items()) {
+        if (!value.is_string()) throw error_in(path_, "\"__metadata__\" value of '" + key + "' is not a string");
+        metadata_[key] = value.get<std::string>();
+      }
+      continue;
+    }
+    // C++17 lambdas cannot capture structured bindings (clang rejects it).
+    const std::string& tensor_name = name;
+    auto bad = [&](const std::string& what) {
+      return error_in(path_, "tensor '" + tensor_name + "': " + what);
+    };
+    if (name.empty() || name.size() > kMaxNameLength) throw bad("invalid name length");
+    if (!entry.is_object()) throw bad("entry is not an object");
+    if (!entry.contains("dtype") || !entry["dtype"].is_string()) throw bad("missing \"dtype\"");
+    const std::string dtype_str = entry["dtype"].get<std::string>();
+    const std::optional<DType> dtype = parse_safetensors_dtype(dtype_str);
+    if (!dtype) throw bad("unsupported dtype \"" + dtype_str + "\"");
+    if (!entry.contains("shape")) throw bad("missing \"shape\"");
+    WeightsTensorInfo info;
+    info.name = name;
+    info.dtype = *dtype;
+    info.shape = parse_shape(entry["shape"], path_, name);
+    info.nbytes = checked_nbytes(path_, name, info.shape, info.dtype);
+    const nlohmann::json* offsets = entry.contains("data_offsets") ? &entry["data_offsets"] : nullptr;
+    if (offsets == nullptr || !offsets->is_array() || offsets->size() != 2 ||
+        !(*offsets)[0].is_number_unsigned() || !(*offsets)[1].is_number_unsigned()) {
+      throw bad("\"data_offsets\" must be [begin, end]");
+    }
+    const uint64_t begin = (*offsets)[0].get<uint64_t>();
+    const uint64_t end = (*offsets)[1].get<uint64_t>();
+    if (begin > end || end > data_size) {
+      throw bad("data_offsets [" + std::to_string(begin) + ", " + std::to_string(end) +
+                ") outside the data section of " + std::to_string(data_size) + " bytes");
+    }
+    if (end - begin != info.nbytes) {
+      throw bad("data_offsets span " + std::to_string(end - begin) + " bytes, but " + dtype_str +
+                " " + shape_to_string(info.shape) + " needs " + std::to_string(info.nbytes));
+    }
+    info.data_offset = data_start + begin;
+    spans.push_back(Span{begin, end, tensors_.size()});
+    tensors_.push_back(std::move(info));
+  }
+  std::sort(spans.begin(), spans.end(), [](const Span& a, const Span& b) {
+    return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
+  });
+  const Span* reach = nullptr;  // the non-empty span ending last so far
+  for (const Span& s : spans) {
+    if (s.begin == s.end) continue;
+    if (reach != nullptr && s.begin < reach->end) {
+      throw error_in(path_, "tensors '" + tensors_[reach->tensor].name + "' and '" +
+                                tensors_[s.tensor].name + "' overlap in the data section");
+    }
+    if (reach == nullptr || s.end > reach->end) reach = &s;
+  }
+  std::vector<WeightsTensorInfo> ordered;
+  for (const Span& s : spans) ordered.push_back(std::move(tensors_[s.tensor]));
+  tensors_ = std::move(ordered);
+}
+
+void WeightsFile::open_torch_zip() {
+  const std::vector<ZipMember> members = read_zip_directory(*storage_, path_);
+  const ZipMember* pickle = nullptr;
+  std::map<std::string, const ZipMember*> by_name;
+  for (const ZipMember& m : members) {
+    by_name[m.name] = &m;
+    const size_t slash = m.name.find('/');
+    if (slash != std::string::npos && m.name.substr(slash) == "/data.pkl") {
+      if (pickle != nullptr) throw error_in(path_, "more than one data.pkl in the archive");
+      pickle = &m;
+    }
+  }
+  if (pickle == nullptr) {
+    throw error_in(path_, "zip archive without <name>/data.pkl: not a torch.save file");
+  }
+  const std::string prefix = pickle->name.substr(0, pickle->name.size() - std::strlen("data.pkl"));
+
+  auto read_member = [&](const ZipMember& m, uint64_t limit) {
+    if (m.size > limit) throw error_in(path_, "zip member '" + m.name + "' is too large");
+    std::vector<uint8_t> bytes(m.size);
+    storage_->read_at(path_, zip_member_data_offset(*storage_, path_, m), bytes.data(), bytes.size());
+    if (crc32_update(0, bytes.data(), bytes.size()) != m.crc32) {
+      throw error_in(path_, "CRC-32 mismatch in zip member '" + m.name + "'");
+    }
+    return bytes;
+  };
+  if (auto it = by_name.find(prefix + "byteorder"); it != by_name.end()) {
+    const std::vector<uint8_t> order = read_member(*it->second, 16);
+    if (std::string(order.begin(), order.end()) != "little") {
+      throw error_in(path_, "byte order '" + std::string(order.begin(), order.end()) +
+                                "' is not supported (little-endian only)");
+    }
+  }
+  const std::vector<uint8_t> pkl = read_member(*pickle, kMaxPickleBytes);
+  const std::vector<PickledTensor> parsed =
+      parse_tensor_dict_pickle(pkl.data(), pkl.size(), path_ + ":" + pickle->name);
+
+  for (const PickledTensor& t : parsed) {
+    const std::string member_name = prefix + "data/" + t.storage_key;
+    auto it = by_name.find(member_name);
+    if (it == by_name.end()) {
+      throw error_in(path_, "tensor '" + t.name + "': storage member '" + member_name + "' is missing");
+    }
+    const ZipMember& m = *it->second;
+    const uint64_t esize = element_size(t.dtype);
+    if (m.size != t.storage_numel * esize) {
+      throw error_in(path_, "tensor '" + t.name + "': storage member '" + member_name + "' has " +
+                                std::to_string(m.size) + " bytes, its pickle says " +
+                                std::to_string(t.storage_numel * esize));
+    }
+    WeightsTensorInfo info;
+    info.name = t.name;
+    info.dtype = t.dtype;
+    info.shape = t.shape;
+    info.nbytes = checked_nbytes(path_, t.name, t.shape, t.dtype);
+    info.data_offset = zip_member_data_offset(*storage_, path_, m) +
+                       static_cast<uint64_t>(t.storage_offset) * esize;
+    tensors_.push_back(std::move(info));
+  }
+}
+
+const WeightsTensorInfo* WeightsFile::find(const std::string& name) const {
+  auto it = index_.find(name);
+  return it == index_.end() ? nullptr : &tensors_[it->second];
+}
+
+void WeightsFile::read_box(const std::string& name, const Box& box, uint8_t* dst) const {
+  const WeightsTensorInfo* info = find(name);
+  if (info == nullptr) throw error_in(path_, "no tensor '" + name + "'");
+  const Box whole = full_box(info->shape);
+  bool inside = box.ndim() == info->shape.size() && box.offsets.size() == box.ndim();
+  for (size_t d = 0; inside && d < box.ndim(); ++d) {
+    inside = box.offsets[d] >= 0 && box.sizes[d] >= 0 && box.offsets[d] <= info->shape[d] &&
+             box.sizes[d] <= info->shape[d] - box.offsets[d];
+  }
+  if (!inside) {
+    throw error_in(path_, "box " + box_to_string(box) + " lies outside tensor '" + name + "' of shape " +
+                              shape_to_string(info->shape));
+  }
+  if (box.is_empty()) return;
+  for (const ByteRange& r : overlap_byte_ranges(whole, box, box, element_size(info->dtype))) {
+    storage_->read_at(path_, info->data_offset + r.src_offset, dst + r.dst_offset, r.length);
+  }
+}
+
+}  // namespace checkpoint

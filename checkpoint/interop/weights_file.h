@@ -1,0 +1,80 @@
+#pragma once
+// A file of full (unsharded) weights made outside this project -- safetensors,
+// or a torch.save zip archive of a flat dict name -> tensor -- opened for
+// ranged reads, so that every rank reads only the box of each tensor it holds.
+// Torch-free.
+//
+// Everything read from the file is untrusted. safetensors: the header length
+// is bounded (<= 100 MiB) and within the file, JSON errors are named, every
+// tensor's data_offsets lie within the data section, match dtype x shape and
+// do not overlap. torch.save: the zip central directory is bounds-checked,
+// the members needed must be stored (uncompressed), and data.pkl is read by a
+// restricted pickle reader (torch_pickle.h) that executes nothing.
+// Errors are FormatError (metadata.h) naming the path and the tensor;
+// IoError for the file system.
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "checkpoint/storage/storage.h"
+#include "checkpoint/format/types.h"
+
+namespace checkpoint {
+
+// Bound on the JSON header of a safetensors file.
+constexpr uint64_t kMaxSafetensorsHeaderBytes = uint64_t{100} << 20;
+
+struct WeightsTensorInfo {
+  std::string name;
+  DType dtype = DType::kFloat32;
+  std::vector<int64_t> shape;
+  // Absolute offset in the file of the tensor's first element (for both
+  // formats: inside the data section, or inside the storage's zip member);
+  // the tensor's row-major bytes follow contiguously.
+  uint64_t data_offset = 0;
+  uint64_t nbytes = 0;  // numel * element_size(dtype)
+};
+
+class WeightsFile {
+ public:
+  // Opens and validates `path`: a zip archive (starts with "PK\3\4") is read
+  // as torch.save, anything else as safetensors. Only the header or the
+  // directory and data.pkl are read here. `storage` null: the POSIX file system.
+  static WeightsFile open(const std::string& path, std::shared_ptr<Storage> storage = nullptr);
+
+  // In file order (safetensors: by data offset; torch: dict order).
+  const std::vector<WeightsTensorInfo>& tensors() const { return tensors_; }
+  // nullptr when there is no tensor `name`.
+  const WeightsTensorInfo* find(const std::string& name) const;
+  // Reads the row-major bytes of `box` (global coordinates) of tensor `name`
+  // into dst (numel(box) * element size bytes), reading only those byte
+  // ranges of the file. Throws FormatError for an unknown name or a box
+  // outside the tensor. Thread-safe (reads only).
+  void read_box(const std::string& name, const Box& box, uint8_t* dst) const;
+  // "safetensors" or "torch".
+  const std::string& format() const { return format_; }
+  const std::string& path() const { return path_; }
+  // safetensors "__metadata__" (string values); empty for torch files.
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
+
+ private:
+  WeightsFile() = default;
+  void open_safetensors();
+  void open_torch_zip();
+
+  std::shared_ptr<Storage> storage_;
+  std::string path_;
+  std::string format_;
+  std::vector<WeightsTensorInfo> tensors_;
+  std::map<std::string, size_t> index_;
+  std::map<std::string, std::string> metadata_;
+};
+
+// The safetensors dtype string for `dtype` ("F32", "BF16", "I64", "BOOL", ...)
+// and back (nullopt for strings this format does not know).
+const char* safetensors_dtype_name(DType dtype);
+std::optional<DType> parse_safetensors_dtype(const std::string& name);
+
+}  // namespace checkpoint

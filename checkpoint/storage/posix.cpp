@@ -1,0 +1,298 @@
+// The local file system: open/pread/pwrite/fsync, with a small cache of read
+// descriptors (storage.h: posix_storage).
+#include "checkpoint/storage/storage.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <list>
+#include <mutex>
+#include <unordered_map>
+
+namespace checkpoint {
+
+namespace {
+
+// Closes a file descriptor on scope exit.
+struct Fd {
+  int fd = -1;
+  explicit Fd(int f) : fd(f) {}
+  ~Fd() {
+    if (fd >= 0) ::close(fd);
+  }
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+};
+
+void pwrite_all(int fd, const std::string& path, uint64_t offset, const void* data, size_t n) {
+  const auto* p = static_cast<const uint8_t*>(data);
+  while (n > 0) {
+    const ssize_t w = ::pwrite(fd, p, n, static_cast<off_t>(offset));
+    if (w < 0 && errno == EINTR) continue;
+    if (w < 0) throw IoError::from_errno("cannot write", path, errno);
+    p += w;
+    n -= static_cast<size_t>(w);
+    offset += static_cast<uint64_t>(w);
+  }
+}
+
+class PosixWritableFile final : public WritableFile {
+ public:
+  PosixWritableFile(int fd, std::string path) : fd_(fd), path_(std::move(path)) {}
+  ~PosixWritableFile() override {
+    if (fd_ >= 0) ::close(fd_);
+  }
+
+  void append(const void* data, size_t n) override {
+    write_at(position_, data, n);
+    position_ += n;
+  }
+  void write_at(uint64_t offset, const void* data, size_t n) override {
+    require_open();
+    pwrite_all(fd_, path_, offset, data, n);
+  }
+  void sync() override {
+    require_open();
+    if (::fsync(fd_) != 0) throw IoError::from_errno("cannot fsync", path_, errno);
+  }
+  void start_writeback(uint64_t offset, uint64_t n) override {
+#if defined(__linux__)
+    // Queues the dirty pages for write-out and returns; fsync still waits
+    // for them (and for metadata). A file system without it just says no.
+    if (fd_ >= 0 && n > 0) {
+      (void)::sync_file_range(fd_, static_cast<off64_t>(offset), static_cast<off64_t>(n),
+                              SYNC_FILE_RANGE_WRITE);
+    }
+#else
+    (void)offset;
+    (void)n;
+#endif
+  }
+  void close() override {
+    if (fd_ < 0) return;
+    const int fd = fd_;
+    fd_ = -1;
+    if (::close(fd) != 0) throw IoError::from_errno("cannot close", path_, errno);
+  }
+
+ private:
+  void require_open() const {
+    if (fd_ < 0) throw IoError("write to closed file " + path_);
+  }
+
+  int fd_;
+  std::string path_;
+  uint64_t position_ = 0;
+};
+
+// Read descriptors kept open between read_at calls: opening the file for
+// every read dominates loads of many small items. pread on a shared
+// descriptor is thread-safe. Entries are shared: one evicted while a read
+// uses it closes when that read is done.
+class ReadFdCache {
+ public:
+  static constexpr size_t kMaxOpen = 64;
+
+  // An open descriptor for `path`. A cached one whose file was deleted or
+  // renamed over since (no links left) is replaced by a fresh open.
+  std::shared_ptr<const Fd> open(const std::string& path) {
+    if (std::shared_ptr<const Fd> fd = lookup(path)) {
+      struct stat st {};
+      if (::fstat(fd->fd, &st) == 0 && st.st_nlink > 0) return fd;
+      forget(path);
+    }
+    auto fd = std::make_shared<const Fd>(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+    if (fd->fd < 0) throw IoError::from_errno("cannot open", path, errno);
+    std::lock_guard<std::mutex> lock(mu_);
+    if (auto it = index_.find(path); it != index_.end()) return it->second->second;  // raced
+    lru_.emplace_front(path, fd);
+    index_[path] = lru_.begin();
+    if (lru_.size() > kMaxOpen) {
+      index_.erase(lru_.back().first);
+      lru_.pop_back();
+    }
+    return fd;
+  }
+
+  void forget(const std::string& path) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (auto it = index_.find(path); it != index_.end()) {
+      lru_.erase(it->second);
+      index_.erase(it);
+    }
+  }
+
+  // Forgets `path` and everything under it.
+  void forget_under(const std::string& path) {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto it = lru_.begin(); it != lru_.end();) {
+      const std::string& p = it->first;
+      const bool under = p.compare(0, path.size(), path) == 0 &&
+                         (p.size() == path.size() || p[path.size()] == '/' ||
+                          (!path.empty() && path.back() == '/'));
+      if (under) {
+        index_.erase(p);
+        it = lru_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+
+  void clear() {
+    std::lock_guard<std::mutex> lock(mu_);
+    index_.clear();
+    lru_.clear();
+  }
+
+  size_t size() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return lru_.size();
+  }
+
+ private:
+  std::shared_ptr<const Fd> lookup(const std::string& path) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = index_.find(path);
+    if (it == index_.end()) return nullptr;
+    lru_.splice(lru_.begin(), lru_, it->second);  // most recently used first
+    return it->second->second;
+  }
+
+  std::mutex mu_;
+  std::list<std::pair<std::string, std::shared_ptr<const Fd>>> lru_;
+  std::unordered_map<std::string, std::list<std::pair<std::string, std::shared_ptr<const Fd>>>::iterator>
+      index_;
+};
+
+class PosixStorage final : public Storage {
+ public:
+  void drop_read_cache() override { read_fds_.clear(); }
+
+  std::unique_ptr<WritableFile> create_file(const std::string& path) override {
+    read_fds_.forget(path);
+    const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) throw IoError::from_errno("cannot create", path, errno);
+    return std::make_unique<PosixWritableFile>(fd, path);
+  }
+
+  void read_at(const std::string& path, uint64_t offset, void* dst, size_t n) override {
+    const std::shared_ptr<const Fd> fd = read_fds_.open(path);
+    const Fd& f = *fd;
+    auto* p = static_cast<uint8_t*>(dst);
+    size_t done = 0;
+    while (done < n) {
+      const ssize_t r = ::pread(f.fd, p + done, n - done, static_cast<off_t>(offset + done));
+      if (r < 0 && errno == EINTR) continue;
+      if (r < 0) throw IoError::from_errno("cannot read", path, errno);
+      if (r == 0) {
+        struct stat st {};
+        const uint64_t size = ::fstat(f.fd, &st) == 0 ? static_cast<uint64_t>(st.st_size) : 0;
+        throw IoError("truncated: " + path + " has " + std::to_string(size) +
+                      " bytes, needed " + std::to_string(offset + n));
+      }
+      done += static_cast<size_t>(r);
+    }
+  }
+
+  uint64_t file_size(const std::string& path) override {
+    struct stat st {};
+    if (::stat(path.c_str(), &st) != 0) throw IoError::from_errno("cannot stat", path, errno);
+    return static_cast<uint64_t>(st.st_size);
+  }
+
+  FileInfo stat(const std::string& path) override {
+    struct ::stat st {};
+    if (::lstat(path.c_str(), &st) != 0) {
+      if (errno == ENOENT || errno == ENOTDIR) return {};
+      throw IoError::from_errno("cannot stat", path, errno);
+    }
+    FileInfo info;
+    info.type = S_ISREG(st.st_mode)   ? FileType::kFile
+                : S_ISDIR(st.st_mode) ? FileType::kDirectory
+                                      : FileType::kOther;
+    info.size = static_cast<uint64_t>(st.st_size);
+    info.mtime_unix_s = static_cast<int64_t>(st.st_mtime);
+    return info;
+  }
+
+  void make_dirs(const std::string& path) override {
+    if (path.empty()) return;
+    for (size_t pos = path.find('/', 1);; pos = path.find('/', pos + 1)) {
+      const std::string prefix = path.substr(0, pos);
+      if (::mkdir(prefix.c_str(), 0755) != 0 && errno != EEXIST) {
+        throw IoError::from_errno("cannot create directory", prefix, errno);
+      }
+      if (pos == std::string::npos) break;
+    }
+    struct stat st {};
+    if (::stat(path.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+      throw IoError("cannot create directory " + path + ": a file is in the way", ENOTDIR);
+    }
+  }
+
+  void rename(const std::string& from, const std::string& to) override {
+    read_fds_.forget_under(from);
+    read_fds_.forget_under(to);
+    if (::rename(from.c_str(), to.c_str()) != 0) {
+      throw IoError::from_errno("cannot rename " + from + " to", to, errno);
+    }
+  }
+
+  void sync_dir(const std::string& path) override {
+    Fd f(::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+    if (f.fd < 0) throw IoError::from_errno("cannot open directory", path, errno);
+    if (::fsync(f.fd) != 0) throw IoError::from_errno("cannot fsync directory", path, errno);
+  }
+
+  std::vector<std::string> list_dir(const std::string& path) override {
+    DIR* dir = ::opendir(path.c_str());
+    if (dir == nullptr) throw IoError::from_errno("cannot list", path, errno);
+    std::vector<std::string> names;
+    errno = 0;
+    while (const dirent* entry = ::readdir(dir)) {
+      const std::string name = entry->d_name;
+      if (name != "." && name != "..") names.push_back(name);
+      errno = 0;
+    }
+    const int err = errno;
+    ::closedir(dir);
+    if (err != 0) throw IoError::from_errno("cannot list", path, err);
+    std::sort(names.begin(), names.end());
+    return names;
+  }
+
+  void remove_all(const std::string& path) override {
+    read_fds_.forget_under(path);
+    struct stat st {};
+    if (::lstat(path.c_str(), &st) != 0) {
+      if (errno == ENOENT) return;
+      throw IoError::from_errno("cannot stat", path, errno);
+    }
+    if (S_ISDIR(st.st_mode)) {
+      for (const std::string& name : list_dir(path)) remove_all(join_path(path, name));
+      if (::rmdir(path.c_str()) != 0 && errno != ENOENT) {
+        throw IoError::from_errno("cannot remove directory", path, errno);
+      }
+    } else if (::unlink(path.c_str()) != 0 && errno != ENOENT) {
+      throw IoError::from_errno("cannot remove", path, errno);
+    }
+  }
+
+ private:
+  ReadFdCache read_fds_;
+};
+
+}  // namespace
+
+std::shared_ptr<Storage> posix_storage() {
+  static const std::shared_ptr<Storage> storage = std::make_shared<PosixStorage>();
+  return storage;
+}
+
+}  // namespace checkpoint

@@ -1,0 +1,129 @@
+#include "framework/dist/device.h"
+#include "framework/config/config.h"
+#include "framework/dist/cpu_threads.h"
+#include "framework/dist/launch_env.h"
+#include "framework/dist/local_launcher.h"
+#include "framework/dist/runtime.h"
+#include "framework/fsdp/fully_shard.h"
+#include "framework/train/train_main.h"
+#include "framework/train/trainer.h"
+
+#include <CLI/CLI.hpp>
+#include <torch/torch.h>
+
+#include <csignal>
+#include <filesystem>
+#include <cstdlib>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include <unistd.h>
+
+namespace framework::train {
+
+namespace {
+
+struct Args {
+  std::string config_path;
+  std::vector<std::string> sets;
+  int nproc = 0;
+  bool print_config = false;
+  bool config_reference = false;
+};
+
+// First SIGTERM/SIGINT: finish the step, save (checkpoint.save_on_signal),
+// exit 75. A second one: exit at once.
+void on_stop_signal(int sig) {
+  if (framework::train::Trainer::stop_signal().exchange(sig) != 0) _exit(128 + sig);
+}
+
+int run_rank(const Args& args, const framework::config::Config& cfg, const TrainerHooks& hooks) {
+  namespace dist = framework::dist;
+  dist::LaunchEnv env;
+  try {
+    env = dist::detect_launch_env(dist::process_env(), cfg.dist.master_addr, cfg.dist.master_port);
+  } catch (const std::invalid_argument& e) {
+    std::cerr << "train: " << e.what() << std::endl;
+    return 2;
+  }
+  try {
+    // LOCAL_RANK picks the GPU; refused as a config error when there is none.
+    dist::select_device(cfg.train.device, env.local_rank);
+  } catch (const std::invalid_argument& e) {
+    std::cerr << "train: " << args.config_path << ": " << e.what() << std::endl;
+    return 2;
+  }
+  try {
+    framework::fsdp::mesh_shape_for(cfg.parallel, env.world_size);
+  } catch (const std::invalid_argument& e) {
+    std::cerr << "train: " << args.config_path << ": " << e.what() << std::endl;
+    return 2;
+  }
+  // Like torchrun's OMP_NUM_THREADS: ranks on one machine share its cores.
+  // Sizes OpenBLAS's pool too: it would otherwise take every core per rank.
+  dist::share_cpu_threads_among_local_ranks(dist::process_env());
+  std::signal(SIGTERM, on_stop_signal);
+  std::signal(SIGINT, on_stop_signal);
+  try {
+    auto runtime = dist::init_runtime(env, cfg.dist, cfg.train.device);
+    framework::train::Trainer trainer(cfg, *runtime, hooks);
+    return trainer.run();
+  } catch (const std::exception& e) {
+    std::cerr << "train: rank " << env.rank << " failed: " << e.what() << std::endl;
+    return 1;
+  }
+}
+
+}  // namespace
+
+int train_main(int argc, char** argv, const TrainerHooks& hooks) {
+  Args args;
+  CLI::App app{"shardkit trainer: FSDP/DDP/HSDP training with distributed checkpoints"};
+  auto* config_opt = app.add_option("--config", args.config_path, "YAML run configuration");
+  app.add_flag("--config-reference", args.config_reference,
+               "print every config key with its type, default and meaning (markdown) and exit");
+  app.add_option("--set", args.sets, "override a config key: key.path=value (repeatable)")
+      ->allow_extra_args(false);
+  app.add_option("--nproc", args.nproc, "start N local ranks on 127.0.0.1 (like torchrun --standalone)")
+      ->check(CLI::Range(1, 4096));
+  app.add_flag("--print-config", args.print_config, "print the effective config and exit");
+  try {
+    app.parse(argc, argv);
+    if (args.config_reference) {
+      std::cout << framework::config::reference_markdown();
+      return 0;
+    }
+    if (config_opt->count() == 0) throw CLI::RequiredError("--config");
+  } catch (const CLI::ParseError& e) {
+    int rc = app.exit(e);
+    return rc == 0 ? 0 : 2;
+  }
+
+  framework::config::Config cfg;
+  try {
+    cfg = framework::config::load_config(args.config_path, args.sets);
+  } catch (const framework::config::ConfigError& e) {
+    std::cerr << "train: " << e.what() << std::endl;
+    return 2;
+  }
+  if (args.print_config) {
+    std::cout << framework::config::to_yaml(cfg);
+    return 0;
+  }
+  if (args.nproc > 0 && std::getenv("SHARDKIT_LAUNCHED") == nullptr) {
+    framework::dist::LocalLaunchOptions launch;
+    launch.nproc = args.nproc;
+    launch.argv = framework::dist::argv_without_nproc(argc, argv);
+    launch.store_server = framework::dist::host_tcp_store;
+    try {
+      return framework::dist::run_local_launcher(launch);
+    } catch (const std::exception& e) {
+      std::cerr << "train: " << e.what() << std::endl;
+      return 1;
+    }
+  }
+  return run_rank(args, cfg, hooks);
+}
+
+}  // namespace framework::train
