@@ -31,6 +31,24 @@ namespace framework::train {
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
+namespace {
+
+// This rank's cross-entropy summed over its tokens, and how many of its
+// targets count (not ignore_index); both still on the training device.
+struct LocalLoss {
+  torch::Tensor sum;
+  torch::Tensor tokens;
+};
+
+// What run() needs to decide when to log and to estimate the time left.
+struct RunSpan {
+  int64_t first_step;  // the first step this run() takes
+  int64_t last_step;   // train.steps, or train.stop_at when it comes first
+  Clock::time_point start;
+};
+
+}  // namespace
+
 struct Trainer::State {
   config::Config cfg;
   dist::Runtime& rt;
@@ -48,11 +66,26 @@ struct Trainer::State {
   bool is_logger = false;
   std::unique_ptr<checkpoint::CheckpointManager> ckpt;
   TrainerHooks hooks;
+  checkpoint::SaveMode save_mode = checkpoint::SaveMode::kSync;  // checkpoint.mode, parsed once
+  checkpoint::WhenBusy when_busy = checkpoint::WhenBusy::kWait;  // checkpoint.when_busy
 
+  void build_model();
+  void load_initial_weights();
+  void open_metrics();
+  void print_banner(const std::optional<std::string>& resume_from,
+                    const checkpoint::LoadStats& resumed);
   checkpoint::StateDict make_state_dict();
   void apply_loaded(checkpoint::StateDict& sd, bool model_only);
   void save_checkpoint(int64_t step);
   void log_checkpoint_events();
+
+  int64_t last_step() const;
+  LocalLoss forward_next_batch();
+  double finish_gradients();
+  double apply_optimizer_step(int64_t to_step);
+  void log_step(const StepRecord& rec, const RunSpan& span);
+  void checkpoint_if_due(StepRecord& rec, int64_t last);
+  void finish_checkpoints();
 
   State(const config::Config& c, dist::Runtime& r) : cfg(c), rt(r) {}
 };
@@ -78,6 +111,37 @@ int64_t bytes_int64(const std::vector<uint8_t>& b, const std::string& what) {
   uint64_t v = 0;
   for (int i = 0; i < 8; ++i) v |= static_cast<uint64_t>(b[i]) << (8 * i);
   return static_cast<int64_t>(v);
+}
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// The step's one all-reduce, a sum over ranks. Packed into a double tensor
+// in the order of the fields by pack_step_stats.
+struct StepStats {
+  double loss_sum = 0;        // cross-entropy summed over the global batch
+  double tokens = 0;          // targets that count, global batch
+  double stop_requested = 0;  // ranks that got a stop signal
+  double ckpt_busy = 0;       // ranks with a save still in flight
+};
+constexpr int64_t kStepStatsSlots = 4;
+static_assert(sizeof(StepStats) == kStepStatsSlots * sizeof(double), "one slot per field");
+
+// On `device`: the loss and token count are not read back before the reduce.
+torch::Tensor pack_step_stats(const LocalLoss& local, bool stop_requested, bool ckpt_busy,
+                              torch::Device device) {
+  torch::Tensor flags = torch::tensor(
+      {static_cast<double>(stop_requested), static_cast<double>(ckpt_busy)}, torch::kDouble);
+  return torch::cat({local.sum.detach().to(torch::kDouble).reshape({1}),
+                     local.tokens.to(torch::kDouble).reshape({1}), flags.to(device)});
+}
+
+StepStats unpack_step_stats(const torch::Tensor& reduced) {
+  torch::Tensor host = reduced.to(torch::kCPU);
+  TORCH_INTERNAL_ASSERT(host.numel() == kStepStatsSlots, "step stats: ", host.numel(), " values");
+  auto v = host.accessor<double, 1>();
+  return {v[0], v[1], v[2], v[3]};
 }
 
 }  // namespace
@@ -140,7 +204,7 @@ void Trainer::State::save_checkpoint(int64_t at_step) {
     // The previous (background) save failed, or this sync save did.
     if (cfg.checkpoint.on_error != "warn") throw;
     if (is_logger) std::cerr << "shardkit: warning: " << e.what() << std::endl;
-    if (ckpt->busy() || cfg.checkpoint.mode == "sync") return;
+    if (ckpt->busy() || save_mode == checkpoint::SaveMode::kSync) return;
     ckpt->save(at_step, make_state_dict());
   }
 }
@@ -165,6 +229,76 @@ void Trainer::State::log_checkpoint_events() {
   }
 }
 
+// Every rank builds the same full model from the same seed, then keeps its
+// shards: results do not depend on the world size. REQUIRES: mesh.
+void Trainer::State::build_model() {
+  {
+    // LibTorch's init functions draw from the process-wide generator; ranks
+    // that share a process (tests) must not interleave here.
+    static std::mutex init_mutex;
+    std::lock_guard<std::mutex> lock(init_mutex);
+    torch::manual_seed(static_cast<uint64_t>(cfg.run.seed));
+    model = models::make_model(cfg.model);
+  }
+  // The model is initialised on the CPU from the seed either way, so a CUDA
+  // run starts from the same weights as a CPU run, then moves to the GPU.
+  device = rt.device;
+  if (device.is_cuda()) {
+    dist::use_deterministic_cuda();  // bit-exact resume needs reproducible kernels
+    model->to(device);
+  }
+  fsdp = std::make_unique<fsdp::FullyShardedModel>(model, mesh, cfg.parallel);
+  optim = std::make_unique<optim::ShardedAdamW>(*fsdp, cfg.optim, cfg.train.steps);
+}
+
+// model.init_from into this rank's shards (each rank reads only their bytes).
+void Trainer::State::load_initial_weights() {
+  checkpoint::StateDict sd;
+  const auto names = fsdp->param_names();
+  for (size_t i = 0; i < names.size(); ++i) {
+    auto p = fsdp->param_dtensor(i);
+    sd.add_tensor("model." + names[i], p.local(), p.global_shape(), p.local_offsets());
+  }
+  torch::NoGradGuard no_grad;
+  checkpoint::load_weights_into(sd, cfg.model.init_from, "model.", false);
+}
+
+// Rank 0: run.dir with the effective config, and metrics.jsonl to append to.
+void Trainer::State::open_metrics() {
+  fs::create_directories(cfg.run.dir);
+  config::write_effective_config(cfg, cfg.run.dir);
+  fs::path metrics_path = fs::path(cfg.run.dir) / "metrics.jsonl";
+  metrics.open(metrics_path, std::ios::app);
+  if (!metrics) {
+    throw std::runtime_error("cannot open " + metrics_path.string() + " for appending");
+  }
+}
+
+// Rank 0: what runs where, and where the weights came from.
+void Trainer::State::print_banner(const std::optional<std::string>& resume_from,
+                                  const checkpoint::LoadStats& resumed) {
+  const auto& st = fsdp->memory_stats();
+  std::cout << "shardkit: world " << rt.env.world_size << " ("
+            << (std::getenv("SHARDKIT_LAUNCHED") ? std::string("train --nproc")
+                                                : dist::to_string(rt.env.source))
+            << "), layout " << fsdp::layout_name(mesh_shape) << " replicate=" << mesh_shape[0]
+            << " shard=" << mesh_shape[1] << ", groups train=" << rt.train->backend_name()
+            << " ckpt=" << rt.checkpoint->backend_name() << ", device " << device.str()
+            << ", LibTorch " << dist::torch_version() << "\n"
+            << "shardkit: model " << cfg.model.kind << " " << st.full_param_bytes / 4
+            << " params, " << st.sharded_param_bytes / 4 << " on this rank; data "
+            << dataset->describe() << std::endl;
+  if (!resume_from && !cfg.model.init_from.empty()) {
+    std::cout << "shardkit: model initialised from " << cfg.model.init_from << std::endl;
+  }
+  if (resume_from) {
+    std::cout << "shardkit: resumed from " << *resume_from << " (step " << resumed.step
+              << ", saved by " << resumed.saved_world_size << " ranks, " << resumed.saved_layout
+              << ")" << (cfg.checkpoint.model_only ? ", model only" : "")
+              << "; continuing after step " << step << std::endl;
+  }
+}
+
 std::atomic<int>& Trainer::stop_signal() {
   static std::atomic<int> signal{0};
   return signal;
@@ -174,31 +308,15 @@ Trainer::Trainer(const config::Config& config, dist::Runtime& runtime, TrainerHo
     : s_(std::make_unique<State>(config, runtime)) {
   State& s = *s_;
   s.hooks = std::move(hooks);
+  s.save_mode = checkpoint::parse_save_mode(s.cfg.checkpoint.mode);
+  s.when_busy = checkpoint::parse_when_busy(s.cfg.checkpoint.when_busy);
   const int world = runtime.env.world_size;
   const int rank = runtime.env.rank;
   s.is_logger = rank == 0;
   s.mesh_shape = fsdp::mesh_shape_for(s.cfg.parallel, world);
   s.mesh = dtensor::DeviceMesh::create(*runtime.rendezvous, s.mesh_shape, {"replicate", "shard"});
 
-  // Every rank builds the same full model from the same seed, then keeps its
-  // shards: results do not depend on the world size.
-  {
-    // LibTorch's init functions draw from the process-wide generator; ranks
-    // that share a process (tests) must not interleave here.
-    static std::mutex init_mutex;
-    std::lock_guard<std::mutex> lock(init_mutex);
-    torch::manual_seed(static_cast<uint64_t>(s.cfg.run.seed));
-    s.model = models::make_model(s.cfg.model);
-  }
-  // The model is initialised on the CPU from the seed either way, so a CUDA
-  // run starts from the same weights as a CPU run, then moves to the GPU.
-  s.device = runtime.device;
-  if (s.device.is_cuda()) {
-    dist::use_deterministic_cuda();  // bit-exact resume needs reproducible kernels
-    s.model->to(s.device);
-  }
-  s.fsdp = std::make_unique<fsdp::FullyShardedModel>(s.model, s.mesh, s.cfg.parallel);
-  s.optim = std::make_unique<optim::ShardedAdamW>(*s.fsdp, s.cfg.optim, s.cfg.train.steps);
+  s.build_model();
 
   s.dataset = data::make_dataset(s.cfg.data, s.cfg.model, static_cast<uint64_t>(s.cfg.run.seed));
   s.loader = std::make_unique<data::DataLoader>(s.dataset, s.cfg.train.global_batch_size,
@@ -211,7 +329,7 @@ Trainer::Trainer(const config::Config& config, dist::Runtime& runtime, TrainerHo
       s.cfg.checkpoint, (fs::path(s.cfg.run.dir) / "checkpoints").string(), *runtime.checkpoint,
       layout.str(), s.hooks.storage ? s.hooks.storage : checkpoint::posix_storage(),
       s.hooks.checkpoint);
-  if (s.ckpt->enabled() && (s.cfg.checkpoint.mode != "sync" || s.device.is_cuda())) {
+  if (s.ckpt->enabled() && (s.save_mode != checkpoint::SaveMode::kSync || s.device.is_cuda())) {
     // Host (pinned, for GPU state) staging buffers now, not at the first
     // save while the training loop waits.
     s.ckpt->reserve_staging(s.make_state_dict());
@@ -225,45 +343,12 @@ Trainer::Trainer(const config::Config& config, dist::Runtime& runtime, TrainerHo
   } else if (!s.cfg.model.init_from.empty()) {
     // Full, unsharded weights from elsewhere: each rank reads only the byte
     // ranges of its own shards. Ignored when resuming (the checkpoint wins).
-    checkpoint::StateDict sd;
-    const auto names = s.fsdp->param_names();
-    for (size_t i = 0; i < names.size(); ++i) {
-      auto p = s.fsdp->param_dtensor(i);
-      sd.add_tensor("model." + names[i], p.local(), p.global_shape(), p.local_offsets());
-    }
-    torch::NoGradGuard no_grad;
-    checkpoint::load_weights_into(sd, s.cfg.model.init_from, "model.", false);
+    s.load_initial_weights();
   }
 
   if (s.is_logger) {
-    fs::create_directories(s.cfg.run.dir);
-    config::write_effective_config(s.cfg, s.cfg.run.dir);
-    fs::path metrics_path = fs::path(s.cfg.run.dir) / "metrics.jsonl";
-    s.metrics.open(metrics_path, std::ios::app);
-    if (!s.metrics) {
-      throw std::runtime_error("cannot open " + metrics_path.string() + " for appending");
-    }
-    const auto& st = s.fsdp->memory_stats();
-    std::cout << "shardkit: world " << world << " ("
-              << (std::getenv("SHARDKIT_LAUNCHED") ? std::string("train --nproc")
-                                                  : dist::to_string(runtime.env.source))
-              << "), layout " << fsdp::layout_name(s.mesh_shape) << " replicate=" << s.mesh_shape[0]
-              << " shard=" << s.mesh_shape[1] << ", groups train=" << runtime.train->backend_name()
-              << " ckpt=" << runtime.checkpoint->backend_name() << ", device " << s.device.str()
-              << ", LibTorch "
-              << dist::torch_version() << "\n"
-              << "shardkit: model " << s.cfg.model.kind << " "
-              << st.full_param_bytes / 4 << " params, " << st.sharded_param_bytes / 4
-              << " on this rank; data " << s.dataset->describe() << std::endl;
-    if (!resume_from && !s.cfg.model.init_from.empty()) {
-      std::cout << "shardkit: model initialised from " << s.cfg.model.init_from << std::endl;
-    }
-    if (resume_from) {
-      std::cout << "shardkit: resumed from " << *resume_from << " (step " << resumed.step
-                << ", saved by " << resumed.saved_world_size << " ranks, "
-                << resumed.saved_layout << ")" << (s.cfg.checkpoint.model_only ? ", model only" : "")
-                << "; continuing after step " << s.step << std::endl;
-    }
+    s.open_metrics();
+    s.print_banner(resume_from, resumed);
   }
 }
 
@@ -274,104 +359,141 @@ fsdp::FullyShardedModel& Trainer::model() { return *s_->fsdp; }
 optim::ShardedAdamW& Trainer::optimizer() { return *s_->optim; }
 const std::vector<StepRecord>& Trainer::history() const { return s_->history; }
 
+int64_t Trainer::State::last_step() const {
+  const auto& tc = cfg.train;
+  return tc.stop_at > 0 ? std::min(tc.stop_at, tc.steps) : tc.steps;
+}
+
+LocalLoss Trainer::State::forward_next_batch() {
+  auto [host_inputs, host_targets] = loader->next();
+  torch::Tensor inputs = host_inputs.to(device);
+  torch::Tensor targets = host_targets.to(device);
+  torch::Tensor logits = fsdp->forward(inputs);
+  const int64_t vocab = logits.size(-1);
+  torch::Tensor loss_sum = torch::nn::functional::cross_entropy(
+      logits.reshape({-1, vocab}), targets.reshape({-1}),
+      torch::nn::functional::CrossEntropyFuncOptions().ignore_index(-100).reduction(torch::kSum));
+  return {loss_sum, (targets != -100).sum()};
+}
+
+// After backward: FSDP's last reduce-scatters, then clipping by the global
+// norm. Returns the norm before clipping (0 with train.grad_clip off).
+double Trainer::State::finish_gradients() {
+  fsdp->finish_backward();
+  return cfg.train.grad_clip > 0 ? fsdp->clip_grad_norm(cfg.train.grad_clip) : 0.0;
+}
+
+// Returns the learning rate of `to_step`.
+double Trainer::State::apply_optimizer_step(int64_t to_step) {
+  // Overlap mode: the previous save may still be copying parameters and
+  // optimizer state; they change only here.
+  ckpt->wait_staged();
+  double lr = optim->step(to_step);
+  fsdp->zero_grad();
+  step = to_step;
+  return lr;
+}
+
+StepRecord Trainer::train_step() {
+  State& s = *s_;
+  TORCH_CHECK(s.step < s.cfg.train.steps, "train_step: already at train.steps (",
+              s.cfg.train.steps, ")");
+  const int64_t step = s.step + 1;
+  auto t0 = Clock::now();
+  const LocalLoss local = s.forward_next_batch();
+  // One small all-reduce per step, on the training device: global loss
+  // sum, global token count, and whether any rank was asked to stop or is
+  // still saving. Its result is the one host read of the step.
+  torch::Tensor stats = pack_step_stats(local, stop_signal().load() != 0, s.ckpt->busy(), s.device);
+  if (s.hooks.before_step) s.hooks.before_step(step, s.rt.env.rank);
+  s.rt.train->all_reduce(stats);
+  const StepStats global = unpack_step_stats(stats);
+  const double global_tokens = std::max(1.0, global.tokens);
+  // Normalising by the global token count and summing gradients across
+  // ranks gives the gradient of the global mean at any world size.
+  (local.sum / global_tokens).backward();
+  StepRecord rec;
+  rec.grad_norm = s.finish_gradients();
+  rec.lr = s.apply_optimizer_step(step);
+  rec.step = step;
+  rec.loss = global.loss_sum / global_tokens;
+  rec.stop_requested = global.stop_requested > 0;
+  rec.checkpoint_busy = global.ckpt_busy > 0;
+  rec.step_time_s = seconds_since(t0);
+  const int64_t tokens_per_step = s.cfg.train.global_batch_size * s.dataset->seq_len();
+  rec.tokens_per_s = static_cast<double>(tokens_per_step) / std::max(rec.step_time_s, 1e-9);
+  s.history.push_back(rec);
+  return rec;
+}
+
+// Rank 0, every train.log_every steps and at the run's first and last step:
+// the console line and the metrics.jsonl record.
+void Trainer::State::log_step(const StepRecord& rec, const RunSpan& span) {
+  const int64_t at = rec.step;
+  bool log_now = at % cfg.train.log_every == 0 || at == span.last_step || at == span.first_step;
+  if (!is_logger || !log_now) return;
+  double per_step = seconds_since(span.start) / static_cast<double>(at - span.first_step + 1);
+  std::ostringstream line;
+  line << "step " << at << "/" << cfg.train.steps << " | loss " << std::fixed
+       << std::setprecision(4) << rec.loss << " | lr " << std::scientific << std::setprecision(2)
+       << rec.lr << std::fixed << " | " << std::setprecision(0) << rec.tokens_per_s << " tok/s | "
+       << std::setprecision(3) << rec.step_time_s << " s/step | ETA "
+       << format_duration(per_step * static_cast<double>(span.last_step - at));
+  std::cout << line.str() << std::endl;
+  nlohmann::json j = {{"step", at},         {"loss", rec.loss},
+                      {"lr", rec.lr},       {"tokens_per_s", rec.tokens_per_s},
+                      {"step_time_s", rec.step_time_s}, {"grad_norm", rec.grad_norm}};
+  metrics << j.dump() << "\n";
+  metrics.flush();
+}
+
+// Saves every checkpoint.interval steps, at the last step, and after a stop
+// signal (checkpoint.save_on_signal); records what it did in `rec`.
+void Trainer::State::checkpoint_if_due(StepRecord& rec, int64_t last) {
+  const bool final_save = rec.stop_requested && cfg.checkpoint.save_on_signal && ckpt->enabled();
+  if (!ckpt->due(rec.step, last) && !final_save) return;
+  // Every rank saw the same busy flag in the step's all-reduce, so all
+  // ranks skip together or save together.
+  if (when_busy == checkpoint::WhenBusy::kSkip && rec.checkpoint_busy && !final_save &&
+      rec.step != last) {
+    rec.checkpoint_skipped = true;
+    if (is_logger) {
+      std::cout << "checkpoint step " << rec.step << " skipped: previous save still in flight"
+                << std::endl;
+    }
+    return;
+  }
+  auto t0 = Clock::now();
+  save_checkpoint(rec.step);
+  rec.checkpoint_started = true;
+  rec.checkpoint_blocking_s = seconds_since(t0);
+}
+
+// A clean exit (done, stop_at, signal) commits the in-flight save first.
+void Trainer::State::finish_checkpoints() {
+  try {
+    ckpt->finish();
+  } catch (const checkpoint::CheckpointError& e) {
+    log_checkpoint_events();
+    if (cfg.checkpoint.on_error != "warn") throw;
+    if (is_logger) std::cerr << "shardkit: warning: " << e.what() << std::endl;
+  }
+  log_checkpoint_events();
+}
+
 int Trainer::run() {
   State& s = *s_;
-  const auto& tc = s.cfg.train;
-  const int64_t last = tc.stop_at > 0 ? std::min(tc.stop_at, tc.steps) : tc.steps;
-  const int64_t tokens_per_step = tc.global_batch_size * s.dataset->seq_len();
-  auto run_start = Clock::now();
-  int64_t first_step = s.step + 1;
+  const RunSpan span{s.step + 1, s.last_step(), Clock::now()};
   bool stopped_by_signal = false;
-
-  while (s.step < last) {
-    const int64_t step = s.step + 1;
-    auto t0 = Clock::now();
-    auto [host_inputs, host_targets] = s.loader->next();
-    torch::Tensor inputs = host_inputs.to(s.device);
-    torch::Tensor targets = host_targets.to(s.device);
-    torch::Tensor logits = s.fsdp->forward(inputs);
-    const int64_t vocab = logits.size(-1);
-    torch::Tensor loss_sum = torch::nn::functional::cross_entropy(
-        logits.reshape({-1, vocab}), targets.reshape({-1}),
-        torch::nn::functional::CrossEntropyFuncOptions().ignore_index(-100).reduction(torch::kSum));
-    // One small all-reduce per step, on the training device: global loss
-    // sum, global token count, and whether any rank was asked to stop or is
-    // still saving. Its result is the one host read of the step.
-    torch::Tensor flags = torch::tensor(
-        {static_cast<double>(stop_signal().load() != 0), static_cast<double>(s.ckpt->busy())},
-        torch::kDouble);
-    torch::Tensor stats = torch::cat({loss_sum.detach().to(torch::kDouble).reshape({1}),
-                                      (targets != -100).sum().to(torch::kDouble).reshape({1}),
-                                      flags.to(s.device)});
-    if (s.hooks.before_step) s.hooks.before_step(step, s.rt.env.rank);
-    s.rt.train->all_reduce(stats);
-    stats = stats.to(torch::kCPU);
-    const double global_tokens = std::max(1.0, stats[1].item<double>());
-    // Normalising by the global token count and summing gradients across
-    // ranks gives the gradient of the global mean at any world size.
-    (loss_sum / global_tokens).backward();
-    s.fsdp->finish_backward();
-    double norm = tc.grad_clip > 0 ? s.fsdp->clip_grad_norm(tc.grad_clip) : 0.0;
-    // Overlap mode: the previous save may still be copying parameters and
-    // optimizer state; they change only here.
-    s.ckpt->wait_staged();
-    double lr = s.optim->step(step);
-    s.fsdp->zero_grad();
-    s.step = step;
-
-    StepRecord rec;
-    rec.step = step;
-    rec.loss = stats[0].item<double>() / global_tokens;
-    rec.lr = lr;
-    rec.grad_norm = norm;
-    rec.step_time_s = std::chrono::duration<double>(Clock::now() - t0).count();
-    rec.tokens_per_s = static_cast<double>(tokens_per_step) / std::max(rec.step_time_s, 1e-9);
-    s.history.push_back(rec);
-
-    bool log_now = step % tc.log_every == 0 || step == last || step == first_step;
-    if (s.is_logger && log_now) {
-      double elapsed = std::chrono::duration<double>(Clock::now() - run_start).count();
-      double per_step = elapsed / static_cast<double>(step - first_step + 1);
-      std::ostringstream line;
-      line << "step " << step << "/" << tc.steps << " | loss " << std::fixed << std::setprecision(4)
-           << rec.loss << " | lr " << std::scientific << std::setprecision(2) << lr << std::fixed
-           << " | " << std::setprecision(0) << rec.tokens_per_s << " tok/s | "
-           << std::setprecision(3) << rec.step_time_s << " s/step | ETA "
-           << format_duration(per_step * static_cast<double>(last - step));
-      std::cout << line.str() << std::endl;
-      nlohmann::json j = {{"step", step},         {"loss", rec.loss},
-                          {"lr", lr},             {"tokens_per_s", rec.tokens_per_s},
-                          {"step_time_s", rec.step_time_s}, {"grad_norm", norm}};
-      s.metrics << j.dump() << "\n";
-      s.metrics.flush();
-    }
-    const bool stop_now = stats[2].item<double>() > 0;
-    const bool final_save = stop_now && s.cfg.checkpoint.save_on_signal && s.ckpt->enabled();
-    if (s.ckpt->due(step, last) || final_save) {
-      // Every rank saw the same busy flag in the all-reduce above, so all
-      // ranks skip together or save together.
-      if (s.cfg.checkpoint.when_busy == "skip" && stats[3].item<double>() > 0 && !final_save &&
-          step != last) {
-        if (s.is_logger) std::cout << "checkpoint step " << step << " skipped: previous save still in flight" << std::endl;
-      } else {
-        s.save_checkpoint(step);
-      }
-    }
+  while (s.step < span.last_step && !stopped_by_signal) {
+    StepRecord rec = train_step();
+    s.log_step(rec, span);
+    s.checkpoint_if_due(rec, span.last_step);
+    s.history.back() = rec;  // now with the checkpoint outcome
     s.log_checkpoint_events();
-    if (stop_now) {
-      stopped_by_signal = true;
-      break;
-    }
+    stopped_by_signal = rec.stop_requested;
   }
-  // A clean exit (done, stop_at, signal) commits the in-flight save first.
-  try {
-    s.ckpt->finish();
-  } catch (const checkpoint::CheckpointError& e) {
-    s.log_checkpoint_events();
-    if (s.cfg.checkpoint.on_error != "warn") throw;
-    if (s.is_logger) std::cerr << "shardkit: warning: " << e.what() << std::endl;
-  }
-  s.log_checkpoint_events();
+  s.finish_checkpoints();
   if (s.is_logger) {
     std::cout << "shardkit: " << (stopped_by_signal ? "stopped by signal" : "finished")
               << " at step " << s.step << std::endl;

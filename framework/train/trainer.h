@@ -2,7 +2,8 @@
 // The one place where the pieces are wired together: mesh, model, FSDP,
 // optimizer, data, metrics and checkpoints.
 //
-// Call sequence (all ranks): Trainer(config, runtime); run().
+// Call sequence (all ranks): Trainer(config, runtime); run(). Or, to drive
+// the loop yourself: Trainer(config, runtime); train_step() once per step.
 #include "framework/config/config.h"
 #include "checkpoint/async/manager.h"
 #include "checkpoint/storage/storage.h"
@@ -27,13 +28,21 @@ namespace framework::train {
 // job was preempted and should be resumed.
 inline constexpr int kExitPreempted = 75;
 
+// One training step. All fields but the timings are the same on every rank.
 struct StepRecord {
-  int64_t step = 0;
-  double loss = 0;
+  int64_t step = 0;         // 1-based
+  double loss = 0;          // mean cross-entropy over the global batch's tokens
   double lr = 0;
-  double grad_norm = 0;
-  double step_time_s = 0;
-  double tokens_per_s = 0;
+  double grad_norm = 0;     // global, before clipping; 0 with train.grad_clip off
+  double step_time_s = 0;   // this rank: batch, forward, backward, optimizer
+  double tokens_per_s = 0;  // global batch tokens / step_time_s
+  // Agreed by the step's all-reduce.
+  bool stop_requested = false;   // a rank had stop_signal() set
+  bool checkpoint_busy = false;  // a rank still had a save in flight
+  // Set by run() after the step (train_step() saves nothing).
+  bool checkpoint_started = false;    // save() of this step was called
+  bool checkpoint_skipped = false;    // due, but a save was in flight (when_busy: skip)
+  double checkpoint_blocking_s = 0;   // time this rank's save() call held the loop
 };
 
 // What the caller of a Trainer may plug in besides the config.
@@ -53,11 +62,26 @@ class Trainer {
   Trainer(const config::Config& config, dist::Runtime& runtime, TrainerHooks hooks = {});
   ~Trainer();
 
-  // Trains from the current step to train.steps (or train.stop_at). Returns
-  // the process exit status: 0, or kExitPreempted after a stop signal.
+  // Trains from the current step to train.steps (or train.stop_at): a loop
+  // over train_step() that logs (rank 0: console and metrics.jsonl), saves
+  // checkpoints when due and after a stop signal, stops when any rank got
+  // one, and commits the last save before it returns. Returns the process
+  // exit status: 0, or kExitPreempted after a stop signal.
   int run();
 
-  // The step the next call to run() starts after (0 for a fresh run).
+  // (all ranks) One training step, step() + 1: forward on the next batch,
+  // one all-reduce of the loss, token count and stop/busy flags, backward
+  // (FSDP reduce-scatters the gradients), clipping, optimizer step. Appends
+  // the record to history() and returns it. Logs and saves nothing, and does
+  // not stop on a stop signal: it reports one in stop_requested. A save
+  // started by run() may still be in flight; in overlap mode the step waits
+  // for its staging before the optimizer step.
+  // REQUIRES: step() < train.steps; every rank calls it the same number of
+  // times (it is collective).
+  StepRecord train_step();
+
+  // The last step taken: run() and train_step() continue after it (0 for a
+  // fresh run).
   int64_t step() const;
   const std::vector<StepRecord>& history() const;
   fsdp::FullyShardedModel& model();
