@@ -5,7 +5,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <filesystem>
 #include <functional>
 #include <stdexcept>
 
@@ -315,8 +314,7 @@ ExportStats export_checkpoint(const std::string& step_dir, const std::string& ou
     throw;
   }
   storage->rename(tmp, out_path);
-  const std::string parent = std::filesystem::path(out_path).parent_path().string();
-  storage->sync_dir(parent.empty() ? "." : parent);
+  storage->sync_dir(parent_dir(out_path));
   stats.file_bytes = storage->file_size(out_path);
   return stats;
 }

@@ -38,8 +38,8 @@ void fill_entry(const WeightsFile& file, const ImportJob& job) {
 }  // namespace
 
 ImportStats load_weights_into(StateDict& state, const std::string& path, const std::string& prefix,
-                              bool allow_partial) {
-  const WeightsFile file = WeightsFile::open(path);
+                              bool allow_partial, std::shared_ptr<Storage> storage) {
+  const WeightsFile file = WeightsFile::open(path, storage ? storage : posix_storage());
   ImportStats stats;
   std::vector<std::string> mismatches;
   std::set<std::string> used;

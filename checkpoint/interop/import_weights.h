@@ -8,7 +8,9 @@
 // a checkpoint load, then load_weights_into. Ranks that hold replicas each
 // read their copy.
 #include "checkpoint/state_dict.h"
+#include "checkpoint/storage/storage.h"
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -31,7 +33,8 @@ struct ImportStats {
 // Throws FormatError with one message listing every missing and unexpected
 // name (unless allow_partial) and every shape or dtype mismatch (always),
 // without having changed the state; errors reading the file name it.
+// The file is read through `storage` (null: the POSIX file system).
 ImportStats load_weights_into(StateDict& state, const std::string& path, const std::string& prefix,
-                              bool allow_partial);
+                              bool allow_partial, std::shared_ptr<Storage> storage = nullptr);
 
 }  // namespace checkpoint

@@ -5,6 +5,17 @@
 // reader of the central directory that treats every byte as hostile.
 // Zip64 records are written only when a size or offset needs them, and read
 // when present. Torch-free.
+//
+// Why not LibTorch's caffe2::serialize::PyTorchStreamWriter / Reader
+// (caffe2/serialize/inline_container.h), which write and read this same
+// container: PyTorchStreamWriter::writeRecord takes each member as one
+// buffer in memory, and PyTorchStreamReader::getRecord returns one (1.13 has
+// no chunked read; 2.x's chunked getRecord still needs the member's size in
+// a buffer of the caller's). `ckpt export` streams each tensor from the
+// checkpoint's chunks in bounded slabs, converting dtypes on the way, so an
+// export of a tensor larger than memory works; ZipWriter takes a member in
+// any number of write() calls. And this file is in checkpoint_core, which
+// the fuzz build and the metadata tools link without LibTorch.
 #include <cstddef>
 #include <cstdint>
 #include <string>
