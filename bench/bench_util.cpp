@@ -2,6 +2,7 @@
 // compression study. See bench_util.h.
 #include "bench/bench_util.h"
 
+#include "checkpoint/interop/weights_file.h"
 #include "checkpoint/load.h"
 #include "checkpoint/save.h"
 
@@ -23,7 +24,6 @@
 #include <thread>
 #include <sstream>
 #include <stdexcept>
-#include <tuple>
 
 namespace bench {
 
@@ -178,127 +178,30 @@ double max_over(framework::dist::Group& group, double v) {
 // ---------------------------------------------------------------------------
 // safetensors
 
-namespace {
-
-struct SafetensorsType {
-  const char* name;
-  c10::ScalarType type;
-};
-
-constexpr SafetensorsType kSafetensorsTypes[] = {
-    {"F64", torch::kFloat64}, {"F32", torch::kFloat32}, {"F16", torch::kFloat16},
-    {"BF16", torch::kBFloat16}, {"I64", torch::kInt64},  {"I32", torch::kInt32},
-    {"I16", torch::kInt16},   {"I8", torch::kInt8},     {"U8", torch::kUInt8},
-    {"BOOL", torch::kBool}};
-
-c10::ScalarType safetensors_type(const std::string& name, const std::string& where) {
-  for (const auto& t : kSafetensorsTypes) {
-    if (name == t.name) return t.type;
-  }
-  throw std::runtime_error(where + ": unsupported safetensors dtype '" + name + "'");
-}
-
-const char* safetensors_name(c10::ScalarType type) {
-  for (const auto& t : kSafetensorsTypes) {
-    if (type == t.type) return t.name;
-  }
-  throw std::runtime_error(std::string("no safetensors dtype for ") + c10::toString(type));
-}
-
-}  // namespace
-
 NamedTensors read_safetensors(const std::string& path) {
-  Fd fd(path, O_RDONLY);
-  struct stat st {};
-  if (::fstat(fd.get(), &st) != 0) throw std::runtime_error(errno_text("cannot stat", path));
-  const uint64_t file_size = static_cast<uint64_t>(st.st_size);
-  if (file_size < 8) throw std::runtime_error(path + ": too short for a safetensors header");
-  uint8_t len_bytes[8];
-  fd.read_all(len_bytes, 8);
-  uint64_t header_len = 0;
-  for (int i = 0; i < 8; ++i) header_len |= static_cast<uint64_t>(len_bytes[i]) << (8 * i);
-  if (header_len > file_size - 8 || header_len > (100u << 20)) {
-    throw std::runtime_error(path + ": header length " + std::to_string(header_len) +
-                             " does not fit the file (" + std::to_string(file_size) + " bytes)");
-  }
-  std::string header(header_len, '\0');
-  fd.read_all(header.data(), header_len);
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(header);
-  } catch (const std::exception& e) {
-    throw std::runtime_error(path + ": header is not JSON: " + e.what());
-  }
-  if (!j.is_object()) throw std::runtime_error(path + ": header is not a JSON object");
-  const uint64_t data_start = 8 + header_len;
-  const uint64_t data_size = file_size - data_start;
-  // Sorted by data offset so the file is read front to back.
-  std::vector<std::tuple<uint64_t, uint64_t, std::string, torch::Tensor>> entries;
-  for (const auto& [name, v] : j.items()) {
-    if (name == "__metadata__") continue;
-    const std::string where = path + " tensor '" + name + "'";
-    try {
-      c10::ScalarType type = safetensors_type(v.at("dtype").get<std::string>(), where);
-      std::vector<int64_t> shape = v.at("shape").get<std::vector<int64_t>>();
-      auto offs = v.at("data_offsets").get<std::vector<uint64_t>>();
-      if (offs.size() != 2 || offs[0] > offs[1] || offs[1] > data_size) {
-        throw std::runtime_error("data_offsets outside the data section");
-      }
-      uint64_t numel = 1;
-      for (int64_t d : shape) {
-        if (d < 0) throw std::runtime_error("negative dimension");
-        numel *= static_cast<uint64_t>(d);
-      }
-      if (numel * c10::elementSize(type) != offs[1] - offs[0]) {
-        throw std::runtime_error("data_offsets span " + std::to_string(offs[1] - offs[0]) +
-                                 " bytes, shape and dtype need " +
-                                 std::to_string(numel * c10::elementSize(type)));
-      }
-      entries.emplace_back(offs[0], offs[1], name, torch::empty(shape, type));
-    } catch (const nlohmann::json::exception& e) {
-      throw std::runtime_error(where + ": " + e.what());
-    } catch (const std::runtime_error& e) {
-      if (std::string(e.what()).rfind(where, 0) == 0) throw;
-      throw std::runtime_error(where + ": " + e.what());
-    }
-  }
-  std::sort(entries.begin(), entries.end(),
-            [](const auto& a, const auto& b) { return std::get<0>(a) < std::get<0>(b); });
+  const checkpoint::WeightsFile file = checkpoint::WeightsFile::open(path);
+  if (file.format() != "safetensors") throw std::runtime_error(path + ": not a safetensors file");
   NamedTensors out;
-  for (auto& [lo, hi, name, t] : entries) {
-    if (hi > lo) {
-      if (::lseek(fd.get(), static_cast<off_t>(data_start + lo), SEEK_SET) < 0) {
-        throw std::runtime_error(errno_text("seek failed on", path));
-      }
-      fd.read_all(t.data_ptr(), hi - lo);
+  for (const checkpoint::WeightsTensorInfo& info : file.tensors()) {  // in file order
+    torch::Tensor t = torch::empty(info.shape, checkpoint::to_scalar_type(info.dtype));
+    if (info.nbytes > 0) {
+      file.read_box(info.name, checkpoint::full_box(info.shape), static_cast<uint8_t*>(t.data_ptr()));
     }
-    out.emplace_back(name, t);
+    out.emplace_back(info.name, t);
   }
   return out;
 }
 
 void write_safetensors(const std::string& path, const NamedTensors& tensors) {
-  nlohmann::json header = nlohmann::json::object();
-  uint64_t offset = 0;
+  std::vector<torch::Tensor> contiguous;  // keeps the bytes alive until written
+  std::vector<checkpoint::SafetensorsTensor> entries;
   for (const auto& [name, t] : tensors) {
-    const uint64_t n = static_cast<uint64_t>(t.numel()) * t.element_size();
-    header[name] = {{"dtype", safetensors_name(t.scalar_type())},
-                    {"shape", t.sizes().vec()},
-                    {"data_offsets", {offset, offset + n}}};
-    offset += n;
+    contiguous.push_back(t.contiguous());
+    const torch::Tensor& c = contiguous.back();
+    entries.push_back({name, checkpoint::to_dtype(c.scalar_type()), c.sizes().vec(),
+                       static_cast<const uint8_t*>(c.data_ptr())});
   }
-  std::string text = header.dump();
-  text.append((8 - text.size() % 8) % 8, ' ');  // data starts 8-byte aligned
-  uint8_t len_bytes[8];
-  for (int i = 0; i < 8; ++i) len_bytes[i] = static_cast<uint8_t>(uint64_t{text.size()} >> (8 * i));
-  Fd fd(path, O_WRONLY | O_CREAT | O_TRUNC);
-  fd.write_all(len_bytes, 8);
-  fd.write_all(text.data(), text.size());
-  for (const auto& [name, t] : tensors) {
-    torch::Tensor c = t.contiguous();
-    fd.write_all(c.data_ptr(), static_cast<size_t>(c.numel()) * c.element_size());
-  }
-  fd.sync();
+  checkpoint::write_safetensors(path, entries);
 }
 
 namespace {

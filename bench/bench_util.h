@@ -1,10 +1,11 @@
 #pragma once
 // Shared pieces of ckpt_bench: timing, process memory, page-cache control,
-// the compression study (bench/compression.cpp) and the safetensors reader.
+// the compression study (bench/compression.cpp) and safetensors files.
 // Benchmark-only code; nothing here is part of the library.
 #include "checkpoint/state_dict.h"
 #include "checkpoint/storage/paced.h"
 #include "checkpoint/storage/storage.h"
+#include "checkpoint/timing.h"
 #include "framework/dist/process_group.h"
 
 #include <nlohmann/json.hpp>
@@ -20,9 +21,7 @@ namespace bench {
 
 using Clock = std::chrono::steady_clock;
 
-inline double seconds_since(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
-}
+using checkpoint::seconds_since;
 
 // Fields of /proc/self/status in bytes (VmRSS, VmHWM); 0 when unreadable.
 uint64_t proc_status_bytes(const char* field);
@@ -51,9 +50,9 @@ double max_over(framework::dist::Group& group, double v);
 // A named set of whole tensors (a model's weights, a safetensors file).
 using NamedTensors = std::vector<std::pair<std::string, torch::Tensor>>;
 
-// safetensors: 8-byte little-endian header length, a JSON header mapping
-// names to {dtype, shape, data_offsets}, then the data. Throws
-// std::runtime_error naming the file and what is wrong.
+// safetensors files, through the library's reader (checkpoint::WeightsFile)
+// and writer (checkpoint::write_safetensors). Throw std::runtime_error
+// (FormatError, IoError) naming the file and what is wrong.
 NamedTensors read_safetensors(const std::string& path);
 void write_safetensors(const std::string& path, const NamedTensors& tensors);
 

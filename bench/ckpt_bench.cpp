@@ -380,12 +380,12 @@ void Bench::time_raw_io() {
 void Bench::time_raw_parallel_write() {
   const std::string file = path("raw/rank_" + std::to_string(rank) + ".par");
   fs::create_directories(path("raw"));
-  struct Piece {
+  struct WriteSlice {
     const char* data;
     uint64_t len;
     uint64_t offset;
   };
-  std::vector<Piece> pieces;
+  std::vector<WriteSlice> pieces;
   uint64_t offset = 0;
   for (const auto& t : locals) {
     const char* p = static_cast<const char*>(t.data_ptr());
@@ -404,7 +404,7 @@ void Bench::time_raw_parallel_write() {
   for (int w = 0; w < args.io_threads; ++w) {
     writers.emplace_back([&, w] {
       for (size_t i = static_cast<size_t>(w); i < pieces.size(); i += static_cast<size_t>(args.io_threads)) {
-        const Piece& pc = pieces[i];
+        const WriteSlice& pc = pieces[i];
         for (uint64_t done = 0; done < pc.len;) {
           ssize_t n = ::pwrite(fd, pc.data + done, pc.len - done, static_cast<off_t>(pc.offset + done));
           if (n < 0 && errno == EINTR) continue;

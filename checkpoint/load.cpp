@@ -15,18 +15,6 @@
 
 namespace checkpoint {
 
-namespace {
-
-std::string shape_str(const std::vector<int64_t>& shape) {
-  std::ostringstream s;
-  s << "[";
-  for (size_t i = 0; i < shape.size(); ++i) s << (i ? ", " : "") << shape[i];
-  s << "]";
-  return s.str();
-}
-
-}  // namespace
-
 LoadStats load_state_dict(StateDict& state, const std::string& step_dir, const LoadOptions& options) {
   require_host_tensors(state, "load_state_dict");
   std::shared_ptr<Storage> storage = options.storage ? options.storage : posix_storage();
@@ -88,8 +76,8 @@ LoadStats load_state_dict(StateDict& state, const std::string& step_dir, const L
     }
     if (item->global_shape != t.global_shape) {
       throw CheckpointError("shape mismatch for " + where + ": the checkpoint has " +
-                            shape_str(item->global_shape) + ", the state expects " +
-                            shape_str(t.global_shape));
+                            shape_to_string(item->global_shape) + ", the state expects " +
+                            shape_to_string(t.global_shape));
     }
     TORCH_CHECK(t.local.is_contiguous(), "load: ", where, ": destination must be contiguous");
     Box box{t.offsets, t.local.sizes().vec()};

@@ -1,10 +1,12 @@
 #include "checkpoint/save.h"
 
+#include "checkpoint/agreement.h"
 #include "checkpoint/format/checksum.h"
 #include "checkpoint/codec/chunk_writer.h"
 #include "checkpoint/format/metadata.h"
 #include "checkpoint/codec/transforms.h"
 #include "checkpoint/format/wire.h"
+#include "checkpoint/timing.h"
 
 #include <thread_pool/thread_pool.hpp>
 
@@ -12,7 +14,6 @@
 #include <ctime>
 #include <future>
 #include <map>
-#include <sstream>
 
 namespace checkpoint {
 
@@ -21,39 +22,14 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using framework::dist::Bytes;
 
-double seconds_since(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
-}
-
-// Every message between ranks starts with a status byte, so a rank that
-// failed still takes part in the collective and tells the others why.
-Bytes tagged_ok(Bytes payload) {
-  payload.insert(payload.begin(), uint8_t{1});
-  return payload;
-}
-
-Bytes tagged_error(const std::string& message) {
-  Bytes b(1 + message.size());
-  b[0] = 0;
-  std::copy(message.begin(), message.end(), b.begin() + 1);
-  return b;
-}
-
-// Throws on every rank if any rank reported an error, naming each.
+// Throws on every rank if any rank reported an error, naming each
+// (agreement.h: every message between ranks starts with a status byte).
 void raise_if_any_failed(const std::vector<Bytes>& replies, const std::string& phase,
                          const std::string& step_dir) {
-  std::ostringstream msg;
-  bool failed = false;
-  for (size_t r = 0; r < replies.size(); ++r) {
-    if (!replies[r].empty() && replies[r][0] == 1) continue;
-    msg << (failed ? "; " : "") << "rank " << r << ": "
-        << (replies[r].empty() ? std::string("no reply")
-                               : std::string(replies[r].begin() + 1, replies[r].end()));
-    failed = true;
-  }
-  if (failed) {
+  const std::string failures = describe_rank_failures(replies);
+  if (!failures.empty()) {
     throw CheckpointError("checkpoint save to " + step_dir + " failed during " + phase + " (" +
-                          msg.str() + "); nothing was committed");
+                          failures + "); nothing was committed");
   }
 }
 
@@ -90,14 +66,6 @@ void get_chunk_location(wire::ByteReader& r, ChunkMeta& c) {
     b.checksum = r.get_u64("block checksum");
   }
 }
-
-struct HeldRegion {
-  const uint8_t* base = nullptr;   // row-major bytes of the held box
-  torch::Tensor keep_alive;        // when a contiguous copy had to be made
-  Box box;
-  DType dtype = DType::kUInt8;
-  size_t element_size = 1;
-};
 
 // The bytes of `sub` (inside the held box), contiguous. Splits along dim 0 of
 // a contiguous tensor need no copy.
@@ -329,10 +297,9 @@ SaveStats save_state_dict(const StateDict& state, const std::string& step_dir,
   }
   verdict = group.broadcast_bytes(verdict, 0);
   stats.commit_s = seconds_since(t2);
-  if (verdict.empty() || verdict[0] != 1) {
+  if (!tagged_succeeded(verdict)) {
     throw CheckpointError("checkpoint save to " + step_dir + " failed (rank 0 " +
-                          std::string(verdict.begin() + (verdict.empty() ? 0 : 1), verdict.end()) +
-                          "); nothing was committed");
+                          tagged_text(verdict) + "); nothing was committed");
   }
   return stats;
 }

@@ -10,11 +10,13 @@
 //   u64 chunk_checksum
 //   ...               the data file (rank_0.data); the chunk starts at 0
 //
-// All integers little-endian. The metadata built from it is validated like a
-// decoded one before the reader sees it.
+// All integers little-endian (checkpoint/format/byte_order.h). The metadata
+// built from it is validated like a decoded one before the reader sees it.
 #include <cstdint>
 #include <string>
 #include <vector>
+
+#include "checkpoint/format/byte_order.h"
 
 namespace fuzz {
 
@@ -36,15 +38,5 @@ struct BlockHeader {
   uint16_t logical_length = 0;
   uint64_t checksum = 0;
 };
-
-inline void put_le(std::vector<uint8_t>& out, uint64_t v, int bytes) {
-  for (int i = 0; i < bytes; ++i) out.push_back(static_cast<uint8_t>(v >> (8 * i)));
-}
-
-inline uint64_t get_le(const uint8_t* p, int bytes) {
-  uint64_t v = 0;
-  for (int i = 0; i < bytes; ++i) v |= static_cast<uint64_t>(p[i]) << (8 * i);
-  return v;
-}
 
 }  // namespace fuzz

@@ -32,15 +32,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   for (size_t b = 0; b < blocks; ++b) {
     checkpoint::BlockMeta bm;
     bm.stored_offset = stored;
-    bm.stored_length = fuzz::get_le(data + pos, 2);
-    bm.logical_length = fuzz::get_le(data + pos + 2, 2);
-    bm.checksum = fuzz::get_le(data + pos + 4, 8);
+    bm.stored_length = checkpoint::load_le(data + pos, 2);
+    bm.logical_length = checkpoint::load_le(data + pos + 2, 2);
+    bm.checksum = checkpoint::load_le(data + pos + 4, 8);
     pos += 12;
     stored += bm.stored_length;
     logical += bm.logical_length;
     chunk.blocks.push_back(bm);
   }
-  chunk.checksum = fuzz::get_le(data + pos, 8);
+  chunk.checksum = checkpoint::load_le(data + pos, 8);
   pos += 8;
   const size_t esize = checkpoint::element_size(dtype);
   if (logical == 0 || logical % esize != 0) return 0;

@@ -98,11 +98,11 @@ void block_seeds(const fs::path& dir) {
       if (e.blocks.size() > 4) continue;
       std::vector<uint8_t> in = {code, 1 /* float32 */, static_cast<uint8_t>(e.blocks.size() - 1)};
       for (const auto& b : e.blocks) {
-        fuzz::put_le(in, b.stored_length, 2);
-        fuzz::put_le(in, b.logical_length, 2);
-        fuzz::put_le(in, b.checksum, 8);
+        checkpoint::append_le(in, b.stored_length, 2);
+        checkpoint::append_le(in, b.logical_length, 2);
+        checkpoint::append_le(in, b.checksum, 8);
       }
-      fuzz::put_le(in, e.checksum, 8);
+      checkpoint::append_le(in, e.checksum, 8);
       in.insert(in.end(), e.stored.begin(), e.stored.end());
       write(dir / ("seed_" + std::to_string(n++)), in);
     }

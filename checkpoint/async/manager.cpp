@@ -1,6 +1,8 @@
 #include "checkpoint/async/manager.h"
 
+#include "checkpoint/agreement.h"
 #include "checkpoint/storage/checkpoint_dir.h"
+#include "checkpoint/timing.h"
 
 #include <chrono>
 #include <cstdio>
@@ -11,18 +13,6 @@ namespace checkpoint {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
-}
-
-framework::dist::Bytes status_bytes(const std::string& error, const std::string& payload) {
-  const std::string& s = error.empty() ? payload : error;
-  framework::dist::Bytes b(1 + s.size());
-  b[0] = static_cast<uint8_t>(error.empty() ? 1 : 0);
-  std::copy(s.begin(), s.end(), b.begin() + 1);
-  return b;
-}
 
 }  // namespace
 
@@ -77,9 +67,9 @@ std::optional<std::string> CheckpointManager::resume_path() {
       error = e.what();
     }
   }
-  auto reply = group_.broadcast_bytes(status_bytes(error, path), 0);
-  std::string text(reply.begin() + 1, reply.end());
-  if (reply[0] != 1) throw CheckpointError("checkpoint.resume: " + text);
+  auto reply = group_.broadcast_bytes(tagged_result(error, path), 0);
+  std::string text = tagged_text(reply);
+  if (!tagged_succeeded(reply)) throw CheckpointError("checkpoint.resume: " + text);
   if (text.empty()) return std::nullopt;
   return text;
 }
@@ -111,13 +101,8 @@ LoadStats CheckpointManager::load(StateDict& state, const std::string& path) {
     error = e.what();
   }
   // Every rank fails together, so none is left alone in a later collective.
-  auto replies = group_.all_gather_bytes(status_bytes(error, ""));
-  std::string all;
-  for (size_t r = 0; r < replies.size(); ++r) {
-    if (replies[r][0] == 1) continue;
-    all += (all.empty() ? "" : "; ") + std::string("rank ") + std::to_string(r) + ": " +
-           std::string(replies[r].begin() + 1, replies[r].end());
-  }
+  const std::string all =
+      describe_rank_failures(group_.all_gather_bytes(tagged_result(error, "")));
   if (!all.empty()) throw CheckpointError("loading checkpoint " + path + " failed (" + all + ")");
   return stats;
 }

@@ -22,7 +22,8 @@ namespace {
 constexpr uint64_t kReadBatchBytes = uint64_t{32} << 20;
 constexpr uint64_t kMaxOffset = static_cast<uint64_t>(std::numeric_limits<int64_t>::max());
 
-// Where part of a block's logical bytes go.
+// A part of one block's logical bytes and where it goes (a ByteRange, in
+// chunk coordinates, becomes one BlockSlice per block it touches).
 struct BlockSlice {
   uint64_t block_offset;  // within the block's logical bytes
   uint8_t* dst;
@@ -33,14 +34,7 @@ struct BlockSlice {
 struct BlockPlan {
   size_t block;               // index into ChunkMeta::blocks
   uint8_t* direct = nullptr;  // the whole block lands here, or
-  std::vector<BlockSlice> pieces;  // these parts of it land there
-};
-
-// A contiguous logical range of the chunk and where it goes.
-struct LogicalRange {
-  uint64_t src;
-  uint8_t* dst;
-  uint64_t length;
+  std::vector<BlockSlice> slices;  // these parts of it land there
 };
 
 // Reading one chunk: the checked metadata, its transforms and error context.
@@ -73,11 +67,12 @@ class ChunkFetch {
   const ChunkMeta& chunk() const { return *chunk_; }
   const std::string& where() const { return where_; }
 
-  // Copies `ranges` (ascending, disjoint, inside the chunk) out of the chunk.
-  void read_ranges(const std::vector<LogicalRange>& ranges) {
+  // Copies `ranges` (ascending, disjoint, inside the chunk's logical bytes)
+  // out of the chunk, each to dst_base + its dst_offset.
+  void read_ranges(const std::vector<ByteRange>& ranges, uint8_t* dst_base) {
     uint64_t covered = 0;
-    for (const LogicalRange& r : ranges) covered += r.length;
-    std::vector<BlockPlan> plans = plan_blocks(ranges);
+    for (const ByteRange& r : ranges) covered += r.length;
+    std::vector<BlockPlan> plans = plan_blocks(ranges, dst_base);
     const bool whole = covered == chunk_->logical_bytes;
     Xxh3Stream stream;
     const bool hash = whole && chunk_->blocks.size() > 1;
@@ -125,12 +120,12 @@ class ChunkFetch {
     if (starts_.back() != c.logical_bytes) fail("blocks do not add up to the chunk");
   }
 
-  std::vector<BlockPlan> plan_blocks(const std::vector<LogicalRange>& ranges) const {
+  std::vector<BlockPlan> plan_blocks(const std::vector<ByteRange>& ranges, uint8_t* dst_base) const {
     std::vector<BlockPlan> plans;
-    for (const LogicalRange& r : ranges) {
+    for (const ByteRange& r : ranges) {
       if (r.length == 0) continue;
-      uint64_t pos = r.src;
-      const uint64_t end = r.src + r.length;
+      uint64_t pos = r.src_offset;
+      const uint64_t end = r.src_offset + r.length;
       size_t b = static_cast<size_t>(std::upper_bound(starts_.begin(), starts_.end(), pos) -
                                      starts_.begin()) - 1;
       while (pos < end) {
@@ -138,11 +133,11 @@ class ChunkFetch {
         const uint64_t take = std::min(end, block_end) - pos;
         if (plans.empty() || plans.back().block != b) plans.push_back(BlockPlan{b, nullptr, {}});
         BlockPlan& plan = plans.back();
-        uint8_t* dst = r.dst + (pos - r.src);
-        if (take == block_end - block_start && plan.pieces.empty()) {
+        uint8_t* dst = dst_base + r.dst_offset + (pos - r.src_offset);
+        if (take == block_end - block_start && plan.slices.empty()) {
           plan.direct = dst;
         } else {
-          plan.pieces.push_back(BlockSlice{pos - block_start, dst, take});
+          plan.slices.push_back(BlockSlice{pos - block_start, dst, take});
         }
         pos += take;
         if (pos == block_end) ++b;
@@ -224,8 +219,8 @@ class ChunkFetch {
         logical[k] = out;
       }
       check_block_checksum(plan.block, logical[k]);
-      for (const BlockSlice& piece : plan.pieces) {
-        std::memcpy(piece.dst, logical[k] + piece.block_offset, static_cast<size_t>(piece.length));
+      for (const BlockSlice& slice : plan.slices) {
+        std::memcpy(slice.dst, logical[k] + slice.block_offset, static_cast<size_t>(slice.length));
       }
     });
     if (stream) {
@@ -312,14 +307,12 @@ void ChunkReader::read_logical(const ItemMeta& item, size_t index, uint64_t lo, 
                                 std::to_string(n) + ") lies outside the " +
                                 std::to_string(logical) + " bytes of " + read.where());
   }
-  read.read_ranges({LogicalRange{lo, dst, n}});
+  read.read_ranges({ByteRange{lo, 0, n}}, dst);
 }
 
 void ChunkReader::read_into(const ItemMeta& item, const ReadRequest& req, uint8_t* dst_box_bytes) {
   ChunkFetch read(*storage_, dir_, pool_, item, req.chunk_index);
   const uint64_t logical = read.chunk().logical_bytes;
-  std::vector<LogicalRange> ranges;
-  ranges.reserve(req.ranges.size());
   uint64_t next = 0;  // ranges must ascend without overlap
   for (const ByteRange& r : req.ranges) {
     if (r.src_offset < next || r.src_offset > logical || r.length > logical - r.src_offset) {
@@ -328,9 +321,8 @@ void ChunkReader::read_into(const ItemMeta& item, const ReadRequest& req, uint8_
                                   " bytes of " + read.where());
     }
     next = r.src_offset + r.length;
-    ranges.push_back(LogicalRange{r.src_offset, dst_box_bytes + r.dst_offset, r.length});
   }
-  read.read_ranges(ranges);
+  read.read_ranges(req.ranges, dst_box_bytes);
 }
 
 void ChunkReader::verify_chunk(const ItemMeta& item, size_t index) {

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "checkpoint/codec/byte_planes.h"
+#include "checkpoint/format/byte_order.h"
 #include "checkpoint/format/metadata.h"
 
 namespace checkpoint::codec_detail {
@@ -41,16 +42,11 @@ size_t raw_frame_size(size_t n) {
   return 5 + fcs_bytes + 3 * blocks + n;
 }
 
-uint8_t* put_le(uint8_t* dst, uint64_t v, size_t bytes) {
-  for (size_t i = 0; i < bytes; ++i) *dst++ = static_cast<uint8_t>(v >> (8 * i));
-  return dst;
-}
-
 // Writes a standard single-segment zstd frame that stores in[0, n) in raw
 // blocks and records its content size (RFC 8878, 3.1.1), raw_frame_size(n)
 // bytes, at dst.
 void write_raw_frame(const uint8_t* in, size_t n, uint8_t* dst) {
-  dst = put_le(dst, 0xFD2FB528u, 4);
+  dst = store_le(dst, 0xFD2FB528u, 4);
   // Frame header descriptor: single segment (bit 5), content size field of
   // 1, 2, 4 or 8 bytes (bits 7-6); no checksum, no dictionary.
   uint8_t fcs_flag = 3;
@@ -64,12 +60,12 @@ void write_raw_frame(const uint8_t* in, size_t n, uint8_t* dst) {
     fcs_flag = 2, fcs_bytes = 4;
   }
   *dst++ = static_cast<uint8_t>((fcs_flag << 6) | (1u << 5));
-  dst = put_le(dst, fcs, fcs_bytes);
+  dst = store_le(dst, fcs, fcs_bytes);
   size_t pos = 0;
   do {
     const size_t len = std::min(kZstdMaxBlock, n - pos);
     const bool last = pos + len == n;
-    dst = put_le(dst, (static_cast<uint64_t>(len) << 3) | (last ? 1u : 0u), 3);  // type 0: raw
+    dst = store_le(dst, (static_cast<uint64_t>(len) << 3) | (last ? 1u : 0u), 3);  // type 0: raw
     if (len) std::memcpy(dst, in + pos, len);
     dst += len;
     pos += len;

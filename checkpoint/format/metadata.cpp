@@ -5,6 +5,7 @@
 #include <limits>
 #include <set>
 
+#include "checkpoint/format/byte_order.h"
 #include "checkpoint/format/checksum.h"
 #include "checkpoint/plan/planner.h"
 #include "checkpoint/format/wire.h"
@@ -360,7 +361,7 @@ std::vector<uint8_t> encode_metadata(const CheckpointMeta& meta) {
   put_body(w, meta);
   std::vector<uint8_t>& out = w.bytes();
   const uint64_t body_length = out.size() - kHeaderBytes;
-  for (int i = 0; i < 8; ++i) out[16 + i] = static_cast<uint8_t>(body_length >> (8 * i));
+  store_le(out.data() + 16, body_length, 8);
   w.put_u64(xxh3_64(out.data(), out.size()));
   return w.release();
 }

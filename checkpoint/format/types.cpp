@@ -40,13 +40,6 @@ const char* dtype_name(DType dtype) {
   return info ? info->name : "unknown";
 }
 
-std::optional<DType> parse_dtype(std::string_view name) {
-  for (const auto& info : kDTypes) {
-    if (name == info.name) return info.dtype;
-  }
-  return std::nullopt;
-}
-
 bool is_known_dtype(uint8_t code) {
   return find_dtype(static_cast<DType>(code)) != nullptr;
 }

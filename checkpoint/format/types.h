@@ -5,7 +5,6 @@
 #include <cstdint>
 #include <optional>
 #include <string>
-#include <string_view>
 #include <vector>
 
 namespace checkpoint {
@@ -35,8 +34,6 @@ enum class DType : uint8_t {
 size_t element_size(DType dtype);
 // "float32", "bfloat16", "int64", "uint8", "bool", ...
 const char* dtype_name(DType dtype);
-// Inverse of dtype_name; nullopt for unknown names.
-std::optional<DType> parse_dtype(std::string_view name);
 // True when `code` is the value of one of the DType enumerators.
 bool is_known_dtype(uint8_t code);
 

@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "checkpoint/format/byte_order.h"
+
 namespace checkpoint::wire {
 
 class WireError : public std::runtime_error {
@@ -44,9 +46,7 @@ class ByteWriter {
   std::vector<uint8_t> release() { return std::move(out_); }
 
  private:
-  void put_fixed(uint64_t v, int n) {
-    for (int i = 0; i < n; ++i) out_.push_back(static_cast<uint8_t>(v >> (8 * i)));
-  }
+  void put_fixed(uint64_t v, size_t n) { append_le(out_, v, n); }
   std::vector<uint8_t> out_;
 };
 
@@ -121,10 +121,9 @@ class ByteReader {
                      std::to_string(remaining()) + " remain");
     }
   }
-  uint64_t get_fixed(int n, const char* what) {
+  uint64_t get_fixed(size_t n, const char* what) {
     require(n, what);
-    uint64_t v = 0;
-    for (int i = 0; i < n; ++i) v |= static_cast<uint64_t>(data_[pos_ + i]) << (8 * i);
+    const uint64_t v = load_le(data_ + pos_, n);
     pos_ += n;
     return v;
   }

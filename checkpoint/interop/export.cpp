@@ -136,28 +136,18 @@ class ExportWriter {
   virtual void finish() = 0;
 };
 
-// 8-byte header length, the JSON header padded with spaces to a multiple of
-// 8, then every tensor's bytes in the order of `items`.
+// The header (encode_safetensors_header), then every tensor's bytes in the
+// order of `items`.
 class SafetensorsWriter : public ExportWriter {
  public:
   SafetensorsWriter(WritableFile& file, const std::vector<ExportItem>& items,
                     const CheckpointMeta& meta)
       : file_(file) {
-    nlohmann::ordered_json header;
-    header["__metadata__"] = {{"format", "pt"}, {"step", std::to_string(meta.step)}};
-    uint64_t offset = 0;
-    for (const ExportItem& e : items) {
-      header[e.name] = {{"dtype", safetensors_dtype_name(e.dtype)},
-                        {"shape", e.item->global_shape},
-                        {"data_offsets", {offset, offset + e.nbytes}}};
-      offset += e.nbytes;
-    }
-    std::string text = header.dump();
-    text.append((8 - text.size() % 8) % 8, ' ');
-    uint8_t len[8];
-    for (int i = 0; i < 8; ++i) len[i] = static_cast<uint8_t>(static_cast<uint64_t>(text.size()) >> (8 * i));
-    file_.append(len, 8);
-    file_.append(text.data(), text.size());
+    std::vector<SafetensorsTensor> tensors;
+    for (const ExportItem& e : items) tensors.push_back({e.name, e.dtype, e.item->global_shape});
+    const std::vector<uint8_t> header =
+        encode_safetensors_header(tensors, {{"format", "pt"}, {"step", std::to_string(meta.step)}});
+    file_.append(header.data(), header.size());
   }
   void begin_tensor(size_t) override {}
   void write(const uint8_t* data, size_t n) override { file_.append(data, n); }

@@ -4,6 +4,7 @@
 #include <set>
 #include <unordered_map>
 
+#include "checkpoint/format/byte_order.h"
 #include "checkpoint/format/metadata.h"
 
 namespace checkpoint {
@@ -167,12 +168,7 @@ class Unpickler {
     return at;
   }
   uint8_t read_u8() { return *read(1); }
-  uint64_t read_le(size_t k) {
-    const uint8_t* b = read(k);
-    uint64_t v = 0;
-    for (size_t j = k; j-- > 0;) v = (v << 8) | b[j];
-    return v;
-  }
+  uint64_t read_le(size_t k) { return load_le(read(k), k); }
   int64_t read_long1() {
     const size_t k = read_u8();
     if (k > 8) fail("integer too large (LONG1 of " + std::to_string(k) + " bytes)");
@@ -369,12 +365,9 @@ void check_tensor(PickledTensor& t, const std::string& source) {
 // ---- writer
 
 void put_op(std::vector<uint8_t>& out, uint8_t op) { out.push_back(op); }
-void put_le(std::vector<uint8_t>& out, uint64_t v, int bytes) {
-  for (int i = 0; i < bytes; ++i) out.push_back(static_cast<uint8_t>(v >> (8 * i)));
-}
 void put_str(std::vector<uint8_t>& out, const std::string& s) {
   put_op(out, kBinUnicode);
-  put_le(out, s.size(), 4);
+  append_le(out, s.size(), 4);
   out.insert(out.end(), s.begin(), s.end());
 }
 void put_global(std::vector<uint8_t>& out, const std::string& module, const std::string& name) {
@@ -388,13 +381,13 @@ void put_global(std::vector<uint8_t>& out, const std::string& module, const std:
 void put_int(std::vector<uint8_t>& out, int64_t v) {
   if (v >= 0 && v <= 0xFF) {
     put_op(out, kBinInt1);
-    put_le(out, static_cast<uint64_t>(v), 1);
+    append_le(out, static_cast<uint64_t>(v), 1);
   } else if (v >= 0 && v <= 0xFFFF) {
     put_op(out, kBinInt2);
-    put_le(out, static_cast<uint64_t>(v), 2);
+    append_le(out, static_cast<uint64_t>(v), 2);
   } else if (v >= INT32_MIN && v <= INT32_MAX) {
     put_op(out, kBinInt);
-    put_le(out, static_cast<uint64_t>(v), 4);
+    append_le(out, static_cast<uint64_t>(v), 4);
   } else {
     // Minimal two's complement, little-endian (the sign bit of the top byte
     // must match the sign).
@@ -405,8 +398,8 @@ void put_int(std::vector<uint8_t>& out, int64_t v) {
       --bytes;
     }
     put_op(out, kLong1);
-    put_le(out, static_cast<uint64_t>(bytes), 1);
-    put_le(out, static_cast<uint64_t>(v), bytes);
+    append_le(out, static_cast<uint64_t>(bytes), 1);
+    append_le(out, static_cast<uint64_t>(v), bytes);
   }
 }
 void put_int_tuple(std::vector<uint8_t>& out, const std::vector<int64_t>& v) {
@@ -490,7 +483,7 @@ std::vector<PickledTensor> parse_tensor_dict_pickle(const uint8_t* data, size_t 
 std::vector<uint8_t> write_tensor_dict_pickle(const std::vector<PickledTensor>& tensors) {
   std::vector<uint8_t> out;
   put_op(out, kProto);
-  put_le(out, 2, 1);
+  append_le(out, 2, 1);
   put_op(out, kEmptyDict);
   for (size_t begin = 0; begin < tensors.size(); begin += kSetItemsBatch) {
     const size_t end = std::min(tensors.size(), begin + kSetItemsBatch);

@@ -4,7 +4,9 @@
 
 #include <algorithm>
 #include <cstring>
+#include <stdexcept>
 
+#include "checkpoint/format/byte_order.h"
 #include "checkpoint/format/metadata.h"
 #include "checkpoint/plan/resharding.h"
 #include "checkpoint/interop/torch_pickle.h"
@@ -76,6 +78,57 @@ std::optional<DType> parse_safetensors_dtype(const std::string& name) {
   return std::nullopt;
 }
 
+std::vector<uint8_t> encode_safetensors_header(const std::vector<SafetensorsTensor>& tensors,
+                                               const std::map<std::string, std::string>& metadata) {
+  nlohmann::ordered_json header = nlohmann::ordered_json::object();
+  if (!metadata.empty()) {
+    nlohmann::ordered_json m = nlohmann::ordered_json::object();
+    for (const auto& [key, value] : metadata) m[key] = value;
+    header["__metadata__"] = std::move(m);
+  }
+  uint64_t offset = 0;
+  for (const SafetensorsTensor& t : tensors) {
+    const uint64_t nbytes = *checked_numel(t.shape) * element_size(t.dtype);
+    header[t.name] = {{"dtype", safetensors_dtype_name(t.dtype)},
+                      {"shape", t.shape},
+                      {"data_offsets", {offset, offset + nbytes}}};
+    offset += nbytes;
+  }
+  std::string text = header.dump();
+  text.append((8 - text.size() % 8) % 8, ' ');  // the data starts 8-byte aligned
+  std::vector<uint8_t> out;
+  out.reserve(8 + text.size());
+  append_le(out, text.size(), 8);
+  out.insert(out.end(), text.begin(), text.end());
+  return out;
+}
+
+void write_safetensors(const std::string& path, const std::vector<SafetensorsTensor>& tensors,
+                       const std::map<std::string, std::string>& metadata,
+                       std::shared_ptr<Storage> storage) {
+  std::vector<uint64_t> sizes;
+  for (const SafetensorsTensor& t : tensors) {
+    const std::optional<uint64_t> numel = checked_numel(t.shape);
+    if (!numel) {
+      throw std::invalid_argument("write_safetensors: tensor '" + t.name + "' has an invalid shape " +
+                                  shape_to_string(t.shape));
+    }
+    sizes.push_back(*numel * element_size(t.dtype));
+    if (sizes.back() > 0 && t.data == nullptr) {
+      throw std::invalid_argument("write_safetensors: tensor '" + t.name + "' has no data");
+    }
+  }
+  if (!storage) storage = posix_storage();
+  const std::vector<uint8_t> header = encode_safetensors_header(tensors, metadata);
+  std::unique_ptr<WritableFile> file = storage->create_file(path);
+  file->append(header.data(), header.size());
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    if (sizes[i] > 0) file->append(tensors[i].data, sizes[i]);
+  }
+  file->sync();
+  file->close();
+}
+
 WeightsFile WeightsFile::open(const std::string& path, std::shared_ptr<Storage> storage) {
   WeightsFile f;
   f.storage_ = storage ? std::move(storage) : posix_storage();
@@ -99,8 +152,7 @@ void WeightsFile::open_safetensors() {
   if (file_size < 8) throw error_in(path_, "too short for a safetensors header length");
   uint8_t len_bytes[8];
   storage_->read_at(path_, 0, len_bytes, 8);
-  uint64_t header_len = 0;
-  for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | len_bytes[i];
+  const uint64_t header_len = load_le(len_bytes, 8);
   if (header_len > kMaxSafetensorsHeaderBytes || header_len > file_size - 8) {
     throw error_in(path_, "safetensors header length " + std::to_string(header_len) +
                               " exceeds the file (" + std::to_string(file_size) +

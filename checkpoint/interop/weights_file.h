@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -76,5 +77,32 @@ class WeightsFile {
 // and back (nullopt for strings this format does not know).
 const char* safetensors_dtype_name(DType dtype);
 std::optional<DType> parse_safetensors_dtype(const std::string& name);
+
+// One tensor of a safetensors file being written.
+struct SafetensorsTensor {
+  std::string name;
+  DType dtype = DType::kFloat32;
+  std::vector<int64_t> shape;
+  // Its numel(shape) * element_size(dtype) row-major bytes; read by
+  // write_safetensors, ignored by encode_safetensors_header.
+  const uint8_t* data = nullptr;
+};
+
+// The bytes a safetensors file starts with: the 8-byte little-endian length
+// of the JSON header, then the header -- "__metadata__" first (left out when
+// `metadata` is empty), then `tensors` in order, each with
+// {dtype, shape, data_offsets}, the offsets consecutive -- padded with spaces
+// to a multiple of 8 bytes. The tensors' bytes follow it, in the same order.
+// REQUIRES: valid shapes and UTF-8 names (export checks them first).
+std::vector<uint8_t> encode_safetensors_header(const std::vector<SafetensorsTensor>& tensors,
+                                               const std::map<std::string, std::string>& metadata);
+
+// Writes `path` (created or truncated, not atomically) as a safetensors file
+// of `tensors` and syncs it. Throws std::invalid_argument for an invalid
+// shape or a null `data` with bytes to write; IoError for the file.
+// `storage` null: the POSIX file system.
+void write_safetensors(const std::string& path, const std::vector<SafetensorsTensor>& tensors,
+                       const std::map<std::string, std::string>& metadata = {},
+                       std::shared_ptr<Storage> storage = nullptr);
 
 }  // namespace checkpoint

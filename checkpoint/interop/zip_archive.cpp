@@ -4,6 +4,7 @@
 #include <array>
 #include <stdexcept>
 
+#include "checkpoint/format/byte_order.h"
 #include "checkpoint/format/metadata.h"
 
 namespace checkpoint {
@@ -36,21 +37,9 @@ std::array<uint32_t, 256> make_crc_table() {
   return table;
 }
 
-void put16(std::vector<uint8_t>& out, uint16_t v) {
-  for (int i = 0; i < 2; ++i) out.push_back(static_cast<uint8_t>(v >> (8 * i)));
-}
-void put32(std::vector<uint8_t>& out, uint32_t v) {
-  for (int i = 0; i < 4; ++i) out.push_back(static_cast<uint8_t>(v >> (8 * i)));
-}
-void put64(std::vector<uint8_t>& out, uint64_t v) {
-  for (int i = 0; i < 8; ++i) out.push_back(static_cast<uint8_t>(v >> (8 * i)));
-}
-
-uint64_t get_le(const uint8_t* p, int bytes) {
-  uint64_t v = 0;
-  for (int i = bytes - 1; i >= 0; --i) v = (v << 8) | p[i];
-  return v;
-}
+void put16(std::vector<uint8_t>& out, uint16_t v) { append_le(out, v, 2); }
+void put32(std::vector<uint8_t>& out, uint32_t v) { append_le(out, v, 4); }
+void put64(std::vector<uint8_t>& out, uint64_t v) { append_le(out, v, 8); }
 
 uint32_t clamp32(uint64_t v) { return v >= kMax32 ? kMax32 : static_cast<uint32_t>(v); }
 
@@ -63,8 +52,8 @@ FormatError zip_error(const std::string& path, const std::string& what) {
 void apply_zip64_extra(const uint8_t* extra, size_t n, ZipMember& m, const std::string& path) {
   size_t pos = 0;
   while (pos + 4 <= n) {
-    const uint16_t id = static_cast<uint16_t>(get_le(extra + pos, 2));
-    const uint16_t len = static_cast<uint16_t>(get_le(extra + pos + 2, 2));
+    const uint16_t id = static_cast<uint16_t>(load_le(extra + pos, 2));
+    const uint16_t len = static_cast<uint16_t>(load_le(extra + pos + 2, 2));
     pos += 4;
     if (pos + len > n) throw zip_error(path, "extra field overruns entry '" + m.name + "'");
     if (id == kZip64ExtraId) {
@@ -72,7 +61,7 @@ void apply_zip64_extra(const uint8_t* extra, size_t n, ZipMember& m, const std::
       auto take = [&](uint64_t& dst) {
         if (dst != kMax32) return;
         if (field + 8 > pos + len) throw zip_error(path, "short zip64 field for '" + m.name + "'");
-        dst = get_le(extra + field, 8);
+        dst = load_le(extra + field, 8);
         field += 8;
       };
       take(m.size);
@@ -247,7 +236,7 @@ std::vector<ZipMember> read_zip_directory(Storage& storage, const std::string& p
   // The end record is the last signature whose comment reaches the end exactly.
   size_t end_pos = SIZE_MAX;
   for (size_t i = tail_size - kEndSize + 1; i-- > 0;) {
-    if (get_le(&tail[i], 4) == kEndSig && i + kEndSize + get_le(&tail[i + 20], 2) == tail_size) {
+    if (load_le(&tail[i], 4) == kEndSig && i + kEndSize + load_le(&tail[i + 20], 2) == tail_size) {
       end_pos = i;
       break;
     }
@@ -255,27 +244,27 @@ std::vector<ZipMember> read_zip_directory(Storage& storage, const std::string& p
   if (end_pos == SIZE_MAX) throw zip_error(path, "no end of central directory record");
   const uint64_t end_offset = file_size - tail_size + end_pos;
   const uint8_t* e = &tail[end_pos];
-  uint64_t count = get_le(e + 10, 2);
-  uint64_t cd_size = get_le(e + 12, 4);
-  uint64_t cd_offset = get_le(e + 16, 4);
-  if (get_le(e + 4, 2) != 0 && get_le(e + 4, 2) != 0xFFFF) throw zip_error(path, "multi-disk archive");
+  uint64_t count = load_le(e + 10, 2);
+  uint64_t cd_size = load_le(e + 12, 4);
+  uint64_t cd_offset = load_le(e + 16, 4);
+  if (load_le(e + 4, 2) != 0 && load_le(e + 4, 2) != 0xFFFF) throw zip_error(path, "multi-disk archive");
 
   if (count == 0xFFFF || cd_size == kMax32 || cd_offset == kMax32) {
     if (end_offset < kZip64LocatorSize) throw zip_error(path, "missing zip64 locator");
     uint8_t loc[kZip64LocatorSize];
     storage.read_at(path, end_offset - kZip64LocatorSize, loc, sizeof loc);
-    if (get_le(loc, 4) != kZip64LocatorSig) throw zip_error(path, "missing zip64 locator");
-    const uint64_t record = get_le(loc + 8, 8);
+    if (load_le(loc, 4) != kZip64LocatorSig) throw zip_error(path, "missing zip64 locator");
+    const uint64_t record = load_le(loc + 8, 8);
     if (record > end_offset - kZip64LocatorSize ||
         end_offset - kZip64LocatorSize - record < kZip64EndSize) {
       throw zip_error(path, "zip64 end record out of range");
     }
     uint8_t r[kZip64EndSize];
     storage.read_at(path, record, r, sizeof r);
-    if (get_le(r, 4) != kZip64EndSig) throw zip_error(path, "bad zip64 end record signature");
-    count = get_le(r + 32, 8);
-    cd_size = get_le(r + 40, 8);
-    cd_offset = get_le(r + 48, 8);
+    if (load_le(r, 4) != kZip64EndSig) throw zip_error(path, "bad zip64 end record signature");
+    count = load_le(r + 32, 8);
+    cd_size = load_le(r + 40, 8);
+    cd_offset = load_le(r + 48, 8);
   }
   if (cd_offset > end_offset || cd_size > end_offset - cd_offset) {
     throw zip_error(path, "central directory out of range");
@@ -289,22 +278,22 @@ std::vector<ZipMember> read_zip_directory(Storage& storage, const std::string& p
   members.reserve(count);
   size_t pos = 0;
   for (uint64_t i = 0; i < count; ++i) {
-    if (cd.size() - pos < kCentralHeaderSize || get_le(&cd[pos], 4) != kCentralSig) {
+    if (cd.size() - pos < kCentralHeaderSize || load_le(&cd[pos], 4) != kCentralSig) {
       throw zip_error(path, "bad central directory entry " + std::to_string(i));
     }
     const uint8_t* h = &cd[pos];
-    const size_t name_len = get_le(h + 28, 2);
-    const size_t extra_len = get_le(h + 30, 2);
-    const size_t comment_len = get_le(h + 32, 2);
+    const size_t name_len = load_le(h + 28, 2);
+    const size_t extra_len = load_le(h + 30, 2);
+    const size_t comment_len = load_le(h + 32, 2);
     if (cd.size() - pos - kCentralHeaderSize < name_len + extra_len + comment_len) {
       throw zip_error(path, "central directory entry " + std::to_string(i) + " overruns it");
     }
     ZipMember m;
-    m.method = static_cast<uint16_t>(get_le(h + 10, 2));
-    m.crc32 = static_cast<uint32_t>(get_le(h + 16, 4));
-    m.compressed_size = get_le(h + 20, 4);
-    m.size = get_le(h + 24, 4);
-    m.local_header_offset = get_le(h + 42, 4);
+    m.method = static_cast<uint16_t>(load_le(h + 10, 2));
+    m.crc32 = static_cast<uint32_t>(load_le(h + 16, 4));
+    m.compressed_size = load_le(h + 20, 4);
+    m.size = load_le(h + 24, 4);
+    m.local_header_offset = load_le(h + 42, 4);
     m.name.assign(reinterpret_cast<const char*>(h + kCentralHeaderSize), name_len);
     apply_zip64_extra(h + kCentralHeaderSize + name_len, extra_len, m, path);
     if (m.local_header_offset > cd_offset || m.compressed_size > cd_offset) {
@@ -326,11 +315,11 @@ uint64_t zip_member_data_offset(Storage& storage, const std::string& path, const
   }
   uint8_t h[kLocalHeaderSize];
   storage.read_at(path, member.local_header_offset, h, sizeof h);
-  if (get_le(h, 4) != kLocalHeaderSig) {
+  if (load_le(h, 4) != kLocalHeaderSig) {
     throw zip_error(path, "bad local header for member '" + member.name + "'");
   }
-  const uint64_t data = member.local_header_offset + kLocalHeaderSize + get_le(h + 26, 2) +
-                        get_le(h + 28, 2);
+  const uint64_t data = member.local_header_offset + kLocalHeaderSize + load_le(h + 26, 2) +
+                        load_le(h + 28, 2);
   const uint64_t file_size = storage.file_size(path);
   if (data > file_size || member.size > file_size - data) {
     throw zip_error(path, "data of member '" + member.name + "' runs past the end of the file");

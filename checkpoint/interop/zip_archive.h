@@ -51,8 +51,6 @@ class ZipWriter {
   // Writes the central directory and end records. No members after it.
   void finish();
 
-  uint64_t bytes_written() const { return pos_; }
-
  private:
   struct Entry {
     std::string name;

@@ -192,7 +192,7 @@ std::vector<const LocalPlan*> plans_by_rank(const std::vector<LocalPlan>& plans)
 }
 
 // A replicated region (or a dim-0 piece of one) waiting for a writer.
-struct Piece {
+struct ReplicatedPart {
   size_t item;
   size_t region;  // pieces of one region go to different holders
   Box box;
@@ -257,7 +257,7 @@ GlobalPlan make_global_plan(const std::vector<LocalPlan>& plans, const PlanOptio
   plan.per_rank.resize(plans.size());
   plan.bytes_per_rank.assign(plans.size(), 0);
   std::vector<std::vector<std::pair<size_t, Box>>> assigned(plans.size());
-  std::vector<Piece> pieces;
+  std::vector<ReplicatedPart> pieces;
   size_t region_count = 0;
   for (size_t i = 0; i < items.size(); ++i) {
     const WriteItem& first = *items[i].first;
@@ -278,20 +278,20 @@ GlobalPlan make_global_plan(const std::vector<LocalPlan>& plans, const PlanOptio
       std::vector<Box> split = parts > 1 ? split_rows(box, parts) : std::vector<Box>{box};
       for (Box& piece : split) {
         const uint64_t piece_bytes = static_cast<uint64_t>(piece.numel()) * esize;
-        pieces.push_back(Piece{i, region, std::move(piece), piece_bytes, &ranks});
+        pieces.push_back(ReplicatedPart{i, region, std::move(piece), piece_bytes, &ranks});
       }
     }
   }
 
   // Largest first to the least-loaded holder (ties: lowest rank) balances
   // bytes; the order is total so every coordinator computes the same plan.
-  std::sort(pieces.begin(), pieces.end(), [](const Piece& a, const Piece& b) {
+  std::sort(pieces.begin(), pieces.end(), [](const ReplicatedPart& a, const ReplicatedPart& b) {
     if (a.bytes != b.bytes) return a.bytes > b.bytes;
     if (a.item != b.item) return a.item < b.item;
     return a.box < b.box;
   });
   std::map<size_t, std::set<int>> used;  // region -> holders already given a piece
-  for (const Piece& piece : pieces) {
+  for (const ReplicatedPart& piece : pieces) {
     std::set<int>& taken = used[piece.region];
     int best = -1;
     for (int r : *piece.holders) {

@@ -2,11 +2,12 @@
 // Save planning, DCP-style: pure functions from what every rank holds to what
 // every rank writes. No I/O, no communication; tests call these directly.
 //
-// Call sequence during a save:
+// Call sequence during a save (save.cpp); no coordinator is involved:
 //   (all ranks)   build a LocalPlan of the regions they hold; encode_local_plan
-//   (coordinator) gather the blobs; decode_local_plan each; make_global_plan
-//   (coordinator) encode_assignments(plan.per_rank[r]) and send one to each rank
-//   (all ranks)   decode_assignments; write exactly those regions
+//   (all ranks)   all-gather the blobs; decode_local_plan each
+//   (all ranks)   make_global_plan on the same plans: every rank computes the
+//                 same GlobalPlan, so no assignments are sent
+//   (all ranks)   write exactly the regions in plan.per_rank[own rank]
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -95,8 +96,10 @@ std::optional<TilingProblem> find_tiling_problem(const std::vector<int64_t>& glo
 void check_tiling(const std::vector<int64_t>& global_shape, const std::vector<Box>& boxes,
                   const std::string& item);
 
-// Byte-blob codecs for sending plans through a process group. Decoders are
-// bounds-checked and throw PlanError on malformed input.
+// Byte-blob codecs for plans. save all-gathers encode_local_plan's blobs;
+// the assignment codec is for callers that send assignments (save does not:
+// every rank computes its own). Decoders are bounds-checked and throw
+// PlanError on malformed input.
 std::vector<uint8_t> encode_local_plan(const LocalPlan& plan);
 LocalPlan decode_local_plan(const uint8_t* data, size_t size);
 std::vector<uint8_t> encode_assignments(const std::vector<WriteAssignment>& assignments);

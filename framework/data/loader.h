@@ -26,7 +26,6 @@ class DataLoader {
   void load_state(const LoaderState& state);
 
   const Dataset& dataset() const { return *dataset_; }
-  int64_t local_batch_size() const { return sampler_.global_batch_size() / dp_size_; }
 
  private:
   std::shared_ptr<Dataset> dataset_;

@@ -22,7 +22,6 @@ struct Placement {
   static Placement replicate() { return Placement{Kind::kReplicate, 0}; }
 
   bool is_shard() const { return kind == Kind::kShard; }
-  bool is_replicate() const { return kind == Kind::kReplicate; }
   // "Shard(0)", "Replicate()".
   std::string to_string() const {
     return is_shard() ? "Shard(" + std::to_string(dim) + ")" : "Replicate()";

@@ -27,7 +27,6 @@ class ShardedAdamW {
   // with the gradients now on the local shards. Returns the lr used.
   double step(int64_t step);
 
-  size_t num_params() const { return params_.size(); }
   // The state of parameter `index`; zeros (step 0) before the first update.
   AdamWParamState state(size_t index);
   // Overwrites the state of parameter `index` (resume). REQUIRES: shapes of

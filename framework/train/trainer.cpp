@@ -2,6 +2,8 @@
 
 #include "checkpoint/interop/import_weights.h"
 #include "checkpoint/async/manager.h"
+#include "checkpoint/format/byte_order.h"
+#include "checkpoint/timing.h"
 #include "framework/data/dataset.h"
 #include "framework/dist/device.h"
 #include "framework/data/sampler.h"
@@ -30,6 +32,7 @@ namespace framework::train {
 
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
+using checkpoint::seconds_since;
 
 namespace {
 
@@ -102,19 +105,13 @@ std::string format_duration(double seconds) {
 
 std::vector<uint8_t> int64_bytes(int64_t v) {
   std::vector<uint8_t> b(8);
-  for (int i = 0; i < 8; ++i) b[i] = static_cast<uint8_t>(static_cast<uint64_t>(v) >> (8 * i));
+  checkpoint::store_le(b.data(), static_cast<uint64_t>(v), 8);
   return b;
 }
 
 int64_t bytes_int64(const std::vector<uint8_t>& b, const std::string& what) {
   if (b.size() != 8) throw std::runtime_error(what + ": expected 8 bytes, got " + std::to_string(b.size()));
-  uint64_t v = 0;
-  for (int i = 0; i < 8; ++i) v |= static_cast<uint64_t>(b[i]) << (8 * i);
-  return static_cast<int64_t>(v);
-}
-
-double seconds_since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
+  return static_cast<int64_t>(checkpoint::load_le(b.data(), 8));
 }
 
 // The step's one all-reduce, a sum over ranks. Packed into a double tensor

@@ -1,0 +1,13 @@
+#pragma once
+// Internal: the one elapsed-time helper for the phase timings that save, the
+// manager, the trainer and the benchmarks report. Not part of the public API.
+#include <chrono>
+
+namespace checkpoint {
+
+// Seconds on the steady clock since t.
+inline double seconds_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+}  // namespace checkpoint
