@@ -15,43 +15,77 @@
 
 namespace checkpoint {
 
+namespace {
+
+// The saved items by name.
+class ItemIndex {
+ public:
+  explicit ItemIndex(const CheckpointMeta& meta) {
+    by_name_.reserve(meta.items.size());
+    for (const ItemMeta& item : meta.items) by_name_.emplace(item.name, &item);
+  }
+  const ItemMeta* find(const std::string& name) const {
+    auto it = by_name_.find(name);
+    return it == by_name_.end() ? nullptr : it->second;
+  }
+
+ private:
+  std::unordered_map<std::string_view, const ItemMeta*> by_name_;
+};
+
+// Strictness, both directions, named: fills stats.missing and
+// stats.unexpected, and throws unless options.allow_partial.
+void check_names(const StateDict& state, const CheckpointMeta& meta, const ItemIndex& index,
+                 const std::string& step_dir, const LoadOptions& options, LoadStats& stats) {
+  auto wanted = [&](const std::string& name) { return !options.filter || options.filter(name); };
+  std::set<std::string> have;
+  for (const auto& t : state.tensors()) have.insert(t.name);
+  for (const auto& b : state.bytes()) have.insert(b.name);
+  for (const auto& name : have) {
+    if (wanted(name) && index.find(name) == nullptr) stats.missing.push_back(name);
+  }
+  for (const auto& item : meta.items) {
+    if (wanted(item.name) && !have.count(item.name)) stats.unexpected.push_back(item.name);
+  }
+  if (options.allow_partial || (stats.missing.empty() && stats.unexpected.empty())) return;
+  std::ostringstream msg;
+  msg << "checkpoint " << step_dir << " does not match the state being loaded";
+  if (!stats.missing.empty()) msg << "; missing keys: " << join_names(stats.missing);
+  if (!stats.unexpected.empty()) msg << "; unexpected keys: " << join_names(stats.unexpected);
+  msg << " (checkpoint.allow_partial: true tolerates this)";
+  throw CheckpointError(msg.str());
+}
+
+// Throws CheckpointError naming the item when the saved item cannot fill `t`.
+void check_tensor_matches(const ItemMeta& item, const TensorEntry& t, const std::string& where) {
+  if (item.kind != ItemKind::kTensor) throw CheckpointError(where + " is not a tensor");
+  if (item.dtype != to_dtype(t.local.scalar_type())) {
+    throw CheckpointError("dtype mismatch for " + where + ": the checkpoint has " +
+                          dtype_name(item.dtype) + ", the state expects " +
+                          dtype_name(to_dtype(t.local.scalar_type())));
+  }
+  if (item.global_shape != t.global_shape) {
+    throw CheckpointError("shape mismatch for " + where + ": the checkpoint has " +
+                          shape_to_string(item.global_shape) + ", the state expects " +
+                          shape_to_string(t.global_shape));
+  }
+  TORCH_CHECK(t.local.is_contiguous(), "load: ", where, ": destination must be contiguous");
+}
+
+}  // namespace
+
 LoadStats load_state_dict(StateDict& state, const std::string& step_dir, const LoadOptions& options) {
   require_host_tensors(state, "load_state_dict");
   std::shared_ptr<Storage> storage = options.storage ? options.storage : posix_storage();
   const CheckpointMeta meta = read_committed_metadata(*storage, step_dir);
+  const ItemIndex index(meta);
 
   LoadStats stats;
   stats.step = meta.step;
   stats.saved_world_size = meta.world_size;
   stats.saved_layout = meta.layout;
+  check_names(state, meta, index, step_dir, options, stats);
   auto wanted = [&](const std::string& name) { return !options.filter || options.filter(name); };
-
-  std::unordered_map<std::string_view, const ItemMeta*> by_name;
-  by_name.reserve(meta.items.size());
-  for (const ItemMeta& item : meta.items) by_name.emplace(item.name, &item);
-  auto find = [&by_name](const std::string& name) -> const ItemMeta* {
-    auto it = by_name.find(name);
-    return it == by_name.end() ? nullptr : it->second;
-  };
-
-  // Strictness: both directions, named.
-  std::set<std::string> have;
-  for (const auto& t : state.tensors()) have.insert(t.name);
-  for (const auto& b : state.bytes()) have.insert(b.name);
-  for (const auto& name : have) {
-    if (wanted(name) && find(name) == nullptr) stats.missing.push_back(name);
-  }
-  for (const auto& item : meta.items) {
-    if (wanted(item.name) && !have.count(item.name)) stats.unexpected.push_back(item.name);
-  }
-  if (!options.allow_partial && (!stats.missing.empty() || !stats.unexpected.empty())) {
-    std::ostringstream msg;
-    msg << "checkpoint " << step_dir << " does not match the state being loaded";
-    if (!stats.missing.empty()) msg << "; missing keys: " << join_names(stats.missing);
-    if (!stats.unexpected.empty()) msg << "; unexpected keys: " << join_names(stats.unexpected);
-    msg << " (checkpoint.allow_partial: true tolerates this)";
-    throw CheckpointError(msg.str());
-  }
 
   // One task per request on `pool`; a request spanning several blocks (a big
   // chunk) decodes them in parallel on `block_pool`, a second pool so that
@@ -64,22 +98,9 @@ LoadStats load_state_dict(StateDict& state, const std::string& step_dir, const L
   std::vector<std::future<void>> tasks;
 
   for (auto& t : state.tensors()) {
-    if (!wanted(t.name)) continue;
-    const ItemMeta* item = find(t.name);
-    if (item == nullptr) continue;  // tolerated above
-    const std::string where = "item '" + t.name + "' of checkpoint " + step_dir;
-    if (item->kind != ItemKind::kTensor) throw CheckpointError(where + " is not a tensor");
-    if (item->dtype != to_dtype(t.local.scalar_type())) {
-      throw CheckpointError("dtype mismatch for " + where + ": the checkpoint has " +
-                            dtype_name(item->dtype) + ", the state expects " +
-                            dtype_name(to_dtype(t.local.scalar_type())));
-    }
-    if (item->global_shape != t.global_shape) {
-      throw CheckpointError("shape mismatch for " + where + ": the checkpoint has " +
-                            shape_to_string(item->global_shape) + ", the state expects " +
-                            shape_to_string(t.global_shape));
-    }
-    TORCH_CHECK(t.local.is_contiguous(), "load: ", where, ": destination must be contiguous");
+    const ItemMeta* item = wanted(t.name) ? index.find(t.name) : nullptr;
+    if (item == nullptr) continue;  // filtered out, or missing and tolerated above
+    check_tensor_matches(*item, t, "item '" + t.name + "' of checkpoint " + step_dir);
     Box box{t.offsets, t.local.sizes().vec()};
     uint8_t* dst = static_cast<uint8_t*>(t.local.data_ptr());
     for (ReadRequest& req : plan_reads(*item, box)) {
@@ -90,8 +111,7 @@ LoadStats load_state_dict(StateDict& state, const std::string& step_dir, const L
     stats.bytes_read += static_cast<uint64_t>(t.local.numel()) * t.local.element_size();
   }
   for (auto& b : state.bytes()) {
-    if (!wanted(b.name)) continue;
-    const ItemMeta* item = find(b.name);
+    const ItemMeta* item = wanted(b.name) ? index.find(b.name) : nullptr;
     if (item == nullptr) continue;
     if (item->kind != ItemKind::kBytes || item->chunks.size() != 1) {
       throw CheckpointError("item '" + b.name + "' of checkpoint " + step_dir +

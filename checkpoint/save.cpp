@@ -220,6 +220,42 @@ CheckpointMeta assemble_metadata(const std::vector<LocalPlan>& plans, const Glob
 
 }  // namespace
 
+namespace {
+
+// Step 3: writes this rank's assignments and returns its reply for the
+// all-gather: logical and stored bytes, then the chunks' locations.
+Bytes write_this_rank(const StateDict& state, const std::string& step_dir, const GlobalPlan& plan,
+                      int rank, Storage& storage, const SaveOptions& options, SaveStats& stats) {
+  storage.make_dirs(step_dir);
+  RankWriter writer(storage, step_dir, rank, options);
+  std::vector<ChunkMeta> chunks = write_assignments(state, plan.per_rank[rank], writer, rank);
+  stats.logical_bytes = writer.logical_bytes();
+  stats.stored_bytes = writer.stored_bytes();
+  stats.peak_batches_in_flight = writer.peak_batches_in_flight();
+  wire::ByteWriter w;
+  w.put_u64(stats.logical_bytes);
+  w.put_u64(stats.stored_bytes);
+  for (const auto& c : chunks) put_chunk_location(w, c);
+  return w.release();
+}
+
+// Step 4's input: every rank's chunk locations (tagged, as the metadata
+// assembly takes them), adding up the byte totals into `stats`.
+std::vector<Bytes> chunk_locations(const std::vector<Bytes>& replies, SaveStats& stats) {
+  std::vector<Bytes> locations;
+  for (const auto& r : replies) {
+    wire::ByteReader reader(r.data() + 1, r.size() - 1);
+    stats.total_logical_bytes += reader.get_u64("logical");
+    stats.total_stored_bytes += reader.get_u64("stored");
+    Bytes rest(r.begin() + 1 + 16, r.end());
+    rest.insert(rest.begin(), uint8_t{1});
+    locations.push_back(std::move(rest));
+  }
+  return locations;
+}
+
+}  // namespace
+
 SaveStats save_state_dict(const StateDict& state, const std::string& step_dir,
                           framework::dist::Group& group, const SaveOptions& options) {
   require_host_tensors(state, "save_state_dict");
@@ -256,17 +292,7 @@ SaveStats save_state_dict(const StateDict& state, const std::string& step_dir,
   // plans were exchanged (rank 0 made it before replying).
   auto t1 = Clock::now();
   try {
-    storage->make_dirs(step_dir);
-    RankWriter writer(*storage, step_dir, rank, options);
-    std::vector<ChunkMeta> chunks = write_assignments(state, plan.per_rank[rank], writer, rank);
-    stats.logical_bytes = writer.logical_bytes();
-    stats.stored_bytes = writer.stored_bytes();
-    stats.peak_batches_in_flight = writer.peak_batches_in_flight();
-    wire::ByteWriter w;
-    w.put_u64(stats.logical_bytes);
-    w.put_u64(stats.stored_bytes);
-    for (const auto& c : chunks) put_chunk_location(w, c);
-    mine = tagged_ok(w.release());
+    mine = tagged_ok(write_this_rank(state, step_dir, plan, rank, *storage, options, stats));
   } catch (const std::exception& e) {
     mine = tagged_error(e.what());
   }
@@ -276,15 +302,7 @@ SaveStats save_state_dict(const StateDict& state, const std::string& step_dir,
 
   // 4. Commit (coordinator), then tell everyone how it went.
   auto t2 = Clock::now();
-  std::vector<Bytes> locations;
-  for (auto& r : replies) {
-    wire::ByteReader reader(r.data() + 1, r.size() - 1);
-    stats.total_logical_bytes += reader.get_u64("logical");
-    stats.total_stored_bytes += reader.get_u64("stored");
-    Bytes rest(r.begin() + 1 + 16, r.end());
-    rest.insert(rest.begin(), uint8_t{1});
-    locations.push_back(std::move(rest));
-  }
+  const std::vector<Bytes> locations = chunk_locations(replies, stats);
   Bytes verdict;
   if (rank == 0) {
     try {
