@@ -384,6 +384,7 @@ int run_export(const std::string& path, const ExportArgs& args) {
 int main(int argc, char** argv) {
   CLI::App app{"ckpt: list, inspect, verify and export shardkit checkpoints"};
   app.require_subcommand(1);
+  app.set_version_flag("--version", std::string("ckpt (shardkit) ") + SHARDKIT_VERSION);
 
   std::string dir;
   CLI::App* list = app.add_subcommand("list", "the checkpoints in a checkpoint.dir, committed or not");
@@ -425,7 +426,7 @@ int main(int argc, char** argv) {
 
   try {
     app.parse(argc, argv);
-  } catch (const CLI::Success& e) {  // --help
+  } catch (const CLI::Success& e) {  // --help, --version
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
     app.exit(e);

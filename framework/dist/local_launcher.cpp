@@ -465,6 +465,10 @@ void LocalLauncher::record_exit(Rank& rank, int status) {
     code = WEXITSTATUS(status);
     message = "launcher: rank " + std::to_string(rank.index) +
               " exited with status " + std::to_string(*code) + "\n";
+    if (*code == kExitResumable) {
+      message = "launcher: rank " + std::to_string(rank.index) +
+                " stopped after its final save (status 75); run the same command to resume\n";
+    }
   } else if (WIFSIGNALED(status)) {
     int sig = WTERMSIG(status);
     code = 128 + sig;

@@ -9,6 +9,11 @@
 
 namespace framework::dist {
 
+// A rank's exit status that means "stopped by a signal after its final
+// save; run the same command to resume" (framework/train: kExitPreempted).
+// The launcher says so instead of reporting a failure.
+inline constexpr int kExitResumable = 75;
+
 struct LocalLaunchOptions {
   int nproc = 1;
   // Program and arguments each rank runs (argv[0] is resolved via execvp).

@@ -5,10 +5,12 @@
 #include "framework/dist/local_launcher.h"
 #include "framework/dist/runtime.h"
 #include "framework/fsdp/fully_shard.h"
+#include "framework/train/run_lock.h"
 #include "framework/train/train_main.h"
 #include "framework/train/trainer.h"
 
 #include <CLI/CLI.hpp>
+#include <torch/version.h>
 #include <torch/torch.h>
 
 #include <csignal>
@@ -65,6 +67,20 @@ int run_rank(const Args& args, const framework::config::Config& cfg, const Train
   dist::share_cpu_threads_among_local_ranks(dist::process_env());
   std::signal(SIGTERM, on_stop_signal);
   std::signal(SIGINT, on_stop_signal);
+  // Ranks the local launcher started run under its lock; otherwise rank 0
+  // takes it (torchrun, SLURM, a single process).
+  std::unique_ptr<RunDirLock> lock;
+  if (env.rank == 0 && std::getenv("SHARDKIT_LAUNCHED") == nullptr) {
+    try {
+      lock = RunDirLock::acquire(cfg.run.dir);
+    } catch (const RunDirBusy& e) {
+      std::cerr << "train: " << e.what() << std::endl;
+      return 2;
+    } catch (const std::exception& e) {
+      std::cerr << "train: " << e.what() << std::endl;
+      return 1;
+    }
+  }
   try {
     auto runtime = dist::init_runtime(env, cfg.dist, cfg.train.device);
     framework::train::Trainer trainer(cfg, *runtime, hooks);
@@ -88,6 +104,8 @@ int train_main(int argc, char** argv, const TrainerHooks& hooks) {
   app.add_option("--nproc", args.nproc, "start N local ranks on 127.0.0.1 (like torchrun --standalone)")
       ->check(CLI::Range(1, 4096));
   app.add_flag("--print-config", args.print_config, "print the effective config and exit");
+  app.set_version_flag("--version", std::string("train (shardkit) ") + SHARDKIT_VERSION +
+                                        ", LibTorch " + TORCH_VERSION);
   try {
     app.parse(argc, argv);
     if (args.config_reference) {
@@ -117,7 +135,14 @@ int train_main(int argc, char** argv, const TrainerHooks& hooks) {
     launch.argv = framework::dist::argv_without_nproc(argc, argv);
     launch.store_server = framework::dist::host_tcp_store;
     try {
-      return framework::dist::run_local_launcher(launch);
+      // One job per run directory, held by the launcher for the whole job.
+      const std::unique_ptr<RunDirLock> lock = RunDirLock::acquire(cfg.run.dir);
+      const int status = framework::dist::run_local_launcher(launch);
+      if (status == 2) lock->remove_if_unused();  // a rank refused the config
+      return status;
+    } catch (const RunDirBusy& e) {
+      std::cerr << "train: " << e.what() << std::endl;
+      return 2;
     } catch (const std::exception& e) {
       std::cerr << "train: " << e.what() << std::endl;
       return 1;

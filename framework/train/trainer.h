@@ -7,6 +7,7 @@
 #include "framework/config/config.h"
 #include "checkpoint/async/manager.h"
 #include "checkpoint/storage/storage.h"
+#include "framework/dist/local_launcher.h"
 #include "framework/dist/runtime.h"
 
 #include <atomic>
@@ -26,7 +27,7 @@ namespace framework::train {
 
 // Exit status of a run stopped by SIGTERM/SIGINT after its final save: the
 // job was preempted and should be resumed.
-inline constexpr int kExitPreempted = 75;
+inline constexpr int kExitPreempted = dist::kExitResumable;
 
 // One training step. All fields but the timings are the same on every rank.
 struct StepRecord {

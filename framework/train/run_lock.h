@@ -1,0 +1,50 @@
+#pragma once
+// One job per run directory. The job takes an exclusive flock(2) on
+// <run.dir>/.lock before it writes anything there. The kernel releases the
+// lock when the holder exits, however it exits (kill -9 included), so a crash
+// never leaves a stale lock. The file itself holds "<pid> <host>" of the
+// holder, for the message a second job prints.
+//
+// Who holds it: the local launcher (`train --nproc N`) for the whole job, or
+// rank 0 when ranks come from torchrun or SLURM. Ranks the local launcher
+// started do not take it again.
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace framework::train {
+
+// Another job holds the run directory's lock.
+class RunDirBusy : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+class RunDirLock {
+ public:
+  // Creates `run_dir` (and parents) if needed and takes its lock without
+  // waiting. Throws RunDirBusy "run.dir <dir> is in use by another job (pid
+  // <P> on <host>); ..." when another process holds it, and
+  // std::runtime_error naming the path when the directory or the lock file
+  // cannot be made.
+  static std::unique_ptr<RunDirLock> acquire(const std::string& run_dir);
+  ~RunDirLock();
+  RunDirLock(const RunDirLock&) = delete;
+  RunDirLock& operator=(const RunDirLock&) = delete;
+
+  // For a job that ended before it started (a config error found by a
+  // rank): removes the lock file and the directories that acquire() made,
+  // if nothing else was put there, so that the job leaves nothing behind.
+  void remove_if_unused();
+
+ private:
+  RunDirLock(int fd, std::string path, std::vector<std::string> made_dirs, bool made_file)
+      : fd_(fd), path_(std::move(path)), made_dirs_(std::move(made_dirs)), made_file_(made_file) {}
+  int fd_;
+  std::string path_;                    // <run.dir>/.lock
+  std::vector<std::string> made_dirs_;  // created by acquire(), deepest first
+  bool made_file_;
+};
+
+}  // namespace framework::train
