@@ -30,6 +30,9 @@ struct CheckpointOptions {
   std::string mode = "sync";   // sync | async | overlap
   int64_t keep_last = 0;       // keep the newest N committed; 0: keep all
   std::string resume = "auto"; // auto | never | <path to a checkpoint>
+  // resume auto: a committed checkpoint that fails to load (damaged) is set
+  // aside and the next older one is tried; false: fail instead.
+  bool resume_fallback = true;
   std::string on_error = "fail";     // fail | warn
   bool save_on_signal = true;        // SIGTERM triggers a final save
   std::string when_busy = "wait";    // wait | skip (a save still in flight)

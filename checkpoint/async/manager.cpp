@@ -74,6 +74,70 @@ std::optional<std::string> CheckpointManager::resume_path() {
   return text;
 }
 
+// (all ranks) What resume tries, in order: the newest committed checkpoint
+// and, with resume_fallback, the older ones; or the one checkpoint.resume
+// names. Resolved by rank 0 and broadcast.
+std::vector<std::string> CheckpointManager::resume_candidates() {
+  std::string error, list;
+  if (group_.rank() == 0) {
+    try {
+      if (options_.resume == "auto" && options_.resume_fallback) {
+        const std::vector<CheckpointEntry> entries = list_checkpoints(*storage_, dir_);
+        for (auto it = entries.rbegin(); it != entries.rend(); ++it) {
+          if (it->committed) list += it->path + "\n";
+        }
+      } else if (auto path = resolve_resume(*storage_, options_.resume, dir_)) {
+        list = *path + "\n";
+      }
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  }
+  auto reply = group_.broadcast_bytes(tagged_result(error, list), 0);
+  const std::string text = tagged_text(reply);
+  if (!tagged_succeeded(reply)) throw CheckpointError("checkpoint.resume: " + text);
+  std::vector<std::string> paths;
+  for (size_t pos = 0, end; (end = text.find('\n', pos)) != std::string::npos; pos = end + 1) {
+    paths.push_back(text.substr(pos, end - pos));
+  }
+  return paths;
+}
+
+// (rank 0) Renames a checkpoint that failed to load out of the step_<N>
+// names; returns the new path ("" when the rename failed).
+std::string CheckpointManager::set_aside(const std::string& path) {
+  std::string target = path + ".damaged";
+  for (int i = 1; storage_->exists(target); ++i) target = path + ".damaged." + std::to_string(i);
+  try {
+    storage_->rename(path, target);
+    storage_->sync_dir(parent_dir(path));
+    return target;
+  } catch (const std::exception&) {
+    return "";
+  }
+}
+
+std::optional<ResumeResult> CheckpointManager::resume(StateDict& state) {
+  const std::vector<std::string> candidates = resume_candidates();
+  ResumeResult result;
+  for (const std::string& path : candidates) {
+    try {
+      result.stats = load(state, path);
+      result.path = path;
+      return result;
+    } catch (const CheckpointError& e) {
+      if (candidates.size() == 1) throw;
+      SkippedCheckpoint skip{path, "", e.what()};
+      if (group_.rank() == 0) skip.moved_to = set_aside(path);
+      result.skipped.push_back(std::move(skip));
+    }
+  }
+  if (candidates.empty()) return std::nullopt;
+  std::string message = "checkpoint.resume: no committed checkpoint in " + dir_ + " loads:";
+  for (const SkippedCheckpoint& s : result.skipped) message += "\n  " + s.path + ": " + s.error;
+  throw CheckpointError(message);
+}
+
 LoadStats CheckpointManager::load(StateDict& state, const std::string& path) {
   LoadOptions lo;
   lo.allow_partial = options_.allow_partial;

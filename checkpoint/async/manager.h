@@ -62,6 +62,21 @@ struct CheckpointEvent {
   std::string error;
 };
 
+// A committed checkpoint that resume could not load, and why. It was renamed
+// to `moved_to` (out of the step_<N> names: never listed, loaded or deleted
+// by retention again; nothing is deleted).
+struct SkippedCheckpoint {
+  std::string path;
+  std::string moved_to;
+  std::string error;
+};
+
+struct ResumeResult {
+  std::string path;  // the checkpoint loaded
+  LoadStats stats;
+  std::vector<SkippedCheckpoint> skipped;  // newer ones that failed to load, newest first
+};
+
 class CheckpointManager {
  public:
   // `default_dir` is used when options.dir is empty. `layout` is recorded in
@@ -84,6 +99,17 @@ class CheckpointManager {
   // (all ranks) checkpoint.resume resolved by rank 0 and broadcast, so every
   // rank loads the same checkpoint. nullopt: start fresh.
   std::optional<std::string> resume_path();
+  // (all ranks) Resolves checkpoint.resume and loads it into `state`.
+  // nullopt: nothing to resume (start fresh). With resume "auto" and
+  // resume_fallback, a committed checkpoint that fails to load on any rank
+  // (damaged metadata or data, a checksum mismatch, a truncated file) is
+  // renamed to <step dir>.damaged and reported in `skipped`, and the next
+  // older committed one is tried; when every one fails, throws
+  // CheckpointError listing them. Otherwise a failure throws as load() does.
+  // A skipped checkpoint may have filled part of `state`: the one loaded
+  // after it overwrites every item it has (all of them, unless
+  // allow_partial or model_only).
+  std::optional<ResumeResult> resume(StateDict& state);
   // (all ranks) Loads `state` from `path`; if any rank fails, every rank
   // throws a CheckpointError naming the failing ranks and causes.
   LoadStats load(StateDict& state, const std::string& path);
@@ -111,6 +137,8 @@ class CheckpointManager {
  private:
   struct Job;
   void persist(std::shared_ptr<Job> job);
+  std::vector<std::string> resume_candidates();
+  std::string set_aside(const std::string& path);
   void wait_in_flight();
 
   CheckpointOptions options_;

@@ -111,6 +111,9 @@ std::vector<Key> build_schema() {
        "Keep the newest N committed checkpoints; 0: keep all."},
       {SHARDKIT_CONFIG_FIELD(checkpoint.resume), non_empty(),
        "auto: newest committed checkpoint if any; never; or a checkpoint path."},
+      {SHARDKIT_CONFIG_FIELD(checkpoint.resume_fallback), any_value(),
+       "resume auto: set a checkpoint that fails to load aside (renamed <step dir>.damaged) and "
+       "try the next older one; false: fail."},
       {SHARDKIT_CONFIG_FIELD(checkpoint.on_error), one_of({"fail", "warn"}),
        "A failed save stops training (fail) or is logged (warn)."},
       {SHARDKIT_CONFIG_FIELD(checkpoint.save_on_signal), any_value(),

@@ -75,6 +75,7 @@ struct Trainer::State {
   void build_model();
   void load_initial_weights();
   void open_metrics();
+  void log_skipped_checkpoints(const std::vector<checkpoint::SkippedCheckpoint>& skipped);
   void print_banner(const std::optional<std::string>& resume_from,
                     const checkpoint::LoadStats& resumed);
   checkpoint::StateDict make_state_dict();
@@ -272,6 +273,21 @@ void Trainer::State::open_metrics() {
 }
 
 // Rank 0: what runs where, and where the weights came from.
+// Loudly, on stderr and in metrics.jsonl: each damaged checkpoint resume
+// set aside, and why.
+void Trainer::State::log_skipped_checkpoints(
+    const std::vector<checkpoint::SkippedCheckpoint>& skipped) {
+  for (const checkpoint::SkippedCheckpoint& c : skipped) {
+    std::cerr << "shardkit: WARNING: checkpoint " << c.path << " failed to load and was skipped"
+              << (c.moved_to.empty() ? "" : " (moved to " + c.moved_to + ")") << ": " << c.error
+              << std::endl;
+    nlohmann::json j = {{"event", "resume_skipped"}, {"path", c.path}, {"moved_to", c.moved_to},
+                        {"error", c.error}};
+    metrics << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+  }
+  metrics.flush();
+}
+
 void Trainer::State::print_banner(const std::optional<std::string>& resume_from,
                                   const checkpoint::LoadStats& resumed) {
   const auto& st = fsdp->memory_stats();
@@ -331,13 +347,19 @@ Trainer::Trainer(const config::Config& config, dist::Runtime& runtime, TrainerHo
     // save while the training loop waits.
     s.ckpt->reserve_staging(s.make_state_dict());
   }
-  std::optional<std::string> resume_from = s.ckpt->resume_path();
+  std::optional<std::string> resume_from;
   checkpoint::LoadStats resumed;
-  if (resume_from) {
+  std::vector<checkpoint::SkippedCheckpoint> skipped;
+  {
     checkpoint::StateDict sd = s.make_state_dict();
-    resumed = s.ckpt->load(sd, *resume_from);
-    s.apply_loaded(sd, s.cfg.checkpoint.model_only);
-  } else if (!s.cfg.model.init_from.empty()) {
+    if (std::optional<checkpoint::ResumeResult> r = s.ckpt->resume(sd)) {
+      s.apply_loaded(sd, s.cfg.checkpoint.model_only);
+      resume_from = r->path;
+      resumed = r->stats;
+      skipped = std::move(r->skipped);
+    }
+  }
+  if (!resume_from && !s.cfg.model.init_from.empty()) {
     // Full, unsharded weights from elsewhere: each rank reads only the byte
     // ranges of its own shards. Ignored when resuming (the checkpoint wins).
     s.load_initial_weights();
@@ -345,6 +367,7 @@ Trainer::Trainer(const config::Config& config, dist::Runtime& runtime, TrainerHo
 
   if (s.is_logger) {
     s.open_metrics();
+    s.log_skipped_checkpoints(skipped);
     s.print_banner(resume_from, resumed);
   }
 }
