@@ -30,6 +30,14 @@ class CheckpointError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// A load that failed because the checkpoint's bytes are damaged (metadata,
+// data, checksums, truncation) on some rank, and on no rank because the
+// state does not match it.
+class CheckpointDamagedError : public CheckpointError {
+ public:
+  using CheckpointError::CheckpointError;
+};
+
 struct SaveOptions {
   int64_t step = 0;
   std::string layout;                          // e.g. "fsdp replicate=1 shard=2"

@@ -1,5 +1,8 @@
 #include "checkpoint/async/manager.h"
 
+#include "checkpoint/codec/chunk_reader.h"
+#include "checkpoint/codec/transforms.h"
+
 #include "checkpoint/agreement.h"
 #include "checkpoint/storage/checkpoint_dir.h"
 #include "checkpoint/timing.h"
@@ -125,7 +128,9 @@ std::optional<ResumeResult> CheckpointManager::resume(StateDict& state) {
       result.stats = load(state, path);
       result.path = path;
       return result;
-    } catch (const CheckpointError& e) {
+    } catch (const CheckpointDamagedError& e) {
+      // Only damage is skipped: a state that does not match the checkpoint
+      // (changed model, partial state) fails the run and sets nothing aside.
       if (candidates.size() == 1) throw;
       SkippedCheckpoint skip{path, "", e.what()};
       if (group_.rank() == 0) skip.moved_to = set_aside(path);
@@ -148,6 +153,7 @@ LoadStats CheckpointManager::load(StateDict& state, const std::string& path) {
   }
   LoadStats stats;
   std::string error;
+  bool damaged = false;  // this rank's failure is the checkpoint's bytes
   try {
     if (HostStaging::has_device_tensors(state)) {
       // GPU state loads through the pinned staging buffers: they start as a
@@ -161,14 +167,32 @@ LoadStats CheckpointManager::load(StateDict& state, const std::string& path) {
     } else {
       stats = load_state_dict(state, path, lo);
     }
-  } catch (const std::exception& e) {
+  } catch (const FormatError& e) {  // metadata or data that cannot be right
+    error = e.what();
+    damaged = true;
+  } catch (const ChecksumError& e) {
+    error = e.what();
+    damaged = true;
+  } catch (const TransformError& e) {
+    error = e.what();
+    damaged = true;
+  } catch (const IoError& e) {  // including truncated files
+    error = e.what();
+    damaged = true;
+  } catch (const std::exception& e) {  // the state does not match (names, dtypes, shapes)
     error = e.what();
   }
   // Every rank fails together, so none is left alone in a later collective.
   const std::string all =
       describe_rank_failures(group_.all_gather_bytes(tagged_result(error, "")));
-  if (!all.empty()) throw CheckpointError("loading checkpoint " + path + " failed (" + all + ")");
-  return stats;
+  if (all.empty()) return stats;
+  // Every rank takes this second collective, as every rank saw a failure:
+  // the checkpoint is damaged only when no rank's failure was a mismatch.
+  const std::string mismatch = describe_rank_failures(
+      group_.all_gather_bytes(tagged_result(!error.empty() && !damaged ? "mismatch" : "", "")));
+  const std::string message = "loading checkpoint " + path + " failed (" + all + ")";
+  if (mismatch.empty()) throw CheckpointDamagedError(message);
+  throw CheckpointError(message);
 }
 
 void CheckpointManager::reserve_staging(const StateDict& state) {
