@@ -33,6 +33,9 @@ struct CheckpointOptions {
   // resume auto: a committed checkpoint that fails to load (damaged) is set
   // aside and the next older one is tried; false: fail instead.
   bool resume_fallback = true;
+  // Resume a checkpoint saved under another model, data, seed or batch
+  // configuration (the trainer refuses by default, naming the keys).
+  bool allow_config_change = false;
   std::string on_error = "fail";     // fail | warn
   bool save_on_signal = true;        // SIGTERM triggers a final save
   std::string when_busy = "wait";    // wait | skip (a save still in flight)

@@ -1,6 +1,7 @@
 #include "checkpoint/save.h"
 
 #include "checkpoint/agreement.h"
+#include "checkpoint/error_text.h"
 #include "checkpoint/format/checksum.h"
 #include "checkpoint/codec/chunk_writer.h"
 #include "checkpoint/format/metadata.h"
@@ -271,7 +272,7 @@ SaveStats save_state_dict(const StateDict& state, const std::string& step_dir,
     mine = tagged_ok(encode_local_plan(make_local_plan(state, rank)));
     if (rank == 0) storage->make_dirs(step_dir);
   } catch (const std::exception& e) {
-    mine = tagged_error(e.what());
+    mine = tagged_error(error_text(e));
   }
   std::vector<Bytes> replies = group.all_gather_bytes(mine);
   raise_if_any_failed(replies, "planning", step_dir);
@@ -283,7 +284,7 @@ SaveStats save_state_dict(const StateDict& state, const std::string& step_dir,
     for (const auto& r : replies) plans.push_back(decode_local_plan(r.data() + 1, r.size() - 1));
     plan = make_global_plan(plans, options.plan);
   } catch (const std::exception& e) {
-    throw CheckpointError("checkpoint save to " + step_dir + " failed during planning: " + e.what() +
+    throw CheckpointError("checkpoint save to " + step_dir + " failed during planning: " + error_text(e) +
                           "; nothing was committed");
   }
   stats.plan_s = seconds_since(t0);
@@ -294,7 +295,7 @@ SaveStats save_state_dict(const StateDict& state, const std::string& step_dir,
   try {
     mine = tagged_ok(write_this_rank(state, step_dir, plan, rank, *storage, options, stats));
   } catch (const std::exception& e) {
-    mine = tagged_error(e.what());
+    mine = tagged_error(error_text(e));
   }
   replies = group.all_gather_bytes(mine);
   stats.write_s = seconds_since(t1);
@@ -310,7 +311,7 @@ SaveStats save_state_dict(const StateDict& state, const std::string& step_dir,
       storage->write_file_atomic(join_path(step_dir, kMetadataFileName), encode_metadata(meta));
       verdict = tagged_ok({});
     } catch (const std::exception& e) {
-      verdict = tagged_error(std::string("commit: ") + e.what());
+      verdict = tagged_error(std::string("commit: ") + error_text(e));
     }
   }
   verdict = group.broadcast_bytes(verdict, 0);

@@ -3,6 +3,7 @@
 #include "models/layers.h"
 #include "models/stacked_model.h"
 
+#include <algorithm>
 #include <vector>
 
 namespace models {
@@ -41,6 +42,35 @@ std::shared_ptr<LayeredModelImpl> make_model(const ModelOptions& options) {
   auto model = std::make_shared<StackedModelImpl>(options, std::move(blocks));
   init_gpt2_style(*model);
   return model;
+}
+
+ModelSize model_size(const ModelOptions& o) {
+  const double d = static_cast<double>(o.d_model);
+  const double f = o.d_ff > 0 ? static_cast<double>(o.d_ff) : 4 * d;
+  const double v = static_cast<double>(o.vocab_size);
+  const double s = static_cast<double>(o.seq_len);
+  const double layer_norm = 2 * d;
+  const double feed_forward = (d * f + f) + (f * d + d);
+  double block = 0;
+  double block_acts = 0;  // per token
+  if (o.kind == "gpt") {
+    const double attention = (d * 3 * d + 3 * d) + (d * d + d);
+    block = 2 * layer_norm + attention + feed_forward;
+    // norms, qkv, scores and softmax (per head, per key), attention out,
+    // projections, the feed-forward's hidden and activation, residuals
+    block_acts = 10 * d + 2 * f + 2 * static_cast<double>(o.n_heads) * s;
+  } else {
+    block = layer_norm + feed_forward;
+    block_acts = 4 * d + 2 * f;
+  }
+  const double rest = v * d + s * d + layer_norm + (o.tie_weights ? 0 : d * v);
+  ModelSize size;
+  size.parameters = rest + static_cast<double>(o.n_layers) * block;
+  size.largest_unit = std::max(rest, block);
+  // logits and their log-softmax, embeddings and final norm, per token
+  size.activation_floats_per_sample =
+      s * (static_cast<double>(o.n_layers) * block_acts + 2 * v + 3 * d);
+  return size;
 }
 
 }  // namespace models

@@ -32,6 +32,15 @@ class LayeredModelImpl : public torch::nn::Module {
 // generator: the result is deterministic given torch::manual_seed beforehand.
 std::shared_ptr<LayeredModelImpl> make_model(const ModelOptions& options);
 
+// What make_model(options) would hold, computed from the options alone
+// (nothing allocated; doubles, so absurd sizes do not overflow).
+struct ModelSize {
+  double parameters = 0;       // all of them
+  double largest_unit = 0;     // one block, or the rest (embeddings, final norm, head)
+  double activation_floats_per_sample = 0;  // kept for backward, roughly, fp32
+};
+ModelSize model_size(const ModelOptions& options);
+
 // Throws c10::Error naming the first invalid field of `options`.
 void validate_model_options(const ModelOptions& options);
 

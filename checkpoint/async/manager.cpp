@@ -4,6 +4,7 @@
 #include "checkpoint/codec/transforms.h"
 
 #include "checkpoint/agreement.h"
+#include "checkpoint/error_text.h"
 #include "checkpoint/storage/checkpoint_dir.h"
 #include "checkpoint/timing.h"
 
@@ -67,7 +68,7 @@ std::optional<std::string> CheckpointManager::resume_path() {
     try {
       path = resolve_resume(*storage_, options_.resume, dir_).value_or("");
     } catch (const std::exception& e) {
-      error = e.what();
+      error = error_text(e);
     }
   }
   auto reply = group_.broadcast_bytes(tagged_result(error, path), 0);
@@ -93,7 +94,7 @@ std::vector<std::string> CheckpointManager::resume_candidates() {
         list = *path + "\n";
       }
     } catch (const std::exception& e) {
-      error = e.what();
+      error = error_text(e);
     }
   }
   auto reply = group_.broadcast_bytes(tagged_result(error, list), 0);
@@ -132,7 +133,7 @@ std::optional<ResumeResult> CheckpointManager::resume(StateDict& state) {
       // Only damage is skipped: a state that does not match the checkpoint
       // (changed model, partial state) fails the run and sets nothing aside.
       if (candidates.size() == 1) throw;
-      SkippedCheckpoint skip{path, "", e.what()};
+      SkippedCheckpoint skip{path, "", error_text(e)};
       if (group_.rank() == 0) skip.moved_to = set_aside(path);
       result.skipped.push_back(std::move(skip));
     }
@@ -168,19 +169,19 @@ LoadStats CheckpointManager::load(StateDict& state, const std::string& path) {
       stats = load_state_dict(state, path, lo);
     }
   } catch (const FormatError& e) {  // metadata or data that cannot be right
-    error = e.what();
+    error = error_text(e);
     damaged = true;
   } catch (const ChecksumError& e) {
-    error = e.what();
+    error = error_text(e);
     damaged = true;
   } catch (const TransformError& e) {
-    error = e.what();
+    error = error_text(e);
     damaged = true;
   } catch (const IoError& e) {  // including truncated files
-    error = e.what();
+    error = error_text(e);
     damaged = true;
   } catch (const std::exception& e) {  // the state does not match (names, dtypes, shapes)
-    error = e.what();
+    error = error_text(e);
   }
   // Every rank fails together, so none is left alone in a later collective.
   const std::string all =
@@ -250,7 +251,7 @@ void CheckpointManager::persist(std::shared_ptr<Job> job) {
       throw;
     } catch (const CheckpointError& e) {
       job->event.ok = false;
-      job->event.error = e.what();
+      job->event.error = error_text(e);
       // Every rank agreed on the failure after its writes ended, so no rank
       // is still writing here: free the space (it may be a full disk).
       if (group_.rank() == 0) {
@@ -261,7 +262,7 @@ void CheckpointManager::persist(std::shared_ptr<Job> job) {
       }
     } catch (const std::exception& e) {
       job->event.ok = false;
-      job->event.error = e.what();
+      job->event.error = error_text(e);
     }
   }
   {

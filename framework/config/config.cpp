@@ -4,6 +4,8 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <algorithm>
+
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -112,7 +114,13 @@ void parse_text(const std::string& yaml_text, const std::string& source, Config*
   try {
     docs = YAML::LoadAll(yaml_text);
   } catch (const YAML::Exception& e) {
-    std::string where = e.mark.is_null() ? source : source + ":" + std::to_string(e.mark.line + 1);
+    // yaml-cpp marks an error found at the end of the input (an unclosed
+    // bracket or quote) on the line after the last one; report the last.
+    const int lines = static_cast<int>(std::count(yaml_text.begin(), yaml_text.end(), '\n')) +
+                      (!yaml_text.empty() && yaml_text.back() != '\n' ? 1 : 0);
+    std::string where =
+        e.mark.is_null() ? source
+                         : source + ":" + std::to_string(std::max(1, std::min(e.mark.line + 1, lines)));
     fail(where + ": YAML syntax error: " + e.msg);
   }
   if (docs.size() > 1)
@@ -173,6 +181,12 @@ void check_consistency(const Config& cfg, const Origins& origins) {
     fail(key("optim.min_lr") + " must not exceed " + key("optim.lr"));
   if (cfg.data.kind == "text" && cfg.data.path.empty())
     fail(key("data.path") + " must name a text file when " + key("data.kind") + " is text");
+  if (cfg.data.kind == "text" && cfg.model.vocab_size != 256)
+    fail(key("model.vocab_size") + " must be 256 when " + key("data.kind") +
+         " is text (the text dataset reads bytes)");
+  if (cfg.train.eval_every > 0 && cfg.data.eval_fraction <= 0)
+    fail(key("train.eval_every") + " needs held-out data: set " + key("data.eval_fraction") +
+         " above 0");
   if (cfg.train.stop_at != 0 && cfg.train.stop_at > cfg.train.steps)
     fail(key("train.stop_at") + " must not exceed " + key("train.steps") + " (0 means never)");
 }

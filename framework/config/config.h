@@ -75,6 +75,19 @@ std::string to_yaml(const Config& cfg);
 // Throws std::runtime_error (not ConfigError) naming the path and strerror.
 void write_effective_config(const Config& cfg, const std::string& run_dir);
 
+// A key whose value differs between two configs, values as YAML text.
+struct KeyChange {
+  std::string key;
+  std::string was;
+  std::string now;
+};
+
+// The keys, in schema order, whose values differ between `was` and `now`,
+// among those equal to or starting with one of `prefixes` ("model.",
+// "run.seed").
+std::vector<KeyChange> changed_keys(const Config& was, const Config& now,
+                                    const std::vector<std::string>& prefixes);
+
 // A markdown table "key | type | default | meaning" with one row per key, in
 // schema order; defaults are those of the option structs.
 std::string reference_markdown();

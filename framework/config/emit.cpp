@@ -66,6 +66,19 @@ bool operator==(const Config& a, const Config& b) {
 
 bool operator!=(const Config& a, const Config& b) { return !(a == b); }
 
+std::vector<KeyChange> changed_keys(const Config& was, const Config& now,
+                                    const std::vector<std::string>& prefixes) {
+  std::vector<KeyChange> changes;
+  for (const Key& key : schema()) {
+    const std::string path = key.path;
+    bool wanted = false;
+    for (const std::string& p : prefixes) wanted = wanted || path == p || path.rfind(p, 0) == 0;
+    if (!wanted || key.get(was) == key.get(now)) continue;
+    changes.push_back({path, format_value(key.get(was)), format_value(key.get(now))});
+  }
+  return changes;
+}
+
 std::string to_yaml(const Config& cfg) {
   std::string out = "# Effective configuration: defaults, then the config file, then --set.\n";
   std::vector<std::string> open;  // the sections we are inside, outermost first

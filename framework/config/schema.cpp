@@ -50,6 +50,11 @@ std::vector<Key> build_schema() {
       {SHARDKIT_CONFIG_FIELD(train.global_batch_size), at_least(1),
        "Sequences per step, summed over all ranks."},
       {SHARDKIT_CONFIG_FIELD(train.log_every), at_least(1), "Log metrics every N steps."},
+      {SHARDKIT_CONFIG_FIELD(train.eval_every), at_least(0),
+       "Validation loss on the held-out data (data.eval_fraction) every N steps and at the "
+       "last; 0: off."},
+      {SHARDKIT_CONFIG_FIELD(train.eval_samples), at_least(1),
+       "Held-out samples per validation (fewer when the held-out text is shorter)."},
       {SHARDKIT_CONFIG_FIELD(train.device), one_of({"cpu", "cuda"}),
        "Device the model trains on."},
       {SHARDKIT_CONFIG_FIELD(train.grad_clip), at_least(0),
@@ -74,6 +79,9 @@ std::vector<Key> build_schema() {
        "Synthetic task (data.kind synthetic)."},
       {SHARDKIT_CONFIG_FIELD(data.path), any_value(),
        "Text file to train on; required when data.kind is text."},
+      {SHARDKIT_CONFIG_FIELD(data.eval_fraction), from_up_to_excl(0, 0.5),
+       "Held out for validation, never trained on: text: this fraction of the file (its tail); "
+       "synthetic: > 0 draws validation samples from a separate stream. 0: none."},
 
       {SHARDKIT_CONFIG_FIELD(optim.lr), above(0), "Peak learning rate, reached after warmup."},
       {SHARDKIT_CONFIG_FIELD(optim.min_lr), at_least(0),
@@ -114,6 +122,9 @@ std::vector<Key> build_schema() {
       {SHARDKIT_CONFIG_FIELD(checkpoint.resume_fallback), any_value(),
        "resume auto: set a checkpoint that fails to load aside (renamed <step dir>.damaged) and "
        "try the next older one; false: fail."},
+      {SHARDKIT_CONFIG_FIELD(checkpoint.allow_config_change), any_value(),
+       "resume even though the checkpoint was saved with other model, data, run.seed or "
+       "train.global_batch_size values (they are listed); false: refuse to resume."},
       {SHARDKIT_CONFIG_FIELD(checkpoint.on_error), one_of({"fail", "warn"}),
        "A failed save stops training (fail) or is logged (warn)."},
       {SHARDKIT_CONFIG_FIELD(checkpoint.save_on_signal), any_value(),

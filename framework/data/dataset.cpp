@@ -15,17 +15,21 @@ uint64_t mix_seed(uint64_t seed, uint64_t index) {
   return finalise(finalise(seed + 0x9E3779B97F4A7C15ULL) ^ (index + 0x632BE59BD9B4E019ULL));
 }
 
+std::pair<torch::Tensor, torch::Tensor> Dataset::eval_sample(int64_t j) const {
+  TORCH_CHECK(false, "this dataset holds no validation samples (data.eval_fraction 0), asked for ", j);
+}
+
 std::unique_ptr<Dataset> make_dataset(const DataOptions& data, const models::ModelOptions& model,
                                       uint64_t seed) {
   if (data.kind == "synthetic") {
     return std::make_unique<SyntheticDataset>(parse_synthetic_task(data.task), model.vocab_size,
-                                              model.seq_len, seed);
+                                              model.seq_len, seed, 0, data.eval_fraction > 0);
   }
   if (data.kind == "text") {
     TORCH_CHECK(!data.path.empty(), "data.path must name a text file for data.kind text");
     TORCH_CHECK(model.vocab_size == TextDataset::kVocabSize,
                 "model.vocab_size must be 256 for data.kind text (byte-level), got ", model.vocab_size);
-    return std::make_unique<TextDataset>(data.path, model.seq_len, seed);
+    return std::make_unique<TextDataset>(data.path, model.seq_len, seed, data.eval_fraction);
   }
   TORCH_CHECK(false, "data.kind must be synthetic or text, got '", data.kind, "'");
 }

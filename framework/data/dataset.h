@@ -26,6 +26,12 @@ class Dataset {
   // REQUIRES: index >= 0. Thread-safe (const, no shared mutable state).
   virtual std::pair<torch::Tensor, torch::Tensor> sample(int64_t index) const = 0;
   virtual std::string describe() const = 0;
+
+  // The held-out (validation) samples, disjoint from every sample(i): how
+  // many there are (0: none; synthetic: unbounded) and the j-th.
+  // REQUIRES: 0 <= j < eval_size().
+  virtual int64_t eval_size() const { return 0; }
+  virtual std::pair<torch::Tensor, torch::Tensor> eval_sample(int64_t j) const;
 };
 
 // Builds the dataset `data` names, sized for `model`. Errors name the field

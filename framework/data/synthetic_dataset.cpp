@@ -1,9 +1,14 @@
 #include "framework/data/synthetic_dataset.h"
 
 #include <algorithm>
+#include <limits>
 #include <sstream>
 
 namespace framework::data {
+
+namespace {
+constexpr int64_t kEvalFirstIndex = int64_t{1} << 62;
+}  // namespace
 namespace {
 
 // splitmix64 stream: a tiny, version-independent generator, seeded per sample.
@@ -48,8 +53,8 @@ SyntheticTask parse_synthetic_task(const std::string& name) {
 }
 
 SyntheticDataset::SyntheticDataset(SyntheticTask task, int64_t vocab_size, int64_t seq_len,
-                                   uint64_t seed, int64_t num_digits)
-    : task_(task), vocab_size_(vocab_size), seq_len_(seq_len), seed_(seed) {
+                                   uint64_t seed, int64_t num_digits, bool eval)
+    : task_(task), vocab_size_(vocab_size), seq_len_(seq_len), seed_(seed), eval_(eval) {
   TORCH_CHECK(vocab_size >= 4, "model.vocab_size must be >= 4 for synthetic task ", task_name(task),
               " (two special tokens + at least base-2 digits), got ", vocab_size);
   const int64_t most = max_digits(task, seq_len);
@@ -115,6 +120,15 @@ std::pair<torch::Tensor, torch::Tensor> SyntheticDataset::sample(int64_t index) 
     tg[t] = (t + 1 >= first && t + 1 < last) ? seq[t + 1] : kIgnoreIndex;
   }
   return {inputs, targets};
+}
+
+int64_t SyntheticDataset::eval_size() const {
+  return eval_ ? std::numeric_limits<int64_t>::max() - kEvalFirstIndex : 0;
+}
+
+std::pair<torch::Tensor, torch::Tensor> SyntheticDataset::eval_sample(int64_t j) const {
+  TORCH_CHECK(j >= 0 && j < eval_size(), "eval sample ", j, " out of range");
+  return sample(kEvalFirstIndex + j);
 }
 
 std::string SyntheticDataset::describe() const {

@@ -25,12 +25,16 @@ class SyntheticDataset : public Dataset {
   // num_digits: k for copy/reverse, n (digits per operand) for add; 0 picks the
   // most that fits in seq_len. Errors name model.vocab_size / model.seq_len.
   SyntheticDataset(SyntheticTask task, int64_t vocab_size, int64_t seq_len, uint64_t seed,
-                   int64_t num_digits = 0);
+                   int64_t num_digits = 0, bool eval = false);
 
   int64_t seq_len() const override { return seq_len_; }
   int64_t vocab_size() const override { return vocab_size_; }
   std::pair<torch::Tensor, torch::Tensor> sample(int64_t index) const override;
   std::string describe() const override;
+  // With eval: unbounded; eval_sample(j) comes from indices 2^62 + j, which
+  // training (step * batch + row) never reaches.
+  int64_t eval_size() const override;
+  std::pair<torch::Tensor, torch::Tensor> eval_sample(int64_t j) const override;
 
   int64_t num_digits() const { return num_digits_; }
   int64_t base() const { return vocab_size_ - 2; }
@@ -48,6 +52,7 @@ class SyntheticDataset : public Dataset {
   int64_t vocab_size_;
   int64_t seq_len_;
   uint64_t seed_;
+  bool eval_ = false;
   int64_t num_digits_;
 };
 

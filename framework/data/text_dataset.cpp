@@ -24,34 +24,59 @@ std::vector<uint8_t> read_file(const std::string& path) {
 
 }  // namespace
 
-TextDataset::TextDataset(const std::string& path, int64_t seq_len, uint64_t seed)
+TextDataset::TextDataset(const std::string& path, int64_t seq_len, uint64_t seed,
+                         double eval_fraction)
     : path_(path), seq_len_(seq_len), seed_(seed) {
   TORCH_CHECK(seq_len > 0, "model.seq_len must be positive, got ", seq_len);
   bytes_ = read_file(path);
   const auto size = static_cast<int64_t>(bytes_.size());
   TORCH_CHECK(size >= seq_len + 1, "data.path '", path, "' has ", size,
               " bytes, fewer than model.seq_len + 1 = ", seq_len + 1);
+  const auto held_out = static_cast<int64_t>(static_cast<double>(size) * eval_fraction);
+  train_bytes_ = size - held_out;
+  if (eval_fraction > 0) {
+    TORCH_CHECK(held_out >= seq_len + 1 && train_bytes_ >= seq_len + 1, "data.eval_fraction ",
+                eval_fraction, " splits data.path '", path, "' (", size, " bytes) into ",
+                train_bytes_, " training and ", held_out,
+                " held-out bytes; each part needs at least model.seq_len + 1 = ", seq_len + 1);
+  }
+}
+
+int64_t TextDataset::eval_size() const {
+  const auto held_out = static_cast<int64_t>(bytes_.size()) - train_bytes_;
+  return held_out > seq_len_ ? (held_out - 1) / seq_len_ : 0;
+}
+
+std::pair<torch::Tensor, torch::Tensor> TextDataset::eval_sample(int64_t j) const {
+  TORCH_CHECK(j >= 0 && j < eval_size(), "eval sample ", j, " out of range [0, ", eval_size(), ")");
+  return window(train_bytes_ + j * seq_len_);
 }
 
 int64_t TextDataset::window_start(int64_t index) const {
   TORCH_CHECK(index >= 0, "sample index must be >= 0, got ", index);
   // Valid starts are 0 .. size - seq_len - 1 (the window holds seq_len + 1 bytes).
-  const auto starts = static_cast<uint64_t>(bytes_.size()) - static_cast<uint64_t>(seq_len_);
+  const auto starts = static_cast<uint64_t>(train_bytes_) - static_cast<uint64_t>(seq_len_);
   return static_cast<int64_t>(mix_seed(seed_, static_cast<uint64_t>(index)) % starts);
 }
 
 std::pair<torch::Tensor, torch::Tensor> TextDataset::sample(int64_t index) const {
-  const int64_t start = window_start(index);
-  auto window = torch::empty({seq_len_ + 1}, torch::kLong);
-  auto* w = window.data_ptr<int64_t>();
+  return window(window_start(index));
+}
+
+std::pair<torch::Tensor, torch::Tensor> TextDataset::window(int64_t start) const {
+  auto out = torch::empty({seq_len_ + 1}, torch::kLong);
+  auto* w = out.data_ptr<int64_t>();
   for (int64_t t = 0; t <= seq_len_; ++t) w[t] = bytes_[start + t];
-  return {window.slice(0, 0, seq_len_).clone(), window.slice(0, 1, seq_len_ + 1).clone()};
+  return {out.slice(0, 0, seq_len_).clone(), out.slice(0, 1, seq_len_ + 1).clone()};
 }
 
 std::string TextDataset::describe() const {
   std::ostringstream out;
-  out << "text '" << path_ << "' (" << bytes_.size() << " bytes, seq_len " << seq_len_ << ", seed "
-      << seed_ << ")";
+  out << "text '" << path_ << "' (" << bytes_.size() << " bytes";
+  if (train_bytes_ < static_cast<int64_t>(bytes_.size())) {
+    out << ", last " << bytes_.size() - static_cast<uint64_t>(train_bytes_) << " held out";
+  }
+  out << ", seq_len " << seq_len_ << ", seed " << seed_ << ")";
   return out.str();
 }
 

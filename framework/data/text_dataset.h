@@ -15,12 +15,17 @@ class TextDataset : public Dataset {
 
   // Errors: unreadable file (path + strerror); file shorter than seq_len + 1 bytes
   // (path and both sizes).
-  TextDataset(const std::string& path, int64_t seq_len, uint64_t seed);
+  // eval_fraction: the file's tail held out for eval_sample (disjoint,
+  // consecutive windows); sample() draws from the rest. Errors name
+  // data.eval_fraction when either part is shorter than seq_len + 1 bytes.
+  TextDataset(const std::string& path, int64_t seq_len, uint64_t seed, double eval_fraction = 0);
 
   int64_t seq_len() const override { return seq_len_; }
   int64_t vocab_size() const override { return kVocabSize; }
   std::pair<torch::Tensor, torch::Tensor> sample(int64_t index) const override;
   std::string describe() const override;
+  int64_t eval_size() const override;
+  std::pair<torch::Tensor, torch::Tensor> eval_sample(int64_t j) const override;
 
   // Byte offset of sample(index)'s window in the file.
   int64_t window_start(int64_t index) const;
@@ -30,6 +35,8 @@ class TextDataset : public Dataset {
   int64_t seq_len_;
   uint64_t seed_;
   std::vector<uint8_t> bytes_;
+  int64_t train_bytes_ = 0;  // [0, train_bytes_) trains; the rest is held out
+  std::pair<torch::Tensor, torch::Tensor> window(int64_t start) const;
 };
 
 }  // namespace framework::data

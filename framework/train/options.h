@@ -19,6 +19,11 @@ struct TrainOptions {
   std::string device = "cpu";  // cpu | cuda
   // Clip gradients to this global L2 norm. 0 turns clipping off.
   double grad_clip = 1.0;
+  // Validation loss on the held-out data (data.eval_fraction) every N steps
+  // and at the last step; 0: never.
+  int64_t eval_every = 0;
+  // Held-out samples per validation (fewer if the held-out text is shorter).
+  int64_t eval_samples = 256;
 };
 
 }  // namespace framework::train

@@ -5,7 +5,9 @@
 #include "framework/dist/local_launcher.h"
 #include "framework/dist/runtime.h"
 #include "framework/fsdp/fully_shard.h"
+#include "framework/train/preflight.h"
 #include "framework/train/run_lock.h"
+#include "checkpoint/error_text.h"
 #include "framework/train/train_main.h"
 #include "framework/train/trainer.h"
 
@@ -40,6 +42,35 @@ void on_stop_signal(int sig) {
   if (framework::train::Trainer::stop_signal().exchange(sig) != 0) _exit(128 + sig);
 }
 
+// LOCAL_WORLD_SIZE (torchrun), SLURM_NTASKS_PER_NODE, else 1.
+int local_ranks_from_env() {
+  for (const char* var : {"LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE"}) {
+    if (const char* v = std::getenv(var)) {
+      const int n = std::atoi(v);
+      if (n > 0) return n;
+    }
+  }
+  return 1;
+}
+
+// Runs the preflight checks; prints their error (when `speak`) or warnings.
+// Returns 0, or 2 for a user mistake, 1 for anything else.
+int run_preflight(const framework::config::Config& cfg, int world, int local_ranks, bool speak) {
+  try {
+    const PreflightReport report = preflight(cfg, world, local_ranks);
+    if (speak) {
+      for (const std::string& w : report.warnings) std::cerr << "train: warning: " << w << std::endl;
+    }
+    return 0;
+  } catch (const PreflightError& e) {
+    if (speak) std::cerr << "train: " << e.what() << std::endl;
+    return 2;
+  } catch (const std::exception& e) {
+    if (speak) std::cerr << "train: " << checkpoint::error_text(e) << std::endl;
+    return 1;
+  }
+}
+
 int run_rank(const Args& args, const framework::config::Config& cfg, const TrainerHooks& hooks) {
   namespace dist = framework::dist;
   dist::LaunchEnv env;
@@ -69,8 +100,20 @@ int run_rank(const Args& args, const framework::config::Config& cfg, const Train
   std::signal(SIGINT, on_stop_signal);
   // Ranks the local launcher started run under its lock; otherwise rank 0
   // takes it (torchrun, SLURM, a single process).
+  const bool launched = std::getenv("SHARDKIT_LAUNCHED") != nullptr;
+  // One message per machine: rank 0 and each machine's first rank speak.
+  const bool speak = env.rank == 0 || env.local_rank == 0;
   std::unique_ptr<RunDirLock> lock;
-  if (env.rank == 0 && std::getenv("SHARDKIT_LAUNCHED") == nullptr) {
+  if (!launched) {
+    // The local launcher checked already, for all of its ranks.
+    try {
+      check_directories(cfg);
+    } catch (const PreflightError& e) {
+      if (speak) std::cerr << "train: " << e.what() << std::endl;
+      return 2;
+    }
+  }
+  if (env.rank == 0 && !launched) {
     try {
       lock = RunDirLock::acquire(cfg.run.dir);
     } catch (const RunDirBusy& e) {
@@ -81,12 +124,20 @@ int run_rank(const Args& args, const framework::config::Config& cfg, const Train
       return 1;
     }
   }
+  if (!launched) {
+    const int status = run_preflight(cfg, env.world_size, local_ranks_from_env(), speak);
+    if (status != 0) {
+      if (lock) lock->remove_if_unused();
+      return status;
+    }
+  }
   try {
     auto runtime = dist::init_runtime(env, cfg.dist, cfg.train.device);
     framework::train::Trainer trainer(cfg, *runtime, hooks);
     return trainer.run();
   } catch (const std::exception& e) {
-    std::cerr << "train: rank " << env.rank << " failed: " << e.what() << std::endl;
+    std::cerr << "train: rank " << env.rank << " failed: " << checkpoint::error_text(e)
+              << std::endl;
     return 1;
   }
 }
@@ -135,8 +186,20 @@ int train_main(int argc, char** argv, const TrainerHooks& hooks) {
     launch.argv = framework::dist::argv_without_nproc(argc, argv);
     launch.store_server = framework::dist::host_tcp_store;
     try {
+      check_directories(cfg);
+    } catch (const PreflightError& e) {
+      std::cerr << "train: " << e.what() << std::endl;
+      return 2;
+    }
+    try {
       // One job per run directory, held by the launcher for the whole job.
       const std::unique_ptr<RunDirLock> lock = RunDirLock::acquire(cfg.run.dir);
+      // Checked once for the whole job, before any rank starts.
+      const int checked = run_preflight(cfg, args.nproc, args.nproc, true);
+      if (checked != 0) {
+        lock->remove_if_unused();
+        return checked;
+      }
       const int status = framework::dist::run_local_launcher(launch);
       if (status == 2) lock->remove_if_unused();  // a rank refused the config
       return status;

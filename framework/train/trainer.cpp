@@ -1,4 +1,5 @@
 #include "framework/train/trainer.h"
+#include "framework/train/preflight.h"
 
 #include "checkpoint/interop/import_weights.h"
 #include "checkpoint/async/manager.h"
@@ -16,7 +17,9 @@
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <chrono>
+#include <ctime>
 #include <cstdlib>
 #include <cstdio>
 #include <filesystem>
@@ -71,6 +74,8 @@ struct Trainer::State {
   TrainerHooks hooks;
   checkpoint::SaveMode save_mode = checkpoint::SaveMode::kSync;  // checkpoint.mode, parsed once
   checkpoint::WhenBusy when_busy = checkpoint::WhenBusy::kWait;  // checkpoint.when_busy
+  Clock::time_point started = Clock::now();  // this process's run: wall_s in metrics.jsonl
+  std::string layout;                        // "fsdp replicate=1 shard=2"
 
   void build_model();
   void load_initial_weights();
@@ -88,6 +93,11 @@ struct Trainer::State {
   double finish_gradients();
   double apply_optimizer_step(int64_t to_step);
   void log_step(const StepRecord& rec, const RunSpan& span);
+  void log_eval(const EvalRecord& rec);
+  void write_start_record(const std::optional<std::string>& resume_from,
+                          const checkpoint::LoadStats& resumed);
+  void write_end_record(bool stopped_by_signal);
+  std::vector<double> peak_rss_mib_of_ranks();
   void checkpoint_if_due(StepRecord& rec, int64_t last);
   void finish_checkpoints();
 
@@ -102,6 +112,31 @@ std::string format_duration(double seconds) {
   std::snprintf(buf, sizeof(buf), "%02lld:%02lld:%02lld", static_cast<long long>(s / 3600),
                 static_cast<long long>(s / 60 % 60), static_cast<long long>(s % 60));
   return buf;
+}
+
+// "2026-11-23T01:02:03.456Z"
+std::string utc_timestamp() {
+  const auto now = std::chrono::system_clock::now();
+  const std::time_t t = std::chrono::system_clock::to_time_t(now);
+  const auto ms =
+      std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch()).count() % 1000;
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[40];
+  std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%S", &tm);
+  char out[48];
+  std::snprintf(out, sizeof(out), "%s.%03dZ", buf, static_cast<int>(ms));
+  return out;
+}
+
+// This process's peak resident set (VmHWM), MiB; 0 where unknown.
+double peak_rss_mib() {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("VmHWM:", 0) == 0) return std::strtod(line.c_str() + 6, nullptr) / 1024.0;
+  }
+  return 0;
 }
 
 std::vector<uint8_t> int64_bytes(int64_t v) {
@@ -186,7 +221,14 @@ void Trainer::State::apply_loaded(checkpoint::StateDict& sd, bool model_only) {
     }
   }
   step = bytes_int64(sd.find_bytes("train.step")->data, "train.step");
-  loader->load_state(data::decode_loader_state(sd.find_bytes("data.loader")->data));
+  data::LoaderState loader_state = data::decode_loader_state(sd.find_bytes("data.loader")->data);
+  if (cfg.checkpoint.allow_config_change) {
+    // The user resumed across a run.seed or batch change: keep the position.
+    const data::LoaderState now = loader->state();
+    loader_state.seed = now.seed;
+    loader_state.global_batch_size = now.global_batch_size;
+  }
+  loader->load_state(loader_state);
   const auto& rng = sd.find_bytes("rng.cpu")->data;
   torch::Tensor t = torch::empty({static_cast<int64_t>(rng.size())}, torch::kUInt8);
   std::memcpy(t.data_ptr(), rng.data(), rng.size());
@@ -301,6 +343,8 @@ void Trainer::State::print_banner(const std::optional<std::string>& resume_from,
             << "shardkit: model " << cfg.model.kind << " " << st.full_param_bytes / 4
             << " params, " << st.sharded_param_bytes / 4 << " on this rank; data "
             << dataset->describe() << std::endl;
+  std::cout << "shardkit: memory estimate per rank "
+            << describe(estimate_memory(cfg, rt.env.world_size)) << std::endl;
   if (!resume_from && !cfg.model.init_from.empty()) {
     std::cout << "shardkit: model initialised from " << cfg.model.init_from << std::endl;
   }
@@ -338,9 +382,10 @@ Trainer::Trainer(const config::Config& config, dist::Runtime& runtime, TrainerHo
   std::ostringstream layout;
   layout << fsdp::layout_name(s.mesh_shape) << " replicate=" << s.mesh_shape[0]
          << " shard=" << s.mesh_shape[1];
+  s.layout = layout.str();
   s.ckpt = std::make_unique<checkpoint::CheckpointManager>(
       s.cfg.checkpoint, (fs::path(s.cfg.run.dir) / "checkpoints").string(), *runtime.checkpoint,
-      layout.str(), s.hooks.storage ? s.hooks.storage : checkpoint::posix_storage(),
+      s.layout, s.hooks.storage ? s.hooks.storage : checkpoint::posix_storage(),
       s.hooks.checkpoint);
   if (s.ckpt->enabled() && (s.save_mode != checkpoint::SaveMode::kSync || s.device.is_cuda())) {
     // Host (pinned, for GPU state) staging buffers now, not at the first
@@ -367,6 +412,7 @@ Trainer::Trainer(const config::Config& config, dist::Runtime& runtime, TrainerHo
 
   if (s.is_logger) {
     s.open_metrics();
+    s.write_start_record(resume_from, resumed);
     s.log_skipped_checkpoints(skipped);
     s.print_banner(resume_from, resumed);
   }
@@ -446,25 +492,149 @@ StepRecord Trainer::train_step() {
   return rec;
 }
 
-// Rank 0, every train.log_every steps and at the run's first and last step:
-// the console line and the metrics.jsonl record.
+// Every train.log_every steps and at the run's first and last step: the
+// ranks' peak RSS (one small all-reduce, every rank), then on rank 0 the
+// console line and the metrics.jsonl record.
 void Trainer::State::log_step(const StepRecord& rec, const RunSpan& span) {
   const int64_t at = rec.step;
   bool log_now = at % cfg.train.log_every == 0 || at == span.last_step || at == span.first_step;
-  if (!is_logger || !log_now) return;
+  if (!log_now) return;
+  const std::vector<double> rss = peak_rss_mib_of_ranks();
+  if (!is_logger) return;
   double per_step = seconds_since(span.start) / static_cast<double>(at - span.first_step + 1);
   std::ostringstream line;
   line << "step " << at << "/" << cfg.train.steps << " | loss " << std::fixed
        << std::setprecision(4) << rec.loss << " | lr " << std::scientific << std::setprecision(2)
-       << rec.lr << std::fixed << " | " << std::setprecision(0) << rec.tokens_per_s << " tok/s | "
-       << std::setprecision(3) << rec.step_time_s << " s/step | ETA "
+       << rec.lr << std::fixed << " | grad_norm " << std::setprecision(3) << rec.grad_norm << " | "
+       << std::setprecision(0) << rec.tokens_per_s << " tok/s | " << std::setprecision(3)
+       << rec.step_time_s << " s/step | rss " << std::setprecision(0)
+       << *std::max_element(rss.begin(), rss.end()) << " MiB | elapsed "
+       << format_duration(seconds_since(started)) << " | ETA "
        << format_duration(per_step * static_cast<double>(span.last_step - at));
   std::cout << line.str() << std::endl;
-  nlohmann::json j = {{"step", at},         {"loss", rec.loss},
-                      {"lr", rec.lr},       {"tokens_per_s", rec.tokens_per_s},
-                      {"step_time_s", rec.step_time_s}, {"grad_norm", rec.grad_norm}};
+  nlohmann::json j = {{"step", at},
+                      {"loss", rec.loss},
+                      {"lr", rec.lr},
+                      {"tokens_per_s", rec.tokens_per_s},
+                      {"step_time_s", rec.step_time_s},
+                      {"grad_norm", rec.grad_norm},
+                      {"time", utc_timestamp()},
+                      {"wall_s", seconds_since(started)},
+                      {"peak_rss_mib", rss}};
   metrics << j.dump() << "\n";
   metrics.flush();
+}
+
+std::vector<double> Trainer::State::peak_rss_mib_of_ranks() {
+  const int world = rt.env.world_size;
+  torch::Tensor rss = torch::zeros({world}, torch::kDouble);
+  rss[rt.env.rank] = peak_rss_mib();
+  rss = rss.to(device);
+  rt.train->all_reduce(rss);
+  rss = rss.to(torch::kCPU);
+  return std::vector<double>(rss.data_ptr<double>(), rss.data_ptr<double>() + world);
+}
+
+void Trainer::State::log_eval(const EvalRecord& rec) {
+  if (!is_logger) return;
+  std::ostringstream line;
+  line << "eval step " << rec.step << " | val_loss " << std::fixed << std::setprecision(4)
+       << rec.loss << " | " << rec.samples << " held-out samples | " << std::setprecision(3)
+       << rec.seconds << " s";
+  std::cout << line.str() << std::endl;
+  nlohmann::json j = {{"event", "eval"},         {"step", rec.step},
+                      {"val_loss", rec.loss},    {"val_tokens", rec.tokens},
+                      {"samples", rec.samples},  {"eval_s", rec.seconds},
+                      {"time", utc_timestamp()}, {"wall_s", seconds_since(started)}};
+  metrics << j.dump() << "\n";
+  metrics.flush();
+}
+
+// Rank 0: where this run segment starts, so that a reader of metrics.jsonl
+// tells a fresh run from a resume and knows the world and layout of each.
+void Trainer::State::write_start_record(const std::optional<std::string>& resume_from,
+                                        const checkpoint::LoadStats& resumed) {
+  const auto& st = fsdp->memory_stats();
+  nlohmann::json j = {{"event", "start"},
+                      {"time", utc_timestamp()},
+                      {"step", step},
+                      {"resumed_from", resume_from ? nlohmann::json(*resume_from) : nlohmann::json()},
+                      {"world", rt.env.world_size},
+                      {"layout", layout},
+                      {"device", device.str()},
+                      {"params", st.full_param_bytes / 4},
+                      {"memory_estimate_mib", estimate_memory(cfg, rt.env.world_size).total() / 1048576.0},
+                      {"libtorch", dist::torch_version()}};
+  if (resume_from) {
+    j["resumed_step"] = resumed.step;
+    j["saved_world"] = resumed.saved_world_size;
+    j["saved_layout"] = resumed.saved_layout;
+  }
+  metrics << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+  metrics.flush();
+}
+
+void Trainer::State::write_end_record(bool stopped_by_signal) {
+  nlohmann::json j = {{"event", "end"},
+                      {"time", utc_timestamp()},
+                      {"step", step},
+                      {"status", stopped_by_signal ? "stopped" : "finished"},
+                      {"wall_s", seconds_since(started)}};
+  metrics << j.dump() << "\n";
+  metrics.flush();
+}
+
+EvalRecord Trainer::evaluate() {
+  State& s = *s_;
+  auto t0 = Clock::now();
+  const int64_t n = std::min(s.dataset->eval_size(), s.cfg.train.eval_samples);
+  if (n <= 0) {
+    throw std::runtime_error("train.eval_every: no held-out samples; set data.eval_fraction > 0");
+  }
+  const int world = s.rt.env.world_size;
+  const int rank = s.rt.env.rank;
+  const int64_t batch = s.cfg.train.global_batch_size;
+  const int64_t local = batch / world;
+  const int64_t seq_len = s.dataset->seq_len();
+  torch::NoGradGuard no_grad;
+  torch::Tensor loss_sum = torch::zeros({}, torch::TensorOptions(torch::kDouble).device(s.device));
+  torch::Tensor tokens = torch::zeros({}, torch::TensorOptions(torch::kDouble).device(s.device));
+  for (int64_t first = 0; first < n; first += batch) {
+    std::vector<torch::Tensor> inputs;
+    std::vector<torch::Tensor> targets;
+    for (int64_t r = 0; r < local; ++r) {
+      const int64_t j = first + rank * local + r;
+      if (j < n) {
+        auto [in, tgt] = s.dataset->eval_sample(j);
+        inputs.push_back(in);
+        targets.push_back(tgt);
+      } else {  // padding: every rank runs the same number of forwards
+        inputs.push_back(torch::zeros({seq_len}, torch::kLong));
+        targets.push_back(torch::full({seq_len}, data::kIgnoreIndex, torch::kLong));
+      }
+    }
+    torch::Tensor in = torch::stack(inputs).to(s.device);
+    torch::Tensor tgt = torch::stack(targets).to(s.device);
+    torch::Tensor logits = s.fsdp->forward(in);
+    const int64_t vocab = logits.size(-1);
+    loss_sum += torch::nn::functional::cross_entropy(
+                    logits.reshape({-1, vocab}), tgt.reshape({-1}),
+                    torch::nn::functional::CrossEntropyFuncOptions()
+                        .ignore_index(data::kIgnoreIndex)
+                        .reduction(torch::kSum))
+                    .to(torch::kDouble);
+    tokens += (tgt != data::kIgnoreIndex).sum().to(torch::kDouble);
+  }
+  torch::Tensor both = torch::stack({loss_sum, tokens});
+  s.rt.train->all_reduce(both);
+  both = both.to(torch::kCPU);
+  EvalRecord rec;
+  rec.step = s.step;
+  rec.tokens = both[1].item<double>();
+  rec.loss = both[0].item<double>() / std::max(1.0, rec.tokens);
+  rec.samples = n;
+  rec.seconds = seconds_since(t0);
+  return rec;
 }
 
 // Saves every checkpoint.interval steps, at the last step, and after a stop
@@ -512,9 +682,14 @@ int Trainer::run() {
     s.history.back() = rec;  // now with the checkpoint outcome
     s.log_checkpoint_events();
     stopped_by_signal = rec.stop_requested;
+    const int64_t every = s.cfg.train.eval_every;
+    if (every > 0 && (s.step % every == 0 || s.step == s.cfg.train.steps)) {
+      s.log_eval(evaluate());
+    }
   }
   s.finish_checkpoints();
   if (s.is_logger) {
+    s.write_end_record(stopped_by_signal);
     std::cout << "shardkit: " << (stopped_by_signal ? "stopped by signal" : "finished")
               << " at step " << s.step << std::endl;
   }

@@ -46,6 +46,15 @@ struct StepRecord {
   double checkpoint_blocking_s = 0;   // time this rank's save() call held the loop
 };
 
+// A validation pass over the held-out samples (data.eval_fraction).
+struct EvalRecord {
+  int64_t step = 0;      // after this training step
+  double loss = 0;       // mean cross-entropy over every held-out target
+  double tokens = 0;     // held-out targets that count
+  int64_t samples = 0;   // held-out samples evaluated
+  double seconds = 0;    // this rank
+};
+
 // What the caller of a Trainer may plug in besides the config.
 struct TrainerHooks {
   // Where checkpoints are read and written; null: the POSIX file system.
@@ -80,6 +89,14 @@ class Trainer {
   // REQUIRES: step() < train.steps; every rank calls it the same number of
   // times (it is collective).
   StepRecord train_step();
+
+  // (all ranks) The validation loss on min(train.eval_samples, held-out
+  // samples) held-out samples, in batches of train.global_batch_size split
+  // over the ranks as training batches are: the same at any world size.
+  // No gradients; nothing changes. run() calls it every train.eval_every
+  // steps and at the last step, and logs it.
+  // REQUIRES: data.eval_fraction > 0; collective, like train_step().
+  EvalRecord evaluate();
 
   // The last step taken: run() and train_step() continue after it (0 for a
   // fresh run).

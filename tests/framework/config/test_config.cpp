@@ -30,7 +30,7 @@ const std::vector<std::string> kAllKeys = {
     "parallel.replicate", "parallel.shard", "parallel.reshard_after_forward",
     "dist.backend", "dist.timeout_s", "dist.master_addr", "dist.master_port",
     "checkpoint.dir", "checkpoint.interval", "checkpoint.mode", "checkpoint.keep_last",
-    "checkpoint.resume", "checkpoint.resume_fallback", "checkpoint.on_error", "checkpoint.save_on_signal",
+    "checkpoint.resume", "checkpoint.resume_fallback", "checkpoint.allow_config_change", "checkpoint.on_error", "checkpoint.save_on_signal",
     "checkpoint.when_busy", "checkpoint.allow_partial", "checkpoint.model_only",
     "checkpoint.io_threads", "checkpoint.compression.codec", "checkpoint.compression.level",
     "checkpoint.compression.byte_group", "checkpoint.compression.block_size",
@@ -112,6 +112,7 @@ Config non_default_config() {
   c.checkpoint.keep_last = 3;
   c.checkpoint.resume = "never";
   c.checkpoint.resume_fallback = false;
+  c.checkpoint.allow_config_change = true;
   c.checkpoint.on_error = "warn";
   c.checkpoint.save_on_signal = false;
   c.checkpoint.when_busy = "skip";

@@ -1,0 +1,302 @@
+#include "framework/train/preflight.h"
+
+#include "checkpoint/codec/chunk_reader.h"
+#include "checkpoint/codec/transforms.h"
+#include "checkpoint/format/metadata.h"
+#include "checkpoint/load.h"
+#include "checkpoint/storage/checkpoint_dir.h"
+#include "framework/data/dataset.h"
+#include "framework/fsdp/fully_shard.h"
+#include "models/layered_model.h"
+
+#include <c10/util/Exception.h>
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+namespace framework::train {
+
+namespace {
+
+[[noreturn]] void fail(const std::string& message) { throw PreflightError(message); }
+
+std::string quoted(const std::string& path) { return "'" + path + "'"; }
+
+std::string mib(double bytes) {
+  char buf[64];
+  if (bytes >= 1024.0 * 1024 * 1024 * 1024) {
+    std::snprintf(buf, sizeof(buf), "%.3g TiB", bytes / (1024.0 * 1024 * 1024 * 1024));
+  } else if (bytes >= 1024.0 * 1024 * 1024) {
+    std::snprintf(buf, sizeof(buf), "%.1f GiB", bytes / (1024.0 * 1024 * 1024));
+  } else {
+    std::snprintf(buf, sizeof(buf), "%.1f MiB", bytes / (1024.0 * 1024));
+  }
+  return buf;
+}
+
+// The closest existing ancestor of `path` (itself if it exists).
+std::string existing_ancestor(std::string path) {
+  struct stat st {};
+  while (!path.empty() && ::stat(path.c_str(), &st) != 0) {
+    const size_t slash = path.find_last_of('/');
+    if (slash == std::string::npos) return ".";
+    path = slash == 0 ? "/" : path.substr(0, slash);
+  }
+  return path.empty() ? "." : path;
+}
+
+// `key`'s directory exists (or can be made under a writable directory) and
+// can be written by this user. Creates nothing.
+void check_writable_dir(const std::string& key, const std::string& dir) {
+  struct stat st {};
+  if (::stat(dir.c_str(), &st) == 0) {
+    if (!S_ISDIR(st.st_mode)) fail(key + ": " + quoted(dir) + " is a file, not a directory");
+    if (::access(dir.c_str(), W_OK | X_OK) != 0)
+      fail(key + ": " + quoted(dir) + " is not writable: " + std::strerror(errno));
+    return;
+  }
+  const std::string parent = existing_ancestor(dir);
+  if (::stat(parent.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
+    fail(key + ": cannot create " + quoted(dir) + ": " + quoted(parent) + " is not a directory");
+  if (::access(parent.c_str(), W_OK | X_OK) != 0)
+    fail(key + ": cannot create " + quoted(dir) + ": " + quoted(parent) +
+         " is not writable: " + std::strerror(errno));
+}
+
+void check_data(const config::Config& cfg) {
+  if (cfg.data.kind == "text") {
+    const std::string& path = cfg.data.path;
+    struct stat st {};
+    if (::stat(path.c_str(), &st) != 0)
+      fail("data.path: cannot open " + quoted(path) + ": " + std::strerror(errno));
+    if (S_ISDIR(st.st_mode)) fail("data.path: " + quoted(path) + " is a directory, not a text file");
+    if (!S_ISREG(st.st_mode)) fail("data.path: " + quoted(path) + " is not a regular file");
+    if (::access(path.c_str(), R_OK) != 0)
+      fail("data.path: cannot read " + quoted(path) + ": " + std::strerror(errno));
+    const int64_t need = cfg.model.seq_len + 1;
+    if (static_cast<int64_t>(st.st_size) < need)
+      fail("data.path: " + quoted(path) + " has " + std::to_string(st.st_size) +
+           " bytes; model.seq_len " + std::to_string(cfg.model.seq_len) + " needs at least " +
+           std::to_string(need));
+  }
+  if (cfg.data.kind == "text" && cfg.data.eval_fraction > 0) {
+    struct stat st {};
+    ::stat(cfg.data.path.c_str(), &st);
+    const auto size = static_cast<int64_t>(st.st_size);
+    const auto held_out = static_cast<int64_t>(static_cast<double>(size) * cfg.data.eval_fraction);
+    const int64_t need = cfg.model.seq_len + 1;
+    if (held_out < need || size - held_out < need)
+      fail("data.eval_fraction " + [&] { std::ostringstream o; o << cfg.data.eval_fraction; return o.str(); }() + " splits " +
+           quoted(cfg.data.path) + " (" + std::to_string(size) + " bytes) into " +
+           std::to_string(size - held_out) + " training and " + std::to_string(held_out) +
+           " held-out bytes; each part needs at least model.seq_len + 1 = " + std::to_string(need));
+  }
+  if (cfg.data.kind != "text") {
+    try {
+      // Synthetic data is generated from the seed: cheap to build here.
+      data::make_dataset(cfg.data, cfg.model, static_cast<uint64_t>(cfg.run.seed));
+    } catch (const c10::Error& e) {
+      fail(e.what_without_backtrace());
+    }
+  }
+}
+
+void check_init_from(const config::Config& cfg) {
+  const std::string& path = cfg.model.init_from;
+  if (path.empty()) return;
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0)
+    fail("model.init_from: cannot open " + quoted(path) + ": " + std::strerror(errno));
+  if (!S_ISREG(st.st_mode))
+    fail("model.init_from: " + quoted(path) +
+         " is not a file (a safetensors or torch.save file of full weights)");
+  if (::access(path.c_str(), R_OK) != 0)
+    fail("model.init_from: cannot read " + quoted(path) + ": " + std::strerror(errno));
+}
+
+void check_memory(const config::Config& cfg, const MemoryEstimate& m, int local_ranks) {
+  const std::optional<double> available = available_memory_bytes();
+  if (!available) return;
+  const double need = m.total() * local_ranks;
+  if (need <= *available) return;
+  std::ostringstream msg;
+  msg << "model (" << cfg.model.kind << ", model.d_model " << cfg.model.d_model
+      << ", model.n_layers " << cfg.model.n_layers << ", model.vocab_size " << cfg.model.vocab_size
+      << ", model.seq_len " << cfg.model.seq_len << ") needs about " << describe(m)
+      << " per rank";
+  if (local_ranks > 1) msg << ", x " << local_ranks << " ranks on this machine = " << mib(need);
+  msg << ", but this machine has " << mib(*available)
+      << " available; make the model or train.global_batch_size smaller, or use more machines";
+  fail(msg.str());
+}
+
+std::string checkpoint_dir_of(const config::Config& cfg) {
+  return cfg.checkpoint.dir.empty() ? cfg.run.dir + "/checkpoints" : cfg.checkpoint.dir;
+}
+
+// The saved config of a committed checkpoint, or nullopt if it is damaged
+// (resume's fallback deals with that, loudly).
+std::optional<std::string> saved_config(const std::string& step_dir) {
+  checkpoint::StateDict sd;
+  sd.add_bytes("config", {});
+  checkpoint::LoadOptions options;
+  options.allow_partial = true;
+  options.filter = [](const std::string& name) { return name == "config"; };
+  options.io_threads = 1;
+  try {
+    checkpoint::load_state_dict(sd, step_dir, options);
+  } catch (const checkpoint::FormatError&) {
+    return std::nullopt;
+  } catch (const checkpoint::ChecksumError&) {
+    return std::nullopt;
+  } catch (const checkpoint::TransformError&) {
+    return std::nullopt;
+  } catch (const checkpoint::IoError&) {
+    return std::nullopt;
+  }
+  const auto& bytes = sd.find_bytes("config")->data;
+  return std::string(bytes.begin(), bytes.end());
+}
+
+void check_resume(const config::Config& cfg, PreflightReport& report) {
+  const auto& ck = cfg.checkpoint;
+  const std::string dir = checkpoint_dir_of(cfg);
+  checkpoint::Storage& storage = *checkpoint::posix_storage();
+  std::vector<std::string> candidates;
+  if (ck.resume == "never") {
+    std::string found;
+    int count = 0;
+    for (const auto& e : checkpoint::list_checkpoints(storage, dir)) {
+      if (!e.committed) continue;
+      found += (count++ ? ", " : "") + checkpoint::step_dir_name(e.step);
+    }
+    if (count > 0)
+      fail("checkpoint.resume: never, but checkpoint.dir " + quoted(dir) +
+           " already holds committed checkpoints of an earlier run (" + found +
+           "); this run would overwrite and prune them and a later resume would mix the two. "
+           "Resume them (checkpoint.resume: auto), choose another run.dir, or delete them");
+    return;
+  }
+  if (ck.resume == "auto") {
+    auto entries = checkpoint::list_checkpoints(storage, dir);
+    for (auto it = entries.rbegin(); it != entries.rend(); ++it)
+      if (it->committed) candidates.push_back(it->path);
+  } else {
+    try {
+      candidates.push_back(*checkpoint::resolve_resume(storage, ck.resume, dir));
+    } catch (const std::runtime_error& e) {
+      const std::string what = e.what();
+      fail(what.rfind("checkpoint.resume", 0) == 0 ? what : "checkpoint.resume: " + what);
+    }
+  }
+  for (const std::string& path : candidates) {
+    std::optional<std::string> yaml = saved_config(path);
+    if (!yaml) {
+      if (ck.resume == "auto" && ck.resume_fallback) continue;  // resume sets it aside
+      return;  // resume fails naming the damage
+    }
+    report.resume_from = path;
+    const std::vector<std::string> changes =
+        resume_conflicts(*yaml, path + " (its saved config)", cfg, ck.model_only);
+    if (changes.empty()) return;
+    std::string list;
+    for (size_t i = 0; i < changes.size(); ++i) list += (i ? ", " : "") + changes[i];
+    if (ck.allow_config_change) {
+      report.warnings.push_back("resuming " + path + " although it was saved with other settings: " +
+                                list + " (checkpoint.allow_config_change)");
+      return;
+    }
+    fail("checkpoint.resume: " + path + " was saved by a run with other settings: " + list +
+         ". Resuming it would mix two runs: use another run.dir for a new run, set these keys "
+         "back, or set checkpoint.allow_config_change: true to resume anyway");
+  }
+}
+
+}  // namespace
+
+MemoryEstimate estimate_memory(const config::Config& cfg, int world_size) {
+  const models::ModelSize size = models::model_size(cfg.model);
+  double shard = 1;
+  try {
+    shard = static_cast<double>(fsdp::mesh_shape_for(cfg.parallel, world_size)[1]);
+  } catch (const std::invalid_argument&) {
+  }
+  MemoryEstimate m;
+  constexpr double kFloat = 4;
+  m.params = size.parameters / shard * kFloat;
+  m.grads = m.params;
+  m.optimizer = 2 * m.params;
+  m.gathered = shard > 1 ? 2 * size.largest_unit * kFloat : 0;
+  const double per_rank_batch =
+      std::ceil(static_cast<double>(cfg.train.global_batch_size) / std::max(1, world_size));
+  m.activations = per_rank_batch * size.activation_floats_per_sample * kFloat;
+  const bool staged = cfg.checkpoint.interval > 0 && cfg.checkpoint.mode != "sync";
+  m.staging = staged ? m.params + m.optimizer : 0;
+  return m;
+}
+
+std::string describe(const MemoryEstimate& m) {
+  return mib(m.total()) + " (params " + mib(m.params) + ", grads " + mib(m.grads) +
+         ", optimizer " + mib(m.optimizer) + ", gathered unit " + mib(m.gathered) +
+         ", activations " + mib(m.activations) + ", checkpoint staging " + mib(m.staging) + ")";
+}
+
+std::optional<double> available_memory_bytes() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  double kib = 0;
+  std::string unit;
+  while (in >> key >> kib >> unit) {
+    if (key == "MemAvailable:") return kib * 1024;
+  }
+  return std::nullopt;
+}
+
+std::vector<std::string> resume_conflicts(const std::string& saved_yaml, const std::string& source,
+                                          const config::Config& cfg, bool model_only) {
+  config::Config saved;
+  try {
+    saved = config::parse_config(saved_yaml, source);
+  } catch (const config::ConfigError& e) {
+    fail(std::string("checkpoint.resume: cannot compare with the checkpoint's config: ") +
+         e.what());
+  }
+  std::vector<std::string> prefixes = {"model."};
+  if (!model_only) {
+    prefixes.insert(prefixes.end(), {"data.", "run.seed", "train.global_batch_size"});
+  }
+  std::vector<std::string> out;
+  for (const config::KeyChange& c : config::changed_keys(saved, cfg, prefixes)) {
+    if (c.key == "model.init_from") continue;  // ignored when resuming
+    out.push_back(c.key + " (" + c.was + " -> " + c.now + ")");
+  }
+  return out;
+}
+
+void check_directories(const config::Config& cfg) {
+  check_writable_dir("run.dir", cfg.run.dir);
+  // save_on_signal saves even with checkpoint.interval 0.
+  check_writable_dir(cfg.checkpoint.dir.empty() ? "checkpoint.dir (<run.dir>/checkpoints)"
+                                                : "checkpoint.dir",
+                     checkpoint_dir_of(cfg));
+}
+
+PreflightReport preflight(const config::Config& cfg, int world_size, int local_ranks) {
+  PreflightReport report;
+  check_directories(cfg);
+  check_data(cfg);
+  report.memory = estimate_memory(cfg, world_size);
+  check_memory(cfg, report.memory, std::max(1, local_ranks));
+  check_resume(cfg, report);
+  if (!report.resume_from) check_init_from(cfg);
+  return report;
+}
+
+}  // namespace framework::train

@@ -1,0 +1,80 @@
+#pragma once
+// Checks that a run can start, made once before any rank does work: by the
+// local launcher (`train --nproc N`) for the whole job, or by each rank that
+// torchrun or SLURM started. Everything here is a user mistake in the config
+// or on the command line, reported as one PreflightError line that names the
+// key, file or checkpoint; train exits 2. Nothing is created or deleted.
+//
+//   - data.*: the text file exists, is a regular file and holds at least one
+//     sample plus the held-out part; the synthetic task fits model.seq_len.
+//   - model.init_from: exists and is a regular file (when not resuming).
+//   - run.dir and checkpoint.dir: a directory (or creatable in one) that this
+//     user can write; checkpoint.dir not a regular file.
+//   - memory: parameters, gradients, AdamW moments, the gathered FSDP unit,
+//     activations and checkpoint staging per rank, times the ranks on this
+//     machine, against its available memory.
+//   - checkpoint.resume: a named checkpoint exists and is committed; `never`
+//     refuses a checkpoint.dir that already holds committed checkpoints (they
+//     would be overwritten and pruned); `auto` refuses a checkpoint saved with
+//     other model, data, run.seed or train.global_batch_size values, naming
+//     each key, unless checkpoint.allow_config_change.
+//
+// Example:
+//   const PreflightReport report = preflight(cfg, world, local_ranks);
+//   for (const auto& w : report.warnings) std::cerr << "train: warning: " << w << "\n";
+#include "framework/config/config.h"
+
+#include <cstdint>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace framework::train {
+
+class PreflightError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// Bytes per rank, estimated from the config alone (fp32 everywhere).
+struct MemoryEstimate {
+  double params = 0;       // this rank's parameter shards
+  double grads = 0;        // their gradients
+  double optimizer = 0;    // AdamW's two moments
+  double gathered = 0;     // the largest FSDP unit, all-gathered, with its gradient
+  double activations = 0;  // kept for backward, this rank's micro-batch
+  double staging = 0;      // host copy of the state for async/overlap saves
+  double total() const { return params + grads + optimizer + gathered + activations + staging; }
+};
+
+MemoryEstimate estimate_memory(const config::Config& cfg, int world_size);
+
+// "412.3 MiB (params 10.0 MiB, grads 10.0 MiB, optimizer 20.0 MiB, ...)"
+std::string describe(const MemoryEstimate& m);
+
+// MemAvailable of /proc/meminfo in bytes, or nullopt where unknown.
+std::optional<double> available_memory_bytes();
+
+struct PreflightReport {
+  MemoryEstimate memory;                   // per rank
+  std::optional<std::string> resume_from;  // the checkpoint resume will try first
+  std::vector<std::string> warnings;       // e.g. config changes allowed by the user
+};
+
+// The run.dir and checkpoint.dir checks alone (before the run's lock is
+// taken, which creates run.dir). Throws PreflightError.
+void check_directories(const config::Config& cfg);
+
+// Runs every check above for a job of `world_size` ranks, `local_ranks` of
+// them on this machine. Throws PreflightError (one line) on the first problem.
+PreflightReport preflight(const config::Config& cfg, int world_size, int local_ranks);
+
+// The keys whose change makes a checkpoint belong to another run, as
+// "key (saved -> now)" items; empty when `saved_yaml` matches `cfg` on them.
+// `model_only`: only the model's shape counts. Throws PreflightError when the
+// saved config cannot be read.
+std::vector<std::string> resume_conflicts(const std::string& saved_yaml, const std::string& source,
+                                          const config::Config& cfg, bool model_only);
+
+}  // namespace framework::train
