@@ -15,6 +15,7 @@ packages=(
   libgtest-dev                      # GoogleTest
   libthread-pool-dev                # header-only thread pool (checkpoint I/O)
   python3-torch                     # independent reader for the interop tests
+  python3-matplotlib                # scripts/plot-run (metrics.jsonl -> PNG) and its test
 )
 missing=()
 for p in "${packages[@]}"; do
