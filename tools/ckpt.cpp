@@ -1,14 +1,17 @@
 // ckpt: look at checkpoints without LibTorch or a GPU.
-//   ckpt list DIR               the checkpoints in a checkpoint.dir, committed or not
+//   ckpt list DIR [--json]      the checkpoints in a checkpoint.dir and their status
+//                               (committed, damaged, uncommitted, set-aside)
 //   ckpt inspect CKPT [--chunks] [--json]
 //                               what a checkpoint's metadata says
-//   ckpt verify CKPT [--threads N]
+//   ckpt verify CKPT [--threads N] [--json]
 //                               read every chunk back and check its checksum
 //   ckpt export CKPT --format safetensors|torch --out FILE [--dtype bf16|fp32] [--only model]
 //                               consolidate into one file of full tensors
 // Exit codes: 0 success (verify: every chunk intact), 1 failure or damage,
-// 2 usage error. Everything read from disk is untrusted: the metadata decoder
-// validates it, and names are escaped before they reach the terminal.
+// 2 usage error. --json prints one JSON object on stdout and nothing else
+// there; errors still go to stderr. Everything read from disk is untrusted:
+// the metadata decoder validates it, and names are escaped before they reach
+// the terminal.
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 #include <thread_pool/thread_pool.hpp>
@@ -81,6 +84,30 @@ std::string local_time(int64_t unix_s) {
     return "@" + std::to_string(unix_s);
   }
   return buf;
+}
+
+// UTC as ISO 8601, "2024-05-01T12:00:00Z"; the raw number when out of range.
+std::string utc_iso8601(int64_t unix_s) {
+  const std::time_t t = static_cast<std::time_t>(unix_s);
+  std::tm tm{};
+  char buf[64];
+  if (gmtime_r(&t, &tm) == nullptr || std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm) == 0) {
+    return "@" + std::to_string(unix_s);
+  }
+  return buf;
+}
+
+// Names from disk need not be UTF-8: replace rather than throw.
+void print_json(const nlohmann::ordered_json& j) {
+  std::cout << j.dump(2, ' ', false, nlohmann::ordered_json::error_handler_t::replace) << "\n";
+}
+
+// "ckpt verify: <target>: <message>"; the target only when the message does
+// not name it already (bad_alloc cannot).
+void print_error(const std::string& command, const std::string& target, const std::string& message) {
+  std::cerr << "ckpt " << command << ": "
+            << (message.find(target) == std::string::npos ? printable(target) + ": " : "")
+            << printable(message) << "\n";
 }
 
 // Left-aligned columns separated by two spaces.
@@ -171,17 +198,56 @@ std::string ratio(uint64_t stored, uint64_t logical) {
 
 // ---------------------------------------------------------------- list
 
-int run_list(const std::string& dir) {
-  const std::vector<checkpoint::CheckpointEntry> entries = checkpoint::list_checkpoints(storage(), dir);
+// A damaged entry's error without its directory, which the PATH column
+// already shows: "/c/step_20/.metadata: truncated" -> ".metadata: truncated".
+std::string short_reason(const checkpoint::CheckpointStatusEntry& e) {
+  std::string reason = e.error;
+  const std::string prefix = e.entry.path + "/";
+  for (size_t at; (at = reason.find(prefix)) != std::string::npos;) reason.erase(at, prefix.size());
+  return reason;
+}
+
+nlohmann::ordered_json list_json(const std::string& dir,
+                                 const std::vector<checkpoint::CheckpointStatusEntry>& entries) {
+  nlohmann::ordered_json checkpoints = nlohmann::ordered_json::array();
+  for (const checkpoint::CheckpointStatusEntry& e : entries) {
+    nlohmann::ordered_json j = {{"step", e.entry.step},
+                                {"status", checkpoint::checkpoint_status_name(e.status)},
+                                {"bytes", e.entry.bytes},
+                                {"mtime_unix_s", e.entry.mtime_unix_s},
+                                {"mtime", utc_iso8601(e.entry.mtime_unix_s)},
+                                {"path", e.entry.path}};
+    if (e.status == checkpoint::CheckpointStatus::kDamaged) j["error"] = e.error;
+    checkpoints.push_back(std::move(j));
+  }
+  return {{"dir", dir}, {"checkpoints", checkpoints}};
+}
+
+// Exits 0 whatever the statuses: listing is not checking (verify checks).
+int run_list(const std::string& dir, bool json) {
+  const std::vector<checkpoint::CheckpointStatusEntry> entries =
+      checkpoint::list_checkpoints_with_status(storage(), dir);
+  if (json) {
+    print_json(list_json(dir, entries));
+    return kExitOk;
+  }
   if (entries.empty()) {
-    std::cout << "no checkpoints in " << dir << "\n";
+    std::cout << "no checkpoints in " << printable(dir) << "\n";
     return kExitOk;
   }
   std::vector<std::vector<std::string>> rows = {{"STEP", "STATUS", "SIZE", "DATE", "PATH"}};
-  for (const checkpoint::CheckpointEntry& e : entries) {
-    rows.push_back({std::to_string(e.step), e.committed ? "committed" : "INCOMPLETE",
-                    human_bytes(e.bytes), local_time(e.mtime_unix_s), printable(e.path)});
+  bool any_damaged = false;
+  for (const checkpoint::CheckpointStatusEntry& e : entries) {
+    rows.push_back({std::to_string(e.entry.step), checkpoint::checkpoint_status_name(e.status),
+                    human_bytes(e.entry.bytes), local_time(e.entry.mtime_unix_s),
+                    printable(e.entry.path)});
+    if (e.status == checkpoint::CheckpointStatus::kDamaged) {
+      rows.back().push_back(printable(short_reason(e)));
+      any_damaged = true;
+    }
   }
+  // A REASON column only when some entry is damaged; other rows end at PATH.
+  if (any_damaged) rows.front().push_back("REASON");
   print_table(rows, std::cout);
   return kExitOk;
 }
@@ -312,10 +378,7 @@ nlohmann::ordered_json inspect_json(const std::string& path, const CheckpointMet
 int run_inspect(const std::string& path, bool chunks, bool json) {
   const CheckpointMeta meta = checkpoint::read_committed_metadata(storage(), path);
   if (json) {
-    // Names from disk need not be UTF-8: replace rather than throw.
-    std::cout << inspect_json(path, meta, chunks)
-                     .dump(2, ' ', false, nlohmann::ordered_json::error_handler_t::replace)
-              << "\n";
+    print_json(inspect_json(path, meta, chunks));
   } else {
     print_inspect_text(path, meta, chunks);
   }
@@ -334,20 +397,54 @@ std::string problem_line(const checkpoint::VerifyProblem& p) {
   return line.str();
 }
 
-int run_verify(const std::string& path, int threads) {
+nlohmann::ordered_json verify_json(const std::string& path, const checkpoint::VerifyReport& report,
+                                   double seconds, const std::string& error) {
+  nlohmann::ordered_json problems = nlohmann::ordered_json::array();
+  for (const checkpoint::VerifyProblem& p : report.problems) {
+    problems.push_back({{"item", p.item}, {"chunk", p.chunk}, {"file", p.file}, {"error", p.message}});
+  }
+  nlohmann::ordered_json j = {{"path", path},
+                              {"ok", error.empty() && report.ok()},
+                              {"chunks", report.chunks},
+                              {"bytes", report.bytes},
+                              {"seconds", seconds}};
+  if (!error.empty()) j["error"] = error;
+  j["problems"] = problems;
+  return j;
+}
+
+std::string seconds_text(double seconds) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.3f", seconds);
+  return buf;
+}
+
+int run_verify(const std::string& path, int threads, bool json) {
   const auto start = std::chrono::steady_clock::now();
   thread_pool::ThreadPool pool(static_cast<size_t>(threads));
-  const checkpoint::VerifyReport report = checkpoint::verify_checkpoint(storage(), path, &pool);
+  checkpoint::VerifyReport report;
+  std::string error;  // the metadata could not be read: nothing was verified
+  try {
+    report = checkpoint::verify_checkpoint(storage(), path, &pool);
+  } catch (const std::exception& e) {
+    if (!json) throw;
+    error = e.what();
+  }
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (json) {
+    // Even a checkpoint whose metadata does not read gets its object, with
+    // "error" (and ok false); the error also goes to stderr as in text mode.
+    print_json(verify_json(path, report, seconds, error));
+    if (!error.empty()) print_error("verify", path, error);
+    return error.empty() && report.ok() ? kExitOk : kExitFailure;
+  }
   if (report.ok()) {
-    char buf[32];
-    std::snprintf(buf, sizeof buf, "%.3f", seconds);
-    std::cout << "OK: " << report.chunks << " chunks, " << report.bytes << " bytes verified in " << buf
-              << " s\n";
+    std::cout << "OK: " << report.chunks << " chunks, " << report.bytes << " bytes verified in "
+              << seconds_text(seconds) << " s\n";
     return kExitOk;
   }
   for (const checkpoint::VerifyProblem& p : report.problems) std::cout << problem_line(p) << "\n";
-  std::cout << "FAILED: " << path << ": " << report.problems.size() << " problem(s) in "
+  std::cout << "FAILED: " << printable(path) << ": " << report.problems.size() << " problem(s) in "
             << report.chunks << " chunks\n";
   return kExitFailure;
 }
@@ -387,12 +484,16 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", std::string("ckpt (shardkit) ") + SHARDKIT_VERSION);
 
   std::string dir;
-  CLI::App* list = app.add_subcommand("list", "the checkpoints in a checkpoint.dir, committed or not");
+  CLI::App* list = app.add_subcommand(
+      "list",
+      "the checkpoints in a checkpoint.dir and their status: committed, damaged (.metadata "
+      "does not read back), uncommitted (no .metadata) or set-aside (step_<N>.damaged)");
   list->add_option("DIR", dir, "a checkpoint.dir (holding step_<N>/ directories)")->required();
+  bool json = false;
+  list->add_flag("--json", json, "print one JSON object: {dir, checkpoints: [...]}");
 
   std::string ckpt;
   bool chunks = false;
-  bool json = false;
   CLI::App* inspect = app.add_subcommand("inspect", "what a checkpoint's metadata says");
   inspect->add_option("CKPT", ckpt, "a checkpoint directory (step_<N>/)")->required();
   inspect->add_flag("--chunks", chunks, "also list every chunk");
@@ -402,6 +503,7 @@ int main(int argc, char** argv) {
   CLI::App* verify = app.add_subcommand("verify", "read every chunk back and check its checksum");
   verify->add_option("CKPT", ckpt, "a checkpoint directory (step_<N>/)")->required();
   verify->add_option("--threads", threads, "reader threads")->check(CLI::Range(1, 1024));
+  verify->add_flag("--json", json, "print one JSON object: {ok, chunks, bytes, seconds, problems}");
 
   ExportArgs export_args;
   CLI::App* export_cmd = app.add_subcommand(
@@ -435,17 +537,12 @@ int main(int argc, char** argv) {
 
   const std::string command = app.get_subcommands().front()->get_name();
   try {
-    if (*list) return run_list(dir);
+    if (*list) return run_list(dir, json);
     if (*inspect) return run_inspect(ckpt, chunks, json);
     if (*export_cmd) return run_export(ckpt, export_args);
-    return run_verify(ckpt, threads);
+    return run_verify(ckpt, threads, json);
   } catch (const std::exception& e) {
-    // Errors name the path; those that cannot (bad_alloc) get it here.
-    const std::string& target = *list ? dir : ckpt;
-    const std::string message = e.what();
-    std::cerr << "ckpt " << command << ": "
-              << (message.find(target) == std::string::npos ? printable(target) + ": " : "")
-              << printable(message) << "\n";
+    print_error(command, *list ? dir : ckpt, e.what());
     return kExitFailure;
   }
 }

@@ -110,8 +110,9 @@ std::vector<std::string> CheckpointManager::resume_candidates() {
 // (rank 0) Renames a checkpoint that failed to load out of the step_<N>
 // names; returns the new path ("" when the rename failed).
 std::string CheckpointManager::set_aside(const std::string& path) {
-  std::string target = path + ".damaged";
-  for (int i = 1; storage_->exists(target); ++i) target = path + ".damaged." + std::to_string(i);
+  // Names parse_set_aside_dir_name knows, so `ckpt list` shows them.
+  std::string target = path + kSetAsideSuffix;
+  for (int i = 1; storage_->exists(target); ++i) target = path + kSetAsideSuffix + "." + std::to_string(i);
   try {
     storage_->rename(path, target);
     storage_->sync_dir(parent_dir(path));

@@ -1,6 +1,7 @@
 #include "checkpoint/storage/checkpoint_dir.h"
 
 #include <algorithm>
+#include <utility>
 #include <limits>
 #include <stdexcept>
 #include <cerrno>
@@ -16,6 +17,43 @@ constexpr const char* kStepPrefix = "step_";
 // A victim is renamed to this prefix + its step directory name before removal:
 // not a step_<N> name, so never mistaken for a checkpoint if removal is cut off.
 constexpr const char* kDeletingPrefix = ".deleting.";
+
+// A canonical non-negative decimal: no sign, no leading zeros, no overflow.
+std::optional<int64_t> parse_decimal(const std::string& digits) {
+  if (digits.empty()) return std::nullopt;
+  if (digits.size() > 1 && digits[0] == '0') return std::nullopt;  // "01" is not canonical
+  int64_t value = 0;
+  for (char c : digits) {
+    if (c < '0' || c > '9') return std::nullopt;
+    const int digit = c - '0';
+    if (value > (std::numeric_limits<int64_t>::max() - digit) / 10) return std::nullopt;
+    value = value * 10 + digit;
+  }
+  return value;
+}
+
+// "step_<N>.damaged" -> (N, 0); "step_<N>.damaged.<K>" -> (N, K), K >= 1.
+std::optional<std::pair<int64_t, int64_t>> parse_set_aside_name(const std::string& name) {
+  const size_t at = name.find(kSetAsideSuffix);
+  if (at == std::string::npos) return std::nullopt;
+  const std::optional<int64_t> step = parse_step_dir_name(name.substr(0, at));
+  if (!step) return std::nullopt;
+  const std::string rest = name.substr(at + std::char_traits<char>::length(kSetAsideSuffix));
+  if (rest.empty()) return std::make_pair(*step, int64_t{0});
+  if (rest[0] != '.') return std::nullopt;
+  const std::optional<int64_t> k = parse_decimal(rest.substr(1));
+  if (!k || *k == 0) return std::nullopt;
+  return std::make_pair(*step, *k);
+}
+
+// True only when `path` is known to be absent (an unreadable one is not).
+bool is_missing(Storage& storage, const std::string& path) {
+  try {
+    return storage.stat(path).type == FileType::kMissing;
+  } catch (const IoError&) {
+    return false;
+  }
+}
 
 bool is_committed_dir(Storage& storage, const std::string& dir) {
   return storage.stat(join_path(dir, kMetadataFileName)).type == FileType::kFile;
@@ -51,6 +89,31 @@ CheckpointEntry describe_step_dir(Storage& storage, int64_t step, const std::str
   entry.bytes = regular_file_bytes(storage, path);
   entry.mtime_unix_s = info.mtime_unix_s;
   return entry;
+}
+
+// The names in `checkpoint_dir`; none when it is missing. Throws when it is
+// not a directory or cannot be read.
+std::vector<std::string> list_checkpoint_dir(Storage& storage, const std::string& checkpoint_dir) {
+  const FileType type = storage.stat(checkpoint_dir).type;
+  if (type == FileType::kMissing) return {};
+  if (type == FileType::kFile) {
+    throw std::runtime_error("checkpoint directory " + checkpoint_dir + " is not a directory");
+  }
+  return storage.list_dir(checkpoint_dir);  // follows a symlinked root
+}
+
+// The entry for `path` if it is a directory (a symlink is never a
+// checkpoint); nullopt when it is not, vanished or cannot be read.
+std::optional<CheckpointEntry> describe_if_directory(Storage& storage, int64_t step,
+                                                     const std::string& path) {
+  FileInfo info;
+  try {
+    info = storage.stat(path);
+  } catch (const IoError&) {
+    return std::nullopt;
+  }
+  if (info.type != FileType::kDirectory) return std::nullopt;
+  return describe_step_dir(storage, step, path, info);
 }
 
 // Removes `path` and everything below it; true when it is gone (including
@@ -107,37 +170,23 @@ std::string step_dir_name(int64_t step) {
 std::optional<int64_t> parse_step_dir_name(const std::string& name) {
   const size_t prefix = std::char_traits<char>::length(kStepPrefix);
   if (name.size() <= prefix || name.compare(0, prefix, kStepPrefix) != 0) return std::nullopt;
-  const std::string digits = name.substr(prefix);
-  if (digits.size() > 1 && digits[0] == '0') return std::nullopt;  // "step_01" is not canonical
-  int64_t value = 0;
-  for (char c : digits) {
-    if (c < '0' || c > '9') return std::nullopt;
-    const int digit = c - '0';
-    if (value > (std::numeric_limits<int64_t>::max() - digit) / 10) return std::nullopt;
-    value = value * 10 + digit;
-  }
-  return value;
+  return parse_decimal(name.substr(prefix));
+}
+
+std::optional<int64_t> parse_set_aside_dir_name(const std::string& name) {
+  const std::optional<std::pair<int64_t, int64_t>> parsed = parse_set_aside_name(name);
+  if (!parsed) return std::nullopt;
+  return parsed->first;
 }
 
 std::vector<CheckpointEntry> list_checkpoints(Storage& storage, const std::string& checkpoint_dir) {
-  const FileType type = storage.stat(checkpoint_dir).type;
-  if (type == FileType::kMissing) return {};
-  if (type == FileType::kFile) {
-    throw std::runtime_error("checkpoint directory " + checkpoint_dir + " is not a directory");
-  }
   std::vector<CheckpointEntry> entries;
-  for (const std::string& name : storage.list_dir(checkpoint_dir)) {  // follows a symlinked root
+  for (const std::string& name : list_checkpoint_dir(storage, checkpoint_dir)) {
     const std::optional<int64_t> step = parse_step_dir_name(name);
     if (!step) continue;
-    const std::string path = join_path(checkpoint_dir, name);
-    FileInfo info;
-    try {
-      info = storage.stat(path);
-    } catch (const IoError&) {
-      continue;  // vanished or unreadable: not a checkpoint we can use
+    if (auto entry = describe_if_directory(storage, *step, join_path(checkpoint_dir, name))) {
+      entries.push_back(std::move(*entry));
     }
-    if (info.type != FileType::kDirectory) continue;  // a symlink is never a checkpoint
-    entries.push_back(describe_step_dir(storage, *step, path, info));
   }
   std::sort(entries.begin(), entries.end(),
             [](const CheckpointEntry& a, const CheckpointEntry& b) { return a.step < b.step; });
@@ -150,6 +199,69 @@ std::optional<CheckpointEntry> latest_committed(Storage& storage, const std::str
     if (it->committed) return *it;
   }
   return std::nullopt;
+}
+
+const char* checkpoint_status_name(CheckpointStatus status) {
+  switch (status) {
+    case CheckpointStatus::kCommitted: return "committed";
+    case CheckpointStatus::kDamaged: return "damaged";
+    case CheckpointStatus::kUncommitted: return "uncommitted";
+    case CheckpointStatus::kSetAside: return "set-aside";
+  }
+  return "unknown";
+}
+
+CheckpointStatusEntry checkpoint_status(Storage& storage, const CheckpointEntry& entry) {
+  CheckpointStatusEntry result{entry, CheckpointStatus::kUncommitted, ""};
+  if (!entry.committed) return result;
+  try {
+    read_committed_metadata(storage, entry.path);
+    result.status = CheckpointStatus::kCommitted;
+  } catch (const std::runtime_error& e) {  // FormatError, IoError; not bad_alloc
+    // Retention may have taken the directory since it was listed: that is
+    // not damage.
+    if (is_missing(storage, join_path(entry.path, kMetadataFileName))) {
+      result.entry.committed = false;
+      return result;
+    }
+    result.status = CheckpointStatus::kDamaged;
+    result.error = e.what();
+  }
+  return result;
+}
+
+std::vector<CheckpointStatusEntry> list_checkpoints_with_status(Storage& storage,
+                                                                const std::string& checkpoint_dir) {
+  struct Found {
+    CheckpointStatusEntry status;
+    int64_t order = 0;  // 0: the step directory; 1 + K: step_<N>.damaged[.K]
+  };
+  std::vector<Found> found;
+  for (const std::string& name : list_checkpoint_dir(storage, checkpoint_dir)) {
+    const std::string path = join_path(checkpoint_dir, name);
+    if (const std::optional<int64_t> step = parse_step_dir_name(name)) {
+      if (auto entry = describe_if_directory(storage, *step, path)) {
+        CheckpointStatusEntry status = checkpoint_status(storage, *entry);
+        // Gone between listing and reading (retention): not listed.
+        if (status.status == CheckpointStatus::kUncommitted && entry->committed &&
+            is_missing(storage, path)) {
+          continue;
+        }
+        found.push_back({std::move(status), 0});
+      }
+    } else if (const auto set_aside = parse_set_aside_name(name)) {
+      if (auto entry = describe_if_directory(storage, set_aside->first, path)) {
+        found.push_back({{std::move(*entry), CheckpointStatus::kSetAside, ""}, 1 + set_aside->second});
+      }
+    }
+  }
+  std::sort(found.begin(), found.end(), [](const Found& a, const Found& b) {
+    if (a.status.entry.step != b.status.entry.step) return a.status.entry.step < b.status.entry.step;
+    return a.order < b.order;
+  });
+  std::vector<CheckpointStatusEntry> result;
+  for (Found& f : found) result.push_back(std::move(f.status));
+  return result;
 }
 
 std::vector<CheckpointEntry> retention_victims(const std::vector<CheckpointEntry>& entries,

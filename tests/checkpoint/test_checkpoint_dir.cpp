@@ -148,6 +148,87 @@ TEST(ListCheckpoints, ASymlinkedMetadataDoesNotCommit) {
   EXPECT_FALSE(entries[0].committed);
 }
 
+TEST(SetAsideDirName, ParsesWhatResumeSetsAsideAndNothingElse) {
+  EXPECT_EQ(parse_set_aside_dir_name("step_6.damaged"), 6);
+  EXPECT_EQ(parse_set_aside_dir_name("step_6.damaged.1"), 6);
+  EXPECT_EQ(parse_set_aside_dir_name("step_0.damaged.12"), 0);
+  EXPECT_EQ(parse_set_aside_dir_name(step_dir_name(40) + kSetAsideSuffix), 40);
+  for (const char* name : {"step_6", "step_6.damaged.", "step_6.damaged.0", "step_6.damaged.01",
+                           "step_6.damaged.x", "step_6.damagedx", "step_06.damaged", "step_.damaged",
+                           "step_x.damaged", ".damaged", "step_6.damaged.1.2", "step_6.tmp", ""}) {
+    EXPECT_FALSE(parse_set_aside_dir_name(name).has_value()) << "'" << name << "'";
+  }
+}
+
+// A .metadata that read_committed_metadata accepts.
+void write_valid_metadata(Storage& storage, const std::string& dir, int64_t step) {
+  CheckpointMeta meta;
+  meta.step = step;
+  meta.world_size = 1;
+  storage.write_file_atomic(join_path(dir, kMetadataFileName), encode_metadata(meta));
+}
+
+TEST(CheckpointStatus, CommittedOnlyWhenTheMetadataReadsBack) {
+  auto storage = memory_storage();
+  const std::string root = "/runs/ckpt";
+  for (int64_t step : {1, 2, 3, 4}) {
+    storage->make_dirs(join_path(root, step_dir_name(step)));
+    storage->write_file_atomic(join_path(root, step_dir_name(step) + "/rank_0.data"), {1, 2, 3});
+  }
+  write_valid_metadata(*storage, join_path(root, "step_1"), 1);
+  write_valid_metadata(*storage, join_path(root, "step_2"), 2);
+  std::vector<uint8_t> bytes = storage->read_file(join_path(root, "step_2/.metadata"), 1 << 20);
+  bytes.resize(bytes.size() - 1);  // truncated
+  storage->write_file_atomic(join_path(root, "step_2/.metadata"), bytes);
+  write_valid_metadata(*storage, join_path(root, "step_3"), 3);
+  bytes = storage->read_file(join_path(root, "step_3/.metadata"), 1 << 20);
+  bytes.back() ^= 0x01;  // one bit flipped
+  storage->write_file_atomic(join_path(root, "step_3/.metadata"), bytes);
+  // step_4: no .metadata. Set aside by resume, twice, plus names it never makes.
+  for (const char* name : {"step_3.damaged.1", "step_3.damaged", "step_3.damaged.0", "step_03.damaged"}) {
+    storage->make_dirs(join_path(root, name));
+  }
+  storage->write_file_atomic(join_path(root, "step_9.damaged"), {1});  // a file, not a directory
+
+  const std::vector<CheckpointStatusEntry> statuses = list_checkpoints_with_status(*storage, root);
+  std::vector<std::pair<std::string, std::string>> seen;
+  for (const CheckpointStatusEntry& s : statuses) {
+    seen.emplace_back(s.entry.path.substr(root.size() + 1), checkpoint_status_name(s.status));
+  }
+  EXPECT_EQ(seen, (std::vector<std::pair<std::string, std::string>>{{"step_1", "committed"},
+                                                                    {"step_2", "damaged"},
+                                                                    {"step_3", "damaged"},
+                                                                    {"step_3.damaged", "set-aside"},
+                                                                    {"step_3.damaged.1", "set-aside"},
+                                                                    {"step_4", "uncommitted"}}));
+  ASSERT_EQ(statuses.size(), 6u);
+  EXPECT_EQ(statuses[0].error, "");
+  EXPECT_NE(statuses[1].error.find(join_path(root, "step_2/.metadata")), std::string::npos) << statuses[1].error;
+  EXPECT_NE(statuses[2].error.find(join_path(root, "step_3/.metadata")), std::string::npos) << statuses[2].error;
+  EXPECT_EQ(statuses[3].entry.step, 3);
+  EXPECT_EQ(statuses[5].error, "");
+  EXPECT_EQ(statuses[0].entry.bytes, 3u + storage->stat(join_path(root, "step_1/.metadata")).size);
+
+  // Discovery, retention and resume still go by the commit marker: the
+  // damaged step_3 is the latest committed, so resume tries it (and, with
+  // checkpoint.resume_fallback, sets it aside) instead of silently skipping
+  // it; set-aside directories are never checkpoints.
+  EXPECT_EQ(latest_committed(*storage, root)->step, 3);
+  EXPECT_EQ(steps_of(list_checkpoints(*storage, root)), (std::vector<int64_t>{1, 2, 3, 4}));
+}
+
+TEST(CheckpointStatus, AnEntryWhoseMetadataVanishedIsUncommittedNotDamaged) {
+  auto storage = memory_storage();
+  storage->make_dirs("/c/step_5");
+  write_valid_metadata(*storage, "/c/step_5", 5);
+  const std::vector<CheckpointEntry> entries = list_checkpoints(*storage, "/c");
+  ASSERT_EQ(entries.size(), 1u);
+  storage->remove_all("/c/step_5/.metadata");  // e.g. retention got there first
+  const CheckpointStatusEntry s = checkpoint_status(*storage, entries[0]);
+  EXPECT_EQ(s.status, CheckpointStatus::kUncommitted);
+  EXPECT_EQ(s.error, "");
+}
+
 TEST(RetentionVictims, KeepLastTable) {
   const std::vector<CheckpointEntry> entries = {entry(40, true), entry(10, true), entry(30, true),
                                                 entry(20, true)};

@@ -14,6 +14,8 @@
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <regex>
+#include <sstream>
 
 #include "checkpoint/storage/checkpoint_dir.h"
 #include "checkpoint/format/checksum.h"
@@ -51,6 +53,51 @@ RunResult run_ckpt(const std::vector<std::string>& args) {
   const int status = pclose(pipe);
   result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
   return result;
+}
+
+struct SplitRunResult {
+  int exit_code = -1;
+  std::string out;  // stdout alone (what --json promises to keep clean)
+  std::string err;
+};
+
+// Runs `ckpt <args>` with stderr to `stderr_file`, so stdout can be parsed.
+SplitRunResult run_ckpt_split(const std::vector<std::string>& args, const fs::path& stderr_file) {
+  std::string command = shell_quote(kCkpt);
+  for (const std::string& a : args) command += " " + shell_quote(a);
+  command += " 2>" + shell_quote(stderr_file.string());
+  SplitRunResult result;
+  FILE* pipe = popen(command.c_str(), "r");
+  if (pipe == nullptr) throw std::runtime_error(std::string("popen: ") + std::strerror(errno));
+  char buf[4096];
+  size_t n = 0;
+  while ((n = fread(buf, 1, sizeof buf, pipe)) > 0) result.out.append(buf, n);
+  const int status = pclose(pipe);
+  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  std::ifstream err(stderr_file, std::ios::binary);
+  result.err.assign(std::istreambuf_iterator<char>(err), std::istreambuf_iterator<char>());
+  return result;
+}
+
+// The cells of each line of a `ckpt list` table: columns are separated by
+// two or more spaces, values hold at most single ones ("76 B").
+std::vector<std::vector<std::string>> table_rows(const std::string& output) {
+  std::vector<std::vector<std::string>> rows;
+  std::istringstream lines(output);
+  static const std::regex kGap(" {2,}");
+  for (std::string line; std::getline(lines, line);) {
+    rows.emplace_back(std::sregex_token_iterator(line.begin(), line.end(), kGap, -1),
+                      std::sregex_token_iterator());
+  }
+  return rows;
+}
+
+// The table row whose PATH cell is `path`; empty if none.
+std::vector<std::string> row_for_path(const std::string& output, const fs::path& path) {
+  for (const std::vector<std::string>& row : table_rows(output)) {
+    if (row.size() >= 5 && row[4] == path.string()) return row;
+  }
+  return {};
 }
 
 bool contains(const std::string& haystack, const std::string& needle) {
@@ -162,22 +209,130 @@ void flip_byte(const fs::path& file, uint64_t offset) {
   f.put(static_cast<char>(c ^ 0x40));
 }
 
-TEST_F(CkptTool, ListShowsCommittedAndIncompleteCheckpoints) {
+// Sum of the sizes of the regular files in `dir` (what SIZE and bytes report).
+uint64_t bytes_in(const fs::path& dir) {
+  uint64_t total = 0;
+  for (const auto& e : fs::recursive_directory_iterator(dir)) {
+    if (e.is_regular_file()) total += e.file_size();
+  }
+  return total;
+}
+
+// One checkpoint.dir holding every status `ckpt list` tells apart:
+//   step_10          committed
+//   step_20          .metadata cut in half              -> damaged
+//   step_30          .metadata with one bit flipped     -> damaged
+//   step_30.damaged  set aside by an earlier resume     -> set-aside
+//   step_40          data written, no .metadata          -> uncommitted
+// plus junk that is no checkpoint at all.
+class CkptToolList : public CkptTool {
+ protected:
+  void SetUp() override {
+    CkptTool::SetUp();
+    write_checkpoint(root_, 10);
+    const fs::path truncated = write_checkpoint(root_, 20);
+    fs::resize_file(truncated / kMetadataFileName, fs::file_size(truncated / kMetadataFileName) / 2);
+    const fs::path flipped = write_checkpoint(root_, 30);
+    flip_byte(flipped / kMetadataFileName, 30);
+    fs::rename(write_checkpoint(root_, 31), root_ / "step_30.damaged");
+    write_checkpoint(root_, 40, /*committed=*/false);
+    fs::create_directories(root_ / "step_x");
+    fs::create_directories(root_ / "step_05");
+    fs::create_directories(root_ / "step_5.damaged.0");
+    fs::create_directories(root_ / "step_5.broken");
+  }
+};
+
+TEST_F(CkptToolList, TextTellsCommittedDamagedUncommittedAndSetAsideApart) {
+  const RunResult r = run_ckpt({"list", root_.string()});
+  ASSERT_EQ(r.exit_code, 0) << r.output;  // listing is not checking
+  const auto rows = table_rows(r.output);
+  ASSERT_EQ(rows.size(), 6u) << r.output;
+  EXPECT_EQ(rows[0], (std::vector<std::string>{"STEP", "STATUS", "SIZE", "DATE", "PATH", "REASON"}))
+      << r.output;
+
+  const auto committed = row_for_path(r.output, root_ / "step_10");
+  ASSERT_EQ(committed.size(), 5u) << r.output;
+  EXPECT_EQ(committed[0], "10");
+  EXPECT_EQ(committed[1], "committed");
+  EXPECT_EQ(committed[2], std::to_string(bytes_in(root_ / "step_10")) + " B");
+
+  const auto truncated = row_for_path(r.output, root_ / "step_20");
+  ASSERT_EQ(truncated.size(), 6u) << r.output;
+  EXPECT_EQ(truncated[1], "damaged") << r.output;
+  // Short: the file's name, without the directory the PATH column shows.
+  EXPECT_EQ(truncated[5].rfind(".metadata", 0), 0u) << truncated[5];
+
+  const auto flipped = row_for_path(r.output, root_ / "step_30");
+  ASSERT_EQ(flipped.size(), 6u) << r.output;
+  EXPECT_EQ(flipped[1], "damaged") << r.output;
+  EXPECT_EQ(flipped[5].rfind(".metadata", 0), 0u) << flipped[5];
+
+  const auto set_aside = row_for_path(r.output, root_ / "step_30.damaged");
+  ASSERT_EQ(set_aside.size(), 5u) << r.output;
+  EXPECT_EQ(set_aside[0], "30");
+  EXPECT_EQ(set_aside[1], "set-aside");
+
+  const auto uncommitted = row_for_path(r.output, root_ / "step_40");
+  ASSERT_EQ(uncommitted.size(), 5u) << r.output;
+  EXPECT_EQ(uncommitted[1], "uncommitted");
+
+  // By step, the step directory before its set-aside copy.
+  std::vector<std::string> order;
+  for (size_t i = 1; i < rows.size(); ++i) order.push_back(rows[i].at(4));
+  EXPECT_EQ(order, (std::vector<std::string>{(root_ / "step_10").string(), (root_ / "step_20").string(),
+                                             (root_ / "step_30").string(),
+                                             (root_ / "step_30.damaged").string(),
+                                             (root_ / "step_40").string()}));
+}
+
+TEST_F(CkptToolList, JsonHasEveryEntryWithItsStatusAndTheErrorOfDamagedOnes) {
+  const SplitRunResult r = run_ckpt_split({"list", "--json", root_.string()}, root_ / "stderr");
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_EQ(r.err, "");
+  const nlohmann::json j = nlohmann::json::parse(r.out);  // stdout is the JSON and nothing else
+  EXPECT_EQ(j["dir"], root_.string());
+  const nlohmann::json& c = j["checkpoints"];
+  ASSERT_EQ(c.size(), 5u) << r.out;
+  const std::vector<std::pair<int64_t, std::string>> expected = {
+      {10, "committed"}, {20, "damaged"}, {30, "damaged"}, {30, "set-aside"}, {40, "uncommitted"}};
+  const std::vector<std::string> names = {"step_10", "step_20", "step_30", "step_30.damaged", "step_40"};
+  const std::regex iso(R"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ)");
+  for (size_t i = 0; i < expected.size(); ++i) {
+    SCOPED_TRACE(names[i]);
+    EXPECT_EQ(c[i]["step"], expected[i].first);
+    EXPECT_EQ(c[i]["status"], expected[i].second);
+    EXPECT_EQ(c[i]["path"], (root_ / names[i]).string());
+    EXPECT_EQ(c[i]["bytes"], bytes_in(root_ / names[i]));
+    EXPECT_GT(c[i]["mtime_unix_s"].get<int64_t>(), 1600000000);
+    EXPECT_TRUE(std::regex_match(c[i]["mtime"].get<std::string>(), iso)) << c[i]["mtime"];
+    // An error exactly for the damaged ones, naming the metadata file.
+    EXPECT_EQ(c[i].contains("error"), expected[i].second == "damaged") << c[i];
+    if (expected[i].second == "damaged") {
+      EXPECT_TRUE(contains(c[i]["error"].get<std::string>(), (root_ / names[i] / ".metadata").string()))
+          << c[i]["error"];
+    }
+  }
+}
+
+TEST_F(CkptTool, ListWithoutDamageHasNoReasonColumn) {
   write_checkpoint(root_, 10);
   write_checkpoint(root_, 20, /*committed=*/false);
-  fs::create_directories(root_ / "step_x");
-  fs::create_directories(root_ / "step_05");
-
   const RunResult r = run_ckpt({"list", root_.string()});
-  EXPECT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_TRUE(contains(r.output, "STEP")) << r.output;
-  EXPECT_TRUE(contains(r.output, (root_ / "step_10").string())) << r.output;
-  EXPECT_TRUE(contains(r.output, "committed")) << r.output;
-  EXPECT_TRUE(contains(r.output, (root_ / "step_20").string())) << r.output;
-  EXPECT_TRUE(contains(r.output, "INCOMPLETE")) << r.output;
-  EXPECT_FALSE(contains(r.output, "step_x")) << r.output;
-  EXPECT_FALSE(contains(r.output, "step_05")) << r.output;
-  EXPECT_LT(r.output.find("step_10"), r.output.find("step_20")) << r.output;
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto rows = table_rows(r.output);
+  ASSERT_EQ(rows.size(), 3u) << r.output;
+  EXPECT_EQ(rows[0], (std::vector<std::string>{"STEP", "STATUS", "SIZE", "DATE", "PATH"})) << r.output;
+  EXPECT_EQ(row_for_path(r.output, root_ / "step_10").at(1), "committed");
+  EXPECT_EQ(row_for_path(r.output, root_ / "step_20").at(1), "uncommitted");
+}
+
+TEST_F(CkptTool, ListJsonOfAnEmptyDirectoryIsAnEmptyList) {
+  const SplitRunResult r = run_ckpt_split({"list", "--json", root_.string()}, root_ / "stderr");
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  EXPECT_TRUE(j["checkpoints"].is_array());
+  EXPECT_TRUE(j["checkpoints"].empty());
 }
 
 TEST_F(CkptTool, ListOfAnEmptyOrMissingDirectorySaysSoAndSucceeds) {
@@ -319,6 +474,53 @@ TEST_F(CkptTool, VerifyRefusesADirectoryWithoutMetadata) {
   r = run_ckpt({"verify", (root_ / "step_99").string()});
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_TRUE(contains(r.output, (root_ / "step_99").string())) << r.output;
+}
+
+TEST_F(CkptTool, VerifyJsonOfAnIntactCheckpointSaysOk) {
+  const fs::path dir = write_checkpoint(root_, 10);
+  const SplitRunResult r = run_ckpt_split({"verify", "--json", dir.string()}, root_ / "stderr");
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_EQ(r.err, "");
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["path"], dir.string());
+  EXPECT_EQ(j["ok"], true);
+  EXPECT_EQ(j["chunks"], 4);
+  EXPECT_EQ(j["bytes"], 76);
+  EXPECT_TRUE(j["seconds"].is_number()) << j;
+  EXPECT_GE(j["seconds"].get<double>(), 0.0);
+  EXPECT_TRUE(j["problems"].is_array());
+  EXPECT_TRUE(j["problems"].empty());
+  EXPECT_FALSE(j.contains("error"));
+}
+
+TEST_F(CkptTool, VerifyJsonNamesEachBadChunkAndExitsOne) {
+  const fs::path dir = write_checkpoint(root_, 10);
+  flip_byte(dir / "rank_1.data", 5);  // model.w chunk 1
+  const SplitRunResult r = run_ckpt_split({"verify", "--json", dir.string()}, root_ / "stderr");
+  ASSERT_EQ(r.exit_code, 1) << r.out << r.err;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["ok"], false);
+  EXPECT_EQ(j["chunks"], 4);
+  ASSERT_EQ(j["problems"].size(), 1u) << j;
+  const nlohmann::json& p = j["problems"][0];
+  EXPECT_EQ(p["item"], "model.w");
+  EXPECT_EQ(p["chunk"], 1);
+  EXPECT_EQ(p["file"], "rank_1.data");
+  EXPECT_TRUE(contains(p["error"].get<std::string>(), "rank_1.data")) << p;
+  EXPECT_EQ(j["bytes"], 76 - 24);  // the bad chunk's bytes are not counted as verified
+}
+
+TEST_F(CkptTool, VerifyJsonOfUnreadableMetadataIsStillOneObject) {
+  const fs::path dir = write_checkpoint(root_, 10);
+  fs::resize_file(dir / kMetadataFileName, 20);
+  const SplitRunResult r = run_ckpt_split({"verify", "--json", dir.string()}, root_ / "stderr");
+  ASSERT_EQ(r.exit_code, 1) << r.out << r.err;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["ok"], false);
+  EXPECT_EQ(j["chunks"], 0);
+  EXPECT_TRUE(j["problems"].empty());
+  EXPECT_TRUE(contains(j["error"].get<std::string>(), (dir / kMetadataFileName).string())) << j;
+  EXPECT_TRUE(contains(r.err, (dir / kMetadataFileName).string())) << r.err;  // and for a human
 }
 
 TEST_F(CkptTool, UsageErrorsExitWithTwo) {
