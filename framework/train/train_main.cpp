@@ -186,6 +186,12 @@ int train_main(int argc, char** argv, const TrainerHooks& hooks) {
     launch.argv = framework::dist::argv_without_nproc(argc, argv);
     launch.store_server = framework::dist::host_tcp_store;
     try {
+      framework::fsdp::mesh_shape_for(cfg.parallel, args.nproc);
+    } catch (const std::invalid_argument& e) {
+      std::cerr << "train: " << args.config_path << ": " << e.what() << std::endl;
+      return 2;
+    }
+    try {
       check_directories(cfg);
     } catch (const PreflightError& e) {
       std::cerr << "train: " << e.what() << std::endl;

@@ -129,6 +129,32 @@ TEST_P(BothKinds, BlocksAreRegisteredSubmodulesOwningAllTheirParameters) {
   EXPECT_GT(in_blocks, 0);
 }
 
+// The memory estimate's parameter count comes from the options alone; it
+// must equal what make_model builds, tied or not, with d_ff given or not.
+TEST_P(BothKinds, ModelSizeCountsExactlyTheParametersMakeModelCreates) {
+  for (bool tie : {true, false}) {
+    for (int64_t d_ff : {0, 50}) {
+      auto o = small_options(GetParam(), tie);
+      o.d_ff = d_ff;
+      o.n_layers = 3;
+      auto model = seeded_model(o);
+      int64_t all = 0;
+      for (const auto& p : model->parameters()) all += p.numel();
+      int64_t largest_block = 0;
+      for (int64_t i = 0; i < model->num_blocks(); ++i) {
+        int64_t n = 0;
+        for (const auto& p : model->block(i)->parameters()) n += p.numel();
+        largest_block = std::max(largest_block, n);
+      }
+      const ModelSize size = model_size(o);
+      EXPECT_EQ(size.parameters, static_cast<double>(all)) << "tie " << tie << " d_ff " << d_ff;
+      const int64_t rest = all - 3 * largest_block;
+      EXPECT_EQ(size.largest_unit, static_cast<double>(std::max(rest, largest_block)));
+      EXPECT_GT(size.activation_floats_per_sample, 0.0);
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Models, BothKinds, ::testing::Values("gpt", "mlp"));
 
 TEST(Gpt, ParameterNamesFollowTheDocumentedLayout) {

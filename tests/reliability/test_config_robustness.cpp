@@ -19,6 +19,7 @@ struct BadConfig {
   std::string yaml;                    // appended to kBase unless it starts with '!'
   std::vector<std::string> args;       // extra command-line arguments
   std::vector<std::string> expect;     // substrings of the output; {CFG} = the config path
+  std::vector<std::string> absent = {};  // substrings the output must not have
 };
 
 std::vector<BadConfig> bad_configs() {
@@ -69,6 +70,36 @@ std::vector<BadConfig> bad_configs() {
       {"SetFlowList", "", {"--set", "train.steps=[1,2]"}, {"--set train.steps=[1,2]: expected"}},
       {"SetCrossKey", "", {"--set", "optim.min_lr=1"}, {"optim.min_lr (1.0, --set)", "optim.lr"}},
       {"NprocZero", "", {"--nproc", "0"}, {"--nproc"}},
+      // An error found at the end of the file is on its last line (6), not after it.
+      {"UnclosedListAtTheEnd", "train:\n  steps: [1, 2\n", {}, {"{CFG}:6: YAML syntax error"}},
+      // Mistakes found before any rank starts: data, init_from, directories,
+      // memory, resume. One message, printed once.
+      {"TextWithTheDefaultVocab", "data:\n  kind: text\n  path: {CFG}\n", {},
+       {"model.vocab_size (32, default) must be 256 when data.kind (\"text\", {CFG}:6) is text"}},
+      {"TextPathMissing", "data:\n  kind: text\n  path: {MISSING}\nmodel:\n  vocab_size: 256\n", {},
+       {"data.path: cannot open '{MISSING}': No such file or directory"}},
+      {"TextPathIsADirectory", "data:\n  kind: text\n  path: {ROOT}\nmodel:\n  vocab_size: 256\n", {},
+       {"data.path: '{ROOT}' is a directory, not a text file"}},
+      {"TextPathTooShort", "data:\n  kind: text\n  path: {TINY}\nmodel:\n  vocab_size: 256\n", {},
+       {"data.path: '{TINY}' has 2 bytes; model.seq_len 32 needs at least 33"}},
+      {"TextHeldOutTooShort",
+       "data:\n  kind: text\n  path: {CFG}\n  eval_fraction: 0.01\nmodel:\n  vocab_size: 256\n", {},
+       {"data.eval_fraction 0.01 splits '{CFG}'", "held-out bytes; each part needs at least"}},
+      {"EvalWithoutHeldOutData", "train:\n  eval_every: 5\n", {},
+       {"train.eval_every (5, {CFG}:6) needs held-out data", "data.eval_fraction"}},
+      {"InitFromMissing", "model:\n  init_from: {MISSING}\n", {},
+       {"model.init_from: cannot open '{MISSING}': No such file or directory"}},
+      {"InitFromIsADirectory", "model:\n  init_from: {ROOT}\n", {},
+       {"model.init_from: '{ROOT}' is not a file"}},
+      {"AbsurdModel", "model:\n  d_model: 1000000\n  n_heads: 1\n  n_layers: 1000\n", {},
+       {"model (gpt, model.d_model 1000000, model.n_layers 1000", "needs about", "per rank",
+        "but this machine has", "available"}},
+      {"CheckpointDirIsAFile", "!run:\n  dir: {RUN}\ncheckpoint:\n  dir: {CFG}\n", {},
+       {"checkpoint.dir: '{CFG}' is a file, not a directory"}},
+      {"RunDirUnderAFile", "!run:\n  dir: {CFG}/run\ncheckpoint:\n  dir: {CKPT}\n", {},
+       {"run.dir: cannot create '{CFG}/run': '{CFG}' is not a directory"}},
+      {"ResumePathMissing", "  resume: {MISSING}\n", {}, {"checkpoint.resume: ", "{MISSING}"},
+       {"checkpoint.resume: checkpoint.resume"}},
   };
 }
 
@@ -89,7 +120,10 @@ CaseResult run_case(const BadConfig& c) {
   const std::map<std::string, std::string> vars = {{"{RUN}", (root / "run").string()},
                                                    {"{CKPT}", (root / "ckpt").string()},
                                                    {"{CFG}", cfg.string()},
-                                                   {"{MISSING}", (root / "missing.yaml").string()}};
+                                                   {"{MISSING}", (root / "missing.yaml").string()},
+                                                   {"{ROOT}", root.string()},
+                                                   {"{TINY}", (root / "tiny.txt").string()}};
+  std::ofstream(root / "tiny.txt") << "ab";
   std::string yaml = c.yaml.rfind("!", 0) == 0 ? c.yaml.substr(1) : std::string(kBase) + c.yaml;
   std::ofstream(cfg) << substitute(yaml, vars);
   std::vector<std::string> argv{train_binary(), "--config", cfg.string(), "--nproc", "2"};
@@ -106,6 +140,13 @@ CaseResult run_case(const BadConfig& c) {
     const std::string want = substitute(e, vars);
     if (!contains(r.output, want)) why << "missing \"" << want << "\"; ";
   }
+  for (const auto& a : c.absent) {
+    if (contains(r.output, substitute(a, vars))) why << "has \"" << a << "\"; ";
+  }
+  if (contains(r.output, "frame #") || contains(r.output, "Exception raised from"))
+    why << "has a stack trace; ";
+  // One message: the launcher checks once, no rank repeats it.
+  if (contains(r.output, "[rank ")) why << "a rank started; ";
   if (fs::exists(root / "run")) why << "run.dir was created; ";
   if (fs::exists(root / "ckpt")) why << "checkpoint.dir was created; ";
   if (contains(r.output, "terminate called") || contains(r.output, "Aborted")) why << "crashed; ";

@@ -21,10 +21,10 @@ namespace fs = std::filesystem;
 const std::vector<std::string> kAllKeys = {
     "run.dir", "run.seed",
     "train.steps", "train.stop_at", "train.global_batch_size", "train.log_every",
-    "train.device", "train.grad_clip",
+    "train.eval_every", "train.eval_samples", "train.device", "train.grad_clip",
     "model.kind", "model.vocab_size", "model.seq_len", "model.d_model", "model.n_layers",
     "model.n_heads", "model.d_ff", "model.tie_weights", "model.init_from",
-    "data.kind", "data.task", "data.path",
+    "data.kind", "data.task", "data.path", "data.eval_fraction",
     "optim.lr", "optim.min_lr", "optim.warmup_steps", "optim.weight_decay", "optim.beta1",
     "optim.beta2", "optim.eps",
     "parallel.replicate", "parallel.shard", "parallel.reshard_after_forward",
@@ -78,6 +78,8 @@ Config non_default_config() {
   c.train.stop_at = 500;
   c.train.global_batch_size = 64;
   c.train.log_every = 5;
+  c.train.eval_every = 7;
+  c.train.eval_samples = 33;
   c.train.device = "cuda";
   c.train.grad_clip = 0.25;
   c.model.kind = "mlp";
@@ -92,6 +94,7 @@ Config non_default_config() {
   c.data.kind = "text";
   c.data.task = "add";
   c.data.path = "data/tiny.txt";
+  c.data.eval_fraction = 0.25;
   c.optim.lr = 1.0 / 3.0;
   c.optim.min_lr = 1e-7;
   c.optim.warmup_steps = 0;

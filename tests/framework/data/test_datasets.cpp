@@ -204,6 +204,49 @@ TEST(TextDataset, SamplesAreWindowsWhoseTargetsAreTheNextBytes) {
   EXPECT_GT(starts.size(), 20u);
 }
 
+// data.eval_fraction holds the file's tail out: training windows never
+// reach it, and the held-out windows tile it.
+TEST(TextDataset, HeldOutTailIsNeverInATrainingWindow) {
+  std::string text;
+  for (int i = 0; i < 100; ++i) text += "line " + std::to_string(i) + " of the corpus\n";
+  TempFile file(text);
+  const int64_t size = static_cast<int64_t>(text.size());
+  TextDataset ds(file.path(), 16, 3, 0.25);
+  const int64_t train_bytes = size - static_cast<int64_t>(static_cast<double>(size) * 0.25);
+  for (int64_t i = 0; i < 2000; ++i) {
+    ASSERT_LE(ds.window_start(i) + 17, train_bytes) << "sample " << i;
+  }
+  ASSERT_EQ(ds.eval_size(), (size - train_bytes - 1) / 16);
+  for (int64_t j = 0; j < ds.eval_size(); ++j) {
+    auto [inputs, targets] = ds.eval_sample(j);
+    const int64_t start = train_bytes + j * 16;
+    for (int64_t t = 0; t < 16; ++t) {
+      ASSERT_EQ(inputs[t].item<int64_t>(), static_cast<uint8_t>(text[start + t]));
+      ASSERT_EQ(targets[t].item<int64_t>(), static_cast<uint8_t>(text[start + t + 1]));
+    }
+  }
+  EXPECT_THROW(ds.eval_sample(ds.eval_size()), c10::Error);
+  EXPECT_NE(ds.describe().find("held out"), std::string::npos);
+  // Without eval_fraction nothing is held out and training covers the file.
+  TextDataset all(file.path(), 16, 3);
+  EXPECT_EQ(all.eval_size(), 0);
+  int64_t furthest = 0;
+  for (int64_t i = 0; i < 2000; ++i) furthest = std::max(furthest, all.window_start(i));
+  EXPECT_GT(furthest + 17, train_bytes);
+}
+
+TEST(SyntheticDataset, HeldOutSamplesComeFromTheirOwnStream) {
+  SyntheticDataset plain(SyntheticTask::kReverse, 32, 32, 5);
+  EXPECT_EQ(plain.eval_size(), 0);
+  SyntheticDataset ds(SyntheticTask::kReverse, 32, 32, 5, 0, true);
+  EXPECT_GT(ds.eval_size(), int64_t{1} << 40);
+  for (int64_t j = 0; j < 50; ++j) {
+    auto held_out = ds.eval_sample(j).first;
+    EXPECT_TRUE(torch::equal(held_out, ds.eval_sample(j).first));  // deterministic
+    for (int64_t i = 0; i < 50; ++i) EXPECT_FALSE(torch::equal(held_out, ds.sample(i).first));
+  }
+}
+
 TEST(TextDataset, FileOfExactlySeqLenPlusOneBytesHasOneWindow) {
   TempFile file("abcdefghi");  // 9 bytes, seq_len 8
   TextDataset ds(file.path(), 8, 1);

@@ -101,10 +101,15 @@ TEST(TrainCli, ConfigErrorsExitWithStatusTwoNamingTheKey) {
 
 TEST(TrainCli, ARankThatFailsStopsTheJobAndIsNamed) {
   std::string dir = scratch("rankfail");
-  Result r = run("--nproc 2 " + common(dir) + " --set data.kind=text --set model.vocab_size=256"
-                 " --set data.path=" + dir + "/no_such_file.txt");
-  EXPECT_NE(r.status, 0) << r.output;
+  // It exists (so the checks before the ranks start pass), but it is not a
+  // weights file: every rank fails reading it.
+  fs::create_directories(dir);
+  { std::ofstream(dir + "/not_weights.safetensors") << "this is not a safetensors file"; }
+  Result r = run("--nproc 2 " + common(dir + "/run") + " --set model.init_from=" + dir +
+                 "/not_weights.safetensors");
+  EXPECT_EQ(r.status, 1) << r.output;
   EXPECT_NE(r.output.find("launcher: rank"), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find("no_such_file.txt"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("not_weights.safetensors"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("frame #"), std::string::npos) << r.output;
   fs::remove_all(dir);
 }
