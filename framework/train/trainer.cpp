@@ -76,6 +76,8 @@ struct Trainer::State {
   checkpoint::WhenBusy when_busy = checkpoint::WhenBusy::kWait;  // checkpoint.when_busy
   Clock::time_point started = Clock::now();  // this process's run: wall_s in metrics.jsonl
   std::string layout;                        // "fsdp replicate=1 shard=2"
+  int64_t saves_failed = 0;                  // this run, kept going by on_error: warn
+  std::optional<checkpoint::CheckpointEvent> last_save;
 
   void build_model();
   void load_initial_weights();
@@ -251,6 +253,8 @@ void Trainer::State::save_checkpoint(int64_t at_step) {
 
 void Trainer::State::log_checkpoint_events() {
   for (const auto& ev : ckpt->take_events()) {
+    saves_failed += ev.ok ? 0 : 1;
+    last_save = ev;
     if (!is_logger) continue;
     std::ostringstream line;
     line << std::fixed << std::setprecision(3) << "checkpoint step " << ev.step << " (" << ev.mode
@@ -688,11 +692,20 @@ int Trainer::run() {
     }
   }
   s.finish_checkpoints();
+  // on_error: warn kept training past failed saves; a run whose last save
+  // failed has not saved where it ended, and says so in its status.
+  const bool last_save_failed = s.last_save && !s.last_save->ok;
   if (s.is_logger) {
     s.write_end_record(stopped_by_signal);
     std::cout << "shardkit: " << (stopped_by_signal ? "stopped by signal" : "finished")
               << " at step " << s.step << std::endl;
+    if (last_save_failed) {
+      std::cerr << "train: " << s.saves_failed << " checkpoint save(s) failed "
+                << "(checkpoint.on_error: warn), the last one too: step " << s.last_save->step
+                << " (" << s.last_save->path << "): " << s.last_save->error << std::endl;
+    }
   }
+  if (last_save_failed) return 1;
   return stopped_by_signal ? kExitPreempted : 0;
 }
 

@@ -70,6 +70,8 @@ TEST_P(InjectedFullDisk, OnErrorFailStopsWithNonZeroExitNamingTheStep) {
   EXPECT_EQ(verify_problems(spec.ckpt_dir / "step_4"), "");
 }
 
+// Training goes on to the end, but the run's last save failed: it exits 1
+// saying how many saves failed and which was last.
 TEST_P(InjectedFullDisk, OnErrorWarnFinishesWithAWarningAndKeepsThePreviousCheckpoint) {
   const fs::path root = fresh_dir(std::string("disk_warn_") + GetParam());
   auto spec = small_run(root,
@@ -77,10 +79,13 @@ TEST_P(InjectedFullDisk, OnErrorWarnFinishesWithAWarningAndKeepsThePreviousCheck
                          std::string("checkpoint.mode=") + GetParam(), "checkpoint.on_error=warn"},
                         {{"SHARDKIT_FAULT_INJECT", plan()}});
   RunResult r = run_train(spec, root / "train.log");
-  EXPECT_EQ(r.exit_code, 0) << tail(r.output);
+  EXPECT_EQ(r.exit_code, 1) << tail(r.output);
   EXPECT_TRUE(contains(r.output, "warning")) << tail(r.output);
   EXPECT_TRUE(contains(r.output, "No space left on device")) << tail(r.output);
   EXPECT_TRUE(contains(r.output, "step 8")) << tail(r.output);
+  EXPECT_TRUE(contains(r.output, "2 checkpoint save(s) failed (checkpoint.on_error: warn), the "
+                                 "last one too: step 12"))
+      << tail(r.output);
   // The disk stays full: nothing after step 4 commits.
   EXPECT_EQ(committed_steps(spec.ckpt_dir), std::vector<int64_t>{4});
   EXPECT_EQ(verify_problems(spec.ckpt_dir / "step_4"), "");
