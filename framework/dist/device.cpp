@@ -44,6 +44,34 @@ int cuda_device_count() {
 #endif
 }
 
+double peak_device_memory_bytes(const at::Device& device) {
+#ifdef SHARDKIT_CUDA
+  if (device.is_cuda()) {
+    // allocated_bytes[0]: the aggregate over pool types, in every LibTorch.
+    const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index());
+    return static_cast<double>(stats.allocated_bytes[0].peak);
+  }
+#endif
+  (void)device;
+  return 0;
+}
+
+double cuda_device_total_bytes(int local_rank) {
+#ifdef SHARDKIT_CUDA
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  cudaDeviceProp prop{};
+  check_cuda(cudaGetDeviceProperties(&prop, local_rank % count), "cudaGetDeviceProperties");
+  return static_cast<double>(prop.totalGlobalMem);
+#else
+  (void)local_rank;
+  return 0;
+#endif
+}
+
 at::Device select_device(const std::string& kind, int local_rank) {
   if (kind == "cpu") return at::Device(at::kCPU);
   if (kind != "cuda") throw std::invalid_argument("train.device: unknown device '" + kind + "'");

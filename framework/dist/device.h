@@ -28,6 +28,14 @@ void set_current_device(const at::Device& device);
 // config set if the user did not). REQUIRES: called before the first cuBLAS
 // call. No-op without CUDA.
 void use_deterministic_cuda();
+// Peak bytes LibTorch's CUDA caching allocator has given to tensors on
+// `device` since the process started; 0 for the CPU or without CUDA.
+double peak_device_memory_bytes(const at::Device& device);
+
+// Total memory of CUDA device local_rank % count (its properties; creates no
+// context), or 0 without CUDA or devices.
+double cuda_device_total_bytes(int local_rank);
+
 // Host waits for all work queued on `device` (no-op for CPU).
 void synchronize(const at::Device& device);
 

@@ -6,6 +6,7 @@
 #include "checkpoint/load.h"
 #include "checkpoint/storage/checkpoint_dir.h"
 #include "framework/data/dataset.h"
+#include "framework/dist/device.h"
 #include "framework/fsdp/fully_shard.h"
 #include "models/layered_model.h"
 
@@ -122,6 +123,29 @@ void check_init_from(const config::Config& cfg) {
 }
 
 void check_memory(const config::Config& cfg, const MemoryEstimate& m, int local_ranks) {
+  if (cfg.train.device == "cuda") {
+    // Everything but the host staging lives on the rank's GPU.
+    const double device_bytes = dist::cuda_device_total_bytes(0);
+    const double need = m.total() - m.staging;
+    if (device_bytes > 0 && need > device_bytes) {
+      std::ostringstream msg;
+      msg << "model (" << cfg.model.kind << ", model.d_model " << cfg.model.d_model
+          << ", model.n_layers " << cfg.model.n_layers << ", model.vocab_size "
+          << cfg.model.vocab_size << ", model.seq_len " << cfg.model.seq_len << ") needs about "
+          << mib(need) << " of GPU memory per rank (" << describe(m)
+          << "), but the GPU has " << mib(device_bytes)
+          << "; make the model or train.global_batch_size smaller, or shard it over more GPUs";
+      fail(msg.str());
+    }
+    // The host holds the staging buffers (pinned) only.
+    const std::optional<double> available = available_memory_bytes();
+    if (available && m.staging * local_ranks > *available) {
+      fail("checkpoint staging needs about " + mib(m.staging * local_ranks) +
+           " of host memory for " + std::to_string(local_ranks) + " ranks, but this machine has " +
+           mib(*available) + " available; use checkpoint.mode: sync");
+    }
+    return;
+  }
   const std::optional<double> available = available_memory_bytes();
   if (!available) return;
   const double need = m.total() * local_ranks;

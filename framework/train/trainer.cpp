@@ -100,6 +100,8 @@ struct Trainer::State {
                           const checkpoint::LoadStats& resumed);
   void write_end_record(bool stopped_by_signal);
   std::vector<double> peak_rss_mib_of_ranks();
+  std::vector<double> peak_gpu_mib_of_ranks();
+  std::vector<double> gather_per_rank(double mine);
   void checkpoint_if_due(StepRecord& rec, int64_t last);
   void finish_checkpoints();
 
@@ -504,6 +506,8 @@ void Trainer::State::log_step(const StepRecord& rec, const RunSpan& span) {
   bool log_now = at % cfg.train.log_every == 0 || at == span.last_step || at == span.first_step;
   if (!log_now) return;
   const std::vector<double> rss = peak_rss_mib_of_ranks();
+  const std::vector<double> gpu =
+      device.is_cuda() ? peak_gpu_mib_of_ranks() : std::vector<double>{};
   if (!is_logger) return;
   double per_step = seconds_since(span.start) / static_cast<double>(at - span.first_step + 1);
   std::ostringstream line;
@@ -525,14 +529,24 @@ void Trainer::State::log_step(const StepRecord& rec, const RunSpan& span) {
                       {"time", utc_timestamp()},
                       {"wall_s", seconds_since(started)},
                       {"peak_rss_mib", rss}};
+  if (device.is_cuda()) j["peak_gpu_mib"] = gpu;
   metrics << j.dump() << "\n";
   metrics.flush();
 }
 
 std::vector<double> Trainer::State::peak_rss_mib_of_ranks() {
+  return gather_per_rank(peak_rss_mib());
+}
+
+std::vector<double> Trainer::State::peak_gpu_mib_of_ranks() {
+  return gather_per_rank(dist::peak_device_memory_bytes(device) / 1048576.0);
+}
+
+// One value per rank, indexed by rank (a small all-reduce, every rank).
+std::vector<double> Trainer::State::gather_per_rank(double mine) {
   const int world = rt.env.world_size;
   torch::Tensor rss = torch::zeros({world}, torch::kDouble);
-  rss[rt.env.rank] = peak_rss_mib();
+  rss[rt.env.rank] = mine;
   rss = rss.to(device);
   rt.train->all_reduce(rss);
   rss = rss.to(torch::kCPU);
