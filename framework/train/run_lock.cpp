@@ -36,7 +36,8 @@ std::string host_name() {
 
 }  // namespace
 
-std::unique_ptr<RunDirLock> RunDirLock::acquire(const std::string& run_dir) {
+std::unique_ptr<RunDirLock> RunDirLock::acquire(const std::string& run_dir,
+                                                const std::string& key) {
   namespace fs = std::filesystem;
   std::vector<std::string> made_dirs;
   for (fs::path p = fs::absolute(run_dir).lexically_normal(); !p.empty() && !fs::exists(p);
@@ -46,21 +47,21 @@ std::unique_ptr<RunDirLock> RunDirLock::acquire(const std::string& run_dir) {
   }
   std::error_code ec;
   fs::create_directories(run_dir, ec);
-  if (ec) throw std::runtime_error("cannot create run.dir " + run_dir + ": " + ec.message());
+  if (ec) throw std::runtime_error("cannot create " + key + " " + run_dir + ": " + ec.message());
   const std::string path = (fs::path(run_dir) / ".lock").string();
   const bool made_file = !fs::exists(path);
   const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
   if (fd < 0) {
     throw std::runtime_error("cannot open " + path + ": " + std::strerror(errno) +
-                             " (is run.dir writable?)");
+                             " (is " + key + " writable?)");
   }
   if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
     const int err = errno;
     const std::string holder = read_holder(fd);
     ::close(fd);
     if (err == EWOULDBLOCK) {
-      throw RunDirBusy("run.dir " + run_dir + " is in use by another job (" +
-                       describe_holder(holder) + "); wait for it to end, or set another run.dir");
+      throw RunDirBusy(key + " " + run_dir + " is in use by another job (" +
+                       describe_holder(holder) + "); wait for it to end, or set another " + key);
     }
     throw std::runtime_error("cannot lock " + path + ": " + std::strerror(err));
   }
@@ -72,6 +73,28 @@ std::unique_ptr<RunDirLock> RunDirLock::acquire(const std::string& run_dir) {
 }
 
 RunDirLock::~RunDirLock() { ::close(fd_); }
+
+std::vector<std::unique_ptr<RunDirLock>> lock_job_dirs(const std::string& run_dir,
+                                                        const std::string& checkpoint_dir) {
+  namespace fs = std::filesystem;
+  std::vector<std::unique_ptr<RunDirLock>> locks;
+  locks.push_back(RunDirLock::acquire(run_dir, "run.dir"));
+  if (!checkpoint_dir.empty()) {
+    const fs::path run = fs::absolute(run_dir).lexically_normal();
+    const fs::path ckpt = fs::absolute(checkpoint_dir).lexically_normal();
+    const auto rel = ckpt.lexically_relative(run);
+    const bool inside_run_dir = !rel.empty() && *rel.begin() != "..";
+    if (!inside_run_dir) {
+      try {
+        locks.push_back(RunDirLock::acquire(checkpoint_dir, "checkpoint.dir"));
+      } catch (...) {
+        locks.front()->remove_if_unused();  // leave nothing behind
+        throw;
+      }
+    }
+  }
+  return locks;
+}
 
 void RunDirLock::remove_if_unused() {
   if (made_file_) ::unlink(path_.c_str());

@@ -5,6 +5,9 @@
 // never leaves a stale lock. The file itself holds "<pid> <host>" of the
 // holder, for the message a second job prints.
 //
+// A checkpoint.dir set outside run.dir is locked the same way, by the same
+// holder, with its own .lock file.
+//
 // Who holds it: the local launcher (`train --nproc N`) for the whole job, or
 // rank 0 when ranks come from torchrun or SLURM. Ranks the local launcher
 // started do not take it again.
@@ -28,7 +31,9 @@ class RunDirLock {
   // <P> on <host>); ..." when another process holds it, and
   // std::runtime_error naming the path when the directory or the lock file
   // cannot be made.
-  static std::unique_ptr<RunDirLock> acquire(const std::string& run_dir);
+  // `key` names the directory in messages ("run.dir", "checkpoint.dir").
+  static std::unique_ptr<RunDirLock> acquire(const std::string& run_dir,
+                                             const std::string& key = "run.dir");
   ~RunDirLock();
   RunDirLock(const RunDirLock&) = delete;
   RunDirLock& operator=(const RunDirLock&) = delete;
@@ -46,5 +51,12 @@ class RunDirLock {
   std::vector<std::string> made_dirs_;  // created by acquire(), deepest first
   bool made_file_;
 };
+
+// The job's locks: run.dir's, and checkpoint.dir's too when it is set and
+// lies outside run.dir (two jobs with different run.dirs must not share
+// one checkpoint.dir either). Throws as acquire() does; on a throw, the locks
+// taken so far are released.
+std::vector<std::unique_ptr<RunDirLock>> lock_job_dirs(const std::string& run_dir,
+                                                        const std::string& checkpoint_dir);
 
 }  // namespace framework::train

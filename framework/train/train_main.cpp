@@ -103,7 +103,7 @@ int run_rank(const Args& args, const framework::config::Config& cfg, const Train
   const bool launched = std::getenv("SHARDKIT_LAUNCHED") != nullptr;
   // One message per machine: rank 0 and each machine's first rank speak.
   const bool speak = env.rank == 0 || env.local_rank == 0;
-  std::unique_ptr<RunDirLock> lock;
+  std::vector<std::unique_ptr<RunDirLock>> locks;
   if (!launched) {
     // The local launcher checked already, for all of its ranks.
     try {
@@ -115,7 +115,7 @@ int run_rank(const Args& args, const framework::config::Config& cfg, const Train
   }
   if (env.rank == 0 && !launched) {
     try {
-      lock = RunDirLock::acquire(cfg.run.dir);
+      locks = lock_job_dirs(cfg.run.dir, cfg.checkpoint.dir);
     } catch (const RunDirBusy& e) {
       std::cerr << "train: " << e.what() << std::endl;
       return 2;
@@ -127,7 +127,7 @@ int run_rank(const Args& args, const framework::config::Config& cfg, const Train
   if (!launched) {
     const int status = run_preflight(cfg, env.world_size, local_ranks_from_env(), speak);
     if (status != 0) {
-      if (lock) lock->remove_if_unused();
+      for (auto& lock : locks) lock->remove_if_unused();
       return status;
     }
   }
@@ -199,15 +199,18 @@ int train_main(int argc, char** argv, const TrainerHooks& hooks) {
     }
     try {
       // One job per run directory, held by the launcher for the whole job.
-      const std::unique_ptr<RunDirLock> lock = RunDirLock::acquire(cfg.run.dir);
+      const std::vector<std::unique_ptr<RunDirLock>> locks =
+          lock_job_dirs(cfg.run.dir, cfg.checkpoint.dir);
       // Checked once for the whole job, before any rank starts.
       const int checked = run_preflight(cfg, args.nproc, args.nproc, true);
       if (checked != 0) {
-        lock->remove_if_unused();
+        for (const auto& lock : locks) lock->remove_if_unused();
         return checked;
       }
       const int status = framework::dist::run_local_launcher(launch);
-      if (status == 2) lock->remove_if_unused();  // a rank refused the config
+      if (status == 2) {  // a rank refused the config
+        for (const auto& lock : locks) lock->remove_if_unused();
+      }
       return status;
     } catch (const RunDirBusy& e) {
       std::cerr << "train: " << e.what() << std::endl;

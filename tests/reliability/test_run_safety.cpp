@@ -4,6 +4,13 @@
 // refuses a checkpoint.dir holding an earlier run's checkpoints, and neither
 // deletes or renames anything. Plus what metrics.jsonl records about a run:
 // start, resume, eval, end.
+#include <sys/mount.h>
+
+#include <csignal>
+#include <thread>
+
+#include <cerrno>
+#include <cstring>
 #include <fstream>
 
 #include <nlohmann/json.hpp>
@@ -182,6 +189,65 @@ TEST(RunSafety, AResumeIsRecordedWithItsStepWorldAndLayout) {
   EXPECT_EQ(starts[1]["saved_world"], 2);
   EXPECT_EQ(starts[1]["world"], 1);
   EXPECT_EQ(starts[1]["saved_layout"], "fsdp replicate=1 shard=2");
+}
+
+// A read-only file system (a tmpfs mounted read-only: refused even to root)
+// as run.dir's parent, then as checkpoint.dir: exit 2 before any rank
+// starts, naming the key and the reason, creating nothing.
+TEST(RunSafety, AReadOnlyRunDirOrCheckpointDirExits2BeforeAnyRankStarts) {
+  const fs::path root = fresh_dir("run_safety_read_only");
+  const fs::path ro = root / "ro";
+  fs::create_directories(ro);
+  if (::mount("tmpfs", ro.c_str(), "tmpfs", MS_RDONLY, "size=1m") != 0) {
+    SHARDKIT_SKIP("cannot mount a read-only tmpfs (" << std::strerror(errno)
+                                                    << "); RunDirUnderAFile covers the message");
+  }
+  auto run_in_ro = small_run(root, {"train.steps=2"});
+  run_in_ro.run_dir = ro / "run";
+  RunResult a = run_train(run_in_ro, root / "a.log");
+  auto ckpt_in_ro = small_run(root, {"train.steps=2"});
+  ckpt_in_ro.ckpt_dir = ro;
+  RunResult b = run_train(ckpt_in_ro, root / "b.log");
+  ::umount2(ro.c_str(), MNT_DETACH);
+
+  EXPECT_EQ(a.exit_code, 2) << tail(a.output);
+  EXPECT_TRUE(contains(a.output, "train: run.dir: cannot create '" + (ro / "run").string() +
+                                     "': '" + ro.string() +
+                                     "' is not writable: Read-only file system"))
+      << tail(a.output);
+  EXPECT_EQ(b.exit_code, 2) << tail(b.output);
+  EXPECT_TRUE(contains(b.output, "train: checkpoint.dir: '" + ro.string() +
+                                     "' is not writable: Read-only file system"))
+      << tail(b.output);
+  for (const RunResult* r : {&a, &b}) {
+    EXPECT_FALSE(contains(r->output, "[rank ")) << tail(r->output);
+    EXPECT_FALSE(contains(r->output, "frame #")) << tail(r->output);
+  }
+  EXPECT_FALSE(fs::exists(root / "run"));  // b's run.dir: checked before it was made
+}
+
+// Two jobs with different run.dirs but one checkpoint.dir: the second is
+// refused while the first runs.
+TEST(RunSafety, ASharedCheckpointDirIsLockedToo) {
+  const fs::path root = fresh_dir("run_safety_shared_ckpt");
+  auto first = small_run(root, {"train.steps=100000", "checkpoint.interval=0"});
+  Process job(train_argv(first), {}, (root / "first.log").string());
+  const double deadline = monotonic_s() + 120;
+  while (monotonic_s() < deadline && !job.poll() &&
+         read_losses(first.run_dir / "metrics.jsonl").empty()) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_FALSE(job.poll().has_value()) << tail(read_text_file((root / "first.log").string()));
+  auto second = small_run(root, {"train.steps=2"});
+  second.run_dir = root / "other_run";
+  RunResult r = run_train(second, root / "second.log", 60);
+  job.signal(SIGTERM);
+  EXPECT_EQ(job.wait_for(120), 75);
+  EXPECT_EQ(r.exit_code, 2) << tail(r.output);
+  EXPECT_TRUE(contains(r.output, "checkpoint.dir " + first.ckpt_dir.string() +
+                                     " is in use by another job (pid " + std::to_string(job.pid())))
+      << tail(r.output);
+  EXPECT_FALSE(fs::exists(root / "other_run")) << "the refused job left its run.dir behind";
 }
 
 }  // namespace
