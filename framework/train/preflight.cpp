@@ -3,6 +3,7 @@
 #include "checkpoint/codec/chunk_reader.h"
 #include "checkpoint/codec/transforms.h"
 #include "checkpoint/format/metadata.h"
+#include "checkpoint/interop/weights_file.h"
 #include "checkpoint/load.h"
 #include "checkpoint/storage/checkpoint_dir.h"
 #include "framework/data/dataset.h"
@@ -120,6 +121,14 @@ void check_init_from(const config::Config& cfg) {
          " is not a file (a safetensors or torch.save file of full weights)");
   if (::access(path.c_str(), R_OK) != 0)
     fail("model.init_from: cannot read " + quoted(path) + ": " + std::strerror(errno));
+  try {
+    // Only its header (safetensors) or directory and index (torch.save).
+    checkpoint::WeightsFile::open(path);
+  } catch (const checkpoint::FormatError& e) {
+    fail(std::string("model.init_from: ") + e.what());
+  } catch (const checkpoint::IoError& e) {
+    fail(std::string("model.init_from: ") + e.what());
+  }
 }
 
 void check_memory(const config::Config& cfg, const MemoryEstimate& m, int local_ranks) {
@@ -229,7 +238,17 @@ void check_resume(const config::Config& cfg, PreflightReport& report) {
     report.resume_from = path;
     const std::vector<std::string> changes =
         resume_conflicts(*yaml, path + " (its saved config)", cfg, ck.model_only);
-    if (changes.empty()) return;
+    if (changes.empty()) {
+      // Allowed changes are still worth a line: a resumed run with another
+      // train.steps follows another LR schedule.
+      const std::vector<std::string> allowed = resume_changes(*yaml, path, cfg);
+      if (!allowed.empty()) {
+        std::string list;
+        for (size_t i = 0; i < allowed.size(); ++i) list += (i ? ", " : "") + allowed[i];
+        report.warnings.push_back("resuming " + path + " with changed settings: " + list);
+      }
+      return;
+    }
     std::string list;
     for (size_t i = 0; i < changes.size(); ++i) list += (i ? ", " : "") + changes[i];
     if (ck.allow_config_change) {
@@ -310,6 +329,22 @@ void check_directories(const config::Config& cfg) {
   check_writable_dir(cfg.checkpoint.dir.empty() ? "checkpoint.dir (<run.dir>/checkpoints)"
                                                 : "checkpoint.dir",
                      checkpoint_dir_of(cfg));
+}
+
+std::vector<std::string> resume_changes(const std::string& saved_yaml, const std::string& source,
+                                        const config::Config& cfg) {
+  config::Config saved;
+  try {
+    saved = config::parse_config(saved_yaml, source);
+  } catch (const config::ConfigError&) {
+    return {};  // resume_conflicts reported it
+  }
+  std::vector<std::string> out;
+  for (const config::KeyChange& c :
+       config::changed_keys(saved, cfg, {"train.steps", "train.stop_at", "optim.", "parallel."})) {
+    out.push_back(c.key + " (" + c.was + " -> " + c.now + ")");
+  }
+  return out;
 }
 
 PreflightReport preflight(const config::Config& cfg, int world_size, int local_ranks) {

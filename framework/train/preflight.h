@@ -77,4 +77,9 @@ PreflightReport preflight(const config::Config& cfg, int world_size, int local_r
 std::vector<std::string> resume_conflicts(const std::string& saved_yaml, const std::string& source,
                                           const config::Config& cfg, bool model_only);
 
+// The changes resume allows but a user may want to know of: train.steps,
+// train.stop_at, optim.*, parallel.*, as "key (saved -> now)" items.
+std::vector<std::string> resume_changes(const std::string& saved_yaml, const std::string& source,
+                                        const config::Config& cfg);
+
 }  // namespace framework::train

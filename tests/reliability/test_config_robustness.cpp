@@ -91,6 +91,8 @@ std::vector<BadConfig> bad_configs() {
        {"model.init_from: cannot open '{MISSING}': No such file or directory"}},
       {"InitFromIsADirectory", "model:\n  init_from: {ROOT}\n", {},
        {"model.init_from: '{ROOT}' is not a file"}},
+      {"InitFromIsNotAWeightsFile", "model:\n  init_from: {CFG}\n", {},
+       {"model.init_from: {CFG}"}},
       {"AbsurdModel", "model:\n  d_model: 1000000\n  n_heads: 1\n  n_layers: 1000\n", {},
        {"model (gpt, model.d_model 1000000, model.n_layers 1000", "needs about", "per rank",
         "but this machine has", "available"}},

@@ -180,6 +180,11 @@ TEST(RunSafety, AResumeIsRecordedWithItsStepWorldAndLayout) {
   again.sets = {"train.steps=6", "checkpoint.interval=0"};
   RunResult r = run_train(again, root / "again.log");
   ASSERT_EQ(r.exit_code, 0) << tail(r.output);
+  // A change resume allows is still named, once.
+  const std::string note = "train: warning: resuming " + (first.ckpt_dir / "step_4").string() +
+                           " with changed settings: train.steps (4 -> 6)";
+  EXPECT_TRUE(contains(r.output, note)) << tail(r.output);
+  EXPECT_EQ(r.output.find(note), r.output.rfind(note)) << tail(r.output);
   const auto starts = events(read_records(first.run_dir / "metrics.jsonl"), "start");
   ASSERT_EQ(starts.size(), 2u);
   EXPECT_TRUE(starts[0]["resumed_from"].is_null());

@@ -1,4 +1,5 @@
 // The `train` binary end to end, as a user runs it: `train --nproc 2`.
+#include "checkpoint/interop/weights_file.h"
 #include "framework/dist/device.h"
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -101,15 +102,23 @@ TEST(TrainCli, ConfigErrorsExitWithStatusTwoNamingTheKey) {
 
 TEST(TrainCli, ARankThatFailsStopsTheJobAndIsNamed) {
   std::string dir = scratch("rankfail");
-  // It exists (so the checks before the ranks start pass), but it is not a
-  // weights file: every rank fails reading it.
+  // A real weights file (so the checks before the ranks start pass) whose
+  // tensor does not belong to this model: every rank fails loading it.
   fs::create_directories(dir);
-  { std::ofstream(dir + "/not_weights.safetensors") << "this is not a safetensors file"; }
-  Result r = run("--nproc 2 " + common(dir + "/run") + " --set model.init_from=" + dir +
-                 "/not_weights.safetensors");
+  const std::string weights = dir + "/other_model.safetensors";
+  {
+    checkpoint::SafetensorsTensor t;
+    t.name = "not.a.parameter";
+    t.dtype = checkpoint::DType::kFloat32;
+    t.shape = {2};
+    const float values[2] = {1.0f, 2.0f};
+    t.data = reinterpret_cast<const uint8_t*>(values);
+    checkpoint::write_safetensors(weights, {t});
+  }
+  Result r = run("--nproc 2 " + common(dir + "/run") + " --set model.init_from=" + weights);
   EXPECT_EQ(r.status, 1) << r.output;
   EXPECT_NE(r.output.find("launcher: rank"), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find("not_weights.safetensors"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("not.a.parameter"), std::string::npos) << r.output;
   EXPECT_EQ(r.output.find("frame #"), std::string::npos) << r.output;
   fs::remove_all(dir);
 }
