@@ -1,5 +1,6 @@
 #include "framework/train/trainer.h"
 #include "framework/train/preflight.h"
+#include "framework/train/state_dict.h"
 
 #include "checkpoint/interop/import_weights.h"
 #include "checkpoint/async/manager.h"
@@ -187,18 +188,7 @@ StepStats unpack_step_stats(const torch::Tensor& reduced) {
 // shards (no copies); the optimizer moments have their parameter's layout.
 // The LR schedule is a pure function of train.step, so it needs no item.
 checkpoint::StateDict Trainer::State::make_state_dict() {
-  checkpoint::StateDict sd;
-  const auto names = fsdp->param_names();
-  for (size_t i = 0; i < names.size(); ++i) {
-    auto p = fsdp->param_dtensor(i);
-    sd.add_tensor("model." + names[i], p.local(), p.global_shape(), p.local_offsets());
-    auto st = optim->state(i);
-    sd.add_tensor("optim." + names[i] + ".exp_avg", st.exp_avg.local(), st.exp_avg.global_shape(),
-                  st.exp_avg.local_offsets());
-    sd.add_tensor("optim." + names[i] + ".exp_avg_sq", st.exp_avg_sq.local(),
-                  st.exp_avg_sq.global_shape(), st.exp_avg_sq.local_offsets());
-    sd.add_bytes("optim." + names[i] + ".step", int64_bytes(st.step));
-  }
+  checkpoint::StateDict sd = get_state_dict(*fsdp, optim.get());
   sd.add_bytes("train.step", int64_bytes(step));
   sd.add_bytes("data.loader", data::encode_loader_state(loader->state()));
   {
@@ -216,14 +206,7 @@ checkpoint::StateDict Trainer::State::make_state_dict() {
 void Trainer::State::apply_loaded(checkpoint::StateDict& sd, bool model_only) {
   // Model shards were loaded in place.
   if (model_only) return;
-  const auto names = fsdp->param_names();
-  for (size_t i = 0; i < names.size(); ++i) {
-    int64_t st = bytes_int64(sd.find_bytes("optim." + names[i] + ".step")->data, "optimizer step");
-    if (st > 0) {
-      optim->set_state(i, st, sd.find_tensor("optim." + names[i] + ".exp_avg")->local,
-                       sd.find_tensor("optim." + names[i] + ".exp_avg_sq")->local);
-    }
-  }
+  set_optimizer_state(sd, *fsdp, *optim);
   step = bytes_int64(sd.find_bytes("train.step")->data, "train.step");
   data::LoaderState loader_state = data::decode_loader_state(sd.find_bytes("data.loader")->data);
   if (cfg.checkpoint.allow_config_change) {
@@ -299,12 +282,7 @@ void Trainer::State::build_model() {
 
 // model.init_from into this rank's shards (each rank reads only their bytes).
 void Trainer::State::load_initial_weights() {
-  checkpoint::StateDict sd;
-  const auto names = fsdp->param_names();
-  for (size_t i = 0; i < names.size(); ++i) {
-    auto p = fsdp->param_dtensor(i);
-    sd.add_tensor("model." + names[i], p.local(), p.global_shape(), p.local_offsets());
-  }
+  checkpoint::StateDict sd = get_state_dict(*fsdp, nullptr);
   torch::NoGradGuard no_grad;
   checkpoint::load_weights_into(sd, cfg.model.init_from, "model.", false);
 }

@@ -1,0 +1,62 @@
+#include "framework/train/state_dict.h"
+
+#include "checkpoint/format/byte_order.h"
+
+#include <stdexcept>
+#include <vector>
+
+namespace framework::train {
+
+namespace {
+
+std::vector<uint8_t> int64_bytes(int64_t v) {
+  std::vector<uint8_t> b(8);
+  checkpoint::store_le(b.data(), static_cast<uint64_t>(v), 8);
+  return b;
+}
+
+}  // namespace
+
+checkpoint::StateDict get_state_dict(fsdp::FullyShardedModel& model,
+                                     optim::ShardedAdamW* optimizer, const StateDictNames& names) {
+  checkpoint::StateDict sd;
+  const std::vector<std::string> params = model.param_names();
+  for (size_t i = 0; i < params.size(); ++i) {
+    const dtensor::DTensor p = model.param_dtensor(i);
+    sd.add_tensor(names.model_prefix + params[i], p.local(), p.global_shape(), p.local_offsets());
+    if (optimizer == nullptr) continue;
+    const optim::AdamWParamState st = optimizer->state(i);
+    const std::string base = names.optim_prefix + params[i];
+    sd.add_tensor(base + ".exp_avg", st.exp_avg.local(), st.exp_avg.global_shape(),
+                  st.exp_avg.local_offsets());
+    sd.add_tensor(base + ".exp_avg_sq", st.exp_avg_sq.local(), st.exp_avg_sq.global_shape(),
+                  st.exp_avg_sq.local_offsets());
+    sd.add_bytes(base + ".step", int64_bytes(st.step));
+  }
+  return sd;
+}
+
+void set_optimizer_state(checkpoint::StateDict& sd, fsdp::FullyShardedModel& model,
+                         optim::ShardedAdamW& optimizer, const StateDictNames& names) {
+  const std::vector<std::string> params = model.param_names();
+  for (size_t i = 0; i < params.size(); ++i) {
+    const std::string base = names.optim_prefix + params[i];
+    const checkpoint::BytesEntry* step = sd.find_bytes(base + ".step");
+    if (step == nullptr) throw std::runtime_error("state dict: no item " + base + ".step");
+    if (step->data.size() != 8) {
+      throw std::runtime_error("state dict: " + base + ".step: expected 8 bytes, got " +
+                               std::to_string(step->data.size()));
+    }
+    const auto count = static_cast<int64_t>(checkpoint::load_le(step->data.data(), 8));
+    if (count <= 0) continue;  // never updated: nothing to hand over
+    const checkpoint::TensorEntry* m = sd.find_tensor(base + ".exp_avg");
+    const checkpoint::TensorEntry* v = sd.find_tensor(base + ".exp_avg_sq");
+    if (m == nullptr || v == nullptr) {
+      throw std::runtime_error("state dict: no item " + base +
+                               (m == nullptr ? ".exp_avg" : ".exp_avg_sq"));
+    }
+    optimizer.set_state(i, count, m->local, v->local);
+  }
+}
+
+}  // namespace framework::train

@@ -1,0 +1,44 @@
+#pragma once
+// DCP's get_state_dict / set_state_dict for this framework: a
+// FullyShardedModel's and its ShardedAdamW's sharded state as named
+// checkpoint::StateDict items, under the module's own parameter names, so
+// that save_state_dict / load_state_dict / CheckpointManager persist and
+// reshard them. The trainer builds its checkpoints with these.
+//
+// Items (this rank's shards, global shapes and offsets from the layout):
+//   <model_prefix><name>                 parameter (e.g. "model.blocks.0.attn.qkv.weight")
+//   <optim_prefix><name>.exp_avg         AdamW first moment, sharded like the parameter
+//   <optim_prefix><name>.exp_avg_sq      second moment
+//   <optim_prefix><name>.step            update count (8-byte little-endian bytes item)
+//
+// Call sequence for a load: sd = get_state_dict(model, &optim); load into sd
+// (the model's shards are written in place: the items share their storage);
+// then set_optimizer_state(sd, model, optim).
+//
+// Thread safety: none; the model and optimizer must not step meanwhile.
+#include "checkpoint/state_dict.h"
+#include "framework/fsdp/fully_shard.h"
+#include "framework/optim/sharded_adamw.h"
+
+#include <string>
+
+namespace framework::train {
+
+struct StateDictNames {
+  std::string model_prefix = "model.";
+  std::string optim_prefix = "optim.";
+};
+
+// The model's items, and the optimizer's when `optimizer` is not null. The
+// tensors are the live shards (no copies).
+checkpoint::StateDict get_state_dict(fsdp::FullyShardedModel& model,
+                                     optim::ShardedAdamW* optimizer,
+                                     const StateDictNames& names = {});
+
+// Hands the optimizer items of `sd` (after a load) to `optimizer`: moments
+// and step counts of every parameter whose step is above 0. Throws
+// std::runtime_error naming the item when one is missing or malformed.
+void set_optimizer_state(checkpoint::StateDict& sd, fsdp::FullyShardedModel& model,
+                         optim::ShardedAdamW& optimizer, const StateDictNames& names = {});
+
+}  // namespace framework::train
