@@ -116,7 +116,8 @@ std::shared_ptr<Group> Rendezvous::new_group(const std::string& name, const std:
   TORCH_CHECK(my_index >= 0, "new_group('", name, "'): rank ", rank_, " is not a member");
   auto impl = std::make_unique<Group::Backend>();
   impl->kind = backend;
-  auto store = compat::make_prefix_store(name + "/", store_->store);
+  const int generation = groups_made_[name]++;
+  auto store = compat::make_prefix_store(name + "/" + std::to_string(generation) + "/", store_->store);
   try {
     if (backend == "gloo") {
       impl->pg = compat::make_gloo_backend(store, my_index, static_cast<int>(ranks.size()),

@@ -9,6 +9,7 @@
 #include "framework/dist/process_group.h"
 #include "framework/dist/store_server.h"
 
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -43,8 +44,11 @@ class Rendezvous {
   int port() const { return port_; }
 
   // A new Gloo (or NCCL) group over `ranks` (global ranks, ascending), with its
-  // own store prefix "<name>/". Only members call it; blocks until all members
-  // join. REQUIRES: every member creates its groups in the same order.
+  // own store prefix "<name>/<k>/", k counting this rendezvous's groups of that
+  // name (a second Trainer on one runtime makes its mesh groups again; they
+  // must not meet the first ones' addresses in the store). Only members call
+  // it; blocks until all members join. REQUIRES: every member creates its
+  // groups in the same order.
   std::shared_ptr<Group> new_group(const std::string& name, const std::vector<int>& ranks,
                                    const std::string& backend = "gloo");
 
@@ -53,6 +57,7 @@ class Rendezvous {
   void check_job_id(const std::string& expected, bool store_hosted);
 
   std::unique_ptr<Store> store_;
+  std::map<std::string, int> groups_made_;  // by name: new_group's <k>
   std::string addr_;
   int port_ = 0;
   int rank_;

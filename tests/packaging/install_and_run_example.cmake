@@ -7,6 +7,8 @@
 #   3. configure examples/checkpoint_basic with CMAKE_PREFIX_PATH=prefix only
 #      (warnings are errors), build it, run `checkpoint_basic --nproc 2`
 #   4. expect "checkpoint_basic: OK"
+#   5. the same for examples/train_basic with find_package(Shardkit): expect
+#      "train_basic: OK"
 cmake_minimum_required(VERSION 3.18)
 
 foreach(var BUILD_DIR SOURCE_ROOT WORK_DIR GENERATOR CXX_COMPILER)
@@ -72,4 +74,27 @@ run_step("run the example on 2 ranks" ${example_build}/checkpoint_basic --nproc 
 message("${step_output}")
 if(NOT step_output MATCHES "checkpoint_basic: OK")
   message(FATAL_ERROR "packaging: the example did not print 'checkpoint_basic: OK'")
+endif()
+
+# 5. The framework package (Shardkit) from the same prefix: the trainer as a
+#    library, examples/train_basic, trained, evaluated, resumed on 2 ranks.
+set(train_build ${WORK_DIR}/train-basic-build)
+run_step("configure examples/train_basic" ${CMAKE_COMMAND}
+  -S ${SOURCE_ROOT}/examples/train_basic -B ${train_build}
+  -G ${GENERATOR}
+  -DCMAKE_CXX_COMPILER=${CXX_COMPILER}
+  -DCMAKE_BUILD_TYPE=${BUILD_TYPE}
+  -DCMAKE_PREFIX_PATH=${prefix}
+  -DCMAKE_FIND_PACKAGE_NO_PACKAGE_REGISTRY=ON
+  -DCMAKE_COMPILE_WARNING_AS_ERROR=ON)
+file(STRINGS ${train_build}/CMakeCache.txt found_dir REGEX "^Shardkit_DIR:")
+string(FIND "${found_dir}" "=${prefix}/" at)
+if(at EQUAL -1)
+  message(FATAL_ERROR "packaging: train_basic found Shardkit outside ${prefix}: ${found_dir}")
+endif()
+run_step("build examples/train_basic" ${CMAKE_COMMAND} --build ${train_build} -j2)
+run_step("run examples/train_basic on 2 ranks" ${train_build}/train_basic --nproc 2)
+message("${step_output}")
+if(NOT step_output MATCHES "train_basic: OK")
+  message(FATAL_ERROR "packaging: examples/train_basic did not print 'train_basic: OK'")
 endif()

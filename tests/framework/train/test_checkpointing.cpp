@@ -261,3 +261,24 @@ TEST(StateDictHelpers, ModelAndOptimizerShardsReshardFromTwoRanksToThree) {
   expect_same_state(saved, loaded, "state dict helpers, world 2 -> 3");
   fs::remove_all(dir);
 }
+
+// Two Trainers, one after the other, on one runtime (train, then resume):
+// the second one's mesh groups must not meet the first one's in the store
+// (they once did, and its rendezvous failed or hung about half the time).
+TEST(TrainerLifetime, ASecondTrainerOnTheSameRuntimeResumesTheFirstOnesCheckpoint) {
+  const std::string dir = scratch("two_trainers");
+  auto cfg = base_config(dir);
+  cfg.train.steps = 2;
+  cfg.checkpoint.interval = 2;
+  cfg.checkpoint.resume = "auto";
+  cfg.parallel.shard = 2;
+  run_runtimes(2, [&](framework::dist::Runtime& rt) {
+    for (int round = 0; round < 4; ++round) {
+      Trainer t(cfg, rt);
+      EXPECT_EQ(t.step(), round == 0 ? 0 : 2) << "round " << round;
+      EXPECT_EQ(t.run(), 0);
+    }
+  });
+  fs::remove_all(dir);
+}
+
