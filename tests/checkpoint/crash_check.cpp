@@ -32,18 +32,19 @@ constexpr int kWorld = 2;
 // The full tensors saved at `step`: "w" is sharded by rows over the ranks,
 // "b" replicated (written once), "pos" a bytes item. Values depend on the
 // step, so a checkpoint of one step cannot pass for another.
-torch::Tensor full_weight(int64_t step) {
-  return torch::arange(64 * 48, torch::kFloat32).reshape({64, 48}) / 7 + static_cast<float>(step);
+torch::Tensor full_weight(int64_t step, int64_t rows) {
+  return torch::arange(rows * 48, torch::kFloat32).reshape({rows, 48}) / 7 + static_cast<float>(step);
 }
 torch::Tensor full_bias(int64_t step) {
   return (torch::arange(100, torch::kFloat32) * static_cast<float>(step)).to(torch::kBFloat16);
 }
 std::vector<uint8_t> position(int64_t step) { return {static_cast<uint8_t>(step), 1, 2, 3}; }
 
-StateDict rank_state(int64_t step, int rank, int world) {
+StateDict rank_state(int64_t step, int rank, int world, int64_t rows) {
   StateDict sd;
-  const int64_t rows = 64 / world;
-  sd.add_tensor("w", full_weight(step).narrow(0, rank * rows, rows).clone(), {64, 48}, {rank * rows, 0});
+  const int64_t mine = rows / world;
+  sd.add_tensor("w", full_weight(step, rows).narrow(0, rank * mine, mine).clone(), {rows, 48},
+                {rank * mine, 0});
   sd.add_tensor("b", full_bias(step));
   sd.add_bytes("pos", position(step));
   return sd;
@@ -57,8 +58,9 @@ bool same_bits(const torch::Tensor& a, const torch::Tensor& b) {
 
 // Loads `path` into one process (world 1: a reshard of the 2-rank save) and
 // compares with what was saved; "" when bit-exact, else why not.
-std::string load_mismatch(const std::shared_ptr<Storage>& storage, const std::string& path, int64_t step) {
-  StateDict sd = rank_state(step, 0, 1);
+std::string load_mismatch(const std::shared_ptr<Storage>& storage, const std::string& path, int64_t step,
+                          int64_t rows) {
+  StateDict sd = rank_state(step, 0, 1, rows);
   for (auto& t : sd.tensors()) t.local.zero_();
   sd.bytes()[0].data.clear();
   LoadOptions lo;
@@ -69,7 +71,7 @@ std::string load_mismatch(const std::shared_ptr<Storage>& storage, const std::st
   } catch (const std::exception& e) {
     return std::string("load failed: ") + e.what();
   }
-  if (!same_bits(sd.tensors()[0].local, full_weight(step))) return "w differs from what was saved";
+  if (!same_bits(sd.tensors()[0].local, full_weight(step, rows))) return "w differs from what was saved";
   if (!same_bits(sd.tensors()[1].local, full_bias(step))) return "b differs from what was saved";
   if (sd.bytes()[0].data != position(step)) return "pos differs from what was saved";
   return "";
@@ -134,7 +136,7 @@ CompressionOptions compression(bool zstd) {
   return c;
 }
 
-std::vector<Op> run_scenario(const Scenario& s, Protocol protocol) {
+std::vector<Op> run_scenario(const Scenario& s, Protocol protocol, int64_t rows) {
   auto crash = std::make_shared<CrashStorage>();
   if (s.pre_create_dir) crash->make_dirs(kDir);
   crash->make_all_durable();
@@ -152,7 +154,7 @@ std::vector<Op> run_scenario(const Scenario& s, Protocol protocol) {
         so.compression = compression(s.zstd);
         so.io_threads = 2;
         so.storage = storage;
-        save_state_dict(rank_state(step, ctx.rank, kWorld), join_path(kDir, step_dir_name(step)), *group, so);
+        save_state_dict(rank_state(step, ctx.rank, kWorld, rows), join_path(kDir, step_dir_name(step)), *group, so);
         if (ctx.rank == 0) returned(step);
       }
       return;
@@ -170,7 +172,7 @@ std::vector<Op> run_scenario(const Scenario& s, Protocol protocol) {
       if (rank == 0 && step > 1) returned(step - 1);
     };
     CheckpointManager manager(options, "", *group, "crash-check", storage, hooks);
-    for (int64_t step = 1; step <= s.steps; ++step) manager.save(step, rank_state(step, ctx.rank, kWorld));
+    for (int64_t step = 1; step <= s.steps; ++step) manager.save(step, rank_state(step, ctx.rank, kWorld, rows));
     manager.finish();
     if (ctx.rank == 0) returned(s.steps);
   });
@@ -189,7 +191,7 @@ struct Observation {
   std::string retention_problem;
 };
 
-Observation observe(const Image& image, int64_t keep_last) {
+Observation observe(const Image& image, int64_t keep_last, int64_t rows) {
   Observation obs;
   std::shared_ptr<Storage> storage = materialize(image);
   std::vector<CheckpointEntry> entries;
@@ -219,7 +221,7 @@ Observation observe(const Image& image, int64_t keep_last) {
       obs.damaged.push_back(name + ": verify: " + ex.what());
       continue;
     }
-    const std::string mismatch = load_mismatch(storage, e.path, e.step);
+    const std::string mismatch = load_mismatch(storage, e.path, e.step, rows);
     if (!mismatch.empty()) obs.damaged.push_back(name + ": " + mismatch);
   }
   // The next save's retention, on the recovered directory.
@@ -227,7 +229,7 @@ Observation observe(const Image& image, int64_t keep_last) {
     apply_retention(*storage, kDir, keep_last > 0 ? keep_last : 1);
     if (auto latest = latest_committed(*storage, kDir)) {
       obs.latest_after_retention = latest->step;
-      const std::string mismatch = load_mismatch(storage, latest->path, latest->step);
+      const std::string mismatch = load_mismatch(storage, latest->path, latest->step, rows);
       if (!mismatch.empty()) obs.retention_problem = "after retention: " + mismatch;
     }
   } catch (const std::exception& e) {
@@ -326,8 +328,10 @@ std::vector<std::string> scenario_names() {
 }
 
 Report check_scenario(const std::string& name, Protocol protocol, const Bound& bound) {
-  const Scenario scenario = scenario_by_name(name);
-  const std::vector<Op> log = run_scenario(scenario, protocol);
+  Scenario scenario = scenario_by_name(name);
+  scenario.steps += std::max(0, bound.extra_saves);
+  const int64_t rows = 64 * std::max(1, bound.size);
+  const std::vector<Op> log = run_scenario(scenario, protocol, rows);
   Report report;
   report.scenario = name;
   std::map<Image, Observation> seen;
@@ -342,7 +346,7 @@ Report check_scenario(const std::string& name, Protocol protocol, const Bound& b
     for (const std::vector<bool>& keep : patterns(items.size(), bound, k, &exhaustive)) {
       const Image image = crash_image(log, k, items, keep);
       auto it = seen.find(image);
-      if (it == seen.end()) it = seen.emplace(image, observe(image, scenario.keep_last)).first;
+      if (it == seen.end()) it = seen.emplace(image, observe(image, scenario.keep_last, rows)).first;
       ++report.states;
       const std::string problem = judge(it->second, commits);
       if (problem.empty()) {
@@ -350,7 +354,13 @@ Report check_scenario(const std::string& name, Protocol protocol, const Bound& b
         continue;
       }
       ++report.violations;
-      if (report.examples.size() < 5) {
+      std::string kind;  // the problem's first words, steps as "N"
+      for (char c : problem.substr(0, problem.find_first_of(":("))) {
+        if (c < '0' || c > '9') kind += c;
+        else if (kind.empty() || kind.back() != 'N') kind += 'N';
+      }
+      while (!kind.empty() && kind.back() == ' ') kind.pop_back();
+      if (report.violation_kinds[kind]++ == 0) {
         report.examples.push_back("crash after op " + std::to_string(k) + " (" +
                                   (k > 0 ? describe(log[k - 1]) : std::string("start")) + "), " +
                                   describe_pattern(log, items, keep) + ": " + problem);

@@ -16,6 +16,7 @@
 // crash_check_main.cpp (scripts/crash-check, deeper).
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -38,6 +39,10 @@ struct Bound {
   int exhaustive_limit = 8;
   int samples = 32;
   uint64_t seed = 1;
+  // The size of the saves: "w" has 64 x size rows of 48 floats (12 KiB x
+  // size: 4 KiB blocks to lose), and each scenario makes extra_saves more saves.
+  int size = 1;
+  int extra_saves = 0;
 };
 
 struct Report {
@@ -50,7 +55,10 @@ struct Report {
   size_t max_uncertain = 0;      // the most uncertain items at one crash point
   size_t correct = 0;
   size_t violations = 0;
-  std::vector<std::string> examples;  // the first few violations, explained
+  // Violations by kind ("committed but not intact", "lost the durable
+  // commit", ...), and the first violation of each kind, explained.
+  std::map<std::string, size_t> violation_kinds;
+  std::vector<std::string> examples;
 };
 
 // The scenarios: "sync" (save_state_dict, steps 1-2, into a checkpoint.dir

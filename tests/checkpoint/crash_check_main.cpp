@@ -4,7 +4,7 @@
 // and one JSON line; exits 1 if the real protocol has a violation or a broken
 // one has none.
 //
-//   crash_check [--exhaustive N] [--samples S] [--seed X]
+//   crash_check [--exhaustive N] [--samples S] [--seed X] [--size K] [--extra-saves E]
 #include "crash_check.h"
 
 #include <chrono>
@@ -38,17 +38,21 @@ int main(int argc, char** argv) {
     if (flag == "--exhaustive") bound.exhaustive_limit = static_cast<int>(value);
     else if (flag == "--samples") bound.samples = static_cast<int>(value);
     else if (flag == "--seed") bound.seed = static_cast<uint64_t>(value);
+    else if (flag == "--size") bound.size = static_cast<int>(value);
+    else if (flag == "--extra-saves") bound.extra_saves = static_cast<int>(value);
     else {
       std::fprintf(stderr, "crash_check: unknown flag %s\n", flag.c_str());
       return 2;
     }
   }
   std::printf("crash-check: exhaustive up to %d uncertain items, else %d random patterns + extremes "
-              "(seed %llu)\n\n", bound.exhaustive_limit, bound.samples,
-              static_cast<unsigned long long>(bound.seed));
+              "(seed %llu); w has %d rows, %d extra saves per scenario\n\n", bound.exhaustive_limit,
+              bound.samples, static_cast<unsigned long long>(bound.seed), 64 * bound.size, bound.extra_saves);
   std::printf("| scenario | protocol | ops | crash points | exhaustive points | max uncertain | states | "
               "distinct | correct | violations | s |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
   std::string json = "{\"exhaustive_limit\":" + std::to_string(bound.exhaustive_limit) +
+                     ",\"size\":" + std::to_string(bound.size) +
+                     ",\"extra_saves\":" + std::to_string(bound.extra_saves) +
                      ",\"samples\":" + std::to_string(bound.samples) + ",\"runs\":[";
   bool ok = true;
   size_t states = 0, correct = 0, violations = 0;
@@ -73,9 +77,12 @@ int main(int argc, char** argv) {
         ok = false;
         examples += "  " + scenario + " " + protocol_name(protocol) + ": the broken protocol was NOT caught\n";
       }
+      for (const auto& [kind, count] : r.violation_kinds) {
+        examples += "  " + scenario + " " + protocol_name(protocol) + ": " + std::to_string(count) +
+                    " x " + kind + "\n";
+      }
       for (const std::string& e : r.examples) {
-        examples += "  " + scenario + " " + protocol_name(protocol) + ": " + e + "\n";
-        if (protocol != Protocol::kReal) break;  // one example per broken protocol
+        examples += "    e.g. " + e + "\n";
       }
       json += std::string(first ? "" : ",") + "{\"scenario\":\"" + scenario + "\",\"protocol\":\"" +
               protocol_name(protocol) + "\",\"ops\":" + std::to_string(r.operations) +
