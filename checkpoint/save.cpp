@@ -270,7 +270,10 @@ SaveStats save_state_dict(const StateDict& state, const std::string& step_dir,
   Bytes mine;
   try {
     mine = tagged_ok(encode_local_plan(make_local_plan(state, rank)));
-    if (rank == 0) storage->make_dirs(step_dir);
+    // Durable at once: a commit inside a step directory whose own name is
+    // lost in a power cut is no commit (and retention may already have
+    // deleted the previous checkpoint).
+    if (rank == 0) storage->make_dirs_durable(step_dir);
   } catch (const std::exception& e) {
     mine = tagged_error(error_text(e));
   }
@@ -308,6 +311,10 @@ SaveStats save_state_dict(const StateDict& state, const std::string& step_dir,
   if (rank == 0) {
     try {
       CheckpointMeta meta = assemble_metadata(plans, plan, locations, world, options);
+      // The data files' names in the step directory must reach the disk
+      // before the commit: POSIX does not order the .metadata rename after
+      // them, and a commit naming a lost file is a damaged checkpoint.
+      storage->sync_dir(step_dir);
       storage->write_file_atomic(join_path(step_dir, kMetadataFileName), encode_metadata(meta));
       verdict = tagged_ok({});
     } catch (const std::exception& e) {

@@ -157,6 +157,15 @@ bool delete_checkpoint(Storage& storage, const CheckpointEntry& victim, std::str
     *error = e.what();
     return false;
   }
+  // The un-commit must reach the disk before any unlink inside: otherwise a
+  // power cut could keep some unlinks and lose the rename, leaving step_<N>
+  // with its .metadata but without all of its data.
+  try {
+    storage.sync_dir(parent_dir(victim.path));
+  } catch (const IoError& e) {
+    *error = e.what();
+    return false;  // the next pass sweeps the .deleting. leftover
+  }
   return remove_tree(storage, trash, error);
 }
 

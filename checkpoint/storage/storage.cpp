@@ -21,6 +21,18 @@ void Storage::write_file_atomic(const std::string& path, const std::vector<uint8
   sync_dir(parent_dir(path));
 }
 
+void Storage::make_dirs_durable(const std::string& raw) {
+  std::string path = raw;
+  while (path.size() > 1 && path.back() == '/') path.pop_back();
+  std::vector<std::string> created;  // deepest first
+  for (std::string p = path; !p.empty() && p != "." && p != "/"; p = parent_dir(p)) {
+    if (stat(p).type != FileType::kMissing) break;
+    created.push_back(p);
+  }
+  make_dirs(path);
+  for (auto it = created.rbegin(); it != created.rend(); ++it) sync_dir(parent_dir(*it));
+}
+
 std::vector<uint8_t> Storage::read_file(const std::string& path, uint64_t max_bytes) {
   const uint64_t size = file_size(path);
   if (size > max_bytes) {

@@ -85,6 +85,10 @@ class Storage {
   bool exists(const std::string& path) { return stat(path).type != FileType::kMissing; }
   // Creates `path` and its missing parents (mkdir -p); existing is fine.
   virtual void make_dirs(const std::string& path) = 0;
+  // make_dirs, then fsyncs the parent of every directory it created (a
+  // directory's name lives in its parent): the new directories survive a
+  // power loss. Directories that already existed are not fsynced.
+  void make_dirs_durable(const std::string& path);
   // Atomically replaces `to` with `from` (rename(2)); durable after sync_dir.
   virtual void rename(const std::string& from, const std::string& to) = 0;
   // fsyncs the directory `path`, making renames and new entries in it durable.
