@@ -62,10 +62,10 @@ Row measure(int world, const models::ModelOptions& mo) {
         model = models::make_model(mo);
       }
       framework::fsdp::ParallelOptions po;
-      framework::fsdp::FullyShardedModel fsdp(model, mesh, po);
+      framework::fsdp::FullyShardedModel fsdp(model, mesh, po, framework::fsdp::children_of(*model, "blocks"));
       auto tokens = torch::randint(0, mo.vocab_size, {4, mo.seq_len}, torch::kLong);
       fsdp.reset_peak_memory();
-      fsdp.forward(tokens).pow(2).mean().backward();
+      fsdp.forward([&] { return model->forward(tokens); }).pow(2).mean().backward();
       fsdp.finish_backward();
       const auto& st = fsdp.memory_stats();
       if (r == 0) {

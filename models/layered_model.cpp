@@ -1,5 +1,6 @@
 #include "models/layered_model.h"
 
+#include "framework/fsdp/fully_shard.h"
 #include "models/layers.h"
 #include "models/stacked_model.h"
 
@@ -10,7 +11,10 @@ namespace models {
 
 torch::Tensor LayeredModelImpl::forward(const torch::Tensor& tokens) {
   auto h = embed(tokens);
-  for (int64_t i = 0; i < num_blocks(); ++i) h = block_forward(i, h);
+  // Each block is an FSDP unit when the model is sharded (a plain call when not).
+  for (int64_t i = 0; i < num_blocks(); ++i) {
+    h = framework::fsdp::run_unit(*block(i), [&] { return block_forward(i, h); });
+  }
   return head(h);
 }
 

@@ -23,7 +23,9 @@ class LayeredModelImpl : public torch::nn::Module {
   // hidden [B, T, D] -> logits [B, T, V] (includes the final norm).
   virtual torch::Tensor head(const torch::Tensor& h) = 0;
 
-  // head(block_forward(n-1, ... block_forward(0, embed(tokens)))).
+  // head(block_forward(n-1, ... block_forward(0, embed(tokens)))), each block
+  // called through framework::fsdp::run_unit: shard it with
+  // fully_shard(model, mesh, options, children_of(*model, "blocks")).
   torch::Tensor forward(const torch::Tensor& tokens);
 };
 

@@ -20,9 +20,12 @@ constexpr int64_t kIgnoreIndex = -100;
 class Dataset {
  public:
   virtual ~Dataset() = default;
-  virtual int64_t seq_len() const = 0;
-  virtual int64_t vocab_size() const = 0;
-  // (inputs int64 [seq_len], targets int64 [seq_len]); targets may be kIgnoreIndex.
+  // Targets per sample (tokens for a language model; 1 for a classifier):
+  // the trainer's tokens/s counts seq_len() per sample.
+  virtual int64_t seq_len() const { return 1; }
+  virtual int64_t vocab_size() const { return 0; }  // 0: not a token dataset
+  // (inputs, targets), every sample of the same shapes. The token datasets
+  // give (int64 [seq_len], int64 [seq_len]); targets may be kIgnoreIndex.
   // REQUIRES: index >= 0. Thread-safe (const, no shared mutable state).
   virtual std::pair<torch::Tensor, torch::Tensor> sample(int64_t index) const = 0;
   virtual std::string describe() const = 0;

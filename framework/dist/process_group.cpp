@@ -3,6 +3,7 @@
 #include "framework/dist/torch_compat.h"
 
 #include <sstream>
+#include <stdexcept>
 
 namespace framework::dist {
 
@@ -47,6 +48,31 @@ Group::Group(std::string name, int rank, std::vector<int> ranks, std::unique_ptr
              std::chrono::milliseconds timeout)
     : name_(std::move(name)), rank_(rank), ranks_(std::move(ranks)), backend_(std::move(backend)),
       timeout_(timeout) {}
+
+std::shared_ptr<Group> wrap_c10d_backend(c10::intrusive_ptr<c10::intrusive_ptr_target> backend,
+                                         std::string name, std::vector<int> global_ranks,
+                                         std::chrono::milliseconds timeout) {
+  auto* base = dynamic_cast<compat::BackendBase*>(backend.get());
+  if (base == nullptr) {
+    throw std::invalid_argument("wrap_c10d_backend('" + name +
+                                "'): not a c10d backend of this LibTorch (" +
+                                compat::backend_base_name() + ")");
+  }
+  auto b = std::make_unique<Group::Backend>();
+  b->pg = compat::BackendPtr::reclaim_copy(base);
+  b->kind = base->getBackendName();
+  const int size = base->getSize();
+  if (global_ranks.empty()) {
+    for (int r = 0; r < size; ++r) global_ranks.push_back(r);
+  }
+  if (static_cast<int>(global_ranks.size()) != size) {
+    throw std::invalid_argument("wrap_c10d_backend('" + name + "'): " +
+                                std::to_string(global_ranks.size()) + " global ranks for a group of " +
+                                std::to_string(size));
+  }
+  return std::make_shared<Group>(std::move(name), base->getRank(), std::move(global_ranks),
+                                 std::move(b), timeout);
+}
 
 Group::~Group() = default;
 

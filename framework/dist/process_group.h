@@ -86,4 +86,18 @@ class Group {
   std::string broken_reason_;
 };
 
+// Plugging in your own process group: a Group over a c10d backend that the
+// caller made, e.g. c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank,
+// size, options) (or ProcessGroupNCCL in CUDA builds) with their own store.
+// On LibTorch 2.x a c10d::ProcessGroup holds one backend per device: pass
+// pg->getBackend(c10::DeviceType::CPU) (or CUDA). `global_ranks` are the
+// members' global ranks (default 0 .. size-1); `timeout` is what errors
+// report (the backend's own options bound its waits). The Group shares the
+// backend with the caller. Throws std::invalid_argument when `backend` is
+// not a c10d backend of this LibTorch, or global_ranks does not match its
+// size.
+std::shared_ptr<Group> wrap_c10d_backend(c10::intrusive_ptr<c10::intrusive_ptr_target> backend,
+                                         std::string name, std::vector<int> global_ranks = {},
+                                         std::chrono::milliseconds timeout = std::chrono::minutes(30));
+
 }  // namespace framework::dist

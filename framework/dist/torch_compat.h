@@ -47,6 +47,11 @@ using BackendBase = c10d::Backend;
 using BackendBase = c10d::ProcessGroup;
 #endif
 using BackendPtr = c10::intrusive_ptr<BackendBase>;
+// What wrap_c10d_backend accepts, in words.
+inline const char* backend_base_name() {
+  return TORCH_VERSION_MAJOR >= 2 ? "a c10d::Backend, e.g. c10d::ProcessGroupGloo"
+                                  : "a c10d::ProcessGroup, e.g. c10d::ProcessGroupGloo";
+}
 using StorePtr = c10::intrusive_ptr<c10d::Store>;
 using WorkPtr = c10::intrusive_ptr<c10d::Work>;
 

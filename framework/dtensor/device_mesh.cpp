@@ -1,6 +1,7 @@
 #include "framework/dtensor/device_mesh.h"
 
 #include <set>
+#include <stdexcept>
 
 namespace framework::dtensor {
 
@@ -81,6 +82,37 @@ std::shared_ptr<DeviceMesh> DeviceMesh::create(framework::dist::Rendezvous& rv,
   return mesh;
 }
 
+std::shared_ptr<DeviceMesh> DeviceMesh::from_groups(
+    std::vector<int64_t> shape, std::vector<std::string> axis_names,
+    std::vector<std::shared_ptr<framework::dist::Group>> groups, const std::string& name) {
+  if (shape.size() != axis_names.size() || shape.size() != groups.size() || shape.empty()) {
+    throw std::invalid_argument("DeviceMesh::from_groups('" + name +
+                                "'): shape, axis_names and groups differ in length");
+  }
+  std::shared_ptr<DeviceMesh> mesh(new DeviceMesh());
+  mesh->name_ = name;
+  for (size_t i = 0; i < shape.size(); ++i) {
+    const std::string axis = "DeviceMesh::from_groups('" + name + "'): axis '" + axis_names[i] + "'";
+    if (groups[i] == nullptr && shape[i] != 1) {
+      throw std::invalid_argument(axis + " has extent " + std::to_string(shape[i]) + " but no group");
+    }
+    if (groups[i] != nullptr && groups[i]->size() != shape[i]) {
+      throw std::invalid_argument(axis + " has extent " + std::to_string(shape[i]) + " but group '" +
+                                  groups[i]->name() + "' has " + std::to_string(groups[i]->size()) +
+                                  " members");
+    }
+    mesh->coordinates_.push_back(groups[i] == nullptr ? 0 : groups[i]->rank());
+  }
+  mesh->shape_ = std::move(shape);
+  mesh->axis_names_ = std::move(axis_names);
+  mesh->groups_ = std::move(groups);
+  mesh->global_rank_ = static_cast<int>(rank_of(mesh->coordinates_, mesh->shape_));
+  int64_t total = 1;
+  for (int64_t e : mesh->shape_) total *= e;
+  mesh->world_size_ = static_cast<int>(total);
+  return mesh;
+}
+
 void DeviceMesh::check_axis(int axis) const {
   TORCH_CHECK(axis >= 0 && axis < ndim(), "DeviceMesh '", name_, "': axis ", axis,
               " out of range for a ", ndim(), "-D mesh");
@@ -98,6 +130,8 @@ int64_t DeviceMesh::coordinate(int axis) const {
 
 framework::dist::Group& DeviceMesh::group(int axis) {
   check_axis(axis);
+  TORCH_CHECK(groups_[axis] != nullptr, "DeviceMesh '", name_, "': axis '", axis_names_[axis],
+              "' has no group (extent 1, made by from_groups)");
   return *groups_[axis];
 }
 

@@ -32,6 +32,16 @@ class DeviceMesh {
                                             std::vector<std::string> axis_names,
                                             const std::string& name = "mesh");
 
+  // A mesh over groups the caller already has (e.g. dist::wrap_c10d_backend
+  // of their own c10d backends): groups[axis] is this rank's group along
+  // that axis, its size the axis's extent and its rank this rank's
+  // coordinate. An axis of extent 1 may pass nullptr (no collective runs on
+  // it). Throws std::invalid_argument naming the axis when a group does
+  // not fit the shape.
+  static std::shared_ptr<DeviceMesh> from_groups(
+      std::vector<int64_t> shape, std::vector<std::string> axis_names,
+      std::vector<std::shared_ptr<framework::dist::Group>> groups, const std::string& name = "mesh");
+
   DeviceMesh(const DeviceMesh&) = delete;
   DeviceMesh& operator=(const DeviceMesh&) = delete;
 
@@ -46,6 +56,7 @@ class DeviceMesh {
   const std::vector<int64_t>& coordinates() const { return coordinates_; }
   // This rank's group along `axis`: size() == size(axis), rank() ==
   // coordinate(axis). The mesh owns it; it lives as long as the mesh.
+  // Throws for an extent-1 axis made by from_groups without a group.
   framework::dist::Group& group(int axis);
   // The axis called `name`; TORCH_CHECK names it when unknown.
   int axis_index(const std::string& name) const;

@@ -2,7 +2,9 @@
 
 #include <torch/csrc/autograd/function_hook.h>
 
+#include <algorithm>
 #include <cmath>
+#include <mutex>
 #include <stdexcept>
 #include <unordered_map>
 
@@ -44,23 +46,35 @@ struct ParamSlot {
   size_t index = 0;         // position in the model's parameter order
   std::string name;
   torch::Tensor full;       // the module's parameter; storage only while gathered
+  bool trainable = true;    // requires_grad
   int64_t rows = 0;         // global dim 0
   int64_t row_numel = 1;    // elements per dim-0 row
   dtensor::Span mine;       // this rank's rows
+  size_t bucket = 0;        // the unit's flat buffer of this dtype and trainability
   int64_t seg_offset = 0;   // element offset inside a member's padded segment
   torch::Tensor local;      // the shard the optimizer owns
+};
+
+// The parameters of one unit that share a dtype and trainability: one flat
+// buffer, so one collective per gather and per reduction.
+struct Bucket {
+  torch::ScalarType dtype = torch::kFloat;
+  bool trainable = true;
+  std::vector<size_t> members;  // indices into Unit::params
+  int64_t seg_numel = 0;        // padded elements per shard member in the flat buffers
+  torch::Tensor grad_buffer;    // this rank's reduced gradients (keeps .grad views alive)
 };
 
 struct FullyShardedModel::Unit {
   std::string name;
   std::vector<ParamSlot> params;
-  int64_t seg_numel = 0;    // padded elements per member in the flat buffers
+  std::vector<Bucket> buckets;
   int64_t full_bytes = 0;
+  size_t trainable = 0;      // parameters with requires_grad
   bool is_root = false;
   bool gathered = false;
   bool reduced = false;
   size_t grads_arrived = 0;
-  torch::Tensor grad_buffer;  // this rank's reduced gradient shards
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators;  // kept alive
 };
 
@@ -79,7 +93,81 @@ class GradAccumulatedHook : public torch::autograd::FunctionPostHook {
   std::function<void()> fn_;
 };
 
+// Which sharded model and unit a module is: what UnitScope looks up.
+struct UnitRegistry {
+  std::mutex mu;
+  std::unordered_map<const torch::nn::Module*, std::pair<FullyShardedModel*, size_t>> units;
+};
+
+UnitRegistry& registry() {
+  static UnitRegistry r;
+  return r;
+}
+
+bool inside(const std::string& name, const std::string& unit) {
+  return name.size() > unit.size() && name.compare(0, unit.size(), unit) == 0 &&
+         name[unit.size()] == '.';
+}
+
 }  // namespace
+
+std::vector<std::string> children_of(const torch::nn::Module& model, const std::string& list) {
+  for (const auto& item : model.named_modules("", /*include_self=*/false)) {
+    if (item.key() != list) continue;
+    std::vector<std::string> out;
+    for (const auto& child : item.value()->named_children()) out.push_back(list + "." + child.key());
+    if (out.empty()) {
+      throw std::invalid_argument("fully_shard: submodule '" + list + "' has no children");
+    }
+    return out;
+  }
+  throw std::invalid_argument("fully_shard: the model has no submodule '" + list + "'");
+}
+
+std::vector<std::string> modules_where(const torch::nn::Module& model, const UnitPredicate& pred) {
+  std::vector<std::string> out;
+  for (const auto& item : model.named_modules("", /*include_self=*/false)) {
+    bool nested = false;
+    for (const std::string& u : out) nested = nested || inside(item.key(), u);
+    if (!nested && pred(item.key(), *item.value())) out.push_back(item.key());
+  }
+  return out;
+}
+
+UnitScope::UnitScope(const torch::nn::Module& unit) {
+  {
+    UnitRegistry& r = registry();
+    std::lock_guard<std::mutex> lock(r.mu);
+    auto it = r.units.find(&unit);
+    if (it == r.units.end()) return;
+    owner_ = it->second.first;
+    unit_ = it->second.second;
+  }
+  owner_->gather(*owner_->units_[unit_]);
+}
+
+torch::Tensor UnitScope::output(torch::Tensor out) {
+  if (owner_ == nullptr) return out;
+  has_output_ = true;
+  if (torch::GradMode::is_enabled() && out.requires_grad()) {
+    // Fires when the gradient of this unit's output is ready, i.e. right
+    // before the unit's own backward ops run.
+    FullyShardedModel* owner = owner_;
+    FullyShardedModel::Unit* unit = owner_->units_[unit_].get();
+    out.register_hook([owner, unit](const torch::Tensor&) { owner->gather(*unit); });
+  }
+  return out;
+}
+
+UnitScope::~UnitScope() {
+  if (owner_ == nullptr) return;
+  const bool training = torch::GradMode::is_enabled();
+  // Without an output there is no hook to gather again for backward: keep
+  // the parameters until the unit's gradients are reduced.
+  if (!training || (has_output_ && owner_->options_.reshard_after_forward)) {
+    owner_->release(*owner_->units_[unit_]);
+  }
+}
 
 std::vector<int64_t> mesh_shape_for(const ParallelOptions& o, int world) {
   int64_t r = o.replicate, s = o.shard;
@@ -101,67 +189,139 @@ std::string layout_name(const std::vector<int64_t>& shape) {
   return shape.at(0) == 1 ? "fsdp" : "hsdp";
 }
 
-FullyShardedModel::FullyShardedModel(std::shared_ptr<models::LayeredModelImpl> model,
+std::unique_ptr<FullyShardedModel> fully_shard(std::shared_ptr<torch::nn::Module> module,
+                                               std::shared_ptr<dtensor::DeviceMesh> mesh,
+                                               ParallelOptions options,
+                                               std::vector<std::string> units) {
+  return std::make_unique<FullyShardedModel>(std::move(module), std::move(mesh), options,
+                                             std::move(units));
+}
+
+FullyShardedModel::FullyShardedModel(std::shared_ptr<torch::nn::Module> module,
                                      std::shared_ptr<dtensor::DeviceMesh> mesh,
-                                     ParallelOptions options)
-    : model_(std::move(model)), mesh_(std::move(mesh)), options_(options) {
+                                     ParallelOptions options, std::vector<std::string> unit_names)
+    : module_(std::move(module)), mesh_(std::move(mesh)), options_(options) {
   TORCH_CHECK(mesh_->ndim() == 2, "fully_shard needs a {replicate, shard} mesh");
   const int64_t shards = mesh_->size(shard_axis_);
   const int64_t my_shard = mesh_->coordinate(shard_axis_);
 
-  // Which unit owns each parameter: blocks by identity, the rest is the root.
-  std::unordered_map<const c10::TensorImpl*, size_t> owner;
+  // The units' modules, by name; they must exist and must not nest.
+  std::unordered_map<std::string, std::shared_ptr<torch::nn::Module>> by_name;
+  for (const auto& item : module_->named_modules("", /*include_self=*/false)) {
+    by_name.emplace(item.key(), item.value());
+  }
   units_.push_back(std::make_unique<Unit>());
   units_[0]->name = "root";
   units_[0]->is_root = true;
-  for (int64_t b = 0; b < model_->num_blocks(); ++b) {
+  std::vector<const torch::nn::Module*> unit_modules = {module_.get()};
+  for (const std::string& name : unit_names) {
+    auto it = by_name.find(name);
+    if (it == by_name.end()) {
+      throw std::invalid_argument("fully_shard: unit '" + name + "' is not a submodule of the model");
+    }
+    for (size_t u = 1; u < units_.size(); ++u) {
+      const std::string& other = units_[u]->name;
+      if (other == name || inside(name, other) || inside(other, name)) {
+        throw std::invalid_argument("fully_shard: units '" + other + "' and '" + name +
+                                    "' overlap; units must not nest or repeat");
+      }
+    }
     units_.push_back(std::make_unique<Unit>());
-    units_.back()->name = "blocks." + std::to_string(b);
-    for (const auto& p : model_->block(b)->parameters()) owner[p.unsafeGetTensorImpl()] = b + 1;
+    units_.back()->name = name;
+    unit_modules.push_back(it->second.get());
+  }
+  auto unit_of_name = [&](const std::string& param) -> size_t {
+    for (size_t u = 1; u < units_.size(); ++u) {
+      if (inside(param, units_[u]->name)) return u;
+    }
+    return 0;
+  };
+
+  // One slot per parameter tensor: tied names collapse onto the first, and a
+  // tensor tied across units belongs to the root.
+  struct Found {
+    std::string name;
+    torch::Tensor tensor;
+    size_t unit;
+  };
+  std::vector<Found> found;
+  std::unordered_map<const c10::TensorImpl*, size_t> seen;
+  for (const auto& item : module_->named_parameters()) {
+    const torch::Tensor& p = item.value();
+    const size_t unit = unit_of_name(item.key());
+    auto it = seen.find(p.unsafeGetTensorImpl());
+    if (it != seen.end()) {
+      if (found[it->second].unit != unit) found[it->second].unit = 0;
+      continue;
+    }
+    if (p.dim() == 0) {
+      throw std::invalid_argument("fully_shard: parameter " + item.key() +
+                                  " is 0-d; give it shape [1] to shard it");
+    }
+    if (!p.is_contiguous() || p.storage_offset() != 0 ||
+        p.storage().nbytes() != static_cast<size_t>(tensor_bytes(p))) {
+      throw std::invalid_argument("fully_shard: parameter " + item.key() +
+                                  " does not own a dense storage of its own (a view?)");
+    }
+    seen.emplace(p.unsafeGetTensorImpl(), found.size());
+    found.push_back({item.key(), p, unit});
   }
 
   torch::NoGradGuard no_grad;
   size_t index = 0;
-  for (const auto& item : model_->named_parameters()) {
-    const torch::Tensor& p = item.value();
-    TORCH_CHECK(p.dim() >= 1, "fully_shard: parameter ", item.key(), " is 0-d");
-    TORCH_CHECK(p.is_contiguous() && p.storage_offset() == 0 &&
-                    p.storage().nbytes() == static_cast<size_t>(tensor_bytes(p)),
-                "fully_shard: parameter ", item.key(), " does not own a dense storage");
-    auto it = owner.find(p.unsafeGetTensorImpl());
-    Unit& unit = *units_[it == owner.end() ? 0 : it->second];
+  for (const Found& f : found) {
+    const torch::Tensor& p = f.tensor;
+    Unit& unit = *units_[f.unit];
     ParamSlot slot;
     slot.index = index++;
-    slot.name = item.key();
+    slot.name = f.name;
     slot.full = p;
+    slot.trainable = p.requires_grad();
     slot.rows = p.size(0);
     slot.row_numel = slot.rows == 0 ? 0 : p.numel() / slot.rows;
     slot.mine = chunk_span(slot.rows, shards, my_shard);
-    slot.seg_offset = unit.seg_numel;
-    unit.seg_numel += chunk_capacity(slot.rows, shards) * slot.row_numel;
+    size_t b = 0;
+    while (b < unit.buckets.size() &&
+           (unit.buckets[b].dtype != p.scalar_type() || unit.buckets[b].trainable != slot.trainable)) {
+      ++b;
+    }
+    if (b == unit.buckets.size()) {
+      unit.buckets.emplace_back();
+      unit.buckets.back().dtype = p.scalar_type();
+      unit.buckets.back().trainable = slot.trainable;
+    }
+    Bucket& bucket = unit.buckets[b];
+    slot.bucket = b;
+    slot.seg_offset = bucket.seg_numel;
+    bucket.seg_numel += chunk_capacity(slot.rows, shards) * slot.row_numel;
+    bucket.members.push_back(unit.params.size());
     unit.full_bytes += tensor_bytes(p);
+    unit.trainable += slot.trainable ? 1 : 0;
     if (shards == 1) {
       slot.local = p;  // DDP: the optimizer updates the module parameter itself
     } else {
-      slot.local = p.narrow(0, slot.mine.offset, slot.mine.size).clone().set_requires_grad(true);
+      slot.local = p.narrow(0, slot.mine.offset, slot.mine.size).clone().set_requires_grad(slot.trainable);
     }
     stats_.sharded_param_bytes += tensor_bytes(slot.local);
     stats_.full_param_bytes += tensor_bytes(p);
     unit.params.push_back(std::move(slot));
   }
+  for (const auto& item : module_->named_buffers()) buffers_.emplace_back(item.key(), item.value());
 
   for (auto& u : units_) {
     Unit* unit = u.get();
     stats_.largest_unit_bytes = std::max(stats_.largest_unit_bytes, unit->full_bytes);
     for (ParamSlot& slot : unit->params) {
       param_index_.emplace_back(unit, &slot - unit->params.data());
-      // Holding the AccumulateGrad node keeps the same node (and our hook)
-      // for every step: the parameter only keeps a weak reference to it.
-      auto acc = torch::autograd::impl::grad_accumulator(slot.full);
-      acc->add_post_hook(std::make_unique<GradAccumulatedHook>([this, unit] {
-        on_grad_accumulated(*unit);
-      }));
-      unit->accumulators.push_back(std::move(acc));
+      if (slot.trainable) {
+        // Holding the AccumulateGrad node keeps the same node (and our hook)
+        // for every step: the parameter only keeps a weak reference to it.
+        auto acc = torch::autograd::impl::grad_accumulator(slot.full);
+        acc->add_post_hook(std::make_unique<GradAccumulatedHook>([this, unit] {
+          on_grad_accumulated(*unit);
+        }));
+        unit->accumulators.push_back(std::move(acc));
+      }
       if (shards > 1) free_storage(slot.full);
     }
   }
@@ -169,9 +329,81 @@ FullyShardedModel::FullyShardedModel(std::shared_ptr<models::LayeredModelImpl> m
             [](const auto& a, const auto& b) {
               return a.first->params[a.second].index < b.first->params[b.second].index;
             });
+  UnitRegistry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  for (size_t u = 1; u < units_.size(); ++u) r.units[unit_modules[u]] = {this, u};
 }
 
-FullyShardedModel::~FullyShardedModel() = default;
+FullyShardedModel::~FullyShardedModel() {
+  UnitRegistry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  for (auto it = r.units.begin(); it != r.units.end();) {
+    it = it->second.first == this ? r.units.erase(it) : std::next(it);
+  }
+}
+
+std::vector<std::string> FullyShardedModel::unit_names() const {
+  std::vector<std::string> out;
+  for (const auto& u : units_) out.push_back(u->name);
+  return out;
+}
+
+std::vector<std::pair<std::string, torch::Tensor>> FullyShardedModel::buffers() const {
+  return buffers_;
+}
+
+bool FullyShardedModel::param_trainable(size_t index) const {
+  const auto& [unit, slot] = param_index_.at(index);
+  return unit->params[slot].trainable;
+}
+
+void FullyShardedModel::begin_forward() {
+  for (auto& u : units_) {
+    u->reduced = false;
+    u->grads_arrived = 0;
+  }
+  if (torch::GradMode::is_enabled() && options_.broadcast_buffers) broadcast_buffers();
+  gather(*units_[0]);
+}
+
+void FullyShardedModel::end_forward() {
+  if (torch::GradMode::is_enabled()) return;  // the root is needed for backward
+  for (auto& u : units_) release(*u);
+}
+
+void FullyShardedModel::abort_forward() {
+  for (auto& u : units_) release(*u);
+}
+
+void FullyShardedModel::rethrow_forward_error(const c10::Error& e) {
+  const std::string what = e.what_without_backtrace();
+  // How LibTorch 1.13 and 2.x report a read of a tensor without storage.
+  if (what.find("storage of size 0") != std::string::npos ||
+      what.find("data is not allocated") != std::string::npos ||
+      what.find("storage has") != std::string::npos) {
+    std::string units;
+    for (size_t u = 1; u < units_.size(); ++u) units += (u > 1 ? ", " : "") + units_[u]->name;
+    throw std::runtime_error(
+        "fully_shard: the forward used a parameter that is not gathered: call each unit (" +
+        units + ") through fsdp::run_unit or a UnitScope in the model's forward (" + what + ")");
+  }
+  throw;
+}
+
+void FullyShardedModel::broadcast_buffers() {
+  torch::NoGradGuard no_grad;
+  for (auto& [name, buffer] : buffers_) {
+    if (!buffer.defined() || buffer.numel() == 0) continue;
+    for (int axis : {shard_axis_, replicate_axis_}) {
+      if (mesh_->size(axis) == 1) continue;
+      torch::Tensor t = buffer.is_contiguous() ? buffer : buffer.contiguous();
+      mesh_->group(axis).broadcast(t, 0);
+      if (!t.is_same(buffer)) buffer.copy_(t);
+    }
+  }
+}
+
+
 
 void FullyShardedModel::gather(Unit& unit) {
   if (unit.gathered) return;
@@ -179,20 +411,24 @@ void FullyShardedModel::gather(Unit& unit) {
   const int64_t shards = mesh_->size(shard_axis_);
   if (shards == 1) return;  // DDP: parameters are always whole
   torch::NoGradGuard no_grad;
-  auto dtype = unit.params.front().local.options();
-  torch::Tensor send = torch::zeros({unit.seg_numel}, dtype);
-  for (const ParamSlot& p : unit.params) {
-    send.narrow(0, p.seg_offset, p.mine.size * p.row_numel).copy_(p.local.reshape({-1}));
-  }
-  torch::Tensor recv = torch::empty({shards * unit.seg_numel}, dtype);
-  mesh_->group(shard_axis_).all_gather(recv, send);
-  for (const ParamSlot& p : unit.params) {
-    alloc_storage(p.full, static_cast<size_t>(tensor_bytes(p.full)));
-    torch::Tensor dst = raw_flat(p.full);
-    for (int64_t r = 0; r < shards; ++r) {
-      dtensor::Span span = chunk_span(p.rows, shards, r);
-      dst.narrow(0, span.offset * p.row_numel, span.size * p.row_numel)
-          .copy_(recv.narrow(0, r * unit.seg_numel + p.seg_offset, span.size * p.row_numel));
+  for (const Bucket& bucket : unit.buckets) {
+    auto dtype = unit.params[bucket.members.front()].local.options().requires_grad(false);
+    torch::Tensor send = torch::zeros({bucket.seg_numel}, dtype);
+    for (size_t m : bucket.members) {
+      const ParamSlot& p = unit.params[m];
+      send.narrow(0, p.seg_offset, p.mine.size * p.row_numel).copy_(p.local.reshape({-1}));
+    }
+    torch::Tensor recv = torch::empty({shards * bucket.seg_numel}, dtype);
+    mesh_->group(shard_axis_).all_gather(recv, send);
+    for (size_t m : bucket.members) {
+      const ParamSlot& p = unit.params[m];
+      alloc_storage(p.full, static_cast<size_t>(tensor_bytes(p.full)));
+      torch::Tensor dst = raw_flat(p.full);
+      for (int64_t r = 0; r < shards; ++r) {
+        dtensor::Span span = chunk_span(p.rows, shards, r);
+        dst.narrow(0, span.offset * p.row_numel, span.size * p.row_numel)
+            .copy_(recv.narrow(0, r * bucket.seg_numel + p.seg_offset, span.size * p.row_numel));
+      }
     }
   }
   live_bytes_ += unit.full_bytes;
@@ -213,7 +449,7 @@ void FullyShardedModel::on_grad_accumulated(Unit& unit) {
     live_bytes_ += unit.full_bytes / static_cast<int64_t>(unit.params.size());
     stats_.peak_gathered_bytes = std::max(stats_.peak_gathered_bytes, live_bytes_);
   }
-  if (++unit.grads_arrived == unit.params.size()) reduce_grads(unit);
+  if (++unit.grads_arrived == unit.trainable) reduce_grads(unit);
 }
 
 void FullyShardedModel::reduce_grads(Unit& unit) {
@@ -222,74 +458,55 @@ void FullyShardedModel::reduce_grads(Unit& unit) {
   torch::NoGradGuard no_grad;
   const int64_t shards = mesh_->size(shard_axis_);
   const int64_t replicas = mesh_->size(replicate_axis_);
-  auto dtype = unit.params.front().local.options();
-  if (shards == 1) {
-    // DDP: one flat all-reduce of the unit's gradients across replicas.
-    torch::Tensor flat = torch::zeros({unit.seg_numel}, dtype);
-    for (const ParamSlot& p : unit.params) {
-      if (p.full.grad().defined()) {
-        flat.narrow(0, p.seg_offset, p.full.numel()).copy_(p.full.grad().reshape({-1}));
+  for (Bucket& bucket : unit.buckets) {
+    if (!bucket.trainable) continue;
+    auto dtype = unit.params[bucket.members.front()].local.options().requires_grad(false);
+    if (shards == 1) {
+      // DDP: one flat all-reduce of the bucket's gradients across replicas.
+      torch::Tensor flat = torch::zeros({bucket.seg_numel}, dtype);
+      for (size_t m : bucket.members) {
+        const ParamSlot& p = unit.params[m];
+        if (p.full.grad().defined()) {
+          flat.narrow(0, p.seg_offset, p.full.numel()).copy_(p.full.grad().reshape({-1}));
+        }
+      }
+      if (replicas > 1) mesh_->group(replicate_axis_).all_reduce(flat);
+      for (size_t m : bucket.members) {
+        const ParamSlot& p = unit.params[m];
+        p.full.mutable_grad() = flat.narrow(0, p.seg_offset, p.full.numel()).view(p.full.sizes());
+      }
+      bucket.grad_buffer = flat;
+      continue;
+    }
+    torch::Tensor send = torch::zeros({shards * bucket.seg_numel}, dtype);
+    for (size_t m : bucket.members) {
+      const ParamSlot& p = unit.params[m];
+      const torch::Tensor& g = p.full.grad();
+      if (!g.defined()) continue;  // unused parameter: contributes zeros
+      torch::Tensor flat = g.reshape({-1});
+      for (int64_t r = 0; r < shards; ++r) {
+        dtensor::Span span = chunk_span(p.rows, shards, r);
+        send.narrow(0, r * bucket.seg_numel + p.seg_offset, span.size * p.row_numel)
+            .copy_(flat.narrow(0, span.offset * p.row_numel, span.size * p.row_numel));
       }
     }
-    if (replicas > 1) mesh_->group(replicate_axis_).all_reduce(flat);
-    for (const ParamSlot& p : unit.params) {
-      p.full.mutable_grad() = flat.narrow(0, p.seg_offset, p.full.numel()).view(p.full.sizes());
+    torch::Tensor mine = torch::empty({bucket.seg_numel}, dtype);
+    mesh_->group(shard_axis_).reduce_scatter(mine, send);
+    if (replicas > 1) mesh_->group(replicate_axis_).all_reduce(mine);
+    for (size_t m : bucket.members) {
+      ParamSlot& p = unit.params[m];
+      p.local.mutable_grad() =
+          mine.narrow(0, p.seg_offset, p.mine.size * p.row_numel).view(p.local.sizes());
+      if (p.full.grad().defined()) live_bytes_ -= tensor_bytes(p.full);
+      p.full.mutable_grad().reset();
     }
-    unit.grad_buffer = flat;
-    return;
+    bucket.grad_buffer = mine;
   }
-  torch::Tensor send = torch::zeros({shards * unit.seg_numel}, dtype);
-  for (const ParamSlot& p : unit.params) {
-    const torch::Tensor& g = p.full.grad();
-    if (!g.defined()) continue;  // unused parameter: contributes zeros
-    torch::Tensor flat = g.reshape({-1});
-    for (int64_t r = 0; r < shards; ++r) {
-      dtensor::Span span = chunk_span(p.rows, shards, r);
-      send.narrow(0, r * unit.seg_numel + p.seg_offset, span.size * p.row_numel)
-          .copy_(flat.narrow(0, span.offset * p.row_numel, span.size * p.row_numel));
-    }
-  }
-  torch::Tensor mine = torch::empty({unit.seg_numel}, dtype);
-  mesh_->group(shard_axis_).reduce_scatter(mine, send);
-  if (replicas > 1) mesh_->group(replicate_axis_).all_reduce(mine);
-  for (ParamSlot& p : unit.params) {
-    p.local.mutable_grad() =
-        mine.narrow(0, p.seg_offset, p.mine.size * p.row_numel).view(p.local.sizes());
-    if (p.full.grad().defined()) live_bytes_ -= tensor_bytes(p.full);
-    p.full.mutable_grad().reset();
-  }
-  unit.grad_buffer = mine;
-  release(unit);
-}
-
-torch::Tensor FullyShardedModel::forward(const torch::Tensor& tokens) {
-  for (auto& u : units_) {
-    u->reduced = false;
-    u->grads_arrived = 0;
-  }
-  const bool training = torch::GradMode::is_enabled();
-  Unit& root = *units_[0];
-  gather(root);
-  torch::Tensor h = model_->embed(tokens);
-  for (int64_t b = 0; b < model_->num_blocks(); ++b) {
-    Unit& unit = *units_[b + 1];
-    gather(unit);
-    h = model_->block_forward(b, h);
-    if (!training || options_.reshard_after_forward) release(unit);
-    if (training && h.requires_grad()) {
-      // Fires when the gradient of this unit's output is ready, i.e. right
-      // before the unit's own backward ops run.
-      Unit* up = &unit;
-      h.register_hook([this, up](const torch::Tensor&) { gather(*up); });
-    }
-  }
-  torch::Tensor logits = model_->head(h);
-  if (!training) release(root);
-  return logits;
+  if (shards > 1) release(unit);
 }
 
 void FullyShardedModel::finish_backward() {
-  // Units are visited in backward order (blocks last to first, then root), the
+  // Units are visited in backward order (last unit to first, then root), the
   // same on every rank, so any catch-up collectives line up.
   for (size_t i = units_.size(); i-- > 1;) reduce_grads(*units_[i]);
   reduce_grads(*units_[0]);
@@ -351,7 +568,9 @@ void FullyShardedModel::zero_grad() {
   for (const torch::Tensor& t : local_params()) {
     const_cast<torch::Tensor&>(t).mutable_grad().reset();
   }
-  for (auto& u : units_) u->grad_buffer = torch::Tensor();
+  for (auto& u : units_) {
+    for (Bucket& b : u->buckets) b.grad_buffer = torch::Tensor();
+  }
 }
 
 void FullyShardedModel::reset_peak_memory() { stats_.peak_gathered_bytes = live_bytes_; }

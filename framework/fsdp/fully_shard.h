@@ -1,25 +1,51 @@
 #pragma once
-// fully_shard for models::LayeredModelImpl: FSDP, DDP and HSDP over a 2-D
+// fully_shard for any torch::nn::Module: FSDP, DDP and HSDP over a 2-D
 // device mesh {replicate, shard}.
 //
-// Each block of the model is one unit; everything else (embeddings, final
-// norm, head) is the root unit. Every parameter is stored as this rank's
-// Shard(0) chunk (torch.chunk rows) of the mesh's shard axis -- the tensor the
-// optimizer updates. The module's own parameter tensors keep their full
-// shapes but have no storage except while their unit is gathered:
+// The caller names the units: submodules by their names in
+// named_modules() ("layers.0", "layers.1", ... -- children_of() lists a
+// ModuleList's or Sequential's children; modules_where() takes a
+// predicate). Every parameter that is in no unit belongs to the root unit.
+// Every parameter is stored as this rank's Shard(0) chunk (torch.chunk
+// rows) of the mesh's shard axis -- the tensor the optimizer updates. The
+// module's own parameter tensors keep their full shapes but have no storage
+// except while their unit is gathered:
 //
-//   forward : all-gather a unit's shards into its parameters, run the unit,
-//             free them again (reshard_after_forward);
+//   forward : FullyShardedModel::forward(fn) gathers the root unit and runs
+//             fn, the model's own forward. Inside it, each unit's call is
+//             wrapped in run_unit(unit, fn) (or a UnitScope): it all-gathers
+//             the unit's shards into its parameters, runs the unit and frees
+//             them again (reshard_after_forward);
 //   backward: a hook on the unit's output gathers them again before the
 //             unit's backward runs; once the last gradient of the unit is
 //             accumulated, its gradients are reduce-scattered (summed) into
 //             the shards' .grad and the full parameters and gradients freed.
+//
+// LibTorch C++ has no module forward hooks, so this one line per unit call
+// is what stands for FSDP2's pre/post-forward hooks. run_unit is a plain
+// call when the module is not a unit of a sharded model, so the model's
+// code runs unchanged on one device. With no units at all, the root unit is
+// the whole model: it needs no change to the model, and gathers every
+// parameter for the forward.
 //
 // Only one unit is ever gathered besides the root, so parameter plus
 // gradient memory per rank is the sharded total plus the largest unit.
 // With shard size 1 (DDP) the local tensor is the module parameter itself
 // and gradients are all-reduced; with replicate > 1 (HSDP) the reduce-scatter
 // is followed by an all-reduce across replicas.
+//
+// What the module may hold:
+//   - parameters of several dtypes: each unit keeps one flat buffer (one
+//     collective) per dtype;
+//   - frozen parameters (requires_grad false): sharded and gathered like the
+//     rest, never reduced, and left out of the optimizer's state;
+//   - tied parameters (one tensor registered under several names): kept
+//     once, under its first name; tied across units, it joins the root;
+//   - buffers: not sharded; in training, every forward broadcasts them from
+//     the mesh's first rank (options.broadcast_buffers), as DDP does, so all
+//     ranks hold the same values and a checkpoint writes them once;
+//   - 0-d parameters, and parameters that do not own a dense storage of
+//     their own (views), are refused with an error naming them.
 //
 // Gradients are SUMMED across data-parallel ranks: the caller scales its loss
 // by the global normaliser (e.g. the global token count), which makes results
@@ -36,10 +62,10 @@
 // and Gloo stages CUDA tensors through the host synchronously.
 #include "framework/dtensor/dtensor.h"
 #include "framework/fsdp/options.h"
-#include "models/layered_model.h"
 
 #include <torch/torch.h>
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -53,17 +79,85 @@ struct MemoryStats {
   int64_t peak_gathered_bytes = 0;   // peak of gathered params + full grads
 };
 
+class FullyShardedModel;
+
+// The names of `list`'s children, as units: children_of(model, "layers") ->
+// {"layers.0", "layers.1", ...}. Throws std::invalid_argument when `model`
+// has no submodule of that name, or it has no children.
+std::vector<std::string> children_of(const torch::nn::Module& model, const std::string& list);
+
+// The names of the submodules (not the model itself) for which
+// pred(name, module) holds, outermost first; a submodule inside one that
+// matched is not visited.
+using UnitPredicate = std::function<bool(const std::string& name, const torch::nn::Module&)>;
+std::vector<std::string> modules_where(const torch::nn::Module& model, const UnitPredicate& pred);
+
+// Around one call of a unit inside the model's forward: gathers the unit's
+// parameters for the scope's life when `unit` is a unit of a
+// FullyShardedModel (a no-op for any other module). Pass the unit's output
+// (each output tensor, for several) to output(): at the end of the scope the
+// parameters are freed (reshard_after_forward), and gathered again when the
+// output's gradient arrives in backward. Without an output the parameters
+// stay gathered until the unit's gradients are reduced.
+class UnitScope {
+ public:
+  explicit UnitScope(const torch::nn::Module& unit);
+  ~UnitScope();
+  UnitScope(const UnitScope&) = delete;
+  UnitScope& operator=(const UnitScope&) = delete;
+
+  torch::Tensor output(torch::Tensor out);
+
+ private:
+  FullyShardedModel* owner_ = nullptr;
+  size_t unit_ = 0;
+  bool has_output_ = false;
+};
+
+// out = fn() with `unit`'s parameters gathered: the one line a model's
+// forward needs per unit call, e.g.
+//   for (auto& layer : *layers_) h = fsdp::run_unit(*layer, [&] { return layer->as<Block>()->forward(h); });
+template <class Fn>
+torch::Tensor run_unit(const torch::nn::Module& unit, Fn&& fn) {
+  UnitScope scope(unit);
+  return scope.output(fn());
+}
+
 class FullyShardedModel {
  public:
-  // REQUIRES: every rank passes an identically initialised model and the same
-  // mesh (axes {replicate, shard}). Takes over the model's parameters.
-  FullyShardedModel(std::shared_ptr<models::LayeredModelImpl> model,
-                    std::shared_ptr<dtensor::DeviceMesh> mesh, ParallelOptions options);
+  // REQUIRES: every rank passes an identically initialised module and the
+  // same mesh (axes {replicate, shard}) and units. Takes over the module's
+  // parameters (their storage is freed until gathered). Throws
+  // std::invalid_argument naming the unit or parameter when a unit name is
+  // unknown, units nest, or a parameter cannot be sharded (0-d, or a view).
+  FullyShardedModel(std::shared_ptr<torch::nn::Module> module,
+                    std::shared_ptr<dtensor::DeviceMesh> mesh, ParallelOptions options,
+                    std::vector<std::string> units = {});
   ~FullyShardedModel();
+  FullyShardedModel(const FullyShardedModel&) = delete;
+  FullyShardedModel& operator=(const FullyShardedModel&) = delete;
 
-  // Forward of the whole model with per-unit gather/free. Under
-  // torch::NoGradGuard the parameters are freed again before returning.
-  torch::Tensor forward(const torch::Tensor& tokens);
+  // Runs fn() -- the model's forward, and the loss if the caller likes --
+  // with the root unit gathered; the units gather themselves through
+  // run_unit. In training (grad mode on) the root stays gathered until
+  // finish_backward(); under torch::NoGradGuard everything is freed before
+  // returning. A parameter of a unit used outside its run_unit fails with an
+  // error naming the unit.
+  template <class Fn>
+  auto forward(Fn&& fn) -> decltype(fn()) {
+    begin_forward();
+    try {
+      auto out = fn();
+      end_forward();
+      return out;
+    } catch (const c10::Error& e) {
+      abort_forward();
+      rethrow_forward_error(e);
+    } catch (...) {
+      abort_forward();
+      throw;
+    }
+  }
 
   // After loss.backward(): checks that every unit reduced its gradients (a
   // unit whose parameters got no gradient is reduced with zeros, on every
@@ -71,14 +165,21 @@ class FullyShardedModel {
   void finish_backward();
 
   // The tensors the optimizer owns, in parameter order: local shards (FSDP,
-  // HSDP) or the module parameters themselves (DDP).
+  // HSDP) or the module parameters themselves (DDP). Frozen parameters are
+  // included, with requires_grad false.
   std::vector<torch::Tensor> local_params() const;
-  // Parameter names (the model's named_parameters order) and their DTensors.
+  // Parameter names (the module's named_parameters order, tied parameters
+  // once) and their DTensors.
   std::vector<std::string> param_names() const;
   dtensor::DTensor param_dtensor(size_t index) const;
+  bool param_trainable(size_t index) const;  // requires_grad
   // A DTensor with the same layout as parameter `index` around `local`
   // (e.g. an optimizer moment of that parameter).
   dtensor::DTensor like_param(size_t index, torch::Tensor local) const;
+  // The module's buffers (named_buffers order): whole, replicated tensors.
+  std::vector<std::pair<std::string, torch::Tensor>> buffers() const;
+  // The units, root first ("root", then the names given).
+  std::vector<std::string> unit_names() const;
 
   // L2 norm of all gradients across all shards (replicas counted once).
   double grad_norm();
@@ -90,26 +191,40 @@ class FullyShardedModel {
   const MemoryStats& memory_stats() const { return stats_; }
   void reset_peak_memory();
   dtensor::DeviceMesh& mesh() { return *mesh_; }
-  models::LayeredModelImpl& model() { return *model_; }
+  torch::nn::Module& module() { return *module_; }
+  const ParallelOptions& options() const { return options_; }
 
   struct Unit;  // one FSDP unit; defined in fully_shard.cpp
 
  private:
+  friend class UnitScope;
+  void begin_forward();
+  void end_forward();
+  void abort_forward();
+  [[noreturn]] void rethrow_forward_error(const c10::Error& e);
+  void broadcast_buffers();
   void gather(Unit& unit);
   void release(Unit& unit);
   void reduce_grads(Unit& unit);
   void on_grad_accumulated(Unit& unit);
 
-  std::shared_ptr<models::LayeredModelImpl> model_;
+  std::shared_ptr<torch::nn::Module> module_;
   std::shared_ptr<dtensor::DeviceMesh> mesh_;
   ParallelOptions options_;
   int shard_axis_ = 1;
   int replicate_axis_ = 0;
   std::vector<std::unique_ptr<Unit>> units_;  // units_[0] is the root
   std::vector<std::pair<Unit*, size_t>> param_index_;  // model parameter order -> (unit, slot)
+  std::vector<std::pair<std::string, torch::Tensor>> buffers_;
   MemoryStats stats_;
   int64_t live_bytes_ = 0;
 };
+
+// fully_shard(module, mesh, options, units): the FSDP2 spelling.
+std::unique_ptr<FullyShardedModel> fully_shard(std::shared_ptr<torch::nn::Module> module,
+                                               std::shared_ptr<dtensor::DeviceMesh> mesh,
+                                               ParallelOptions options = {},
+                                               std::vector<std::string> units = {});
 
 // The {replicate, shard} mesh for `world` ranks from parallel.replicate and
 // parallel.shard (-1 = the rest). Throws std::invalid_argument naming the keys

@@ -13,6 +13,9 @@ struct ParallelOptions {
   // Free each unit's gathered parameters after its forward and gather them
   // again for its backward (less memory, one more all-gather per unit).
   bool reshard_after_forward = true;
+  // Training forwards broadcast the module's buffers (e.g. BatchNorm running
+  // statistics) from the mesh's first rank, as DDP does. Not a config key.
+  bool broadcast_buffers = true;
 };
 
 }  // namespace framework::fsdp

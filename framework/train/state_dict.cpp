@@ -7,15 +7,18 @@
 
 namespace framework::train {
 
-namespace {
-
 std::vector<uint8_t> int64_bytes(int64_t v) {
   std::vector<uint8_t> b(8);
   checkpoint::store_le(b.data(), static_cast<uint64_t>(v), 8);
   return b;
 }
 
-}  // namespace
+int64_t bytes_int64(const std::vector<uint8_t>& b, const std::string& what) {
+  if (b.size() != 8) {
+    throw std::runtime_error(what + ": expected 8 bytes, got " + std::to_string(b.size()));
+  }
+  return static_cast<int64_t>(checkpoint::load_le(b.data(), 8));
+}
 
 checkpoint::StateDict get_state_dict(fsdp::FullyShardedModel& model,
                                      optim::ShardedAdamW* optimizer, const StateDictNames& names) {
@@ -24,7 +27,7 @@ checkpoint::StateDict get_state_dict(fsdp::FullyShardedModel& model,
   for (size_t i = 0; i < params.size(); ++i) {
     const dtensor::DTensor p = model.param_dtensor(i);
     sd.add_tensor(names.model_prefix + params[i], p.local(), p.global_shape(), p.local_offsets());
-    if (optimizer == nullptr) continue;
+    if (optimizer == nullptr || !model.param_trainable(i)) continue;
     const optim::AdamWParamState st = optimizer->state(i);
     const std::string base = names.optim_prefix + params[i];
     sd.add_tensor(base + ".exp_avg", st.exp_avg.local(), st.exp_avg.global_shape(),
@@ -33,6 +36,11 @@ checkpoint::StateDict get_state_dict(fsdp::FullyShardedModel& model,
                   st.exp_avg_sq.local_offsets());
     sd.add_bytes(base + ".step", int64_bytes(st.step));
   }
+  // Buffers are whole on every rank (the same values: broadcast in training),
+  // so the checkpoint writes each once.
+  for (const auto& [name, buffer] : model.buffers()) {
+    if (buffer.defined()) sd.add_tensor(names.model_prefix + name, buffer);
+  }
   return sd;
 }
 
@@ -40,14 +48,11 @@ void set_optimizer_state(checkpoint::StateDict& sd, fsdp::FullyShardedModel& mod
                          optim::ShardedAdamW& optimizer, const StateDictNames& names) {
   const std::vector<std::string> params = model.param_names();
   for (size_t i = 0; i < params.size(); ++i) {
+    if (!model.param_trainable(i)) continue;  // frozen: no optimizer state
     const std::string base = names.optim_prefix + params[i];
     const checkpoint::BytesEntry* step = sd.find_bytes(base + ".step");
     if (step == nullptr) throw std::runtime_error("state dict: no item " + base + ".step");
-    if (step->data.size() != 8) {
-      throw std::runtime_error("state dict: " + base + ".step: expected 8 bytes, got " +
-                               std::to_string(step->data.size()));
-    }
-    const auto count = static_cast<int64_t>(checkpoint::load_le(step->data.data(), 8));
+    const int64_t count = bytes_int64(step->data, "state dict: " + base + ".step");
     if (count <= 0) continue;  // never updated: nothing to hand over
     const checkpoint::TensorEntry* m = sd.find_tensor(base + ".exp_avg");
     const checkpoint::TensorEntry* v = sd.find_tensor(base + ".exp_avg_sq");

@@ -7,6 +7,8 @@
 //
 // Items (this rank's shards, global shapes and offsets from the layout):
 //   <model_prefix><name>                 parameter (e.g. "model.blocks.0.attn.qkv.weight")
+//   <model_prefix><buffer name>          buffer, whole (e.g. "model.bn.running_mean")
+// and for each trainable (requires_grad) parameter:
 //   <optim_prefix><name>.exp_avg         AdamW first moment, sharded like the parameter
 //   <optim_prefix><name>.exp_avg_sq      second moment
 //   <optim_prefix><name>.step            update count (8-byte little-endian bytes item)
@@ -20,7 +22,9 @@
 #include "framework/fsdp/fully_shard.h"
 #include "framework/optim/sharded_adamw.h"
 
+#include <cstdint>
 #include <string>
+#include <vector>
 
 namespace framework::train {
 
@@ -40,5 +44,11 @@ checkpoint::StateDict get_state_dict(fsdp::FullyShardedModel& model,
 // std::runtime_error naming the item when one is missing or malformed.
 void set_optimizer_state(checkpoint::StateDict& sd, fsdp::FullyShardedModel& model,
                          optim::ShardedAdamW& optimizer, const StateDictNames& names = {});
+
+// An int64 as the 8-byte little-endian bytes item the state dict uses
+// (optimizer steps, train.step), and back: throws std::runtime_error naming
+// `what` when the item is not 8 bytes.
+std::vector<uint8_t> int64_bytes(int64_t v);
+int64_t bytes_int64(const std::vector<uint8_t>& bytes, const std::string& what);
 
 }  // namespace framework::train

@@ -62,7 +62,8 @@ struct Trainer::State {
   torch::Device device{torch::kCPU};  // where the model, optimizer and batches live
   std::vector<int64_t> mesh_shape;
   std::shared_ptr<dtensor::DeviceMesh> mesh;
-  std::shared_ptr<models::LayeredModelImpl> model;
+  UserModel user;          // the model, units, loss and data (built-in: from the config)
+  bool builtin_model = true;  // model and data from the config's sections
   std::unique_ptr<fsdp::FullyShardedModel> fsdp;
   std::unique_ptr<optim::ShardedAdamW> optim;
   std::shared_ptr<data::Dataset> dataset;
@@ -79,8 +80,10 @@ struct Trainer::State {
   std::string layout;                        // "fsdp replicate=1 shard=2"
   int64_t saves_failed = 0;                  // this run, kept going by on_error: warn
   std::optional<checkpoint::CheckpointEvent> last_save;
+  std::optional<RunSpan> span;  // of the run() (or run_step() calls) in progress
 
-  void build_model();
+  void build_builtin_model();
+  void shard_model();
   void load_initial_weights();
   void open_metrics();
   void log_skipped_checkpoints(const std::vector<checkpoint::SkippedCheckpoint>& skipped);
@@ -92,6 +95,7 @@ struct Trainer::State {
   void log_checkpoint_events();
 
   int64_t last_step() const;
+  int64_t param_count() const;  // elements of all parameters, unsharded
   LocalLoss forward_next_batch();
   double finish_gradients();
   double apply_optimizer_step(int64_t to_step);
@@ -142,17 +146,6 @@ double peak_rss_mib() {
     if (line.rfind("VmHWM:", 0) == 0) return std::strtod(line.c_str() + 6, nullptr) / 1024.0;
   }
   return 0;
-}
-
-std::vector<uint8_t> int64_bytes(int64_t v) {
-  std::vector<uint8_t> b(8);
-  checkpoint::store_le(b.data(), static_cast<uint64_t>(v), 8);
-  return b;
-}
-
-int64_t bytes_int64(const std::vector<uint8_t>& b, const std::string& what) {
-  if (b.size() != 8) throw std::runtime_error(what + ": expected 8 bytes, got " + std::to_string(b.size()));
-  return static_cast<int64_t>(checkpoint::load_le(b.data(), 8));
 }
 
 // The step's one all-reduce, a sum over ranks. Packed into a double tensor
@@ -258,9 +251,11 @@ void Trainer::State::log_checkpoint_events() {
   }
 }
 
-// Every rank builds the same full model from the same seed, then keeps its
-// shards: results do not depend on the world size. REQUIRES: mesh.
-void Trainer::State::build_model() {
+// The config's model and data sections as a UserModel: every rank builds
+// the same full model from the same seed, each block one FSDP unit, with
+// the token cross-entropy as its loss.
+void Trainer::State::build_builtin_model() {
+  std::shared_ptr<models::LayeredModelImpl> model;
   {
     // LibTorch's init functions draw from the process-wide generator; ranks
     // that share a process (tests) must not interleave here.
@@ -269,14 +264,33 @@ void Trainer::State::build_model() {
     torch::manual_seed(static_cast<uint64_t>(cfg.run.seed));
     model = models::make_model(cfg.model);
   }
-  // The model is initialised on the CPU from the seed either way, so a CUDA
-  // run starts from the same weights as a CPU run, then moves to the GPU.
+  user.module = model;
+  user.units = fsdp::children_of(*model, "blocks");
+  user.loss = [model](const torch::Tensor& inputs, const torch::Tensor& targets) {
+    torch::Tensor logits = model->forward(inputs);
+    const int64_t vocab = logits.size(-1);
+    torch::Tensor sum = torch::nn::functional::cross_entropy(
+        logits.reshape({-1, vocab}), targets.reshape({-1}),
+        torch::nn::functional::CrossEntropyFuncOptions()
+            .ignore_index(data::kIgnoreIndex)
+            .reduction(torch::kSum));
+    return LossSum{sum, (targets != data::kIgnoreIndex).sum()};
+  };
+  user.dataset = data::make_dataset(cfg.data, cfg.model, static_cast<uint64_t>(cfg.run.seed));
+  user.description = cfg.model.kind;
+}
+
+// Each rank keeps its shards of the same full model: results do not depend
+// on the world size. REQUIRES: mesh, user.module.
+void Trainer::State::shard_model() {
+  // The model is initialised on the CPU either way, so a CUDA run starts
+  // from the same weights as a CPU run, then moves to the GPU.
   device = rt.device;
   if (device.is_cuda()) {
     dist::use_deterministic_cuda();  // bit-exact resume needs reproducible kernels
-    model->to(device);
+    user.module->to(device);
   }
-  fsdp = std::make_unique<fsdp::FullyShardedModel>(model, mesh, cfg.parallel);
+  fsdp = std::make_unique<fsdp::FullyShardedModel>(user.module, mesh, cfg.parallel, user.units);
   optim = std::make_unique<optim::ShardedAdamW>(*fsdp, cfg.optim, cfg.train.steps);
 }
 
@@ -324,11 +338,13 @@ void Trainer::State::print_banner(const std::optional<std::string>& resume_from,
             << " shard=" << mesh_shape[1] << ", groups train=" << rt.train->backend_name()
             << " ckpt=" << rt.checkpoint->backend_name() << ", device " << device.str()
             << ", LibTorch " << dist::torch_version() << "\n"
-            << "shardkit: model " << cfg.model.kind << " " << st.full_param_bytes / 4
-            << " params, " << st.sharded_param_bytes / 4 << " on this rank; data "
-            << dataset->describe() << std::endl;
-  std::cout << "shardkit: memory estimate per rank "
-            << describe(estimate_memory(cfg, rt.env.world_size)) << std::endl;
+            << "shardkit: model " << user.description << " " << param_count() << " params, "
+            << fsdp->unit_names().size() << " units, " << std::fixed << std::setprecision(2)
+            << st.sharded_param_bytes / 1048576.0 << std::defaultfloat << " MiB on this rank; data " << dataset->describe() << std::endl;
+  if (builtin_model) {
+    std::cout << "shardkit: memory estimate per rank "
+              << describe(estimate_memory(cfg, rt.env.world_size)) << std::endl;
+  }
   if (!resume_from && !cfg.model.init_from.empty()) {
     std::cout << "shardkit: model initialised from " << cfg.model.init_from << std::endl;
   }
@@ -346,9 +362,20 @@ std::atomic<int>& Trainer::stop_signal() {
 }
 
 Trainer::Trainer(const config::Config& config, dist::Runtime& runtime, TrainerHooks hooks)
+    : Trainer(config, runtime, UserModel{}, std::move(hooks)) {}
+
+Trainer::Trainer(const config::Config& config, dist::Runtime& runtime, UserModel model,
+                 TrainerHooks hooks)
     : s_(std::make_unique<State>(config, runtime)) {
   State& s = *s_;
   s.hooks = std::move(hooks);
+  s.builtin_model = !model.module;
+  if (!s.builtin_model) {
+    if (!model.loss || !model.dataset) {
+      throw std::invalid_argument("Trainer: a UserModel needs its loss and dataset set");
+    }
+    s.user = std::move(model);
+  }
   s.save_mode = checkpoint::parse_save_mode(s.cfg.checkpoint.mode);
   s.when_busy = checkpoint::parse_when_busy(s.cfg.checkpoint.when_busy);
   const int world = runtime.env.world_size;
@@ -357,9 +384,9 @@ Trainer::Trainer(const config::Config& config, dist::Runtime& runtime, TrainerHo
   s.mesh_shape = fsdp::mesh_shape_for(s.cfg.parallel, world);
   s.mesh = dtensor::DeviceMesh::create(*runtime.rendezvous, s.mesh_shape, {"replicate", "shard"});
 
-  s.build_model();
-
-  s.dataset = data::make_dataset(s.cfg.data, s.cfg.model, static_cast<uint64_t>(s.cfg.run.seed));
+  if (s.builtin_model) s.build_builtin_model();
+  s.shard_model();
+  s.dataset = s.user.dataset;
   s.loader = std::make_unique<data::DataLoader>(s.dataset, s.cfg.train.global_batch_size,
                                                 static_cast<uint64_t>(s.cfg.run.seed), rank, world);
 
@@ -409,6 +436,17 @@ fsdp::FullyShardedModel& Trainer::model() { return *s_->fsdp; }
 optim::ShardedAdamW& Trainer::optimizer() { return *s_->optim; }
 const std::vector<StepRecord>& Trainer::history() const { return s_->history; }
 
+int64_t Trainer::State::param_count() const {
+  int64_t params = 0;
+  for (size_t i = 0; i < fsdp->param_names().size(); ++i) {
+    const dtensor::DTensor p = fsdp->param_dtensor(i);
+    int64_t n = 1;
+    for (int64_t d : p.global_shape()) n *= d;
+    params += n;
+  }
+  return params;
+}
+
 int64_t Trainer::State::last_step() const {
   const auto& tc = cfg.train;
   return tc.stop_at > 0 ? std::min(tc.stop_at, tc.steps) : tc.steps;
@@ -418,12 +456,8 @@ LocalLoss Trainer::State::forward_next_batch() {
   auto [host_inputs, host_targets] = loader->next();
   torch::Tensor inputs = host_inputs.to(device);
   torch::Tensor targets = host_targets.to(device);
-  torch::Tensor logits = fsdp->forward(inputs);
-  const int64_t vocab = logits.size(-1);
-  torch::Tensor loss_sum = torch::nn::functional::cross_entropy(
-      logits.reshape({-1, vocab}), targets.reshape({-1}),
-      torch::nn::functional::CrossEntropyFuncOptions().ignore_index(-100).reduction(torch::kSum));
-  return {loss_sum, (targets != -100).sum()};
+  const LossSum loss = fsdp->forward([&] { return user.loss(inputs, targets); });
+  return {loss.sum, loss.count};
 }
 
 // After backward: FSDP's last reduce-scatters, then clipping by the global
@@ -550,7 +584,6 @@ void Trainer::State::log_eval(const EvalRecord& rec) {
 // tells a fresh run from a resume and knows the world and layout of each.
 void Trainer::State::write_start_record(const std::optional<std::string>& resume_from,
                                         const checkpoint::LoadStats& resumed) {
-  const auto& st = fsdp->memory_stats();
   nlohmann::json j = {{"event", "start"},
                       {"time", utc_timestamp()},
                       {"step", step},
@@ -558,8 +591,10 @@ void Trainer::State::write_start_record(const std::optional<std::string>& resume
                       {"world", rt.env.world_size},
                       {"layout", layout},
                       {"device", device.str()},
-                      {"params", st.full_param_bytes / 4},
-                      {"memory_estimate_mib", estimate_memory(cfg, rt.env.world_size).total() / 1048576.0},
+                      {"params", param_count()},
+                      {"memory_estimate_mib",
+                       builtin_model ? nlohmann::json(estimate_memory(cfg, rt.env.world_size).total() / 1048576.0)
+                                     : nlohmann::json()},
                       {"libtorch", dist::torch_version()}};
   if (resume_from) {
     j["resumed_step"] = resumed.step;
@@ -591,7 +626,7 @@ EvalRecord Trainer::evaluate() {
   const int rank = s.rt.env.rank;
   const int64_t batch = s.cfg.train.global_batch_size;
   const int64_t local = batch / world;
-  const int64_t seq_len = s.dataset->seq_len();
+  const auto pad = s.dataset->eval_sample(0);  // shapes and dtypes of a sample
   torch::NoGradGuard no_grad;
   torch::Tensor loss_sum = torch::zeros({}, torch::TensorOptions(torch::kDouble).device(s.device));
   torch::Tensor tokens = torch::zeros({}, torch::TensorOptions(torch::kDouble).device(s.device));
@@ -605,21 +640,15 @@ EvalRecord Trainer::evaluate() {
         inputs.push_back(in);
         targets.push_back(tgt);
       } else {  // padding: every rank runs the same number of forwards
-        inputs.push_back(torch::zeros({seq_len}, torch::kLong));
-        targets.push_back(torch::full({seq_len}, data::kIgnoreIndex, torch::kLong));
+        inputs.push_back(torch::zeros_like(pad.first));
+        targets.push_back(torch::full_like(pad.second, data::kIgnoreIndex));
       }
     }
     torch::Tensor in = torch::stack(inputs).to(s.device);
     torch::Tensor tgt = torch::stack(targets).to(s.device);
-    torch::Tensor logits = s.fsdp->forward(in);
-    const int64_t vocab = logits.size(-1);
-    loss_sum += torch::nn::functional::cross_entropy(
-                    logits.reshape({-1, vocab}), tgt.reshape({-1}),
-                    torch::nn::functional::CrossEntropyFuncOptions()
-                        .ignore_index(data::kIgnoreIndex)
-                        .reduction(torch::kSum))
-                    .to(torch::kDouble);
-    tokens += (tgt != data::kIgnoreIndex).sum().to(torch::kDouble);
+    const LossSum loss = s.fsdp->forward([&] { return s.user.loss(in, tgt); });
+    loss_sum += loss.sum.to(torch::kDouble);
+    tokens += loss.count.to(torch::kDouble);
   }
   torch::Tensor both = torch::stack({loss_sum, tokens});
   s.rt.train->all_reduce(both);
@@ -667,22 +696,30 @@ void Trainer::State::finish_checkpoints() {
   log_checkpoint_events();
 }
 
+StepRecord Trainer::run_step() {
+  State& s = *s_;
+  if (!s.span) s.span = RunSpan{s.step + 1, s.last_step(), Clock::now()};
+  StepRecord rec = train_step();
+  s.log_step(rec, *s.span);
+  s.checkpoint_if_due(rec, s.span->last_step);
+  s.history.back() = rec;  // now with the checkpoint outcome
+  s.log_checkpoint_events();
+  const int64_t every = s.cfg.train.eval_every;
+  if (every > 0 && (s.step % every == 0 || s.step == s.cfg.train.steps)) {
+    s.log_eval(evaluate());
+  }
+  return rec;
+}
+
 int Trainer::run() {
   State& s = *s_;
-  const RunSpan span{s.step + 1, s.last_step(), Clock::now()};
+  s.span = RunSpan{s.step + 1, s.last_step(), Clock::now()};
+  const RunSpan span = *s.span;
   bool stopped_by_signal = false;
   while (s.step < span.last_step && !stopped_by_signal) {
-    StepRecord rec = train_step();
-    s.log_step(rec, span);
-    s.checkpoint_if_due(rec, span.last_step);
-    s.history.back() = rec;  // now with the checkpoint outcome
-    s.log_checkpoint_events();
-    stopped_by_signal = rec.stop_requested;
-    const int64_t every = s.cfg.train.eval_every;
-    if (every > 0 && (s.step % every == 0 || s.step == s.cfg.train.steps)) {
-      s.log_eval(evaluate());
-    }
+    stopped_by_signal = run_step().stop_requested;
   }
+  s.span.reset();
   s.finish_checkpoints();
   // on_error: warn kept training past failed saves; a run whose last save
   // failed has not saved where it ended, and says so in its status.

@@ -3,7 +3,13 @@
 // optimizer, data, metrics and checkpoints.
 //
 // Call sequence (all ranks): Trainer(config, runtime); run(). Or, to drive
-// the loop yourself: Trainer(config, runtime); train_step() once per step.
+// the loop yourself: Trainer(config, runtime); run_step() (or train_step())
+// once per step.
+//
+// Your own model: Trainer(config, runtime, UserModel{module, units, loss,
+// dataset}) trains any torch::nn::Module with the config's train, optim,
+// parallel, checkpoint, run and dist sections; its model and data sections
+// are not used (model.init_from still is). See examples/fsdp_custom_model.
 #include "framework/config/config.h"
 #include "checkpoint/async/manager.h"
 #include "checkpoint/storage/storage.h"
@@ -18,6 +24,9 @@
 
 namespace framework::fsdp {
 class FullyShardedModel;
+}
+namespace framework::data {
+class Dataset;
 }
 namespace framework::optim {
 class ShardedAdamW;
@@ -55,6 +64,33 @@ struct EvalRecord {
   double seconds = 0;    // this rank
 };
 
+// This rank's loss on its slice of a batch: summed over its items (tokens,
+// samples), and how many items count. The trainer divides by the global
+// count, which makes training independent of the world size.
+struct LossSum {
+  torch::Tensor sum;    // 0-d, differentiable
+  torch::Tensor count;  // 0-d, any dtype
+};
+
+// A model that the caller brings instead of the config's model section.
+struct UserModel {
+  // Built identically on every rank (same seed), on the CPU; the trainer
+  // moves it to the run's device and shards it.
+  std::shared_ptr<torch::nn::Module> module;
+  // Its FSDP units (fsdp::children_of, fsdp::modules_where); their calls in
+  // the module's forward go through fsdp::run_unit. Empty: one root unit.
+  std::vector<std::string> units;
+  // The loss of a local batch (inputs, targets as the loader stacks the
+  // dataset's samples, on the run's device). It calls the module's forward;
+  // the trainer runs it inside FullyShardedModel::forward. Targets of eval
+  // padding are data::kIgnoreIndex and must not count.
+  std::function<LossSum(const torch::Tensor& inputs, const torch::Tensor& targets)> loss;
+  // Samples (inputs, targets) by global index: data::Dataset.
+  std::shared_ptr<data::Dataset> dataset;
+  // Shown in the banner, e.g. "llama 4 layers".
+  std::string description = "custom";
+};
+
 // What the caller of a Trainer may plug in besides the config.
 struct TrainerHooks {
   // Where checkpoints are read and written; null: the POSIX file system.
@@ -70,6 +106,10 @@ class Trainer {
   // REQUIRES: runtime outlives the trainer; every rank constructs it with the
   // same config.
   Trainer(const config::Config& config, dist::Runtime& runtime, TrainerHooks hooks = {});
+  // Trains `model` instead of the config's model and data sections.
+  // REQUIRES: model.module, model.loss and model.dataset set.
+  Trainer(const config::Config& config, dist::Runtime& runtime, UserModel model,
+          TrainerHooks hooks = {});
   ~Trainer();
 
   // Trains from the current step to train.steps (or train.stop_at): a loop
@@ -78,6 +118,13 @@ class Trainer {
   // one, and commits the last save before it returns. Returns the process
   // exit status: 0, or kExitPreempted after a stop signal.
   int run();
+
+  // (all ranks) One step of run(): train_step(), then the log line and
+  // metrics record (when due), the checkpoint policy (a save when due, or
+  // after a stop signal) and the validation pass (when due). Returns the
+  // step's record with the checkpoint outcome. run() is a loop over it.
+  // REQUIRES: step() < train.steps.
+  StepRecord run_step();
 
   // (all ranks) One training step, step() + 1: forward on the next batch,
   // one all-reduce of the loss, token count and stop/busy flags, backward

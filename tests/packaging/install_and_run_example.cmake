@@ -4,11 +4,10 @@
 #   1. cmake --install BUILD_DIR --prefix WORK_DIR/prefix
 #   2. the exported targets name neither the source nor the build tree nor
 #      the internal PCH target
-#   3. configure examples/checkpoint_basic with CMAKE_PREFIX_PATH=prefix only
-#      (warnings are errors), build it, run `checkpoint_basic --nproc 2`
-#   4. expect "checkpoint_basic: OK"
-#   5. the same for examples/train_basic with find_package(Shardkit): expect
-#      "train_basic: OK"
+#   3. for each example (checkpoint_basic with find_package(ShardkitCheckpoint);
+#      train_basic, fsdp_custom_model and ddp_cnn with find_package(Shardkit)):
+#      configure it with CMAKE_PREFIX_PATH=prefix only (warnings are errors),
+#      build it, run `<example> --nproc 2`, expect "<example>: OK"
 cmake_minimum_required(VERSION 3.18)
 
 foreach(var BUILD_DIR SOURCE_ROOT WORK_DIR GENERATOR CXX_COMPILER)
@@ -21,7 +20,6 @@ if("${BUILD_TYPE}" STREQUAL "")
 endif()
 
 set(prefix ${WORK_DIR}/prefix)
-set(example_build ${WORK_DIR}/example-build)
 file(REMOVE_RECURSE ${WORK_DIR})
 file(MAKE_DIRECTORY ${WORK_DIR})
 
@@ -52,49 +50,38 @@ foreach(f ${targets_files})
   endforeach()
 endforeach()
 
-run_step("configure the example" ${CMAKE_COMMAND}
-  -S ${SOURCE_ROOT}/examples/checkpoint_basic -B ${example_build}
-  -G ${GENERATOR}
-  -DCMAKE_CXX_COMPILER=${CXX_COMPILER}
-  -DCMAKE_BUILD_TYPE=${BUILD_TYPE}
-  -DCMAKE_PREFIX_PATH=${prefix}
-  -DCMAKE_FIND_PACKAGE_NO_PACKAGE_REGISTRY=ON
-  -DCMAKE_COMPILE_WARNING_AS_ERROR=ON)
+# Configures examples/<name> against the prefix alone (warnings are errors),
+# checks that <package> came from the prefix, builds it, runs it on 2 ranks
+# and expects "<name>: OK".
+function(build_and_run_example name package)
+  set(build ${WORK_DIR}/${name}-build)
+  run_step("configure examples/${name}" ${CMAKE_COMMAND}
+    -S ${SOURCE_ROOT}/examples/${name} -B ${build}
+    -G ${GENERATOR}
+    -DCMAKE_CXX_COMPILER=${CXX_COMPILER}
+    -DCMAKE_BUILD_TYPE=${BUILD_TYPE}
+    -DCMAKE_PREFIX_PATH=${prefix}
+    -DCMAKE_FIND_PACKAGE_NO_PACKAGE_REGISTRY=ON
+    -DCMAKE_COMPILE_WARNING_AS_ERROR=ON)
+  # The package must come from the prefix, not from anywhere else.
+  file(STRINGS ${build}/CMakeCache.txt found_dir REGEX "^${package}_DIR:")
+  string(FIND "${found_dir}" "=${prefix}/" at)
+  if(at EQUAL -1)
+    message(FATAL_ERROR "packaging: ${name} found ${package} outside ${prefix}: ${found_dir}")
+  endif()
+  run_step("build examples/${name}" ${CMAKE_COMMAND} --build ${build} -j2)
+  run_step("run examples/${name} on 2 ranks" ${build}/${name} --nproc 2)
+  message("${step_output}")
+  if(NOT step_output MATCHES "${name}: OK")
+    message(FATAL_ERROR "packaging: examples/${name} did not print '${name}: OK'")
+  endif()
+endfunction()
 
-# The package must come from the prefix, not from anywhere else.
-file(STRINGS ${example_build}/CMakeCache.txt found_dir REGEX "^ShardkitCheckpoint_DIR:")
-string(FIND "${found_dir}" "=${prefix}/" at)
-if(at EQUAL -1)
-  message(FATAL_ERROR "packaging: the example found ShardkitCheckpoint outside ${prefix}: ${found_dir}")
-endif()
-
-run_step("build the example" ${CMAKE_COMMAND} --build ${example_build} -j2)
-
-run_step("run the example on 2 ranks" ${example_build}/checkpoint_basic --nproc 2)
-message("${step_output}")
-if(NOT step_output MATCHES "checkpoint_basic: OK")
-  message(FATAL_ERROR "packaging: the example did not print 'checkpoint_basic: OK'")
-endif()
-
-# 5. The framework package (Shardkit) from the same prefix: the trainer as a
-#    library, examples/train_basic, trained, evaluated, resumed on 2 ranks.
-set(train_build ${WORK_DIR}/train-basic-build)
-run_step("configure examples/train_basic" ${CMAKE_COMMAND}
-  -S ${SOURCE_ROOT}/examples/train_basic -B ${train_build}
-  -G ${GENERATOR}
-  -DCMAKE_CXX_COMPILER=${CXX_COMPILER}
-  -DCMAKE_BUILD_TYPE=${BUILD_TYPE}
-  -DCMAKE_PREFIX_PATH=${prefix}
-  -DCMAKE_FIND_PACKAGE_NO_PACKAGE_REGISTRY=ON
-  -DCMAKE_COMPILE_WARNING_AS_ERROR=ON)
-file(STRINGS ${train_build}/CMakeCache.txt found_dir REGEX "^Shardkit_DIR:")
-string(FIND "${found_dir}" "=${prefix}/" at)
-if(at EQUAL -1)
-  message(FATAL_ERROR "packaging: train_basic found Shardkit outside ${prefix}: ${found_dir}")
-endif()
-run_step("build examples/train_basic" ${CMAKE_COMMAND} --build ${train_build} -j2)
-run_step("run examples/train_basic on 2 ranks" ${train_build}/train_basic --nproc 2)
-message("${step_output}")
-if(NOT step_output MATCHES "train_basic: OK")
-  message(FATAL_ERROR "packaging: examples/train_basic did not print 'train_basic: OK'")
-endif()
+# The checkpoint library alone (package ShardkitCheckpoint).
+build_and_run_example(checkpoint_basic ShardkitCheckpoint)
+# The framework (package Shardkit): the trainer as a library on the built-in
+# model; your own LLaMA-style model with FSDP; a CNN with a frozen
+# BatchNorm stem with DDP. Each trains, checkpoints asynchronously, resumes.
+build_and_run_example(train_basic Shardkit)
+build_and_run_example(fsdp_custom_model Shardkit)
+build_and_run_example(ddp_cnn Shardkit)

@@ -1,6 +1,7 @@
 // Training results do not depend on the world size or the parallel mode:
 // FSDP, DDP and HSDP runs match a single-process run step by step.
 #include "framework/fsdp/fully_shard.h"
+#include "models/layered_model.h"
 #include "framework/train/trainer.h"
 #include "support/multi_rank.h"
 
@@ -151,10 +152,10 @@ TEST(GradientClipping, ClipsByTheTrueGlobalNormAcrossShards) {
     auto mesh = framework::dtensor::DeviceMesh::create(*rt.rendezvous, {1, 3}, {"replicate", "shard"});
     torch::manual_seed(3);
     auto model = models::make_model(cfg.model);
-    framework::fsdp::FullyShardedModel fsdp(model, mesh, cfg.parallel);
+    framework::fsdp::FullyShardedModel fsdp(model, mesh, cfg.parallel, framework::fsdp::children_of(*model, "blocks"));
     torch::manual_seed(11);
     auto tokens = torch::randint(0, cfg.model.vocab_size, {2, cfg.model.seq_len}, torch::kLong);
-    fsdp.forward(tokens).pow(2).mean().backward();
+    fsdp.forward([&] { return model->forward(tokens); }).pow(2).mean().backward();
     fsdp.finish_backward();
     double sq = 0;
     for (size_t i = 0; i < fsdp.local_params().size(); ++i) {
@@ -176,9 +177,9 @@ TEST(FsdpMemory, PeakParamsAndGradsAreShardsPlusRootPlusOneUnit) {
     auto mesh = framework::dtensor::DeviceMesh::create(*rt.rendezvous, {1, 4}, {"replicate", "shard"});
     torch::manual_seed(3);
     auto model = models::make_model(cfg.model);
-    framework::fsdp::FullyShardedModel fsdp(model, mesh, cfg.parallel);
+    framework::fsdp::FullyShardedModel fsdp(model, mesh, cfg.parallel, framework::fsdp::children_of(*model, "blocks"));
     auto tokens = torch::randint(0, cfg.model.vocab_size, {2, cfg.model.seq_len}, torch::kLong);
-    fsdp.forward(tokens).pow(2).mean().backward();
+    fsdp.forward([&] { return model->forward(tokens); }).pow(2).mean().backward();
     fsdp.finish_backward();
     const auto& st = fsdp.memory_stats();
     int64_t block_bytes = 0;
