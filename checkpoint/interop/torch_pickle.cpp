@@ -480,6 +480,20 @@ std::vector<PickledTensor> parse_tensor_dict_pickle(const uint8_t* data, size_t 
   return out;
 }
 
+PickledTensor parse_tensor_pickle(const uint8_t* data, size_t size, const std::string& source,
+                                  const std::string& name) {
+  Unpickler u(data, size, source);
+  const Obj& root = u.obj(u.run());
+  if (root.kind != Kind::kTensor) {
+    throw FormatError(source + ": holds a " + std::string(kind_name(root.kind)) +
+                      ", not a tensor");
+  }
+  PickledTensor t = root.tensor;
+  t.name = name;
+  check_tensor(t, source);
+  return t;
+}
+
 std::vector<uint8_t> write_tensor_dict_pickle(const std::vector<PickledTensor>& tensors) {
   std::vector<uint8_t> out;
   put_op(out, kProto);

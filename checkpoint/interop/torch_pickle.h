@@ -43,6 +43,12 @@ const char* storage_type_name(DType dtype);
 std::vector<PickledTensor> parse_tensor_dict_pickle(const uint8_t* data, size_t size,
                                                     const std::string& source);
 
+// Parses `data.pkl` of a torch.save file holding one tensor (what DCP writes
+// for each tensor chunk); the result is named `name`. Same checks and errors
+// as parse_tensor_dict_pickle.
+PickledTensor parse_tensor_pickle(const uint8_t* data, size_t size, const std::string& source,
+                                  const std::string& name);
+
 // Pickles a plain dict name -> tensor as torch.save does, in the given order.
 // `stride` and `storage_offset` of each entry are ignored: tensors are written
 // contiguous at offset 0 of their own storage of storage_numel elements.

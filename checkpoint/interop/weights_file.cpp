@@ -8,6 +8,7 @@
 
 #include "checkpoint/format/byte_order.h"
 #include "checkpoint/format/metadata.h"
+#include "checkpoint/interop/dcp.h"
 #include "checkpoint/plan/resharding.h"
 #include "checkpoint/interop/torch_pickle.h"
 #include "checkpoint/interop/zip_archive.h"
@@ -133,6 +134,15 @@ WeightsFile WeightsFile::open(const std::string& path, std::shared_ptr<Storage> 
   WeightsFile f;
   f.storage_ = storage ? std::move(storage) : posix_storage();
   f.path_ = path;
+  if (f.storage_->stat(path).type == FileType::kDirectory) {
+    if (!is_dcp_checkpoint(*f.storage_, path)) {
+      throw error_in(path, "a directory, but not a PyTorch DCP checkpoint (no pickled .metadata)");
+    }
+    f.format_ = "dcp";
+    f.open_dcp();
+    for (size_t i = 0; i < f.tensors_.size(); ++i) f.index_[f.tensors_[i].name] = i;
+    return f;
+  }
   const uint64_t size = f.storage_->file_size(path);
   uint8_t magic[4] = {0, 0, 0, 0};
   if (size >= sizeof magic) f.storage_->read_at(path, 0, magic, sizeof magic);
@@ -302,6 +312,28 @@ void WeightsFile::open_torch_zip() {
   }
 }
 
+void WeightsFile::open_dcp() {
+  const DcpMetadata meta = read_dcp_metadata(*storage_, path_);
+  for (const DcpTensorItem& item : meta.tensors) {
+    const std::string name = dcp_model_name(item.fqn);
+    if (name.empty()) continue;  // optimizer, scheduler, loader, train state
+    if (index_.count(name) != 0) {
+      throw error_in(path_, "both '" + item.fqn + "' and another key name the weight '" + name + "'");
+    }
+    WeightsTensorInfo info;
+    info.name = name;
+    info.dtype = item.dtype;
+    info.shape = item.shape;
+    info.nbytes = checked_nbytes(path_, item.fqn, item.shape, item.dtype);
+    for (const DcpChunk& c : item.chunks) {
+      info.chunks.push_back({c.box, path_ + "/" + c.location.file,
+                             dcp_chunk_data_offset(*storage_, path_, item, c)});
+    }
+    index_[name] = tensors_.size();
+    tensors_.push_back(std::move(info));
+  }
+}
+
 const WeightsTensorInfo* WeightsFile::find(const std::string& name) const {
   auto it = index_.find(name);
   return it == index_.end() ? nullptr : &tensors_[it->second];
@@ -321,6 +353,16 @@ void WeightsFile::read_box(const std::string& name, const Box& box, uint8_t* dst
                               shape_to_string(info->shape));
   }
   if (box.is_empty()) return;
+  if (!info->chunks.empty()) {  // DCP: from every chunk the box overlaps
+    for (const WeightsChunk& c : info->chunks) {
+      const std::optional<Box> overlap = intersect(c.box, box);
+      if (!overlap) continue;
+      for (const ByteRange& r : overlap_byte_ranges(c.box, box, *overlap, element_size(info->dtype))) {
+        storage_->read_at(c.file, c.data_offset + r.src_offset, dst + r.dst_offset, r.length);
+      }
+    }
+    return;
+  }
   for (const ByteRange& r : overlap_byte_ranges(whole, box, box, element_size(info->dtype))) {
     storage_->read_at(path_, info->data_offset + r.src_offset, dst + r.dst_offset, r.length);
   }

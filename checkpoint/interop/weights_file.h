@@ -27,10 +27,19 @@ namespace checkpoint {
 // Bound on the JSON header of a safetensors file.
 constexpr uint64_t kMaxSafetensorsHeaderBytes = uint64_t{100} << 20;
 
+// A DCP tensor's chunk: its box and where its row-major bytes are.
+struct WeightsChunk {
+  Box box;
+  std::string file;          // path
+  uint64_t data_offset = 0;  // absolute offset of the box's first element in `file`
+};
+
 struct WeightsTensorInfo {
   std::string name;
   DType dtype = DType::kFloat32;
   std::vector<int64_t> shape;
+  // DCP: the saved chunks (tiling the shape); data_offset is then unused.
+  std::vector<WeightsChunk> chunks;
   // Absolute offset in the file of the tensor's first element (for both
   // formats: inside the data section, or inside the storage's zip member);
   // the tensor's row-major bytes follow contiguously.
@@ -41,8 +50,11 @@ struct WeightsTensorInfo {
 class WeightsFile {
  public:
   // Opens and validates `path`: a zip archive (starts with "PK\3\4") is read
-  // as torch.save, anything else as safetensors. Only the header or the
-  // directory and data.pkl are read here. `storage` null: the POSIX file system.
+  // as torch.save, a directory holding a PyTorch DCP checkpoint (dcp.h) as
+  // its model weights (names as dcp_model_name gives them; every chunk's
+  // archive is checked here), anything else as safetensors. Only the header
+  // or the directory and data.pkl are read here. `storage` null: the POSIX
+  // file system.
   static WeightsFile open(const std::string& path, std::shared_ptr<Storage> storage = nullptr);
 
   // In file order (safetensors: by data offset; torch: dict order).
@@ -54,7 +66,7 @@ class WeightsFile {
   // ranges of the file. Throws FormatError for an unknown name or a box
   // outside the tensor. Thread-safe (reads only).
   void read_box(const std::string& name, const Box& box, uint8_t* dst) const;
-  // "safetensors" or "torch".
+  // "safetensors", "torch" or "dcp".
   const std::string& format() const { return format_; }
   const std::string& path() const { return path_; }
   // safetensors "__metadata__" (string values); empty for torch files.
@@ -64,6 +76,7 @@ class WeightsFile {
   WeightsFile() = default;
   void open_safetensors();
   void open_torch_zip();
+  void open_dcp();
 
   std::shared_ptr<Storage> storage_;
   std::string path_;

@@ -3,6 +3,7 @@
 #include "checkpoint/codec/chunk_reader.h"
 #include "checkpoint/codec/transforms.h"
 #include "checkpoint/format/metadata.h"
+#include "checkpoint/interop/dcp.h"
 #include "checkpoint/interop/weights_file.h"
 #include "checkpoint/load.h"
 #include "checkpoint/storage/checkpoint_dir.h"
@@ -116,13 +117,16 @@ void check_init_from(const config::Config& cfg) {
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0)
     fail("model.init_from: cannot open " + quoted(path) + ": " + std::strerror(errno));
-  if (!S_ISREG(st.st_mode))
+  const bool dcp = S_ISDIR(st.st_mode) && checkpoint::is_dcp_checkpoint(*checkpoint::posix_storage(), path);
+  if (!S_ISREG(st.st_mode) && !dcp)
     fail("model.init_from: " + quoted(path) +
-         " is not a file (a safetensors or torch.save file of full weights)");
+         " is not a file (a safetensors or torch.save file of full weights) nor a PyTorch DCP "
+         "checkpoint directory");
   if (::access(path.c_str(), R_OK) != 0)
     fail("model.init_from: cannot read " + quoted(path) + ": " + std::strerror(errno));
   try {
-    // Only its header (safetensors) or directory and index (torch.save).
+    // Only its header (safetensors), directory and index (torch.save), or
+    // metadata and archive directories (DCP).
     checkpoint::WeightsFile::open(path);
   } catch (const checkpoint::FormatError& e) {
     fail(std::string("model.init_from: ") + e.what());
@@ -174,6 +178,20 @@ std::string checkpoint_dir_of(const config::Config& cfg) {
   return cfg.checkpoint.dir.empty() ? cfg.run.dir + "/checkpoints" : cfg.checkpoint.dir;
 }
 
+}  // namespace
+
+ResumeSource resume_source(const config::Config& cfg) {
+  const std::string& resume = cfg.checkpoint.resume;
+  checkpoint::Storage& storage = *checkpoint::posix_storage();
+  if (resume == "auto" || resume == "never" || !checkpoint::is_dcp_checkpoint(storage, resume)) {
+    return ResumeSource::kConfig;
+  }
+  return checkpoint::latest_committed(storage, checkpoint_dir_of(cfg)) ? ResumeSource::kAutoAfterDcp
+                                                                       : ResumeSource::kDcp;
+}
+
+namespace {
+
 // The saved config of a committed checkpoint, or nullopt if it is damaged
 // (resume's fallback deals with that, loudly).
 std::optional<std::string> saved_config(const std::string& step_dir) {
@@ -217,7 +235,17 @@ void check_resume(const config::Config& cfg, PreflightReport& report) {
            "Resume them (checkpoint.resume: auto), choose another run.dir, or delete them");
     return;
   }
-  if (ck.resume == "auto") {
+  const ResumeSource source = resume_source(cfg);
+  if (source == ResumeSource::kDcp) {
+    try {  // PyTorch DCP: its metadata must read; it carries no config to compare
+      checkpoint::read_dcp_metadata(storage, ck.resume);
+    } catch (const std::exception& e) {
+      fail(std::string("checkpoint.resume: ") + e.what());
+    }
+    report.resume_from = ck.resume;
+    return;
+  }
+  if (ck.resume == "auto" || source == ResumeSource::kAutoAfterDcp) {
     auto entries = checkpoint::list_checkpoints(storage, dir);
     for (auto it = entries.rbegin(); it != entries.rend(); ++it)
       if (it->committed) candidates.push_back(it->path);

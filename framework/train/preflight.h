@@ -82,4 +82,15 @@ std::vector<std::string> resume_conflicts(const std::string& saved_yaml, const s
 std::vector<std::string> resume_changes(const std::string& saved_yaml, const std::string& source,
                                         const config::Config& cfg);
 
+// Where checkpoint.resume takes the run from. A PyTorch DCP directory is an
+// initial load, like torchtitan's initial_load_path: used while the run's
+// checkpoint directory holds no committed checkpoint; once it does, the run
+// resumes its own newest, as with "auto".
+enum class ResumeSource {
+  kConfig,        // auto, never, or a shardkit checkpoint path: as configured
+  kDcp,           // load the DCP directory checkpoint.resume names
+  kAutoAfterDcp,  // checkpoint.resume names a DCP directory, but the run has its own: auto
+};
+ResumeSource resume_source(const config::Config& cfg);
+
 }  // namespace framework::train

@@ -2,6 +2,7 @@
 #include "framework/train/preflight.h"
 #include "framework/train/state_dict.h"
 
+#include "checkpoint/interop/import_dcp.h"
 #include "checkpoint/interop/import_weights.h"
 #include "checkpoint/async/manager.h"
 #include "checkpoint/format/byte_order.h"
@@ -81,6 +82,7 @@ struct Trainer::State {
   int64_t saves_failed = 0;                  // this run, kept going by on_error: warn
   std::optional<checkpoint::CheckpointEvent> last_save;
   std::optional<RunSpan> span;  // of the run() (or run_step() calls) in progress
+  ResumeSource resume_source = ResumeSource::kConfig;
 
   void build_builtin_model();
   void shard_model();
@@ -91,6 +93,7 @@ struct Trainer::State {
                     const checkpoint::LoadStats& resumed);
   checkpoint::StateDict make_state_dict();
   void apply_loaded(checkpoint::StateDict& sd, bool model_only);
+  checkpoint::DcpLoadStats load_dcp(const std::string& dir);
   void save_checkpoint(int64_t step);
   void log_checkpoint_events();
 
@@ -215,6 +218,25 @@ void Trainer::State::apply_loaded(checkpoint::StateDict& sd, bool model_only) {
   auto gen = at::detail::getDefaultCPUGenerator();
   std::lock_guard<std::mutex> lock(gen.mutex());
   gen.set_state(t);
+}
+
+// checkpoint.resume naming a PyTorch DCP directory: every rank reads its
+// shards of the model and the AdamW moments and steps (import_dcp.h); the
+// training step is train_state.step or the AdamW step; the loader continues
+// at that step; the RNG state is not carried (DCP does not save LibTorch's).
+checkpoint::DcpLoadStats Trainer::State::load_dcp(const std::string& dir) {
+  checkpoint::StateDict sd = get_state_dict(*fsdp, optim.get());
+  checkpoint::DcpLoadOptions options;
+  options.storage = hooks.storage;
+  const checkpoint::DcpLoadStats st = checkpoint::load_dcp_into(sd, dir, options);
+  if (!cfg.checkpoint.model_only) {
+    set_optimizer_state(sd, *fsdp, *optim);
+    step = std::max<int64_t>(0, st.step);
+    data::LoaderState position = loader->state();
+    position.next_step = step;
+    loader->load_state(position);
+  }
+  return st;
 }
 
 void Trainer::State::save_checkpoint(int64_t at_step) {
@@ -349,9 +371,11 @@ void Trainer::State::print_banner(const std::optional<std::string>& resume_from,
     std::cout << "shardkit: model initialised from " << cfg.model.init_from << std::endl;
   }
   if (resume_from) {
-    std::cout << "shardkit: resumed from " << *resume_from << " (step " << resumed.step
-              << ", saved by " << resumed.saved_world_size << " ranks, " << resumed.saved_layout
-              << ")" << (cfg.checkpoint.model_only ? ", model only" : "")
+    std::cout << "shardkit: resumed from " << *resume_from << " (step " << resumed.step;
+    if (resumed.saved_world_size > 0) {
+      std::cout << ", saved by " << resumed.saved_world_size << " ranks, " << resumed.saved_layout;
+    }
+    std::cout << ")" << (cfg.checkpoint.model_only ? ", model only" : "")
               << "; continuing after step " << step << std::endl;
   }
 }
@@ -394,6 +418,11 @@ Trainer::Trainer(const config::Config& config, dist::Runtime& runtime, UserModel
   layout << fsdp::layout_name(s.mesh_shape) << " replicate=" << s.mesh_shape[0]
          << " shard=" << s.mesh_shape[1];
   s.layout = layout.str();
+  s.resume_source = resume_source(s.cfg);
+  if (s.resume_source == ResumeSource::kAutoAfterDcp) {
+    // The DCP directory was the run's initial load; it has its own now.
+    s.cfg.checkpoint.resume = "auto";
+  }
   s.ckpt = std::make_unique<checkpoint::CheckpointManager>(
       s.cfg.checkpoint, (fs::path(s.cfg.run.dir) / "checkpoints").string(), *runtime.checkpoint,
       s.layout, s.hooks.storage ? s.hooks.storage : checkpoint::posix_storage(),
@@ -406,7 +435,18 @@ Trainer::Trainer(const config::Config& config, dist::Runtime& runtime, UserModel
   std::optional<std::string> resume_from;
   checkpoint::LoadStats resumed;
   std::vector<checkpoint::SkippedCheckpoint> skipped;
-  {
+  if (s.resume_source == ResumeSource::kDcp) {
+    const std::string resume = s.cfg.checkpoint.resume;
+    // A PyTorch DCP checkpoint (torchtitan, FSDP2): model and AdamW state,
+    // resharded to this world; the data position follows its step.
+    const checkpoint::DcpLoadStats st = s.load_dcp(resume);
+    resume_from = resume + " (PyTorch DCP)";
+    resumed.step = s.step;
+    if (s.is_logger && !st.missing.empty()) {
+      std::cerr << "shardkit: warning: " << resume << " has no " << checkpoint::join_names(st.missing)
+                << "; those start fresh" << std::endl;
+    }
+  } else {
     checkpoint::StateDict sd = s.make_state_dict();
     if (std::optional<checkpoint::ResumeResult> r = s.ckpt->resume(sd)) {
       s.apply_loaded(sd, s.cfg.checkpoint.model_only);
