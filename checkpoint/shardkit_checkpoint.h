@@ -35,8 +35,11 @@
 //           every chunk and checks every checksum; returns a report listing
 //           each bad chunk. Any single process; no communication.
 //   export  export_checkpoint (export.h): one safetensors or torch.save file
-//           of full tensors. load_weights_into (import_weights.h): the
-//           reverse, filling a (sharded) state from such a file. Any process.
+//           of full tensors, or a PyTorch DCP directory. load_weights_into
+//           (import_weights.h): the reverse, filling a (sharded) state from
+//           such a file or a DCP directory's model. load_dcp_into
+//           (import_dcp.h): model and optimizer state from a PyTorch DCP
+//           checkpoint (dcp.h reads its metadata). Any process.
 //   options CompressionOptions (options.h): codec "none" | "zstd", level,
 //           byte grouping, block size; recorded per chunk, so loading needs no
 //           options. io_threads in SaveOptions, LoadOptions, ExportOptions and
@@ -73,6 +76,8 @@
 #include "checkpoint/codec/chunk_reader.h"
 #include "checkpoint/codec/chunk_writer.h"
 #include "checkpoint/interop/export.h"
+#include "checkpoint/interop/dcp.h"
+#include "checkpoint/interop/import_dcp.h"
 #include "checkpoint/interop/import_weights.h"
 #include "checkpoint/load.h"
 #include "checkpoint/async/manager.h"

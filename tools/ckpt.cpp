@@ -5,7 +5,7 @@
 //                               what a checkpoint's metadata says
 //   ckpt verify CKPT [--threads N] [--json]
 //                               read every chunk back and check its checksum
-//   ckpt export CKPT --format safetensors|torch --out FILE [--dtype bf16|fp32] [--only model]
+//   ckpt export CKPT --format safetensors|torch|dcp --out FILE [--dtype bf16|fp32] [--only model]
 //                               consolidate into one file of full tensors
 // Exit codes: 0 success (verify: every chunk intact), 1 failure or damage,
 // 2 usage error. --json prints one JSON object on stdout and nothing else
@@ -462,6 +462,7 @@ struct ExportArgs {
 int run_export(const std::string& path, const ExportArgs& args) {
   checkpoint::ExportOptions options;
   options.format = args.format == "torch" ? checkpoint::ExportFormat::kTorch
+                   : args.format == "dcp" ? checkpoint::ExportFormat::kDcp
                                           : checkpoint::ExportFormat::kSafetensors;
   if (args.dtype == "bf16") options.dtype = checkpoint::DType::kBFloat16;
   if (args.dtype == "fp32") options.dtype = checkpoint::DType::kFloat32;
@@ -509,13 +510,15 @@ int main(int argc, char** argv) {
   CLI::App* export_cmd = app.add_subcommand(
       "export",
       "consolidate a sharded checkpoint into one file of full tensors (safetensors, or a "
-      "torch.save archive that torch.load(f, weights_only=True) reads); bytes items (RNG state, "
-      "step, loader position, config) are skipped");
+      "torch.save archive that torch.load(f, weights_only=True) reads), or write it as a "
+      "PyTorch DCP checkpoint directory (dcp: model and AdamW state, for dcp.load at any world "
+      "size); bytes items (RNG state, step, loader position, config) are skipped");
   export_cmd->add_option("CKPT", ckpt, "a checkpoint directory (step_<N>/)")->required();
   export_cmd->add_option("--format", export_args.format, "output format")
       ->required()
-      ->check(CLI::IsMember({"safetensors", "torch"}));
-  export_cmd->add_option("--out", export_args.out, "output file (written as FILE.tmp, then renamed)")
+      ->check(CLI::IsMember({"safetensors", "torch", "dcp"}));
+  export_cmd->add_option("--out", export_args.out,
+                         "output file, or directory for dcp (written as OUT.tmp, then renamed)")
       ->required();
   export_cmd->add_option("--dtype", export_args.dtype,
                          "convert floating-point tensors (bf16: round to nearest even); others "

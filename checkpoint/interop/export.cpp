@@ -5,12 +5,16 @@
 
 #include <algorithm>
 #include <cstring>
+#include <cstdlib>
 #include <functional>
+#include <sstream>
 #include <stdexcept>
 
 #include "checkpoint/codec/chunk_reader.h"
+#include "checkpoint/format/byte_order.h"
 #include "checkpoint/format/metadata.h"
 #include "checkpoint/plan/resharding.h"
+#include "checkpoint/interop/dcp.h"
 #include "checkpoint/interop/torch_pickle.h"
 #include "checkpoint/interop/weights_file.h"
 #include "checkpoint/interop/zip_archive.h"
@@ -233,6 +237,261 @@ std::vector<ExportItem> select_items(const CheckpointMeta& meta, const std::stri
   return items;
 }
 
+// ------------------------------------------------------------------ DCP
+
+// Appends to `file` at its current end while a ZipWriter sees offsets from
+// 0: each DCP item is a torch.save archive of its own inside one data file.
+class ArchiveAppender : public WritableFile {
+ public:
+  ArchiveAppender(WritableFile& file, uint64_t base) : file_(file), base_(base) {}
+  void append(const void* data, size_t n) override {
+    file_.append(data, n);
+    size_ += n;
+  }
+  void write_at(uint64_t offset, const void* data, size_t n) override {
+    file_.write_at(base_ + offset, data, n);
+  }
+  void sync() override {}
+  void close() override {}
+  uint64_t size() const { return size_; }
+
+ private:
+  WritableFile& file_;
+  uint64_t base_;
+  uint64_t size_ = 0;
+};
+
+// torch.save(obj) for an object whose protocol-2 pickle is `pkl` and whose
+// tensor storage (if any) is `data` under key "0": data.pkl, byteorder,
+// data/0, version. Returns the archive's length.
+uint64_t append_archive(WritableFile& file, uint64_t at, const std::vector<uint8_t>& pkl,
+                        bool has_storage, const uint8_t* data, uint64_t n) {
+  ArchiveAppender out(file, at);
+  ZipWriter zip(out);
+  auto member = [&](const std::string& name, const void* bytes, uint64_t size) {
+    zip.begin_member(std::string(kArchiveName) + "/" + name, size);
+    zip.write(bytes, static_cast<size_t>(size));
+    zip.end_member();
+  };
+  member("data.pkl", pkl.data(), pkl.size());
+  member("byteorder", "little", 6);
+  static const uint8_t kNothing = 0;
+  if (has_storage) member("data/0", n == 0 ? &kNothing : data, n);
+  member("version", "3\n", 2);
+  zip.finish();
+  return out.size();
+}
+
+// Protocol-2 pickles of the Python values a param group holds.
+struct PyPickle {
+  PyPickle() {
+    b.push_back(0x80);  // PROTO 2
+    b.push_back(2);
+  }
+  std::vector<uint8_t> b;
+  void real(double v) {
+    uint64_t bits;
+    std::memcpy(&bits, &v, 8);
+    b.push_back('G');
+    for (int k = 7; k >= 0; --k) b.push_back(static_cast<uint8_t>(bits >> (8 * k)));
+  }
+  void boolean(bool v) { b.push_back(v ? 0x88 : 0x89); }
+  void none() { b.push_back('N'); }
+  void str(const std::string& s) {
+    b.push_back('X');
+    append_le(b, s.size(), 4);
+    b.insert(b.end(), s.begin(), s.end());
+  }
+  std::vector<uint8_t> done() {
+    b.push_back('.');
+    return b;
+  }
+};
+
+// optim.{lr, beta1, beta2, eps, weight_decay} from the effective config that
+// the trainer saves as the "config" item (YAML: a top-level "optim:" block
+// of "  key: value" lines); what is not found keeps `g`'s value.
+DcpParamGroup param_group_from_config(const std::string& yaml, DcpParamGroup g) {
+  std::istringstream in(yaml);
+  std::string line;
+  bool in_optim = false;
+  while (std::getline(in, line)) {
+    if (!line.empty() && line[0] != ' ') {
+      in_optim = line.rfind("optim:", 0) == 0;
+      continue;
+    }
+    const size_t colon = line.find(':');
+    if (!in_optim || colon == std::string::npos) continue;
+    const size_t start = line.find_first_not_of(' ');
+    const std::string key = line.substr(start, colon - start);
+    char* end = nullptr;
+    const std::string value = line.substr(colon + 1);
+    const double v = std::strtod(value.c_str(), &end);
+    if (end == value.c_str()) continue;
+    if (key == "lr") g.lr = v;
+    if (key == "beta1") g.beta1 = v;
+    if (key == "beta2") g.beta2 = v;
+    if (key == "eps") g.eps = v;
+    if (key == "weight_decay") g.weight_decay = v;
+  }
+  return g;
+}
+
+ExportStats export_dcp(const std::string& step_dir, const std::string& out_dir,
+                       const ExportOptions& options) {
+  if (options.dtype) throw std::invalid_argument("--dtype does not apply to a DCP export");
+  std::shared_ptr<Storage> storage = options.storage ? options.storage : posix_storage();
+  const CheckpointMeta meta = read_committed_metadata(*storage, step_dir);
+  const bool with_optim = options.only != "model";
+  if (!options.only.empty() && options.only != "model") {
+    throw std::invalid_argument("a DCP export takes --only model or nothing, not --only " + options.only);
+  }
+  ExportStats stats;
+  thread_pool::ThreadPool pool(static_cast<size_t>(std::max(1, options.io_threads)));
+  ChunkReader reader(storage, step_dir, &pool);
+
+  const std::string tmp = out_dir + ".tmp";
+  storage->remove_all(tmp);
+  storage->make_dirs(tmp);
+  const std::string data_name = "__0_0.distcp";
+  DcpMetadata dcp;
+  std::vector<std::string> params;  // model parameter names, in checkpoint order
+  try {
+    std::unique_ptr<WritableFile> file = storage->create_file(join_path(tmp, data_name));
+    uint64_t at = 0;
+    auto tensor_archive = [&](DType dtype, const std::vector<int64_t>& shape, const uint8_t* data,
+                              uint64_t n) {
+      PickledTensor t;
+      t.dtype = dtype;
+      t.shape = shape;
+      t.storage_key = "0";
+      t.storage_numel = n / element_size(dtype);
+      const uint64_t length = append_archive(*file, at, write_tensor_pickle(t), true, data, n);
+      DcpLocation loc{data_name, at, length};
+      at += length;
+      return loc;
+    };
+    auto ends_with = [](const std::string& s, const std::string& e) {
+      return s.size() >= e.size() && s.compare(s.size() - e.size(), e.size(), e) == 0;
+    };
+    for (const ItemMeta& item : meta.items) {
+      std::string key;
+      if (item.kind == ItemKind::kTensor && item.name.rfind("model.", 0) == 0) {
+        key = item.name;
+        params.push_back(item.name.substr(6));
+      } else if (with_optim && item.kind == ItemKind::kTensor && item.name.rfind("optim.", 0) == 0 &&
+                 (ends_with(item.name, ".exp_avg") || ends_with(item.name, ".exp_avg_sq"))) {
+        key = "optim.state." + item.name.substr(6);
+      } else if (with_optim && item.kind == ItemKind::kBytes && item.name.rfind("optim.", 0) == 0 &&
+                 ends_with(item.name, ".step")) {
+        // shardkit's 8-byte step -> AdamW's 0-d float32 step tensor.
+        std::vector<uint8_t> raw(8);
+        for (const ReadRequest& req : plan_reads(item, full_box(item.global_shape))) {
+          reader.read_into(item, req, raw.data());
+        }
+        const float step = static_cast<float>(static_cast<int64_t>(load_le(raw.data(), 8)));
+        uint8_t bytes[4];
+        std::memcpy(bytes, &step, 4);
+        DcpTensorItem t;
+        t.fqn = "optim.state." + item.name.substr(6);
+        t.dtype = DType::kFloat32;
+        t.chunks.push_back({Box{}, tensor_archive(DType::kFloat32, {}, bytes, 4)});
+        dcp.tensors.push_back(std::move(t));
+        ++stats.tensors;
+        stats.data_bytes += 4;
+        continue;
+      } else {
+        stats.skipped.push_back(item.name);
+        continue;
+      }
+      DcpTensorItem t;
+      t.fqn = key;
+      t.dtype = item.dtype;
+      t.shape = item.global_shape;
+      const uint64_t numel = *checked_numel(item.global_shape);
+      const size_t esize = element_size(item.dtype);
+      const int64_t rows = item.global_shape.empty() ? 1 : item.global_shape[0];
+      const uint64_t row_elems = rows == 0 ? 0 : numel / static_cast<uint64_t>(rows);
+      const int64_t per_slab = static_cast<int64_t>(std::max<uint64_t>(
+          1, row_elems == 0 ? rows : std::min<uint64_t>(rows, options.slab_bytes / (row_elems * esize))));
+      std::vector<uint8_t> buf;
+      for (int64_t r0 = 0; r0 < std::max<int64_t>(rows, 1); r0 += per_slab) {
+        Box slab = full_box(item.global_shape);
+        if (!item.global_shape.empty()) {
+          slab.offsets[0] = r0;
+          slab.sizes[0] = std::min(per_slab, rows - r0);
+        }
+        buf.assign(static_cast<size_t>(slab.numel()) * esize, 0);
+        if (!slab.is_empty()) {
+          for (const ReadRequest& req : plan_reads(item, slab)) reader.read_into(item, req, buf.data());
+        }
+        t.chunks.push_back({slab, tensor_archive(item.dtype, slab.sizes, buf.data(), buf.size())});
+        stats.data_bytes += buf.size();
+        if (rows == 0) break;
+      }
+      dcp.tensors.push_back(std::move(t));
+      ++stats.tensors;
+    }
+    if (params.empty()) throw FormatError(step_dir + ": nothing to export: no model.* tensor items");
+    if (with_optim) {
+      DcpParamGroup g = options.dcp_param_group;
+      if (const ItemMeta* config = meta.find("config"); config != nullptr && config->kind == ItemKind::kBytes) {
+        std::vector<uint8_t> yaml(static_cast<size_t>(*checked_numel(config->global_shape)));
+        for (const ReadRequest& req : plan_reads(*config, full_box(config->global_shape))) {
+          reader.read_into(*config, req, yaml.data());
+        }
+        g = param_group_from_config(std::string(yaml.begin(), yaml.end()), g);
+      }
+      auto bytes_item = [&](const std::string& name, std::vector<uint8_t> pkl) {
+        const uint64_t length = append_archive(*file, at, pkl, false, nullptr, 0);
+        dcp.bytes.push_back({"optim.param_groups.0." + name, {data_name, at, length}});
+        at += length;
+      };
+      auto real = [](double v) {
+        PyPickle p;
+        p.real(v);
+        return p.done();
+      };
+      auto flag = [](std::optional<bool> v) {
+        PyPickle p;
+        if (v) p.boolean(*v); else p.none();
+        return p.done();
+      };
+      bytes_item("lr", real(g.lr));
+      PyPickle betas;
+      betas.real(g.beta1);
+      betas.real(g.beta2);
+      betas.b.push_back(0x86);  // TUPLE2
+      bytes_item("betas", betas.done());
+      bytes_item("eps", real(g.eps));
+      bytes_item("weight_decay", real(g.weight_decay));
+      bytes_item("amsgrad", flag(false));
+      bytes_item("foreach", flag(std::nullopt));
+      bytes_item("maximize", flag(false));
+      bytes_item("capturable", flag(false));
+      bytes_item("differentiable", flag(false));
+      bytes_item("fused", flag(std::nullopt));
+      PyPickle names;
+      names.b.push_back(']');
+      names.b.push_back('(');
+      for (const std::string& n : params) names.str(n);
+      names.b.push_back('e');  // APPENDS
+      bytes_item("params", names.done());
+    }
+    file->sync();
+    file->close();
+    storage->write_file_atomic(join_path(tmp, ".metadata"), write_dcp_metadata(dcp));
+  } catch (...) {
+    storage->remove_all(tmp);
+    throw;
+  }
+  storage->remove_all(out_dir);
+  storage->rename(tmp, out_dir);
+  storage->sync_dir(parent_dir(out_dir));
+  stats.file_bytes = storage->file_size(join_path(out_dir, data_name));
+  return stats;
+}
+
 }  // namespace
 
 uint16_t float_to_bfloat16_bits(float value) {
@@ -266,6 +525,7 @@ void convert_float_elements(DType from, DType to, const uint8_t* src, uint64_t n
 
 ExportStats export_checkpoint(const std::string& step_dir, const std::string& out_path,
                               const ExportOptions& options) {
+  if (options.format == ExportFormat::kDcp) return export_dcp(step_dir, out_path, options);
   if (options.dtype && *options.dtype != DType::kFloat32 && *options.dtype != DType::kBFloat16) {
     throw std::invalid_argument(std::string("export converts floats to float32 or bfloat16, not ") +
                                 dtype_name(*options.dtype));

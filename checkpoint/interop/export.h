@@ -22,7 +22,17 @@
 
 namespace checkpoint {
 
-enum class ExportFormat { kSafetensors, kTorch };
+enum class ExportFormat { kSafetensors, kTorch, kDcp };
+
+// The AdamW param group a DCP export records (optim.param_groups.0.*), as
+// torch 2.6's AdamW keys it; ckpt fills it from the checkpoint's config.
+struct DcpParamGroup {
+  double lr = 3e-4;
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  double weight_decay = 0.1;
+};
 
 struct ExportOptions {
   ExportFormat format = ExportFormat::kSafetensors;
@@ -38,6 +48,8 @@ struct ExportOptions {
   int io_threads = 4;
   uint64_t slab_bytes = uint64_t{64} << 20;
   std::shared_ptr<Storage> storage;  // null: the POSIX file system
+  // kDcp: the optimizer's param group; `only` "model" leaves the optimizer out.
+  DcpParamGroup dcp_param_group;
 };
 
 struct ExportStats {
@@ -47,7 +59,16 @@ struct ExportStats {
   std::vector<std::string> skipped;  // bytes items, and items outside `only`
 };
 
-// Reads the committed checkpoint `step_dir` and writes `out_path`. Throws
+// Reads the committed checkpoint `step_dir` and writes `out_path`.
+// kDcp writes a directory `out_path` that PyTorch's dcp.load reads (torch
+// 2.6 and later) into get_state_dict(model, optim) of a model with the same
+// parameter names, at any world size: model.<name> tensors; for each
+// trainable parameter optim.state.<name>.exp_avg / exp_avg_sq and .step (a
+// 0-d float32 tensor); optim.param_groups.0.{lr, betas, eps, weight_decay,
+// amsgrad, foreach, maximize, capturable, differentiable, fused, params}.
+// Each tensor is written as chunks of dim-0 slabs (each a torch.save archive
+// in __0_0.distcp), then .metadata; the directory is written as
+// <out_path>.tmp and renamed. `dtype` must be unset for kDcp. Throws
 // std::invalid_argument for a `dtype` other than float32/bfloat16;
 // FormatError naming the checkpoint for a directory without committed
 // metadata or with nothing to export; read errors

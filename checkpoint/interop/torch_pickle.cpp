@@ -494,6 +494,15 @@ PickledTensor parse_tensor_pickle(const uint8_t* data, size_t size, const std::s
   return t;
 }
 
+std::vector<uint8_t> write_tensor_pickle(const PickledTensor& tensor) {
+  std::vector<uint8_t> out;
+  put_op(out, kProto);
+  append_le(out, 2, 1);
+  put_tensor(out, tensor);
+  put_op(out, kStop);
+  return out;
+}
+
 std::vector<uint8_t> write_tensor_dict_pickle(const std::vector<PickledTensor>& tensors) {
   std::vector<uint8_t> out;
   put_op(out, kProto);

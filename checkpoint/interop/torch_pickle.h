@@ -54,6 +54,9 @@ PickledTensor parse_tensor_pickle(const uint8_t* data, size_t size, const std::s
 // contiguous at offset 0 of their own storage of storage_numel elements.
 std::vector<uint8_t> write_tensor_dict_pickle(const std::vector<PickledTensor>& tensors);
 
+// Pickles one tensor as torch.save(tensor) does (a DCP chunk's data.pkl).
+std::vector<uint8_t> write_tensor_pickle(const PickledTensor& tensor);
+
 // Contiguous (row-major) strides of `shape`, as torch computes them (a dim of
 // size 0 counts as 1).
 std::vector<int64_t> contiguous_strides(const std::vector<int64_t>& shape);

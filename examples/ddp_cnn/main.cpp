@@ -21,6 +21,7 @@
 #include "framework/dist/launch_env.h"
 #include "framework/dist/local_launcher.h"
 #include "framework/dist/runtime.h"
+#include "framework/dist/self_launch.h"
 #include "framework/train/trainer.h"
 
 #include <torch/torch.h>
@@ -113,40 +114,5 @@ int run_rank(const std::string& dir) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  int nproc = 2;
-  std::string dir;
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    if (arg == "--nproc" && i + 1 < argc) {
-      nproc = std::atoi(argv[++i]);
-    } else if (arg == "--dir" && i + 1 < argc) {
-      dir = argv[++i];
-    } else {
-      std::cerr << "usage: ddp_cnn [--nproc N] [--dir DIR]\n";
-      return 2;
-    }
-  }
-  try {
-    if (fd::detect_launch_env(fd::process_env()).source != fd::LaunchSource::kSingleProcess) {
-      if (dir.empty()) throw std::invalid_argument("--dir is required when started by a launcher");
-      return run_rank(dir);
-    }
-    if (nproc < 1) throw std::invalid_argument("--nproc must be at least 1");
-    const bool own_dir = dir.empty();
-    if (own_dir) {
-      std::string tmpl = (std::filesystem::temp_directory_path() / "ddp_cnn.XXXXXX").string();
-      if (mkdtemp(tmpl.data()) == nullptr) throw std::runtime_error("mkdtemp failed: " + tmpl);
-      dir = tmpl;
-    }
-    fd::LocalLaunchOptions launch;
-    launch.nproc = nproc;
-    launch.argv = {std::filesystem::read_symlink("/proc/self/exe").string(), "--dir", dir};
-    launch.store_server = fd::host_tcp_store;
-    const int rc = fd::run_local_launcher(launch);
-    if (own_dir && rc == 0) std::filesystem::remove_all(dir);
-    return rc;
-  } catch (const std::exception& e) {
-    std::cerr << "ddp_cnn: " << e.what() << std::endl;
-    return 1;
-  }
+  return fd::self_launching_main(argc, argv, "ddp_cnn", run_rank);
 }

@@ -7,6 +7,7 @@
 // leg), a fresh checkpoint is written by that script too and read the same
 // way; elsewhere that test skips, saying so.
 #include "checkpoint/format/metadata.h"
+#include "checkpoint/interop/export.h"
 #include "checkpoint/interop/dcp.h"
 #include "checkpoint/interop/import_weights.h"
 #include "checkpoint/interop/weights_file.h"
@@ -293,6 +294,95 @@ TEST(DcpRead, ResumeFromADcpDirectoryCarriesModelAndAdamWToThreeRanks) {
   fs::remove_all(run);
 }
 
+// A shardkit checkpoint of the Tiny model at step 4 (resumed from the torch
+// fixture at world 3, two steps trained), and the full tensors it holds
+// under their DCP keys.
+struct TinyCheckpoint {
+  fs::path run;
+  std::string step_dir;
+  std::map<std::string, std::pair<torch::Tensor, std::string>> expected;  // key -> (tensor, file)
+};
+
+TinyCheckpoint make_tiny_checkpoint(const std::string& tag) {
+  TinyCheckpoint c;
+  c.run = fs::temp_directory_path() / ("shardkit_dcp_" + tag + "_" + std::to_string(::getpid()));
+  fs::remove_all(c.run);
+  framework::config::Config cfg;
+  cfg.run.dir = c.run.string();
+  cfg.train.steps = 4;
+  cfg.train.global_batch_size = 6;
+  cfg.checkpoint.interval = 4;
+  cfg.checkpoint.resume = kFixtures + "/torch26_world2";
+  std::mutex mu;
+  testing_support::run_runtimes(3, [&](framework::dist::Runtime& rt) {
+    framework::train::Trainer trainer(cfg, rt, tiny_user_model());
+    EXPECT_EQ(trainer.run(), 0);
+    auto& sharded = trainer.model();
+    for (size_t i = 0; i < sharded.param_names().size(); ++i) {
+      const std::string name = sharded.param_names()[i];
+      const torch::Tensor p = sharded.param_dtensor(i).full_tensor().contiguous();
+      const framework::optim::AdamWParamState st = trainer.optimizer().state(i);
+      const torch::Tensor m = st.exp_avg.full_tensor().contiguous();
+      const torch::Tensor v = st.exp_avg_sq.full_tensor().contiguous();
+      std::lock_guard<std::mutex> lock(mu);
+      c.expected["model." + name] = {p, ""};
+      c.expected["optim.state." + name + ".exp_avg"] = {m, ""};
+      c.expected["optim.state." + name + ".exp_avg_sq"] = {v, ""};
+      c.expected["optim.state." + name + ".step"] = {torch::tensor(static_cast<float>(st.step)), ""};
+    }
+  });
+  c.step_dir = (c.run / "checkpoints" / "step_4").string();
+  return c;
+}
+
+std::string bytes_of(const torch::Tensor& t) {
+  const torch::Tensor c = t.contiguous();
+  return std::string(static_cast<const char*>(c.data_ptr()), c.nbytes());
+}
+
+// ckpt export --format dcp: every model and AdamW tensor reads back exactly
+// (our reader), and resuming from the export at world 2 continues at step 4.
+TEST(DcpExport, ExportedCheckpointReadsBackExactlyAndResumes) {
+  TinyCheckpoint c = make_tiny_checkpoint("export");
+  ASSERT_TRUE(fs::exists(c.step_dir + "/.metadata"));
+  const std::string out = (c.run / "dcp").string();
+  ExportOptions options;
+  options.format = ExportFormat::kDcp;
+  const ExportStats stats = export_checkpoint(c.step_dir, out, options);
+  EXPECT_EQ(stats.tensors, c.expected.size());
+  auto storage = posix_storage();
+  ASSERT_TRUE(is_dcp_checkpoint(*storage, out));
+  const DcpMetadata meta = read_dcp_metadata(*storage, out);
+  ASSERT_EQ(meta.tensors.size(), c.expected.size());
+  for (const DcpTensorItem& item : meta.tensors) {
+    ASSERT_EQ(c.expected.count(item.fqn), 1u) << item.fqn;
+    std::string got(static_cast<size_t>(*checked_numel(item.shape)) * element_size(item.dtype), '\0');
+    read_dcp_box(*storage, out, item, full_box(item.shape), reinterpret_cast<uint8_t*>(got.data()));
+    EXPECT_EQ(got, bytes_of(c.expected.at(item.fqn).first)) << item.fqn;
+  }
+  bool params = false;
+  for (const DcpBytesItem& b : meta.bytes) params = params || b.fqn == "optim.param_groups.0.params";
+  EXPECT_TRUE(params);
+
+  framework::config::Config cfg;
+  cfg.run.dir = (c.run / "again").string();
+  cfg.train.steps = 5;
+  cfg.train.global_batch_size = 6;
+  cfg.checkpoint.interval = 0;
+  cfg.checkpoint.resume = out;
+  testing_support::run_runtimes(2, [&](framework::dist::Runtime& rt) {
+    framework::train::Trainer trainer(cfg, rt, tiny_user_model());
+    EXPECT_EQ(trainer.step(), 4);
+    for (size_t i = 0; i < trainer.model().param_names().size(); ++i) {
+      const std::string name = "model." + trainer.model().param_names()[i];
+      EXPECT_EQ(bytes_of(trainer.model().param_dtensor(i).full_tensor()),
+                bytes_of(c.expected.at(name).first))
+          << name;
+    }
+  });
+  fs::remove_all(c.run);
+}
+
 // ---- hostile input
 
 std::string error_of(const std::function<void()>& fn) {
@@ -398,12 +488,15 @@ std::string python_with_torch() {
   return "";
 }
 
+const char* const kNoPythonDcp =
+    "no python3 with torch.distributed.checkpoint.state_dict and DTensor (tried "
+    "$SHARDKIT_PYTHON, /usr/bin/python3, python3; Debian 12's torch 1.13 has neither): the "
+    "Debian 13 leg's python3-torch 2.6 runs it";
+
 TEST(DcpPython, AFreshTorchDcpSaveAtWorldTwoReadsExactlyAtOneAndThreeRanks) {
   const std::string python = python_with_torch();
   if (python.empty()) {
-    SHARDKIT_SKIP("no python3 with torch.distributed.checkpoint.state_dict and DTensor (tried "
-                  "$SHARDKIT_PYTHON, /usr/bin/python3, python3; Debian 12's torch 1.13 has "
-                  "neither): the Debian 13 leg's python3-torch 2.6 runs it");
+    SHARDKIT_SKIP(kNoPythonDcp);
   }
   const fs::path out = fs::temp_directory_path() / ("shardkit_dcp_py_" + std::to_string(::getpid()));
   fs::remove_all(out);
@@ -415,6 +508,41 @@ TEST(DcpPython, AFreshTorchDcpSaveAtWorldTwoReadsExactlyAtOneAndThreeRanks) {
   fs::remove_all(out);
   fs::remove_all(out.string() + ".expected");
   fs::remove(out.string() + ".log");
+}
+
+// Our export, loaded by Python's own dcp.load into get_state_dict(model,
+// AdamW) of the same architecture, at world 1 and world 2: every tensor exact.
+TEST(DcpPython, PythonDcpLoadReadsOurExportAtOneAndTwoRanks) {
+  const std::string python = python_with_torch();
+  if (python.empty()) {
+    SHARDKIT_SKIP(kNoPythonDcp);
+  }
+  TinyCheckpoint c = make_tiny_checkpoint("pyexport");
+  const std::string out = (c.run / "dcp").string();
+  ExportOptions options;
+  options.format = ExportFormat::kDcp;
+  export_checkpoint(c.step_dir, out, options);
+  const fs::path expected = c.run / "expected";
+  fs::create_directories(expected);
+  nlohmann::json index;
+  int i = 0;
+  for (const auto& [key, value] : c.expected) {
+    const std::string file = std::to_string(i++) + ".bin";
+    std::ofstream(expected / file, std::ios::binary) << bytes_of(value.first);
+    index[key] = {{"kind", "tensor"},
+                  {"dtype", "float32"},
+                  {"shape", value.first.sizes().vec()},
+                  {"file", file}};
+  }
+  std::ofstream(expected / "index.json") << index.dump();
+  for (int world : {1, 2}) {
+    const std::string log = (c.run / ("load" + std::to_string(world) + ".log")).string();
+    const std::string cmd = "USE_LIBUV=0 " + python + " " + kFixtures + "/load_dcp.py " + out + " " +
+                            std::to_string(world) + " --expected " + expected.string() + " > " + log +
+                            " 2>&1";
+    EXPECT_EQ(std::system(cmd.c_str()), 0) << "world " << world << ":\n" << read_all(log);
+  }
+  fs::remove_all(c.run);
 }
 
 }  // namespace

@@ -1,0 +1,57 @@
+#include "framework/dist/self_launch.h"
+
+#include "framework/dist/launch_env.h"
+#include "framework/dist/local_launcher.h"
+#include "framework/dist/runtime.h"
+
+#include <cstdlib>
+#include <filesystem>
+#include <iostream>
+#include <stdexcept>
+
+namespace framework::dist {
+
+int self_launching_main(int argc, char** argv, const std::string& name,
+                        const std::function<int(const std::string& dir)>& run_rank,
+                        int default_nproc) {
+  int nproc = default_nproc;
+  std::string dir;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--nproc" && i + 1 < argc) {
+      nproc = std::atoi(argv[++i]);
+    } else if (arg == "--dir" && i + 1 < argc) {
+      dir = argv[++i];
+    } else {
+      std::cerr << "usage: " << name << " [--nproc N] [--dir DIR]\n";
+      return 2;
+    }
+  }
+  try {
+    if (detect_launch_env(process_env()).source != LaunchSource::kSingleProcess) {
+      if (dir.empty()) throw std::invalid_argument("--dir is required when started by a launcher");
+      return run_rank(dir);
+    }
+    if (nproc < 1) throw std::invalid_argument("--nproc must be at least 1");
+    // Not a rank yet: start `nproc` ranks of this program and wait for them.
+    const bool own_dir = dir.empty();
+    if (own_dir) {
+      std::string tmpl = (std::filesystem::temp_directory_path() / (name + ".XXXXXX")).string();
+      if (mkdtemp(tmpl.data()) == nullptr) throw std::runtime_error("mkdtemp failed: " + tmpl);
+      dir = tmpl;
+    }
+    LocalLaunchOptions launch;
+    launch.nproc = nproc;
+    launch.argv = {std::filesystem::read_symlink("/proc/self/exe").string(), "--dir", dir};
+    // The launcher serves the job's c10d store itself; the ranks connect to it.
+    launch.store_server = host_tcp_store;
+    const int rc = run_local_launcher(launch);
+    if (own_dir && rc == 0) std::filesystem::remove_all(dir);
+    return rc;
+  } catch (const std::exception& e) {
+    std::cerr << name << ": " << e.what() << std::endl;
+    return 1;
+  }
+}
+
+}  // namespace framework::dist
