@@ -41,16 +41,20 @@ void check_names(const StateDict& state, const CheckpointMeta& meta, const ItemI
   std::set<std::string> have;
   for (const auto& t : state.tensors()) have.insert(t.name);
   for (const auto& b : state.bytes()) have.insert(b.name);
+  std::vector<std::string> required_missing;
   for (const auto& name : have) {
-    if (wanted(name) && index.find(name) == nullptr) stats.missing.push_back(name);
+    if (wanted(name) && index.find(name) == nullptr) {
+      stats.missing.push_back(name);
+      if (!options.optional || !options.optional(name)) required_missing.push_back(name);
+    }
   }
   for (const auto& item : meta.items) {
     if (wanted(item.name) && !have.count(item.name)) stats.unexpected.push_back(item.name);
   }
-  if (options.allow_partial || (stats.missing.empty() && stats.unexpected.empty())) return;
+  if (options.allow_partial || (required_missing.empty() && stats.unexpected.empty())) return;
   std::ostringstream msg;
   msg << "checkpoint " << step_dir << " does not match the state being loaded";
-  if (!stats.missing.empty()) msg << "; missing keys: " << join_names(stats.missing);
+  if (!required_missing.empty()) msg << "; missing keys: " << join_names(required_missing);
   if (!stats.unexpected.empty()) msg << "; unexpected keys: " << join_names(stats.unexpected);
   msg << " (checkpoint.allow_partial: true tolerates this)";
   throw CheckpointError(msg.str());

@@ -20,6 +20,10 @@ struct LoadOptions {
   // Only checkpoint items for which this returns true are considered (e.g.
   // model-only loading); null: all.
   std::function<bool(const std::string&)> filter;
+  // State entries for which this returns true may be missing from the
+  // checkpoint even when strict: they keep their values and are listed in
+  // LoadStats::missing. Null: none.
+  std::function<bool(const std::string&)> optional;
   int io_threads = 4;
   std::shared_ptr<Storage> storage;  // null: the POSIX file system
 };

@@ -6,6 +6,7 @@
 //   ckpt verify CKPT [--threads N] [--json]
 //                               read every chunk back and check its checksum
 //   ckpt export CKPT --format safetensors|torch|dcp --out FILE [--dtype bf16|fp32] [--only model]
+//   ckpt import-dcp SRC DST [--map FROM=TO ...] [--threads N]
 //                               consolidate into one file of full tensors
 // Exit codes: 0 success (verify: every chunk intact), 1 failure or damage,
 // 2 usage error. --json prints one JSON object on stdout and nothing else
@@ -30,6 +31,7 @@
 
 #include "checkpoint/storage/checkpoint_dir.h"
 #include "checkpoint/codec/chunk_reader.h"
+#include "checkpoint/interop/dcp.h"
 #include "checkpoint/interop/export.h"
 #include "checkpoint/format/metadata.h"
 #include "checkpoint/storage/storage.h"
@@ -477,10 +479,34 @@ int run_export(const std::string& path, const ExportArgs& args) {
   return kExitOk;
 }
 
+// ---------------------------------------------------------------- import-dcp
+
+int run_import_dcp(const std::string& src, const std::string& dst,
+                   const std::vector<std::string>& maps, int threads) {
+  checkpoint::DcpImportOptions options;
+  options.io_threads = threads;
+  for (const std::string& m : maps) {
+    const size_t eq = m.find('=');
+    if (eq == std::string::npos) {
+      throw std::invalid_argument("--map " + m + ": expected FROM=TO (a key prefix and its replacement)");
+    }
+    options.renames.emplace_back(m.substr(0, eq), m.substr(eq + 1));
+  }
+  const checkpoint::DcpImportStats stats = checkpoint::import_dcp_checkpoint(src, dst, options);
+  std::cout << "imported " << stats.tensors << " items (" << human_bytes(stats.bytes) << ") from "
+            << printable(src) << " into " << printable(dst) << ", step " << stats.step;
+  if (!stats.ignored.empty()) {
+    std::cout << "; not carried: " << stats.ignored.size() << " keys ("
+              << checkpoint::join_names(stats.ignored, 4) << ")";
+  }
+  std::cout << "\n";
+  return kExitOk;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"ckpt: list, inspect, verify and export shardkit checkpoints"};
+  CLI::App app{"ckpt: list, inspect, verify, export and import shardkit checkpoints"};
   app.require_subcommand(1);
   app.set_version_flag("--version", std::string("ckpt (shardkit) ") + SHARDKIT_VERSION);
 
@@ -529,6 +555,21 @@ int main(int argc, char** argv) {
                          "for the model's parameter names)");
   export_cmd->add_option("--threads", export_args.threads, "reader threads")->check(CLI::Range(1, 1024));
 
+  std::string dcp_src;
+  std::string dcp_dst;
+  std::vector<std::string> maps;
+  CLI::App* import_dcp = app.add_subcommand(
+      "import-dcp",
+      "convert a PyTorch DCP checkpoint (torchtitan, FSDP2) into a shardkit checkpoint, "
+      "streaming: model and AdamW state, reshardable like any checkpoint");
+  import_dcp->add_option("SRC", dcp_src, "a DCP checkpoint directory (.metadata, *.distcp)")->required();
+  import_dcp->add_option("DST", dcp_dst, "the checkpoint directory to create, e.g. run/checkpoints/step_1000")
+      ->required();
+  import_dcp->add_option("--map", maps,
+                         "FROM=TO: DCP keys starting with FROM get TO instead, before the default "
+                         "mapping (repeatable; e.g. --map module.=model.)");
+  import_dcp->add_option("--threads", threads, "writer threads")->check(CLI::Range(1, 1024));
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::Success& e) {  // --help, --version
@@ -543,9 +584,10 @@ int main(int argc, char** argv) {
     if (*list) return run_list(dir, json);
     if (*inspect) return run_inspect(ckpt, chunks, json);
     if (*export_cmd) return run_export(ckpt, export_args);
+    if (*import_dcp) return run_import_dcp(dcp_src, dcp_dst, maps, threads);
     return run_verify(ckpt, threads, json);
   } catch (const std::exception& e) {
-    print_error(command, *list ? dir : ckpt, e.what());
+    print_error(command, *list ? dir : *import_dcp ? dcp_src : ckpt, e.what());
     return kExitFailure;
   }
 }

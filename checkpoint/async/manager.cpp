@@ -148,6 +148,7 @@ std::optional<ResumeResult> CheckpointManager::resume(StateDict& state) {
 LoadStats CheckpointManager::load(StateDict& state, const std::string& path) {
   LoadOptions lo;
   lo.allow_partial = options_.allow_partial;
+  lo.optional = hooks_.optional_items;
   lo.io_threads = options_.io_threads;
   lo.storage = storage_;
   if (options_.model_only) {

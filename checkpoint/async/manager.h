@@ -45,6 +45,9 @@ struct ManagerHooks {
   // Called on the thread that writes a save (the background thread unless
   // mode is sync), after staging and before the save's first collective.
   std::function<void(int64_t step, int rank)> before_write;
+  // Entries a resume may find missing from a checkpoint (LoadOptions::optional),
+  // e.g. what an imported checkpoint cannot carry. Null: none.
+  std::function<bool(const std::string& name)> optional_items;
 };
 
 // One finished save, as rank 0 logs it.

@@ -1,11 +1,16 @@
 #include "checkpoint/interop/dcp.h"
 
+#include <thread_pool/thread_pool.hpp>
+
+#include <algorithm>
 #include <cstdio>
+#include <ctime>
 #include <cstring>
 #include <map>
 #include <optional>
 #include <unordered_map>
 
+#include "checkpoint/codec/chunk_writer.h"
 #include "checkpoint/format/byte_order.h"
 #include "checkpoint/format/metadata.h"
 #include "checkpoint/interop/torch_pickle.h"
@@ -19,6 +24,7 @@ namespace {
 constexpr uint64_t kMaxDcpMetadataBytes = uint64_t{1} << 30;
 constexpr uint64_t kMaxItemPickleBytes = uint64_t{64} << 20;
 constexpr size_t kMaxValues = size_t{1} << 26;  // arena bound against pickle bombs
+constexpr size_t kMaxItems = size_t{1} << 26;   // tuple, list and dict entries, all values together
 
 // ------------------------------------------------------------ the pickle VM
 
@@ -276,7 +282,12 @@ class Vm {
     v.s.assign(reinterpret_cast<const char*>(b), static_cast<size_t>(len));
     push(std::move(v));
   }
+  void count_items(size_t n) {
+    items_ += n;
+    if (items_ > kMaxItems) fail("too many pickle container entries");
+  }
   void push_seq(V kind, std::vector<size_t> items) {
+    count_items(items.size());
     Val v(kind);
     v.items = std::move(items);
     push(std::move(v));
@@ -326,12 +337,14 @@ class Vm {
   void append(const std::vector<size_t>& items) {
     Val& list = arena_[top()];
     if (list.kind != V::kList) fail(std::string("APPEND to a ") + v_name(list.kind));
+    count_items(items.size());
     list.items.insert(list.items.end(), items.begin(), items.end());
   }
   void set_items(const std::vector<size_t>& kv) {
     if (kv.size() % 2 != 0) fail("SETITEMS with an odd number of items");
     Val& dict = arena_[top()];
     if (dict.kind != V::kDict) fail(std::string("SETITEM on a ") + v_name(dict.kind));
+    count_items(kv.size());
     dict.items.insert(dict.items.end(), kv.begin(), kv.end());
   }
 
@@ -371,6 +384,7 @@ class Vm {
   std::vector<size_t> stack_;
   std::vector<size_t> marks_;
   std::unordered_map<uint32_t, size_t> memo_;
+  size_t items_ = 0;
 };
 
 // ------------------------------------------------------- interpretation
@@ -473,6 +487,50 @@ class Reader {
     return loc;
   }
 
+  // No two chunks overlap. A sweep along the dim on which the chunks have
+  // the most distinct offsets: each chunk is compared only with those still
+  // open there (one or two for the usual one-dim shardings), so a
+  // checkpoint of many thousands of ranks checks in O(n log n).
+  void check_disjoint(const std::vector<DcpChunk>& chunks, const std::string& what) const {
+    if (chunks.size() < 2 || chunks[0].box.ndim() == 0) {
+      if (chunks.size() > 1) fail(what + ": a 0-d tensor with " + std::to_string(chunks.size()) + " chunks");
+      return;
+    }
+    size_t dim = 0;
+    size_t best = 0;
+    for (size_t d = 0; d < chunks[0].box.ndim(); ++d) {
+      std::vector<int64_t> offsets;
+      for (const DcpChunk& c : chunks) offsets.push_back(c.box.offsets[d]);
+      std::sort(offsets.begin(), offsets.end());
+      const size_t distinct = static_cast<size_t>(std::unique(offsets.begin(), offsets.end()) - offsets.begin());
+      if (distinct > best) {
+        best = distinct;
+        dim = d;
+      }
+    }
+    std::vector<size_t> order(chunks.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+    std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+      return chunks[a].box.offsets[dim] < chunks[b].box.offsets[dim];
+    });
+    std::vector<size_t> open;
+    for (size_t i : order) {
+      const int64_t start = chunks[i].box.offsets[dim];
+      open.erase(std::remove_if(open.begin(), open.end(),
+                                [&](size_t o) {
+                                  return chunks[o].box.offsets[dim] + chunks[o].box.sizes[dim] <= start;
+                                }),
+                 open.end());
+      for (size_t o : open) {
+        if (intersect(chunks[o].box, chunks[i].box)) {
+          fail(what + ": chunks " + box_to_string(chunks[o].box) + " and " +
+               box_to_string(chunks[i].box) + " overlap");
+        }
+      }
+      if (!chunks[i].box.is_empty()) open.push_back(i);
+    }
+  }
+
   DcpMetadata interpret(size_t root) const {
     const auto meta = fields(root, "Metadata", "the pickled object");
     DcpMetadata out;
@@ -531,12 +589,6 @@ class Reader {
           fail(what + ": chunk " + box_to_string(chunk.box) + " lies outside its shape " +
                shape_to_string(t.shape));
         }
-        for (const DcpChunk& other : t.chunks) {
-          if (intersect(other.box, chunk.box)) {
-            fail(what + ": chunks " + box_to_string(other.box) + " and " +
-                 box_to_string(chunk.box) + " overlap");
-          }
-        }
         auto loc = tensor_locs.find({fqn, chunk.box.offsets});
         if (loc == tensor_locs.end()) {
           fail(what + ": chunk " + box_to_string(chunk.box) + " has no storage_data entry");
@@ -545,6 +597,7 @@ class Reader {
         covered += static_cast<uint64_t>(chunk.box.numel());
         t.chunks.push_back(std::move(chunk));
       }
+      check_disjoint(t.chunks, what);
       if (covered != *checked_numel(t.shape)) {
         fail(what + ": its chunks cover " + std::to_string(covered) + " of " +
              std::to_string(*checked_numel(t.shape)) + " elements");
@@ -860,6 +913,173 @@ uint64_t dcp_chunk_data_offset(Storage& storage, const std::string& dir, const D
   }
   return chunk.location.offset + zip_member_data_offset(view, "item", *member->second) +
          static_cast<uint64_t>(t.storage_offset) * esize;
+}
+
+std::string dcp_to_shardkit_name(const std::string& fqn, const std::vector<DcpRename>& renames) {
+  auto starts_with = [](const std::string& s, const std::string& p) { return s.rfind(p, 0) == 0; };
+  std::string key = fqn;
+  for (const auto& [from, to] : renames) {
+    if (starts_with(key, from)) {
+      key = to + key.substr(from.size());
+      break;
+    }
+  }
+  if (starts_with(key, "model.")) return key;
+  for (const char* optim : {"optim.state.", "optimizer.state."}) {
+    if (starts_with(key, optim)) return "optim." + key.substr(std::strlen(optim));
+  }
+  for (const char* other : {"optim.", "optimizer.", "lr_scheduler.", "dataloader.", "train_state.",
+                            "extra."}) {
+    if (starts_with(key, other)) return "";
+  }
+  return "model." + key;
+}
+
+
+DcpImportStats import_dcp_checkpoint(const std::string& src, const std::string& step_dir,
+                                     const DcpImportOptions& options) {
+  std::shared_ptr<Storage> storage = options.storage ? options.storage : posix_storage();
+  const DcpMetadata meta = read_dcp_metadata(*storage, src);
+  if (storage->exists(step_dir)) {
+    throw IoError(step_dir + ": exists; import-dcp writes a new checkpoint directory");
+  }
+  DcpImportStats stats;
+  int64_t train_step = -1;
+  int64_t max_optim_step = -1;
+  struct Planned {
+    const DcpTensorItem* item;
+    std::string name;
+    bool step;  // an AdamW step: an 8-byte integer item
+  };
+  std::vector<Planned> planned;
+  std::map<std::string, std::string> seen;
+  auto scalar = [&](const DcpTensorItem& item) {
+    if (!checked_numel(item.shape) || *checked_numel(item.shape) != 1) {
+      throw FormatError(src + ": item '" + item.fqn + "' is not a single number");
+    }
+    uint8_t raw[8] = {};
+    read_dcp_box(*storage, src, item, full_box(item.shape), raw);
+    switch (item.dtype) {
+      case DType::kFloat32: {
+        float f;
+        std::memcpy(&f, raw, 4);
+        return static_cast<int64_t>(f);
+      }
+      case DType::kFloat64: {
+        double d;
+        std::memcpy(&d, raw, 8);
+        return static_cast<int64_t>(d);
+      }
+      case DType::kInt64: return static_cast<int64_t>(load_le(raw, 8));
+      case DType::kInt32: return static_cast<int64_t>(static_cast<int32_t>(load_le(raw, 4)));
+      default: throw FormatError(src + ": item '" + item.fqn + "' is not a step count");
+    }
+  };
+  for (const DcpTensorItem& item : meta.tensors) {
+    if (item.fqn == "train_state.step") {
+      train_step = scalar(item);
+      continue;
+    }
+    const std::string name = dcp_to_shardkit_name(item.fqn, options.renames);
+    if (name.empty()) {
+      stats.ignored.push_back(item.fqn);
+      continue;
+    }
+    if (!seen.emplace(name, item.fqn).second) {
+      throw FormatError(src + ": DCP keys '" + seen[name] + "' and '" + item.fqn +
+                        "' both map to '" + name + "'");
+    }
+    const bool is_step = name.rfind("optim.", 0) == 0 && name.size() > 5 &&
+                         name.compare(name.size() - 5, 5, ".step") == 0;
+    planned.push_back({&item, name, is_step});
+  }
+  for (const DcpBytesItem& b : meta.bytes) stats.ignored.push_back(b.fqn);
+  if (planned.empty()) throw FormatError(src + ": nothing to import: no model or optimizer tensors");
+
+  storage->make_dirs_durable(step_dir);
+  const std::string data_file = "rank_0.data";
+  try {
+    thread_pool::ThreadPool pool(static_cast<size_t>(std::max(1, options.io_threads)));
+    std::unique_ptr<WritableFile> file = storage->create_file(join_path(step_dir, data_file));
+    ChunkWriter::Options wo;
+    wo.max_batches_in_flight = 2 * pool.num_threads();
+    ChunkWriter writer(*file, &pool, wo);
+    CheckpointMeta out;
+    out.world_size = 1;
+    out.layout = "imported from PyTorch DCP";
+    out.created_unix_s = static_cast<int64_t>(std::time(nullptr));
+    out.info["imported_from"] = "pytorch-dcp";
+    out.info["source"] = src;
+    std::vector<std::pair<size_t, Box>> chunk_of;  // per chunk added: (item, box)
+    auto add_bytes_item = [&](const std::string& name, int64_t v) {
+      auto buf = std::make_shared<std::vector<uint8_t>>(8);
+      store_le(buf->data(), static_cast<uint64_t>(v), 8);
+      ItemMeta item;
+      item.name = name;
+      item.kind = ItemKind::kBytes;
+      item.dtype = DType::kUInt8;
+      item.global_shape = {8};
+      out.items.push_back(std::move(item));
+      writer.add_chunk(buf->data(), 8, 1, {}, buf);
+      chunk_of.emplace_back(out.items.size() - 1, full_box({8}));
+      stats.bytes += 8;
+    };
+    for (const Planned& p : planned) {
+      const DcpTensorItem& item = *p.item;
+      if (p.step) {
+        const int64_t v = scalar(item);
+        max_optim_step = std::max(max_optim_step, v);
+        add_bytes_item(p.name, v);
+        ++stats.tensors;
+        continue;
+      }
+      ItemMeta meta_item;
+      meta_item.name = p.name;
+      meta_item.dtype = item.dtype;
+      meta_item.global_shape = item.shape;
+      out.items.push_back(std::move(meta_item));
+      const size_t index = out.items.size() - 1;
+      const size_t esize = element_size(item.dtype);
+      for (const DcpChunk& c : item.chunks) {
+        const int64_t rows = c.box.ndim() == 0 ? 1 : c.box.sizes[0];
+        const uint64_t row_bytes = rows == 0 ? 0 : static_cast<uint64_t>(c.box.numel()) / rows * esize;
+        const int64_t per = static_cast<int64_t>(std::max<uint64_t>(
+            1, row_bytes == 0 ? 1 : std::min<uint64_t>(rows, options.slab_bytes / row_bytes)));
+        for (int64_t r0 = 0; r0 < std::max<int64_t>(rows, 1); r0 += per) {
+          Box slab = c.box;
+          if (slab.ndim() > 0) {
+            slab.offsets[0] = c.box.offsets[0] + r0;
+            slab.sizes[0] = std::min(per, rows - r0);
+          }
+          auto buf = std::make_shared<std::vector<uint8_t>>(static_cast<size_t>(slab.numel()) * esize);
+          if (!slab.is_empty()) read_dcp_box(*storage, src, item, slab, buf->data());
+          writer.add_chunk(buf->data(), buf->size(), esize, {}, buf);
+          chunk_of.emplace_back(index, slab);
+          stats.bytes += buf->size();
+          if (rows == 0) break;
+        }
+      }
+      ++stats.tensors;
+    }
+    stats.step = train_step >= 0 ? train_step : std::max<int64_t>(0, max_optim_step);
+    out.step = stats.step;
+    add_bytes_item("train.step", stats.step);
+    std::vector<ChunkMeta> chunks = writer.finish();
+    file->sync();
+    file->close();
+    for (size_t k = 0; k < chunks.size(); ++k) {
+      chunks[k].box = chunk_of[k].second;
+      chunks[k].file = data_file;
+      chunks[k].writer_rank = 0;
+      out.items[chunk_of[k].first].chunks.push_back(std::move(chunks[k]));
+    }
+    storage->sync_dir(step_dir);
+    storage->write_file_atomic(join_path(step_dir, kMetadataFileName), encode_metadata(out));
+  } catch (...) {
+    storage->remove_all(step_dir);
+    throw;
+  }
+  return stats;
 }
 
 void read_dcp_box(Storage& storage, const std::string& dir, const DcpTensorItem& item,

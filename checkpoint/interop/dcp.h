@@ -24,7 +24,9 @@
 // shape, member sizes within the recorded length) when it is opened.
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "checkpoint/format/types.h"
@@ -105,5 +107,43 @@ void read_dcp_box(Storage& storage, const std::string& dir, const DcpTensorItem&
 // "extra." -> "" (not model state); any other key -> itself (torchtitan's
 // newer layout saves the model at the top level).
 std::string dcp_model_name(const std::string& fqn);
+
+// "from=to": a DCP key starting with `from` has it replaced by `to` before
+// the default mapping (e.g. "module.=model." for a DDP-wrapped model).
+using DcpRename = std::pair<std::string, std::string>;
+
+// The shardkit name of DCP key `fqn` after `renames` (first match wins), by
+// the default mapping (import_dcp.h lists it): "model.<fqn>" and bare
+// "<fqn>" -> "model.<fqn>", "optim.state.<fqn>.<x>" and
+// "optimizer.state.<fqn>.<x>" -> "optim.<fqn>.<x>"; "" for keys that are not
+// model or optimizer state (param groups, scheduler, loader, train state).
+std::string dcp_to_shardkit_name(const std::string& fqn, const std::vector<DcpRename>& renames = {});
+
+struct DcpImportOptions {
+  std::vector<DcpRename> renames;
+  int io_threads = 4;
+  uint64_t slab_bytes = uint64_t{64} << 20;  // most bytes of one imported chunk
+  std::shared_ptr<Storage> storage;          // null: the POSIX file system
+};
+
+struct DcpImportStats {
+  int64_t step = 0;                  // train_state.step, else the largest AdamW step, else 0
+  uint64_t tensors = 0;              // items written (tensors and AdamW steps)
+  uint64_t bytes = 0;                // logical bytes written
+  std::vector<std::string> ignored;  // DCP keys not carried
+};
+
+// `ckpt import-dcp`: converts the DCP checkpoint `src` into a committed
+// shardkit checkpoint `step_dir` (created; it must not exist), streaming:
+// each DCP chunk is copied as one or more chunks of at most slab_bytes
+// (dim-0 slabs), so memory stays bounded whatever the model size, and the
+// result reshards like any checkpoint. Items: the mapped model and AdamW
+// moment tensors, optim.<fqn>.step and train.step as 8-byte integers; the
+// metadata (written last, the commit) records the step and
+// info["imported_from"] = "pytorch-dcp". Throws FormatError naming the
+// checkpoint and key for two keys mapping to one name or unreadable input,
+// IoError for I/O; a failed import removes what it wrote.
+DcpImportStats import_dcp_checkpoint(const std::string& src, const std::string& step_dir,
+                                     const DcpImportOptions& options);
 
 }  // namespace checkpoint

@@ -52,25 +52,6 @@ int64_t read_scalar(Storage& storage, const std::string& dir, const DcpTensorIte
 
 }  // namespace
 
-std::string dcp_to_shardkit_name(const std::string& fqn, const std::vector<DcpRename>& renames) {
-  std::string key = fqn;
-  for (const auto& [from, to] : renames) {
-    if (starts_with(key, from)) {
-      key = to + key.substr(from.size());
-      break;
-    }
-  }
-  if (starts_with(key, "model.")) return key;
-  for (const char* optim : {"optim.state.", "optimizer.state."}) {
-    if (starts_with(key, optim)) return "optim." + key.substr(std::strlen(optim));
-  }
-  for (const char* other : {"optim.", "optimizer.", "lr_scheduler.", "dataloader.", "train_state.",
-                            "extra."}) {
-    if (starts_with(key, other)) return "";
-  }
-  return "model." + key;
-}
-
 DcpLoadStats load_dcp_into(StateDict& state, const std::string& dir, const DcpLoadOptions& options) {
   std::shared_ptr<Storage> storage = options.storage ? options.storage : posix_storage();
   const DcpMetadata meta = read_dcp_metadata(*storage, dir);

@@ -30,14 +30,6 @@
 
 namespace checkpoint {
 
-// "from=to": a DCP key starting with `from` has it replaced by `to` before
-// the default mapping (e.g. "module.=model." for a DDP-wrapped model).
-using DcpRename = std::pair<std::string, std::string>;
-
-// The shardkit name of DCP key `fqn` after `renames` (first match wins); ""
-// for a key that is not model or optimizer state.
-std::string dcp_to_shardkit_name(const std::string& fqn, const std::vector<DcpRename>& renames = {});
-
 struct DcpLoadOptions {
   std::vector<DcpRename> renames;
   // Entries under this prefix must all be found (default: the model);

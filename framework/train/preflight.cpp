@@ -264,6 +264,7 @@ void check_resume(const config::Config& cfg, PreflightReport& report) {
       return;  // resume fails naming the damage
     }
     report.resume_from = path;
+    if (yaml->empty()) return;  // imported (ckpt import-dcp): no config to compare
     const std::vector<std::string> changes =
         resume_conflicts(*yaml, path + " (its saved config)", cfg, ck.model_only);
     if (changes.empty()) {

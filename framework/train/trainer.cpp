@@ -204,7 +204,16 @@ void Trainer::State::apply_loaded(checkpoint::StateDict& sd, bool model_only) {
   if (model_only) return;
   set_optimizer_state(sd, *fsdp, *optim);
   step = bytes_int64(sd.find_bytes("train.step")->data, "train.step");
-  data::LoaderState loader_state = data::decode_loader_state(sd.find_bytes("data.loader")->data);
+  const std::vector<uint8_t>& saved_position = sd.find_bytes("data.loader")->data;
+  if (saved_position.empty()) {
+    // An imported checkpoint (ckpt import-dcp): the data continue at its
+    // step, and the RNG keeps this run's state.
+    data::LoaderState position = loader->state();
+    position.next_step = step;
+    loader->load_state(position);
+    return;
+  }
+  data::LoaderState loader_state = data::decode_loader_state(saved_position);
   if (cfg.checkpoint.allow_config_change) {
     // The user resumed across a run.seed or batch change: keep the position.
     const data::LoaderState now = loader->state();
@@ -423,6 +432,11 @@ Trainer::Trainer(const config::Config& config, dist::Runtime& runtime, UserModel
     // The DCP directory was the run's initial load; it has its own now.
     s.cfg.checkpoint.resume = "auto";
   }
+  // What a checkpoint imported from PyTorch DCP (ckpt import-dcp) lacks:
+  // apply_loaded derives the data position from train.step and keeps the RNG.
+  s.hooks.checkpoint.optional_items = [](const std::string& name) {
+    return name == "data.loader" || name == "rng.cpu" || name == "config";
+  };
   s.ckpt = std::make_unique<checkpoint::CheckpointManager>(
       s.cfg.checkpoint, (fs::path(s.cfg.run.dir) / "checkpoints").string(), *runtime.checkpoint,
       s.layout, s.hooks.storage ? s.hooks.storage : checkpoint::posix_storage(),
@@ -448,6 +462,7 @@ Trainer::Trainer(const config::Config& config, dist::Runtime& runtime, UserModel
     }
   } else {
     checkpoint::StateDict sd = s.make_state_dict();
+    for (const char* optional : {"data.loader", "rng.cpu"}) sd.find_bytes(optional)->data.clear();
     if (std::optional<checkpoint::ResumeResult> r = s.ckpt->resume(sd)) {
       s.apply_loaded(sd, s.cfg.checkpoint.model_only);
       resume_from = r->path;
