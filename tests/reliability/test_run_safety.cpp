@@ -39,10 +39,14 @@ std::vector<nlohmann::json> events(const std::vector<nlohmann::json>& records, c
 }
 
 // Every file under `dir` with its size: what "nothing changed" compares.
+// The run lock (.lock) is left out: any run that takes the lock writes its
+// own pid there, whose length varies.
 std::map<std::string, uintmax_t> tree(const fs::path& dir) {
   std::map<std::string, uintmax_t> out;
   for (const auto& e : fs::recursive_directory_iterator(dir)) {
-    out[fs::relative(e.path(), dir).string()] = e.is_regular_file() ? e.file_size() : 0;
+    const std::string name = fs::relative(e.path(), dir).string();
+    if (name == ".lock") continue;
+    out[name] = e.is_regular_file() ? e.file_size() : 0;
   }
   return out;
 }
