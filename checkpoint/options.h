@@ -42,6 +42,9 @@ struct CheckpointOptions {
   bool allow_partial = false;        // load: tolerate missing/unexpected items
   bool model_only = false;           // load: model weights only
   int io_threads = 4;
+  // Save-plan caching (save.h, SavePlanCache): later saves of an unchanged
+  // structure skip the plan exchange; proven by one small all-reduce.
+  bool plan_cache = true;
   CompressionOptions compression;
 };
 

@@ -1,5 +1,7 @@
 #include "checkpoint/save.h"
 
+#include "checkpoint/save_protocol.h"
+
 #include "checkpoint/agreement.h"
 #include "checkpoint/error_text.h"
 #include "checkpoint/format/checksum.h"
@@ -15,6 +17,9 @@
 #include <ctime>
 #include <future>
 #include <map>
+#include <random>
+#include <string_view>
+#include <unordered_map>
 
 namespace checkpoint {
 
@@ -22,17 +27,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 using framework::dist::Bytes;
-
-// Throws on every rank if any rank reported an error, naming each
-// (agreement.h: every message between ranks starts with a status byte).
-void raise_if_any_failed(const std::vector<Bytes>& replies, const std::string& phase,
-                         const std::string& step_dir) {
-  const std::string failures = describe_rank_failures(replies);
-  if (!failures.empty()) {
-    throw CheckpointError("checkpoint save to " + step_dir + " failed during " + phase + " (" +
-                          failures + "); nothing was committed");
-  }
-}
 
 // A written chunk as one rank reports it to the coordinator.
 void put_chunk_location(wire::ByteWriter& w, const ChunkMeta& c) {
@@ -182,9 +176,77 @@ std::vector<ChunkMeta> write_assignments(const StateDict& state,
   return out;
 }
 
-CheckpointMeta assemble_metadata(const std::vector<LocalPlan>& plans, const GlobalPlan& plan,
-                                 const std::vector<Bytes>& locations, int world,
-                                 const SaveOptions& options) {
+}  // namespace
+
+namespace save_protocol {
+
+uint64_t structure_hash(const Bytes& local_plan_blob, const PlanOptions& options, int world,
+                        int rank) {
+  Xxh3Stream h;
+  h.update(local_plan_blob.data(), local_plan_blob.size());
+  const uint64_t extra[3] = {options.split_min_bytes, static_cast<uint64_t>(world),
+                             static_cast<uint64_t>(rank)};
+  h.update(extra, sizeof extra);
+  return h.digest();
+}
+
+std::vector<Bytes> plan_replies(const std::vector<Bytes>& gathered, const PlanOptions& options,
+                                const std::string& step_dir, uint64_t plan_id,
+                                CoordinatorPlan* kept) {
+  const size_t world = gathered.size();
+  auto everyone = [&](const std::string& error) { return std::vector<Bytes>(world, tagged_error(error)); };
+  const std::string failures = describe_rank_failures(gathered);
+  if (!failures.empty()) {
+    return everyone("checkpoint save to " + step_dir + " failed during planning (" + failures +
+                    "); nothing was committed");
+  }
+  CoordinatorPlan plan;
+  try {
+    std::vector<LocalPlan> plans;
+    plans.reserve(world);
+    for (const auto& r : gathered) plans.push_back(decode_local_plan(r.data() + 1, r.size() - 1));
+    plan.plan = make_global_plan(plans, options);
+    std::map<std::string, bool> seen;
+    for (const LocalPlan& lp : plans) {
+      for (const WriteItem& w : lp.items) {
+        if (!seen.emplace(w.name, true).second) continue;
+        ItemMeta item;
+        item.name = w.name;
+        item.kind = w.kind;
+        item.dtype = w.dtype;
+        item.global_shape = w.global_shape;
+        plan.items.push_back(std::move(item));
+      }
+    }
+  } catch (const std::exception& e) {
+    return everyone("checkpoint save to " + step_dir + " failed during planning: " + error_text(e) +
+                    "; nothing was committed");
+  }
+  std::vector<Bytes> replies(world);
+  for (size_t r = 0; r < world; ++r) {
+    wire::ByteWriter w;
+    w.put_u64(plan_id);
+    Bytes body = w.release();
+    Bytes assigned = encode_assignments(plan.plan.per_rank[r]);
+    body.insert(body.end(), assigned.begin(), assigned.end());
+    replies[r] = tagged_ok(std::move(body));
+  }
+  if (kept) *kept = std::move(plan);
+  return replies;
+}
+
+std::vector<WriteAssignment> assignments_from_reply(const Bytes& reply, uint64_t* plan_id) {
+  if (!tagged_succeeded(reply)) throw CheckpointError(tagged_text(reply));
+  if (reply.size() < 1 + 8) throw CheckpointError("checkpoint save: short planning reply");
+  wire::ByteReader r(reply.data() + 1, 8);
+  const uint64_t id = r.get_u64("plan id");
+  if (plan_id) *plan_id = id;
+  return decode_assignments(reply.data() + 9, reply.size() - 9);
+}
+
+CheckpointMeta assemble_metadata(const CoordinatorPlan& kept, const std::vector<Bytes>& reports,
+                                 const SaveOptions& options, SaveStats& stats) {
+  const int world = static_cast<int>(reports.size());
   CheckpointMeta meta;
   meta.format_version = kFormatVersion;
   meta.step = options.step;
@@ -192,26 +254,20 @@ CheckpointMeta assemble_metadata(const std::vector<LocalPlan>& plans, const Glob
   meta.layout = options.layout;
   meta.created_unix_s = static_cast<int64_t>(std::time(nullptr));
   meta.info = options.info;
-  std::map<std::string, size_t> index;
-  for (const auto& lp : plans) {
-    for (const auto& w : lp.items) {
-      if (index.count(w.name)) continue;
-      index[w.name] = meta.items.size();
-      ItemMeta item;
-      item.name = w.name;
-      item.kind = w.kind;
-      item.dtype = w.dtype;
-      item.global_shape = w.global_shape;
-      meta.items.push_back(std::move(item));
-    }
-  }
+  meta.items = kept.items;
+  std::unordered_map<std::string_view, size_t> index;
+  index.reserve(meta.items.size());
+  for (size_t i = 0; i < meta.items.size(); ++i) index.emplace(meta.items[i].name, i);
   for (int r = 0; r < world; ++r) {
-    wire::ByteReader reader(locations[r].data() + 1, locations[r].size() - 1);
-    for (const auto& a : plan.per_rank[r]) {
+    wire::ByteReader reader(reports[r].data() + 1, reports[r].size() - 1);
+    stats.total_logical_bytes += reader.get_u64("logical");
+    stats.total_stored_bytes += reader.get_u64("stored");
+    const std::string file = "rank_" + std::to_string(r) + ".data";
+    for (const auto& a : kept.plan.per_rank[r]) {
       ChunkMeta c;
       get_chunk_location(reader, c);
       c.box = a.box;
-      c.file = "rank_" + std::to_string(r) + ".data";
+      c.file = file;
       c.writer_rank = r;
       meta.items[index.at(a.name)].chunks.push_back(std::move(c));
     }
@@ -219,17 +275,18 @@ CheckpointMeta assemble_metadata(const std::vector<LocalPlan>& plans, const Glob
   return meta;
 }
 
-}  // namespace
+}  // namespace save_protocol
 
 namespace {
 
-// Step 3: writes this rank's assignments and returns its reply for the
-// all-gather: logical and stored bytes, then the chunks' locations.
-Bytes write_this_rank(const StateDict& state, const std::string& step_dir, const GlobalPlan& plan,
-                      int rank, Storage& storage, const SaveOptions& options, SaveStats& stats) {
+// Step 3: writes this rank's assignments and returns its write report:
+// logical and stored bytes, then the chunks' locations.
+Bytes write_this_rank(const StateDict& state, const std::string& step_dir,
+                      const std::vector<WriteAssignment>& assignments, int rank, Storage& storage,
+                      const SaveOptions& options, SaveStats& stats) {
   storage.make_dirs(step_dir);
   RankWriter writer(storage, step_dir, rank, options);
-  std::vector<ChunkMeta> chunks = write_assignments(state, plan.per_rank[rank], writer, rank);
+  std::vector<ChunkMeta> chunks = write_assignments(state, assignments, writer, rank);
   stats.logical_bytes = writer.logical_bytes();
   stats.stored_bytes = writer.stored_bytes();
   stats.peak_batches_in_flight = writer.peak_batches_in_flight();
@@ -240,19 +297,23 @@ Bytes write_this_rank(const StateDict& state, const std::string& step_dir, const
   return w.release();
 }
 
-// Step 4's input: every rank's chunk locations (tagged, as the metadata
-// assembly takes them), adding up the byte totals into `stats`.
-std::vector<Bytes> chunk_locations(const std::vector<Bytes>& replies, SaveStats& stats) {
-  std::vector<Bytes> locations;
-  for (const auto& r : replies) {
-    wire::ByteReader reader(r.data() + 1, r.size() - 1);
-    stats.total_logical_bytes += reader.get_u64("logical");
-    stats.total_stored_bytes += reader.get_u64("stored");
-    Bytes rest(r.begin() + 1 + 16, r.end());
-    rest.insert(rest.begin(), uint8_t{1});
-    locations.push_back(std::move(rest));
-  }
-  return locations;
+// A fresh plan id: agreed by the coordinator's scatter, never 0, < 2^62 (so
+// that its negation fits the agreement's all-reduce).
+uint64_t new_plan_id() {
+  std::random_device rd;
+  const uint64_t id = (static_cast<uint64_t>(rd()) << 32 | rd()) ^
+                      static_cast<uint64_t>(Clock::now().time_since_epoch().count());
+  return (id & ((uint64_t{1} << 62) - 1)) | 1;
+}
+
+// Whether every rank may save with its cached plan: one all-reduce (MIN) of
+// [this rank fits, plan id, -plan id]; true iff all fit and all ids agree.
+bool cached_plan_agreed(framework::dist::Group& group, bool fits, uint64_t plan_id) {
+  const int64_t id = fits ? static_cast<int64_t>(plan_id) : 0;
+  at::Tensor agree = torch::tensor({int64_t{fits ? 1 : 0}, id, -id}, torch::kLong);
+  group.all_reduce(agree, framework::dist::ReduceOp::kMin);
+  const int64_t* v = agree.data_ptr<int64_t>();
+  return v[0] == 1 && v[1] == -v[2] && v[1] != 0;
 }
 
 }  // namespace
@@ -264,69 +325,109 @@ SaveStats save_state_dict(const StateDict& state, const std::string& step_dir,
   const int rank = group.rank();
   const int world = group.size();
   std::shared_ptr<Storage> storage = options.storage ? options.storage : posix_storage();
+  SavePlanCache* cache = options.plan_cache.get();
   auto t0 = Clock::now();
 
-  // 1. Local plans, exchanged.
-  Bytes mine;
+  // 1. This rank's local plan.
+  Bytes blob;
+  std::string error;
   try {
-    mine = tagged_ok(encode_local_plan(make_local_plan(state, rank)));
+    blob = encode_local_plan(make_local_plan(state, rank));
     // Durable at once: a commit inside a step directory whose own name is
     // lost in a power cut is no commit (and retention may already have
     // deleted the previous checkpoint).
     if (rank == 0) storage->make_dirs_durable(step_dir);
   } catch (const std::exception& e) {
-    mine = tagged_error(error_text(e));
+    error = error_text(e);
   }
-  std::vector<Bytes> replies = group.all_gather_bytes(mine);
-  raise_if_any_failed(replies, "planning", step_dir);
 
-  // 2. The global plan: a pure function of the same inputs on every rank.
-  std::vector<LocalPlan> plans;
-  GlobalPlan plan;
-  try {
-    for (const auto& r : replies) plans.push_back(decode_local_plan(r.data() + 1, r.size() - 1));
-    plan = make_global_plan(plans, options.plan);
-  } catch (const std::exception& e) {
-    throw CheckpointError("checkpoint save to " + step_dir + " failed during planning: " + error_text(e) +
-                          "; nothing was committed");
+  // 2. The plan: cached when every rank's structure is unchanged, else from
+  // the coordinator.
+  std::vector<WriteAssignment> assignments;
+  std::shared_ptr<const CoordinatorPlan> kept;
+  const uint64_t structure =
+      error.empty() ? save_protocol::structure_hash(blob, options.plan, world, rank) : 0;
+  if (cache) {
+    const bool fits = error.empty() && cache->valid && cache->structure == structure &&
+                      (rank != 0 || cache->coordinator);
+    stats.plan_cached = cached_plan_agreed(group, fits, cache->plan_id);
+  }
+  if (stats.plan_cached) {
+    ++cache->hits;
+    assignments = cache->assignments;
+    kept = cache->coordinator;
+  } else {
+    if (cache) {
+      ++cache->misses;
+      cache->valid = false;
+    }
+    std::vector<Bytes> gathered =
+        group.gather_bytes(error.empty() ? tagged_ok(std::move(blob)) : tagged_error(error), 0);
+    std::vector<Bytes> replies;
+    if (rank == 0) {
+      auto plan = std::make_shared<CoordinatorPlan>();
+      replies = save_protocol::plan_replies(gathered, options.plan, step_dir, new_plan_id(), plan.get());
+      kept = std::move(plan);
+    }
+    gathered = {};
+    uint64_t plan_id = 0;
+    assignments = save_protocol::assignments_from_reply(group.scatter_bytes(replies, 0), &plan_id);
+    if (cache) {
+      cache->structure = structure;
+      cache->plan_id = plan_id;
+      cache->assignments = assignments;
+      cache->coordinator = kept;
+      cache->valid = true;
+    }
   }
   stats.plan_s = seconds_since(t0);
 
   // 3. Write this rank's assignments. The step directory exists once the
-  // plans were exchanged (rank 0 made it before replying).
+  // plan was agreed (rank 0 made it before).
   auto t1 = Clock::now();
+  Bytes report;
   try {
-    mine = tagged_ok(write_this_rank(state, step_dir, plan, rank, *storage, options, stats));
+    report = tagged_ok(write_this_rank(state, step_dir, assignments, rank, *storage, options, stats));
   } catch (const std::exception& e) {
-    mine = tagged_error(error_text(e));
+    report = tagged_error(error_text(e));
   }
-  replies = group.all_gather_bytes(mine);
+  std::vector<Bytes> reports = group.gather_bytes(report, 0);
   stats.write_s = seconds_since(t1);
-  raise_if_any_failed(replies, "writing", step_dir);
 
   // 4. Commit (coordinator), then tell everyone how it went.
   auto t2 = Clock::now();
-  const std::vector<Bytes> locations = chunk_locations(replies, stats);
   Bytes verdict;
   if (rank == 0) {
-    try {
-      CheckpointMeta meta = assemble_metadata(plans, plan, locations, world, options);
-      // The data files' names in the step directory must reach the disk
-      // before the commit: POSIX does not order the .metadata rename after
-      // them, and a commit naming a lost file is a damaged checkpoint.
-      storage->sync_dir(step_dir);
-      storage->write_file_atomic(join_path(step_dir, kMetadataFileName), encode_metadata(meta));
-      verdict = tagged_ok({});
-    } catch (const std::exception& e) {
-      verdict = tagged_error(std::string("commit: ") + error_text(e));
+    const std::string failures = describe_rank_failures(reports);
+    if (!failures.empty()) {
+      verdict = tagged_error("checkpoint save to " + step_dir + " failed during writing (" +
+                             failures + "); nothing was committed");
+    } else {
+      try {
+        SaveStats totals;
+        CheckpointMeta meta = save_protocol::assemble_metadata(*kept, reports, options, totals);
+        reports = {};
+        // The data files' names in the step directory must reach the disk
+        // before the commit: POSIX does not order the .metadata rename after
+        // them, and a commit naming a lost file is a damaged checkpoint.
+        storage->sync_dir(step_dir);
+        storage->write_file_atomic(join_path(step_dir, kMetadataFileName), encode_metadata(meta));
+        wire::ByteWriter w;
+        w.put_u64(totals.total_logical_bytes);
+        w.put_u64(totals.total_stored_bytes);
+        verdict = tagged_ok(w.release());
+      } catch (const std::exception& e) {
+        verdict = tagged_error("checkpoint save to " + step_dir + " failed (rank 0 commit: " +
+                               error_text(e) + "); nothing was committed");
+      }
     }
   }
   verdict = group.broadcast_bytes(verdict, 0);
   stats.commit_s = seconds_since(t2);
-  if (!tagged_succeeded(verdict)) {
-    throw CheckpointError("checkpoint save to " + step_dir + " failed (rank 0 " +
-                          tagged_text(verdict) + "); nothing was committed");
-  }
+  if (!tagged_succeeded(verdict)) throw CheckpointError(tagged_text(verdict));
+  wire::ByteReader totals(verdict.data() + 1, verdict.size() - 1);
+  stats.total_logical_bytes = totals.get_u64("total logical");
+  stats.total_stored_bytes = totals.get_u64("total stored");
   return stats;
 }
 

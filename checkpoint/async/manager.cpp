@@ -42,6 +42,7 @@ CheckpointManager::CheckpointManager(CheckpointOptions options, std::string defa
       group_(group),
       layout_(std::move(layout)),
       mode_(parse_save_mode(options_.mode)),
+      plan_cache_(options_.plan_cache ? std::make_shared<SavePlanCache>() : nullptr),
       storage_(std::move(storage)),
       hooks_(std::move(hooks)) {}
 
@@ -237,7 +238,10 @@ void CheckpointManager::persist(std::shared_ptr<Job> job) {
     so.io_threads = options_.io_threads;
     so.info = {{"mode", options_.mode}};
     so.storage = storage_;
+    so.plan_cache = plan_cache_;
     SaveStats st = save_state_dict(job->staged, job->event.path, group_, so);
+    job->event.plan_s = st.plan_s;
+    job->event.plan_cached = st.plan_cached;
     job->event.write_s = st.plan_s + st.write_s;
     job->event.commit_s = st.commit_s;
     job->event.bytes = st.total_logical_bytes;

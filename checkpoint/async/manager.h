@@ -59,6 +59,8 @@ struct CheckpointEvent {
   double stage_s = 0;     // copy into host buffers (0 in sync mode)
   double write_s = 0;     // planning + writing + fsync, all ranks
   double commit_s = 0;
+  double plan_s = 0;       // part of write_s: planning, or the cached plan's agreement
+  bool plan_cached = false;  // the save reused the previous save's plan
   uint64_t bytes = 0;          // logical bytes, all ranks
   uint64_t stored_bytes = 0;   // on disk, all ranks
   bool ok = true;
@@ -149,6 +151,7 @@ class CheckpointManager {
   framework::dist::Group& group_;
   std::string layout_;
   SaveMode mode_;
+  std::shared_ptr<SavePlanCache> plan_cache_;  // null: checkpoint.plan_cache false
   std::thread worker_;
   std::shared_ptr<Job> in_flight_;
   mutable std::mutex mu_;

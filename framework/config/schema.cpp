@@ -137,6 +137,9 @@ std::vector<Key> build_schema() {
        "Load: model weights only, fresh optimizer and step 0."},
       {SHARDKIT_CONFIG_FIELD(checkpoint.io_threads), between(1, 256),
        "Writer/reader threads per rank."},
+      {SHARDKIT_CONFIG_FIELD(checkpoint.plan_cache), any_value(),
+       "Later saves of an unchanged state structure reuse the save plan (one small all-reduce "
+       "checks every rank); false: plan every save in full."},
       {SHARDKIT_CONFIG_FIELD(checkpoint.compression.codec), one_of({"none", "zstd"}),
        "Compression of tensor data."},
       {SHARDKIT_CONFIG_FIELD(checkpoint.compression.level), between(1, 19), "zstd level."},

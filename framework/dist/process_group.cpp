@@ -2,6 +2,8 @@
 
 #include "framework/dist/torch_compat.h"
 
+#include <algorithm>
+#include <cstring>
 #include <sstream>
 #include <stdexcept>
 
@@ -216,6 +218,80 @@ Bytes Group::broadcast_bytes(const Bytes& payload, int root) {
   broadcast(buf, root);
   const uint8_t* p = buf.data_ptr<uint8_t>();
   return Bytes(p, p + n);
+}
+
+namespace {
+
+// A payload behind its u64 length, zero-padded to `width` bytes.
+void put_framed(uint8_t* dst, const Bytes& payload) {
+  const uint64_t n = payload.size();
+  std::memcpy(dst, &n, sizeof n);
+  if (n > 0) std::memcpy(dst + sizeof n, payload.data(), payload.size());
+}
+
+Bytes get_framed(const uint8_t* src, int64_t width) {
+  uint64_t n = 0;
+  std::memcpy(&n, src, sizeof n);
+  TORCH_CHECK(n <= static_cast<uint64_t>(width) - sizeof n, "dist: framed payload of ", n,
+              " bytes exceeds its frame of ", width);
+  return Bytes(src + sizeof n, src + sizeof n + n);
+}
+
+}  // namespace
+
+std::vector<Bytes> Group::gather_bytes(const Bytes& mine, int root) {
+  TORCH_CHECK(root >= 0 && root < size(), "gather_bytes: root ", root, " out of range");
+  if (size() == 1) return {mine};
+  at::Tensor width = at::tensor({static_cast<int64_t>(mine.size() + sizeof(uint64_t))}, at::kLong);
+  all_reduce(width, ReduceOp::kMax);
+  const int64_t w = width.item<int64_t>();
+  at::Tensor framed = at::zeros({w}, at::kByte);
+  put_framed(framed.data_ptr<uint8_t>(), mine);
+  std::vector<at::Tensor> ins{on_backend_device(framed, backend_is_cuda())};
+  std::vector<std::vector<at::Tensor>> outs;
+  at::Tensor all;
+  if (rank_ == root) {
+    all = on_backend_device(at::empty({w * size()}, at::kByte), backend_is_cuda());
+    outs.push_back(all.chunk(size()));
+  }
+  c10d::GatherOptions opts;
+  opts.rootRank = root;
+  run("gather", [&] { return backend_->pg->gather(outs, ins, opts); });
+  std::vector<Bytes> result;
+  if (rank_ != root) return result;
+  at::Tensor host = all.cpu();
+  for (int r = 0; r < size(); ++r) result.push_back(get_framed(host.data_ptr<uint8_t>() + r * w, w));
+  return result;
+}
+
+Bytes Group::scatter_bytes(const std::vector<Bytes>& per_member, int root) {
+  TORCH_CHECK(root >= 0 && root < size(), "scatter_bytes: root ", root, " out of range");
+  if (rank_ == root) {
+    TORCH_CHECK(per_member.size() == static_cast<size_t>(size()), "scatter_bytes: ",
+                per_member.size(), " payloads for ", size(), " members");
+  }
+  if (size() == 1) return per_member[0];
+  at::Tensor width = at::zeros({1}, at::kLong);
+  if (rank_ == root) {
+    size_t longest = 0;
+    for (const Bytes& b : per_member) longest = std::max(longest, b.size());
+    width.fill_(static_cast<int64_t>(longest + sizeof(uint64_t)));
+  }
+  broadcast(width, root);
+  const int64_t w = width.item<int64_t>();
+  at::Tensor mine = on_backend_device(at::empty({w}, at::kByte), backend_is_cuda());
+  std::vector<at::Tensor> outs{mine};
+  std::vector<std::vector<at::Tensor>> ins;
+  if (rank_ == root) {
+    at::Tensor all = at::zeros({w * size()}, at::kByte);
+    for (int r = 0; r < size(); ++r) put_framed(all.data_ptr<uint8_t>() + r * w, per_member[r]);
+    ins.push_back(on_backend_device(all, backend_is_cuda()).chunk(size()));
+  }
+  c10d::ScatterOptions opts;
+  opts.rootRank = root;
+  run("scatter", [&] { return backend_->pg->scatter(outs, ins, opts); });
+  at::Tensor host = mine.cpu();
+  return get_framed(host.data_ptr<uint8_t>(), w);
 }
 
 }  // namespace framework::dist

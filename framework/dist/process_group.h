@@ -67,6 +67,14 @@ class Group {
   // Byte payloads of any length (plans, metadata, small state).
   std::vector<Bytes> all_gather_bytes(const Bytes& mine);
   Bytes broadcast_bytes(const Bytes& payload, int root);
+  // Every member's `mine` at `root` (index = member), an empty vector
+  // elsewhere. A member receives nothing but the longest payload's length:
+  // what a coordinator gathers stays off the others.
+  std::vector<Bytes> gather_bytes(const Bytes& mine, int root);
+  // Member r gets per_member[r] (read at `root` only, where it must have
+  // size() entries). A member receives its own payload, padded to the
+  // longest one.
+  Bytes scatter_bytes(const std::vector<Bytes>& per_member, int root);
 
   // True once a collective failed; every later call throws at once.
   bool broken() const { return !broken_reason_.empty(); }

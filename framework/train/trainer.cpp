@@ -275,7 +275,8 @@ void Trainer::State::log_checkpoint_events() {
     nlohmann::json j = {{"event", "checkpoint"}, {"step", ev.step},         {"mode", ev.mode},
                         {"blocking_s", ev.blocking_s}, {"stage_s", ev.stage_s},
                         {"write_s", ev.write_s},   {"commit_s", ev.commit_s}, {"bytes", ev.bytes},
-                        {"stored_bytes", ev.stored_bytes}, {"ok", ev.ok},   {"path", ev.path}};
+                        {"stored_bytes", ev.stored_bytes}, {"ok", ev.ok},   {"path", ev.path},
+                        {"plan_s", ev.plan_s}, {"plan_cached", ev.plan_cached}};
     if (!ev.ok) j["error"] = ev.error;
     metrics << j.dump() << "\n";
     metrics.flush();

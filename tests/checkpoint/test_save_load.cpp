@@ -204,6 +204,69 @@ TEST(SaveLoad, ARankThatFailsMakesEveryRankFailAndNothingIsCommitted) {
   fs::remove_all(root);
 }
 
+// Plan caching: a second save of the same structure reuses the plan (one
+// all-reduce) and writes byte-identical data files and the same metadata but
+// for its creation time; a change on one rank, or a rank without the cached
+// plan, makes every rank plan in full, and the result is still right.
+TEST(SaveLoad, PlanCacheGivesIdenticalCheckpointsAndFallsBackOnAnyChange) {
+  std::string root = scratch("plancache");
+  const int world = 3;
+  std::vector<std::vector<bool>> cached(world);
+  run_ranks(world, [&](RankContext& ctx) {
+    auto g = ctx.make_group("ckpt");
+    auto cache = std::make_shared<SavePlanCache>();
+    auto save = [&](const std::string& name, const StateDict& sd) {
+      SaveOptions so;
+      so.step = 7;
+      so.layout = "test";
+      so.compression.block_size = 16;
+      so.plan_cache = cache;
+      cached[ctx.rank].push_back(save_state_dict(sd, root + "/" + name, *g, so).plan_cached);
+    };
+    save("a", rank_state(ctx.rank, world));
+    save("b", rank_state(ctx.rank, world));
+    // Rank 2 alone holds one more item.
+    StateDict changed = rank_state(ctx.rank, world);
+    if (ctx.rank == 2) changed.add_bytes("rank2_extra", {1, 2, 3});
+    save("c", changed);
+    save("d", changed);
+    // Rank 1 alone lost its cache.
+    if (ctx.rank == 1) *cache = SavePlanCache{};
+    save("e", changed);
+    save("f", changed);
+    EXPECT_EQ(cache->hits, ctx.rank == 1 ? 1 : 3);  // rank 1's count restarted with its cache
+  });
+  for (int r = 0; r < world; ++r) {
+    EXPECT_EQ(cached[r], (std::vector<bool>{false, true, false, true, false, true})) << "rank " << r;
+  }
+  auto bytes_of = [](const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  for (auto [full, reused] : {std::pair{"a", "b"}, std::pair{"c", "d"}, std::pair{"e", "f"}}) {
+    for (int r = 0; r < world; ++r) {
+      const std::string file = "/rank_" + std::to_string(r) + ".data";
+      EXPECT_EQ(bytes_of(root + "/" + full + file), bytes_of(root + "/" + reused + file)) << reused << file;
+    }
+    CheckpointMeta a = read_committed_metadata(*posix_storage(), root + "/" + full);
+    CheckpointMeta b = read_committed_metadata(*posix_storage(), root + "/" + reused);
+    b.created_unix_s = a.created_unix_s;
+    EXPECT_EQ(a, b) << reused;
+  }
+  // The new item is in the checkpoints planned after it appeared.
+  CheckpointMeta d = read_committed_metadata(*posix_storage(), root + "/d");
+  const ItemMeta* extra = d.find("rank2_extra");
+  ASSERT_NE(extra, nullptr);
+  ASSERT_EQ(extra->chunks.size(), 1u);
+  EXPECT_EQ(extra->chunks[0].writer_rank, 2);
+  StateDict sd = empty_like_state(0, 1);
+  LoadOptions lo;
+  lo.allow_partial = true;
+  load_state_dict(sd, root + "/f", lo);
+  EXPECT_TRUE(torch::equal(sd.tensors()[0].local, global_weight()));
+  fs::remove_all(root);
+}
+
 TEST(SaveLoad, AFlippedDataByteIsDetectedNamingItemAndFile) {
   std::string root = scratch("flip");
   save_world(root + "/c", 2);

@@ -81,6 +81,33 @@ TEST_P(CollectivesAcrossWorlds, BroadcastAndBytePayloadsReachEveryRank) {
   });
 }
 
+// What a coordinator gathers and scatters: each member's own payload of any
+// length (empty too), at a root other than 0, and nothing for the others.
+TEST_P(CollectivesAcrossWorlds, GatherAndScatterBytesReachOnlyTheirMembers) {
+  int world = GetParam();
+  const int root = world - 1;
+  auto payload = [](int r) {
+    return framework::dist::Bytes(static_cast<size_t>(r == 1 ? 0 : 5 + r * 7),
+                                  static_cast<uint8_t>(40 + r));
+  };
+  run_ranks(world, [&](RankContext& ctx) {
+    auto g = ctx.make_group("ckpt");
+    auto gathered = g->gather_bytes(payload(ctx.rank), root);
+    if (ctx.rank == root) {
+      ASSERT_EQ(static_cast<int>(gathered.size()), world);
+      for (int r = 0; r < world; ++r) EXPECT_EQ(gathered[r], payload(r)) << "from rank " << r;
+    } else {
+      EXPECT_TRUE(gathered.empty());
+    }
+    std::vector<framework::dist::Bytes> out;
+    if (ctx.rank == root) {
+      for (int r = 0; r < world; ++r) out.push_back(payload(world - 1 - r));
+    }
+    EXPECT_EQ(g->scatter_bytes(out, root), payload(world - 1 - ctx.rank));
+    g->barrier();
+  });
+}
+
 INSTANTIATE_TEST_SUITE_P(Worlds, CollectivesAcrossWorlds, ::testing::Values(2, 3, 4));
 
 TEST(CheckpointGroup, RunsCollectivesFromABackgroundThreadWhileTrainingGroupIsBusy) {

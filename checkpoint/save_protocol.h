@@ -1,0 +1,60 @@
+#pragma once
+// Internal: the pieces of the save protocol (save.cpp) that are pure
+// functions of the messages exchanged, so that bench/scale_bench can run the
+// coordinator's and a rank's real work at any simulated world size without a
+// process group. Not part of the public API.
+//
+// Messages (every one starts with agreement.h's status byte):
+//   rank -> coordinator  local plan: encode_local_plan's blob      (gather)
+//   coordinator -> rank  its reply: u64 plan id, then its encoded
+//                        assignments; or the planning error, the same text
+//                        for every rank                              (scatter)
+//   rank -> coordinator  write report: u64 logical, u64 stored bytes, then
+//                        its chunks' locations, in assignment order  (gather)
+//   coordinator -> all   verdict: u64 total logical, u64 total stored bytes;
+//                        or the error every rank raises           (broadcast)
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "checkpoint/format/metadata.h"
+#include "checkpoint/plan/planner.h"
+#include "checkpoint/save.h"
+
+namespace checkpoint {
+
+// What the coordinator keeps from planning: for the commit, and across saves
+// in a SavePlanCache.
+struct CoordinatorPlan {
+  std::vector<ItemMeta> items;  // declarations in first-seen order; no chunks
+  GlobalPlan plan;
+};
+
+namespace save_protocol {
+
+using Bytes = std::vector<uint8_t>;
+
+// (every rank) What this rank's structure is, for plan caching: XXH3-64 over
+// its local-plan blob, the plan options, the world size and the rank.
+uint64_t structure_hash(const Bytes& local_plan_blob, const PlanOptions& options, int world,
+                        int rank);
+
+// (coordinator) One reply per rank from the gathered local-plan messages
+// (index = rank). On success `kept` receives the plan. Never throws for bad
+// input: a failed rank or disagreeing plans give every rank the same error.
+std::vector<Bytes> plan_replies(const std::vector<Bytes>& gathered, const PlanOptions& options,
+                                const std::string& step_dir, uint64_t plan_id,
+                                CoordinatorPlan* kept);
+
+// (every rank) Its assignments from its reply; throws CheckpointError with the
+// coordinator's text if planning failed.
+std::vector<WriteAssignment> assignments_from_reply(const Bytes& reply, uint64_t* plan_id);
+
+// (coordinator) The metadata of the checkpoint from the kept plan and the
+// gathered write reports (every one succeeded). Adds the byte totals to
+// `stats`.
+CheckpointMeta assemble_metadata(const CoordinatorPlan& kept, const std::vector<Bytes>& reports,
+                                 const SaveOptions& options, SaveStats& stats);
+
+}  // namespace save_protocol
+}  // namespace checkpoint
