@@ -165,29 +165,36 @@ TEST(Metadata, ReadingWhatIsNotACommittedCheckpointNamesTheDirectoryAndWhy) {
 }
 
 TEST(Metadata, EveryTruncationIsRejected) {
-  const std::vector<uint8_t> blob = encode_metadata(rich_meta());
-  for (size_t len = 0; len < blob.size(); ++len) {
-    std::vector<uint8_t> prefix(blob.begin(), blob.begin() + static_cast<ptrdiff_t>(len));
-    EXPECT_THROW(decode(prefix), FormatError) << "length " << len;
+  for (uint32_t version : {1u, 2u}) {
+    const std::vector<uint8_t> blob = encode_metadata(rich_meta(), version);
+    for (size_t len = 0; len < blob.size(); ++len) {
+      std::vector<uint8_t> prefix(blob.begin(), blob.begin() + static_cast<ptrdiff_t>(len));
+      EXPECT_THROW(decode(prefix), FormatError) << "v" << version << " length " << len;
+    }
   }
 }
 
 TEST(Metadata, EverySingleByteFlipIsRejected) {
-  const std::vector<uint8_t> blob = encode_metadata(rich_meta());
-  for (size_t i = 0; i < blob.size(); ++i) {
-    for (uint8_t mask : {0x01, 0x80}) {
-      std::vector<uint8_t> bad = blob;
-      bad[i] ^= mask;
-      EXPECT_THROW(decode(bad), FormatError) << "byte " << i << " mask " << int(mask);
+  for (uint32_t version : {1u, 2u}) {
+    const std::vector<uint8_t> blob = encode_metadata(rich_meta(), version);
+    for (size_t i = 0; i < blob.size(); ++i) {
+      for (uint8_t mask : {0x01, 0x80}) {
+        std::vector<uint8_t> bad = blob;
+        bad[i] ^= mask;
+        EXPECT_THROW(decode(bad), FormatError)
+            << "v" << version << " byte " << i << " mask " << int(mask);
+      }
     }
   }
 }
 
 TEST(Metadata, ChecksumMismatchIsReported) {
-  std::vector<uint8_t> blob = encode_metadata(rich_meta());
-  blob[40] ^= 0x10;
-  EXPECT_NE(decode_error(blob).find("checksum mismatch"), std::string::npos);
-  EXPECT_NE(decode_error(blob).find(kSource), std::string::npos);
+  for (uint32_t version : {1u, 2u}) {
+    std::vector<uint8_t> blob = encode_metadata(rich_meta(), version);
+    blob[40] ^= 0x10;
+    EXPECT_NE(decode_error(blob).find("checksum mismatch"), std::string::npos) << decode_error(blob);
+    EXPECT_NE(decode_error(blob).find(kSource), std::string::npos);
+  }
 }
 
 TEST(Metadata, WrongMagicIsRejected) {
@@ -198,22 +205,26 @@ TEST(Metadata, WrongMagicIsRejected) {
 }
 
 TEST(Metadata, NewerVersionIsRefusedWithAClearMessage) {
-  std::vector<uint8_t> blob = encode_metadata(rich_meta());
-  blob[8] = 7;
-  reseal(blob);
-  EXPECT_EQ(decode_error(blob), std::string("unsupported format version 7 in ") + kSource +
-                                    "; this build reads version 1");
+  for (uint32_t version : {1u, 2u}) {
+    std::vector<uint8_t> blob = encode_metadata(rich_meta(), version);
+    blob[8] = 7;
+    reseal(blob);
+    EXPECT_EQ(decode_error(blob), std::string("unsupported format version 7 in ") + kSource +
+                                      "; this build reads versions 1 and 2");
+  }
+  EXPECT_THROW(encode_metadata(rich_meta(), 3), FormatError);
+  EXPECT_THROW(encode_metadata(rich_meta(), 0), FormatError);
 }
 
 TEST(Metadata, UnknownFlagsAreRejected) {
-  std::vector<uint8_t> blob = encode_metadata(rich_meta());
+  std::vector<uint8_t> blob = encode_metadata(rich_meta(), 1);
   blob[12] = 1;
   reseal(blob);
   EXPECT_NE(decode_error(blob).find("flags"), std::string::npos);
 }
 
 TEST(Metadata, TrailingGarbageIsRejected) {
-  std::vector<uint8_t> blob = encode_metadata(rich_meta());
+  std::vector<uint8_t> blob = encode_metadata(rich_meta(), 1);
   blob.push_back(0);
   EXPECT_THROW(decode(blob), FormatError);
 
@@ -225,9 +236,11 @@ TEST(Metadata, TrailingGarbageIsRejected) {
 
 TEST(Metadata, CraftedBodyWithoutTamperingDecodes) {
   // Guards the crafting helpers used by the hostile-count tests below.
-  const std::vector<uint8_t> blob = encode_metadata(rich_meta());
+  const std::vector<uint8_t> blob = encode_metadata(rich_meta(), 1);
   std::vector<uint8_t> body(blob.begin() + 24, blob.end() - 8);
-  EXPECT_EQ(decode(blob_with_body(body)), rich_meta());
+  CheckpointMeta v1 = rich_meta();
+  v1.format_version = 1;
+  EXPECT_EQ(decode(blob_with_body(body)), v1);
 }
 
 TEST(Metadata, AbsurdItemCountIsRejectedWithoutAllocating) {
@@ -278,7 +291,7 @@ TEST(Metadata, PathEscapesAreRejectedNamingTheItemAndChunk) {
 TEST(Metadata, PathEscapeInStoredBytesIsRejected) {
   // "rank_0.data" and "/etc/passwd" have the same length: patch one into the
   // encoded bytes and fix up the checksum.
-  std::vector<uint8_t> blob = encode_metadata(rich_meta());
+  std::vector<uint8_t> blob = encode_metadata(rich_meta(), 1);
   const std::string from = "rank_0.data", to = "/etc/passwd";
   auto it = std::search(blob.begin(), blob.end(), from.begin(), from.end());
   ASSERT_NE(it, blob.end());
@@ -399,7 +412,7 @@ TEST(Metadata, TruncatedBlockListIsRejectedBeforeAllocating) {
   ItemMeta item{"x", ItemKind::kTensor, DType::kUInt8, {4}, {}};
   item.chunks.push_back(plain_chunk(Box{{0}, {4}}, 1, "rank_0.data", 0, 0));
   meta.items.push_back(item);
-  std::vector<uint8_t> blob = encode_metadata(meta);
+  std::vector<uint8_t> blob = encode_metadata(meta, 1);
   std::vector<uint8_t> body(blob.begin() + 24, blob.end() - 8);
   body.resize(body.size() - 3);
   EXPECT_NE(decode_error(blob_with_body(body)).find("item 'x': chunk 0: bad block count"),
