@@ -164,8 +164,9 @@ ChunkSplit classify_chunk_split(const std::vector<int64_t>& shape, const std::ve
 constexpr uint64_t kMaxMetadataFileBytes = uint64_t{1} << 32;
 
 // (any process) Reads and decodes the committed metadata of the checkpoint
-// directory `checkpoint_dir` through `storage`: the one way every reader
-// (load, verify, export, the ckpt tool) gets it. Throws FormatError naming the
+// directory `checkpoint_dir` through `storage`, whole: what verify, inspect,
+// export and the ckpt tool read (a loading rank reads in part: MetadataReader
+// below). Throws FormatError naming the
 // directory: "no such checkpoint directory: D", "not a directory: D", "not a
 // committed checkpoint (no .metadata): D", a metadata file that is not a
 // regular file or is larger than kMaxMetadataFileBytes, and every decode
