@@ -82,6 +82,7 @@ void metadata_seeds(const fs::path& dir) {
     empty.global_shape = {0, 3};
     meta.items = {w, b, empty};
     write(dir / ("seed_" + std::to_string(n++)), checkpoint::encode_metadata(meta));
+    write(dir / ("seed_" + std::to_string(n++)), checkpoint::encode_metadata(meta, 1));
   }
   checkpoint::CheckpointMeta bare;
   write(dir / ("seed_" + std::to_string(n++)), checkpoint::encode_metadata(bare));

@@ -7,25 +7,23 @@
 
 #include "checkpoint/format/byte_order.h"
 #include "checkpoint/format/checksum.h"
+#include "checkpoint/format/metadata_codec.h"
 #include "checkpoint/plan/planner.h"
 #include "checkpoint/format/wire.h"
 
 namespace checkpoint {
 
+using namespace metadata_codec;
+
 namespace {
 
-constexpr char kMagic[8] = {'S', 'H', 'K', 'C', 'K', 'P', 'T', '\0'};
-constexpr size_t kHeaderBytes = 8 + 4 + 4 + 8;  // magic, version, flags, body length
-constexpr size_t kTrailerBytes = 8;             // XXH3-64 of everything before it
+constexpr size_t kHeaderBytes = kPreambleBytes + 8;  // v1: magic, version, flags, body length
+constexpr size_t kTrailerBytes = kChecksumBytes;     // XXH3-64 of everything before it
 constexpr size_t kMaxFileNameLength = 255;
 constexpr size_t kMaxInfoValueLength = 1 << 20;
 constexpr uint64_t kMaxFileOffset = static_cast<uint64_t>(std::numeric_limits<int64_t>::max());
 
-// Minimum encoded sizes, used to bound counts by the bytes that remain.
-constexpr size_t kMinInfoEntryBytes = 2;   // two empty strings
-constexpr size_t kMinItemBytes = 5;        // name length, kind, dtype, ndim, chunk count
-constexpr size_t kMinChunkBytes = 15;      // file, offset, length, logical, #transforms,
-                                           // checksum (8), writer rank, #blocks
+constexpr size_t kMinItemBytes = 5;        // v1: name length, kind, dtype, ndim, chunk count
 constexpr size_t kMinBlockBytes = 11;      // three varints, checksum (8)
 
 bool has_control_char(const std::string& s) {
@@ -39,10 +37,12 @@ class Validator {
  public:
   explicit Validator(const std::string& source) : source_(source) {}
 
-  void check(const CheckpointMeta& meta) {
-    if (meta.format_version != kFormatVersion) {
-      fail("format version " + std::to_string(meta.format_version) + " is not " +
-           std::to_string(kFormatVersion));
+  // `with_chunks` false: a head (items without chunks), checked up to the
+  // item shapes.
+  void check(const CheckpointMeta& meta, bool with_chunks) {
+    if (meta.format_version < kOldestFormatVersion || meta.format_version > kFormatVersion) {
+      fail("format version " + std::to_string(meta.format_version) + " is not between " +
+           std::to_string(kOldestFormatVersion) + " and " + std::to_string(kFormatVersion));
     }
     if (meta.world_size < 1) fail("world size " + std::to_string(meta.world_size) + " < 1");
     if (meta.step < 0) fail("step " + std::to_string(meta.step) + " < 0");
@@ -58,8 +58,15 @@ class Validator {
       if (item.name.empty()) fail("empty item name");
       if (item.name.size() > kMaxNameLength) fail("item name longer than " + std::to_string(kMaxNameLength));
       if (!names.insert(item.name).second) fail("duplicate item name");
-      check_item(item, meta.world_size);
+      check_item_shape(item);
+      if (with_chunks) check_item_chunks(item, meta.world_size);
     }
+  }
+
+  void check_one_chunk(const ItemMeta& item, const ChunkMeta& chunk, size_t index,
+                       int32_t world_size) {
+    context_ = "item '" + item.name + "': chunk " + std::to_string(index) + ": ";
+    check_chunk(item, chunk, element_size(item.dtype), world_size);
   }
 
  private:
@@ -67,7 +74,7 @@ class Validator {
     throw FormatError(source_ + ": " + context_ + why);
   }
 
-  void check_item(const ItemMeta& item, int32_t world_size) {
+  void check_item_shape(const ItemMeta& item) {
     if (!is_known_item_kind(static_cast<uint8_t>(item.kind))) fail("unknown item kind");
     if (!is_known_dtype(static_cast<uint8_t>(item.dtype))) fail("unknown dtype");
     if (item.global_shape.size() > kMaxNdim) fail("more than " + std::to_string(kMaxNdim) + " dims");
@@ -82,6 +89,12 @@ class Validator {
         fail("a bytes item must be 1-D uint8, got " + std::string(dtype_name(item.dtype)) + " " +
              shape_to_string(item.global_shape));
       }
+    }
+  }
+
+  void check_item_chunks(const ItemMeta& item, int32_t world_size) {
+    const uint64_t esize = element_size(item.dtype);
+    if (item.kind == ItemKind::kBytes) {
       if (item.chunks.size() != 1) {
         fail("a bytes item has exactly one chunk, found " + std::to_string(item.chunks.size()));
       }
@@ -194,11 +207,33 @@ class Validator {
   std::string context_;
 };
 
-// ---- body encoding -------------------------------------------------------------
+}  // namespace
+
+// ---- shared encoding -----------------------------------------------------------
+
+namespace metadata_codec {
+
+namespace {
 
 void put_dims(wire::ByteWriter& w, const std::vector<int64_t>& dims) {
   for (int64_t v : dims) w.put_zigzag(v);
 }
+
+int32_t get_int32(wire::ByteReader& r, const char* what) {
+  const int64_t v = r.get_zigzag(what);
+  if (v < std::numeric_limits<int32_t>::min() || v > std::numeric_limits<int32_t>::max()) {
+    r.fail(what, std::to_string(v) + " does not fit in 32 bits");
+  }
+  return static_cast<int32_t>(v);
+}
+
+std::vector<int64_t> get_dims(wire::ByteReader& r, size_t n, const char* what) {
+  std::vector<int64_t> dims(n);  // n <= kMaxNdim
+  for (auto& v : dims) v = r.get_zigzag(what);
+  return dims;
+}
+
+}  // namespace
 
 void put_chunk(wire::ByteWriter& w, const ChunkMeta& chunk) {
   put_dims(w, chunk.box.offsets);
@@ -220,7 +255,7 @@ void put_chunk(wire::ByteWriter& w, const ChunkMeta& chunk) {
   }
 }
 
-void put_body(wire::ByteWriter& w, const CheckpointMeta& meta) {
+void put_meta_fields(wire::ByteWriter& w, const CheckpointMeta& meta) {
   w.put_zigzag(meta.step);
   w.put_zigzag(meta.world_size);
   w.put_string(meta.layout);
@@ -230,32 +265,88 @@ void put_body(wire::ByteWriter& w, const CheckpointMeta& meta) {
     w.put_string(key);
     w.put_string(value);
   }
+}
+
+void put_item_shape(wire::ByteWriter& w, const ItemMeta& item) {
+  w.put_string(item.name);
+  w.put_u8(static_cast<uint8_t>(item.kind));
+  w.put_u8(static_cast<uint8_t>(item.dtype));
+  w.put_varint(item.global_shape.size());
+  put_dims(w, item.global_shape);
+}
+
+void get_meta_fields(wire::ByteReader& r, CheckpointMeta& meta) {
+  meta.step = r.get_zigzag("step");
+  meta.world_size = get_int32(r, "world size");
+  meta.layout = r.get_string(kMaxNameLength, "layout");
+  meta.created_unix_s = r.get_zigzag("creation time");
+  const uint64_t info_count = r.get_count(kMinInfoEntryBytes, "info count");
+  for (uint64_t i = 0; i < info_count; ++i) {
+    std::string key = r.get_string(kMaxNameLength, "info key");
+    std::string value = r.get_string(kMaxInfoValueLength, "info value");
+    if (!meta.info.emplace(std::move(key), std::move(value)).second) {
+      r.fail("info key", "duplicate key");
+    }
+  }
+}
+
+void get_item_shape(wire::ByteReader& r, ItemMeta& item) {
+  item.name = r.get_string(kMaxNameLength, "item name");
+  const uint8_t kind = r.get_u8("item kind");
+  if (!is_known_item_kind(kind)) r.fail("item kind", "unknown code " + std::to_string(kind));
+  item.kind = static_cast<ItemKind>(kind);
+  const uint8_t dtype = r.get_u8("dtype");
+  if (!is_known_dtype(dtype)) r.fail("dtype", "unknown code " + std::to_string(dtype));
+  item.dtype = static_cast<DType>(dtype);
+  const size_t ndim = r.get_varint_max(kMaxNdim, "rank");
+  item.global_shape = get_dims(r, ndim, "global shape");
+}
+
+ChunkMeta get_chunk(wire::ByteReader& r, size_t ndim) {
+  ChunkMeta chunk;
+  chunk.box.offsets = get_dims(r, ndim, "box offset");
+  chunk.box.sizes = get_dims(r, ndim, "box size");
+  chunk.file = r.get_string(kMaxFileNameLength, "file name");
+  chunk.offset = r.get_varint("file offset");
+  chunk.length = r.get_varint("stored length");
+  chunk.logical_bytes = r.get_varint("logical length");
+  chunk.transforms.resize(r.get_count(1, "transform count"));
+  for (std::string& t : chunk.transforms) t = r.get_string(kMaxNameLength, "transform");
+  chunk.checksum = r.get_u64("checksum");
+  chunk.writer_rank = get_int32(r, "writer rank");
+  chunk.blocks.resize(r.get_count(kMinBlockBytes, "block count"));
+  for (BlockMeta& b : chunk.blocks) {
+    b.stored_offset = r.get_varint("block stored offset");
+    b.stored_length = r.get_varint("block stored length");
+    b.logical_length = r.get_varint("block logical length");
+    b.checksum = r.get_u64("block checksum");
+  }
+  return chunk;
+}
+
+void validate_head(const CheckpointMeta& meta, const std::string& source) {
+  Validator(source).check(meta, /*with_chunks=*/false);
+}
+
+void validate_chunk(const ItemMeta& item, const ChunkMeta& chunk, size_t index,
+                    int32_t world_size, const std::string& source) {
+  Validator(source).check_one_chunk(item, chunk, index, world_size);
+}
+
+}  // namespace metadata_codec
+
+// ---- version 1 -----------------------------------------------------------------
+
+namespace {
+
+void put_v1_body(wire::ByteWriter& w, const CheckpointMeta& meta) {
+  put_meta_fields(w, meta);
   w.put_varint(meta.items.size());
   for (const ItemMeta& item : meta.items) {
-    w.put_string(item.name);
-    w.put_u8(static_cast<uint8_t>(item.kind));
-    w.put_u8(static_cast<uint8_t>(item.dtype));
-    w.put_varint(item.global_shape.size());
-    put_dims(w, item.global_shape);
+    put_item_shape(w, item);
     w.put_varint(item.chunks.size());
     for (const ChunkMeta& chunk : item.chunks) put_chunk(w, chunk);
   }
-}
-
-// ---- body decoding -------------------------------------------------------------
-
-int32_t get_int32(wire::ByteReader& r, const char* what) {
-  const int64_t v = r.get_zigzag(what);
-  if (v < std::numeric_limits<int32_t>::min() || v > std::numeric_limits<int32_t>::max()) {
-    r.fail(what, std::to_string(v) + " does not fit in 32 bits");
-  }
-  return static_cast<int32_t>(v);
-}
-
-std::vector<int64_t> get_dims(wire::ByteReader& r, size_t n, const char* what) {
-  std::vector<int64_t> dims(n);  // n <= kMaxNdim
-  for (auto& v : dims) v = r.get_zigzag(what);
-  return dims;
 }
 
 class BodyDecoder {
@@ -264,18 +355,7 @@ class BodyDecoder {
 
   // Fills `meta`; context() says which item/chunk was being read on failure.
   void decode(CheckpointMeta& meta) {
-    meta.step = r_.get_zigzag("step");
-    meta.world_size = get_int32(r_, "world size");
-    meta.layout = r_.get_string(kMaxNameLength, "layout");
-    meta.created_unix_s = r_.get_zigzag("creation time");
-    const uint64_t info_count = r_.get_count(kMinInfoEntryBytes, "info count");
-    for (uint64_t i = 0; i < info_count; ++i) {
-      std::string key = r_.get_string(kMaxNameLength, "info key");
-      std::string value = r_.get_string(kMaxInfoValueLength, "info value");
-      if (!meta.info.emplace(std::move(key), std::move(value)).second) {
-        r_.fail("info key", "duplicate key");
-      }
-    }
+    get_meta_fields(r_, meta);
     meta.items.resize(r_.get_count(kMinItemBytes, "item count"));
     for (size_t i = 0; i < meta.items.size(); ++i) {
       context_ = "item " + std::to_string(i) + ": ";
@@ -288,44 +368,18 @@ class BodyDecoder {
 
  private:
   void decode_item(ItemMeta& item) {
-    item.name = r_.get_string(kMaxNameLength, "item name");
-    context_ = "item '" + item.name + "': ";
-    const uint8_t kind = r_.get_u8("item kind");
-    if (!is_known_item_kind(kind)) r_.fail("item kind", "unknown code " + std::to_string(kind));
-    item.kind = static_cast<ItemKind>(kind);
-    const uint8_t dtype = r_.get_u8("dtype");
-    if (!is_known_dtype(dtype)) r_.fail("dtype", "unknown code " + std::to_string(dtype));
-    item.dtype = static_cast<DType>(dtype);
-    const size_t ndim = r_.get_varint_max(kMaxNdim, "rank");
-    item.global_shape = get_dims(r_, ndim, "global shape");
-    // A chunk also holds 2 * ndim box dims of at least one byte each.
-    item.chunks.resize(r_.get_count(kMinChunkBytes + 2 * ndim, "chunk count"));
+    // The name comes first: on a later failure the context names the item.
+    wire::ByteReader name_peek = r_;
+    context_ = "item '" + name_peek.get_string(kMaxNameLength, "item name") + "': ";
+    get_item_shape(r_, item);
+    const size_t ndim = item.global_shape.size();
+    item.chunks.resize(r_.get_count(min_chunk_bytes(ndim), "chunk count"));
     const std::string item_context = context_;
     for (size_t c = 0; c < item.chunks.size(); ++c) {
       context_ = item_context + "chunk " + std::to_string(c) + ": ";
-      decode_chunk(item.chunks[c], ndim);
+      item.chunks[c] = get_chunk(r_, ndim);
     }
     context_ = item_context;
-  }
-
-  void decode_chunk(ChunkMeta& chunk, size_t ndim) {
-    chunk.box.offsets = get_dims(r_, ndim, "box offset");
-    chunk.box.sizes = get_dims(r_, ndim, "box size");
-    chunk.file = r_.get_string(kMaxFileNameLength, "file name");
-    chunk.offset = r_.get_varint("file offset");
-    chunk.length = r_.get_varint("stored length");
-    chunk.logical_bytes = r_.get_varint("logical length");
-    chunk.transforms.resize(r_.get_count(1, "transform count"));
-    for (std::string& t : chunk.transforms) t = r_.get_string(kMaxNameLength, "transform");
-    chunk.checksum = r_.get_u64("checksum");
-    chunk.writer_rank = get_int32(r_, "writer rank");
-    chunk.blocks.resize(r_.get_count(kMinBlockBytes, "block count"));
-    for (BlockMeta& b : chunk.blocks) {
-      b.stored_offset = r_.get_varint("block stored offset");
-      b.stored_length = r_.get_varint("block stored length");
-      b.logical_length = r_.get_varint("block logical length");
-      b.checksum = r_.get_u64("block checksum");
-    }
   }
 
   wire::ByteReader& r_;
@@ -348,17 +402,18 @@ bool is_safe_file_name(const std::string& name) {
 }
 
 void validate_metadata(const CheckpointMeta& meta, const std::string& source) {
-  Validator(source).check(meta);
+  Validator(source).check(meta, /*with_chunks=*/true);
 }
 
-std::vector<uint8_t> encode_metadata(const CheckpointMeta& meta) {
-  validate_metadata(meta, "metadata being encoded");
+namespace {
+
+std::vector<uint8_t> encode_v1(const CheckpointMeta& meta) {
   wire::ByteWriter w;
   w.put_bytes(reinterpret_cast<const uint8_t*>(kMagic), sizeof(kMagic));
-  w.put_u32(kFormatVersion);
+  w.put_u32(1);
   w.put_u32(0);  // flags: none defined in version 1
   w.put_u64(0);  // body length, patched below
-  put_body(w, meta);
+  put_v1_body(w, meta);
   std::vector<uint8_t>& out = w.bytes();
   const uint64_t body_length = out.size() - kHeaderBytes;
   store_le(out.data() + 16, body_length, 8);
@@ -366,20 +421,12 @@ std::vector<uint8_t> encode_metadata(const CheckpointMeta& meta) {
   return w.release();
 }
 
-CheckpointMeta decode_metadata(const uint8_t* data, size_t size, const std::string& source) {
+CheckpointMeta decode_v1(const uint8_t* data, size_t size, const std::string& source) {
   auto fail = [&](const std::string& why) -> FormatError {
     return FormatError(source + ": " + why);
   };
-  if (size < kHeaderBytes + kTrailerBytes) {
-    throw fail("too short (" + std::to_string(size) + " bytes) to be checkpoint metadata");
-  }
-  if (std::memcmp(data, kMagic, sizeof(kMagic)) != 0) throw fail("not checkpoint metadata (bad magic)");
   wire::ByteReader header(data + sizeof(kMagic), kHeaderBytes - sizeof(kMagic));
   const uint32_t version = header.get_u32("version");
-  if (version != kFormatVersion) {
-    throw FormatError("unsupported format version " + std::to_string(version) + " in " + source +
-                      "; this build reads version " + std::to_string(kFormatVersion));
-  }
   const uint32_t flags = header.get_u32("flags");
   const uint64_t body_length = header.get_u64("body length");
   const uint64_t available = size - kHeaderBytes - kTrailerBytes;
@@ -409,11 +456,47 @@ CheckpointMeta decode_metadata(const uint8_t* data, size_t size, const std::stri
   return meta;
 }
 
-CheckpointMeta read_committed_metadata(Storage& storage, const std::string& checkpoint_dir) {
+}  // namespace
+
+std::vector<uint8_t> encode_metadata(const CheckpointMeta& meta, uint32_t version) {
+  if (version < kOldestFormatVersion || version > kFormatVersion) {
+    throw FormatError("cannot encode metadata as format version " + std::to_string(version) +
+                      "; this build writes versions " + std::to_string(kOldestFormatVersion) +
+                      " and " + std::to_string(kFormatVersion));
+  }
+  validate_metadata(meta, "metadata being encoded");
+  return version == 1 ? encode_v1(meta) : encode_v2(meta);
+}
+
+uint32_t metadata_codec::check_preamble(const uint8_t* data, size_t size, const std::string& source) {
+  // The smallest file of any version (v1 with an empty body).
+  if (size < kHeaderBytes + kTrailerBytes) {
+    throw FormatError(source + ": too short (" + std::to_string(size) +
+                      " bytes) to be checkpoint metadata");
+  }
+  if (std::memcmp(data, kMagic, sizeof(kMagic)) != 0) {
+    throw FormatError(source + ": not checkpoint metadata (bad magic)");
+  }
+  const uint32_t version = static_cast<uint32_t>(load_le(data + sizeof(kMagic), 4));
+  if (version < kOldestFormatVersion || version > kFormatVersion) {
+    throw FormatError("unsupported format version " + std::to_string(version) + " in " + source +
+                      "; this build reads versions " + std::to_string(kOldestFormatVersion) +
+                      " and " + std::to_string(kFormatVersion));
+  }
+  return version;
+}
+
+CheckpointMeta decode_metadata(const uint8_t* data, size_t size, const std::string& source) {
+  const uint32_t version = check_preamble(data, size, source);
+  return version == 1 ? decode_v1(data, size, source) : decode_v2(data, size, source);
+}
+
+uint64_t metadata_codec::stat_committed_metadata(Storage& storage, const std::string& checkpoint_dir,
+                                                 std::string& path) {
   const FileType dir_type = storage.stat(checkpoint_dir).type;
   if (dir_type == FileType::kMissing) throw FormatError("no such checkpoint directory: " + checkpoint_dir);
   if (dir_type != FileType::kDirectory) throw FormatError("not a directory: " + checkpoint_dir);
-  const std::string path = join_path(checkpoint_dir, kMetadataFileName);
+  path = join_path(checkpoint_dir, kMetadataFileName);
   const FileInfo info = storage.stat(path);
   if (info.type == FileType::kMissing) {
     throw FormatError("not a committed checkpoint (no " + std::string(kMetadataFileName) +
@@ -423,6 +506,12 @@ CheckpointMeta read_committed_metadata(Storage& storage, const std::string& chec
   if (info.size > kMaxMetadataFileBytes) {
     throw FormatError(path + ": " + std::to_string(info.size) + " bytes is too large for metadata");
   }
+  return info.size;
+}
+
+CheckpointMeta read_committed_metadata(Storage& storage, const std::string& checkpoint_dir) {
+  std::string path;
+  stat_committed_metadata(storage, checkpoint_dir, path);
   const std::vector<uint8_t> bytes = storage.read_file(path, kMaxMetadataFileBytes);
   return decode_metadata(bytes.data(), bytes.size(), path);
 }

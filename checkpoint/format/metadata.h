@@ -5,15 +5,23 @@
 // byte layout FORMAT.md specifies. Torch-free.
 //
 // Writers: (coordinator) build a CheckpointMeta from the global plan and the
-// chunk locations every rank reports, encode_metadata, and commit the bytes as
-// step_<N>/.metadata. Readers: (every rank) read_committed_metadata, then plan
-// reads with resharding.h (load.cpp); ckpt inspect/verify and export read it
-// the same way.
+// chunk locations every rank reports, encode_metadata (version 2), and commit
+// the bytes as step_<N>/.metadata.
+// Readers, by what they need:
+//   - (every loading rank) only the chunks overlapping the regions it loads:
+//     MetadataReader / read_metadata_for read the head (items, shapes) and,
+//     with range reads, the records of those chunks, so a rank's metadata I/O
+//     does not grow with the world size that wrote the checkpoint. Then plan
+//     reads with resharding.h (load.cpp).
+//   - (any process) everything: read_committed_metadata reads and validates
+//     the whole file (ckpt verify, inspect, export, import).
+// Both read version 1 files as well (a v1 file has no index: it is read whole).
 #include <cstddef>
 #include <cstdint>
 #include <map>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "checkpoint/format/types.h"
@@ -21,7 +29,10 @@
 
 namespace checkpoint {
 
-constexpr uint32_t kFormatVersion = 1;
+// The version encode_metadata writes by default; decoders read every version
+// in [kOldestFormatVersion, kFormatVersion].
+constexpr uint32_t kFormatVersion = 2;
+constexpr uint32_t kOldestFormatVersion = 1;
 // The committed metadata file inside step_<N>/; its presence makes the
 // directory a checkpoint.
 constexpr const char* kMetadataFileName = ".metadata";
@@ -86,7 +97,9 @@ struct ItemMeta {
   ItemKind kind = ItemKind::kTensor;
   DType dtype = DType::kFloat32;
   std::vector<int64_t> global_shape;
-  std::vector<ChunkMeta> chunks;  // disjoint; together they tile global_shape
+  // Disjoint; together they tile global_shape. Version 2 stores them in the
+  // order of ChunkSplit (below), so a round trip may reorder them.
+  std::vector<ChunkMeta> chunks;
 
   friend bool operator==(const ItemMeta& a, const ItemMeta& b) {
     return a.name == b.name && a.kind == b.kind && a.dtype == b.dtype &&
@@ -95,7 +108,7 @@ struct ItemMeta {
 };
 
 struct CheckpointMeta {
-  uint32_t format_version = kFormatVersion;
+  uint32_t format_version = kFormatVersion;  // as read (decoders); ignored by encode_metadata
   int64_t step = 0;
   int32_t world_size = 1;      // of the run that wrote it
   std::string layout;          // e.g. "fsdp replicate=1 shard=2" (informational)
@@ -113,27 +126,123 @@ struct CheckpointMeta {
   }
 };
 
-// Encodes `meta` (validated first: throws FormatError rather than write an
-// index no reader would accept).
-std::vector<uint8_t> encode_metadata(const CheckpointMeta& meta);
+// Encodes `meta` as format `version` (1 or 2; version 1 only for tests and
+// tools that must produce old files), validated first: throws FormatError
+// rather than write an index no reader would accept. Version 2 writes each
+// item's chunks in ChunkSplit order (sorted by their offset along the split
+// dim); meta.format_version is not consulted.
+std::vector<uint8_t> encode_metadata(const CheckpointMeta& meta, uint32_t version = kFormatVersion);
 
-// Decodes and validates untrusted bytes. `source` (the file path) prefixes
-// every error message. Never reads out of bounds; never allocates more than
-// the input size justifies.
+// Decodes and validates untrusted bytes of any supported version, whole (for
+// version 2: both checksums, every record against its directory entry, the
+// chunk order and split). `source` (the file path) prefixes every error
+// message. Never reads out of bounds; never allocates more than the input size
+// justifies. The result's format_version is the version read.
 CheckpointMeta decode_metadata(const uint8_t* data, size_t size, const std::string& source);
+
+// How version 2 indexes the chunks of an item (FORMAT.md, "Chunk order and
+// split"). `dim` >= 0 when the item has at least two chunks and every chunk
+// spans the whole shape in every dim but `dim` (the lowest such dim); the
+// chunks are then stored sorted by (offset, size) along `dim`. `stride` > 0
+// when, in that order, no chunk is empty and chunk i starts at i * stride with
+// size stride, except the last, whose size is in (0, stride].
+struct ChunkSplit {
+  int32_t dim = -1;
+  uint64_t stride = 0;
+
+  friend bool operator==(const ChunkSplit& a, const ChunkSplit& b) {
+    return a.dim == b.dim && a.stride == b.stride;
+  }
+};
+
+// The split of chunks with boxes `boxes` (in any order) of an item of shape
+// `shape`. REQUIRES: the boxes tile the shape (validate_metadata).
+ChunkSplit classify_chunk_split(const std::vector<int64_t>& shape, const std::vector<Box>& boxes);
 
 // The most bytes a metadata file may have (4 GiB); a larger one is refused
 // before it is read.
 constexpr uint64_t kMaxMetadataFileBytes = uint64_t{1} << 32;
 
 // (any process) Reads and decodes the committed metadata of the checkpoint
-// directory `checkpoint_dir` through `storage`: the one way every reader
-// (load, verify, export, the ckpt tool) gets it. Throws FormatError naming the
+// directory `checkpoint_dir` through `storage`, whole: what verify, inspect,
+// export and the ckpt tool read (a loading rank reads in part: MetadataReader
+// below). Throws FormatError naming the
 // directory: "no such checkpoint directory: D", "not a directory: D", "not a
 // committed checkpoint (no .metadata): D", a metadata file that is not a
 // regular file or is larger than kMaxMetadataFileBytes, and every decode
 // error; IoError for the file system.
 CheckpointMeta read_committed_metadata(Storage& storage, const std::string& checkpoint_dir);
+
+// Where the chunks of one item lie in a version-2 file (its item entry).
+struct ItemSection {
+  uint64_t chunk_count = 0;
+  uint64_t offset = 0;  // relative to the start of the sections
+  uint64_t length = 0;
+  ChunkSplit split;
+};
+
+// (every loading rank) Reads the committed metadata of `checkpoint_dir` in
+// part: the constructor reads the head (version 2: the fixed header, the head
+// and its checksum; the same directory and file checks and errors as
+// read_committed_metadata); chunks_overlapping then reads, with range reads,
+// only the records of the chunks it returns (and a few directory entries). A
+// version-1 file has no index: it is read and decoded whole, and
+// chunks_overlapping filters in memory.
+//
+// What is read is checked as a full decode checks it (checksums of the head
+// and of every record read, record against its directory entry, chunk bounds,
+// blocks, file names), but bytes that are never read are not: the file
+// checksum is not verified. FormatError messages name the file, the item and
+// the chunk index. Not thread-safe; `storage` must outlive the reader.
+class MetadataReader {
+ public:
+  MetadataReader(Storage& storage, const std::string& checkpoint_dir);
+
+  // The metadata without chunks: every item has its name, kind, dtype and
+  // shape and an empty chunk list; format_version is the version read.
+  const CheckpointMeta& head() const { return head_; }
+  const std::string& path() const { return path_; }
+  // REQUIRES: item < head().items.size() (as for the two below).
+  uint64_t chunk_count(size_t item) const;
+
+  // The chunks of item `item` that overlap any of `boxes` (each in the item's
+  // coordinates, with its rank, non-negative; parts outside the shape are
+  // ignored), in stored order, each once. Throws FormatError when what was
+  // read is damaged or the chunks read do not cover the requested region
+  // exactly (a gap or an overlap); std::invalid_argument for a box of the
+  // wrong rank or with a negative offset or size. Empty boxes need nothing.
+  std::vector<ChunkMeta> chunks_overlapping(size_t item, const std::vector<Box>& boxes);
+
+  // Metadata bytes read from storage so far (the head included).
+  uint64_t bytes_read() const { return bytes_read_; }
+
+ private:
+  std::vector<uint8_t> read_range(uint64_t offset, uint64_t length);
+  // Indices [first, last] of item `item`'s chunks, read, checked and decoded.
+  std::vector<ChunkMeta> read_chunks(size_t item, uint64_t first, uint64_t last);
+  // The index of the last chunk whose directory key is <= `key` (0 if none).
+  uint64_t last_chunk_at_or_before(size_t item, uint64_t key);
+  std::vector<std::pair<uint64_t, uint64_t>> index_ranges(size_t item,
+                                                          const std::vector<Box>& regions);
+
+  Storage& storage_;
+  std::string path_;
+  CheckpointMeta head_;
+  CheckpointMeta whole_;                // version 1: the whole decoded file
+  std::vector<ItemSection> sections_;   // version 2: one per item
+  uint64_t sections_start_ = 0;         // file offset of the sections
+  std::vector<uint8_t> small_directory_;  // while index_ranges searches a small directory
+  uint64_t bytes_read_ = 0;
+};
+
+// (every loading rank) The head plus, for each item named in `wanted`, only
+// the chunks overlapping its boxes (MetadataReader::chunks_overlapping); other
+// items have no chunks. Names not in the checkpoint are ignored (the caller
+// reports missing items). Sets *bytes_read, when given, to the metadata bytes
+// read.
+CheckpointMeta read_metadata_for(Storage& storage, const std::string& checkpoint_dir,
+                                 const std::map<std::string, std::vector<Box>>& wanted,
+                                 uint64_t* bytes_read = nullptr);
 
 // Semantic checks (see FORMAT.md, "Validation"): throws FormatError naming
 // `source`, the item and the chunk index.

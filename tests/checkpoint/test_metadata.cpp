@@ -7,6 +7,9 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <memory>
+#include <stdexcept>
+#include <utility>
 
 #include "checkpoint/format/checksum.h"
 #include "checkpoint/format/metadata.h"
@@ -165,29 +168,36 @@ TEST(Metadata, ReadingWhatIsNotACommittedCheckpointNamesTheDirectoryAndWhy) {
 }
 
 TEST(Metadata, EveryTruncationIsRejected) {
-  const std::vector<uint8_t> blob = encode_metadata(rich_meta());
-  for (size_t len = 0; len < blob.size(); ++len) {
-    std::vector<uint8_t> prefix(blob.begin(), blob.begin() + static_cast<ptrdiff_t>(len));
-    EXPECT_THROW(decode(prefix), FormatError) << "length " << len;
+  for (uint32_t version : {1u, 2u}) {
+    const std::vector<uint8_t> blob = encode_metadata(rich_meta(), version);
+    for (size_t len = 0; len < blob.size(); ++len) {
+      std::vector<uint8_t> prefix(blob.begin(), blob.begin() + static_cast<ptrdiff_t>(len));
+      EXPECT_THROW(decode(prefix), FormatError) << "v" << version << " length " << len;
+    }
   }
 }
 
 TEST(Metadata, EverySingleByteFlipIsRejected) {
-  const std::vector<uint8_t> blob = encode_metadata(rich_meta());
-  for (size_t i = 0; i < blob.size(); ++i) {
-    for (uint8_t mask : {0x01, 0x80}) {
-      std::vector<uint8_t> bad = blob;
-      bad[i] ^= mask;
-      EXPECT_THROW(decode(bad), FormatError) << "byte " << i << " mask " << int(mask);
+  for (uint32_t version : {1u, 2u}) {
+    const std::vector<uint8_t> blob = encode_metadata(rich_meta(), version);
+    for (size_t i = 0; i < blob.size(); ++i) {
+      for (uint8_t mask : {0x01, 0x80}) {
+        std::vector<uint8_t> bad = blob;
+        bad[i] ^= mask;
+        EXPECT_THROW(decode(bad), FormatError)
+            << "v" << version << " byte " << i << " mask " << int(mask);
+      }
     }
   }
 }
 
 TEST(Metadata, ChecksumMismatchIsReported) {
-  std::vector<uint8_t> blob = encode_metadata(rich_meta());
-  blob[40] ^= 0x10;
-  EXPECT_NE(decode_error(blob).find("checksum mismatch"), std::string::npos);
-  EXPECT_NE(decode_error(blob).find(kSource), std::string::npos);
+  for (uint32_t version : {1u, 2u}) {
+    std::vector<uint8_t> blob = encode_metadata(rich_meta(), version);
+    blob[40] ^= 0x10;
+    EXPECT_NE(decode_error(blob).find("checksum mismatch"), std::string::npos) << decode_error(blob);
+    EXPECT_NE(decode_error(blob).find(kSource), std::string::npos);
+  }
 }
 
 TEST(Metadata, WrongMagicIsRejected) {
@@ -198,22 +208,26 @@ TEST(Metadata, WrongMagicIsRejected) {
 }
 
 TEST(Metadata, NewerVersionIsRefusedWithAClearMessage) {
-  std::vector<uint8_t> blob = encode_metadata(rich_meta());
-  blob[8] = 7;
-  reseal(blob);
-  EXPECT_EQ(decode_error(blob), std::string("unsupported format version 7 in ") + kSource +
-                                    "; this build reads version 1");
+  for (uint32_t version : {1u, 2u}) {
+    std::vector<uint8_t> blob = encode_metadata(rich_meta(), version);
+    blob[8] = 7;
+    reseal(blob);
+    EXPECT_EQ(decode_error(blob), std::string("unsupported format version 7 in ") + kSource +
+                                      "; this build reads versions 1 and 2");
+  }
+  EXPECT_THROW(encode_metadata(rich_meta(), 3), FormatError);
+  EXPECT_THROW(encode_metadata(rich_meta(), 0), FormatError);
 }
 
 TEST(Metadata, UnknownFlagsAreRejected) {
-  std::vector<uint8_t> blob = encode_metadata(rich_meta());
+  std::vector<uint8_t> blob = encode_metadata(rich_meta(), 1);
   blob[12] = 1;
   reseal(blob);
   EXPECT_NE(decode_error(blob).find("flags"), std::string::npos);
 }
 
 TEST(Metadata, TrailingGarbageIsRejected) {
-  std::vector<uint8_t> blob = encode_metadata(rich_meta());
+  std::vector<uint8_t> blob = encode_metadata(rich_meta(), 1);
   blob.push_back(0);
   EXPECT_THROW(decode(blob), FormatError);
 
@@ -225,9 +239,11 @@ TEST(Metadata, TrailingGarbageIsRejected) {
 
 TEST(Metadata, CraftedBodyWithoutTamperingDecodes) {
   // Guards the crafting helpers used by the hostile-count tests below.
-  const std::vector<uint8_t> blob = encode_metadata(rich_meta());
+  const std::vector<uint8_t> blob = encode_metadata(rich_meta(), 1);
   std::vector<uint8_t> body(blob.begin() + 24, blob.end() - 8);
-  EXPECT_EQ(decode(blob_with_body(body)), rich_meta());
+  CheckpointMeta v1 = rich_meta();
+  v1.format_version = 1;
+  EXPECT_EQ(decode(blob_with_body(body)), v1);
 }
 
 TEST(Metadata, AbsurdItemCountIsRejectedWithoutAllocating) {
@@ -278,7 +294,7 @@ TEST(Metadata, PathEscapesAreRejectedNamingTheItemAndChunk) {
 TEST(Metadata, PathEscapeInStoredBytesIsRejected) {
   // "rank_0.data" and "/etc/passwd" have the same length: patch one into the
   // encoded bytes and fix up the checksum.
-  std::vector<uint8_t> blob = encode_metadata(rich_meta());
+  std::vector<uint8_t> blob = encode_metadata(rich_meta(), 1);
   const std::string from = "rank_0.data", to = "/etc/passwd";
   auto it = std::search(blob.begin(), blob.end(), from.begin(), from.end());
   ASSERT_NE(it, blob.end());
@@ -399,7 +415,7 @@ TEST(Metadata, TruncatedBlockListIsRejectedBeforeAllocating) {
   ItemMeta item{"x", ItemKind::kTensor, DType::kUInt8, {4}, {}};
   item.chunks.push_back(plain_chunk(Box{{0}, {4}}, 1, "rank_0.data", 0, 0));
   meta.items.push_back(item);
-  std::vector<uint8_t> blob = encode_metadata(meta);
+  std::vector<uint8_t> blob = encode_metadata(meta, 1);
   std::vector<uint8_t> body(blob.begin() + 24, blob.end() - 8);
   body.resize(body.size() - 3);
   EXPECT_NE(decode_error(blob_with_body(body)).find("item 'x': chunk 0: bad block count"),
@@ -448,6 +464,418 @@ TEST(Metadata, WriterRankMustBeInsideTheWorld) {
   CheckpointMeta meta = rich_meta();
   meta.items[0].chunks[0].writer_rank = 4;
   EXPECT_NE(error_of(meta).find("chunk 0: writer rank 4"), std::string::npos);
+}
+
+// ---- version 2 ------------------------------------------------------------------
+
+// A tensor item of `shape` split along `dim` at `cuts` (the boundaries, from 0
+// to shape[dim]), one chunk per piece, in the order given.
+ItemMeta split_item(const std::string& name, std::vector<int64_t> shape, size_t dim,
+                    const std::vector<int64_t>& cuts) {
+  ItemMeta item{name, ItemKind::kTensor, DType::kFloat32, shape, {}};
+  uint64_t offset = 0;
+  for (size_t i = 0; i + 1 < cuts.size(); ++i) {
+    Box box = full_box(shape);
+    box.offsets[dim] = cuts[i];
+    box.sizes[dim] = cuts[i + 1] - cuts[i];
+    item.chunks.push_back(plain_chunk(box, 4, "rank_" + std::to_string(i % 4) + ".data", offset,
+                                      static_cast<int32_t>(i % 4)));
+    offset += item.chunks.back().length;
+  }
+  return item;
+}
+
+std::vector<int64_t> even_cuts(int64_t size, int64_t step) {
+  std::vector<int64_t> cuts;
+  for (int64_t c = 0; c < size; c += step) cuts.push_back(c);
+  cuts.push_back(size);
+  return cuts;
+}
+
+// Every kind of item version 2 distinguishes.
+CheckpointMeta varied_meta() {
+  CheckpointMeta meta = rich_meta();  // rows, a compressed chunk, scalar, bytes, empty tensor
+  meta.items.push_back(split_item("cols", {3, 10}, 1, {0, 4, 8, 10}));
+  meta.items.push_back(split_item("irregular", {9, 2}, 0, {0, 1, 3, 3, 6, 9}));  // an empty chunk
+  ItemMeta grid{"grid", ItemKind::kTensor, DType::kFloat32, {4, 6}, {}};
+  for (int64_t r : {0, 2}) {
+    for (int64_t c : {0, 3}) {
+      grid.chunks.push_back(plain_chunk(Box{{r, c}, {2, 3}}, 4, "rank_3.data", 100, 3));
+    }
+  }
+  meta.items.push_back(grid);
+  meta.items.push_back(split_item("one", {5, 5}, 0, {0, 5}));
+  return meta;
+}
+
+// `meta` with each item's chunks in the order version 2 stores them.
+CheckpointMeta in_stored_order(CheckpointMeta meta) {
+  for (ItemMeta& item : meta.items) {
+    std::vector<Box> boxes;
+    for (const ChunkMeta& c : item.chunks) boxes.push_back(c.box);
+    const ChunkSplit split = classify_chunk_split(item.global_shape, boxes);
+    if (split.dim < 0) continue;
+    const size_t d = static_cast<size_t>(split.dim);
+    std::stable_sort(item.chunks.begin(), item.chunks.end(),
+                     [d](const ChunkMeta& a, const ChunkMeta& b) {
+                       return std::make_pair(a.box.offsets[d], a.box.sizes[d]) <
+                              std::make_pair(b.box.offsets[d], b.box.sizes[d]);
+                     });
+  }
+  return meta;
+}
+
+// Recomputes both checksums of a version-2 file after a deliberate edit.
+void reseal_v2(std::vector<uint8_t>& blob) {
+  uint64_t head_length = 0;
+  for (int i = 0; i < 8; ++i) head_length |= uint64_t{blob[16 + i]} << (8 * i);
+  const size_t head_end = 32 + static_cast<size_t>(head_length);
+  const uint64_t head_sum = xxh3_64(blob.data(), head_end);
+  for (int i = 0; i < 8; ++i) blob[head_end + i] = static_cast<uint8_t>(head_sum >> (8 * i));
+  reseal(blob);
+}
+
+TEST(MetadataV2, RoundTripPreservesEveryItemInStoredOrder) {
+  const CheckpointMeta meta = varied_meta();
+  EXPECT_EQ(decode(encode_metadata(meta)), in_stored_order(meta));
+  EXPECT_EQ(decode(encode_metadata(meta)).format_version, 2u);
+  // Chunks given out of order come back sorted along the split dim.
+  CheckpointMeta reversed = meta;
+  for (ItemMeta& item : reversed.items) std::reverse(item.chunks.begin(), item.chunks.end());
+  const CheckpointMeta back = decode(encode_metadata(reversed));
+  EXPECT_EQ(back, in_stored_order(reversed));
+  EXPECT_EQ(back.find("model.layers.0.weight")->chunks, meta.find("model.layers.0.weight")->chunks);
+  EXPECT_EQ(back.find("irregular")->chunks[2].box, (Box{{3, 0}, {0, 2}}));  // empty before [3:6]
+  // The grid has no split dim: its order is the writer's.
+  EXPECT_EQ(back.find("grid")->chunks, reversed.find("grid")->chunks);
+  EXPECT_EQ(encode_metadata(meta), encode_metadata(meta));
+}
+
+TEST(MetadataV2, VersionOneFilesStillDecodeInTheirOrder) {
+  CheckpointMeta reversed = varied_meta();
+  for (ItemMeta& item : reversed.items) std::reverse(item.chunks.begin(), item.chunks.end());
+  const CheckpointMeta back = decode(encode_metadata(reversed, 1));
+  EXPECT_EQ(back.format_version, 1u);
+  CheckpointMeta expected = reversed;
+  expected.format_version = 1;
+  EXPECT_EQ(back, expected);
+}
+
+TEST(MetadataV2, SplitDimAndStrideFollowTheChunkBoxes) {
+  auto split_of = [](const ItemMeta& item) {
+    std::vector<Box> boxes;
+    for (const ChunkMeta& c : item.chunks) boxes.push_back(c.box);
+    return classify_chunk_split(item.global_shape, boxes);
+  };
+  EXPECT_EQ(split_of(split_item("a", {8, 4}, 0, {0, 2, 4, 6, 8})), (ChunkSplit{0, 2}));
+  EXPECT_EQ(split_of(split_item("a", {8, 4}, 0, {0, 3, 6, 8})), (ChunkSplit{0, 3}));  // short last
+  EXPECT_EQ(split_of(split_item("a", {9, 4}, 0, {0, 3, 6, 9})), (ChunkSplit{0, 3}));
+  EXPECT_EQ(split_of(split_item("a", {8, 4}, 0, {0, 2, 5, 8})), (ChunkSplit{0, 0}));  // uneven
+  EXPECT_EQ(split_of(split_item("a", {8, 4}, 0, {0, 3, 6, 7, 8})), (ChunkSplit{0, 0}));
+  EXPECT_EQ(split_of(split_item("a", {10}, 0, {0, 3, 6, 10})), (ChunkSplit{0, 0}));  // long last
+  EXPECT_EQ(split_of(split_item("a", {8, 4}, 0, {0, 4, 4, 8})), (ChunkSplit{0, 0}));  // empty chunk
+  EXPECT_EQ(split_of(split_item("a", {4, 8}, 1, {0, 4, 8})), (ChunkSplit{1, 4}));
+  EXPECT_EQ(split_of(split_item("a", {1, 8}, 1, {0, 4, 8})), (ChunkSplit{1, 4}));
+  EXPECT_EQ(split_of(split_item("a", {2, 1, 8}, 2, {0, 4, 8})), (ChunkSplit{2, 4}));
+  EXPECT_EQ(split_of(split_item("a", {0, 3}, 1, {0, 3, 3})), (ChunkSplit{1, 0}));
+  // Both dims qualify when every chunk spans the whole (empty) shape: the lowest.
+  ItemMeta spans_all{"e", ItemKind::kTensor, DType::kFloat32, {0, 3}, {}};
+  spans_all.chunks.push_back(plain_chunk(Box{{0, 0}, {0, 3}}, 4, "rank_0.data", 0, 0));
+  spans_all.chunks.push_back(spans_all.chunks[0]);
+  EXPECT_EQ(split_of(spans_all), (ChunkSplit{0, 0}));
+  EXPECT_EQ(split_of(split_item("a", {8, 4}, 0, {0, 8})), (ChunkSplit{}));  // one chunk
+  EXPECT_EQ(split_of(ItemMeta{"e", ItemKind::kTensor, DType::kFloat32, {0, 3}, {}}), (ChunkSplit{}));
+  EXPECT_EQ(split_of(varied_meta().items.at(7)), (ChunkSplit{}));  // the 2x2 grid
+  ASSERT_EQ(varied_meta().items.at(7).name, "grid");
+}
+
+class CountingStorage : public StorageWrapper {
+ public:
+  using StorageWrapper::StorageWrapper;
+  void read_at(const std::string& path, uint64_t offset, void* dst, size_t n) override {
+    bytes_ += n;
+    ++reads_;
+    StorageWrapper::read_at(path, offset, dst, n);
+  }
+  uint64_t bytes_ = 0;
+  uint64_t reads_ = 0;
+};
+
+constexpr const char* kStepDir = "/ck/step_5";
+
+std::shared_ptr<CountingStorage> storage_with(const std::vector<uint8_t>& file) {
+  auto storage = std::make_shared<CountingStorage>(memory_storage());
+  storage->make_dirs(kStepDir);
+  storage->write_file_atomic(join_path(kStepDir, kMetadataFileName), file);
+  return storage;
+}
+
+// What a partial read must return: the full decode's chunks overlapping a box.
+std::vector<ChunkMeta> overlapping(const ItemMeta& item, const std::vector<Box>& boxes) {
+  std::vector<ChunkMeta> out;
+  for (const ChunkMeta& c : item.chunks) {
+    for (const Box& b : boxes) {
+      if (intersect(c.box, b)) {
+        out.push_back(c);
+        break;
+      }
+    }
+  }
+  return out;
+}
+
+CheckpointMeta strided_meta(int64_t chunks) {
+  CheckpointMeta meta;
+  meta.world_size = 4;
+  meta.items.push_back(split_item("w", {4 * chunks, 16}, 0, even_cuts(4 * chunks, 4)));
+  meta.items.push_back(split_item("b", {16}, 0, {0, 16}));
+  return meta;
+}
+
+TEST(MetadataReader, OneRankOfAThousandStrideChunksReadsOnlyItsRecords) {
+  const CheckpointMeta meta = strided_meta(1024);
+  const std::vector<uint8_t> file = encode_metadata(meta);
+  auto storage = storage_with(file);
+  MetadataReader reader(*storage, kStepDir);
+  const uint64_t head = reader.bytes_read();
+  EXPECT_EQ(reader.head().items.size(), 2u);
+  EXPECT_TRUE(reader.head().items[0].chunks.empty());
+  EXPECT_EQ(reader.chunk_count(0), 1024u);
+  const std::vector<Box> mine = {Box{{4 * 500, 0}, {4, 16}}};
+  EXPECT_EQ(reader.chunks_overlapping(0, mine), overlapping(meta.items[0], mine));
+  ASSERT_EQ(reader.chunks_overlapping(0, mine).size(), 1u);
+  // About one record: 2 directory entries and a record of ~30 bytes.
+  const uint64_t record = 64;
+  EXPECT_LE(reader.bytes_read() - head, 2 * (2 * 24 + record));  // both calls above
+  EXPECT_LT(head, 200u);
+  EXPECT_GT(file.size(), 1024 * (24 + 20));
+  EXPECT_EQ(storage->bytes_, reader.bytes_read());
+
+  // Straddling three chunks, several boxes, boxes past the shape, empty boxes.
+  const std::vector<std::vector<Box>> asks = {
+      {Box{{6, 3}, {5, 2}}},
+      {Box{{0, 0}, {1, 16}}, Box{{4095, 0}, {1, 16}}, Box{{10, 0}, {3, 1}}},
+      {Box{{4094, 0}, {100, 16}}},
+      {Box{{0, 0}, {0, 16}}},
+      {full_box(meta.items[0].global_shape)}};
+  for (const auto& boxes : asks) {
+    EXPECT_EQ(reader.chunks_overlapping(0, boxes), overlapping(meta.items[0], boxes));
+  }
+  EXPECT_EQ(reader.chunks_overlapping(1, {Box{{3}, {2}}}), meta.items[1].chunks);
+  EXPECT_THROW(reader.chunks_overlapping(0, {Box{{0}, {1}}}), std::invalid_argument);
+}
+
+TEST(MetadataReader, IrregularSplitsAndGridsReturnWhatAFullDecodeWould) {
+  CheckpointMeta meta;
+  meta.world_size = 4;
+  for (int64_t n : {7, 400}) {  // a small directory read whole, a large one searched
+    std::vector<int64_t> cuts = {0};
+    for (int64_t i = 0; i < n; ++i) cuts.push_back(cuts.back() + (i % 5 == 3 ? 0 : 1 + i % 3));
+    meta.items.push_back(split_item("irregular" + std::to_string(n), {cuts.back(), 3}, 0, cuts));
+  }
+  ItemMeta grid{"grid", ItemKind::kTensor, DType::kFloat32, {6, 6}, {}};
+  for (int64_t r = 0; r < 6; r += 2) {
+    for (int64_t c = 0; c < 6; c += 3) {
+      grid.chunks.push_back(plain_chunk(Box{{r, c}, {2, 3}}, 4, "rank_1.data", 0, 1));
+    }
+  }
+  meta.items.push_back(grid);
+  const CheckpointMeta expected = decode(encode_metadata(meta));
+  auto storage = storage_with(encode_metadata(meta));
+  MetadataReader reader(*storage, kStepDir);
+  for (size_t i = 0; i < expected.items.size(); ++i) {
+    const int64_t rows = expected.items[i].global_shape[0];
+    for (int64_t lo = 0; lo < rows; lo += (rows > 50 ? 37 : 1)) {
+      for (int64_t len : {int64_t{1}, int64_t{2}, int64_t{5}, rows}) {
+        const std::vector<Box> boxes = {Box{{lo, 1}, {std::min(len, rows - lo), 1}}};
+        EXPECT_EQ(reader.chunks_overlapping(i, boxes), overlapping(expected.items[i], boxes))
+            << expected.items[i].name << " rows " << lo << "+" << len;
+      }
+    }
+  }
+  // The search reads a few directory entries, not the 9.6 KB directory.
+  MetadataReader fresh(*storage, kStepDir);
+  const uint64_t head = fresh.bytes_read();
+  fresh.chunks_overlapping(1, {Box{{300, 0}, {1, 3}}});
+  EXPECT_LT(fresh.bytes_read() - head, 20 * 8 + 2 * 24 + 64);
+}
+
+TEST(MetadataReader, ReadsVersionOneFilesWhole) {
+  const CheckpointMeta meta = varied_meta();
+  auto storage = storage_with(encode_metadata(meta, 1));
+  MetadataReader reader(*storage, kStepDir);
+  EXPECT_EQ(reader.head().format_version, 1u);
+  EXPECT_EQ(reader.bytes_read(), encode_metadata(meta, 1).size());
+  const std::vector<Box> boxes = {Box{{1, 0}, {2, 4}}};
+  EXPECT_EQ(reader.chunks_overlapping(0, boxes), overlapping(meta.items[0], boxes));
+  EXPECT_EQ(reader.chunk_count(0), 4u);
+}
+
+TEST(MetadataReader, ReadMetadataForFillsOnlyTheWantedItems) {
+  const CheckpointMeta meta = varied_meta();
+  auto storage = storage_with(encode_metadata(meta));
+  uint64_t bytes = 0;
+  const CheckpointMeta got = read_metadata_for(
+      *storage, kStepDir,
+      {{"cols", {Box{{0, 3}, {3, 2}}}}, {"rng.cpu", {Box{{0}, {16}}}}, {"absent", {}}}, &bytes);
+  EXPECT_EQ(bytes, storage->bytes_);
+  const CheckpointMeta full = decode(encode_metadata(meta));
+  ASSERT_EQ(got.items.size(), full.items.size());
+  for (size_t i = 0; i < got.items.size(); ++i) {
+    const ItemMeta& item = got.items[i];
+    EXPECT_EQ(item.global_shape, full.items[i].global_shape);
+    if (item.name == "cols") {
+      EXPECT_EQ(item.chunks, overlapping(full.items[i], {Box{{0, 3}, {3, 2}}}));
+      EXPECT_EQ(item.chunks.size(), 2u);
+    } else if (item.name == "rng.cpu") {
+      EXPECT_EQ(item.chunks, full.items[i].chunks);
+    } else {
+      EXPECT_TRUE(item.chunks.empty()) << item.name;
+    }
+  }
+  EXPECT_EQ(metadata_error(*storage, "/ck/none"), "no such checkpoint directory: /ck/none");
+  EXPECT_THROW(MetadataReader(*storage, "/ck/none"), FormatError);
+}
+
+// Every byte of a small v2 file flipped in turn: a full decode refuses it; a
+// partial reader refuses it or returns exactly the undamaged chunks.
+TEST(MetadataReader, EverySingleByteFlipIsRefusedOrHarmless) {
+  CheckpointMeta meta;
+  meta.world_size = 4;
+  meta.items.push_back(split_item("s", {8, 2}, 0, {0, 2, 4, 6, 8}));
+  meta.items.push_back(split_item("i", {6, 2}, 0, {0, 1, 3, 3, 6}));
+  ItemMeta grid{"g", ItemKind::kTensor, DType::kFloat32, {2, 2}, {}};
+  grid.chunks.push_back(plain_chunk(Box{{0, 0}, {2, 1}}, 4, "rank_0.data", 0, 0));
+  grid.chunks.push_back(plain_chunk(Box{{0, 1}, {2, 1}}, 4, "rank_0.data", 8, 0));
+  meta.items.push_back(grid);
+  const std::vector<uint8_t> file = encode_metadata(meta);
+  const CheckpointMeta good = decode(file);
+  const std::vector<std::vector<Box>> asks = {
+      {Box{{3, 0}, {2, 2}}}, {Box{{2, 1}, {3, 1}}}, {Box{{1, 1}, {1, 1}}}};
+  size_t refused_partially = 0;
+  for (size_t i = 0; i < file.size(); ++i) {
+    std::vector<uint8_t> bad = file;
+    bad[i] ^= 0x01;
+    EXPECT_THROW(decode(bad), FormatError) << "byte " << i;
+    auto storage = storage_with(bad);
+    bool refused = false;
+    try {
+      MetadataReader reader(*storage, kStepDir);
+      ASSERT_EQ(reader.head().items.size(), 3u) << "byte " << i;
+      for (size_t item = 0; item < 3; ++item) {
+        EXPECT_EQ(reader.chunks_overlapping(item, asks[item]),
+                  overlapping(good.items[item], asks[item]))
+            << "byte " << i << " item " << item;
+      }
+    } catch (const FormatError& e) {
+      refused = true;
+      EXPECT_NE(std::string(e.what()).find("/ck/step_5/.metadata"), std::string::npos) << e.what();
+    }
+    refused_partially += refused ? 1 : 0;
+  }
+  EXPECT_GT(refused_partially, file.size() / 3);
+}
+
+TEST(MetadataReader, TruncatedAndExtendedFilesAreRefusedFromTheHeader) {
+  const std::vector<uint8_t> file = encode_metadata(strided_meta(64));
+  for (size_t len : {size_t{0}, size_t{20}, size_t{40}, file.size() / 2, file.size() - 1}) {
+    auto storage = storage_with(std::vector<uint8_t>(file.begin(), file.begin() + len));
+    EXPECT_THROW(MetadataReader(*storage, kStepDir), FormatError) << len;
+  }
+  std::vector<uint8_t> longer = file;
+  longer.push_back(0);
+  auto storage = storage_with(longer);
+  try {
+    MetadataReader reader(*storage, kStepDir);
+    FAIL() << "an extended file was accepted";
+  } catch (const FormatError& e) {
+    EXPECT_NE(std::string(e.what()).find("trailing bytes"), std::string::npos) << e.what();
+    EXPECT_LE(storage->bytes_, 32u);
+  }
+}
+
+void set_u64(std::vector<uint8_t>& blob, size_t at, uint64_t v) {
+  for (int i = 0; i < 8; ++i) blob[at + i] = static_cast<uint8_t>(v >> (8 * i));
+}
+
+TEST(MetadataReader, HostileLengthsAndOffsetsAreRefused) {
+  CheckpointMeta meta;
+  meta.items.push_back(split_item("aa", {4}, 0, {0, 4}));
+  meta.items.push_back(split_item("bb", {4}, 0, {0, 4}));
+  const std::vector<uint8_t> file = encode_metadata(meta);
+  auto refuse = [&](std::vector<uint8_t> bad, const std::string& expected) {
+    EXPECT_NE(decode_error(bad).find(expected), std::string::npos) << decode_error(bad);
+    auto storage = storage_with(bad);
+    try {
+      MetadataReader reader(*storage, kStepDir);
+      for (size_t i = 0; i < reader.head().items.size(); ++i) {
+        reader.chunks_overlapping(i, {Box{{0}, {4}}});
+      }
+      ADD_FAILURE() << "accepted, expected " << expected;
+    } catch (const FormatError& e) {
+      EXPECT_NE(std::string(e.what()).find(expected), std::string::npos) << e.what();
+    }
+  };
+  for (uint64_t huge : {~uint64_t{0}, uint64_t{1} << 40, uint64_t{file.size()}}) {
+    std::vector<uint8_t> bad = file;
+    set_u64(bad, 16, huge);
+    refuse(bad, "truncated");
+    bad = file;
+    set_u64(bad, 24, huge);
+    refuse(bad, "truncated");
+  }
+  // Moving bytes from the head to the sections keeps the size right.
+  std::vector<uint8_t> shifted = file;
+  set_u64(shifted, 16, file[16] - 1u);
+  set_u64(shifted, 24, file[24] + 1u);
+  refuse(shifted, "checksum");
+
+  // Item bb's entry: name, kind, dtype, ndim, one dim, chunk count, then the
+  // section offset (one byte here).
+  const std::string name = "\x02"
+                           "bb";
+  const size_t at = static_cast<size_t>(
+      std::search(file.begin(), file.end(), name.begin(), name.end()) - file.begin());
+  ASSERT_LT(at, file.size());
+  const size_t count_at = at + 3 + 4, offset_at = count_at + 1;
+  ASSERT_EQ(file[count_at], 1);
+  ASSERT_GT(file[offset_at], 0);
+  ASSERT_LT(file[offset_at], 0x80);
+  for (uint8_t offset : {uint8_t{0}, uint8_t(file[offset_at] + 1), uint8_t{0x7f}}) {
+    std::vector<uint8_t> bad = file;
+    bad[offset_at] = offset;
+    reseal_v2(bad);
+    refuse(bad, "item 'bb': section offset");
+  }
+  std::vector<uint8_t> many = file;
+  many[count_at] = 0x7f;
+  reseal_v2(many);
+  refuse(many, "item 'bb': chunk count 127 does not fit");
+  // A consistent edit still decodes: guards the offsets used above.
+  std::vector<uint8_t> same = file;
+  reseal_v2(same);
+  EXPECT_EQ(decode(same), meta);
+}
+
+TEST(MetadataReader, DamagedRecordIsNamedByItemAndChunk) {
+  const CheckpointMeta meta = strided_meta(8);
+  std::vector<uint8_t> file = encode_metadata(meta);
+  // The last record of item w's section ends just before item b's section.
+  const std::string file_name = "rank_3.data";
+  auto last = std::find_end(file.begin(), file.end(), file_name.begin(), file_name.end());
+  ASSERT_NE(last, file.end());
+  *(last + 5) = '7';  // rank_7.data: a valid name, so only the checksum can tell
+  reseal_v2(file);
+  auto storage = storage_with(file);
+  MetadataReader reader(*storage, kStepDir);
+  try {
+    reader.chunks_overlapping(0, {Box{{28, 0}, {4, 16}}});
+    FAIL() << "a damaged record was accepted";
+  } catch (const FormatError& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "/ck/step_5/.metadata: item 'w': chunk 7: record checksum mismatch");
+  }
+  EXPECT_EQ(reader.chunks_overlapping(0, {Box{{0, 0}, {4, 16}}}).size(), 1u);
 }
 
 TEST(Checksum, StreamingDigestEqualsOneShot) {

@@ -348,7 +348,7 @@ TEST_F(CkptTool, InspectShowsLayoutItemsAndShapes) {
   const fs::path dir = write_checkpoint(root_, 10);
   const RunResult r = run_ckpt({"inspect", dir.string()});
   EXPECT_EQ(r.exit_code, 0) << r.output;
-  for (const char* expected : {"version 1", "fsdp replicate=1 shard=2", "git = abc123", "model.w",
+  for (const char* expected : {"version 2", "fsdp replicate=1 shard=2", "git = abc123", "model.w",
                                "[4, 3]", "float32", "model.b", "rng.cpu", "bytes", "uint8", "[16]",
                                "total: 3 items, 4 chunks, 2 files"}) {
     EXPECT_TRUE(contains(r.output, expected)) << "missing '" << expected << "' in\n" << r.output;
