@@ -8,6 +8,8 @@
 #include <thread_pool/thread_pool.hpp>
 
 #include <future>
+#include <limits>
+#include <map>
 #include <set>
 #include <sstream>
 #include <string_view>
@@ -81,15 +83,34 @@ void check_tensor_matches(const ItemMeta& item, const TensorEntry& t, const std:
 LoadStats load_state_dict(StateDict& state, const std::string& step_dir, const LoadOptions& options) {
   require_host_tensors(state, "load_state_dict");
   std::shared_ptr<Storage> storage = options.storage ? options.storage : posix_storage();
-  const CheckpointMeta meta = read_committed_metadata(*storage, step_dir);
+  // Only the metadata records of the chunks this rank's regions overlap
+  // (a version-2 file's index; a version-1 file is read whole), after the
+  // head shows that the state matches the checkpoint.
+  MetadataReader reader_meta(*storage, step_dir);
+  CheckpointMeta meta = reader_meta.head();
   const ItemIndex index(meta);
+  auto wanted = [&](const std::string& name) { return !options.filter || options.filter(name); };
+  auto item_index = [&](const ItemMeta* item) { return static_cast<size_t>(item - meta.items.data()); };
 
   LoadStats stats;
   stats.step = meta.step;
   stats.saved_world_size = meta.world_size;
   stats.saved_layout = meta.layout;
   check_names(state, meta, index, step_dir, options, stats);
-  auto wanted = [&](const std::string& name) { return !options.filter || options.filter(name); };
+  for (auto& t : state.tensors()) {
+    const ItemMeta* item = wanted(t.name) ? index.find(t.name) : nullptr;
+    if (item == nullptr) continue;
+    check_tensor_matches(*item, t, "item '" + t.name + "' of checkpoint " + step_dir);
+    const size_t i = item_index(item);
+    meta.items[i].chunks = reader_meta.chunks_overlapping(i, {Box{t.offsets, t.local.sizes().vec()}});
+  }
+  for (auto& b : state.bytes()) {
+    const ItemMeta* item = wanted(b.name) ? index.find(b.name) : nullptr;
+    if (item == nullptr || item->kind != ItemKind::kBytes) continue;  // refused below
+    const size_t i = item_index(item);
+    meta.items[i].chunks = reader_meta.chunks_overlapping(i, {full_box(item->global_shape)});
+  }
+  stats.metadata_bytes_read = reader_meta.bytes_read();
 
   // One task per request on `pool`; a request spanning several blocks (a big
   // chunk) decodes them in parallel on `block_pool`, a second pool so that

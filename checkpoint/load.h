@@ -30,6 +30,7 @@ struct LoadOptions {
 
 struct LoadStats {
   uint64_t bytes_read = 0;           // logical bytes copied into the state
+  uint64_t metadata_bytes_read = 0;  // of .metadata: the head and this rank's records
   int64_t step = 0;                  // from the metadata
   int32_t saved_world_size = 0;
   std::string saved_layout;

@@ -178,6 +178,20 @@ std::vector<ChunkMeta> write_assignments(const StateDict& state,
 
 }  // namespace
 
+Box CoordinatorPlan::box(uint64_t k) const {
+  const size_t ndim = items[item_of[k]].global_shape.size();
+  const int64_t* c = coords.data() + coord_at[k];
+  return Box{std::vector<int64_t>(c, c + ndim), std::vector<int64_t>(c + ndim, c + 2 * ndim)};
+}
+
+std::vector<WriteAssignment> CoordinatorPlan::assignments(int rank) const {
+  std::vector<WriteAssignment> out;
+  for (uint64_t k = rank_begin[rank]; k < rank_begin[rank + 1]; ++k) {
+    out.push_back(WriteAssignment{items[item_of[k]].name, box(k)});
+  }
+  return out;
+}
+
 namespace save_protocol {
 
 uint64_t structure_hash(const Bytes& local_plan_blob, const PlanOptions& options, int world,
@@ -190,7 +204,7 @@ uint64_t structure_hash(const Bytes& local_plan_blob, const PlanOptions& options
   return h.digest();
 }
 
-std::vector<Bytes> plan_replies(const std::vector<Bytes>& gathered, const PlanOptions& options,
+std::vector<Bytes> plan_replies(std::vector<Bytes> gathered, const PlanOptions& options,
                                 const std::string& step_dir, uint64_t plan_id,
                                 CoordinatorPlan* kept) {
   const size_t world = gathered.size();
@@ -201,35 +215,57 @@ std::vector<Bytes> plan_replies(const std::vector<Bytes>& gathered, const PlanOp
                     "); nothing was committed");
   }
   CoordinatorPlan plan;
+  GlobalPlan global;
   try {
-    std::vector<LocalPlan> plans;
-    plans.reserve(world);
-    for (const auto& r : gathered) plans.push_back(decode_local_plan(r.data() + 1, r.size() - 1));
-    plan.plan = make_global_plan(plans, options);
-    std::map<std::string, bool> seen;
-    for (const LocalPlan& lp : plans) {
-      for (const WriteItem& w : lp.items) {
-        if (!seen.emplace(w.name, true).second) continue;
-        ItemMeta item;
-        item.name = w.name;
-        item.kind = w.kind;
-        item.dtype = w.dtype;
-        item.global_shape = w.global_shape;
-        plan.items.push_back(std::move(item));
+    // One plan at a time, each blob freed once added: the coordinator never
+    // holds every rank's decoded plan.
+    GlobalPlanner planner(world, options);
+    for (size_t r = 0; r < world; ++r) {
+      const int claimed = planner.add_encoded(gathered[r].data() + 1, gathered[r].size() - 1);
+      if (claimed != static_cast<int>(r)) {
+        throw PlanError("the local plan from rank " + std::to_string(r) + " claims rank " +
+                        std::to_string(claimed));
       }
+      Bytes().swap(gathered[r]);
+    }
+    std::vector<WriteItem> declarations;
+    global = planner.finish(&declarations);
+    plan.items.reserve(declarations.size());
+    for (WriteItem& w : declarations) {
+      ItemMeta item;
+      item.name = std::move(w.name);
+      item.kind = w.kind;
+      item.dtype = w.dtype;
+      item.global_shape = std::move(w.global_shape);
+      plan.items.push_back(std::move(item));
     }
   } catch (const std::exception& e) {
     return everyone("checkpoint save to " + step_dir + " failed during planning: " + error_text(e) +
                     "; nothing was committed");
   }
+  // Each rank's reply, and the plan kept compact: each rank's assignments are
+  // freed as soon as they are encoded and recorded.
+  std::unordered_map<std::string_view, uint32_t> item_index;
+  for (size_t i = 0; i < plan.items.size(); ++i) item_index.emplace(plan.items[i].name, static_cast<uint32_t>(i));
   std::vector<Bytes> replies(world);
+  plan.rank_begin.assign(1, 0);
   for (size_t r = 0; r < world; ++r) {
     wire::ByteWriter w;
     w.put_u64(plan_id);
     Bytes body = w.release();
-    Bytes assigned = encode_assignments(plan.plan.per_rank[r]);
+    Bytes assigned = encode_assignments(global.per_rank[r]);
+    body.reserve(1 + body.size() + assigned.size());
+    body.insert(body.begin(), uint8_t{1});  // tagged ok
     body.insert(body.end(), assigned.begin(), assigned.end());
-    replies[r] = tagged_ok(std::move(body));
+    replies[r] = std::move(body);
+    for (const WriteAssignment& a : global.per_rank[r]) {
+      plan.item_of.push_back(item_index.at(a.name));
+      plan.coord_at.push_back(plan.coords.size());
+      plan.coords.insert(plan.coords.end(), a.box.offsets.begin(), a.box.offsets.end());
+      plan.coords.insert(plan.coords.end(), a.box.sizes.begin(), a.box.sizes.end());
+    }
+    plan.rank_begin.push_back(plan.item_of.size());
+    std::vector<WriteAssignment>().swap(global.per_rank[r]);
   }
   if (kept) *kept = std::move(plan);
   return replies;
@@ -244,35 +280,74 @@ std::vector<WriteAssignment> assignments_from_reply(const Bytes& reply, uint64_t
   return decode_assignments(reply.data() + 9, reply.size() - 9);
 }
 
-CheckpointMeta assemble_metadata(const CoordinatorPlan& kept, const std::vector<Bytes>& reports,
-                                 const SaveOptions& options, SaveStats& stats) {
+Bytes assemble_metadata(const CoordinatorPlan& kept, const std::vector<Bytes>& reports,
+                        const SaveOptions& options, SaveStats& stats) {
   const int world = static_cast<int>(reports.size());
-  CheckpointMeta meta;
-  meta.format_version = kFormatVersion;
-  meta.step = options.step;
-  meta.world_size = world;
-  meta.layout = options.layout;
-  meta.created_unix_s = static_cast<int64_t>(std::time(nullptr));
-  meta.info = options.info;
-  meta.items = kept.items;
-  std::unordered_map<std::string_view, size_t> index;
-  index.reserve(meta.items.size());
-  for (size_t i = 0; i < meta.items.size(); ++i) index.emplace(meta.items[i].name, i);
+  if (world != kept.world()) {
+    throw CheckpointError("checkpoint save: " + std::to_string(world) + " write reports for a plan of " +
+                          std::to_string(kept.world()) + " ranks");
+  }
+  // Where each assignment's location lies in its rank's report (one pass
+  // over every report), and the byte totals.
+  const uint64_t n = kept.item_of.size();
+  std::vector<uint64_t> location_at(n);
+  ChunkMeta scratch;
   for (int r = 0; r < world; ++r) {
-    wire::ByteReader reader(reports[r].data() + 1, reports[r].size() - 1);
+    const Bytes& report = reports[r];
+    wire::ByteReader reader(report.data() + 1, report.size() - 1);
     stats.total_logical_bytes += reader.get_u64("logical");
     stats.total_stored_bytes += reader.get_u64("stored");
-    const std::string file = "rank_" + std::to_string(r) + ".data";
-    for (const auto& a : kept.plan.per_rank[r]) {
-      ChunkMeta c;
-      get_chunk_location(reader, c);
-      c.box = a.box;
-      c.file = file;
-      c.writer_rank = r;
-      meta.items[index.at(a.name)].chunks.push_back(std::move(c));
+    for (uint64_t k = kept.rank_begin[r]; k < kept.rank_begin[r + 1]; ++k) {
+      location_at[k] = 1 + (report.size() - 1 - reader.remaining());
+      scratch = ChunkMeta();
+      get_chunk_location(reader, scratch);
+    }
+    if (!reader.at_end()) {
+      throw CheckpointError("checkpoint save: rank " + std::to_string(r) + "'s write report has " +
+                            std::to_string(reader.remaining()) + " bytes more than its chunks");
     }
   }
-  return meta;
+  // Each item's assignments in (rank, plan) order: a counting sort.
+  const size_t items = kept.items.size();
+  std::vector<uint64_t> item_begin(items + 1, 0);
+  for (uint32_t i : kept.item_of) ++item_begin[i + 1];
+  for (size_t i = 0; i < items; ++i) item_begin[i + 1] += item_begin[i];
+  std::vector<uint64_t> by_item(n);
+  std::vector<int32_t> rank_of(n);
+  {
+    std::vector<uint64_t> fill(item_begin.begin(), item_begin.end() - 1);
+    for (int r = 0; r < world; ++r) {
+      for (uint64_t k = kept.rank_begin[r]; k < kept.rank_begin[r + 1]; ++k) {
+        const uint64_t at = fill[kept.item_of[k]]++;
+        by_item[at] = k;
+        rank_of[at] = r;
+      }
+    }
+  }
+  CheckpointMeta fields;
+  fields.step = options.step;
+  fields.world_size = world;
+  fields.layout = options.layout;
+  fields.created_unix_s = static_cast<int64_t>(std::time(nullptr));
+  fields.info = options.info;
+  MetadataWriter writer(fields);
+  for (size_t i = 0; i < items; ++i) {
+    ItemMeta item = kept.items[i];
+    item.chunks.resize(item_begin[i + 1] - item_begin[i]);
+    for (uint64_t at = item_begin[i]; at < item_begin[i + 1]; ++at) {
+      const uint64_t k = by_item[at];
+      const int r = rank_of[at];
+      ChunkMeta& c = item.chunks[at - item_begin[i]];
+      const Bytes& report = reports[r];
+      wire::ByteReader reader(report.data() + location_at[k], report.size() - location_at[k]);
+      get_chunk_location(reader, c);
+      c.box = kept.box(k);
+      c.file = "rank_" + std::to_string(r) + ".data";
+      c.writer_rank = r;
+    }
+    writer.add_item(item);
+  }
+  return writer.finish();
 }
 
 }  // namespace save_protocol
@@ -366,7 +441,7 @@ SaveStats save_state_dict(const StateDict& state, const std::string& step_dir,
     std::vector<Bytes> replies;
     if (rank == 0) {
       auto plan = std::make_shared<CoordinatorPlan>();
-      replies = save_protocol::plan_replies(gathered, options.plan, step_dir, new_plan_id(), plan.get());
+      replies = save_protocol::plan_replies(std::move(gathered), options.plan, step_dir, new_plan_id(), plan.get());
       kept = std::move(plan);
     }
     gathered = {};
@@ -405,13 +480,13 @@ SaveStats save_state_dict(const StateDict& state, const std::string& step_dir,
     } else {
       try {
         SaveStats totals;
-        CheckpointMeta meta = save_protocol::assemble_metadata(*kept, reports, options, totals);
+        Bytes encoded = save_protocol::assemble_metadata(*kept, reports, options, totals);
         reports = {};
         // The data files' names in the step directory must reach the disk
         // before the commit: POSIX does not order the .metadata rename after
         // them, and a commit naming a lost file is a damaged checkpoint.
         storage->sync_dir(step_dir);
-        storage->write_file_atomic(join_path(step_dir, kMetadataFileName), encode_metadata(meta));
+        storage->write_file_atomic(join_path(step_dir, kMetadataFileName), encoded);
         wire::ByteWriter w;
         w.put_u64(totals.total_logical_bytes);
         w.put_u64(totals.total_stored_bytes);

@@ -24,10 +24,21 @@
 namespace checkpoint {
 
 // What the coordinator keeps from planning: for the commit, and across saves
-// in a SavePlanCache.
+// in a SavePlanCache. Compact: an item index and the box's coordinates per
+// assignment (a few dozen bytes each at any world size).
 struct CoordinatorPlan {
-  std::vector<ItemMeta> items;  // declarations in first-seen order; no chunks
-  GlobalPlan plan;
+  std::vector<ItemMeta> items;      // declarations in first-seen order; no chunks
+  // Rank r's assignments are k in [rank_begin[r], rank_begin[r + 1]), in
+  // plan order: item item_of[k], box coords[coord_at[k] ...] (the item's
+  // ndim offsets, then its ndim sizes).
+  std::vector<uint64_t> rank_begin;
+  std::vector<uint32_t> item_of;
+  std::vector<uint64_t> coord_at;
+  std::vector<int64_t> coords;
+
+  int world() const { return rank_begin.empty() ? 0 : static_cast<int>(rank_begin.size() - 1); }
+  Box box(uint64_t k) const;
+  std::vector<WriteAssignment> assignments(int rank) const;
 };
 
 namespace save_protocol {
@@ -40,9 +51,9 @@ uint64_t structure_hash(const Bytes& local_plan_blob, const PlanOptions& options
                         int rank);
 
 // (coordinator) One reply per rank from the gathered local-plan messages
-// (index = rank). On success `kept` receives the plan. Never throws for bad
+// (index = rank), decoded and planned one at a time, each freed as it goes. On success `kept` receives the plan. Never throws for bad
 // input: a failed rank or disagreeing plans give every rank the same error.
-std::vector<Bytes> plan_replies(const std::vector<Bytes>& gathered, const PlanOptions& options,
+std::vector<Bytes> plan_replies(std::vector<Bytes> gathered, const PlanOptions& options,
                                 const std::string& step_dir, uint64_t plan_id,
                                 CoordinatorPlan* kept);
 
@@ -50,11 +61,12 @@ std::vector<Bytes> plan_replies(const std::vector<Bytes>& gathered, const PlanOp
 // coordinator's text if planning failed.
 std::vector<WriteAssignment> assignments_from_reply(const Bytes& reply, uint64_t* plan_id);
 
-// (coordinator) The metadata of the checkpoint from the kept plan and the
-// gathered write reports (every one succeeded). Adds the byte totals to
-// `stats`.
-CheckpointMeta assemble_metadata(const CoordinatorPlan& kept, const std::vector<Bytes>& reports,
-                                 const SaveOptions& options, SaveStats& stats);
+// (coordinator) The encoded metadata (version 2) of the checkpoint from the
+// kept plan and the gathered write reports (every one succeeded), built one
+// item at a time (MetadataWriter). Adds the byte totals to `stats`. Throws
+// CheckpointError on a malformed report, FormatError on invalid metadata.
+Bytes assemble_metadata(const CoordinatorPlan& kept, const std::vector<Bytes>& reports,
+                        const SaveOptions& options, SaveStats& stats);
 
 }  // namespace save_protocol
 }  // namespace checkpoint

@@ -63,6 +63,15 @@ class Validator {
     }
   }
 
+  // One item, whole (all but the uniqueness of its name among others).
+  void check_item(const ItemMeta& item, int32_t world_size) {
+    context_ = "item '" + item.name + "': ";
+    if (item.name.empty()) fail("empty item name");
+    if (item.name.size() > kMaxNameLength) fail("item name longer than " + std::to_string(kMaxNameLength));
+    check_item_shape(item);
+    check_item_chunks(item, world_size);
+  }
+
   void check_one_chunk(const ItemMeta& item, const ChunkMeta& chunk, size_t index,
                        int32_t world_size) {
     context_ = "item '" + item.name + "': chunk " + std::to_string(index) + ": ";
@@ -326,6 +335,10 @@ ChunkMeta get_chunk(wire::ByteReader& r, size_t ndim) {
 
 void validate_head(const CheckpointMeta& meta, const std::string& source) {
   Validator(source).check(meta, /*with_chunks=*/false);
+}
+
+void validate_item(const ItemMeta& item, int32_t world_size, const std::string& source) {
+  Validator(source).check_item(item, world_size);
 }
 
 void validate_chunk(const ItemMeta& item, const ChunkMeta& chunk, size_t index,

@@ -19,12 +19,14 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <unordered_set>
 #include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "checkpoint/format/types.h"
+#include "checkpoint/format/wire.h"
 #include "checkpoint/storage/storage.h"
 
 namespace checkpoint {
@@ -233,6 +235,30 @@ class MetadataReader {
   uint64_t sections_start_ = 0;         // file offset of the sections
   std::vector<uint8_t> small_directory_;  // while index_ranges searches a small directory
   uint64_t bytes_read_ = 0;
+};
+
+// Version-2 metadata built one item at a time: the save coordinator's way,
+// so that it never holds every chunk record of a large checkpoint at once.
+// Gives exactly encode_metadata's bytes for the same fields and items.
+class MetadataWriter {
+ public:
+  // `fields`: step, world size, layout, creation time and info (its items
+  // are ignored). `validate`: check each item as encode_metadata does
+  // (throws FormatError naming the item and chunk); false only for callers
+  // that validated already.
+  explicit MetadataWriter(const CheckpointMeta& fields, bool validate = true);
+  // Encodes the next item's section; `item` need not be kept.
+  void add_item(const ItemMeta& item);
+  // The file's bytes; the writer is empty afterwards.
+  std::vector<uint8_t> finish();
+
+ private:
+  CheckpointMeta fields_;
+  bool validate_;
+  wire::ByteWriter head_;      // the item entries so far
+  wire::ByteWriter sections_;  // their sections
+  uint64_t items_ = 0;
+  std::unordered_set<std::string> names_;
 };
 
 // (every loading rank) The head plus, for each item named in `wanted`, only

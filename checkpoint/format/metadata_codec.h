@@ -44,6 +44,9 @@ ChunkMeta get_chunk(wire::ByteReader& r, size_t ndim);
 // validate_metadata without the chunks: the top-level fields and every item's
 // name, kind, dtype and shape (what a v2 head holds).
 void validate_head(const CheckpointMeta& meta, const std::string& source);
+// validate_metadata's checks of one item and its chunks (not the uniqueness
+// of its name among the others).
+void validate_item(const ItemMeta& item, int32_t world_size, const std::string& source);
 // The checks validate_metadata applies to chunk `index` of `item` (bounds,
 // sizes, file name, transforms, blocks, writer rank); the tiling is not
 // checked. Errors read "<source>: item '<name>': chunk <index>: ...".

@@ -213,34 +213,9 @@ DirEntry get_dir_entry(const uint8_t* data) {
 }
 
 std::vector<uint8_t> encode_v2(const CheckpointMeta& meta) {
-  wire::ByteWriter head;
-  put_meta_fields(head, meta);
-  head.put_varint(meta.items.size());
-  wire::ByteWriter sections;
-  for (const ItemMeta& item : meta.items) {
-    std::vector<Box> boxes;
-    for (const ChunkMeta& c : item.chunks) boxes.push_back(c.box);
-    const ChunkSplit split = classify_chunk_split(item.global_shape, boxes);
-    const uint64_t offset = sections.bytes().size();
-    put_section(sections, item, split);
-    put_item_shape(head, item);
-    head.put_varint(item.chunks.size());
-    head.put_varint(offset);
-    head.put_varint(sections.bytes().size() - offset);
-    head.put_zigzag(split.dim);
-    head.put_varint(split.stride);
-  }
-  wire::ByteWriter w;
-  w.put_bytes(reinterpret_cast<const uint8_t*>(kMagic), sizeof(kMagic));
-  w.put_u32(2);
-  w.put_u32(0);  // flags: none defined in version 2
-  w.put_u64(head.bytes().size());
-  w.put_u64(sections.bytes().size());
-  w.put_bytes(head.bytes().data(), head.bytes().size());
-  w.put_u64(xxh3_64(w.bytes().data(), w.bytes().size()));
-  w.put_bytes(sections.bytes().data(), sections.bytes().size());
-  w.put_u64(xxh3_64(w.bytes().data(), w.bytes().size()));
-  return w.release();
+  MetadataWriter writer(meta, /*validate=*/false);  // encode_metadata validated it whole
+  for (const ItemMeta& item : meta.items) writer.add_item(item);
+  return writer.finish();
 }
 
 V2Header parse_v2_header(const uint8_t* header, uint64_t file_size, const std::string& source) {
@@ -359,5 +334,61 @@ CheckpointMeta decode_v2(const uint8_t* data, size_t size, const std::string& so
 }
 
 }  // namespace metadata_codec
+
+MetadataWriter::MetadataWriter(const CheckpointMeta& fields, bool validate)
+    : validate_(validate) {
+  fields_.format_version = 2;
+  fields_.step = fields.step;
+  fields_.world_size = fields.world_size;
+  fields_.layout = fields.layout;
+  fields_.created_unix_s = fields.created_unix_s;
+  fields_.info = fields.info;
+  if (validate_) validate_metadata(fields_, "metadata being encoded");
+}
+
+void MetadataWriter::add_item(const ItemMeta& item) {
+  if (validate_) {
+    if (!names_.insert(item.name).second) {
+      throw FormatError("metadata being encoded: item '" + item.name + "': duplicate item name");
+    }
+    validate_item(item, fields_.world_size, "metadata being encoded");
+  }
+  std::vector<Box> boxes;
+  boxes.reserve(item.chunks.size());
+  for (const ChunkMeta& c : item.chunks) boxes.push_back(c.box);
+  const ChunkSplit split = classify_chunk_split(item.global_shape, boxes);
+  const uint64_t offset = sections_.bytes().size();
+  put_section(sections_, item, split);
+  put_item_shape(head_, item);
+  head_.put_varint(item.chunks.size());
+  head_.put_varint(offset);
+  head_.put_varint(sections_.bytes().size() - offset);
+  head_.put_zigzag(split.dim);
+  head_.put_varint(split.stride);
+  ++items_;
+}
+
+std::vector<uint8_t> MetadataWriter::finish() {
+  wire::ByteWriter head;
+  put_meta_fields(head, fields_);
+  head.put_varint(items_);
+  head.put_bytes(head_.bytes().data(), head_.bytes().size());
+  head_ = wire::ByteWriter();
+  wire::ByteWriter w;
+  w.bytes().reserve(kV2FixedBytes + head.bytes().size() + sections_.bytes().size());
+  w.put_bytes(reinterpret_cast<const uint8_t*>(kMagic), sizeof(kMagic));
+  w.put_u32(2);
+  w.put_u32(0);  // flags: none defined in version 2
+  w.put_u64(head.bytes().size());
+  w.put_u64(sections_.bytes().size());
+  w.put_bytes(head.bytes().data(), head.bytes().size());
+  w.put_u64(xxh3_64(w.bytes().data(), w.bytes().size()));
+  w.put_bytes(sections_.bytes().data(), sections_.bytes().size());
+  sections_ = wire::ByteWriter();
+  w.put_u64(xxh3_64(w.bytes().data(), w.bytes().size()));
+  items_ = 0;
+  names_.clear();
+  return w.release();
+}
 
 }  // namespace checkpoint

@@ -4,6 +4,7 @@
 #include <map>
 #include <set>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "checkpoint/format/wire.h"
 
@@ -68,6 +69,36 @@ std::optional<TilingProblem> find_overlap(const std::vector<Box>& boxes, std::ve
   return std::nullopt;
 }
 
+// The common case, shown in O(n log n) without allocating per box: the
+// non-empty boxes (in bounds) are whole in every dim but one, and along that
+// dim they follow one another from 0 to its extent. False: not shown (the
+// general check then finds the problem, or that there is none).
+bool is_one_dim_partition(const std::vector<int64_t>& shape, const std::vector<Box>& boxes,
+                          const std::vector<size_t>& live) {
+  const size_t ndim = shape.size();
+  if (ndim == 0 || live.empty()) return false;
+  int split = -1;
+  for (size_t i : live) {
+    for (size_t d = 0; d < ndim; ++d) {
+      if (boxes[i].offsets[d] == 0 && boxes[i].sizes[d] == shape[d]) continue;
+      if (split >= 0 && static_cast<size_t>(split) != d) return false;
+      split = static_cast<int>(d);
+    }
+  }
+  if (split < 0) return live.size() == 1;  // one whole box
+  const size_t d = static_cast<size_t>(split);
+  std::vector<std::pair<int64_t, int64_t>> spans;  // (offset, size) along d
+  spans.reserve(live.size());
+  for (size_t i : live) spans.emplace_back(boxes[i].offsets[d], boxes[i].sizes[d]);
+  std::sort(spans.begin(), spans.end());
+  int64_t next = 0;
+  for (const auto& [offset, size] : spans) {
+    if (offset != next) return false;
+    next += size;
+  }
+  return next == shape[d];
+}
+
 }  // namespace
 
 std::optional<TilingProblem> find_tiling_problem(const std::vector<int64_t>& global_shape,
@@ -100,6 +131,7 @@ std::optional<TilingProblem> find_tiling_problem(const std::vector<int64_t>& glo
     }
     if (!empty) live.push_back(i);
   }
+  if (is_one_dim_partition(global_shape, boxes, live)) return std::nullopt;
   if (auto overlap = find_overlap(boxes, live, ndim)) return overlap;
   // In bounds and disjoint, so the sum cannot exceed (or overflow past) total.
   uint64_t covered = 0;
@@ -121,12 +153,6 @@ void check_tiling(const std::vector<int64_t>& global_shape, const std::vector<Bo
 }
 
 namespace {
-
-struct ItemState {
-  const WriteItem* first = nullptr;  // as declared by the first rank holding it
-  int first_rank = 0;
-  std::map<Box, std::vector<int>> holders;  // distinct box -> ranks holding it
-};
 
 [[noreturn]] void fail_item(const std::string& item, const std::string& why) {
   throw PlanError("item '" + item + "': " + why);
@@ -162,9 +188,8 @@ void check_item_declaration(const WriteItem& item, int rank) {
   }
 }
 
-void check_agreement(const WriteItem& item, int rank, const ItemState& state) {
-  const WriteItem& first = *state.first;
-  const std::string who = "rank " + std::to_string(state.first_rank) + " has ";
+void check_agreement(const WriteItem& item, int rank, const WriteItem& first, int first_rank) {
+  const std::string who = "rank " + std::to_string(first_rank) + " has ";
   const std::string other = " but rank " + std::to_string(rank) + " has ";
   if (item.kind != first.kind) {
     fail_item(item.name, who + "kind " + item_kind_name(first.kind) + other + item_kind_name(item.kind));
@@ -191,15 +216,6 @@ std::vector<const LocalPlan*> plans_by_rank(const std::vector<LocalPlan>& plans)
   return by_rank;
 }
 
-// A replicated region (or a dim-0 piece of one) waiting for a writer.
-struct ReplicatedPart {
-  size_t item;
-  size_t region;  // pieces of one region go to different holders
-  Box box;
-  uint64_t bytes;
-  const std::vector<int>* holders;
-};
-
 std::vector<Box> split_rows(const Box& box, size_t parts) {
   const int64_t rows = box.sizes[0];
   const int64_t base = rows / static_cast<int64_t>(parts);
@@ -218,98 +234,285 @@ std::vector<Box> split_rows(const Box& box, size_t parts) {
 
 }  // namespace
 
-GlobalPlan make_global_plan(const std::vector<LocalPlan>& plans, const PlanOptions& options) {
-  const std::vector<const LocalPlan*> by_rank = plans_by_rank(plans);
-  std::vector<ItemState> items;  // in order of first appearance, by rank
-  std::unordered_map<std::string, size_t> index;
-  for (const LocalPlan* plan : by_rank) {
-    for (const WriteItem& item : plan->items) {
-      auto [it, inserted] = index.emplace(item.name, items.size());
-      if (inserted) {
-        check_item_declaration(item, plan->rank);
-        items.push_back(ItemState{&item, plan->rank, {}});
-      } else {
-        check_agreement(item, plan->rank, items[it->second]);
-      }
-      std::vector<int>& holders = items[it->second].holders[item.box];
-      if (!holders.empty() && holders.back() == plan->rank) {
-        fail_item(item.name, "rank " + std::to_string(plan->rank) + " holds box " +
-                                 box_to_string(item.box) + " twice");
-      }
-      holders.push_back(plan->rank);
+// What the planner holds per item: the first declaration, and every (box,
+// rank) it was given, flat (2 x ndim int64 per box), so that memory is a few
+// dozen bytes per held region at any world size.
+struct GlobalPlanner::Item {
+  WriteItem first;  // as declared by the first rank holding it
+  int first_rank = 0;
+  std::vector<int64_t> coords;  // per entry: offsets then sizes
+  std::vector<int32_t> ranks;   // per entry
+  std::vector<std::pair<Box, int>> odd;  // boxes of another rank than the shape's
+};
+
+GlobalPlanner::GlobalPlanner(size_t world, PlanOptions options)
+    : world_(world), options_(options) {}
+GlobalPlanner::~GlobalPlanner() = default;
+
+void GlobalPlanner::start_rank(int rank) {
+  if (rank < 0 || static_cast<size_t>(rank) >= world_ || rank < next_rank_) {
+    throw PlanError("local plan of rank " + std::to_string(rank) + " is out of range or order for " +
+                    std::to_string(world_) + " plans");
+  }
+  next_rank_ = rank + 1;
+  hint_ = 0;
+}
+
+void GlobalPlanner::add_item(const WriteItem& w, int rank) {
+  auto [it, inserted] = index_.emplace(w.name, items_.size());
+  if (inserted) {
+    check_item_declaration(w, rank);
+    items_.push_back(std::make_unique<Item>());
+    items_.back()->first = WriteItem{w.name, w.kind, w.dtype, w.global_shape, Box{}};
+    items_.back()->first_rank = rank;
+  } else {
+    const Item& first = *items_[it->second];
+    check_agreement(w, rank, first.first, first.first_rank);
+  }
+  hint_ = it->second + 1;
+  Item& item = *items_[it->second];
+  const size_t ndim = item.first.global_shape.size();
+  if (w.box.offsets.size() != ndim || w.box.sizes.size() != ndim) {
+    item.odd.emplace_back(w.box, rank);
+    return;
+  }
+  item.coords.insert(item.coords.end(), w.box.offsets.begin(), w.box.offsets.end());
+  item.coords.insert(item.coords.end(), w.box.sizes.begin(), w.box.sizes.end());
+  item.ranks.push_back(rank);
+}
+
+void GlobalPlanner::add(const LocalPlan& plan) {
+  start_rank(plan.rank);
+  for (const WriteItem& w : plan.items) add_item(w, plan.rank);
+}
+
+namespace {
+
+// A distinct box of one item and the ranks holding it (ascending).
+struct Region {
+  Box box;
+  std::vector<int> holders;
+};
+
+// The item's distinct boxes in Box order (as std::map<Box, ...> would list
+// them), each with its holders.
+std::vector<Region> group_regions(const WriteItem& first, const std::vector<int64_t>& coords,
+                                  const std::vector<int32_t>& ranks,
+                                  const std::vector<std::pair<Box, int>>& odd) {
+  const size_t ndim = first.global_shape.size();
+  const size_t n = ranks.size();
+  std::vector<uint32_t> order(n);
+  for (size_t i = 0; i < n; ++i) order[i] = static_cast<uint32_t>(i);
+  auto at = [&](uint32_t i) { return coords.data() + static_cast<size_t>(i) * 2 * ndim; };
+  // Lexicographic by offsets then sizes is lexicographic over the 2*ndim
+  // coordinates; ties by rank keep holders ascending.
+  auto before = [&](uint32_t a, uint32_t b) {
+    const int64_t* x = at(a);
+    const int64_t* y = at(b);
+    for (size_t d = 0; d < 2 * ndim; ++d) {
+      if (x[d] != y[d]) return x[d] < y[d];
+    }
+    return ranks[a] < ranks[b];
+  };
+  // Shards arrive in rank order, usually already in Box order (FSDP).
+  if (!std::is_sorted(order.begin(), order.end(), before)) std::sort(order.begin(), order.end(), before);
+  std::vector<Region> regions;
+  for (size_t k = 0; k < n; ++k) {
+    const int64_t* c = at(order[k]);
+    const bool same = k > 0 && std::equal(c, c + 2 * ndim, at(order[k - 1]));
+    if (!same) {
+      Region r;
+      r.box.offsets.assign(c, c + ndim);
+      r.box.sizes.assign(c + ndim, c + 2 * ndim);
+      regions.push_back(std::move(r));
+    } else if (regions.back().holders.back() == ranks[order[k]]) {
+      fail_item(first.name, "rank " + std::to_string(ranks[order[k]]) + " holds box " +
+                                box_to_string(regions.back().box) + " twice");
+    }
+    regions.back().holders.push_back(ranks[order[k]]);
+  }
+  if (!odd.empty()) {
+    // Boxes of the wrong rank: merged in Box order so that the tiling check
+    // below names them as it always did.
+    std::map<Box, std::vector<int>> all;
+    for (Region& r : regions) all.emplace(std::move(r.box), std::move(r.holders));
+    for (const auto& [box, rank] : odd) all[box].push_back(rank);
+    regions.clear();
+    for (auto& [box, holders] : all) {
+      std::sort(holders.begin(), holders.end());
+      regions.push_back(Region{box, holders});
     }
   }
+  return regions;
+}
 
-  for (const ItemState& state : items) {
-    std::vector<Box> boxes;
-    std::vector<const std::vector<int>*> holders;
-    for (const auto& [box, ranks] : state.holders) boxes.push_back(box), holders.push_back(&ranks);
-    if (auto problem = find_tiling_problem(state.first->global_shape, boxes)) {
-      std::string msg = problem->message;
-      for (auto i : {problem->first, problem->second}) {
-        if (i) msg += "; box " + std::to_string(*i) + " is held by ranks " + ranks_to_string(*holders[*i]);
+// True when the non-empty regions are a one-dim partition of the shape that
+// tiles it (the FSDP case), shown in one pass over the Box-ordered regions
+// (for such a partition, Box order is order along the split dim). False means
+// "not shown": the general check then runs and names the problem.
+bool tiles_as_partition(const std::vector<int64_t>& shape, const std::vector<Region>& regions) {
+  const size_t ndim = shape.size();
+  if (ndim == 0) return false;
+  bool whole_seen = false;
+  int split = -1;
+  int64_t next = 0;
+  size_t nonempty = 0;
+  for (const Region& r : regions) {
+    const Box& b = r.box;
+    bool empty = false;
+    for (size_t d = 0; d < ndim; ++d) {
+      if (b.offsets[d] < 0 || b.sizes[d] < 0 || b.offsets[d] > shape[d] ||
+          b.sizes[d] > shape[d] - b.offsets[d]) {
+        return false;
       }
-      fail_item(state.first->name, msg);
+      empty = empty || b.sizes[d] == 0;
     }
+    if (empty) continue;
+    ++nonempty;
+    int here = -1;
+    for (size_t d = 0; d < ndim; ++d) {
+      if (b.offsets[d] == 0 && b.sizes[d] == shape[d]) continue;
+      if (here >= 0) return false;
+      here = static_cast<int>(d);
+    }
+    if (here < 0) {
+      if (nonempty != 1) return false;
+      whole_seen = true;
+      continue;
+    }
+    if (whole_seen || (split >= 0 && split != here)) return false;
+    split = here;
+    if (b.offsets[split] != next) return false;
+    next += b.sizes[split];
   }
+  if (whole_seen) return true;
+  if (nonempty == 0) return checked_numel(shape).value_or(1) == 0;
+  return next == shape[static_cast<size_t>(split)];
+}
 
+// A replicated region (or a dim-0 piece of one) waiting for a writer.
+struct ReplicatedPart {
+  size_t item;
+  size_t region;  // pieces of one region go to different holders
+  Box box;
+  uint64_t bytes;
+  size_t holder_set;
+};
+
+}  // namespace
+
+GlobalPlan GlobalPlanner::finish(std::vector<WriteItem>* declarations) {
   GlobalPlan plan;
-  plan.per_rank.resize(plans.size());
-  plan.bytes_per_rank.assign(plans.size(), 0);
-  std::vector<std::vector<std::pair<size_t, Box>>> assigned(plans.size());
+  plan.per_rank.resize(world_);
+  plan.bytes_per_rank.assign(world_, 0);
+  std::vector<std::vector<std::pair<size_t, Box>>> assigned(world_);
   std::vector<ReplicatedPart> pieces;
+  std::vector<std::vector<int>> holder_sets;           // distinct holder lists
+  std::map<std::vector<int>, size_t> holder_set_ids;
   size_t region_count = 0;
-  for (size_t i = 0; i < items.size(); ++i) {
-    const WriteItem& first = *items[i].first;
+  for (size_t i = 0; i < items_.size(); ++i) {
+    Item& item = *items_[i];
+    const WriteItem& first = item.first;
+    std::vector<Region> regions = group_regions(first, item.coords, item.ranks, item.odd);
+    const bool odd = !item.odd.empty();
+    item.coords = {};
+    item.ranks = {};
+    item.odd = {};
+    if (odd || !tiles_as_partition(first.global_shape, regions)) {
+      std::vector<Box> boxes;
+      boxes.reserve(regions.size());
+      for (const Region& r : regions) boxes.push_back(r.box);
+      if (auto problem = find_tiling_problem(first.global_shape, boxes)) {
+        std::string msg = problem->message;
+        for (auto k : {problem->first, problem->second}) {
+          if (k) msg += "; box " + std::to_string(*k) + " is held by ranks " + ranks_to_string(regions[*k].holders);
+        }
+        fail_item(first.name, msg);
+      }
+    }
     const uint64_t esize = element_size(first.dtype);
-    for (const auto& [box, ranks] : items[i].holders) {
+    for (Region& r : regions) {
       const size_t region = region_count++;
-      if (first.kind == ItemKind::kTensor && box.is_empty()) continue;
-      const uint64_t bytes = static_cast<uint64_t>(box.numel()) * esize;
-      if (ranks.size() == 1) {
-        assigned[ranks[0]].emplace_back(i, box);
-        plan.bytes_per_rank[ranks[0]] += bytes;
+      if (first.kind == ItemKind::kTensor && r.box.is_empty()) continue;
+      const uint64_t bytes = static_cast<uint64_t>(r.box.numel()) * esize;
+      if (r.holders.size() == 1) {
+        plan.bytes_per_rank[r.holders[0]] += bytes;
+        assigned[r.holders[0]].emplace_back(i, std::move(r.box));
         continue;
       }
-      const bool splittable = first.kind == ItemKind::kTensor && box.ndim() >= 1 &&
-                              bytes >= options.split_min_bytes && box.sizes[0] >= 2;
+      const bool splittable = first.kind == ItemKind::kTensor && r.box.ndim() >= 1 &&
+                              bytes >= options_.split_min_bytes && r.box.sizes[0] >= 2;
       const size_t parts =
-          splittable ? std::min<size_t>(ranks.size(), static_cast<size_t>(box.sizes[0])) : 1;
-      std::vector<Box> split = parts > 1 ? split_rows(box, parts) : std::vector<Box>{box};
+          splittable ? std::min<size_t>(r.holders.size(), static_cast<size_t>(r.box.sizes[0])) : 1;
+      auto [set_it, fresh] = holder_set_ids.emplace(r.holders, holder_sets.size());
+      if (fresh) holder_sets.push_back(std::move(r.holders));
+      std::vector<Box> split = parts > 1 ? split_rows(r.box, parts) : std::vector<Box>{r.box};
       for (Box& piece : split) {
         const uint64_t piece_bytes = static_cast<uint64_t>(piece.numel()) * esize;
-        pieces.push_back(ReplicatedPart{i, region, std::move(piece), piece_bytes, &ranks});
+        pieces.push_back(ReplicatedPart{i, region, std::move(piece), piece_bytes, set_it->second});
       }
     }
   }
+  holder_set_ids.clear();
 
-  // Largest first to the least-loaded holder (ties: lowest rank) balances
-  // bytes; the order is total so every coordinator computes the same plan.
+  // Largest first to the least-loaded holder not yet given a piece of the
+  // same region (ties: lowest rank); the order is total so the plan is a
+  // pure function of the plans. Each distinct holder list keeps its holders
+  // ordered by (load, rank), so a choice costs a few ordered-set steps.
   std::sort(pieces.begin(), pieces.end(), [](const ReplicatedPart& a, const ReplicatedPart& b) {
     if (a.bytes != b.bytes) return a.bytes > b.bytes;
     if (a.item != b.item) return a.item < b.item;
     return a.box < b.box;
   });
-  std::map<size_t, std::set<int>> used;  // region -> holders already given a piece
-  for (const ReplicatedPart& piece : pieces) {
-    std::set<int>& taken = used[piece.region];
-    int best = -1;
-    for (int r : *piece.holders) {
-      if (taken.count(r)) continue;
-      if (best < 0 || plan.bytes_per_rank[r] < plan.bytes_per_rank[best]) best = r;
+  std::vector<std::set<std::pair<uint64_t, int>>> by_load(holder_sets.size());
+  std::vector<std::vector<size_t>> sets_of_rank(world_);
+  for (size_t s = 0; s < holder_sets.size(); ++s) {
+    for (int r : holder_sets[s]) {
+      by_load[s].emplace(plan.bytes_per_rank[r], r);
+      sets_of_rank[r].push_back(s);
     }
-    taken.insert(best);
-    plan.bytes_per_rank[best] += piece.bytes;
-    assigned[best].emplace_back(piece.item, piece.box);
   }
+  std::unordered_set<uint64_t> taken;  // (region << 32) | rank
+  for (ReplicatedPart& piece : pieces) {
+    int best = -1;
+    for (const auto& [load, r] : by_load[piece.holder_set]) {
+      if (!taken.count(static_cast<uint64_t>(piece.region) << 32 | static_cast<uint32_t>(r))) {
+        best = r;
+        break;
+      }
+    }
+    taken.insert(static_cast<uint64_t>(piece.region) << 32 | static_cast<uint32_t>(best));
+    const uint64_t old_load = plan.bytes_per_rank[best];
+    plan.bytes_per_rank[best] += piece.bytes;
+    for (size_t s : sets_of_rank[best]) {
+      by_load[s].erase({old_load, best});
+      by_load[s].emplace(plan.bytes_per_rank[best], best);
+    }
+    assigned[best].emplace_back(piece.item, std::move(piece.box));
+  }
+  pieces = {};
 
   for (size_t r = 0; r < assigned.size(); ++r) {
     std::sort(assigned[r].begin(), assigned[r].end());
+    plan.per_rank[r].reserve(assigned[r].size());
     for (auto& [item, box] : assigned[r]) {
-      plan.per_rank[r].push_back(WriteAssignment{items[item].first->name, std::move(box)});
+      plan.per_rank[r].push_back(WriteAssignment{items_[item]->first.name, std::move(box)});
     }
+    assigned[r] = {};
   }
+  if (declarations) {
+    declarations->clear();
+    for (auto& item : items_) declarations->push_back(std::move(item->first));
+  }
+  items_.clear();
+  index_.clear();
   return plan;
+}
+
+GlobalPlan make_global_plan(const std::vector<LocalPlan>& plans, const PlanOptions& options) {
+  GlobalPlanner planner(plans.size(), options);
+  for (const LocalPlan* plan : plans_by_rank(plans)) planner.add(*plan);
+  return planner.finish();
 }
 
 // ---- plan blobs --------------------------------------------------------------
@@ -416,6 +619,53 @@ std::vector<WriteAssignment> decode_assignments(const uint8_t* data, size_t size
       a.box = get_box(r);
     }
     return out;
+  });
+}
+
+int GlobalPlanner::add_encoded(const uint8_t* data, size_t size) {
+  return decode_blob("local plan", kLocalPlanTag, data, size, [&](wire::ByteReader& r) {
+    const int64_t rank = r.get_zigzag("rank");
+    if (rank < 0 || rank > INT32_MAX) r.fail("rank", std::to_string(rank) + " is out of range");
+    start_rank(static_cast<int>(rank));
+    const uint64_t count = r.get_count(5, "item count");
+    WriteItem slow;
+    std::vector<int64_t> shape;
+    for (uint64_t n = 0; n < count; ++n) {
+      const std::string_view name = r.get_string_view(kMaxNameLength, "item name");
+      const uint8_t kind = r.get_u8("item kind");
+      if (!is_known_item_kind(kind)) r.fail("item kind", "unknown code " + std::to_string(kind));
+      const uint8_t dtype = r.get_u8("dtype");
+      if (!is_known_dtype(dtype)) r.fail("dtype", "unknown code " + std::to_string(dtype));
+      const size_t ndim = r.get_varint_max(kMaxNdim, "rank");
+      shape.resize(ndim);
+      for (int64_t& v : shape) v = r.get_zigzag("global shape");
+      const size_t box_ndim = r.get_varint_max(kMaxNdim, "box rank");
+      // The common case: the item the previous one was followed by on an
+      // earlier rank, declared the same, with a box of its rank: appended
+      // without building a WriteItem.
+      if (hint_ < items_.size()) {
+        Item& item = *items_[hint_];
+        const WriteItem& first = item.first;
+        if (first.name == name && static_cast<uint8_t>(first.kind) == kind &&
+            static_cast<uint8_t>(first.dtype) == dtype && first.global_shape == shape &&
+            box_ndim == ndim) {
+          for (size_t d = 0; d < 2 * ndim; ++d) {
+            item.coords.push_back(r.get_zigzag(d < ndim ? "box offset" : "box size"));
+          }
+          item.ranks.push_back(static_cast<int32_t>(rank));
+          ++hint_;
+          continue;
+        }
+      }
+      slow.name.assign(name.data(), name.size());
+      slow.kind = static_cast<ItemKind>(kind);
+      slow.dtype = static_cast<DType>(dtype);
+      slow.global_shape = shape;
+      slow.box.offsets = get_dims(r, box_ndim, "box offset");
+      slow.box.sizes = get_dims(r, box_ndim, "box size");
+      add_item(slow, static_cast<int>(rank));
+    }
+    return static_cast<int>(rank);
   });
 }
 

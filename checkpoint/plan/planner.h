@@ -2,14 +2,18 @@
 // Save planning, DCP-style: pure functions from what every rank holds to what
 // every rank writes. No I/O, no communication; tests call these directly.
 //
-// Call sequence during a save (save.cpp); no coordinator is involved:
+// Call sequence during a save (save.cpp, save_protocol.h):
 //   (all ranks)   build a LocalPlan of the regions they hold; encode_local_plan
-//   (all ranks)   all-gather the blobs; decode_local_plan each
-//   (all ranks)   make_global_plan on the same plans: every rank computes the
-//                 same GlobalPlan, so no assignments are sent
-//   (all ranks)   write exactly the regions in plan.per_rank[own rank]
+//   (coordinator) gathers the blobs; decode_local_plan and GlobalPlanner::add
+//                 each in rank order; finish; encode_assignments per rank
+//   (all ranks)   decode_assignments of their own (scattered); write exactly
+//                 those regions
+// With plan caching (save.h, SavePlanCache) the first three steps are skipped
+// while every rank's structure is unchanged.
 #include <cstddef>
 #include <cstdint>
+#include <memory>
+#include <unordered_map>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -62,6 +66,42 @@ struct PlanOptions {
   uint64_t split_min_bytes = 1 << 20;
 };
 
+// The planner, fed one local plan at a time (the coordinator decodes and adds
+// each as it goes, so it never holds every rank's plan at once). Memory: a
+// few dozen bytes per held region, plus the plan. Not thread-safe.
+class GlobalPlanner {
+ public:
+  GlobalPlanner(size_t world, PlanOptions options);
+  ~GlobalPlanner();
+  GlobalPlanner(const GlobalPlanner&) = delete;
+  GlobalPlanner& operator=(const GlobalPlanner&) = delete;
+
+  // Adds rank plan.rank's plan. REQUIRES: ranks added in increasing order,
+  // each < world. Throws PlanError on a bad declaration or a disagreement
+  // with an earlier rank.
+  void add(const LocalPlan& plan);
+  // add(decode_local_plan(data, size)) without building the plan: items
+  // declared as on an earlier rank are appended in place. Returns the rank.
+  // Throws PlanError as both would.
+  int add_encoded(const uint8_t* data, size_t size);
+  // The plan (make_global_plan's, below); `declarations`, when given, gets
+  // every item as first declared (box empty), in order of first appearance.
+  // The planner is empty afterwards.
+  GlobalPlan finish(std::vector<WriteItem>* declarations = nullptr);
+
+ private:
+  struct Item;
+  void start_rank(int rank);
+  void add_item(const WriteItem& w, int rank);
+
+  size_t world_;
+  PlanOptions options_;
+  int next_rank_ = 0;
+  size_t hint_ = 0;  // the item expected next in the current rank's plan
+  std::vector<std::unique_ptr<Item>> items_;
+  std::unordered_map<std::string, size_t> index_;
+};
+
 // Builds the global plan from every rank's local plan.
 //   - Regions held by one rank are written by that rank.
 //   - A region held by several ranks (same name and box) is written exactly
@@ -96,9 +136,8 @@ std::optional<TilingProblem> find_tiling_problem(const std::vector<int64_t>& glo
 void check_tiling(const std::vector<int64_t>& global_shape, const std::vector<Box>& boxes,
                   const std::string& item);
 
-// Byte-blob codecs for plans. save all-gathers encode_local_plan's blobs;
-// the assignment codec is for callers that send assignments (save does not:
-// every rank computes its own). Decoders are bounds-checked and throw
+// Byte-blob codecs for plans: save gathers encode_local_plan's blobs at the
+// coordinator and scatters encode_assignments' to each rank. Decoders are bounds-checked and throw
 // PlanError on malformed input.
 std::vector<uint8_t> encode_local_plan(const LocalPlan& plan);
 LocalPlan decode_local_plan(const uint8_t* data, size_t size);

@@ -129,6 +129,37 @@ TEST(Metadata, RoundTripPreservesEveryField) {
   EXPECT_EQ(back.find("missing"), nullptr);
 }
 
+// The save coordinator's streaming writer gives encode_metadata's bytes, and
+// refuses what encode_metadata refuses, naming the item.
+TEST(Metadata, StreamingWriterMatchesEncodeMetadata) {
+  const CheckpointMeta meta = rich_meta();
+  MetadataWriter writer(meta);
+  for (const ItemMeta& item : meta.items) writer.add_item(item);
+  EXPECT_EQ(writer.finish(), encode_metadata(meta));
+
+  MetadataWriter twice(meta);
+  twice.add_item(meta.items[0]);
+  try {
+    twice.add_item(meta.items[0]);
+    FAIL() << "a repeated item name was accepted";
+  } catch (const FormatError& e) {
+    EXPECT_NE(std::string(e.what()).find("item '" + meta.items[0].name + "': duplicate item name"),
+              std::string::npos) << e.what();
+  }
+  ItemMeta gap = meta.items[0];
+  ASSERT_FALSE(gap.chunks.empty());
+  gap.chunks.pop_back();
+  if (gap.kind == ItemKind::kTensor) {
+    MetadataWriter w(meta);
+    try {
+      w.add_item(gap);
+      FAIL() << "an item with a gap was accepted";
+    } catch (const FormatError& e) {
+      EXPECT_NE(std::string(e.what()).find("item '" + gap.name + "'"), std::string::npos) << e.what();
+    }
+  }
+}
+
 TEST(Metadata, EncodingIsDeterministic) {
   EXPECT_EQ(encode_metadata(rich_meta()), encode_metadata(rich_meta()));
 }

@@ -6,6 +6,9 @@
 #include <map>
 
 #include "checkpoint/plan/planner.h"
+#include "reference_planner.h"
+
+#include <random>
 
 namespace checkpoint {
 namespace {
@@ -268,6 +271,147 @@ TEST(PlanCodec, AbsurdCountIsRejected) {
   blob.pop_back();
   for (uint8_t b : {0xff, 0xff, 0xff, 0xff, 0xff, 0x7f}) blob.push_back(b);
   EXPECT_THROW(decode_assignments(blob.data(), blob.size()), PlanError);
+}
+
+// The streaming planner (GlobalPlanner, flat memory, ordered-set balancing)
+// against the planner it replaced, kept as the oracle: the same plan, rank
+// for rank and byte for byte, on random FSDP / HSDP / DDP / 2-D / mixed
+// states with bytes items and empty shards, at several split thresholds.
+std::vector<LocalPlan> random_plans(std::mt19937& rng, int world) {
+  auto plans = empty_plans(world);
+  auto pick = [&](int n) { return static_cast<int>(rng() % static_cast<unsigned>(n)); };
+  const int items = 1 + pick(12);
+  for (int i = 0; i < items; ++i) {
+    const std::string name = "item" + std::to_string(i);
+    const int64_t rows = pick(3) == 0 ? pick(4) : 1 + pick(40);
+    const int64_t cols = 1 + pick(6);
+    const DType dtype = pick(2) ? DType::kFloat32 : DType::kBFloat16;
+    const int style = pick(5);
+    if (style == 4) {  // a bytes item, held by one or by every rank
+      const int64_t n = pick(20);
+      const int owner = pick(2) ? -1 : pick(world);
+      for (int r = 0; r < world; ++r) {
+        if (owner < 0 || owner == r) {
+          plans[r].items.push_back(WriteItem{name, ItemKind::kBytes, DType::kUInt8, {n}, Box{{0}, {n}}});
+        }
+      }
+      continue;
+    }
+    // Shard(0) over `shard` ranks, torch.chunk-style, replicated world/shard
+    // times (1: DDP, world: FSDP), or 2-D tiles over a 2 x (world/2) grid.
+    const int shard = style == 0 ? 1 : style == 1 ? world : style == 2 ? std::max(1, world / 2) : 0;
+    for (int r = 0; r < world; ++r) {
+      Box box;
+      if (shard > 0) {
+        const int64_t idx = r % shard;
+        const int64_t chunk = (rows + shard - 1) / shard;
+        const int64_t lo = std::min(idx * chunk, rows), hi = std::min(lo + chunk, rows);
+        box = Box{{lo, 0}, {hi - lo, cols}};
+      } else {
+        const int64_t half = (rows + 1) / 2;
+        const int64_t lo = (r % 2) * half, hi = std::min(lo + half, rows);
+        const int64_t lo_r = std::min<int64_t>(lo, rows);
+        box = Box{{lo_r, 0}, {std::max<int64_t>(0, hi - lo_r), cols}};
+      }
+      plans[r].items.push_back(tensor(name, {rows, cols}, box, dtype));
+    }
+  }
+  for (auto& p : plans) std::shuffle(p.items.begin(), p.items.end(), rng);
+  return plans;
+}
+
+TEST(Planner, StreamingPlannerMatchesTheReferencePlanner) {
+  std::mt19937 rng(20261123);
+  int compared = 0;
+  for (int round = 0; round < 400; ++round) {
+    const int world = 1 + static_cast<int>(rng() % 9);
+    auto plans = random_plans(rng, world);
+    std::shuffle(plans.begin(), plans.end(), rng);  // any order in
+    for (uint64_t split : {uint64_t{1}, uint64_t{64}, uint64_t{1} << 20}) {
+      PlanOptions options;
+      options.split_min_bytes = split;
+      std::string want_error, got_error;
+      GlobalPlan want, got;
+      try {
+        want = reference::make_global_plan(plans, options);
+      } catch (const PlanError& e) {
+        want_error = e.what();
+      }
+      try {
+        got = make_global_plan(plans, options);
+      } catch (const PlanError& e) {
+        got_error = e.what();
+      }
+      ASSERT_EQ(got_error, want_error) << "round " << round;
+      if (!want_error.empty()) continue;
+      ASSERT_EQ(got.per_rank, want.per_rank) << "round " << round << " split " << split;
+      ASSERT_EQ(got.bytes_per_rank, want.bytes_per_rank) << "round " << round;
+      // The coordinator's way: encoded blobs, in rank order, added in place.
+      GlobalPlanner planner(plans.size(), options);
+      std::vector<const LocalPlan*> by_rank(plans.size());
+      for (const LocalPlan& p : plans) by_rank[p.rank] = &p;
+      for (const LocalPlan* p : by_rank) {
+        const std::vector<uint8_t> blob = encode_local_plan(*p);
+        ASSERT_EQ(planner.add_encoded(blob.data(), blob.size()), p->rank);
+      }
+      std::vector<WriteItem> declarations;
+      const GlobalPlan streamed = planner.finish(&declarations);
+      ASSERT_EQ(streamed.per_rank, want.per_rank) << "round " << round << " split " << split;
+      ASSERT_EQ(streamed.bytes_per_rank, want.bytes_per_rank) << "round " << round;
+      ++compared;
+    }
+  }
+  EXPECT_GT(compared, 1000);
+}
+
+// The same errors, word for word, for plans that do not tile or disagree.
+TEST(Planner, StreamingPlannerFailsLikeTheReferencePlanner) {
+  std::mt19937 rng(7);
+  int failures = 0;
+  for (int round = 0; round < 400; ++round) {
+    const int world = 2 + static_cast<int>(rng() % 5);
+    auto plans = random_plans(rng, world);
+    // Damage one item on one rank: shift, shrink, grow, re-rank its box,
+    // change its dtype or shape, or drop it.
+    auto& victim = plans[rng() % plans.size()];
+    if (victim.items.empty()) continue;
+    WriteItem& w = victim.items[rng() % victim.items.size()];
+    switch (rng() % 7) {
+      case 0: if (!w.box.offsets.empty()) w.box.offsets[0] += 1; break;
+      case 1: if (!w.box.sizes.empty() && w.box.sizes[0] > 0) w.box.sizes[0] -= 1; break;
+      case 2: if (!w.box.sizes.empty()) w.box.sizes.back() += 1; break;
+      case 3: w.box.offsets.push_back(0), w.box.sizes.push_back(1); break;
+      case 4: w.dtype = w.dtype == DType::kFloat32 ? DType::kFloat64 : DType::kFloat32; break;
+      case 5: w.global_shape.push_back(1); break;
+      case 6: victim.items.push_back(w); break;  // held twice
+    }
+    std::string want_error, got_error;
+    try {
+      reference::make_global_plan(plans, PlanOptions{});
+    } catch (const PlanError& e) {
+      want_error = e.what();
+    }
+    try {
+      make_global_plan(plans, PlanOptions{});
+    } catch (const PlanError& e) {
+      got_error = e.what();
+    }
+    ASSERT_EQ(got_error, want_error) << "round " << round;
+    failures += want_error.empty() ? 0 : 1;
+    std::string streamed_error;
+    try {
+      GlobalPlanner planner(plans.size(), PlanOptions{});
+      for (int r = 0; r < static_cast<int>(plans.size()); ++r) {
+        const std::vector<uint8_t> blob = encode_local_plan(plans[r]);
+        planner.add_encoded(blob.data(), blob.size());
+      }
+      planner.finish();
+    } catch (const PlanError& e) {
+      streamed_error = e.what();
+    }
+    ASSERT_EQ(streamed_error, want_error) << "round " << round;
+  }
+  EXPECT_GT(failures, 200);
 }
 
 }  // namespace
