@@ -19,14 +19,13 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
-#include <unordered_set>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "checkpoint/format/types.h"
-#include "checkpoint/format/wire.h"
 #include "checkpoint/storage/storage.h"
 
 namespace checkpoint {
@@ -247,18 +246,17 @@ class MetadataWriter {
   // (throws FormatError naming the item and chunk); false only for callers
   // that validated already.
   explicit MetadataWriter(const CheckpointMeta& fields, bool validate = true);
+  ~MetadataWriter();
+  MetadataWriter(const MetadataWriter&) = delete;
+  MetadataWriter& operator=(const MetadataWriter&) = delete;
   // Encodes the next item's section; `item` need not be kept.
   void add_item(const ItemMeta& item);
   // The file's bytes; the writer is empty afterwards.
   std::vector<uint8_t> finish();
 
  private:
-  CheckpointMeta fields_;
-  bool validate_;
-  wire::ByteWriter head_;      // the item entries so far
-  wire::ByteWriter sections_;  // their sections
-  uint64_t items_ = 0;
-  std::unordered_set<std::string> names_;
+  struct State;  // the item entries and sections so far (metadata_v2.cpp)
+  std::unique_ptr<State> state_;
 };
 
 // (every loading rank) The head plus, for each item named in `wanted`, only

@@ -5,6 +5,7 @@
 // metadata_reader.cpp.
 #include <algorithm>
 #include <numeric>
+#include <unordered_set>
 
 #include "checkpoint/format/byte_order.h"
 #include "checkpoint/format/checksum.h"
@@ -335,59 +336,74 @@ CheckpointMeta decode_v2(const uint8_t* data, size_t size, const std::string& so
 
 }  // namespace metadata_codec
 
+struct MetadataWriter::State {
+  CheckpointMeta fields;
+  bool validate = true;
+  wire::ByteWriter head;      // the item entries so far
+  wire::ByteWriter sections;  // their sections
+  uint64_t items = 0;
+  std::unordered_set<std::string> names;
+};
+
+MetadataWriter::~MetadataWriter() = default;
+
 MetadataWriter::MetadataWriter(const CheckpointMeta& fields, bool validate)
-    : validate_(validate) {
-  fields_.format_version = 2;
-  fields_.step = fields.step;
-  fields_.world_size = fields.world_size;
-  fields_.layout = fields.layout;
-  fields_.created_unix_s = fields.created_unix_s;
-  fields_.info = fields.info;
-  if (validate_) validate_metadata(fields_, "metadata being encoded");
+    : state_(std::make_unique<State>()) {
+  State& st = *state_;
+  st.validate = validate;
+  st.fields.format_version = 2;
+  st.fields.step = fields.step;
+  st.fields.world_size = fields.world_size;
+  st.fields.layout = fields.layout;
+  st.fields.created_unix_s = fields.created_unix_s;
+  st.fields.info = fields.info;
+  if (st.validate) validate_metadata(st.fields, "metadata being encoded");
 }
 
 void MetadataWriter::add_item(const ItemMeta& item) {
-  if (validate_) {
-    if (!names_.insert(item.name).second) {
+  State& st = *state_;
+  if (st.validate) {
+    if (!st.names.insert(item.name).second) {
       throw FormatError("metadata being encoded: item '" + item.name + "': duplicate item name");
     }
-    validate_item(item, fields_.world_size, "metadata being encoded");
+    validate_item(item, st.fields.world_size, "metadata being encoded");
   }
   std::vector<Box> boxes;
   boxes.reserve(item.chunks.size());
   for (const ChunkMeta& c : item.chunks) boxes.push_back(c.box);
   const ChunkSplit split = classify_chunk_split(item.global_shape, boxes);
-  const uint64_t offset = sections_.bytes().size();
-  put_section(sections_, item, split);
-  put_item_shape(head_, item);
-  head_.put_varint(item.chunks.size());
-  head_.put_varint(offset);
-  head_.put_varint(sections_.bytes().size() - offset);
-  head_.put_zigzag(split.dim);
-  head_.put_varint(split.stride);
-  ++items_;
+  const uint64_t offset = st.sections.bytes().size();
+  put_section(st.sections, item, split);
+  put_item_shape(st.head, item);
+  st.head.put_varint(item.chunks.size());
+  st.head.put_varint(offset);
+  st.head.put_varint(st.sections.bytes().size() - offset);
+  st.head.put_zigzag(split.dim);
+  st.head.put_varint(split.stride);
+  ++st.items;
 }
 
 std::vector<uint8_t> MetadataWriter::finish() {
+  State& st = *state_;
   wire::ByteWriter head;
-  put_meta_fields(head, fields_);
-  head.put_varint(items_);
-  head.put_bytes(head_.bytes().data(), head_.bytes().size());
-  head_ = wire::ByteWriter();
+  put_meta_fields(head, st.fields);
+  head.put_varint(st.items);
+  head.put_bytes(st.head.bytes().data(), st.head.bytes().size());
+  st.head = wire::ByteWriter();
   wire::ByteWriter w;
-  w.bytes().reserve(kV2FixedBytes + head.bytes().size() + sections_.bytes().size());
+  w.bytes().reserve(kV2FixedBytes + head.bytes().size() + st.sections.bytes().size());
   w.put_bytes(reinterpret_cast<const uint8_t*>(kMagic), sizeof(kMagic));
   w.put_u32(2);
   w.put_u32(0);  // flags: none defined in version 2
   w.put_u64(head.bytes().size());
-  w.put_u64(sections_.bytes().size());
+  w.put_u64(st.sections.bytes().size());
   w.put_bytes(head.bytes().data(), head.bytes().size());
   w.put_u64(xxh3_64(w.bytes().data(), w.bytes().size()));
-  w.put_bytes(sections_.bytes().data(), sections_.bytes().size());
-  sections_ = wire::ByteWriter();
+  w.put_bytes(st.sections.bytes().data(), st.sections.bytes().size());
+  st.sections = wire::ByteWriter();
   w.put_u64(xxh3_64(w.bytes().data(), w.bytes().size()));
-  items_ = 0;
-  names_.clear();
+  st.items = 0;
+  st.names.clear();
   return w.release();
 }
 

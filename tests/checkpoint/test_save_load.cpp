@@ -267,6 +267,39 @@ TEST(SaveLoad, PlanCacheGivesIdenticalCheckpointsAndFallsBackOnAnyChange) {
   fs::remove_all(root);
 }
 
+// Version-1 checkpoints (written before the indexed metadata) still load,
+// resharded, read whole; a version-2 load reads only part of the metadata.
+TEST(SaveLoad, VersionOneCheckpointsStillLoadAndVersionTwoIsReadInPart) {
+  std::string root = scratch("v1");
+  save_world(root + "/v2", 3);
+  save_world(root + "/v1", 3);
+  const std::string path = root + "/v1/.metadata";
+  const std::vector<uint8_t> v1 = encode_metadata(read_committed_metadata(*posix_storage(), root + "/v1"), 1);
+  std::ofstream(path, std::ios::binary | std::ios::trunc)
+      .write(reinterpret_cast<const char*>(v1.data()), static_cast<std::streamsize>(v1.size()));
+  EXPECT_EQ(read_committed_metadata(*posix_storage(), root + "/v1").format_version, 1u);
+  EXPECT_EQ(read_committed_metadata(*posix_storage(), root + "/v2").format_version, 2u);
+  for (const char* version : {"v1", "v2"}) {
+    for (int world : {1, 2}) {
+      for (int rank = 0; rank < world; ++rank) {
+        StateDict sd = empty_like_state(rank, world);
+        const LoadStats stats = load_state_dict(sd, root + "/" + version, {});
+        EXPECT_TRUE(torch::equal(sd.tensors()[0].local, rank_state(rank, world).tensors()[0].local))
+            << version << " world " << world << " rank " << rank;
+        EXPECT_EQ(sd.bytes()[0].data, rank_state(rank, world).bytes()[0].data);
+        const uint64_t file = fs::file_size(root + "/" + version + "/.metadata");
+        if (std::string(version) == "v1") {
+          EXPECT_EQ(stats.metadata_bytes_read, file);
+        } else {
+          EXPECT_GT(stats.metadata_bytes_read, 0u);
+          EXPECT_LE(stats.metadata_bytes_read, file);
+        }
+      }
+    }
+  }
+  fs::remove_all(root);
+}
+
 TEST(SaveLoad, AFlippedDataByteIsDetectedNamingItemAndFile) {
   std::string root = scratch("flip");
   save_world(root + "/c", 2);

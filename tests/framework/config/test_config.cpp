@@ -32,7 +32,7 @@ const std::vector<std::string> kAllKeys = {
     "checkpoint.dir", "checkpoint.interval", "checkpoint.mode", "checkpoint.keep_last",
     "checkpoint.resume", "checkpoint.resume_fallback", "checkpoint.allow_config_change", "checkpoint.on_error", "checkpoint.save_on_signal",
     "checkpoint.when_busy", "checkpoint.allow_partial", "checkpoint.model_only",
-    "checkpoint.io_threads", "checkpoint.compression.codec", "checkpoint.compression.level",
+    "checkpoint.io_threads", "checkpoint.plan_cache", "checkpoint.compression.codec", "checkpoint.compression.level",
     "checkpoint.compression.byte_group", "checkpoint.compression.block_size",
 };
 
@@ -122,6 +122,7 @@ Config non_default_config() {
   c.checkpoint.allow_partial = true;
   c.checkpoint.model_only = true;
   c.checkpoint.io_threads = 16;
+  c.checkpoint.plan_cache = false;
   c.checkpoint.compression.codec = "zstd";
   c.checkpoint.compression.level = 19;
   c.checkpoint.compression.byte_group = "off";
