@@ -15,8 +15,9 @@ using namespace metadata_codec;
 
 namespace {
 
-// Directories up to this size are read whole rather than binary-searched.
-constexpr uint64_t kSmallDirectoryBytes = 4096;
+// Directories up to this size (42 entries) are read whole rather than
+// binary-searched: a few small reads, never much more than a rank's own records.
+constexpr uint64_t kSmallDirectoryBytes = 1024;
 
 // The parts of `boxes` inside `shape` that hold elements; throws
 // std::invalid_argument for a box that is not a box of the item.

@@ -442,8 +442,11 @@ GlobalPlan GlobalPlanner::finish(std::vector<WriteItem>* declarations) {
       }
       const bool splittable = first.kind == ItemKind::kTensor && r.box.ndim() >= 1 &&
                               bytes >= options_.split_min_bytes && r.box.sizes[0] >= 2;
-      const size_t parts =
+      size_t parts =
           splittable ? std::min<size_t>(r.holders.size(), static_cast<size_t>(r.box.sizes[0])) : 1;
+      if (options_.min_piece_bytes > 0) {
+        parts = std::min<size_t>(parts, std::max<uint64_t>(1, bytes / options_.min_piece_bytes));
+      }
       auto [set_it, fresh] = holder_set_ids.emplace(r.holders, holder_sets.size());
       if (fresh) holder_sets.push_back(std::move(r.holders));
       std::vector<Box> split = parts > 1 ? split_rows(r.box, parts) : std::vector<Box>{r.box};

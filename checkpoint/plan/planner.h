@@ -64,6 +64,11 @@ struct PlanOptions {
   // Replicated regions smaller than this are written whole by one holder;
   // larger ones are split along dim 0 across their holders.
   uint64_t split_min_bytes = 1 << 20;
+  // Pieces of a split region are at least this big (a region of B bytes goes
+  // to at most B / min_piece_bytes holders): at thousands of replicas, tiny
+  // pieces would cost more in metadata, and in every loading rank's reads of
+  // it, than they save in balance. 0: split across every holder.
+  uint64_t min_piece_bytes = 1 << 20;
 };
 
 // The planner, fed one local plan at a time (the coordinator decodes and adds
@@ -105,9 +110,10 @@ class GlobalPlanner {
 // Builds the global plan from every rank's local plan.
 //   - Regions held by one rank are written by that rank.
 //   - A region held by several ranks (same name and box) is written exactly
-//     once: split along dim 0 into up to |holders| pieces if it is a tensor of
-//     >= split_min_bytes with ndim >= 1, each piece going to a different
-//     holder; pieces are assigned largest first to the least-loaded holder.
+//     once: split along dim 0 into up to min(|holders|, rows, bytes /
+//     min_piece_bytes) pieces if it is a tensor of >= split_min_bytes with
+//     ndim >= 1, each piece going to a different holder; pieces are assigned
+//     largest first to the least-loaded holder.
 //   - Empty tensor regions are accepted and need no write; a bytes item is
 //     always written (as one chunk), even when empty.
 // Every item's assignments tile its global shape exactly.

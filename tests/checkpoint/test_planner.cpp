@@ -127,6 +127,28 @@ TEST(Planner, HsdpShardsAreWrittenOnceAcrossReplicas) {
   EXPECT_EQ(whole.bytes_per_rank[1] + whole.bytes_per_rank[3], 2 * kMiB);
 }
 
+// At thousands of replicas a region is split into pieces of at least
+// min_piece_bytes, not one tiny piece per holder, and the bytes stay balanced.
+TEST(Planner, ManyReplicasSplitIntoPiecesOfAtLeastTheMinimum) {
+  const int world = 512;
+  auto plans = empty_plans(world);
+  const std::vector<int64_t> shape = {4096, 1024};  // 16 MiB of float32
+  for (int i = 0; i < 8; ++i) {
+    for (auto& p : plans) p.items.push_back(tensor("w" + std::to_string(i), shape, rows(0, 4096, {1024})));
+  }
+  const GlobalPlan plan = make_global_plan(plans, PlanOptions{});
+  for (int i = 0; i < 8; ++i) {
+    const std::vector<Box> boxes = assigned_boxes(plan, "w" + std::to_string(i));
+    EXPECT_EQ(boxes.size(), 16u);  // 16 MiB / 1 MiB
+    EXPECT_NO_THROW(check_tiling(shape, boxes, "w"));
+  }
+  // 128 pieces of 1 MiB over 512 ranks: no rank writes two.
+  EXPECT_EQ(*std::max_element(plan.bytes_per_rank.begin(), plan.bytes_per_rank.end()), kMiB);
+  PlanOptions every_holder;
+  every_holder.min_piece_bytes = 0;
+  EXPECT_EQ(assigned_boxes(make_global_plan(plans, every_holder), "w0").size(), 512u);
+}
+
 TEST(Planner, ReplicatedScalarsAndBytesAreWrittenOnceAndNeverSplit) {
   auto plans = empty_plans(4);
   for (auto& p : plans) {
@@ -330,6 +352,7 @@ TEST(Planner, StreamingPlannerMatchesTheReferencePlanner) {
     for (uint64_t split : {uint64_t{1}, uint64_t{64}, uint64_t{1} << 20}) {
       PlanOptions options;
       options.split_min_bytes = split;
+      options.min_piece_bytes = 0;  // the reference split across every holder
       std::string want_error, got_error;
       GlobalPlan want, got;
       try {
