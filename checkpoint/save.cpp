@@ -331,6 +331,8 @@ Bytes assemble_metadata(const CoordinatorPlan& kept, const std::vector<Bytes>& r
   fields.created_unix_s = static_cast<int64_t>(std::time(nullptr));
   fields.info = options.info;
   MetadataWriter writer(fields);
+  std::vector<std::string> files(world);
+  for (int r = 0; r < world; ++r) files[r] = "rank_" + std::to_string(r) + ".data";
   for (size_t i = 0; i < items; ++i) {
     ItemMeta item = kept.items[i];
     item.chunks.resize(item_begin[i + 1] - item_begin[i]);
@@ -342,7 +344,7 @@ Bytes assemble_metadata(const CoordinatorPlan& kept, const std::vector<Bytes>& r
       wire::ByteReader reader(report.data() + location_at[k], report.size() - location_at[k]);
       get_chunk_location(reader, c);
       c.box = kept.box(k);
-      c.file = "rank_" + std::to_string(r) + ".data";
+      c.file = files[r];
       c.writer_rank = r;
     }
     writer.add_item(item);
