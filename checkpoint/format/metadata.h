@@ -233,6 +233,7 @@ class MetadataReader {
   std::vector<ItemSection> sections_;   // version 2: one per item
   uint64_t sections_start_ = 0;         // file offset of the sections
   std::vector<uint8_t> small_directory_;  // while index_ranges searches a small directory
+  std::map<uint64_t, uint64_t> probed_keys_;  // directory keys read while it searches a large one
   uint64_t bytes_read_ = 0;
 };
 

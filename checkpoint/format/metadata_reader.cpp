@@ -15,9 +15,9 @@ using namespace metadata_codec;
 
 namespace {
 
-// Directories up to this size (42 entries) are read whole rather than
+// Directories up to this size (4 entries) are read whole rather than
 // binary-searched: a few small reads, never much more than a rank's own records.
-constexpr uint64_t kSmallDirectoryBytes = 1024;
+constexpr uint64_t kSmallDirectoryBytes = 96;
 
 // The parts of `boxes` inside `shape` that hold elements; throws
 // std::invalid_argument for a box that is not a box of the item.
@@ -167,6 +167,7 @@ std::vector<std::pair<uint64_t, uint64_t>> MetadataReader::index_ranges(
     }
   }
   small_directory_.clear();
+  probed_keys_.clear();
   return merge_ranges(std::move(ranges));
 }
 
@@ -178,8 +179,10 @@ uint64_t MetadataReader::last_chunk_at_or_before(size_t item, uint64_t key) {
   if (small && small_directory_.empty()) small_directory_ = read_range(directory_start, n * kDirEntryBytes);
   auto key_at = [&](uint64_t i) {
     if (small) return get_dir_entry(small_directory_.data() + i * kDirEntryBytes).key;
+    // The searches for a region's two ends share their first probes.
+    if (auto hit = probed_keys_.find(i); hit != probed_keys_.end()) return hit->second;
     const std::vector<uint8_t> bytes = read_range(directory_start + i * kDirEntryBytes, 8);
-    return load_le(bytes.data(), 8);
+    return probed_keys_[i] = load_le(bytes.data(), 8);
   };
   // Keys are sorted: the largest i with key(i) <= key (0 when none is; the
   // cover check then reports the gap).

@@ -101,16 +101,8 @@ class ByteReader {
     return n;
   }
   std::string get_string(size_t max_length, const char* what) {
-    uint64_t n = get_varint(what);
-    if (n > max_length) {
-      fail(what, "length " + std::to_string(n) + " exceeds limit " + std::to_string(max_length));
-    }
-    require(n, what);
-    std::string s(reinterpret_cast<const char*>(data_ + pos_), static_cast<size_t>(n));
-    pos_ += n;
-    return s;
+    return std::string(get_string_view(max_length, what));
   }
-
   // get_string without a copy: a view into the input.
   std::string_view get_string_view(size_t max_length, const char* what) {
     uint64_t n = get_varint(what);
