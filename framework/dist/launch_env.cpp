@@ -1,5 +1,6 @@
 #include "framework/dist/launch_env.h"
 
+#include <algorithm>
 #include <cinttypes>
 #include <cstdio>
 #include <cstdlib>
@@ -47,34 +48,104 @@ int read_int(const EnvLookup& env, const std::string& name) {
   return parse_non_negative(name, *value);
 }
 
-int read_int_or(const EnvLookup& env, const std::string& name, int fallback) {
+// At least 1: a count of ranks or nodes.
+int parse_positive(const std::string& name, const std::string& value) {
+  int result = parse_non_negative(name, value);
+  if (result < 1) throw_bad_value(name, value, "must be at least 1");
+  return result;
+}
+
+// A value and where it came from, for error messages: the variable that
+// held it, or how it was derived ("RANK/LOCAL_WORLD_SIZE").
+struct Sourced {
+  int value = 0;
+  std::string source;
+  std::string text() const { return source + "=" + std::to_string(value); }
+};
+
+Sourced read_sourced(const EnvLookup& env, const std::string& name) {
+  return {read_int(env, name), name};
+}
+
+// Set: the variable, parsed as a count (>= 1). Unset: `fallback`.
+Sourced read_count_or(const EnvLookup& env, const std::string& name,
+                      Sourced fallback) {
   std::optional<std::string> value = env(name);
-  return value ? parse_non_negative(name, *value) : fallback;
+  return value ? Sourced{parse_positive(name, *value), name} : fallback;
+}
+
+// Set: the variable, parsed as an index (>= 0). Unset: `fallback`.
+Sourced read_index_or(const EnvLookup& env, const std::string& name,
+                      Sourced fallback) {
+  std::optional<std::string> value = env(name);
+  return value ? Sourced{parse_non_negative(name, *value), name} : fallback;
+}
+
+[[noreturn]] void throw_bad(const Sourced& v, const std::string& why) {
+  throw_bad_value(v.source, std::to_string(v.value), why);
+}
+
+// `numerator` / `denominator`, which must divide.
+Sourced quotient(const Sourced& numerator, const Sourced& denominator,
+                 const std::string& why_needed) {
+  if (numerator.value % denominator.value != 0) {
+    throw_bad(numerator, "is not a multiple of " + denominator.text() + " (" +
+                             why_needed + ")");
+  }
+  return {numerator.value / denominator.value,
+          numerator.source + "/" + denominator.source};
 }
 
 struct Placement {
-  int rank;
-  int world_size;
-  int local_rank;
+  Sourced rank;
+  Sourced world_size;
+  Sourced local_rank;
+  Sourced local_world_size;
+  Sourced node;
+  Sourced nodes;
 };
 
-void check_placement(const Placement& p, const std::string& rank_var,
-                     const std::string& world_var,
-                     const std::string& local_var) {
-  if (p.world_size < 1) {
-    throw_bad_value(world_var, std::to_string(p.world_size),
-                    "must be at least 1");
+// Before anything is derived from them (they are divided by).
+void check_rank(const Placement& p) {
+  if (p.world_size.value < 1) throw_bad(p.world_size, "must be at least 1");
+  if (p.rank.value >= p.world_size.value) {
+    throw_bad(p.rank, "must be less than " + p.world_size.text());
   }
-  if (p.rank >= p.world_size) {
-    throw_bad_value(rank_var, std::to_string(p.rank),
-                    "must be less than " + world_var + "=" +
-                        std::to_string(p.world_size));
+}
+
+// `exact`: every node holds local_world_size ranks (torchrun). Otherwise
+// the last nodes may hold fewer (SLURM's --ntasks below nodes x
+// --ntasks-per-node).
+void check_nodes(const Placement& p, bool exact) {
+  if (p.nodes.value > p.world_size.value) {
+    throw_bad(p.nodes, "must not exceed " + p.world_size.text());
   }
-  if (p.local_rank >= p.world_size) {
-    throw_bad_value(local_var, std::to_string(p.local_rank),
-                    "must be less than " + world_var + "=" +
-                        std::to_string(p.world_size));
+  if (p.local_rank.value >= p.local_world_size.value) {
+    throw_bad(p.local_rank, "must be less than " + p.local_world_size.text());
   }
+  // Before the node check: a node derived from the rank is then in range.
+  const long long capacity =
+      static_cast<long long>(p.local_world_size.value) * p.nodes.value;
+  const std::string layout =
+      p.nodes.text() + " x " + p.local_world_size.text() + " ranks";
+  if (exact && capacity != p.world_size.value) {
+    throw_bad(p.world_size, "is not " + layout);
+  }
+  if (capacity < p.world_size.value) {
+    throw_bad(p.world_size, "is more than " + layout);
+  }
+  if (p.node.value >= p.nodes.value) {
+    throw_bad(p.node, "must be less than " + p.nodes.text());
+  }
+}
+
+void apply(const Placement& p, LaunchEnv& result) {
+  result.rank = p.rank.value;
+  result.world_size = p.world_size.value;
+  result.local_rank = p.local_rank.value;
+  result.local_world_size = p.local_world_size.value;
+  result.node = p.node.value;
+  result.nodes = p.nodes.value;
 }
 
 int resolve_port(const EnvLookup& env, int config_master_port) {
@@ -109,16 +180,41 @@ std::optional<std::string> first_plain_host(const std::string& nodelist) {
   return first;
 }
 
+// torchrun's node layout: see the header. Without LOCAL_WORLD_SIZE, one node.
+void read_torchrun_nodes(const EnvLookup& env, Placement& p) {
+  if (std::optional<std::string> per_node = env("LOCAL_WORLD_SIZE")) {
+    p.local_world_size = {parse_positive("LOCAL_WORLD_SIZE", *per_node),
+                          "LOCAL_WORLD_SIZE"};
+    if (std::optional<std::string> nodes = env("GROUP_WORLD_SIZE")) {
+      p.nodes = {parse_positive("GROUP_WORLD_SIZE", *nodes), "GROUP_WORLD_SIZE"};
+    } else {
+      p.nodes = quotient(p.world_size, p.local_world_size,
+                         "GROUP_WORLD_SIZE is not set");
+    }
+    p.node = read_index_or(env, "GROUP_RANK",
+                           {p.rank.value / p.local_world_size.value,
+                            "RANK/LOCAL_WORLD_SIZE"});
+  } else {
+    p.local_world_size = {p.world_size.value, "WORLD_SIZE"};
+    p.nodes = {1, "nodes"};
+    p.node = {0, "node"};
+  }
+  p.local_rank = read_index_or(env, "LOCAL_RANK",
+                               {p.rank.value % p.local_world_size.value,
+                                "RANK%LOCAL_WORLD_SIZE"});
+}
+
 LaunchEnv detect_torchrun(const EnvLookup& env,
                           const std::string& config_master_addr) {
   LaunchEnv result;
   result.source = LaunchSource::kTorchrun;
-  Placement p{read_int(env, "RANK"), read_int(env, "WORLD_SIZE"), 0};
-  p.local_rank = read_int_or(env, "LOCAL_RANK", p.rank);
-  check_placement(p, "RANK", "WORLD_SIZE", "LOCAL_RANK");
-  result.rank = p.rank;
-  result.world_size = p.world_size;
-  result.local_rank = p.local_rank;
+  Placement p;
+  p.rank = read_sourced(env, "RANK");
+  p.world_size = read_sourced(env, "WORLD_SIZE");
+  check_rank(p);
+  read_torchrun_nodes(env, p);
+  check_nodes(p, /*exact=*/true);
+  apply(p, result);
   if (std::optional<std::string> addr = non_empty(env("MASTER_ADDR"))) {
     result.master_addr = *addr;
   } else if (!config_master_addr.empty()) {
@@ -151,17 +247,39 @@ std::string slurm_master_addr(const EnvLookup& env,
       "SLURM_JOB_NODELIST nor SLURM_NODELIST is set)");
 }
 
+// SLURM_NTASKS_PER_NODE when it is a plain number; otherwise (unset, or a
+// list such as "2(x3),1") SLURM_NTASKS / SLURM_NNODES, which must divide.
+Sourced slurm_local_world_size(const EnvLookup& env, const Placement& p) {
+  std::optional<std::string> per_node = non_empty(env("SLURM_NTASKS_PER_NODE"));
+  if (per_node && per_node->find_first_not_of("0123456789") == std::string::npos) {
+    // A maximum: `srun -n 2 --ntasks-per-node=4` runs 2 ranks on one node.
+    return {std::min(parse_positive("SLURM_NTASKS_PER_NODE", *per_node),
+                     p.world_size.value),
+            "SLURM_NTASKS_PER_NODE"};
+  }
+  const std::string why =
+      per_node ? "SLURM_NTASKS_PER_NODE=\"" + *per_node +
+                     "\" is not a plain number; every node must run as many ranks"
+               : "SLURM_NTASKS_PER_NODE is not set; every node must run as many ranks";
+  return quotient(p.world_size, p.nodes, why);
+}
+
 LaunchEnv detect_slurm(const EnvLookup& env,
                        const std::string& config_master_addr) {
   LaunchEnv result;
   result.source = LaunchSource::kSlurm;
-  Placement p{read_int(env, "SLURM_PROCID"), read_int(env, "SLURM_NTASKS"),
-              0};
-  p.local_rank = read_int_or(env, "SLURM_LOCALID", 0);
-  check_placement(p, "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID");
-  result.rank = p.rank;
-  result.world_size = p.world_size;
-  result.local_rank = p.local_rank;
+  Placement p;
+  p.rank = read_sourced(env, "SLURM_PROCID");
+  p.world_size = read_sourced(env, "SLURM_NTASKS");
+  check_rank(p);
+  p.nodes = read_count_or(env, "SLURM_NNODES", {1, "SLURM_NNODES (unset)"});
+  p.local_world_size = slurm_local_world_size(env, p);
+  p.node = read_index_or(env, "SLURM_NODEID",
+                         {p.rank.value / p.local_world_size.value,
+                          "SLURM_PROCID/" + p.local_world_size.source});
+  p.local_rank = read_index_or(env, "SLURM_LOCALID", {0, "SLURM_LOCALID"});
+  check_nodes(p, /*exact=*/false);
+  apply(p, result);
   result.master_addr = slurm_master_addr(env, config_master_addr);
   return result;
 }

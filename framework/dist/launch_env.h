@@ -14,6 +14,12 @@ struct LaunchEnv {
   int rank = 0;
   int world_size = 1;
   int local_rank = 0;
+  // Ranks on this rank's node (local_rank < local_world_size), this node's
+  // index and the job's node count (node < nodes). Node-local work (node-local
+  // checkpoints, the local_rank-th GPU) is keyed by `node`.
+  int local_world_size = 1;
+  int node = 0;
+  int nodes = 1;
   std::string master_addr = "127.0.0.1";
   int master_port = 29500;
   // True when a launcher serves the store at master_addr:master_port for the
@@ -41,10 +47,30 @@ EnvLookup process_env();
 // address comes from MASTER_ADDR, else `config_master_addr`, else the first
 // host of SLURM_JOB_NODELIST / SLURM_NODELIST when it is a plain name. Port:
 // MASTER_PORT, else `config_master_port` when > 0, else 29500. With none of
-// them set: a single process. Job: store_hosted from SHARDKIT_STORE_HOSTED
-// (0 or 1); job_id from SHARDKIT_JOB_ID, else torchrun's TORCHELASTIC_RUN_ID,
-// else empty. Malformed values throw std::invalid_argument naming the
-// variable and its value.
+// them set: a single process (node 0 of 1, local_world_size 1). Job:
+// store_hosted from SHARDKIT_STORE_HOSTED (0 or 1); job_id from
+// SHARDKIT_JOB_ID, else torchrun's TORCHELASTIC_RUN_ID, else empty.
+//
+// Nodes, torchrun: local_world_size from LOCAL_WORLD_SIZE, node from
+// GROUP_RANK, nodes from GROUP_WORLD_SIZE. Without GROUP_WORLD_SIZE, nodes =
+// WORLD_SIZE / LOCAL_WORLD_SIZE (an error unless it divides); without
+// GROUP_RANK, node = RANK / LOCAL_WORLD_SIZE; without LOCAL_RANK, local_rank
+// = RANK % LOCAL_WORLD_SIZE. Without LOCAL_WORLD_SIZE the job is one node:
+// local_world_size = WORLD_SIZE, node 0 of 1 (GROUP_* are not read).
+// LOCAL_WORLD_SIZE x nodes must equal WORLD_SIZE.
+//
+// Nodes, SLURM: node from SLURM_NODEID (else SLURM_PROCID / local_world_size),
+// nodes from SLURM_NNODES (else 1); local_world_size from
+// SLURM_NTASKS_PER_NODE when it is a plain number (a maximum: at most
+// SLURM_NTASKS), else SLURM_NTASKS / SLURM_NNODES when that divides, else an
+// error naming them (uneven tasks per node, e.g. SLURM_TASKS_PER_NODE=
+// "2(x3),1", are not supported). SLURM_NTASKS may be below nodes x
+// local_world_size (the last node runs fewer), never above.
+//
+// Malformed values (non-numbers, signs, zero counts) and inconsistent ones
+// (node >= nodes, local_rank >= local_world_size, more nodes than ranks, a
+// world size that does not match the layout) throw std::invalid_argument
+// naming the variable and its value.
 LaunchEnv detect_launch_env(const EnvLookup& env,
                             const std::string& config_master_addr = "",
                             int config_master_port = 0);

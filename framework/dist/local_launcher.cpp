@@ -258,11 +258,15 @@ ExecPlan make_exec_plan(const LocalLaunchOptions& options, int rank,
   for (std::string& arg : plan.argv_storage) plan.argv.push_back(arg.data());
   plan.argv.push_back(nullptr);
 
+  // Simulated nodes: consecutive ranks share a node, as under torchrun.
+  const int per_node = options.nproc / options.nodes;
   const std::vector<std::pair<std::string, std::string>> launch_vars = {
       {"RANK", std::to_string(rank)},
       {"WORLD_SIZE", std::to_string(options.nproc)},
-      {"LOCAL_RANK", std::to_string(rank)},
-      {"LOCAL_WORLD_SIZE", std::to_string(options.nproc)},
+      {"LOCAL_RANK", std::to_string(rank % per_node)},
+      {"LOCAL_WORLD_SIZE", std::to_string(per_node)},
+      {"GROUP_RANK", std::to_string(rank / per_node)},
+      {"GROUP_WORLD_SIZE", std::to_string(options.nodes)},
       {"MASTER_ADDR", options.master_addr},
       {"MASTER_PORT", std::to_string(job.port)},
       {kStoreHostedVar, "1"},
@@ -583,6 +587,11 @@ void check_options(const LocalLaunchOptions& options) {
                                 std::to_string(options.nproc) +
                                 " must be at least 1");
   }
+  if (options.nodes < 1 || options.nproc % options.nodes != 0) {
+    throw std::invalid_argument("launcher: nodes=" + std::to_string(options.nodes) +
+                                " must be at least 1 and divide nproc=" +
+                                std::to_string(options.nproc));
+  }
   if (options.argv.empty() || options.argv[0].empty()) {
     throw std::invalid_argument("launcher: no program to run (argv is empty)");
   }
@@ -730,11 +739,15 @@ std::vector<std::string> argv_without_nproc(int argc, char** argv) {
   std::vector<std::string> out{std::filesystem::read_symlink("/proc/self/exe").string()};
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
-    if (a == "--nproc") {
+    // The launcher's own flags, each with one value.
+    if (a == "--nproc" || a == "--nodes" || a == "--nproc-per-node") {
       ++i;
       continue;
     }
-    if (a.rfind("--nproc=", 0) == 0) continue;
+    if (a.rfind("--nproc=", 0) == 0 || a.rfind("--nodes=", 0) == 0 ||
+        a.rfind("--nproc-per-node=", 0) == 0) {
+      continue;
+    }
     out.push_back(std::move(a));
   }
   return out;

@@ -15,7 +15,11 @@ namespace framework::dist {
 inline constexpr int kExitResumable = 75;
 
 struct LocalLaunchOptions {
-  int nproc = 1;
+  int nproc = 1;  // ranks in all, over all nodes
+  // Simulated nodes, all on this machine: rank r is local rank r % (nproc /
+  // nodes) of node r / (nproc / nodes). nproc must be a multiple of nodes
+  // (else run_local_launcher throws std::invalid_argument, starting nothing).
+  int nodes = 1;
   // Program and arguments each rank runs (argv[0] is resolved via execvp).
   std::vector<std::string> argv;
   std::string master_addr = "127.0.0.1";
@@ -31,9 +35,9 @@ struct LocalLaunchOptions {
 
 // Makes a new job id (new_job_id), starts the store server on
 // master_addr:master_port with it, then starts every rank with RANK,
-// WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT (the
-// server's port), SHARDKIT_STORE_HOSTED=1, SHARDKIT_JOB_ID and
-// SHARDKIT_LAUNCHED=1 set, forwards their stdout and stderr line by line with
+// WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK (its node),
+// GROUP_WORLD_SIZE (nodes), MASTER_ADDR, MASTER_PORT (the server's port),
+// SHARDKIT_STORE_HOSTED=1, SHARDKIT_JOB_ID and SHARDKIT_LAUNCHED=1 set, forwards their stdout and stderr line by line with
 // a rank prefix, and waits. A server that cannot start throws before any rank
 // starts. Ranks inherit fds 0..2 and what the caller left inheritable when it
 // called; nothing the launcher or its store server opened.
@@ -50,7 +54,8 @@ struct LocalLaunchOptions {
 int run_local_launcher(const LocalLaunchOptions& options);
 
 // What each launched rank runs: this executable (/proc/self/exe) with the
-// given arguments minus "--nproc N" / "--nproc=N".
+// given arguments minus the launcher's flags, so that no rank launches again:
+// "--nproc N", "--nodes N", "--nproc-per-node N" and their "--flag=N" forms.
 std::vector<std::string> argv_without_nproc(int argc, char** argv);
 
 }  // namespace framework::dist

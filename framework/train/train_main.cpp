@@ -19,6 +19,7 @@
 #include <filesystem>
 #include <cstdlib>
 #include <iostream>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -31,7 +32,9 @@ namespace {
 struct Args {
   std::string config_path;
   std::vector<std::string> sets;
-  int nproc = 0;
+  int nproc = 0;           // 0: not given
+  int nodes = 0;           // 0: not given (1 node)
+  int nproc_per_node = 0;  // 0: not given
   bool print_config = false;
   bool config_reference = false;
 };
@@ -40,6 +43,47 @@ struct Args {
 // exit 75. A second one: exit at once.
 void on_stop_signal(int sig) {
   if (framework::train::Trainer::stop_signal().exchange(sig) != 0) _exit(128 + sig);
+}
+
+// The local launch that --nproc, --nodes and --nproc-per-node ask for.
+struct LaunchShape {
+  int nproc = 0;  // ranks in all; 0: no launch, this process is a rank
+  int nodes = 1;
+};
+
+// P ranks in all from "--nproc P", "--nproc P --nodes N", "--nodes N
+// --nproc-per-node M" or "--nproc-per-node M" (P = N x M); all three must
+// agree. Throws std::invalid_argument naming the flags that do not.
+LaunchShape resolve_launch_shape(const Args& args) {
+  constexpr int kMaxRanks = 4096;  // as --nproc
+  LaunchShape shape;
+  shape.nodes = args.nodes > 0 ? args.nodes : 1;
+  if (args.nproc_per_node > 0) {
+    const long long total = static_cast<long long>(shape.nodes) * args.nproc_per_node;
+    if (args.nproc > 0 && args.nproc != total) {
+      throw std::invalid_argument("--nproc " + std::to_string(args.nproc) + " is not --nodes " +
+                                  std::to_string(shape.nodes) + " x --nproc-per-node " +
+                                  std::to_string(args.nproc_per_node) + " = " +
+                                  std::to_string(total) + " ranks");
+    }
+    if (total > kMaxRanks) {
+      throw std::invalid_argument("--nodes " + std::to_string(shape.nodes) +
+                                  " x --nproc-per-node " + std::to_string(args.nproc_per_node) +
+                                  " = " + std::to_string(total) + " ranks; at most " +
+                                  std::to_string(kMaxRanks) + " run on one machine");
+    }
+    shape.nproc = static_cast<int>(total);
+  } else if (args.nproc > 0) {
+    if (args.nproc % shape.nodes != 0) {
+      throw std::invalid_argument("--nproc " + std::to_string(args.nproc) +
+                                  " is not a multiple of --nodes " + std::to_string(shape.nodes));
+    }
+    shape.nproc = args.nproc;
+  } else if (args.nodes > 0) {
+    throw std::invalid_argument("--nodes " + std::to_string(args.nodes) +
+                                " needs --nproc or --nproc-per-node (how many ranks to start)");
+  }
+  return shape;
 }
 
 // LOCAL_WORLD_SIZE (torchrun), SLURM_NTASKS_PER_NODE, else 1.
@@ -154,6 +198,12 @@ int train_main(int argc, char** argv, const TrainerHooks& hooks) {
       ->allow_extra_args(false);
   app.add_option("--nproc", args.nproc, "start N local ranks on 127.0.0.1 (like torchrun --standalone)")
       ->check(CLI::Range(1, 4096));
+  app.add_option("--nodes", args.nodes,
+                 "simulate N nodes of the local ranks (--nproc a multiple of N; default 1)")
+      ->check(CLI::Range(1, 4096));
+  app.add_option("--nproc-per-node", args.nproc_per_node,
+                 "start M local ranks per simulated node (--nodes x M in all)")
+      ->check(CLI::Range(1, 4096));
   app.add_flag("--print-config", args.print_config, "print the effective config and exit");
   app.set_version_flag("--version", std::string("train (shardkit) ") + SHARDKIT_VERSION +
                                         ", LibTorch " + TORCH_VERSION);
@@ -169,6 +219,17 @@ int train_main(int argc, char** argv, const TrainerHooks& hooks) {
     return rc == 0 ? 0 : 2;
   }
 
+  // Inside a launched rank the launch flags are spent (and stripped).
+  LaunchShape shape;
+  if (std::getenv("SHARDKIT_LAUNCHED") == nullptr) {
+    try {
+      shape = resolve_launch_shape(args);
+    } catch (const std::invalid_argument& e) {
+      std::cerr << "train: " << e.what() << std::endl;
+      return 2;
+    }
+  }
+
   framework::config::Config cfg;
   try {
     cfg = framework::config::load_config(args.config_path, args.sets);
@@ -180,13 +241,14 @@ int train_main(int argc, char** argv, const TrainerHooks& hooks) {
     std::cout << framework::config::to_yaml(cfg);
     return 0;
   }
-  if (args.nproc > 0 && std::getenv("SHARDKIT_LAUNCHED") == nullptr) {
+  if (shape.nproc > 0) {
     framework::dist::LocalLaunchOptions launch;
-    launch.nproc = args.nproc;
+    launch.nproc = shape.nproc;
+    launch.nodes = shape.nodes;
     launch.argv = framework::dist::argv_without_nproc(argc, argv);
     launch.store_server = framework::dist::host_tcp_store;
     try {
-      framework::fsdp::mesh_shape_for(cfg.parallel, args.nproc);
+      framework::fsdp::mesh_shape_for(cfg.parallel, shape.nproc);
     } catch (const std::invalid_argument& e) {
       std::cerr << "train: " << args.config_path << ": " << e.what() << std::endl;
       return 2;
@@ -202,7 +264,8 @@ int train_main(int argc, char** argv, const TrainerHooks& hooks) {
       const std::vector<std::unique_ptr<RunDirLock>> locks =
           lock_job_dirs(cfg.run.dir, cfg.checkpoint.dir);
       // Checked once for the whole job, before any rank starts.
-      const int checked = run_preflight(cfg, args.nproc, args.nproc, true);
+      // Every simulated node runs on this machine: all ranks share it.
+      const int checked = run_preflight(cfg, shape.nproc, shape.nproc, true);
       if (checked != 0) {
         for (const auto& lock : locks) lock->remove_if_unused();
         return checked;

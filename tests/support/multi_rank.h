@@ -40,6 +40,7 @@ inline framework::dist::LaunchEnv hosted_rank_env(const framework::dist::StoreSe
   env.rank = rank;
   env.world_size = world;
   env.local_rank = rank;
+  env.local_world_size = world;
   env.master_addr = "127.0.0.1";
   env.master_port = server.port();
   env.store_hosted = true;

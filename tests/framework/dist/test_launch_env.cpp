@@ -116,6 +116,162 @@ TEST(LaunchEnv, NothingSetMeansSingleProcess) {
   EXPECT_EQ(env.local_rank, 0);
   EXPECT_EQ(env.master_addr, "127.0.0.1");
   EXPECT_EQ(env.master_port, 29500);
+  EXPECT_EQ(env.local_world_size, 1);
+  EXPECT_EQ(env.node, 0);
+  EXPECT_EQ(env.nodes, 1);
+}
+
+// What torchrun gives rank `rank` of 2 nodes x 2 ranks.
+std::map<std::string, std::string> torchrun_two_by_two(int rank) {
+  return {{"RANK", std::to_string(rank)},
+          {"WORLD_SIZE", "4"},
+          {"LOCAL_RANK", std::to_string(rank % 2)},
+          {"LOCAL_WORLD_SIZE", "2"},
+          {"GROUP_RANK", std::to_string(rank / 2)},
+          {"GROUP_WORLD_SIZE", "2"}};
+}
+
+TEST(LaunchEnv, TorchrunTwoNodesOfTwoPutEachRankOnItsNode) {
+  for (int rank = 0; rank < 4; ++rank) {
+    LaunchEnv env = detect_launch_env(env_of(torchrun_two_by_two(rank)));
+    EXPECT_EQ(env.rank, rank);
+    EXPECT_EQ(env.world_size, 4);
+    EXPECT_EQ(env.local_rank, rank % 2);
+    EXPECT_EQ(env.local_world_size, 2);
+    EXPECT_EQ(env.node, rank / 2);
+    EXPECT_EQ(env.nodes, 2);
+  }
+}
+
+TEST(LaunchEnv, TorchrunWithoutGroupVariablesDerivesNodesFromLocalWorldSize) {
+  std::map<std::string, std::string> vars = torchrun_two_by_two(3);
+  vars.erase("GROUP_RANK");
+  vars.erase("GROUP_WORLD_SIZE");
+  vars.erase("LOCAL_RANK");
+  LaunchEnv env = detect_launch_env(env_of(vars));
+  EXPECT_EQ(env.node, 1);
+  EXPECT_EQ(env.nodes, 2);
+  EXPECT_EQ(env.local_rank, 1);
+  EXPECT_EQ(env.local_world_size, 2);
+}
+
+TEST(LaunchEnv, TorchrunWithoutLocalWorldSizeIsOneNodeOfAllRanks) {
+  LaunchEnv env = detect_launch_env(env_of({{"RANK", "3"}, {"WORLD_SIZE", "4"}}));
+  EXPECT_EQ(env.local_rank, 3);
+  EXPECT_EQ(env.local_world_size, 4);
+  EXPECT_EQ(env.node, 0);
+  EXPECT_EQ(env.nodes, 1);
+}
+
+TEST(LaunchEnv, TorchrunWorldSizeThatIsNotAMultipleOfLocalWorldSizeIsAnError) {
+  std::string message = invalid_argument_message([] {
+    detect_launch_env(env_of({{"RANK", "0"}, {"WORLD_SIZE", "6"}, {"LOCAL_WORLD_SIZE", "4"}}));
+  });
+  EXPECT_NE(message.find("WORLD_SIZE=\"6\""), std::string::npos) << message;
+  EXPECT_NE(message.find("LOCAL_WORLD_SIZE=4"), std::string::npos) << message;
+}
+
+TEST(LaunchEnv, InconsistentTorchrunNodeVariablesAreErrorsNamingTheVariable) {
+  struct Case {
+    const char* var;
+    const char* value;
+    const char* named;  // in the message
+  };
+  for (const Case& c : {Case{"GROUP_RANK", "2", "GROUP_RANK=\"2\""},
+                        Case{"LOCAL_RANK", "2", "LOCAL_RANK=\"2\""},
+                        Case{"GROUP_WORLD_SIZE", "3", "GROUP_WORLD_SIZE=3"},
+                        Case{"LOCAL_WORLD_SIZE", "3", "LOCAL_WORLD_SIZE=3"},
+                        Case{"LOCAL_WORLD_SIZE", "0", "LOCAL_WORLD_SIZE=\"0\""},
+                        Case{"GROUP_WORLD_SIZE", "0", "GROUP_WORLD_SIZE=\"0\""}}) {
+    std::map<std::string, std::string> vars = torchrun_two_by_two(1);
+    vars[c.var] = c.value;
+    std::string message = invalid_argument_message([&] { detect_launch_env(env_of(vars)); });
+    EXPECT_NE(message.find(c.named), std::string::npos) << c.var << "=" << c.value << ": " << message;
+  }
+}
+
+TEST(LaunchEnv, MalformedNodeVariablesAreErrorsNamingTheVariableAndValue) {
+  for (const char* var : {"LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "LOCAL_RANK"}) {
+    for (const char* bad : {"", "-1", "x", "1.5", "2 "}) {
+      std::map<std::string, std::string> vars = torchrun_two_by_two(1);
+      vars[var] = bad;
+      std::string message = invalid_argument_message([&] { detect_launch_env(env_of(vars)); });
+      EXPECT_NE(message.find(std::string(var) + "=\"" + bad + "\""), std::string::npos)
+          << message;
+    }
+  }
+  for (const char* var : {"SLURM_NODEID", "SLURM_NNODES"}) {
+    std::string message = invalid_argument_message([&] {
+      detect_launch_env(env_of({{"SLURM_PROCID", "0"},
+                                {"SLURM_NTASKS", "4"},
+                                {"SLURM_NODELIST", "solo"},
+                                {var, "-1"}}));
+    });
+    EXPECT_NE(message.find(std::string(var) + "=\"-1\""), std::string::npos) << message;
+  }
+}
+
+// What srun gives task `rank` of 2 nodes x 4 tasks.
+std::map<std::string, std::string> slurm_two_by_four(int rank) {
+  return {{"SLURM_PROCID", std::to_string(rank)},
+          {"SLURM_NTASKS", "8"},
+          {"SLURM_LOCALID", std::to_string(rank % 4)},
+          {"SLURM_NODEID", std::to_string(rank / 4)},
+          {"SLURM_NNODES", "2"},
+          {"SLURM_NTASKS_PER_NODE", "4"},
+          {"SLURM_JOB_NODELIST", "gpu01,gpu02"}};
+}
+
+TEST(LaunchEnv, SlurmNodeVariablesPutEachTaskOnItsNode) {
+  for (int rank = 0; rank < 8; ++rank) {
+    LaunchEnv env = detect_launch_env(env_of(slurm_two_by_four(rank)));
+    EXPECT_EQ(env.source, LaunchSource::kSlurm);
+    EXPECT_EQ(env.local_rank, rank % 4);
+    EXPECT_EQ(env.local_world_size, 4);
+    EXPECT_EQ(env.node, rank / 4);
+    EXPECT_EQ(env.nodes, 2);
+  }
+}
+
+TEST(LaunchEnv, SlurmTasksPerNodeThatIsNoPlainNumberComesFromTheDivision) {
+  std::map<std::string, std::string> vars = slurm_two_by_four(5);
+  vars["SLURM_NTASKS_PER_NODE"] = "4(x2)";
+  LaunchEnv env = detect_launch_env(env_of(vars));
+  EXPECT_EQ(env.local_world_size, 4);
+  EXPECT_EQ(env.node, 1);
+  vars.erase("SLURM_NTASKS_PER_NODE");
+  vars.erase("SLURM_NODEID");
+  env = detect_launch_env(env_of(vars));
+  EXPECT_EQ(env.local_world_size, 4);
+  EXPECT_EQ(env.node, 1);
+}
+
+TEST(LaunchEnv, SlurmUnevenTasksPerNodeIsAnErrorNamingTheVariables) {
+  std::map<std::string, std::string> vars = slurm_two_by_four(0);
+  vars["SLURM_NTASKS"] = "7";
+  vars["SLURM_NTASKS_PER_NODE"] = "4,3";
+  std::string message = invalid_argument_message([&] { detect_launch_env(env_of(vars)); });
+  EXPECT_NE(message.find("SLURM_NTASKS=\"7\""), std::string::npos) << message;
+  EXPECT_NE(message.find("SLURM_NNODES=2"), std::string::npos) << message;
+  EXPECT_NE(message.find("SLURM_NTASKS_PER_NODE=\"4,3\""), std::string::npos) << message;
+}
+
+TEST(LaunchEnv, InconsistentSlurmNodeVariablesAreErrorsNamingTheVariable) {
+  std::map<std::string, std::string> vars = slurm_two_by_four(5);
+  vars["SLURM_NODEID"] = "2";
+  std::string message = invalid_argument_message([&] { detect_launch_env(env_of(vars)); });
+  EXPECT_NE(message.find("SLURM_NODEID=\"2\""), std::string::npos) << message;
+  EXPECT_NE(message.find("SLURM_NNODES=2"), std::string::npos) << message;
+
+  vars = slurm_two_by_four(5);
+  vars["SLURM_LOCALID"] = "4";
+  message = invalid_argument_message([&] { detect_launch_env(env_of(vars)); });
+  EXPECT_NE(message.find("SLURM_LOCALID=\"4\""), std::string::npos) << message;
+
+  vars = slurm_two_by_four(5);
+  vars["SLURM_NTASKS_PER_NODE"] = "3";  // 2 x 3 slots for 8 tasks
+  message = invalid_argument_message([&] { detect_launch_env(env_of(vars)); });
+  EXPECT_NE(message.find("SLURM_NTASKS=\"8\""), std::string::npos) << message;
 }
 
 TEST(LaunchEnv, MalformedRankIsAnErrorNamingRankAndItsValue) {

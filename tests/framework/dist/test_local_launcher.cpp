@@ -1,5 +1,7 @@
 #include "framework/dist/local_launcher.h"
 
+#include "framework/dist/launch_env.h"
+
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -17,6 +19,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <set>
 #include <sstream>
@@ -269,6 +272,97 @@ TEST_F(LocalLauncherTest, EachRankSeesItsOwnRankAndTheSharedRendezvous) {
   }
   EXPECT_EQ(ranks, (std::set<int>{0, 1, 2, 3}));
   EXPECT_EQ(ports, (std::set<int>{server.port}));
+}
+
+// The node variables each rank of `options` saw, by rank: what
+// detect_launch_env makes of them.
+std::map<int, LaunchEnv> node_layout_seen(const LaunchOutcome& r) {
+  std::map<int, LaunchEnv> seen;
+  std::istringstream lines(r.out);
+  std::string line;
+  while (std::getline(lines, line)) {
+    std::istringstream words(line);
+    std::string tag, prefix_rank;
+    std::map<std::string, std::string> vars;
+    words >> tag >> prefix_rank;
+    for (const char* name :
+         {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE"}) {
+      words >> vars[name];
+    }
+    EXPECT_FALSE(words.fail()) << line;
+    EXPECT_EQ(prefix_rank, vars["RANK"] + "]") << line;
+    LaunchEnv env = detect_launch_env([&](const std::string& name) -> std::optional<std::string> {
+      auto it = vars.find(name);
+      if (it == vars.end()) return std::nullopt;
+      return it->second;
+    });
+    seen[env.rank] = env;
+  }
+  return seen;
+}
+
+constexpr const char* kPrintNodeVars =
+    "echo \"$RANK $WORLD_SIZE $LOCAL_RANK $LOCAL_WORLD_SIZE $GROUP_RANK $GROUP_WORLD_SIZE\"";
+
+TEST_F(LocalLauncherTest, TwoSimulatedNodesGiveEachRankItsNodeAndLocalRank) {
+  LocalLaunchOptions options = shell_ranks(4, kPrintNodeVars);
+  options.nodes = 2;
+  LaunchOutcome r = launch(options);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  std::map<int, LaunchEnv> seen = node_layout_seen(r);
+  ASSERT_EQ(seen.size(), 4u) << r.out;
+  for (const auto& [rank, env] : seen) {
+    EXPECT_EQ(env.world_size, 4);
+    EXPECT_EQ(env.local_rank, rank % 2) << "rank " << rank;
+    EXPECT_EQ(env.local_world_size, 2);
+    EXPECT_EQ(env.node, rank / 2) << "rank " << rank;
+    EXPECT_EQ(env.nodes, 2);
+  }
+}
+
+TEST_F(LocalLauncherTest, OneNodeIsTheDefaultAndHoldsEveryRank) {
+  LaunchOutcome r = launch(shell_ranks(3, kPrintNodeVars));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  std::map<int, LaunchEnv> seen = node_layout_seen(r);
+  ASSERT_EQ(seen.size(), 3u) << r.out;
+  for (const auto& [rank, env] : seen) {
+    EXPECT_EQ(env.local_rank, rank);
+    EXPECT_EQ(env.local_world_size, 3);
+    EXPECT_EQ(env.node, 0);
+    EXPECT_EQ(env.nodes, 1);
+  }
+}
+
+TEST_F(LocalLauncherTest, NprocThatIsNotAMultipleOfNodesIsRejectedBeforeAnythingStarts) {
+  for (int nodes : {2, 0, -1}) {
+    LocalLaunchOptions options = shell_ranks(3, "touch \"$1/started.$RANK\"");
+    options.nodes = nodes;
+    try {
+      run_local_launcher(options);
+      ADD_FAILURE() << "expected an error for nodes=" << nodes;
+    } catch (const std::invalid_argument& e) {
+      EXPECT_TRUE(contains(e.what(), "nodes=" + std::to_string(nodes))) << e.what();
+      EXPECT_TRUE(contains(e.what(), "nproc=3")) << e.what();
+    }
+  }
+  EXPECT_FALSE(fs::exists(dir_ / "server.txt"));
+  EXPECT_FALSE(fs::exists(dir_ / "started.0"));
+}
+
+TEST(ArgvWithoutNproc, DropsEveryLauncherFlagInBothFormsAndKeepsTheRest) {
+  std::vector<std::string> args{"train",  "--config", "c.yaml",  "--nproc",  "4",
+                                "--nodes", "2",       "--nproc-per-node",   "2",
+                                "--nproc=4", "--nodes=2", "--nproc-per-node=2",
+                                "--set",  "run.nodes=3", "--print-config"};
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  std::vector<std::string> kept =
+      argv_without_nproc(static_cast<int>(argv.size()), argv.data());
+  ASSERT_FALSE(kept.empty());
+  EXPECT_EQ(kept[0], fs::read_symlink("/proc/self/exe").string());
+  EXPECT_EQ(std::vector<std::string>(kept.begin() + 1, kept.end()),
+            (std::vector<std::string>{"--config", "c.yaml", "--set", "run.nodes=3",
+                                      "--print-config"}));
 }
 
 TEST_F(LocalLauncherTest, RanksReachTheStoreServerWhichIsUpBeforeAnyRankStarts) {
