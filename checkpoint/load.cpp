@@ -4,6 +4,7 @@
 #include "checkpoint/futures.h"
 #include "checkpoint/format/metadata.h"
 #include "checkpoint/plan/resharding.h"
+#include "checkpoint/storage/memory.h"
 
 #include <thread_pool/thread_pool.hpp>
 
@@ -151,6 +152,40 @@ LoadStats load_state_dict(StateDict& state, const std::string& step_dir, const L
   }
   wait_all(tasks);
   return stats;
+}
+
+std::vector<std::string> files_needed(const StateDict& state, const std::vector<uint8_t>& metadata,
+                                      const LoadOptions& options) {
+  std::shared_ptr<Storage> memory = memory_storage();
+  memory->make_dirs("/checkpoint");
+  {
+    std::unique_ptr<WritableFile> f = memory->create_file(join_path("/checkpoint", kMetadataFileName));
+    f->append(metadata.data(), metadata.size());
+    f->close();
+  }
+  MetadataReader reader(*memory, "/checkpoint");
+  const CheckpointMeta& meta = reader.head();
+  const ItemIndex index(meta);
+  auto wanted = [&](const std::string& name) { return !options.filter || options.filter(name); };
+  std::set<std::string> files;
+  auto add = [&](const ItemMeta* item, const Box& box) {
+    const size_t i = static_cast<size_t>(item - meta.items.data());
+    for (const ChunkMeta& c : reader.chunks_overlapping(i, {box})) files.insert(c.file);
+  };
+  for (const auto& t : state.tensors()) {
+    const ItemMeta* item = wanted(t.name) ? index.find(t.name) : nullptr;
+    if (item == nullptr || item->kind == ItemKind::kBytes ||
+        item->global_shape.size() != t.offsets.size()) {
+      continue;
+    }
+    add(item, Box{t.offsets, t.local.sizes().vec()});
+  }
+  for (const auto& b : state.bytes()) {
+    const ItemMeta* item = wanted(b.name) ? index.find(b.name) : nullptr;
+    if (item == nullptr || item->kind != ItemKind::kBytes) continue;
+    add(item, full_box(item->global_shape));
+  }
+  return {files.begin(), files.end()};
 }
 
 }  // namespace checkpoint

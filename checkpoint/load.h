@@ -50,4 +50,12 @@ struct LoadStats {
 // else may use `state` meanwhile.
 LoadStats load_state_dict(StateDict& state, const std::string& step_dir, const LoadOptions& options);
 
+// The data file names a load_state_dict of `state` with `options` (its
+// filter) reads from the checkpoint whose encoded .metadata is `metadata`:
+// the files of the chunks overlapping this rank's boxes. Sorted, each once.
+// Items the checkpoint lacks, or of another kind, are left out (the load
+// reports them). Throws FormatError for damaged metadata.
+std::vector<std::string> files_needed(const StateDict& state, const std::vector<uint8_t>& metadata,
+                                      const LoadOptions& options);
+
 }  // namespace checkpoint

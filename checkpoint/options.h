@@ -24,6 +24,21 @@ SaveMode parse_save_mode(const std::string& mode);
 // "wait" | "skip"; throws std::invalid_argument naming the value.
 WhenBusy parse_when_busy(const std::string& when_busy);
 
+// checkpoint.local: the node-local tier (README "Multi-level checkpoints").
+struct LocalTierOptions {
+  // Empty: one tier (checkpoint.dir). Else each node's local directory
+  // (/dev/shm/..., local NVMe); "{node}" is replaced by the node's index,
+  // which simulated nodes on one machine need.
+  std::string dir = "";
+  int64_t keep_last = 2;  // per node: the newest N committed; 0: keep all
+  bool partner = true;    // copy each rank's file to a rank on the next node (L2)
+};
+
+// checkpoint.durable: the durable tier (checkpoint.dir) under a local tier.
+struct DurableTierOptions {
+  int64_t every = 1;  // flush every k-th local checkpoint (and the final one); 1: all
+};
+
 struct CheckpointOptions {
   std::string dir = "";        // empty: <run.dir>/checkpoints
   int64_t interval = 0;        // save every N steps (and at the last); 0: off
@@ -46,6 +61,8 @@ struct CheckpointOptions {
   // structure skip the plan exchange; proven by one small all-reduce.
   bool plan_cache = true;
   CompressionOptions compression;
+  LocalTierOptions local;
+  DurableTierOptions durable;
 };
 
 inline SaveMode parse_save_mode(const std::string& mode) {

@@ -413,7 +413,7 @@ SaveStats save_state_dict(const StateDict& state, const std::string& step_dir,
     // Durable at once: a commit inside a step directory whose own name is
     // lost in a power cut is no commit (and retention may already have
     // deleted the previous checkpoint).
-    if (rank == 0) storage->make_dirs_durable(step_dir);
+    if (rank == 0 || options.node_local) storage->make_dirs_durable(step_dir);
   } catch (const std::exception& e) {
     error = error_text(e);
   }
@@ -484,15 +484,19 @@ SaveStats save_state_dict(const StateDict& state, const std::string& step_dir,
         SaveStats totals;
         Bytes encoded = save_protocol::assemble_metadata(*kept, reports, options, totals);
         reports = {};
-        // The data files' names in the step directory must reach the disk
-        // before the commit: POSIX does not order the .metadata rename after
-        // them, and a commit naming a lost file is a damaged checkpoint.
-        storage->sync_dir(step_dir);
-        storage->write_file_atomic(join_path(step_dir, kMetadataFileName), encoded);
+        if (!options.node_local) {
+          // The data files' names in the step directory must reach the disk
+          // before the commit: POSIX does not order the .metadata rename after
+          // them, and a commit naming a lost file is a damaged checkpoint.
+          storage->sync_dir(step_dir);
+          storage->write_file_atomic(join_path(step_dir, kMetadataFileName), encoded);
+        }
         wire::ByteWriter w;
         w.put_u64(totals.total_logical_bytes);
         w.put_u64(totals.total_stored_bytes);
-        verdict = tagged_ok(w.release());
+        Bytes head = w.release();
+        if (options.node_local) head.insert(head.end(), encoded.begin(), encoded.end());
+        verdict = tagged_ok(std::move(head));
       } catch (const std::exception& e) {
         verdict = tagged_error("checkpoint save to " + step_dir + " failed (rank 0 commit: " +
                                error_text(e) + "); nothing was committed");
@@ -505,6 +509,7 @@ SaveStats save_state_dict(const StateDict& state, const std::string& step_dir,
   wire::ByteReader totals(verdict.data() + 1, verdict.size() - 1);
   stats.total_logical_bytes = totals.get_u64("total logical");
   stats.total_stored_bytes = totals.get_u64("total stored");
+  if (options.node_local) stats.metadata.assign(verdict.begin() + 1 + 16, verdict.end());
   return stats;
 }
 

@@ -73,6 +73,11 @@ struct SaveOptions {
   PlanOptions plan;
   std::shared_ptr<Storage> storage;            // null: the POSIX file system
   std::shared_ptr<SavePlanCache> plan_cache;   // null: plan every save in full
+  // The node-local tier (CheckpointManager, checkpoint.local.dir): `step_dir`
+  // is this rank's own node's directory, so it differs between nodes. Every
+  // rank creates it; nothing is committed: the encoded metadata comes back in
+  // SaveStats::metadata on every rank, and the caller commits it on each node.
+  bool node_local = false;
 };
 
 struct SaveStats {
@@ -88,13 +93,14 @@ struct SaveStats {
   double plan_s = 0;
   double write_s = 0;
   double commit_s = 0;
+  std::vector<uint8_t> metadata;     // SaveOptions::node_local: the encoded metadata
 };
 
 // (all ranks of `group`) Saves `state` as the checkpoint directory `step_dir`
 // (created) and commits it. Returns only after the commit; throws
 // CheckpointError on every rank if any rank failed.
 // REQUIRES: every rank passes the same `step_dir`, on a file system every
-// rank sees; the distinct boxes of each item tile its global shape (ranks
+// rank sees (unless options.node_local); the distinct boxes of each item tile its global shape (ranks
 // holding the same box hold equal replicas); `step_dir` holds no committed
 // checkpoint (saving over one rewrites its data files while its old .metadata
 // still names them). The tensors of `state` are read in place: they must not

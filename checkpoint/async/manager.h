@@ -20,6 +20,14 @@
 // A background failure is rethrown by the next save(), wait_staged() or
 // finish() as a CheckpointError naming the step.
 //
+// Tiers (checkpoint.local.dir set; README "Multi-level checkpoints",
+// storage/tiers.h): a save commits to every node's local tier first (what
+// sync mode waits for), then the background thread copies each rank's file
+// to its partner rank on the next node (L2) and, every durable.every-th save
+// and for a final one, flushes the committed local files to checkpoint.dir
+// and commits them there. Resume (auto) takes the newest checkpoint some
+// tier holds complete, preferring the local tier, and says which and why.
+//
 // Thread safety: all public methods from the training thread. The checkpoint
 // group is used only by this manager: by the calling thread in resume_path()
 // and agree(), by the background thread while a save is in flight.
@@ -28,6 +36,7 @@
 #include "checkpoint/save.h"
 #include "checkpoint/async/staging.h"
 #include "checkpoint/state_dict.h"
+#include "checkpoint/storage/tiers.h"
 
 #include <condition_variable>
 #include <functional>
@@ -48,6 +57,18 @@ struct ManagerHooks {
   // Entries a resume may find missing from a checkpoint (LoadOptions::optional),
   // e.g. what an imported checkpoint cannot carry. Null: none.
   std::function<bool(const std::string& name)> optional_items;
+  // Tiers: called on the background thread after the local commit (and the
+  // partner copies), before a flush to the durable tier starts.
+  std::function<void(int64_t step, int rank)> before_flush;
+  // Tiers: called before this rank sends its file to its partner.
+  std::function<void(int64_t step, int rank)> before_partner;
+};
+
+// Where this rank sits, for the local tier.
+struct TierPlacement {
+  int node = 0;  // this rank's node (LaunchEnv::node)
+  // Storage for the local tier; null: the manager's storage.
+  std::shared_ptr<Storage> local_storage;
 };
 
 // One finished save, as rank 0 logs it.
@@ -61,6 +82,15 @@ struct CheckpointEvent {
   double commit_s = 0;
   double plan_s = 0;       // part of write_s: planning, or the cached plan's agreement
   bool plan_cached = false;  // the save reused the previous save's plan
+  // Tiers (checkpoint.local.dir set); otherwise tier is "durable" and the
+  // rest stays empty or 0.
+  std::string tier = "durable";  // where it is committed: durable | local | local+durable
+  std::string local_path;        // rank 0's node's local step directory
+  double local_commit_s = 0;     // from save() to the local commit on every node
+  std::string partner = "off";   // ok | off | skipped: <why> | failed: <why>
+  bool flushed = false;          // committed in the durable tier too
+  double flush_s = 0;            // copying to the durable tier and committing there
+  double exposure_s = 0;         // local commit to durable commit (flushed only)
   uint64_t bytes = 0;          // logical bytes, all ranks
   uint64_t stored_bytes = 0;   // on disk, all ranks
   bool ok = true;
@@ -77,7 +107,10 @@ struct SkippedCheckpoint {
 };
 
 struct ResumeResult {
-  std::string path;  // the checkpoint loaded
+  std::string path;  // the checkpoint loaded (local tier: this rank's node's copy)
+  std::string tier = "durable";  // local | durable
+  std::string reason;            // tiers: why this tier ("" without a local tier)
+  std::vector<std::string> notes;  // tiers: why newer local checkpoints were not usable
   LoadStats stats;
   std::vector<SkippedCheckpoint> skipped;  // newer ones that failed to load, newest first
 };
@@ -122,7 +155,15 @@ class CheckpointManager {
   // (all ranks) Starts the save of `state` at `step` (see the modes above).
   // The tensors of `state` must stay valid and unchanged until save() returns
   // (sync, async) or until wait_staged() returns (overlap).
-  void save(int64_t step, StateDict state);
+  // `final`: the run's last save (last step, or on a signal); with tiers it
+  // is flushed to the durable tier whatever durable.every says.
+  void save(int64_t step, StateDict state, bool final = false);
+  // Tiers: this rank's node and local storage. Call before the first save or
+  // resume (default: node 0, the manager's storage).
+  void set_placement(TierPlacement placement);
+  bool tiered() const { return !options_.local.dir.empty(); }
+  // This rank's node's local tier directory ("" without tiers).
+  const std::string& local_dir() const { return local_dir_; }
   // Overlap mode: blocks until the last save's staging finished. No-op otherwise.
   void wait_staged();
   // Waits for the in-flight save and rethrows its failure.
@@ -141,7 +182,17 @@ class CheckpointManager {
 
  private:
   struct Job;
+  struct Topology;
   void persist(std::shared_ptr<Job> job);
+  void record_failure(Job& job);
+  const Topology& topology();
+  void save_local(Job& job);
+  void finish_tiers(Job& job);
+  void partner_copy(Job& job);
+  void flush(Job& job);
+  std::optional<ResumeResult> resume_tiered(StateDict& state);
+  void restore_local(StateDict& state, const ResumeCandidate& candidate);
+  LoadStats load_from(StateDict& state, const std::string& path, const std::shared_ptr<Storage>& storage);
   std::vector<std::string> resume_candidates();
   std::string set_aside(const std::string& path);
   void wait_in_flight();
@@ -163,6 +214,12 @@ class CheckpointManager {
   HostStaging staging_;
   std::shared_ptr<Storage> storage_;
   ManagerHooks hooks_;
+  // Tiers.
+  TierPlacement placement_;
+  std::string local_dir_;
+  std::shared_ptr<Storage> local_storage_;
+  std::shared_ptr<Topology> topology_;
+  int64_t local_saves_ = 0;
 };
 
 }  // namespace checkpoint

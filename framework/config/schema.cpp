@@ -140,6 +140,17 @@ std::vector<Key> build_schema() {
       {SHARDKIT_CONFIG_FIELD(checkpoint.plan_cache), any_value(),
        "Later saves of an unchanged state structure reuse the save plan (one small all-reduce "
        "checks every rank); false: plan every save in full."},
+      {SHARDKIT_CONFIG_FIELD(checkpoint.local.dir), any_value(),
+       "Node-local tier (/dev/shm, local NVMe) saves commit to first; {node} is replaced by the "
+       "node's index, {run.dir} by run.dir; empty: one tier (checkpoint.dir)."},
+      {SHARDKIT_CONFIG_FIELD(checkpoint.local.keep_last), at_least(0),
+       "Keep the newest N committed checkpoints in each node's local tier; 0: keep all."},
+      {SHARDKIT_CONFIG_FIELD(checkpoint.local.partner), any_value(),
+       "Copy each rank's local files to a rank on the next node, so that losing one node leaves "
+       "a complete local checkpoint (needs 2+ nodes with equal ranks)."},
+      {SHARDKIT_CONFIG_FIELD(checkpoint.durable.every), at_least(1),
+       "With a local tier: flush every k-th local checkpoint (and the last) to checkpoint.dir "
+       "in the background; 1: all."},
       {SHARDKIT_CONFIG_FIELD(checkpoint.compression.codec), one_of({"none", "zstd"}),
        "Compression of tensor data."},
       {SHARDKIT_CONFIG_FIELD(checkpoint.compression.level), between(1, 19), "zstd level."},

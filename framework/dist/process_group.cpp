@@ -294,4 +294,42 @@ Bytes Group::scatter_bytes(const std::vector<Bytes>& per_member, int root) {
   return get_framed(host.data_ptr<uint8_t>(), w);
 }
 
+void Group::send_recv(const void* send, size_t send_n, int to, void* recv, size_t recv_n,
+                      int from) {
+  const bool sending = to >= 0 && send_n > 0;
+  const bool receiving = from >= 0 && recv_n > 0;
+  TORCH_CHECK(!sending || (to < size() && to != rank_), "send_recv: bad destination ", to);
+  TORCH_CHECK(!receiving || (from < size() && from != rank_), "send_recv: bad source ", from);
+  if (!sending && !receiving) return;
+  check_usable("send_recv");
+  const bool cuda = backend_is_cuda();
+  std::vector<at::Tensor> out, in;
+  at::Tensor in_host;
+  if (sending) {
+    at::Tensor host = at::from_blob(const_cast<void*>(send), {static_cast<int64_t>(send_n)},
+                                    at::TensorOptions().dtype(at::kByte));
+    out.push_back(on_backend_device(host, cuda));
+  }
+  if (receiving) {
+    in_host = at::from_blob(recv, {static_cast<int64_t>(recv_n)}, at::TensorOptions().dtype(at::kByte));
+    in.push_back(on_backend_device(in_host, cuda));
+  }
+  try {
+    compat::WorkPtr sent, received;
+    if (sending) sent = backend_->pg->send(out, to, 0);
+    if (receiving) received = backend_->pg->recv(in, from, 0);
+    if (sent) sent->wait();
+    if (received) received->wait();
+  } catch (const std::exception& e) {
+    std::ostringstream msg;
+    msg << "dist: send_recv on group '" << name_ << "' (rank " << rank_ << " of " << size();
+    if (sending) msg << ", " << send_n << " bytes to member " << to;
+    if (receiving) msg << ", " << recv_n << " bytes from member " << from;
+    msg << ", timeout " << timeout_.count() / 1000.0 << " s) failed: " << e.what();
+    broken_reason_ = "send_recv failed";
+    throw DistError(msg.str());
+  }
+  if (receiving) copy_back(in_host, in[0]);
+}
+
 }  // namespace framework::dist

@@ -76,6 +76,15 @@ class Group {
   // longest one.
   Bytes scatter_bytes(const std::vector<Bytes>& per_member, int root);
 
+  // Point to point: sends send_n bytes at `send` to member `to` and receives
+  // recv_n bytes from member `from` into `recv`, both in flight at once, and
+  // returns when both finished. Either side is skipped with to / from = -1 or
+  // a length of 0; the peer must post the matching receive / send with the
+  // same length. Messages between one pair arrive in the order sent. Only
+  // the members involved take part (not a collective). A dead or stuck peer
+  // fails it after the group timeout (DistError), breaking the group.
+  void send_recv(const void* send, size_t send_n, int to, void* recv, size_t recv_n, int from);
+
   // True once a collective failed; every later call throws at once.
   bool broken() const { return !broken_reason_.empty(); }
 

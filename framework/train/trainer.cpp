@@ -83,6 +83,9 @@ struct Trainer::State {
   std::optional<checkpoint::CheckpointEvent> last_save;
   std::optional<RunSpan> span;  // of the run() (or run_step() calls) in progress
   ResumeSource resume_source = ResumeSource::kConfig;
+  std::string resume_tier;  // tiers: local | durable, and why
+  std::string resume_reason;
+  std::vector<std::string> resume_notes;
 
   void build_builtin_model();
   void shard_model();
@@ -94,7 +97,7 @@ struct Trainer::State {
   checkpoint::StateDict make_state_dict();
   void apply_loaded(checkpoint::StateDict& sd, bool model_only);
   checkpoint::DcpLoadStats load_dcp(const std::string& dir);
-  void save_checkpoint(int64_t step);
+  void save_checkpoint(int64_t step, bool final = false);
   void log_checkpoint_events();
 
   int64_t last_step() const;
@@ -248,15 +251,15 @@ checkpoint::DcpLoadStats Trainer::State::load_dcp(const std::string& dir) {
   return st;
 }
 
-void Trainer::State::save_checkpoint(int64_t at_step) {
+void Trainer::State::save_checkpoint(int64_t at_step, bool final) {
   try {
-    ckpt->save(at_step, make_state_dict());
+    ckpt->save(at_step, make_state_dict(), final);
   } catch (const checkpoint::CheckpointError& e) {
     // The previous (background) save failed, or this sync save did.
     if (cfg.checkpoint.on_error != "warn") throw;
     if (is_logger) std::cerr << "shardkit: warning: " << e.what() << std::endl;
     if (ckpt->busy() || save_mode == checkpoint::SaveMode::kSync) return;
-    ckpt->save(at_step, make_state_dict());
+    ckpt->save(at_step, make_state_dict(), final);
   }
 }
 
@@ -271,12 +274,30 @@ void Trainer::State::log_checkpoint_events() {
          << " s | stage " << ev.stage_s << " s | write " << ev.write_s << " s | commit "
          << ev.commit_s << " s | " << std::setprecision(1) << ev.bytes / 1048576.0 << " MiB -> "
          << ev.stored_bytes / 1048576.0 << " MiB";
+    if (ckpt->tiered()) {
+      line << " | tier " << ev.tier << " | local commit " << std::setprecision(3) << ev.local_commit_s
+           << " s | partner " << ev.partner;
+      if (ev.flushed) line << " | durable +" << ev.exposure_s << " s";
+    }
     std::cout << line.str() << std::endl;
+    if (ckpt->tiered() && ev.partner.rfind("failed", 0) == 0) {
+      std::cerr << "shardkit: warning: checkpoint step " << ev.step
+                << " has no partner copies (L1 only): " << ev.partner << std::endl;
+    }
     nlohmann::json j = {{"event", "checkpoint"}, {"step", ev.step},         {"mode", ev.mode},
                         {"blocking_s", ev.blocking_s}, {"stage_s", ev.stage_s},
                         {"write_s", ev.write_s},   {"commit_s", ev.commit_s}, {"bytes", ev.bytes},
                         {"stored_bytes", ev.stored_bytes}, {"ok", ev.ok},   {"path", ev.path},
                         {"plan_s", ev.plan_s}, {"plan_cached", ev.plan_cached}};
+    if (ckpt->tiered()) {
+      j["tier"] = ev.tier;
+      j["local_path"] = ev.local_path;
+      j["local_commit_s"] = ev.local_commit_s;
+      j["partner"] = ev.partner;
+      j["flushed"] = ev.flushed;
+      j["flush_s"] = ev.flush_s;
+      j["exposure_s"] = ev.exposure_s;
+    }
     if (!ev.ok) j["error"] = ev.error;
     metrics << j.dump() << "\n";
     metrics.flush();
@@ -387,6 +408,10 @@ void Trainer::State::print_banner(const std::optional<std::string>& resume_from,
     }
     std::cout << ")" << (cfg.checkpoint.model_only ? ", model only" : "")
               << "; continuing after step " << step << std::endl;
+    if (!resume_tier.empty()) {
+      std::cout << "shardkit: resume tier: " << resume_tier << " (" << resume_reason << ")" << std::endl;
+      for (const std::string& note : resume_notes) std::cout << "shardkit: resume: " << note << std::endl;
+    }
   }
 }
 
@@ -438,10 +463,18 @@ Trainer::Trainer(const config::Config& config, dist::Runtime& runtime, UserModel
   s.hooks.checkpoint.optional_items = [](const std::string& name) {
     return name == "data.loader" || name == "rng.cpu" || name == "config";
   };
+  checkpoint::CheckpointOptions ckpt_options = s.cfg.checkpoint;
+  for (size_t at; (at = ckpt_options.local.dir.find("{run.dir}")) != std::string::npos;) {
+    ckpt_options.local.dir.replace(at, 9, s.cfg.run.dir);
+  }
   s.ckpt = std::make_unique<checkpoint::CheckpointManager>(
-      s.cfg.checkpoint, (fs::path(s.cfg.run.dir) / "checkpoints").string(), *runtime.checkpoint,
+      ckpt_options, (fs::path(s.cfg.run.dir) / "checkpoints").string(), *runtime.checkpoint,
       s.layout, s.hooks.storage ? s.hooks.storage : checkpoint::posix_storage(),
       s.hooks.checkpoint);
+  // The local tier is never behind the test hooks' storage (that one stands
+  // for the durable file system), unless they provide one for it.
+  s.ckpt->set_placement({runtime.env.node, s.hooks.local_storage ? s.hooks.local_storage
+                                                                 : checkpoint::posix_storage()});
   if (s.ckpt->enabled() && (s.save_mode != checkpoint::SaveMode::kSync || s.device.is_cuda())) {
     // Host (pinned, for GPU state) staging buffers now, not at the first
     // save while the training loop waits.
@@ -469,6 +502,11 @@ Trainer::Trainer(const config::Config& config, dist::Runtime& runtime, UserModel
       resume_from = r->path;
       resumed = r->stats;
       skipped = std::move(r->skipped);
+      if (s.ckpt->tiered()) {
+        s.resume_tier = r->tier;
+        s.resume_reason = r->reason;
+        s.resume_notes = r->notes;
+      }
     }
   }
   if (!resume_from && !s.cfg.model.init_from.empty()) {
@@ -656,6 +694,10 @@ void Trainer::State::write_start_record(const std::optional<std::string>& resume
     j["resumed_step"] = resumed.step;
     j["saved_world"] = resumed.saved_world_size;
     j["saved_layout"] = resumed.saved_layout;
+    if (!resume_tier.empty()) {
+      j["resumed_tier"] = resume_tier;
+      j["resume_reason"] = resume_reason;
+    }
   }
   metrics << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
   metrics.flush();
@@ -735,7 +777,7 @@ void Trainer::State::checkpoint_if_due(StepRecord& rec, int64_t last) {
     return;
   }
   auto t0 = Clock::now();
-  save_checkpoint(rec.step);
+  save_checkpoint(rec.step, final_save || rec.step == last);
   rec.checkpoint_started = true;
   rec.checkpoint_blocking_s = seconds_since(t0);
 }

@@ -95,6 +95,9 @@ struct UserModel {
 struct TrainerHooks {
   // Where checkpoints are read and written; null: the POSIX file system.
   std::shared_ptr<checkpoint::Storage> storage;
+  // Where the node-local tier (checkpoint.local.dir) is read and written;
+  // null: the POSIX file system.
+  std::shared_ptr<checkpoint::Storage> local_storage;
   // Called at the start of every training step, before its collectives.
   std::function<void(int64_t step, int rank)> before_step;
   // Passed to the checkpoint manager (checkpoint/async/manager.h).

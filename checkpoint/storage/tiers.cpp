@@ -1,0 +1,419 @@
+#include "checkpoint/storage/tiers.h"
+
+#include "checkpoint/format/metadata.h"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cstdio>
+#include <map>
+#include <set>
+
+namespace checkpoint {
+
+namespace {
+
+using nlohmann::json;
+
+constexpr const char* kLocalFormat = "shardkit-local/1";
+constexpr const char* kPartnerFormat = "shardkit-partner/1";
+constexpr uint64_t kMaxRecordBytes = 64ull << 20;
+
+std::string hex64(uint64_t v) {
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
+uint64_t parse_hex64(const std::string& s, const std::string& where) {
+  if (s.size() != 16 || s.find_first_not_of("0123456789abcdef") != std::string::npos) {
+    throw FormatError(where + ": xxh3 '" + s + "' is not 16 lowercase hex digits");
+  }
+  return std::stoull(s, nullptr, 16);
+}
+
+json file_json(const TierFile& f) {
+  json j = {{"name", f.name}, {"rank", f.rank}, {"node", f.node}, {"bytes", f.bytes}};
+  if (f.xxh3) j["xxh3"] = hex64(*f.xxh3);
+  return j;
+}
+
+// Reads field `key` of `j` as T, or throws FormatError naming it.
+template <class T>
+T field(const json& j, const char* key, const std::string& where) {
+  auto it = j.find(key);
+  if (it == j.end()) throw FormatError(where + ": missing field '" + key + "'");
+  try {
+    return it->get<T>();
+  } catch (const json::exception&) {
+    throw FormatError(where + ": field '" + std::string(key) + "' has the wrong type");
+  }
+}
+
+TierFile file_from_json(const json& j, const std::string& where) {
+  TierFile f;
+  f.name = field<std::string>(j, "name", where);
+  f.rank = field<int>(j, "rank", where);
+  f.node = field<int>(j, "node", where);
+  f.bytes = field<uint64_t>(j, "bytes", where);
+  if (j.contains("xxh3")) f.xxh3 = parse_hex64(field<std::string>(j, "xxh3", where), where);
+  if (f.rank < 0 || f.node < 0 || f.name != rank_file_name(f.rank)) {
+    throw FormatError(where + ": file entry '" + f.name + "' (rank " + std::to_string(f.rank) +
+                      ") is not rank_<rank>.data");
+  }
+  return f;
+}
+
+json parse_json(const std::string& text, const std::string& where) {
+  try {
+    return json::parse(text);
+  } catch (const json::exception& e) {
+    throw FormatError(where + ": not JSON (" + std::string(e.what()) + ")");
+  }
+}
+
+void check_format(const json& j, const char* expected, const std::string& where) {
+  if (!j.is_object()) throw FormatError(where + ": not a JSON object");
+  const std::string format = field<std::string>(j, "format", where);
+  if (format != expected) {
+    throw FormatError(where + ": format '" + format + "', expected '" + expected + "'");
+  }
+}
+
+std::string join(const std::vector<std::string>& names, size_t max = 4) {
+  std::string out;
+  for (size_t i = 0; i < names.size() && i < max; ++i) out += (i ? ", " : "") + names[i];
+  if (names.size() > max) out += " and " + std::to_string(names.size() - max) + " more";
+  return out;
+}
+
+std::string node_list(const std::set<int>& nodes) {
+  std::string out;
+  for (int n : nodes) out += (out.empty() ? "" : ", ") + std::to_string(n);
+  return (nodes.size() == 1 ? "node " : "nodes ") + out;
+}
+
+}  // namespace
+
+std::string local_tier_dir(const std::string& pattern, int node) {
+  std::string out = pattern;
+  const std::string key = "{node}";
+  for (size_t at = out.find(key); at != std::string::npos; at = out.find(key, at)) {
+    out.replace(at, key.size(), std::to_string(node));
+  }
+  return out;
+}
+
+std::string rank_file_name(int rank) { return "rank_" + std::to_string(rank) + ".data"; }
+
+const char* tier_name(Tier tier) { return tier == Tier::kLocal ? "local" : "durable"; }
+
+std::string encode_local_record(const LocalRecord& r) {
+  json files = json::array();
+  for (const TierFile& f : r.files) files.push_back(file_json(f));
+  return json{{"format", kLocalFormat}, {"step", r.step},           {"node", r.node},
+              {"node_of_rank", r.node_of_rank}, {"files", files}}
+      .dump(1);
+}
+
+LocalRecord decode_local_record(const std::string& text, const std::string& where) {
+  const json j = parse_json(text, where);
+  check_format(j, kLocalFormat, where);
+  LocalRecord r;
+  r.step = field<int64_t>(j, "step", where);
+  r.node = field<int>(j, "node", where);
+  r.node_of_rank = field<std::vector<int>>(j, "node_of_rank", where);
+  if (r.node_of_rank.empty()) throw FormatError(where + ": node_of_rank is empty");
+  for (const json& f : field<json>(j, "files", where)) r.files.push_back(file_from_json(f, where));
+  for (const TierFile& f : r.files) {
+    if (f.rank >= static_cast<int>(r.node_of_rank.size()) || r.node_of_rank[f.rank] != f.node ||
+        f.node != r.node) {
+      throw FormatError(where + ": " + f.name + " is not a file of node " + std::to_string(r.node));
+    }
+  }
+  return r;
+}
+
+std::string encode_partner_record(const PartnerRecord& r) {
+  json files = json::array();
+  for (const TierFile& f : r.files) files.push_back(file_json(f));
+  return json{{"format", kPartnerFormat}, {"step", r.step}, {"node", r.node}, {"files", files}}.dump(1);
+}
+
+PartnerRecord decode_partner_record(const std::string& text, const std::string& where) {
+  const json j = parse_json(text, where);
+  check_format(j, kPartnerFormat, where);
+  PartnerRecord r;
+  r.step = field<int64_t>(j, "step", where);
+  r.node = field<int>(j, "node", where);
+  for (const json& f : field<json>(j, "files", where)) {
+    TierFile file = file_from_json(f, where);
+    if (!file.xxh3) throw FormatError(where + ": " + file.name + " has no xxh3");
+    r.files.push_back(std::move(file));
+  }
+  return r;
+}
+
+NodeInventory inventory_local_tier(Storage& storage, const std::string& dir, int node) {
+  NodeInventory inv;
+  inv.node = node;
+  inv.dir = dir;
+  std::vector<CheckpointEntry> entries;
+  try {
+    entries = list_checkpoints(storage, dir);
+  } catch (const std::exception& e) {
+    inv.error = e.what();
+    return inv;
+  }
+  for (const CheckpointEntry& e : entries) {
+    LocalStep s;
+    s.step = e.step;
+    s.path = e.path;
+    s.committed = e.committed;
+    auto present = [&](const std::string& path, const TierFile& f) {
+      const FileInfo info = storage.stat(path);
+      if (info.type != FileType::kFile) {
+        s.problems.push_back(path + " is missing");
+        return false;
+      }
+      if (info.size != f.bytes) {
+        s.problems.push_back(path + " has " + std::to_string(info.size) + " bytes, recorded " +
+                             std::to_string(f.bytes));
+        return false;
+      }
+      return true;
+    };
+    try {
+      const std::string where = join_path(e.path, kLocalRecordName);
+      if (storage.exists(where)) {
+        const std::vector<uint8_t> bytes = storage.read_file(where, kMaxRecordBytes);
+        LocalRecord r = decode_local_record(std::string(bytes.begin(), bytes.end()), where);
+        if (r.step != e.step) throw FormatError(where + ": records step " + std::to_string(r.step));
+        for (const TierFile& f : r.files) {
+          if (present(join_path(e.path, f.name), f)) s.own.push_back(f);
+        }
+        s.record = std::move(r);
+      }
+    } catch (const std::exception& ex) {
+      s.problems.push_back(ex.what());
+    }
+    try {
+      const std::string where = join_path(e.path, kPartnerRecordName);
+      if (storage.exists(where)) {
+        const std::vector<uint8_t> bytes = storage.read_file(where, kMaxRecordBytes);
+        PartnerRecord r = decode_partner_record(std::string(bytes.begin(), bytes.end()), where);
+        if (r.step != e.step) throw FormatError(where + ": records step " + std::to_string(r.step));
+        const std::string copies = join_path(e.path, kPartnerDirName);
+        for (const TierFile& f : r.files) {
+          if (present(join_path(copies, f.name), f)) s.partner_copies.push_back(f);
+        }
+        s.partner = std::move(r);
+      }
+    } catch (const std::exception& ex) {
+      s.problems.push_back(ex.what());
+    }
+    inv.steps.push_back(std::move(s));
+  }
+  return inv;
+}
+
+std::string encode_inventory(const NodeInventory& inv) {
+  json steps = json::array();
+  for (const LocalStep& s : inv.steps) {
+    json own = json::array(), copies = json::array();
+    for (const TierFile& f : s.own) own.push_back(file_json(f));
+    for (const TierFile& f : s.partner_copies) copies.push_back(file_json(f));
+    json j = {{"step", s.step}, {"path", s.path}, {"committed", s.committed}, {"own", own},
+              {"partner_copies", copies}, {"problems", s.problems}};
+    if (s.record) j["record"] = encode_local_record(*s.record);
+    if (s.partner) j["partner"] = encode_partner_record(*s.partner);
+    steps.push_back(std::move(j));
+  }
+  return json{{"node", inv.node}, {"dir", inv.dir}, {"error", inv.error}, {"steps", steps}}.dump();
+}
+
+NodeInventory decode_inventory(const std::string& text) {
+  const std::string where = "local tier inventory";
+  const json j = parse_json(text, where);
+  NodeInventory inv;
+  inv.node = field<int>(j, "node", where);
+  inv.dir = field<std::string>(j, "dir", where);
+  inv.error = field<std::string>(j, "error", where);
+  for (const json& js : field<json>(j, "steps", where)) {
+    LocalStep s;
+    s.step = field<int64_t>(js, "step", where);
+    s.path = field<std::string>(js, "path", where);
+    s.committed = field<bool>(js, "committed", where);
+    for (const json& f : field<json>(js, "own", where)) s.own.push_back(file_from_json(f, where));
+    for (const json& f : field<json>(js, "partner_copies", where)) {
+      s.partner_copies.push_back(file_from_json(f, where));
+    }
+    s.problems = field<std::vector<std::string>>(js, "problems", where);
+    if (js.contains("record")) s.record = decode_local_record(js["record"].get<std::string>(), where);
+    if (js.contains("partner")) {
+      s.partner = decode_partner_record(js["partner"].get<std::string>(), where);
+    }
+    inv.steps.push_back(std::move(s));
+  }
+  return inv;
+}
+
+TierChoice choose_resume_tiers(const std::vector<NodeInventory>& nodes,
+                               const std::vector<CheckpointEntry>& durable) {
+  std::set<int64_t, std::greater<int64_t>> steps;
+  std::map<int64_t, const CheckpointEntry*> durable_at;
+  for (const CheckpointEntry& e : durable) {
+    if (!e.committed) continue;
+    steps.insert(e.step);
+    durable_at[e.step] = &e;
+  }
+  for (const NodeInventory& n : nodes) {
+    for (const LocalStep& s : n.steps) {
+      if (s.committed) steps.insert(s.step);
+    }
+  }
+  TierChoice out;
+  for (int64_t step : steps) {
+    // The local tier: the nodes that committed this step with a record.
+    std::string why_not;
+    ResumeCandidate local;
+    local.step = step;
+    local.tier = Tier::kLocal;
+    std::vector<const LocalStep*> holders;
+    std::vector<int> holder_node;
+    for (const NodeInventory& n : nodes) {
+      for (const LocalStep& s : n.steps) {
+        if (s.step == step && s.committed && s.record) {
+          holders.push_back(&s);
+          holder_node.push_back(n.node);
+        }
+      }
+    }
+    if (holders.empty()) {
+      bool any = false;
+      for (const NodeInventory& n : nodes) {
+        for (const LocalStep& s : n.steps) any = any || s.step == step;
+      }
+      if (any) why_not = "no node holds a committed local step_" + std::to_string(step);
+    } else {
+      const std::vector<int>& node_of_rank = holders[0]->record->node_of_rank;
+      local.world_size = static_cast<int>(node_of_rank.size());
+      local.metadata_node = holder_node[0];
+      bool consistent = true;
+      for (const LocalStep* h : holders) consistent = consistent && h->record->node_of_rank == node_of_rank;
+      if (!consistent) {
+        why_not = "the nodes' records of local step_" + std::to_string(step) + " disagree on the world";
+      } else {
+        std::vector<std::string> missing;
+        std::set<int> from_partner_nodes, lost_nodes;
+        for (int r = 0; r < local.world_size; ++r) {
+          const std::string name = rank_file_name(r);
+          std::optional<FileSource> found;
+          for (size_t h = 0; h < holders.size() && !found; ++h) {
+            for (const TierFile& f : holders[h]->own) {
+              if (f.name == name) found = FileSource{f, holder_node[h], false};
+            }
+          }
+          for (size_t h = 0; h < holders.size() && !found; ++h) {
+            if (!holders[h]->partner) continue;
+            for (const TierFile& f : holders[h]->partner_copies) {
+              if (f.name == name) found = FileSource{f, holder_node[h], true};
+            }
+          }
+          // A partner copy may sit on a node whose own part is not committed
+          // (it could not be, after losing files); its .partner.json is
+          // the claim that counts.
+          for (const NodeInventory& n : nodes) {
+            for (const LocalStep& s : n.steps) {
+              if (found || s.step != step || !s.partner) continue;
+              for (const TierFile& f : s.partner_copies) {
+                if (f.name == name) found = FileSource{f, n.node, true};
+              }
+            }
+          }
+          if (!found) {
+            missing.push_back(name);
+            lost_nodes.insert(node_of_rank[r]);
+          } else {
+            if (found->partner) {
+              from_partner_nodes.insert(found->node);
+              lost_nodes.insert(node_of_rank[r]);
+            }
+            local.sources.push_back(*found);
+          }
+        }
+        if (!missing.empty()) {
+          why_not = "local step_" + std::to_string(step) + " lacks " + join(missing) + " (" +
+                    node_list(lost_nodes) + ": not committed there or files missing, and no " +
+                    "committed partner copy)";
+        } else if (from_partner_nodes.empty()) {
+          local.reason = "every rank file is on its own node";
+        } else {
+          local.reason = "the files of " + node_list(lost_nodes) +
+                         " (missing or incomplete there) come from partner copies on " +
+                         node_list(from_partner_nodes);
+        }
+      }
+    }
+    if (why_not.empty() && !holders.empty()) {
+      out.candidates.push_back(std::move(local));
+    } else if (!why_not.empty() && out.candidates.empty()) {
+      out.notes.push_back(why_not);
+    }
+    if (auto it = durable_at.find(step); it != durable_at.end()) {
+      ResumeCandidate d;
+      d.step = step;
+      d.tier = Tier::kDurable;
+      d.durable_path = it->second->path;
+      if (!why_not.empty()) {
+        d.reason = why_not;
+      } else if (holders.empty()) {
+        d.reason = "the local tier has no step_" + std::to_string(step);
+      } else {
+        d.reason = "the local copy of step_" + std::to_string(step) + " did not load";
+      }
+      out.candidates.push_back(std::move(d));
+    }
+  }
+  return out;
+}
+
+std::string encode_candidates(const std::vector<ResumeCandidate>& candidates) {
+  json list = json::array();
+  for (const ResumeCandidate& c : candidates) {
+    json sources = json::array();
+    for (const FileSource& s : c.sources) {
+      sources.push_back({{"file", file_json(s.file)}, {"node", s.node}, {"partner", s.partner}});
+    }
+    list.push_back({{"step", c.step},
+                    {"tier", tier_name(c.tier)},
+                    {"reason", c.reason},
+                    {"durable_path", c.durable_path},
+                    {"world_size", c.world_size},
+                    {"metadata_node", c.metadata_node},
+                    {"sources", sources}});
+  }
+  return list.dump();
+}
+
+std::vector<ResumeCandidate> decode_candidates(const std::string& text) {
+  const std::string where = "resume candidates";
+  std::vector<ResumeCandidate> out;
+  for (const json& j : parse_json(text, where)) {
+    ResumeCandidate c;
+    c.step = field<int64_t>(j, "step", where);
+    c.tier = field<std::string>(j, "tier", where) == "local" ? Tier::kLocal : Tier::kDurable;
+    c.reason = field<std::string>(j, "reason", where);
+    c.durable_path = field<std::string>(j, "durable_path", where);
+    c.world_size = field<int>(j, "world_size", where);
+    c.metadata_node = field<int>(j, "metadata_node", where);
+    for (const json& s : field<json>(j, "sources", where)) {
+      c.sources.push_back(FileSource{file_from_json(s["file"], where), field<int>(s, "node", where),
+                                     field<bool>(s, "partner", where)});
+    }
+    out.push_back(std::move(c));
+  }
+  return out;
+}
+
+}  // namespace checkpoint
