@@ -111,6 +111,10 @@ std::vector<std::string> train_argv(const TrainSpec& spec) {
     argv.push_back("--nproc");
     argv.push_back(std::to_string(spec.nproc));
   }
+  if (spec.nodes > 1) {
+    argv.push_back("--nodes");
+    argv.push_back(std::to_string(spec.nodes));
+  }
   std::vector<std::string> sets;
   if (spec.small_model) sets = small_model_sets();
   sets.push_back("run.dir=" + spec.run_dir.string());

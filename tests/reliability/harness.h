@@ -36,6 +36,7 @@ struct TrainSpec {
   std::string config;                 // default_config() when empty
   std::vector<std::string> sets;      // key=value, after the small-model ones
   int nproc = 2;
+  int nodes = 1;                      // > 1: --nodes (simulated nodes of nproc/nodes ranks)
   EnvVars env;
   bool small_model = true;            // prepend small_model_sets()
   // The program run: "train", or "train_faults" (tests/reliability/

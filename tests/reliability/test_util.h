@@ -33,7 +33,9 @@ inline TrainSpec small_run(const fs::path& root, std::vector<std::string> sets, 
   spec.sets = std::move(sets);
   spec.env = std::move(env);
   for (const auto& [name, value] : spec.env) {
-    if (name == "SHARDKIT_FAULT_INJECT" || name == "SHARDKIT_STALL_AT") spec.binary = "train_faults";
+    if (name == "SHARDKIT_FAULT_INJECT" || name == "SHARDKIT_STALL_AT" || name == "SHARDKIT_KILL_AT") {
+      spec.binary = "train_faults";
+    }
   }
   return spec;
 }

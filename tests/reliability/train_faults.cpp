@@ -7,7 +7,10 @@
 //       "fail_after_bytes=4096,errno=ENOSPC"
 //   SHARDKIT_STALL_AT=<phase>:<step>:<rank>  that rank stops responding
 //       forever, like a hung peer: phase "train" at the start of the step,
-//       "save" before the checkpoint's first collective
+//       "save" before the checkpoint's first collective, "partner" before
+//       its partner copy (multi-level checkpoints)
+//   SHARDKIT_KILL_AT=flush:<step>  every rank kills itself (SIGKILL) after
+//       the local commit of that step, before its flush to the durable tier
 //
 // The local launcher (--nproc) re-executes this binary, so every rank gets
 // the same faults.
@@ -16,6 +19,7 @@
 #include "support/faulty_storage.h"
 
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
@@ -58,5 +62,14 @@ int main(int argc, char** argv) {
   const std::string stall = env_or_empty("SHARDKIT_STALL_AT");
   hooks.before_step = stall_at(stall, "train");
   hooks.checkpoint.before_write = stall_at(stall, "save");
+  hooks.checkpoint.before_partner = stall_at(stall, "partner");
+  const std::string kill_at = env_or_empty("SHARDKIT_KILL_AT");
+  if (kill_at.rfind("flush:", 0) == 0) {
+    hooks.checkpoint.before_flush = [kill_at](int64_t step, int rank) {
+      if (kill_at != "flush:" + std::to_string(step)) return;
+      std::fprintf(stderr, "shardkit: SHARDKIT_KILL_AT=%s: rank %d kills itself\n", kill_at.c_str(), rank);
+      std::raise(SIGKILL);
+    };
+  }
   return framework::train::train_main(argc, argv, hooks);
 }
