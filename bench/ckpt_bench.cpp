@@ -5,6 +5,7 @@
 //   ckpt_bench [--size-mb 1024] [--nproc N] [--dir /tmp/ckpt_bench] [--json F]
 //              [--io-threads 4] [--trials 1] [--skip-training]
 //              [--skip-compression] [--input weights.safetensors] [--keep]
+//              [--nodes N] [--skip-tiers] [--tiers-only]
 //
 // Call sequence (all ranks): make the synthetic sharded state; memory run of
 // the async manager (--growth-saves saves); per trial: memcpy, raw write/read,
@@ -16,6 +17,7 @@
 #include "bench/bench_util.h"
 
 #include "checkpoint/storage/checkpoint_dir.h"
+#include "checkpoint/storage/paced.h"
 #include "checkpoint/load.h"
 #include "checkpoint/async/manager.h"
 #include "checkpoint/format/metadata.h"
@@ -66,6 +68,9 @@ struct Args {
   int io_threads = 4;
   bool skip_training = false;
   bool skip_compression = false;
+  bool skip_tiers = false;
+  bool tiers_only = false;
+  int nodes = 1;
   bool compression_only = false;
   int compression_trials = 3;
   double paced_mbps = 250;
@@ -251,6 +256,7 @@ struct Bench {
   std::vector<double> trainer_step_times(const std::string& label, bool overlap_saves, int64_t steps);
   std::unique_ptr<dist::Runtime> fresh_runtime();
   void compression();
+  void tiers();
   void report();
 };
 
@@ -571,6 +577,60 @@ void Bench::trial(int t, checkpoint::CheckpointManager& async_mgr,
   time_overlap(t, overlap_mgr, compute_s);
 }
 
+// Multi-level checkpoints (README "Multi-level checkpoints"): the same state
+// saved, in sync and async mode, (a) to one tier, checkpoint.dir on an
+// emulated slow durable device (each rank's durable I/O paced at
+// --paced-mbps by paced_storage), and (b) with the local tier on this
+// machine's file system under --dir, flushed in the background to that same
+// paced device. Each save is final (always flushed). Per save: blocking
+// (save() returns), the local commit (manager event), the durable commit
+// (save() to finish(), which waits for the flush) and the exposure window
+// (local commit to durable commit). One warm-up save per manager first.
+void Bench::tiers() {
+  auto paced = checkpoint::paced_storage(checkpoint::posix_storage(), args.paced_mbps);
+  std::ostringstream layout;
+  layout << "fsdp replicate=1 shard=" << world;
+  for (const std::string mode : {"sync", "async"}) {
+    for (const bool tiered : {false, true}) {
+      const std::string name = "tiers_" + mode + (tiered ? "_tiered_" : "_single_");
+      checkpoint::CheckpointOptions co;
+      co.interval = 1;
+      co.keep_last = 1;
+      co.resume = "never";
+      co.io_threads = args.io_threads;
+      co.mode = mode;
+      co.dir = path("tiers/" + name + "durable");
+      if (tiered) {
+        co.local.dir = path("tiers/" + name + "local/node{node}");
+        co.local.keep_last = 1;
+      }
+      checkpoint::CheckpointManager mgr(co, co.dir, *rt.checkpoint, layout.str(), paced);
+      mgr.set_placement({rt.env.node, checkpoint::posix_storage()});
+      if (mode == "async") mgr.reserve_staging(state);
+      for (int t = -1; t < args.trials; ++t) {
+        barrier();
+        auto t0 = Clock::now();
+        mgr.save(3000 + t + 1, state, /*final=*/true);
+        const double blocking = seconds_since(t0);
+        mgr.finish();
+        const double total = seconds_since(t0);
+        const std::vector<checkpoint::CheckpointEvent> events = mgr.take_events();
+        if (t < 0) continue;
+        record(name + "blocking_s", blocking);
+        record(name + "durable_commit_s", total);
+        if (!events.empty()) record(name + "stage_s", events.back().stage_s);
+        if (tiered && !events.empty()) {
+          record(name + "l1_commit_s", events.back().local_commit_s);
+          record(name + "exposure_s", events.back().exposure_s);
+          if (rank == 0) out["tiers_partner"] = events.back().partner;
+        }
+      }
+    }
+  }
+  out["tiers_durable_mb_s"] = args.paced_mbps;
+  out["tiers_nodes"] = rt.env.nodes;
+}
+
 // A runtime of its own for each Trainer: every Trainer creates its mesh
 // groups under the same names, which must not meet an earlier run's keys in
 // the rendezvous store.
@@ -823,7 +883,7 @@ void Bench::report() {
   out["torch_threads"] = torch::get_num_threads();
   out["compression_trials"] = args.compression_trials;
   auto v = [&](const char* k) { return out.at(k).get<double>(); };
-  const bool main_section = !args.compression_only;
+  const bool main_section = !args.compression_only && !args.tiers_only;
   nlohmann::json ratios = nlohmann::json::object();
   nlohmann::json targets = nlohmann::json::object();
   if (main_section) {
@@ -930,6 +990,34 @@ void Bench::report() {
       std::printf("  %-28s %10.3f   %s\n", k.c_str(), x.get<double>(), verdict.c_str());
     }
   }
+  if (out.contains("tiers_sync_single_blocking_s")) {
+    const double gb = static_cast<double>(state_bytes) / 1e9;
+    std::printf("\n  multi-level checkpoints: %.2f GiB over %d rank(s) on %d node(s); durable tier = "
+                "EMULATED device, each rank's I/O paced at %.0f MB/s; local tier = %s; partner copies %s\n",
+                static_cast<double>(state_bytes) / 1073741824.0, world, out["tiers_nodes"].get<int>(),
+                out["tiers_durable_mb_s"].get<double>(), dir.c_str(),
+                out.value("tiers_partner", std::string("-")).c_str());
+    std::printf("  %-8s %-12s %12s %14s %16s %12s\n", "mode", "tiers", "blocking s", "local commit s",
+                "durable commit s", "exposure s");
+    for (const std::string mode : {"sync", "async"}) {
+      for (const bool tiered : {false, true}) {
+        const std::string name = "tiers_" + mode + (tiered ? "_tiered_" : "_single_");
+        auto val = [&](const std::string& k) { return out.contains(name + k) ? out[name + k].get<double>() : -1.0; };
+        if (tiered) {
+          std::printf("  %-8s %-12s %12.3f %14.3f %16.3f %12.3f\n", mode.c_str(), "local+flush",
+                      val("blocking_s"), val("l1_commit_s"), val("durable_commit_s"), val("exposure_s"));
+        } else {
+          std::printf("  %-8s %-12s %12.3f %14s %16.3f %12s\n", mode.c_str(), "durable only",
+                      val("blocking_s"), "-", val("durable_commit_s"), "-");
+        }
+      }
+    }
+    std::printf("  (%.2f GB; sync blocking single/tiered %.1fx; time to first commit single/tiered: sync "
+                "%.1fx, async %.1fx)\n",
+                gb, v("tiers_sync_single_blocking_s") / v("tiers_sync_tiered_blocking_s"),
+                v("tiers_sync_single_durable_commit_s") / v("tiers_sync_tiered_l1_commit_s"),
+                v("tiers_async_single_durable_commit_s") / v("tiers_async_tiered_l1_commit_s"));
+  }
   if (out.contains("compression")) {
     for (const char* set : {"trained_fp32", "init_fp32", "trained_bf16", "input"}) {
       if (out["compression"].contains(set)) print_compression(set, out["compression"][set]);
@@ -954,7 +1042,7 @@ void Bench::report() {
 }
 
 // Our subdirectories of --dir; the directory itself goes too when empty.
-const char* const kSubdirs[] = {"async", "overlap", "raw", "torch", "sync", "train", "trained", "compression"};
+const char* const kSubdirs[] = {"async", "overlap", "raw", "torch", "sync", "train", "trained", "compression", "tiers"};
 
 void clean_dir(const std::string& dir) {
   for (const char* sub : kSubdirs) fs::remove_all(fs::path(dir) / sub);
@@ -984,7 +1072,10 @@ int run_rank(const Args& args) {
   b.barrier();
   b.out["proc_drop_caches_worked"] = b.rank == 0 ? try_proc_drop_caches() : false;
   const auto start = Clock::now();
-  if (!args.compression_only) {
+  if (args.tiers_only) {
+    b.make_state();
+    b.tiers();
+  } else if (!args.compression_only) {
     b.make_state();
 
     std::ostringstream layout;
@@ -1015,8 +1106,9 @@ int run_rank(const Args& args) {
     b.targets.clear();
     b.out["checkpoint_section_s"] = seconds_since(start);
   }
-  if (!args.skip_training && !args.compression_only) b.training_overhead();
-  if (!args.skip_compression) b.compression();
+  if (!args.skip_tiers && !args.compression_only && !args.tiers_only) b.tiers();
+  if (!args.skip_training && !args.compression_only && !args.tiers_only) b.training_overhead();
+  if (!args.skip_compression && !args.tiers_only) b.compression();
   b.out["total_s"] = b.max_over(seconds_since(start));
   b.report();
   b.barrier();
@@ -1040,6 +1132,10 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 256));
   app.add_flag("--skip-training", args.skip_training, "skip the training-level overhead runs");
   app.add_flag("--skip-compression", args.skip_compression, "skip the compression study");
+  app.add_flag("--skip-tiers", args.skip_tiers, "skip the multi-level checkpoint comparison");
+  app.add_flag("--tiers-only", args.tiers_only, "run only the multi-level checkpoint comparison");
+  app.add_option("--nodes", args.nodes, "simulated nodes for --nproc ranks (as train --nodes)")
+      ->check(CLI::Range(1, 4096));
   app.add_flag("--compression-only", args.compression_only,
                "run only the compression study (implies --skip-training)");
   app.add_option("--compression-trials", args.compression_trials,
@@ -1085,9 +1181,15 @@ int main(int argc, char** argv) {
   if (args.nproc > 1 && std::getenv("SHARDKIT_LAUNCHED") == nullptr) {
     dist::LocalLaunchOptions launch;
     launch.nproc = args.nproc;
+    launch.nodes = args.nodes;
     launch.argv = framework::dist::argv_without_nproc(argc, argv);
     launch.store_server = dist::host_tcp_store;
-    return dist::run_local_launcher(launch);
+    try {
+      return dist::run_local_launcher(launch);
+    } catch (const std::invalid_argument& e) {
+      std::cerr << "ckpt_bench: " << e.what() << std::endl;
+      return 2;
+    }
   }
   try {
     return run_rank(args);
