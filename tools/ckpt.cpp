@@ -8,7 +8,12 @@
 //   ckpt export CKPT --format safetensors|torch|dcp --out FILE [--dtype bf16|fp32] [--only model]
 //   ckpt import-dcp SRC DST [--map FROM=TO ...] [--threads N]
 //                               consolidate into one file of full tensors
-// Exit codes: 0 success (verify: every chunk intact), 1 failure or damage,
+//   ckpt tiers DURABLE_DIR --local DIR [--local DIR ...] | --local PATTERN --nodes N
+//              [--verify] [--threads N] [--json]
+//                               multi-level checkpoints: each step in the durable
+//                               tier and every node's local tier, and what resume
+//                               would load (the trainer's choose_resume_tiers)
+// Exit codes: 0 success (verify, tiers --verify: everything intact), 1 failure or damage,
 // 2 usage error. --json prints one JSON object on stdout and nothing else
 // there; errors still go to stderr. Everything read from disk is untrusted:
 // the metadata decoder validates it, and names are escaped before they reach
@@ -24,6 +29,7 @@
 #include <ctime>
 #include <exception>
 #include <iostream>
+#include <map>
 #include <set>
 #include <sstream>
 #include <string>
@@ -35,6 +41,8 @@
 #include "checkpoint/interop/export.h"
 #include "checkpoint/format/metadata.h"
 #include "checkpoint/storage/storage.h"
+#include "checkpoint/storage/tiers.h"
+#include "tools/tier_report.h"
 
 namespace {
 
@@ -451,6 +459,339 @@ int run_verify(const std::string& path, int threads, bool json) {
   return kExitFailure;
 }
 
+// ---------------------------------------------------------------- tiers
+
+const char* durable_status(const tools::DurableStep& d) {
+  return d.entry ? checkpoint::checkpoint_status_name(d.entry->status) : "absent";
+}
+
+const char* node_status(const tools::NodeStep& n) {
+  return n.step ? checkpoint::checkpoint_status_name(n.status) : "absent";
+}
+
+// "nodes 0, 1" / "node 1": where a set of files came from.
+std::string nodes_text(const std::set<int>& nodes) {
+  std::vector<std::string> parts;
+  for (int n : nodes) parts.push_back(std::to_string(n));
+  return (nodes.size() == 1 ? "node " : "nodes ") + join(parts, ", ");
+}
+
+// "own files 2 of 2; partner copies committed (2 files, of node 1)".
+std::string node_contents(const checkpoint::LocalStep& s) {
+  std::string out = s.record ? "own files " + std::to_string(s.own.size()) + " of " +
+                                   std::to_string(s.record->files.size())
+                             : std::string("no ") + checkpoint::kLocalRecordName;
+  if (!s.partner) return out + "; partner copies: none";
+  std::set<int> from;
+  for (const checkpoint::TierFile& f : s.partner->files) from.insert(f.node);
+  out += "; partner copies committed (";
+  if (s.partner_copies.size() != s.partner->files.size()) {
+    out += std::to_string(s.partner_copies.size()) + " of ";
+  }
+  out += std::to_string(s.partner->files.size()) + (s.partner->files.size() == 1 ? " file" : " files");
+  if (!from.empty()) out += ", of " + nodes_text(from);
+  return out + ")";
+}
+
+// "rank_2.data, rank_3.data: on node 1; rank_0.data: partner copy on node 0".
+std::string elsewhere_text(const std::vector<tools::FileLocation>& files) {
+  std::map<std::pair<int, bool>, std::vector<std::string>> by_place;
+  for (const tools::FileLocation& f : files) by_place[{f.node, f.partner}].push_back(printable(f.file));
+  std::vector<std::string> parts;
+  for (const auto& [place, names] : by_place) {
+    const auto [node, partner] = place;
+    const std::string copies = names.size() == 1 ? "partner copy" : "partner copies";
+    parts.push_back(join(names, ", ") + ": " +
+                    (node < 0 ? std::string("on no node")
+                              : (partner ? copies + " on node " : std::string("on node ")) + std::to_string(node)));
+  }
+  return join(parts, "; ");
+}
+
+std::string candidate_text(const checkpoint::ResumeCandidate& c) {
+  return std::string(checkpoint::tier_name(c.tier)) + ": " + printable(c.reason);
+}
+
+// "step 30 from the local tier (every rank file is on its own node)".
+std::string resume_text(const checkpoint::ResumeCandidate& c) {
+  return "step " + std::to_string(c.step) + " from the " + checkpoint::tier_name(c.tier) + " tier (" +
+         printable(c.reason) + ")";
+}
+
+constexpr const char* kIndent = "           ";  // under the second column
+
+void print_verify_lines(const checkpoint::VerifyReport& report, const std::string& error,
+                        const std::string& elsewhere) {
+  if (!error.empty()) {
+    std::cout << kIndent << "BAD: " << printable(error) << "\n";
+    return;
+  }
+  // An overview: the first few bad chunks (`ckpt verify` and --json list all).
+  constexpr size_t kMaxLines = 5;
+  for (size_t i = 0; i < report.problems.size() && i < kMaxLines; ++i) {
+    std::cout << kIndent << problem_line(report.problems[i]) << "\n";
+  }
+  if (report.problems.size() > kMaxLines) {
+    std::cout << kIndent << "... and " << report.problems.size() - kMaxLines << " more bad chunks\n";
+  }
+  std::cout << kIndent << "verified: " << report.chunks - report.problems.size() << " of "
+            << report.chunks << " chunks intact (" << human_bytes(report.bytes) << ")";
+  if (!elsewhere.empty()) std::cout << "; " << elsewhere;
+  std::cout << "\n";
+}
+
+// `s` followed by spaces up to `width` (at least one).
+std::string padded(const std::string& s, size_t width) {
+  return s + std::string(s.size() < width ? width - s.size() : 1, ' ');
+}
+
+// "  node 0   committed    <what>": a line of a step; without `what`, the
+// status ends it.
+std::string step_line(const std::string& label, const std::string& status, const std::string& what) {
+  return "  " + padded(label, 9) + (what.empty() ? status : padded(status, 13) + what) + "\n";
+}
+
+void print_node_step(const tools::NodeStep& n) {
+  std::cout << step_line("node " + std::to_string(n.node), node_status(n),
+                         n.step ? node_contents(*n.step) : "");
+  if (!n.step) return;
+  if (n.status == checkpoint::CheckpointStatus::kDamaged) {
+    std::cout << kIndent << "error: " << printable(n.status_error) << "\n";
+  }
+  for (const std::string& p : n.step->problems) std::cout << kIndent << "problem: " << printable(p) << "\n";
+  const tools::LocalVerify& v = n.verify;
+  if (v.ran && n.status != checkpoint::CheckpointStatus::kDamaged) {
+    print_verify_lines(v.report, v.error, elsewhere_text(v.elsewhere));
+  }
+  if (!v.partner_copies.empty()) {
+    std::vector<std::string> intact;
+    for (const tools::PartnerCopyCheck& c : v.partner_copies) {
+      if (c.problem.empty()) {
+        intact.push_back(printable(c.file.name));
+      } else {
+        std::cout << kIndent << "BAD partner copy: " << printable(c.problem) << "\n";
+      }
+    }
+    if (!intact.empty()) {
+      std::cout << kIndent << "partner copies intact (XXH3-64 as recorded): " << join(intact, ", ") << "\n";
+    }
+  }
+}
+
+void print_tiers_text(const tools::TierReport& r) {
+  std::vector<std::vector<std::string>> header = {{"durable", printable(r.durable_dir)}};
+  for (const tools::NodeTier& n : r.nodes) {
+    header.push_back({"node " + std::to_string(n.inventory.node), printable(n.inventory.dir)});
+    if (n.missing) header.back().push_back("missing (a lost node)");
+    if (!n.inventory.error.empty()) header.back().push_back("error: " + printable(n.inventory.error));
+  }
+  print_table(header, std::cout);
+  if (r.steps.empty()) std::cout << "\nno checkpoints in either tier\n";
+  for (const tools::StepReport& s : r.steps) {
+    std::cout << "\nstep " << s.step << "\n";
+    const tools::DurableStep& d = s.durable;
+    std::cout << step_line("durable", durable_status(d), d.entry ? printable(d.entry->entry.path) : "");
+    for (const std::string& path : d.set_aside) std::cout << kIndent << "set aside: " << printable(path) << "\n";
+    if (d.entry && d.entry->status == checkpoint::CheckpointStatus::kDamaged) {
+      std::cout << kIndent << "error: " << printable(d.entry->error) << "\n";
+    }
+    if (d.verified) print_verify_lines(d.report, d.verify_error, "");
+    for (const tools::NodeStep& n : s.nodes) print_node_step(n);
+    if (s.candidates.empty()) {
+      std::cout << step_line("resume", "not loadable: " + (s.not_loadable.empty() ? "no tier committed it"
+                                                                                  : printable(s.not_loadable)),
+                             "");
+    }
+    for (size_t i = 0; i < s.candidates.size(); ++i) {
+      std::cout << (i == 0 ? "  resume   " : std::string(kIndent) + "else ") << candidate_text(s.candidates[i])
+                << "\n";
+    }
+  }
+  std::cout << "\n";
+  for (const std::string& note : r.notes) std::cout << "resume note: " << printable(note) << "\n";
+  if (r.verified) {
+    if (r.damage.empty()) {
+      std::cout << "verify: OK: every committed checkpoint and partner copy is intact\n";
+    } else {
+      std::cout << "verify: FAILED: " << r.damage.size() << " problem(s)\n";
+    }
+  }
+  for (const tools::FailingCandidate& f : r.failing) {
+    std::cout << "resume would fail on step " << f.candidate.step << " from the "
+              << checkpoint::tier_name(f.candidate.tier) << " tier: " << printable(f.why) << "\n";
+  }
+  if (r.resume) {
+    std::cout << "resume would load: " << resume_text(*r.resume) << "\n";
+  } else if (!r.failing.empty()) {
+    std::cout << "resume would fail: no checkpoint it could load is intact\n";
+  } else {
+    std::cout << "nothing to resume\n";
+  }
+}
+
+nlohmann::ordered_json report_json(const checkpoint::VerifyReport& report, const std::string& error) {
+  nlohmann::ordered_json problems = nlohmann::ordered_json::array();
+  for (const checkpoint::VerifyProblem& p : report.problems) {
+    problems.push_back({{"item", p.item}, {"chunk", p.chunk}, {"file", p.file}, {"error", p.message}});
+  }
+  nlohmann::ordered_json j = {{"ok", error.empty() && report.ok()},
+                              {"chunks", report.chunks},
+                              {"bytes", report.bytes}};
+  if (report.skipped) j["skipped"] = report.skipped;
+  if (!error.empty()) j["error"] = error;
+  j["problems"] = problems;
+  return j;
+}
+
+nlohmann::ordered_json candidate_json(const checkpoint::ResumeCandidate& c) {
+  nlohmann::ordered_json j = {{"step", c.step}, {"tier", checkpoint::tier_name(c.tier)}, {"reason", c.reason}};
+  if (c.tier == checkpoint::Tier::kDurable) {
+    j["path"] = c.durable_path;
+    return j;
+  }
+  j["world_size"] = c.world_size;
+  j["metadata_node"] = c.metadata_node;
+  nlohmann::ordered_json sources = nlohmann::ordered_json::array();
+  for (const checkpoint::FileSource& s : c.sources) {
+    sources.push_back({{"file", s.file.name}, {"node", s.node}, {"partner", s.partner}});
+  }
+  j["sources"] = sources;
+  return j;
+}
+
+nlohmann::ordered_json tier_files_json(const std::vector<checkpoint::TierFile>& files) {
+  nlohmann::ordered_json out = nlohmann::ordered_json::array();
+  for (const checkpoint::TierFile& f : files) out.push_back(f.name);
+  return out;
+}
+
+nlohmann::ordered_json node_step_json(const tools::NodeStep& n) {
+  nlohmann::ordered_json j = {{"node", n.node}, {"path", n.path}, {"status", node_status(n)}};
+  if (!n.step) return j;
+  const checkpoint::LocalStep& s = *n.step;
+  if (n.status == checkpoint::CheckpointStatus::kDamaged) j["error"] = n.status_error;
+  j["record"] = s.record.has_value();
+  j["own_files"] = tier_files_json(s.own);
+  j["recorded_files"] = s.record ? tier_files_json(s.record->files) : nlohmann::ordered_json::array();
+  if (s.partner) {
+    nlohmann::ordered_json files = nlohmann::ordered_json::array();
+    for (const checkpoint::TierFile& f : s.partner->files) {
+      bool present = false;
+      for (const checkpoint::TierFile& c : s.partner_copies) present = present || c.name == f.name;
+      files.push_back({{"file", f.name}, {"from_node", f.node}, {"bytes", f.bytes},
+                       {"xxh3", hex64(f.xxh3.value_or(0))}, {"present", present}});
+    }
+    j["partner_copies"] = files;
+  } else {
+    j["partner_copies"] = nullptr;
+  }
+  j["problems"] = s.problems;
+  const tools::LocalVerify& v = n.verify;
+  if (v.ran || !v.partner_copies.empty()) {
+    nlohmann::ordered_json verify =
+        v.ran ? report_json(v.report, v.error) : nlohmann::ordered_json::object();
+    nlohmann::ordered_json elsewhere = nlohmann::ordered_json::array();
+    for (const tools::FileLocation& f : v.elsewhere) {
+      elsewhere.push_back({{"file", f.file}, {"node", f.node < 0 ? nlohmann::ordered_json(nullptr)
+                                                                  : nlohmann::ordered_json(f.node)},
+                           {"partner", f.partner}});
+    }
+    verify["elsewhere"] = elsewhere;
+    nlohmann::ordered_json copies = nlohmann::ordered_json::array();
+    for (const tools::PartnerCopyCheck& c : v.partner_copies) {
+      nlohmann::ordered_json cj = {{"file", c.file.name}, {"ok", c.problem.empty()}};
+      if (!c.problem.empty()) cj["error"] = c.problem;
+      copies.push_back(std::move(cj));
+    }
+    verify["partner_copies"] = copies;
+    j["verify"] = verify;
+  }
+  return j;
+}
+
+nlohmann::ordered_json tiers_json(const tools::TierReport& r) {
+  nlohmann::ordered_json nodes = nlohmann::ordered_json::array();
+  for (const tools::NodeTier& n : r.nodes) {
+    nlohmann::ordered_json j = {{"node", n.inventory.node}, {"dir", n.inventory.dir}, {"missing", n.missing}};
+    if (!n.inventory.error.empty()) j["error"] = n.inventory.error;
+    nodes.push_back(std::move(j));
+  }
+  nlohmann::ordered_json steps = nlohmann::ordered_json::array();
+  for (const tools::StepReport& s : r.steps) {
+    const tools::DurableStep& d = s.durable;
+    nlohmann::ordered_json durable = {{"status", durable_status(d)}};
+    if (d.entry) durable["path"] = d.entry->entry.path;
+    if (d.entry && d.entry->status == checkpoint::CheckpointStatus::kDamaged) durable["error"] = d.entry->error;
+    durable["set_aside"] = d.set_aside;
+    if (d.verified) durable["verify"] = report_json(d.report, d.verify_error);
+    nlohmann::ordered_json node_steps = nlohmann::ordered_json::array();
+    for (const tools::NodeStep& n : s.nodes) node_steps.push_back(node_step_json(n));
+    nlohmann::ordered_json candidates = nlohmann::ordered_json::array();
+    for (const checkpoint::ResumeCandidate& c : s.candidates) candidates.push_back(candidate_json(c));
+    nlohmann::ordered_json resume = {{"candidates", candidates}};
+    if (s.candidates.empty()) resume["not_loadable"] = s.not_loadable;
+    steps.push_back({{"step", s.step}, {"durable", durable}, {"nodes", node_steps}, {"resume", resume}});
+  }
+  nlohmann::ordered_json j = {{"durable_dir", r.durable_dir}, {"nodes", nodes}, {"steps", steps},
+                              {"notes", r.notes}};
+  if (r.verified) j["verify"] = {{"ok", r.damage.empty()}, {"problems", r.damage}};
+  nlohmann::ordered_json failing = nlohmann::ordered_json::array();
+  for (const tools::FailingCandidate& f : r.failing) {
+    nlohmann::ordered_json c = candidate_json(f.candidate);
+    c["error"] = f.why;
+    failing.push_back(std::move(c));
+  }
+  j["failing"] = failing;
+  j["resume"] = r.resume ? candidate_json(*r.resume) : nlohmann::ordered_json(nullptr);
+  return j;
+}
+
+struct TiersArgs {
+  std::string durable_dir;
+  std::vector<std::string> local;  // directories, or one pattern with {node}
+  int nodes = 0;                   // with a pattern
+  bool verify = false;
+  int threads = 4;
+  bool json = false;
+};
+
+// The local tier directories, by node; throws std::invalid_argument (a
+// usage error) for a combination of --local and --nodes that names none.
+std::vector<std::string> local_tier_dirs(const TiersArgs& args) {
+  const bool pattern = args.local.size() == 1 && args.local[0].find("{node}") != std::string::npos;
+  if (args.nodes > 0) {
+    if (!pattern) {
+      throw std::invalid_argument("--nodes " + std::to_string(args.nodes) +
+                                  " needs one --local pattern containing {node}");
+    }
+    std::vector<std::string> dirs;
+    for (int k = 0; k < args.nodes; ++k) dirs.push_back(checkpoint::local_tier_dir(args.local[0], k));
+    return dirs;
+  }
+  for (const std::string& dir : args.local) {
+    if (dir.find("{node}") != std::string::npos) {
+      throw std::invalid_argument("--local " + dir + ": a pattern with {node} needs --nodes N");
+    }
+  }
+  return args.local;
+}
+
+// Exits 0 without --verify (listing is not checking); with it, 1 when
+// anything verified is damaged.
+int run_tiers(const TiersArgs& args, const std::vector<std::string>& local_dirs) {
+  thread_pool::ThreadPool pool(static_cast<size_t>(args.threads));
+  tools::TierReportOptions options;
+  options.verify = args.verify;
+  options.pool = &pool;
+  const tools::TierReport report = tools::build_tier_report(storage(), args.durable_dir, local_dirs, options);
+  if (args.json) {
+    print_json(tiers_json(report));
+  } else {
+    print_tiers_text(report);
+  }
+  return args.verify && !report.damage.empty() ? kExitFailure : kExitOk;
+}
+
 // ---------------------------------------------------------------- export
 
 struct ExportArgs {
@@ -506,7 +847,8 @@ int run_import_dcp(const std::string& src, const std::string& dst,
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"ckpt: list, inspect, verify, export and import shardkit checkpoints"};
+  CLI::App app{"ckpt: list, inspect, verify, export and import shardkit checkpoints, and show "
+               "the tiers of multi-level ones"};
   app.require_subcommand(1);
   app.set_version_flag("--version", std::string("ckpt (shardkit) ") + SHARDKIT_VERSION);
 
@@ -570,6 +912,29 @@ int main(int argc, char** argv) {
                          "mapping (repeatable; e.g. --map module.=model.)");
   import_dcp->add_option("--threads", threads, "writer threads")->check(CLI::Range(1, 1024));
 
+  TiersArgs tiers_args;
+  CLI::App* tiers = app.add_subcommand(
+      "tiers",
+      "multi-level checkpoints: every step in the durable tier and in each node's local tier "
+      "(committed, own files, partner copies, problems), and which checkpoint the trainer's "
+      "resume would load and why");
+  tiers->add_option("DURABLE_DIR", tiers_args.durable_dir, "the durable tier: a checkpoint.dir")
+      ->required();
+  tiers->add_option("--local", tiers_args.local,
+                    "a node's local tier directory, repeatable (node = position), or one "
+                    "checkpoint.local.dir pattern containing {node} with --nodes")
+      ->required()
+      ->allow_extra_args(false);
+  tiers->add_option("--nodes", tiers_args.nodes, "the number of nodes, with a --local pattern")
+      ->check(CLI::Range(1, 1 << 20));
+  tiers->add_flag("--verify", tiers_args.verify,
+                  "also read back every committed checkpoint of every tier (chunk checksums; "
+                  "partner copies by their XXH3-64); exit 1 on damage");
+  tiers->add_option("--threads", tiers_args.threads, "reader threads")->check(CLI::Range(1, 1024));
+  tiers->add_flag("--json", tiers_args.json,
+                  "print one JSON object: {durable_dir, nodes, steps: [{step, durable, nodes, "
+                  "resume}], notes, verify, failing, resume}");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::Success& e) {  // --help, --version
@@ -580,14 +945,25 @@ int main(int argc, char** argv) {
   }
 
   const std::string command = app.get_subcommands().front()->get_name();
+  std::vector<std::string> local_dirs;
+  if (*tiers) {
+    try {
+      local_dirs = local_tier_dirs(tiers_args);
+    } catch (const std::invalid_argument& e) {
+      std::cerr << "ckpt tiers: " << printable(e.what()) << "\n";
+      return kExitUsage;
+    }
+  }
   try {
+    if (*tiers) return run_tiers(tiers_args, local_dirs);
     if (*list) return run_list(dir, json);
     if (*inspect) return run_inspect(ckpt, chunks, json);
     if (*export_cmd) return run_export(ckpt, export_args);
     if (*import_dcp) return run_import_dcp(dcp_src, dcp_dst, maps, threads);
     return run_verify(ckpt, threads, json);
   } catch (const std::exception& e) {
-    print_error(command, *list ? dir : *import_dcp ? dcp_src : ckpt, e.what());
+    print_error(command, *list ? dir : *import_dcp ? dcp_src : *tiers ? tiers_args.durable_dir : ckpt,
+                e.what());
     return kExitFailure;
   }
 }

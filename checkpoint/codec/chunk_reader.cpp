@@ -331,6 +331,12 @@ void ChunkReader::verify_chunk(const ItemMeta& item, size_t index) {
 
 VerifyReport verify_checkpoint(Storage& storage, const std::string& checkpoint_dir,
                                thread_pool::ThreadPool* pool) {
+  return verify_checkpoint_files(storage, checkpoint_dir, [](const std::string&) { return true; }, pool);
+}
+
+VerifyReport verify_checkpoint_files(Storage& storage, const std::string& checkpoint_dir,
+                                     const std::function<bool(const std::string& file)>& check_file,
+                                     thread_pool::ThreadPool* pool) {
   const CheckpointMeta meta = read_committed_metadata(storage, checkpoint_dir);
   // Non-owning: the caller's storage outlives this call.
   ChunkReader reader(std::shared_ptr<Storage>(std::shared_ptr<Storage>(), &storage),
@@ -338,6 +344,10 @@ VerifyReport verify_checkpoint(Storage& storage, const std::string& checkpoint_d
   VerifyReport report;
   for (const ItemMeta& item : meta.items) {
     for (size_t c = 0; c < item.chunks.size(); ++c) {
+      if (!check_file(item.chunks[c].file)) {
+        ++report.skipped;
+        continue;
+      }
       ++report.chunks;
       try {
         reader.verify_chunk(item, c);

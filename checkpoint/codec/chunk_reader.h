@@ -12,6 +12,7 @@
 // (bytes that do not decode).
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -80,8 +81,9 @@ struct VerifyProblem {
 };
 
 struct VerifyReport {
-  uint64_t chunks = 0;  // chunks checked
-  uint64_t bytes = 0;   // logical bytes checked
+  uint64_t chunks = 0;   // chunks checked
+  uint64_t bytes = 0;    // logical bytes checked
+  uint64_t skipped = 0;  // chunks not checked (verify_checkpoint_files)
   std::vector<VerifyProblem> problems;
   bool ok() const { return problems.empty(); }
 };
@@ -94,5 +96,13 @@ struct VerifyReport {
 // itself cannot be read.
 VerifyReport verify_checkpoint(Storage& storage, const std::string& checkpoint_dir,
                                thread_pool::ThreadPool* pool = nullptr);
+
+// verify_checkpoint for a directory that holds only some of its checkpoint's
+// data files (a node-local step directory, storage/tiers.h): checks the
+// chunks whose data file `check_file` accepts (called with the file name,
+// e.g. "rank_0.data") and counts the others in VerifyReport::skipped.
+VerifyReport verify_checkpoint_files(Storage& storage, const std::string& checkpoint_dir,
+                                     const std::function<bool(const std::string& file)>& check_file,
+                                     thread_pool::ThreadPool* pool = nullptr);
 
 }  // namespace checkpoint

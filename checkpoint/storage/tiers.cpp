@@ -1,5 +1,6 @@
 #include "checkpoint/storage/tiers.h"
 
+#include "checkpoint/format/checksum.h"
 #include "checkpoint/format/metadata.h"
 
 #include <nlohmann/json.hpp>
@@ -215,6 +216,33 @@ NodeInventory inventory_local_tier(Storage& storage, const std::string& dir, int
     inv.steps.push_back(std::move(s));
   }
   return inv;
+}
+
+std::string check_partner_copy(Storage& storage, const std::string& step_path, const TierFile& file) {
+  constexpr uint64_t kPieceBytes = 4ull << 20;
+  const std::string path = join_path(join_path(step_path, kPartnerDirName), file.name);
+  const FileInfo info = storage.stat(path);
+  if (info.type != FileType::kFile) return path + " is missing";
+  if (info.size != file.bytes) {
+    return path + " has " + std::to_string(info.size) + " bytes, recorded " + std::to_string(file.bytes);
+  }
+  if (!file.xxh3) return path + ": .partner.json records no XXH3";
+  std::vector<uint8_t> buf(static_cast<size_t>(std::min(file.bytes, kPieceBytes)));
+  Xxh3Stream hash;
+  try {
+    for (uint64_t at = 0; at < file.bytes;) {
+      const size_t n = static_cast<size_t>(std::min(file.bytes - at, kPieceBytes));
+      storage.read_at(path, at, buf.data(), n);
+      hash.update(buf.data(), n);
+      at += n;
+    }
+  } catch (const IoError& e) {
+    return e.what();
+  }
+  if (hash.digest() != *file.xxh3) {
+    return path + ": XXH3 " + hex64(hash.digest()) + ", recorded " + hex64(*file.xxh3);
+  }
+  return "";
 }
 
 std::string encode_inventory(const NodeInventory& inv) {

@@ -92,6 +92,12 @@ struct NodeInventory {
 // records). A missing directory is an empty inventory.
 NodeInventory inventory_local_tier(Storage& storage, const std::string& dir, int node);
 std::string encode_inventory(const NodeInventory& inventory);
+
+// (any process) Reads the partner copy of `file` (an entry of .partner.json)
+// in `step_path`/.partner/ and compares its size and whole-file XXH3-64 with
+// the recorded ones. Returns "" when they match, else what differs, naming
+// the copy's path ("<path> is missing", "<path>: XXH3 <hex>, recorded <hex>").
+std::string check_partner_copy(Storage& storage, const std::string& step_path, const TierFile& file);
 NodeInventory decode_inventory(const std::string& text);
 
 enum class Tier { kLocal, kDurable };

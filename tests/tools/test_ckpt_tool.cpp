@@ -1,6 +1,7 @@
 // The ckpt command-line tool, run as a process on real checkpoint directories
-// written here byte by byte: what a user sees from list, inspect and verify,
-// and the exit codes scripts rely on (0 ok, 1 failure or damage, 2 usage).
+// written here byte by byte: what a user sees from list, inspect, verify and
+// tiers, and the exit codes scripts rely on (0 ok, 1 failure or damage, 2
+// usage).
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -18,6 +19,7 @@
 #include <sstream>
 
 #include "checkpoint/storage/checkpoint_dir.h"
+#include "checkpoint/storage/tiers.h"
 #include "checkpoint/format/checksum.h"
 #include "checkpoint/format/metadata.h"
 
@@ -532,6 +534,262 @@ TEST_F(CkptTool, UsageErrorsExitWithTwo) {
     EXPECT_EQ(r.exit_code, 2) << (args.empty() ? "" : args[0]) << ": " << r.output;
   }
   EXPECT_EQ(run_ckpt({"--help"}).exit_code, 0);
+}
+
+// ---------------------------------------------------------------- tiers
+
+std::vector<uint8_t> file_bytes(const fs::path& file) {
+  std::ifstream in(file, std::ios::binary);
+  return std::vector<uint8_t>(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+void write_text(const fs::path& file, const std::string& text) {
+  std::ofstream(file, std::ios::binary | std::ios::trunc) << text;
+}
+
+// A multi-level checkpoint as a job of 2 nodes with one rank each leaves it
+// (storage/tiers.h): under root_/
+//   durable/step_<N>/                   the checkpoint (write_checkpoint)
+//   local/node<k>/step_<N>/rank_<k>.data, .metadata, .local.json
+//   local/node<k>/step_<N>/.partner/rank_<1-k>.data, .partner.json  (with partner copies)
+class CkptToolTiers : public CkptTool {
+ protected:
+  void SetUp() override {
+    CkptTool::SetUp();
+    durable_ = root_ / "durable";
+    pattern_ = (root_ / "local" / "node{node}").string();
+  }
+
+  fs::path local(int node) const { return local_tier_dir(pattern_, node); }
+  fs::path local_step(int node, int64_t step) const { return local(node) / step_dir_name(step); }
+
+  void write_tiers(int64_t step, bool durable = true, bool partner = true) {
+    const fs::path source = write_checkpoint(root_ / "scratch", step);
+    std::vector<TierFile> files;
+    for (int rank = 0; rank < 2; ++rank) {
+      const std::string name = rank_file_name(rank);
+      const std::vector<uint8_t> bytes = file_bytes(source / name);
+      files.push_back(TierFile{name, rank, rank, bytes.size(), xxh3_64(bytes.data(), bytes.size())});
+    }
+    for (int node = 0; node < 2; ++node) {
+      const fs::path dir = local_step(node, step);
+      fs::create_directories(dir / kPartnerDirName);
+      fs::copy_file(source / files[node].name, dir / files[node].name);
+      TierFile own = files[node];
+      own.xxh3.reset();
+      write_text(dir / kLocalRecordName, encode_local_record(LocalRecord{step, node, {0, 1}, {own}}));
+      fs::copy_file(source / kMetadataFileName, dir / kMetadataFileName);
+      if (partner) {
+        const TierFile& other = files[1 - node];
+        fs::copy_file(source / other.name, dir / kPartnerDirName / other.name);
+        write_text(dir / kPartnerRecordName, encode_partner_record(PartnerRecord{step, node, {other}}));
+      }
+    }
+    if (durable) {
+      fs::create_directories(durable_);
+      fs::rename(source, durable_ / step_dir_name(step));
+    }
+    fs::remove_all(root_ / "scratch");
+  }
+
+  RunResult run_tiers(std::vector<std::string> extra = {}) {
+    std::vector<std::string> args = {"tiers", durable_.string(), "--local", pattern_, "--nodes", "2"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    return run_ckpt(args);
+  }
+
+  fs::path durable_;
+  std::string pattern_;
+};
+
+TEST_F(CkptToolTiers, ListsEveryStepOfBothTiersNewestFirstAndResumesFromTheLocalOne) {
+  write_tiers(10, /*durable=*/true);
+  fs::remove_all(local(0) / "step_10");  // local retention kept only the newest
+  fs::remove_all(local(1) / "step_10");
+  write_tiers(20, /*durable=*/false);    // not flushed yet
+  const RunResult r = run_tiers();
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string step20 =
+      "step 20\n"
+      "  durable  absent\n"
+      "  node 0   committed    own files 1 of 1; partner copies committed (1 file, of node 1)\n"
+      "  node 1   committed    own files 1 of 1; partner copies committed (1 file, of node 0)\n"
+      "  resume   local: every rank file is on its own node\n";
+  const std::string step10 = "step 10\n  durable  committed    " + (durable_ / "step_10").string() +
+                             "\n"
+                             "  node 0   absent\n"
+                             "  node 1   absent\n"
+                             "  resume   durable: the local tier has no step_10\n";
+  EXPECT_TRUE(contains(r.output, step20)) << r.output;
+  EXPECT_TRUE(contains(r.output, step10)) << r.output;
+  EXPECT_LT(r.output.find("step 20"), r.output.find("step 10")) << r.output;
+  EXPECT_TRUE(contains(r.output, "node 1   " + local(1).string() + "\n")) << r.output;
+  // The last line: what the trainer's resume would load.
+  EXPECT_TRUE(r.output.size() > 1 &&
+              r.output.substr(r.output.rfind('\n', r.output.size() - 2) + 1) ==
+                  "resume would load: step 20 from the local tier (every rank file is on its own node)\n")
+      << r.output;
+}
+
+TEST_F(CkptToolTiers, TakesTheLocalDirectoriesOneByOne) {
+  write_tiers(20);
+  const RunResult r = run_ckpt({"tiers", "--local", local(0).string(), "--local", local(1).string(),
+                                durable_.string()});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "node 1   committed    own files 1 of 1")) << r.output;
+  EXPECT_TRUE(contains(r.output, "           else durable: the local copy of step_20 did not load\n"))
+      << r.output;
+  EXPECT_TRUE(contains(r.output, "resume would load: step 20 from the local tier")) << r.output;
+}
+
+TEST_F(CkptToolTiers, JsonHasTheSameFacts) {
+  write_tiers(20);
+  const SplitRunResult r = run_ckpt_split(
+      {"tiers", durable_.string(), "--local", pattern_, "--nodes", "2", "--json"}, root_ / "stderr");
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_EQ(r.err, "");
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["durable_dir"], durable_.string());
+  ASSERT_EQ(j["nodes"].size(), 2u) << j;
+  EXPECT_EQ(j["nodes"][1]["dir"], local(1).string());
+  EXPECT_EQ(j["nodes"][1]["missing"], false);
+  ASSERT_EQ(j["steps"].size(), 1u) << j;
+  const nlohmann::json& s = j["steps"][0];
+  EXPECT_EQ(s["step"], 20);
+  EXPECT_EQ(s["durable"]["status"], "committed");
+  EXPECT_EQ(s["durable"]["path"], (durable_ / "step_20").string());
+  ASSERT_EQ(s["nodes"].size(), 2u) << s;
+  EXPECT_EQ(s["nodes"][0]["status"], "committed");
+  EXPECT_EQ(s["nodes"][0]["own_files"], nlohmann::json({"rank_0.data"}));
+  EXPECT_EQ(s["nodes"][0]["partner_copies"][0]["file"], "rank_1.data");
+  EXPECT_EQ(s["nodes"][0]["partner_copies"][0]["from_node"], 1);
+  EXPECT_EQ(s["nodes"][0]["partner_copies"][0]["present"], true);
+  ASSERT_EQ(s["resume"]["candidates"].size(), 2u) << s;
+  EXPECT_EQ(s["resume"]["candidates"][0]["tier"], "local");
+  EXPECT_EQ(s["resume"]["candidates"][1]["tier"], "durable");
+  EXPECT_EQ(j["resume"]["step"], 20);
+  EXPECT_EQ(j["resume"]["tier"], "local");
+  EXPECT_EQ(j["resume"]["reason"], "every rank file is on its own node");
+  EXPECT_FALSE(j.contains("verify")) << "verify only with --verify";
+}
+
+TEST_F(CkptToolTiers, ALostNodesFilesComeFromPartnerCopies) {
+  write_tiers(20);
+  fs::remove_all(local(1));
+  RunResult r = run_tiers();
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "node 1   " + local(1).string() + "  missing (a lost node)\n")) << r.output;
+  EXPECT_TRUE(contains(r.output, "  node 1   absent\n")) << r.output;
+  EXPECT_TRUE(contains(r.output,
+                       "resume would load: step 20 from the local tier (the files of node 1 (missing or "
+                       "incomplete there) come from partner copies on node 0)\n"))
+      << r.output;
+
+  r = run_tiers({"--verify"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  // Node 0's own chunks are verified; the lost node's file is found elsewhere.
+  EXPECT_TRUE(contains(r.output, "verified: 2 of 2 chunks intact (36 B); rank_1.data: partner copy on node 0\n"))
+      << r.output;
+  EXPECT_TRUE(contains(r.output, "partner copies intact (XXH3-64 as recorded): rank_1.data\n")) << r.output;
+  EXPECT_TRUE(contains(r.output, "verify: OK")) << r.output;
+}
+
+TEST_F(CkptToolTiers, VerifyNamesACorruptedPartnerCopyAndExitsOne) {
+  write_tiers(20);
+  fs::remove_all(local(1));
+  const fs::path copy = local_step(0, 20) / kPartnerDirName / "rank_1.data";
+  flip_byte(copy, 3);
+  // Listing is not checking: the size still matches the record.
+  RunResult r = run_tiers();
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "resume would load: step 20 from the local tier")) << r.output;
+
+  r = run_tiers({"--verify"});
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_TRUE(contains(r.output, "BAD partner copy: " + copy.string() + ": XXH3 ")) << r.output;
+  EXPECT_TRUE(contains(r.output, "verify: FAILED: 1 problem(s)")) << r.output;
+  // Resume would find out too, and fall back to the durable copy.
+  EXPECT_TRUE(contains(r.output, "resume would fail on step 20 from the local tier: " + copy.string()))
+      << r.output;
+  EXPECT_TRUE(contains(r.output,
+                       "resume would load: step 20 from the durable tier (the local copy of step_20 did "
+                       "not load)\n"))
+      << r.output;
+
+  const SplitRunResult j = run_ckpt_split(
+      {"tiers", durable_.string(), "--local", pattern_, "--nodes", "2", "--verify", "--json"},
+      root_ / "stderr");
+  EXPECT_EQ(j.exit_code, 1) << j.out << j.err;
+  const nlohmann::json doc = nlohmann::json::parse(j.out);
+  EXPECT_EQ(doc["verify"]["ok"], false);
+  const nlohmann::json& check = doc["steps"][0]["nodes"][0]["verify"]["partner_copies"][0];
+  EXPECT_EQ(check["file"], "rank_1.data");
+  EXPECT_EQ(check["ok"], false);
+  EXPECT_TRUE(contains(check["error"].get<std::string>(), copy.string())) << check;
+  EXPECT_EQ(doc["resume"]["tier"], "durable");
+}
+
+TEST_F(CkptToolTiers, VerifyReadsTheLocalChunksAndSaysWhereTheOtherFilesAre) {
+  write_tiers(20);
+  RunResult r = run_tiers({"--verify"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "verified: 2 of 2 chunks intact (36 B); rank_1.data: on node 1\n")) << r.output;
+  EXPECT_TRUE(contains(r.output, "verified: 2 of 2 chunks intact (40 B); rank_0.data: on node 0\n")) << r.output;
+  EXPECT_TRUE(contains(r.output, "verified: 4 of 4 chunks intact (76 B)\n")) << r.output;  // durable
+
+  flip_byte(local_step(0, 20) / "rank_0.data", 5);  // model.w chunk 0
+  r = run_tiers({"--verify"});
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_TRUE(contains(r.output, "BAD item 'model.w' chunk 0 (rank_0.data): ")) << r.output;
+  EXPECT_TRUE(contains(r.output, (local(0) / "step_20").string())) << r.output;
+  EXPECT_TRUE(contains(r.output, "resume would load: step 20 from the durable tier")) << r.output;
+}
+
+TEST_F(CkptToolTiers, ALostNodeWithoutPartnerCopiesResumesFromTheDurableTier) {
+  write_tiers(10, /*durable=*/true, /*partner=*/false);
+  write_tiers(20, /*durable=*/false, /*partner=*/false);
+  fs::remove_all(local(1));
+  const RunResult r = run_tiers();
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string why =
+      "local step_20 lacks rank_1.data (node 1: not committed there or files missing, and no committed "
+      "partner copy)";
+  EXPECT_TRUE(contains(r.output, "  node 0   committed    own files 1 of 1; partner copies: none\n")) << r.output;
+  EXPECT_TRUE(contains(r.output, "  resume   not loadable: " + why + "\n")) << r.output;
+  EXPECT_TRUE(contains(r.output, "resume note: " + why + "\n")) << r.output;
+  EXPECT_TRUE(contains(r.output, "resume would load: step 10 from the durable tier (local step_10 lacks "
+                                 "rank_1.data"))
+      << r.output;
+}
+
+TEST_F(CkptToolTiers, ARestoredStepWithoutItsRecordIsShownAndNotReliedOn) {
+  write_tiers(20, /*durable=*/false);
+  fs::remove(local_step(1, 20) / kLocalRecordName);
+  const RunResult r = run_tiers();
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "  node 1   committed    no .local.json; partner copies committed")) << r.output;
+  EXPECT_TRUE(contains(r.output, "resume would load: step 20 from the local tier (the files of node 1")) << r.output;
+}
+
+TEST_F(CkptToolTiers, NothingCommittedMeansNothingToResume) {
+  const RunResult r = run_tiers();
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "no checkpoints in either tier")) << r.output;
+  EXPECT_TRUE(contains(r.output, "nothing to resume\n")) << r.output;
+}
+
+TEST_F(CkptToolTiers, LocalPatternAndNodesMustGoTogether) {
+  for (const std::vector<std::string>& args : std::vector<std::vector<std::string>>{
+           {"tiers", durable_.string(), "--local", pattern_},                      // {node}, no --nodes
+           {"tiers", durable_.string(), "--local", local(0).string(), "--nodes", "2"},  // no {node}
+           {"tiers", durable_.string()},                                           // no --local
+           {"tiers", durable_.string(), "--local", pattern_, "--nodes", "0"}}) {
+    const RunResult r = run_ckpt(args);
+    EXPECT_EQ(r.exit_code, 2) << args.back() << ": " << r.output;
+  }
+  const RunResult r = run_ckpt({"tiers", durable_.string(), "--local", pattern_});
+  EXPECT_TRUE(contains(r.output, "ckpt tiers: --local " + pattern_ + ": a pattern with {node} needs --nodes N"))
+      << r.output;
 }
 
 }  // namespace
