@@ -23,12 +23,19 @@
 #   netns_start_rank K LR CMD... CMD in node K as rank K*PER_NODE+LR, in the
 #                                background, with torchrun's environment
 #   netns_wait_ranks [TIMEOUT_S] wait for the job's ranks; 0 if all exited 0
+#   netns_job_running            0 while any rank of the job still runs
 #   netns_kill_node K            SIGKILL all of node K (its peers see the
 #                                connections close)
 #   netns_cut_node K / netns_join_node K
 #                                node K's link down / up again (cut, then
 #                                kill: a node that vanished; peers time out)
 #   netns_tcp_peers K            node K's established TCP connections
+#   netns_sample_tcp_peers K STOP OUT
+#                                append them to OUT every 0.2 s until file
+#                                STOP exists (run it in the background)
+#   netns_connected_beyond_port SAMPLES K PEER PORT
+#                                did node K talk to node PEER on a port
+#                                other than PORT (Gloo, not the store)?
 #   netns_free_port K            a TCP port unused in node K
 #
 # Layout, for a test process with pid P and N nodes:
@@ -367,6 +374,16 @@ _netns_running() {
   [[ ${stat%% *} != Z ]]
 }
 
+# netns_job_running: 0 while any rank of the current job still runs (not
+# collected, not a zombie); for loops that wait for something in a log.
+netns_job_running() {
+  local rank
+  for rank in "${!NETNS_RANK_PIDS[@]}"; do
+    [[ -z ${NETNS_RANK_RCS[rank]:-} ]] && _netns_running "${NETNS_RANK_PIDS[rank]}" && return 0
+  done
+  return 1
+}
+
 # _netns_kill_ranks RANK...: SIGKILLs those ranks of the current job that
 # were not collected yet and collects them (NETNS_RANK_RCS). Reaping them here,
 # with stderr closed, keeps bash's "Killed ..." job notices out of the output.
@@ -458,4 +475,34 @@ netns_join_node() {
 # "LOCAL PEER" address:port pair per line.
 netns_tcp_peers() {
   netns_exec "$1" ss -Htn state established | awk '{print $(NF-1), $NF}'
+}
+
+# netns_sample_tcp_peers K STOP_FILE OUT: appends node K's established TCP
+# connections (netns_tcp_peers) to OUT every 0.2 s until STOP_FILE exists or
+# the test process is gone. Run it in the background while a job runs: a
+# job's connections live only as long as the job.
+netns_sample_tcp_peers() {
+  local k=${1:?netns_sample_tcp_peers K STOP_FILE OUT} stop=${2:?} out=${3:?}
+  _netns_check_node "$k" || return 1
+  while [[ ! -e $stop ]] && kill -0 $$ 2>/dev/null; do
+    netns_tcp_peers "$k" >>"$out" 2>/dev/null || true
+    sleep 0.2
+  done
+}
+
+# netns_connected_beyond_port SAMPLES K PEER PORT: 0 when SAMPLES (output of
+# netns_tcp_peers K) holds a connection from node K's address to node PEER's
+# address with PORT (the rendezvous store's) on neither end: Gloo's pairs,
+# which can only have crossed the veth (each namespace has its own lo).
+# ss writes IPv4 as 10.1.2.3:port, or [::ffff:10.1.2.3]:port on a
+# dual-stack socket (the store's).
+netns_connected_beyond_port() {
+  local samples=${1:?netns_connected_beyond_port SAMPLES K PEER PORT} k=${2:?} peer=${3:?} port=${4:?}
+  _netns_check_node "$k" || return 1
+  _netns_check_node "$peer" || return 1
+  awk -v me="${NETNS_ADDRS[k]}" -v peer="${NETNS_ADDRS[peer]}" -v store="$port" '
+    function addr(ep) { sub(/:[0-9]+$/, "", ep); gsub(/[][]/, "", ep); sub(/^::ffff:/, "", ep); return ep }
+    function port(ep) { sub(/.*:/, "", ep); return ep }
+    addr($1) == me && addr($2) == peer && port($2) != store && port($1) != store { found = 1 }
+    END { exit !found }' "$samples"
 }

@@ -86,28 +86,6 @@ start_job() {  # start_job STEPS: all 4 ranks
 
 committed() { [[ -f $work/run/checkpoints/step_$1/.metadata ]]; }
 
-# Samples node 1's established connections every 0.2 s while the job runs
-# (stops when $1 appears or this script is gone).
-sample_connections() {
-  local stop=$1 out=$2
-  while [[ ! -e $stop ]] && kill -0 $$ 2>/dev/null; do
-    netns_tcp_peers 1 >>"$out" 2>/dev/null || true
-    sleep 0.2
-  done
-}
-
-# A connection from node 1 to node 0's address, not to the rendezvous store.
-# ss writes IPv4 as 10.1.2.3:port, or [::ffff:10.1.2.3]:port on a dual-stack
-# socket (the store's).
-crossed_nodes_outside_the_store() {
-  local samples=$1 port=$2
-  awk -v me="${NETNS_ADDRS[1]}" -v peer="${NETNS_ADDRS[0]}" -v store="$port" '
-    function addr(ep) { sub(/:[0-9]+$/, "", ep); gsub(/[][]/, "", ep); sub(/^::ffff:/, "", ep); return ep }
-    function port(ep) { sub(/.*:/, "", ep); return ep }
-    addr($1) == me && addr($2) == peer && port($2) != store && port($1) != store { found = 1 }
-    END { exit !found }' "$samples"
-}
-
 grep_logs() { grep -q -- "$1" "${NETNS_RANK_LOGS[@]}"; }
 not_resumed() { ! grep_logs "resumed from"; }
 
@@ -140,7 +118,7 @@ echo "nodes: ${NETNS_NAMES[*]} at ${NETNS_ADDRS[*]} (${NETNS_IFNAME}); logs in $
 rm -f "$work/stop-sampling" "$work/connections"
 start_job 20
 port=$NETNS_MASTER_PORT
-sample_connections "$work/stop-sampling" "$work/connections" &
+netns_sample_tcp_peers 1 "$work/stop-sampling" "$work/connections" &
 sampler=$!
 job1_ok=0
 netns_wait_ranks 180 && job1_ok=1
@@ -150,7 +128,7 @@ check "job 1: all 4 ranks exited 0" test "$job1_ok" = 1
 check "job 1: step_20 committed" committed 20
 check "job 1: did not resume" not_resumed
 check "job 1: node 1 talked to node 0 (${NETNS_ADDRS[0]}) beyond the store port $port" \
-  crossed_nodes_outside_the_store "$work/connections" "$port"
+  netns_connected_beyond_port "$work/connections" 1 0 "$port"
 
 # 3: the same run.dir again, 10 more steps.
 job2_ok=0
