@@ -36,7 +36,9 @@ struct LocalTierOptions {
 
 // checkpoint.durable: the durable tier (checkpoint.dir) under a local tier.
 struct DurableTierOptions {
-  int64_t every = 1;  // flush every k-th local checkpoint (and the final one); 1: all
+  // Flush the local checkpoints of steps that are multiples of k x interval,
+  // and the final one; 1: all.
+  int64_t every = 1;
 };
 
 struct CheckpointOptions {

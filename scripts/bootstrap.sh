@@ -14,6 +14,7 @@ packages=(
   nlohmann-json3-dev libcli11-dev   # JSON, command-line parsing
   libgtest-dev                      # GoogleTest
   libthread-pool-dev                # header-only thread pool (checkpoint I/O)
+  iproute2                          # ip netns: nodes as network namespaces (tests/reliability/netns)
   python3-torch                     # independent reader for the interop tests
   python3-matplotlib                # scripts/plot-run (metrics.jsonl -> PNG) and its test
 )

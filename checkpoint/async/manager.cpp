@@ -508,8 +508,13 @@ void CheckpointManager::save(int64_t step, StateDict state, bool final) {
   job->started = t0;
   job->final = final;
   if (tiered()) {
+    // By step, so that which steps reach the durable tier does not depend
+    // on where a run resumed: every every-th multiple of the interval (saves
+    // counted without an interval), and the final save.
     ++local_saves_;
-    job->flush = final || options_.durable.every <= 1 || local_saves_ % options_.durable.every == 0;
+    const int64_t k = options_.durable.every;
+    const int64_t ordinal = options_.interval > 0 ? step / options_.interval : local_saves_;
+    job->flush = final || k <= 1 || (ordinal % k == 0 && (options_.interval <= 0 || step % options_.interval == 0));
     job->local_path = join_path(local_dir_, step_dir_name(step));
   }
   const bool on_device = HostStaging::has_device_tensors(state);

@@ -46,6 +46,11 @@ void divide_for_avg(at::Tensor& t, ReduceOp op, int size) {
 
 }  // namespace
 
+std::string error_message(const std::exception& e) {
+  if (const auto* c10 = dynamic_cast<const c10::Error*>(&e)) return c10->what_without_backtrace();
+  return e.what();
+}
+
 Group::Group(std::string name, int rank, std::vector<int> ranks, std::unique_ptr<Backend> backend,
              std::chrono::milliseconds timeout)
     : name_(std::move(name)), rank_(rank), ranks_(std::move(ranks)), backend_(std::move(backend)),
@@ -101,7 +106,7 @@ void Group::run(const char* op, StartFn&& start) {
   } catch (const std::exception& e) {
     std::ostringstream msg;
     msg << "dist: " << op << " on group '" << name_ << "' (rank " << rank_ << " of " << size()
-        << ", timeout " << timeout_.count() / 1000.0 << " s) failed: " << e.what();
+        << ", timeout " << timeout_.count() / 1000.0 << " s) failed: " << error_message(e);
     broken_reason_ = std::string(op) + " failed";
     throw DistError(msg.str());
   }
@@ -325,7 +330,7 @@ void Group::send_recv(const void* send, size_t send_n, int to, void* recv, size_
     msg << "dist: send_recv on group '" << name_ << "' (rank " << rank_ << " of " << size();
     if (sending) msg << ", " << send_n << " bytes to member " << to;
     if (receiving) msg << ", " << recv_n << " bytes from member " << from;
-    msg << ", timeout " << timeout_.count() / 1000.0 << " s) failed: " << e.what();
+    msg << ", timeout " << timeout_.count() / 1000.0 << " s) failed: " << error_message(e);
     broken_reason_ = "send_recv failed";
     throw DistError(msg.str());
   }

@@ -29,6 +29,10 @@ class DistError : public std::runtime_error {
 
 enum class ReduceOp { kSum, kAvg, kMax, kMin };
 
+// e.what(), without the C++ backtrace a c10::Error carries (users see the
+// message, not stack frames).
+std::string error_message(const std::exception& e);
+
 using Bytes = std::vector<uint8_t>;
 
 class Group {

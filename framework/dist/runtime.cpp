@@ -57,7 +57,7 @@ std::unique_ptr<StoreServer> host_tcp_store(const std::string& addr, int port,
     return std::make_unique<TcpStoreServer>(store, compat::tcp_store_port(store));
   } catch (const std::exception& e) {
     throw DistError("dist: cannot serve the rendezvous store on " + endpoint(addr, port) + ": " +
-                    e.what());
+                    error_message(e));
   }
 }
 
@@ -73,7 +73,7 @@ Rendezvous::Rendezvous(const LaunchEnv& env, std::chrono::milliseconds timeout)
   } catch (const std::exception& e) {
     std::ostringstream msg;
     msg << "dist: rendezvous at " << endpoint(addr_, port_) << " failed for rank " << rank_
-        << " of " << world_size_ << " (timeout " << timeout.count() / 1000.0 << " s): " << e.what();
+        << " of " << world_size_ << " (timeout " << timeout.count() / 1000.0 << " s): " << error_message(e);
     throw DistError(msg.str());
   }
   if (serves) {
@@ -95,7 +95,7 @@ void Rendezvous::check_job_id(const std::string& expected, bool store_hosted) {
     std::ostringstream msg;
     msg << "dist: rendezvous at " << endpoint(addr_, port_) << ": rank " << rank_
         << " could not read the job id (timeout " << timeout_.count() / 1000.0
-        << " s; is rank 0 up, and is this store one of ours?): " << e.what();
+        << " s; is rank 0 up, and is this store one of ours?): " << error_message(e);
     throw DistError(msg.str());
   }
   if (found != expected) {
@@ -138,7 +138,7 @@ std::shared_ptr<Group> Rendezvous::new_group(const std::string& name, const std:
   } catch (const std::exception& e) {
     std::ostringstream msg;
     msg << "dist: creating group '" << name << "' (" << backend << ", " << ranks.size()
-        << " ranks) failed on rank " << rank_ << ": " << e.what();
+        << " ranks) failed on rank " << rank_ << ": " << error_message(e);
     throw DistError(msg.str());
   }
   return std::make_shared<Group>(name, my_index, ranks, std::move(impl), timeout_);

@@ -7,6 +7,8 @@
 #include "checkpoint/interop/weights_file.h"
 #include "checkpoint/load.h"
 #include "checkpoint/storage/checkpoint_dir.h"
+#include "checkpoint/storage/tiers.h"
+#include "framework/dist/launch_env.h"
 #include "framework/data/dataset.h"
 #include "framework/dist/device.h"
 #include "framework/fsdp/fully_shard.h"
@@ -17,6 +19,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -246,9 +249,32 @@ void check_resume(const config::Config& cfg, PreflightReport& report) {
     return;
   }
   if (ck.resume == "auto" || source == ResumeSource::kAutoAfterDcp) {
-    auto entries = checkpoint::list_checkpoints(storage, dir);
-    for (auto it = entries.rbegin(); it != entries.rend(); ++it)
-      if (it->committed) candidates.push_back(it->path);
+    // Newest first; with a local tier, this node's committed local steps too
+    // (a local step before the durable one of the same step), so that the
+    // config compared is the one resume most likely loads.
+    std::vector<std::pair<int64_t, std::string>> steps;
+    for (const auto& e : checkpoint::list_checkpoints(storage, dir)) {
+      if (e.committed) steps.emplace_back(2 * e.step, e.path);
+    }
+    if (!ck.local.dir.empty()) {
+      std::string pattern = ck.local.dir;
+      for (size_t at; (at = pattern.find("{run.dir}")) != std::string::npos;) pattern.replace(at, 9, cfg.run.dir);
+      int node = 0;
+      try {
+        node = dist::detect_launch_env(dist::process_env()).node;
+      } catch (const std::exception&) {
+        // The rank reports a malformed environment itself.
+      }
+      try {
+        for (const auto& e : checkpoint::list_checkpoints(storage, checkpoint::local_tier_dir(pattern, node))) {
+          if (e.committed) steps.emplace_back(2 * e.step + 1, e.path);
+        }
+      } catch (const std::exception&) {
+        // An unreadable local tier: resume reports it.
+      }
+    }
+    std::sort(steps.rbegin(), steps.rend());
+    for (const auto& [key, path] : steps) candidates.push_back(path);
   } else {
     try {
       candidates.push_back(*checkpoint::resolve_resume(storage, ck.resume, dir));
