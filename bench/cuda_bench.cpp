@@ -9,12 +9,18 @@
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <cstring>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <thread>
 
 namespace bench {
 namespace {
@@ -35,6 +41,32 @@ checkpoint::StateDict make_state_dict(const std::vector<torch::Tensor>& state) {
   checkpoint::StateDict sd;
   for (size_t i = 0; i < state.size(); ++i) sd.add_tensor("w" + std::to_string(i), state[i]);
   return sd;
+}
+
+// `n` bytes from `data` written to `file` in 8 MiB pieces by `threads`
+// threads at their offsets, then fsync; direct: O_DIRECT (data and pieces
+// are page-aligned). "" or what failed.
+std::string raw_parallel_write(const std::string& file, const uint8_t* data, uint64_t n, int threads,
+                               bool direct) {
+  constexpr uint64_t kPiece = 8u << 20;
+  const int fd = ::open(file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | (direct ? O_DIRECT : 0), 0644);
+  if (fd < 0) return std::string("open: ") + std::strerror(errno);
+  std::atomic<int> errors{0};
+  std::vector<std::thread> writers;
+  const uint64_t pieces = (n + kPiece - 1) / kPiece;
+  for (int w = 0; w < threads; ++w) {
+    writers.emplace_back([&, w] {
+      for (uint64_t i = static_cast<uint64_t>(w); i < pieces; i += static_cast<uint64_t>(threads)) {
+        const uint64_t len = std::min(kPiece, n - i * kPiece);
+        if (::pwrite(fd, data + i * kPiece, len, static_cast<off_t>(i * kPiece)) != static_cast<ssize_t>(len)) errors++;
+      }
+    });
+  }
+  for (auto& w : writers) w.join();
+  const bool synced = ::fsync(fd) == 0;
+  ::close(fd);
+  if (errors > 0 || !synced) return "write or fsync failed";
+  return "";
 }
 
 }  // namespace
@@ -151,22 +183,63 @@ int run_cuda_bench(const CudaBenchArgs& args) {
     out["overlap_stage_s"] = median(stage_s);
   }
 
-  // 4. Sync save (copy, write, fsync, commit), then 5. load to the GPU.
+  // 4. Sync save (copy, write, fsync, commit), through the page cache (the
+  // default) and with checkpoint.direct_io, trials interleaved; next to them
+  // the disk's own speed for the same bytes from a pinned buffer: parallel
+  // pwrite + fsync through the page cache, and O_DIRECT + fsync. Then 5.
+  // load to the GPU (from the page-cache run's last checkpoint).
   std::string sync_dir;
   {
     co.mode = "sync";
+    checkpoint::PosixOptions po;
+    po.direct_io = true;
     co.dir = root + "/sync";
     checkpoint::CheckpointManager m(co, co.dir, *rt->checkpoint, "single");
     m.reserve_staging(make_state_dict(state));
-    std::vector<double> times;
+    co.dir = root + "/sync_direct";
+    checkpoint::CheckpointManager md(co, co.dir, *rt->checkpoint, "single", checkpoint::posix_storage(po));
+    md.reserve_staging(make_state_dict(state));
+    std::vector<double> times, direct_times, raw, raw_direct;
+    dist::HostSlab slab(bytes, /*pinned=*/true);
+    {
+      size_t off = 0;
+      for (const auto& s : state) {
+        slab.view(off, s.sizes(), s.scalar_type()).copy_(s);
+        off += s.numel() * 4;
+      }
+    }
     for (int t = 0; t < args.trials; ++t) {
+      // finish() (untimed) waits for the background retention, so that
+      // deleting the previous step does not overlap the next measurement.
       auto s0 = Clock::now();
       m.save(t + 1, make_state_dict(state));
       times.push_back(since(s0));
+      m.finish();
+      s0 = Clock::now();
+      md.save(t + 1, make_state_dict(state));
+      direct_times.push_back(since(s0));
+      md.finish();
+      for (const bool direct : {false, true}) {
+        const std::string file = root + (direct ? "/raw.direct" : "/raw.cached");
+        auto r0 = Clock::now();
+        const std::string err = raw_parallel_write(file, static_cast<const uint8_t*>(slab.data()), bytes,
+                                                   args.io_threads, direct);
+        if (!err.empty()) {
+          out["raw_write_errors"][direct ? "direct" : "cached"] = err;
+        } else {
+          (direct ? raw_direct : raw).push_back(since(r0));
+        }
+        fs::remove(file);
+      }
     }
     out["sync_save_s"] = median(times);
-    sync_dir = co.dir + "/step_" + std::to_string(args.trials);
+    out["sync_save_direct_s"] = median(direct_times);
+    if (!raw.empty()) out["raw_write_parallel_s"] = median(raw);
+    if (!raw_direct.empty()) out["raw_write_direct_s"] = median(raw_direct);
+    sync_dir = root + "/sync/step_" + std::to_string(args.trials);
     m.finish();
+    md.finish();
+    fs::remove_all(root + "/sync_direct");
   }
   {
     std::vector<torch::Tensor> target;
@@ -209,6 +282,9 @@ int run_cuda_bench(const CudaBenchArgs& args) {
   row("overlap save: blocking (save + wait_staged)", "overlap_blocking_s");
   row("overlap save: staging done after", "overlap_stage_s");
   row("sync save", "sync_save_s");
+  row("sync save, checkpoint.direct_io", "sync_save_direct_s");
+  if (out.contains("raw_write_parallel_s")) row("raw parallel pwrite + fsync (page cache)", "raw_write_parallel_s");
+  if (out.contains("raw_write_direct_s")) row("raw parallel pwrite + fsync (O_DIRECT)", "raw_write_direct_s");
   row("load to GPU (through pinned buffers)", "load_to_gpu_s");
   std::printf("  async blocking / bare copy %.2f; staging bandwidth %.0f%% of bare; pinned %.3fx state; load exact: %s\n",
               out["async_blocking_over_bare"].get<double>(),

@@ -62,6 +62,9 @@ struct CheckpointOptions {
   // Save-plan caching (save.h, SavePlanCache): later saves of an unchanged
   // structure skip the plan exchange; proven by one small all-reduce.
   bool plan_cache = true;
+  // Large data-file writes bypass the page cache (O_DIRECT; storage.h,
+  // PosixOptions). Used by whoever builds the POSIX storage (the trainer).
+  bool direct_io = false;
   CompressionOptions compression;
   LocalTierOptions local;
   DurableTierOptions durable;

@@ -234,6 +234,14 @@ CheckpointManager::~CheckpointManager() {
   } catch (...) {
     // The caller chose not to call finish(); the error was theirs to see.
   }
+  wait_retention();
+}
+
+std::string CheckpointManager::wait_retention() {
+  if (retention_.joinable()) retention_.join();
+  std::string error;
+  error.swap(retention_error_);
+  return error;
 }
 
 bool CheckpointManager::due(int64_t step, int64_t last_step) const {
@@ -440,8 +448,22 @@ void CheckpointManager::persist(std::shared_ptr<Job> job) {
     job->event.stored_bytes = st.total_stored_bytes;
     // Only committed checkpoints older than the newest keep_last go; never
     // the one just written, never one without metadata (it may be in flight).
+    // Sync mode: on its own thread, so that the loop waits for the commit
+    // only; the next save and finish() wait for it.
     if (group_.rank() == 0 && options_.keep_last > 0) {
-      apply_retention(*storage_, dir_, options_.keep_last, job->step);
+      if (mode_ == SaveMode::kSync) {
+        const int64_t step = job->step;
+        retention_ = std::thread([this, step] {
+          try {
+            apply_retention(*storage_, dir_, options_.keep_last, step);
+          } catch (const std::exception& e) {
+            retention_error_ = "retention after the checkpoint of step " + std::to_string(step) +
+                               " failed: " + error_text(e);
+          }
+        });
+      } else {
+        apply_retention(*storage_, dir_, options_.keep_last, job->step);
+      }
     }
     }
   } catch (...) {
@@ -500,6 +522,8 @@ void CheckpointManager::wait_in_flight() {
 void CheckpointManager::save(int64_t step, StateDict state, bool final) {
   auto t0 = Clock::now();
   wait_in_flight();
+  // A failed retention is reported after this save, which goes ahead.
+  const std::string retention_error = wait_retention();
   auto job = std::make_shared<Job>();
   job->step = step;
   job->event.step = step;
@@ -560,6 +584,7 @@ void CheckpointManager::save(int64_t step, StateDict state, bool final) {
     persist(job);
     job->event.blocking_s = seconds_since(t0);
     wait_in_flight();  // reports the event, rethrows a failure
+    if (!retention_error.empty()) throw CheckpointError(retention_error);
     return;
   }
   if (mode_ == SaveMode::kAsync) {
@@ -612,7 +637,11 @@ void CheckpointManager::wait_staged() {
   job->blocking_final = true;
 }
 
-void CheckpointManager::finish() { wait_in_flight(); }
+void CheckpointManager::finish() {
+  wait_in_flight();
+  const std::string error = wait_retention();
+  if (!error.empty()) throw CheckpointError(error);
+}
 
 std::vector<CheckpointEvent> CheckpointManager::take_events() {
   std::lock_guard<std::mutex> lock(mu_);

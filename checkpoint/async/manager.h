@@ -3,7 +3,10 @@
 // overlap saving, retention, and which checkpoint to resume from.
 //
 // Modes (checkpoint.mode):
-//   sync    save() writes and commits before returning.
+//   sync    save() writes and commits before returning. Retention (deleting
+//           older checkpoints, which takes a second or more per few GiB on
+//           some file systems) runs on its own thread after the commit; the
+//           next save() and finish() wait for it.
 //   async   save() copies the state into host buffers that are allocated once
 //           and reused (the only part the loop waits for), then a background
 //           thread plans, writes and commits over the checkpoint group.
@@ -166,7 +169,8 @@ class CheckpointManager {
   const std::string& local_dir() const { return local_dir_; }
   // Overlap mode: blocks until the last save's staging finished. No-op otherwise.
   void wait_staged();
-  // Waits for the in-flight save and rethrows its failure.
+  // Waits for the in-flight save (and sync mode's retention) and rethrows
+  // its failure.
   void finish();
   // Finished saves not yet taken, oldest first.
   std::vector<CheckpointEvent> take_events();
@@ -196,6 +200,8 @@ class CheckpointManager {
   std::vector<std::string> resume_candidates();
   std::string set_aside(const std::string& path);
   void wait_in_flight();
+  // Sync mode: waits for the background retention; "" or what failed.
+  std::string wait_retention();
 
   CheckpointOptions options_;
   std::string dir_;
@@ -205,6 +211,8 @@ class CheckpointManager {
   std::shared_ptr<SavePlanCache> plan_cache_;  // null: checkpoint.plan_cache false
   std::thread worker_;
   std::shared_ptr<Job> in_flight_;
+  std::thread retention_;        // sync mode: retention after the last commit
+  std::string retention_error_;  // what it failed with (set by that thread)
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::vector<CheckpointEvent> events_;

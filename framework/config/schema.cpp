@@ -140,6 +140,11 @@ std::vector<Key> build_schema() {
       {SHARDKIT_CONFIG_FIELD(checkpoint.plan_cache), any_value(),
        "Later saves of an unchanged state structure reuse the save plan (one small all-reduce "
        "checks every rank); false: plan every save in full."},
+      {SHARDKIT_CONFIG_FIELD(checkpoint.direct_io), any_value(),
+       "Write large pieces of checkpoint files with O_DIRECT, bypassing the page cache: saves do "
+       "not evict the job's page cache, and write speed no longer depends on its state "
+       "(ckpt_bench measures both ways); file systems that refuse it get page-cache writes. "
+       "false: page cache."},
       {SHARDKIT_CONFIG_FIELD(checkpoint.local.dir), any_value(),
        "Node-local tier (/dev/shm, local NVMe) saves commit to first; {node} is replaced by the "
        "node's index, {run.dir} by run.dir; empty: one tier (checkpoint.dir)."},

@@ -467,14 +467,16 @@ Trainer::Trainer(const config::Config& config, dist::Runtime& runtime, UserModel
   for (size_t at; (at = ckpt_options.local.dir.find("{run.dir}")) != std::string::npos;) {
     ckpt_options.local.dir.replace(at, 9, s.cfg.run.dir);
   }
+  checkpoint::PosixOptions posix;
+  posix.direct_io = s.cfg.checkpoint.direct_io;
   s.ckpt = std::make_unique<checkpoint::CheckpointManager>(
       ckpt_options, (fs::path(s.cfg.run.dir) / "checkpoints").string(), *runtime.checkpoint,
-      s.layout, s.hooks.storage ? s.hooks.storage : checkpoint::posix_storage(),
+      s.layout, s.hooks.storage ? s.hooks.storage : checkpoint::posix_storage(posix),
       s.hooks.checkpoint);
   // The local tier is never behind the test hooks' storage (that one stands
   // for the durable file system), unless they provide one for it.
   s.ckpt->set_placement({runtime.env.node, s.hooks.local_storage ? s.hooks.local_storage
-                                                                 : checkpoint::posix_storage()});
+                                                                 : checkpoint::posix_storage(posix)});
   if (s.ckpt->enabled() && (s.save_mode != checkpoint::SaveMode::kSync || s.device.is_cuda())) {
     // Host (pinned, for GPU state) staging buffers now, not at the first
     // save while the training loop waits.

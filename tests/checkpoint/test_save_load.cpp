@@ -16,8 +16,11 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <chrono>
+#include <condition_variable>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 
 namespace fs = std::filesystem;
 using namespace checkpoint;
@@ -169,6 +172,107 @@ TEST(SaveLoad, ManagerRetentionAndResumeRunOnTheMemoryStorage) {
     StateDict want = rank_state(ctx.rank, 2);
     want.tensors()[0].local.add_(4.0f);
     EXPECT_TRUE(torch::equal(sd.tensors()[0].local, want.tensors()[0].local)) << ctx.rank;
+  });
+}
+
+// A storage whose remove_all of an existing path waits until the test
+// releases it (or 20 s), or fails: retention made observable.
+class GatedRemovals : public StorageWrapper {
+ public:
+  using StorageWrapper::StorageWrapper;
+  void remove_all(const std::string& path) override {
+    if (!exists(path)) return StorageWrapper::remove_all(path);  // nothing to delete
+    if (fail) throw IoError::from_errno("cannot remove", path, EACCES);
+    std::unique_lock<std::mutex> lock(mu);
+    ++waiting;
+    cv.notify_all();
+    if (!cv.wait_for(lock, std::chrono::seconds(20), [&] { return released; })) timed_out = true;
+    lock.unlock();
+    StorageWrapper::remove_all(path);
+  }
+  void release() {
+    std::lock_guard<std::mutex> lock(mu);
+    released = true;
+    cv.notify_all();
+  }
+  std::mutex mu;
+  std::condition_variable cv;
+  int waiting = 0;
+  bool released = false;
+  bool timed_out = false;
+  bool fail = false;
+};
+
+TEST(SaveLoad, SyncSaveReturnsAtTheCommitWhileRetentionDeletesInTheBackground) {
+  auto gated = std::make_shared<GatedRemovals>(memory_storage());
+  CheckpointOptions options;
+  options.dir = "/memory/ckpt";
+  options.interval = 1;
+  options.keep_last = 1;
+  options.mode = "sync";
+  auto steps_in = [&] {
+    std::vector<int64_t> steps;
+    for (const CheckpointEntry& e : list_checkpoints(*gated, "/memory/ckpt")) steps.push_back(e.step);
+    return steps;
+  };
+  run_ranks(2, [&](RankContext& ctx) {
+    auto g = ctx.make_group("ckpt");
+    CheckpointManager manager(options, "", *g, "test", gated);
+    manager.save(1, rank_state(ctx.rank, 2));
+    manager.save(2, rank_state(ctx.rank, 2));  // retention of step 1 starts, and blocks
+    g->barrier();
+    if (ctx.rank == 0) {
+      // save() returned with step 2 committed while the deletion of step 1
+      // (renamed .deleting.step_1 first) is held in remove_all.
+      {
+        std::unique_lock<std::mutex> lock(gated->mu);
+        EXPECT_TRUE(gated->cv.wait_for(lock, std::chrono::seconds(20), [&] { return gated->waiting > 0; }))
+            << "retention never started";
+        EXPECT_FALSE(gated->timed_out) << "save() waited for retention";
+      }
+      EXPECT_EQ(steps_in(), (std::vector<int64_t>{2}));
+      EXPECT_TRUE(gated->exists("/memory/ckpt/step_2/.metadata"));
+      EXPECT_TRUE(gated->exists("/memory/ckpt/.deleting.step_1")) << "deleted before release";
+      gated->release();
+    }
+    manager.finish();  // waits for the deletion
+    g->barrier();
+    if (ctx.rank == 0) {
+      EXPECT_EQ(steps_in(), (std::vector<int64_t>{2}));
+      EXPECT_FALSE(gated->exists("/memory/ckpt/.deleting.step_1"));
+    }
+  });
+  EXPECT_EQ(gated->waiting, 1);
+}
+
+TEST(SaveLoad, AFailedBackgroundRetentionIsReportedByTheNextSaveOrFinish) {
+  auto gated = std::make_shared<GatedRemovals>(memory_storage());
+  gated->fail = true;
+  CheckpointOptions options;
+  options.dir = "/memory/ckpt";
+  options.interval = 1;
+  options.keep_last = 1;
+  options.mode = "sync";
+  run_ranks(1, [&](RankContext& ctx) {
+    auto g = ctx.make_group("ckpt");
+    CheckpointManager manager(options, "", *g, "test", gated);
+    manager.save(1, rank_state(0, 1));
+    manager.save(2, rank_state(0, 1));  // its retention fails in the background
+    std::string error;
+    try {
+      manager.save(3, rank_state(0, 1));  // goes ahead, then reports it
+    } catch (const CheckpointError& e) {
+      error = e.what();
+    }
+    EXPECT_NE(error.find("retention after the checkpoint of step 2 failed"), std::string::npos) << error;
+    EXPECT_NE(error.find("Permission denied"), std::string::npos) << error;
+    EXPECT_TRUE(gated->exists("/memory/ckpt/step_3/.metadata"));
+    try {
+      manager.finish();
+      ADD_FAILURE() << "finish() did not report step 3's failed retention";
+    } catch (const CheckpointError& e) {
+      EXPECT_NE(std::string(e.what()).find("step 3"), std::string::npos) << e.what();
+    }
   });
 }
 

@@ -10,10 +10,16 @@
 #include <functional>
 #include <thread>
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <sys/statfs.h>
 #include <unistd.h>
 
 #include "checkpoint/storage/storage.h"
 #include "support/faulty_storage.h"
+#include "support/skip.h"
 
 namespace checkpoint {
 namespace {
@@ -272,6 +278,145 @@ TEST_F(StorageTest, ConcurrentReadsOfManyFilesReturnTheirOwnBytes) {
   for (auto& t : threads) t.join();
   EXPECT_EQ(wrong.load(), 0);
   fs->drop_read_cache();
+}
+
+// Whether `dir`'s file system takes O_DIRECT writes; else the direct tests
+// skip, saying so (tmpfs before Linux 6.6, some FUSE file systems).
+bool takes_direct_io(const std::string& dir) {
+  const std::string probe = dir + "/.direct_probe";
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_DIRECT | O_CLOEXEC, 0644);
+  bool ok = fd >= 0;
+  if (ok) {
+    void* page = std::aligned_alloc(4096, 4096);
+    std::memset(page, 0, 4096);
+    ok = ::pwrite(fd, page, 4096, 0) == 4096;
+    std::free(page);
+    ::close(fd);
+  }
+  ::unlink(probe.c_str());
+  return ok;
+}
+
+// The fraction of `path`'s pages in the page cache (mincore).
+double resident_fraction(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return -1;
+  struct stat st {};
+  ::fstat(fd, &st);
+  const size_t size = static_cast<size_t>(st.st_size);
+  void* map = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
+  ::close(fd);
+  if (map == MAP_FAILED) return -1;
+  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  std::vector<unsigned char> vec((size + page - 1) / page);
+  const int rc = ::mincore(map, size, vec.data());
+  ::munmap(map, size);
+  if (rc != 0) return -1;
+  size_t resident = 0;
+  for (unsigned char v : vec) resident += v & 1;
+  return static_cast<double>(resident) / static_cast<double>(vec.size());
+}
+
+TEST_F(StorageTest, DirectWritesStoreTheSameBytesAtAnyOffsetLengthAndAlignment) {
+  if (!takes_direct_io(dir_)) SHARDKIT_SKIP("the file system of " << dir_ << " refuses O_DIRECT");
+  PosixOptions o;
+  o.direct_io = true;
+  o.direct_min_bytes = 8192;  // small pieces take the direct path too
+  auto fs = posix_storage(o);
+  // Source bytes in a page-aligned buffer, so that both the aligned (no
+  // copy) and the unaligned (bounce buffer) paths run.
+  constexpr size_t kSize = (size_t{20} << 20) + 12345;
+  uint8_t* src = static_cast<uint8_t*>(std::aligned_alloc(4096, kSize + 8192));
+  for (size_t i = 0; i < kSize + 8192; ++i) src[i] = static_cast<uint8_t>(i * 131 + (i >> 12));
+  // Disjoint pieces covering [0, kSize): page-aligned and not, shorter than
+  // a page, several pages, longer than the 8 MiB bounce buffer; the source
+  // for file offset x is src + x + shift, so some pieces are aligned like
+  // their offsets and some are not.
+  struct Piece {
+    uint64_t offset;
+    size_t n;
+    size_t shift;
+  };
+  const std::vector<uint64_t> cuts = {0, 100, 4096, 4096 + 9000, 65536, 65536 + 3 * 4096, (9u << 20) + 7,
+                                      (18u << 20), (18u << 20) + 4095, (18u << 20) + 70000, kSize};
+  std::vector<Piece> pieces;
+  for (size_t i = 0; i + 1 < cuts.size(); ++i) {
+    pieces.push_back({cuts[i], static_cast<size_t>(cuts[i + 1] - cuts[i]), (i % 3 == 0) ? 0 : 4096 - 40 * i});
+  }
+  const PosixWriteCounters before = posix_write_counters();
+  const std::string path = dir_ + "/direct.data";
+  {
+    auto file = fs->create_file(path);
+    std::vector<std::thread> writers;
+    for (size_t i = 0; i < pieces.size(); ++i) {
+      writers.emplace_back([&, i] {
+        const Piece& p = pieces[i];
+        file->write_at(p.offset, src + p.shift + p.offset, p.n);
+      });
+    }
+    for (auto& w : writers) w.join();
+    file->sync();
+    file->close();
+  }
+  const PosixWriteCounters after = posix_write_counters();
+  EXPECT_GT(after.direct_bytes - before.direct_bytes, uint64_t{18} << 20);  // most of it went direct
+  ASSERT_EQ(fs->file_size(path), kSize);
+  std::vector<uint8_t> back(kSize);
+  fs->read_at(path, 0, back.data(), kSize);
+  for (const Piece& p : pieces) {
+    ASSERT_EQ(std::memcmp(back.data() + p.offset, src + p.shift + p.offset, p.n), 0)
+        << "piece at " << p.offset << " (" << p.n << " bytes, shift " << p.shift << ")";
+  }
+  std::free(src);
+}
+
+TEST_F(StorageTest, DirectWritesBypassThePageCacheAndPageCacheWritesDoNot) {
+  if (!takes_direct_io(dir_)) SHARDKIT_SKIP("the file system of " << dir_ << " refuses O_DIRECT");
+  struct statfs sfs {};
+  if (::statfs(dir_.c_str(), &sfs) == 0 && static_cast<unsigned long>(sfs.f_type) == 0x01021994UL) {
+    SHARDKIT_SKIP(dir_ << " is a tmpfs, whose files live in the page cache");
+  }
+  std::vector<uint8_t> data(size_t{32} << 20, 7);
+  PosixOptions direct;
+  direct.direct_io = true;
+  for (const bool use_direct : {true, false}) {
+    const std::string path = dir_ + (use_direct ? "/direct.data" : "/cached.data");
+    auto file = (use_direct ? posix_storage(direct) : posix_storage())->create_file(path);
+    for (size_t at = 0; at < data.size(); at += size_t{8} << 20) file->write_at(at, data.data() + at, size_t{8} << 20);
+    file->sync();
+    file->close();
+    const double resident = resident_fraction(path);
+    ASSERT_GE(resident, 0) << "mincore on " << path;
+    if (use_direct) {
+      EXPECT_LT(resident, 0.1) << "direct writes left " << resident << " of the file in the page cache";
+    } else {
+      EXPECT_GT(resident, 0.9) << "page-cache writes left only " << resident << " of the file cached";
+    }
+    EXPECT_EQ(posix_storage()->read_file(path, data.size()), data);
+  }
+}
+
+TEST_F(StorageTest, DirectWritesToAFullDiskFailWithEnospcNamingTheFile) {
+  const std::string mnt = dir_ + "/small";
+  posix_storage()->make_dirs(mnt);
+  if (::mount("tmpfs", mnt.c_str(), "tmpfs", 0, "size=2m") != 0) {
+    SHARDKIT_SKIP("cannot mount a tmpfs (" << std::strerror(errno) << ")");
+  }
+  struct Unmount {
+    std::string path;
+    ~Unmount() { ::umount2(path.c_str(), MNT_DETACH); }
+  } unmount{mnt};
+  if (!takes_direct_io(mnt)) SHARDKIT_SKIP("this kernel's tmpfs refuses O_DIRECT");
+  PosixOptions o;
+  o.direct_io = true;
+  auto fs = posix_storage(o);
+  std::vector<uint8_t> data(size_t{4} << 20, 1);
+  const PosixWriteCounters before = posix_write_counters();
+  auto file = fs->create_file(mnt + "/full.data");
+  const std::string error = error_of([&] { file->write_at(0, data.data(), data.size()); });
+  EXPECT_NE(error.find("No space left on device"), std::string::npos) << error;
+  EXPECT_NE(error.find(mnt + "/full.data"), std::string::npos) << error;
+  EXPECT_GT(posix_write_counters().direct_bytes, before.direct_bytes) << "the direct path was not taken";
 }
 
 TEST(JoinPath, JoinsWithOneSlash) {

@@ -32,7 +32,7 @@ const std::vector<std::string> kAllKeys = {
     "checkpoint.dir", "checkpoint.interval", "checkpoint.mode", "checkpoint.keep_last",
     "checkpoint.resume", "checkpoint.resume_fallback", "checkpoint.allow_config_change", "checkpoint.on_error", "checkpoint.save_on_signal",
     "checkpoint.when_busy", "checkpoint.allow_partial", "checkpoint.model_only",
-    "checkpoint.io_threads", "checkpoint.plan_cache", "checkpoint.local.dir", "checkpoint.local.keep_last",
+    "checkpoint.io_threads", "checkpoint.plan_cache", "checkpoint.direct_io", "checkpoint.local.dir", "checkpoint.local.keep_last",
     "checkpoint.local.partner", "checkpoint.durable.every", "checkpoint.compression.codec", "checkpoint.compression.level",
     "checkpoint.compression.byte_group", "checkpoint.compression.block_size",
 };
@@ -124,6 +124,7 @@ Config non_default_config() {
   c.checkpoint.model_only = true;
   c.checkpoint.io_threads = 16;
   c.checkpoint.plan_cache = false;
+  c.checkpoint.direct_io = true;
   c.checkpoint.local.dir = "/dev/shm/run/node{node}";
   c.checkpoint.local.keep_last = 5;
   c.checkpoint.local.partner = false;
