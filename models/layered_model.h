@@ -8,6 +8,8 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
+#include <vector>
 
 namespace models {
 
@@ -23,23 +25,47 @@ class LayeredModelImpl : public torch::nn::Module {
   // hidden [B, T, D] -> logits [B, T, V] (includes the final norm).
   virtual torch::Tensor head(const torch::Tensor& h) = 0;
 
+  // Fills `full`, the parameter `name` of a model built unmaterialised
+  // (make_model(options, false)), with its initial values; any order, any
+  // thread. Models that cannot be built so throw.
+  virtual void init_parameter(const std::string& name, const torch::Tensor& full) const;
+
   // head(block_forward(n-1, ... block_forward(0, embed(tokens)))), each block
-  // called through framework::fsdp::run_unit: shard it with
-  // fully_shard(model, mesh, options, children_of(*model, "blocks")).
+  // called through framework::fsdp::run_unit (shard it with
+  // fully_shard(model, mesh, options, unit_names())), and through
+  // fsdp::checkpoint_activations where set_activation_checkpointing says.
   torch::Tensor forward(const torch::Tensor& tokens);
+
+  // The FSDP units: one per block ("blocks.N"; llama: "model.layers.N").
+  virtual std::vector<std::string> unit_names() const;
+
+  // mode none | full | selective (blocks 0, every, 2 * every, ...).
+  void set_activation_checkpointing(const std::string& mode, int64_t every);
+  bool block_checkpointed(int64_t i) const;
+
+ private:
+  std::string checkpointing_ = "none";
+  int64_t checkpoint_every_ = 1;
 };
 
 // Validates `options` (errors name the offending field, e.g. "model.n_heads") and
-// builds the model of options.kind, initialised GPT-2 style from the global torch
-// generator: the result is deterministic given torch::manual_seed beforehand.
-std::shared_ptr<LayeredModelImpl> make_model(const ModelOptions& options);
+// builds the model of options.kind with its activation checkpointing set.
+// gpt, mlp: initialised GPT-2 style from the global torch generator, so the
+// result is deterministic given torch::manual_seed beforehand. llama: its
+// per-parameter generators are seeded by one draw from the global generator
+// (so also deterministic given torch::manual_seed); with materialize false
+// its parameters are left without storage for init_parameter to fill
+// (FullyShardedModel does, one at a time). gpt and mlp always materialise.
+std::shared_ptr<LayeredModelImpl> make_model(const ModelOptions& options, bool materialize = true);
 
 // What make_model(options) would hold, computed from the options alone
 // (nothing allocated; doubles, so absurd sizes do not overflow).
 struct ModelSize {
   double parameters = 0;       // all of them
   double largest_unit = 0;     // one block, or the rest (embeddings, final norm, head)
-  double activation_floats_per_sample = 0;  // kept for backward, roughly, fp32
+  double largest_parameter = 0;  // elements
+  double activation_floats_per_sample = 0;  // kept for backward, roughly
+  double block_activation_floats_per_sample = 0;  // of those, one block's
 };
 ModelSize model_size(const ModelOptions& options);
 

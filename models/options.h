@@ -5,15 +5,39 @@
 
 namespace models {
 
+// Llama 3.1's frequency scaling of the rotary embedding (Hugging Face's
+// rope_scaling {"rope_type": "llama3", ...}). factor 0: off.
+struct RopeScalingOptions {
+  double factor = 0;
+  double low_freq_factor = 1;
+  double high_freq_factor = 4;
+  int64_t original_max_position = 8192;
+};
+
 struct ModelOptions {
-  std::string kind = "gpt";  // gpt | mlp
+  std::string kind = "gpt";  // gpt | mlp | llama
   int64_t vocab_size = 32;
   int64_t seq_len = 32;      // context length
   int64_t d_model = 64;
   int64_t n_layers = 2;
   int64_t n_heads = 4;
-  int64_t d_ff = 0;          // 0: 4 * d_model
+  // llama: key/value heads of grouped-query attention; 0: n_heads. Must
+  // divide n_heads.
+  int64_t n_kv_heads = 0;
+  // 0: 4 * d_model (gpt, mlp); llama: 8/3 * d_model rounded up to a
+  // multiple of 256, as Llama's multiple_of.
+  int64_t d_ff = 0;
+  // gpt, mlp: true unless set; llama: false unless set (config.cpp).
   bool tie_weights = true;
+  // llama: rotary embedding base, RMSNorm epsilon, Llama 3.1 scaling.
+  double rope_theta = 10000.0;
+  double norm_eps = 1e-5;
+  RopeScalingOptions rope_scaling;
+  // Keep only each checkpointed block's input for backward and run its
+  // forward again there: none | full (every block) | selective (every N-th
+  // block, N = activation_checkpointing_every).
+  std::string activation_checkpointing = "none";
+  int64_t activation_checkpointing_every = 2;
   // A safetensors or torch.save file of full (unsharded) weights to start from;
   // empty: random init. Ignored when resuming from a checkpoint.
   std::string init_from;

@@ -174,9 +174,23 @@ void check_consistency(const Config& cfg, const Origins& origins) {
   if (cfg.parallel.replicate == -1 && cfg.parallel.shard == -1)
     fail(key("parallel.replicate") + " and " + key("parallel.shard") +
          " are both -1; at most one degree can be derived from the world size");
-  if (cfg.model.kind == "gpt" && cfg.model.d_model % cfg.model.n_heads != 0)
+  if ((cfg.model.kind == "gpt" || cfg.model.kind == "llama") &&
+      cfg.model.d_model % cfg.model.n_heads != 0)
     fail(key("model.d_model") + " must be divisible by " + key("model.n_heads") +
-         " for model.kind gpt");
+         " for model.kind " + cfg.model.kind);
+  if (cfg.model.kind == "llama" && cfg.model.n_kv_heads > 0 &&
+      cfg.model.n_heads % cfg.model.n_kv_heads != 0)
+    fail(key("model.n_heads") + " must be divisible by " + key("model.n_kv_heads") +
+         " (each key/value head serves a whole group of query heads)");
+  if (cfg.model.kind == "llama" && (cfg.model.d_model / cfg.model.n_heads) % 2 != 0)
+    fail(key("model.d_model") + " / " + key("model.n_heads") +
+         " must be even for llama (rotary embeddings rotate pairs of dimensions)");
+  if (cfg.model.rope_scaling.factor > 0 &&
+      cfg.model.rope_scaling.high_freq_factor <= cfg.model.rope_scaling.low_freq_factor)
+    fail(key("model.rope_scaling.high_freq_factor") + " must exceed " +
+         key("model.rope_scaling.low_freq_factor"));
+  if (cfg.train.micro_batch_size > cfg.train.global_batch_size)
+    fail(key("train.micro_batch_size") + " must not exceed " + key("train.global_batch_size"));
   if (cfg.optim.min_lr > cfg.optim.lr)
     fail(key("optim.min_lr") + " must not exceed " + key("optim.lr"));
   if (cfg.data.kind == "text" && cfg.data.path.empty())
@@ -212,6 +226,11 @@ Config parse_config(const std::string& yaml_text, const std::string& source_name
   Origins origins;
   parse_text(yaml_text, source_name, &cfg, &origins);
   for (const std::string& text : overrides) apply_override(text, &cfg, &origins);
+  // Defaults that depend on the model kind: Llama does not tie its
+  // embedding and output projection (Llama 3 8B and up).
+  if (cfg.model.kind == "llama" && origins.count("model.tie_weights") == 0) {
+    cfg.model.tie_weights = false;
+  }
   check_consistency(cfg, origins);
   return cfg;
 }

@@ -59,17 +59,52 @@ std::vector<Key> build_schema() {
        "Device the model trains on."},
       {SHARDKIT_CONFIG_FIELD(train.grad_clip), at_least(0),
        "Clip gradients to this global L2 norm; 0: no clipping."},
+      {SHARDKIT_CONFIG_FIELD(train.micro_batch_size), at_least(0),
+       "Sequences per rank per forward: a step accumulates the gradients of "
+       "global_batch_size / (micro_batch_size x data-parallel ranks) micro-batches; 0: the "
+       "rank's whole share in one forward."},
+      {SHARDKIT_CONFIG_FIELD(train.mixed_precision.param_dtype), one_of({"fp32", "bf16"}),
+       "Dtype units are all-gathered and computed in; the sharded (master) parameters and "
+       "AdamW stay fp32."},
+      {SHARDKIT_CONFIG_FIELD(train.mixed_precision.reduce_dtype), one_of({"fp32", "bf16"}),
+       "Dtype gradients are reduce-scattered (all-reduced for DDP) in, before they are added "
+       "to the fp32 shard gradients."},
 
-      {SHARDKIT_CONFIG_FIELD(model.kind), one_of({"gpt", "mlp"}), "Model architecture."},
+      {SHARDKIT_CONFIG_FIELD(model.kind), one_of({"gpt", "mlp", "llama"}),
+       "Model architecture: gpt, mlp, or llama (Llama 3: RMSNorm, RoPE, grouped-query "
+       "attention, SwiGLU; Hugging Face parameter names)."},
       {SHARDKIT_CONFIG_FIELD(model.vocab_size), at_least(2), "Vocabulary size."},
       {SHARDKIT_CONFIG_FIELD(model.seq_len), at_least(1), "Context length in tokens."},
       {SHARDKIT_CONFIG_FIELD(model.d_model), at_least(1), "Hidden width."},
       {SHARDKIT_CONFIG_FIELD(model.n_layers), at_least(1), "Number of blocks."},
       {SHARDKIT_CONFIG_FIELD(model.n_heads), at_least(1),
-       "Attention heads (gpt); must divide model.d_model."},
-      {SHARDKIT_CONFIG_FIELD(model.d_ff), at_least(0), "MLP inner width; 0: 4 * d_model."},
+       "Attention heads (gpt, llama); must divide model.d_model."},
+      {SHARDKIT_CONFIG_FIELD(model.n_kv_heads), at_least(0),
+       "llama: key/value heads (grouped-query attention); must divide model.n_heads; 0: "
+       "model.n_heads."},
+      {SHARDKIT_CONFIG_FIELD(model.d_ff), at_least(0),
+       "MLP inner width; 0: 4 * d_model (gpt, mlp), or 8/3 * d_model rounded up to a multiple "
+       "of 256 (llama)."},
       {SHARDKIT_CONFIG_FIELD(model.tie_weights), any_value(),
-       "Share the embedding and output projection weights."},
+       "Share the embedding and output projection weights; when not set: true for gpt and mlp, "
+       "false for llama."},
+      {SHARDKIT_CONFIG_FIELD(model.rope_theta), above(0), "llama: rotary embedding base."},
+      {SHARDKIT_CONFIG_FIELD(model.norm_eps), above(0), "llama: RMSNorm epsilon."},
+      {SHARDKIT_CONFIG_FIELD(model.rope_scaling.factor), at_least(0),
+       "llama: Llama 3.1 rotary frequency scaling factor (Hugging Face rope_scaling, "
+       "rope_type llama3); 0: off."},
+      {SHARDKIT_CONFIG_FIELD(model.rope_scaling.low_freq_factor), above(0),
+       "llama: rope_scaling low_freq_factor."},
+      {SHARDKIT_CONFIG_FIELD(model.rope_scaling.high_freq_factor), above(0),
+       "llama: rope_scaling high_freq_factor; must exceed low_freq_factor."},
+      {SHARDKIT_CONFIG_FIELD(model.rope_scaling.original_max_position), at_least(1),
+       "llama: rope_scaling original_max_position_embeddings."},
+      {SHARDKIT_CONFIG_FIELD(model.activation_checkpointing), one_of({"none", "full", "selective"}),
+       "Keep only a block's input for backward and recompute its forward there: none, full "
+       "(every block), selective (every N-th block, N = "
+       "model.activation_checkpointing_every)."},
+      {SHARDKIT_CONFIG_FIELD(model.activation_checkpointing_every), at_least(1),
+       "selective activation checkpointing: checkpoint blocks 0, N, 2N, ..."},
       {SHARDKIT_CONFIG_FIELD(model.init_from), any_value(),
        "Initialize model weights from a safetensors or torch.save file of full weights; "
        "ignored when resuming from a checkpoint."},

@@ -112,8 +112,22 @@ void Group::run(const char* op, StartFn&& start) {
   }
 }
 
+// Gloo (1.13's at least) refuses bfloat16 ("Invalid scalar type"). Data
+// movement does not care what the 2-byte elements are, so the collectives
+// that only move bytes send the same bits as fp16 (gloo has no int16; nothing is computed on them); reductions sum in fp32
+// (all_reduce) or locally in bf16 after moving (reduce_scatter).
+bool Group::needs_bf16_bits(const at::Tensor& t) const {
+  return t.scalar_type() == at::kBFloat16 && !backend_is_cuda();
+}
+
 void Group::all_reduce(at::Tensor& tensor, ReduceOp op) {
   TORCH_CHECK(tensor.is_contiguous(), "all_reduce needs a contiguous tensor");
+  if (size() > 1 && needs_bf16_bits(tensor)) {
+    at::Tensor wide = tensor.to(at::kFloat);
+    all_reduce(wide, op);
+    tensor.copy_(wide);
+    return;
+  }
   if (size() > 1) {
     at::Tensor staged = on_backend_device(tensor, backend_is_cuda());
     std::vector<at::Tensor> ts{staged};
@@ -139,6 +153,11 @@ void Group::all_gather(at::Tensor& out, const at::Tensor& in) {
   // Gloo on 1.13 has no _allgather_base: gather into the chunk views of the
   // flat output instead (exact, one copy).
   if (in.numel() == 0) return;
+  if (needs_bf16_bits(in)) {
+    at::Tensor bits = flat_out.view(at::kHalf);
+    all_gather(bits, in.contiguous().view(at::kHalf));
+    return;
+  }
   at::Tensor staged_out = on_backend_device(flat_out, backend_is_cuda());
   std::vector<std::vector<at::Tensor>> outs{staged_out.chunk(size())};
   std::vector<at::Tensor> ins{on_backend_device(in.contiguous().view({-1}), backend_is_cuda())};
@@ -166,9 +185,12 @@ void Group::reduce_scatter(at::Tensor& out, const at::Tensor& in, ReduceOp op) {
   at::Tensor staged_in = on_backend_device(flat_in, backend_is_cuda());
   at::Tensor received = at::empty_like(staged_in);
   std::vector<int64_t> splits(size(), out.numel());
+  const bool bits = needs_bf16_bits(staged_in);
+  at::Tensor wire_in = bits ? staged_in.view(at::kHalf) : staged_in;
+  at::Tensor wire_out = bits ? received.view(at::kHalf) : received;
   run("reduce_scatter", [&] {
     c10d::AllToAllOptions opts;
-    return backend_->pg->alltoall_base(received, staged_in, splits, splits, opts);
+    return backend_->pg->alltoall_base(wire_out, wire_in, splits, splits, opts);
   });
   at::Tensor summed = received.view({size(), out.numel()}).sum(/*dim=*/0);
   flat_out.copy_(summed);
@@ -179,6 +201,11 @@ void Group::broadcast(at::Tensor& tensor, int root) {
   TORCH_CHECK(root >= 0 && root < size(), "broadcast: root ", root, " out of range");
   if (size() == 1 || tensor.numel() == 0) return;
   TORCH_CHECK(tensor.is_contiguous(), "broadcast needs a contiguous tensor");
+  if (needs_bf16_bits(tensor)) {
+    at::Tensor bits = tensor.view(at::kHalf);
+    broadcast(bits, root);
+    return;
+  }
   at::Tensor staged = on_backend_device(tensor, backend_is_cuda());
   std::vector<at::Tensor> ts{staged};
   c10d::BroadcastOptions opts;

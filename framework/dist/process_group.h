@@ -98,6 +98,7 @@ class Group {
   template <class StartFn>
   void run(const char* op, StartFn&& start);
   void check_usable(const char* op) const;
+  bool needs_bf16_bits(const at::Tensor& t) const;
 
   std::string name_;
   int rank_;

@@ -184,6 +184,12 @@ std::vector<int64_t> mesh_shape_for(const ParallelOptions& o, int world) {
   return {r, s};
 }
 
+torch::ScalarType parse_dtype(const std::string& name, const std::string& key) {
+  if (name == "fp32") return torch::kFloat;
+  if (name == "bf16") return torch::kBFloat16;
+  throw std::invalid_argument(key + " must be fp32 or bf16, got '" + name + "'");
+}
+
 std::string layout_name(const std::vector<int64_t>& shape) {
   if (shape.at(1) == 1) return shape.at(0) == 1 ? "single" : "ddp";
   return shape.at(0) == 1 ? "fsdp" : "hsdp";
@@ -192,16 +198,23 @@ std::string layout_name(const std::vector<int64_t>& shape) {
 std::unique_ptr<FullyShardedModel> fully_shard(std::shared_ptr<torch::nn::Module> module,
                                                std::shared_ptr<dtensor::DeviceMesh> mesh,
                                                ParallelOptions options,
-                                               std::vector<std::string> units) {
+                                               std::vector<std::string> units,
+                                               ParamInit init) {
   return std::make_unique<FullyShardedModel>(std::move(module), std::move(mesh), options,
-                                             std::move(units));
+                                             std::move(units), std::move(init));
 }
 
 FullyShardedModel::FullyShardedModel(std::shared_ptr<torch::nn::Module> module,
                                      std::shared_ptr<dtensor::DeviceMesh> mesh,
-                                     ParallelOptions options, std::vector<std::string> unit_names)
+                                     ParallelOptions options, std::vector<std::string> unit_names,
+                                     ParamInit init)
     : module_(std::move(module)), mesh_(std::move(mesh)), options_(options) {
   TORCH_CHECK(mesh_->ndim() == 2, "fully_shard needs a {replicate, shard} mesh");
+  const torch::ScalarType param_dtype =
+      parse_dtype(options_.mixed_precision.param_dtype, "train.mixed_precision.param_dtype");
+  reduce_dtype_ =
+      parse_dtype(options_.mixed_precision.reduce_dtype, "train.mixed_precision.reduce_dtype");
+  mixed_ = param_dtype != torch::kFloat || reduce_dtype_ != torch::kFloat;
   const int64_t shards = mesh_->size(shard_axis_);
   const int64_t my_shard = mesh_->coordinate(shard_axis_);
 
@@ -258,8 +271,14 @@ FullyShardedModel::FullyShardedModel(std::shared_ptr<torch::nn::Module> module,
       throw std::invalid_argument("fully_shard: parameter " + item.key() +
                                   " is 0-d; give it shape [1] to shard it");
     }
+    const bool unmaterialised = p.numel() > 0 && p.storage().nbytes() == 0;
+    if (unmaterialised && !init) {
+      throw std::invalid_argument("fully_shard: parameter " + item.key() +
+                                  " has no storage (a model built unmaterialised) and no "
+                                  "initialiser was given");
+    }
     if (!p.is_contiguous() || p.storage_offset() != 0 ||
-        p.storage().nbytes() != static_cast<size_t>(tensor_bytes(p))) {
+        (!unmaterialised && p.storage().nbytes() != static_cast<size_t>(tensor_bytes(p)))) {
       throw std::invalid_argument("fully_shard: parameter " + item.key() +
                                   " does not own a dense storage of its own (a view?)");
     }
@@ -280,6 +299,25 @@ FullyShardedModel::FullyShardedModel(std::shared_ptr<torch::nn::Module> module,
     slot.rows = p.size(0);
     slot.row_numel = slot.rows == 0 ? 0 : p.numel() / slot.rows;
     slot.mine = chunk_span(slot.rows, shards, my_shard);
+    if (p.numel() > 0 && p.storage().nbytes() == 0) {
+      // Materialise this one parameter: it is sliced and freed below.
+      alloc_storage(p, static_cast<size_t>(tensor_bytes(p)));
+      init(f.name, p);
+    }
+    // The local shard (or DDP's master copy) keeps the parameter's dtype;
+    // the module's parameter takes param_dtype.
+    const bool cast = mixed_ && p.is_floating_point() && p.scalar_type() != param_dtype;
+    if (shards == 1 && !cast) {
+      slot.local = p;  // DDP: the optimizer updates the module parameter itself
+    } else {
+      slot.local = p.narrow(0, slot.mine.offset, slot.mine.size).clone().set_requires_grad(slot.trainable);
+    }
+    if (cast) {
+      cast_params_ = true;
+      p.set_data(torch::empty(p.sizes(), p.options().dtype(param_dtype)));
+      if (shards == 1) raw_flat(p).copy_(slot.local.reshape({-1}));
+    }
+    if (shards > 1) free_storage(p);  // one full parameter at a time
     size_t b = 0;
     while (b < unit.buckets.size() &&
            (unit.buckets[b].dtype != p.scalar_type() || unit.buckets[b].trainable != slot.trainable)) {
@@ -297,11 +335,6 @@ FullyShardedModel::FullyShardedModel(std::shared_ptr<torch::nn::Module> module,
     bucket.members.push_back(unit.params.size());
     unit.full_bytes += tensor_bytes(p);
     unit.trainable += slot.trainable ? 1 : 0;
-    if (shards == 1) {
-      slot.local = p;  // DDP: the optimizer updates the module parameter itself
-    } else {
-      slot.local = p.narrow(0, slot.mine.offset, slot.mine.size).clone().set_requires_grad(slot.trainable);
-    }
     stats_.sharded_param_bytes += tensor_bytes(slot.local);
     stats_.full_param_bytes += tensor_bytes(p);
     unit.params.push_back(std::move(slot));
@@ -322,7 +355,6 @@ FullyShardedModel::FullyShardedModel(std::shared_ptr<torch::nn::Module> module,
         }));
         unit->accumulators.push_back(std::move(acc));
       }
-      if (shards > 1) free_storage(slot.full);
     }
   }
   std::sort(param_index_.begin(), param_index_.end(),
@@ -358,9 +390,11 @@ bool FullyShardedModel::param_trainable(size_t index) const {
 }
 
 void FullyShardedModel::begin_forward() {
+  const bool ddp = mesh_->size(shard_axis_) == 1;
   for (auto& u : units_) {
     u->reduced = false;
     u->grads_arrived = 0;
+    if (ddp) u->gathered = false;  // refreshed from the (updated) masters by gather
   }
   if (torch::GradMode::is_enabled() && options_.broadcast_buffers) broadcast_buffers();
   gather(*units_[0]);
@@ -409,10 +443,20 @@ void FullyShardedModel::gather(Unit& unit) {
   if (unit.gathered) return;
   unit.gathered = true;
   const int64_t shards = mesh_->size(shard_axis_);
-  if (shards == 1) return;  // DDP: parameters are always whole
   torch::NoGradGuard no_grad;
+  if (shards == 1) {
+    // DDP: parameters are always whole; under mixed precision they are
+    // refreshed from the master copies (which the optimizer changed).
+    for (const ParamSlot& p : unit.params) {
+      if (!p.local.is_same(p.full)) raw_flat(p.full).copy_(p.local.reshape({-1}));
+    }
+    return;
+  }
   for (const Bucket& bucket : unit.buckets) {
-    auto dtype = unit.params[bucket.members.front()].local.options().requires_grad(false);
+    // In the module parameters' dtype (param_dtype): the cast to it happens
+    // before the all-gather, which then moves half the bytes for bf16.
+    auto dtype = unit.params[bucket.members.front()].local.options().requires_grad(false).dtype(
+        bucket.dtype);
     torch::Tensor send = torch::zeros({bucket.seg_numel}, dtype);
     for (size_t m : bucket.members) {
       const ParamSlot& p = unit.params[m];
@@ -437,8 +481,9 @@ void FullyShardedModel::gather(Unit& unit) {
 
 void FullyShardedModel::release(Unit& unit) {
   if (!unit.gathered) return;
-  unit.gathered = false;
+  // DDP: the parameters stay whole (and up to date) until the next forward.
   if (mesh_->size(shard_axis_) == 1) return;
+  unit.gathered = false;
   for (const ParamSlot& p : unit.params) free_storage(p.full);
   live_bytes_ -= unit.full_bytes;
 }
@@ -452,6 +497,13 @@ void FullyShardedModel::on_grad_accumulated(Unit& unit) {
   if (++unit.grads_arrived == unit.trainable) reduce_grads(unit);
 }
 
+torch::ScalarType FullyShardedModel::comm_dtype(torch::ScalarType bucket_dtype) const {
+  return mixed_ && at::isFloatingType(bucket_dtype) ? reduce_dtype_ : bucket_dtype;
+}
+
+// This backward's gradients of the unit, reduced (summed over the
+// data-parallel ranks) in reduce_dtype and added, in the shards' dtype, to
+// what earlier backward passes of the step left in the shards' .grad.
 void FullyShardedModel::reduce_grads(Unit& unit) {
   if (unit.reduced) return;
   unit.reduced = true;
@@ -460,25 +512,39 @@ void FullyShardedModel::reduce_grads(Unit& unit) {
   const int64_t replicas = mesh_->size(replicate_axis_);
   for (Bucket& bucket : unit.buckets) {
     if (!bucket.trainable) continue;
-    auto dtype = unit.params[bucket.members.front()].local.options().requires_grad(false);
+    const auto local_options = unit.params[bucket.members.front()].local.options().requires_grad(false);
+    const auto comm = local_options.dtype(comm_dtype(bucket.dtype));
     if (shards == 1) {
-      // DDP: one flat all-reduce of the bucket's gradients across replicas.
-      torch::Tensor flat = torch::zeros({bucket.seg_numel}, dtype);
+      // DDP: one flat all-reduce of the bucket's gradients across replicas,
+      // after adding those of the micro-batches that skipped it.
+      torch::Tensor flat = torch::zeros({bucket.seg_numel}, comm);
       for (size_t m : bucket.members) {
         const ParamSlot& p = unit.params[m];
         if (p.full.grad().defined()) {
           flat.narrow(0, p.seg_offset, p.full.numel()).copy_(p.full.grad().reshape({-1}));
         }
       }
-      if (replicas > 1) mesh_->group(replicate_axis_).all_reduce(flat);
-      for (size_t m : bucket.members) {
-        const ParamSlot& p = unit.params[m];
-        p.full.mutable_grad() = flat.narrow(0, p.seg_offset, p.full.numel()).view(p.full.sizes());
+      torch::Tensor mine = flat.to(local_options.dtype());
+      if (bucket.grad_buffer.defined()) mine.add_(bucket.grad_buffer);
+      if (sync_ && replicas > 1) {
+        torch::Tensor wire = mine.to(comm.dtype());
+        mesh_->group(replicate_axis_).all_reduce(wire);
+        if (!wire.is_same(mine)) mine.copy_(wire);
       }
-      bucket.grad_buffer = flat;
+      bucket.grad_buffer = mine;
+      for (size_t m : bucket.members) {
+        ParamSlot& p = unit.params[m];
+        p.full.mutable_grad().reset();
+        // Until the step's last backward the sum stays in the buffer: a
+        // .grad view would have the next backward accumulate into it.
+        if (sync_) {
+          p.local.mutable_grad() =
+              mine.narrow(0, p.seg_offset, p.local.numel()).view(p.local.sizes());
+        }
+      }
       continue;
     }
-    torch::Tensor send = torch::zeros({shards * bucket.seg_numel}, dtype);
+    torch::Tensor send = torch::zeros({shards * bucket.seg_numel}, comm);
     for (size_t m : bucket.members) {
       const ParamSlot& p = unit.params[m];
       const torch::Tensor& g = p.full.grad();
@@ -490,17 +556,22 @@ void FullyShardedModel::reduce_grads(Unit& unit) {
             .copy_(flat.narrow(0, span.offset * p.row_numel, span.size * p.row_numel));
       }
     }
-    torch::Tensor mine = torch::empty({bucket.seg_numel}, dtype);
+    torch::Tensor mine = torch::empty({bucket.seg_numel}, comm);
     mesh_->group(shard_axis_).reduce_scatter(mine, send);
     if (replicas > 1) mesh_->group(replicate_axis_).all_reduce(mine);
+    mine = mine.to(local_options.dtype());
+    if (bucket.grad_buffer.defined()) {
+      bucket.grad_buffer.add_(mine);  // accumulation: the shards' .grad are views of it
+    } else {
+      bucket.grad_buffer = mine;
+    }
     for (size_t m : bucket.members) {
       ParamSlot& p = unit.params[m];
       p.local.mutable_grad() =
-          mine.narrow(0, p.seg_offset, p.mine.size * p.row_numel).view(p.local.sizes());
+          bucket.grad_buffer.narrow(0, p.seg_offset, p.mine.size * p.row_numel).view(p.local.sizes());
       if (p.full.grad().defined()) live_bytes_ -= tensor_bytes(p.full);
       p.full.mutable_grad().reset();
     }
-    bucket.grad_buffer = mine;
   }
   if (shards > 1) release(unit);
 }

@@ -47,6 +47,26 @@
 //   - 0-d parameters, and parameters that do not own a dense storage of
 //     their own (views), are refused with an error naming them.
 //
+// Mixed precision (options.mixed_precision, FSDP2's MixedPrecisionPolicy):
+// with param_dtype bf16, the module's floating-point parameters become bf16
+// (the forward computes in bf16) while the local shards, which the
+// optimizer updates, keep their dtype (fp32 master weights). A gather casts
+// the shards to bf16 before the all-gather (half the bytes); a reduction
+// casts the bf16 gradients to reduce_dtype for the collective and then
+// adds them to the fp32 shard gradients. DDP then keeps an fp32 master copy
+// beside the bf16 parameter.
+//
+// Gradient accumulation: gradients of several backward passes before one
+// optimizer step add up in the shards' .grad (FSDP, HSDP: each backward
+// reduce-scatters its own; memory stays flat). set_requires_gradient_sync
+// (false) lets DDP skip the all-reduce of the micro-batches before the
+// last, as DDP's no_sync() does; FSDP and HSDP reduce every backward.
+//
+// Parameters without storage (a model built unmaterialised): pass `init`,
+// and the constructor materialises them one at a time -- allocates the full
+// tensor, has init fill it, keeps this rank's shard, frees it -- so a rank
+// never holds more than its shards plus the largest parameter.
+//
 // Gradients are SUMMED across data-parallel ranks: the caller scales its loss
 // by the global normaliser (e.g. the global token count), which makes results
 // independent of the world size.
@@ -123,16 +143,20 @@ torch::Tensor run_unit(const torch::nn::Module& unit, Fn&& fn) {
   return scope.output(fn());
 }
 
+// Fills a full parameter (by its name) with its initial values.
+using ParamInit = std::function<void(const std::string& name, const torch::Tensor& full)>;
+
 class FullyShardedModel {
  public:
   // REQUIRES: every rank passes an identically initialised module and the
   // same mesh (axes {replicate, shard}) and units. Takes over the module's
   // parameters (their storage is freed until gathered). Throws
   // std::invalid_argument naming the unit or parameter when a unit name is
-  // unknown, units nest, or a parameter cannot be sharded (0-d, or a view).
+  // unknown, units nest, or a parameter cannot be sharded (0-d, or a view),
+  // or has no storage and no `init` was given.
   FullyShardedModel(std::shared_ptr<torch::nn::Module> module,
                     std::shared_ptr<dtensor::DeviceMesh> mesh, ParallelOptions options,
-                    std::vector<std::string> units = {});
+                    std::vector<std::string> units = {}, ParamInit init = {});
   ~FullyShardedModel();
   FullyShardedModel(const FullyShardedModel&) = delete;
   FullyShardedModel& operator=(const FullyShardedModel&) = delete;
@@ -187,6 +211,10 @@ class FullyShardedModel {
   // the norm before clipping.
   double clip_grad_norm(double max_norm);
   void zero_grad();
+  // false: the next backward passes accumulate without DDP's all-reduce
+  // (no effect on FSDP and HSDP, which reduce every backward). Set it back
+  // to true before the last backward of the step.
+  void set_requires_gradient_sync(bool sync) { sync_ = sync; }
 
   const MemoryStats& memory_stats() const { return stats_; }
   void reset_peak_memory();
@@ -206,6 +234,7 @@ class FullyShardedModel {
   void gather(Unit& unit);
   void release(Unit& unit);
   void reduce_grads(Unit& unit);
+  torch::ScalarType comm_dtype(torch::ScalarType bucket_dtype) const;
   void on_grad_accumulated(Unit& unit);
 
   std::shared_ptr<torch::nn::Module> module_;
@@ -218,18 +247,27 @@ class FullyShardedModel {
   std::vector<std::pair<std::string, torch::Tensor>> buffers_;
   MemoryStats stats_;
   int64_t live_bytes_ = 0;
+  bool sync_ = true;
+  bool mixed_ = false;  // a mixed-precision policy other than fp32/fp32
+  torch::ScalarType reduce_dtype_ = torch::kFloat;
+  bool cast_params_ = false;  // param_dtype differs from the parameters' own
 };
 
 // fully_shard(module, mesh, options, units): the FSDP2 spelling.
 std::unique_ptr<FullyShardedModel> fully_shard(std::shared_ptr<torch::nn::Module> module,
                                                std::shared_ptr<dtensor::DeviceMesh> mesh,
                                                ParallelOptions options = {},
-                                               std::vector<std::string> units = {});
+                                               std::vector<std::string> units = {},
+                                               ParamInit init = {});
 
 // The {replicate, shard} mesh for `world` ranks from parallel.replicate and
 // parallel.shard (-1 = the rest). Throws std::invalid_argument naming the keys
 // when they do not multiply to the world size.
 std::vector<int64_t> mesh_shape_for(const ParallelOptions& options, int world);
 std::string layout_name(const std::vector<int64_t>& mesh_shape);  // "fsdp", "ddp", "hsdp"
+
+// "fp32" -> kFloat, "bf16" -> kBFloat16; throws std::invalid_argument
+// naming `key` for anything else.
+torch::ScalarType parse_dtype(const std::string& name, const std::string& key);
 
 }  // namespace framework::fsdp

@@ -1,5 +1,7 @@
 #pragma once
 // Options of the run and the step loop (config sections `run` and `train`).
+#include "framework/fsdp/options.h"
+
 #include <cstdint>
 #include <string>
 
@@ -15,6 +17,11 @@ struct TrainOptions {
   // Exit cleanly after this step, as a preempted job would. 0: never.
   int64_t stop_at = 0;
   int64_t global_batch_size = 32;
+  // Sequences per rank per forward (gradient accumulation); 0: the rank's
+  // whole share of the global batch in one forward.
+  int64_t micro_batch_size = 0;
+  // bf16 compute with fp32 master weights (FSDP2's MixedPrecisionPolicy).
+  fsdp::MixedPrecisionPolicy mixed_precision;
   int64_t log_every = 10;
   std::string device = "cpu";  // cpu | cuda
   // Clip gradients to this global L2 norm. 0 turns clipping off.

@@ -328,16 +328,54 @@ MemoryEstimate estimate_memory(const config::Config& cfg, int world_size) {
   }
   MemoryEstimate m;
   constexpr double kFloat = 4;
+  // Module parameters, their gradients and activations are in param_dtype;
+  // shards, shard gradients and AdamW in fp32; the loss in fp32.
+  const bool bf16 = cfg.train.mixed_precision.param_dtype == "bf16";
+  const double compute = bf16 ? 2 : kFloat;
   m.params = size.parameters / shard * kFloat;
   m.grads = m.params;
   m.optimizer = 2 * m.params;
-  m.gathered = shard > 1 ? 2 * size.largest_unit * kFloat : 0;
+  if (shard > 1) {
+    m.gathered = 2 * size.largest_unit * compute;
+  } else if (bf16) {
+    m.gathered = 2 * size.parameters * compute;  // DDP: bf16 parameters and gradients beside the masters
+  }
   const double per_rank_batch =
       std::ceil(static_cast<double>(cfg.train.global_batch_size) / std::max(1, world_size));
-  m.activations = per_rank_batch * size.activation_floats_per_sample * kFloat;
+  const double micro = cfg.train.micro_batch_size > 0
+                           ? std::min(per_rank_batch, static_cast<double>(cfg.train.micro_batch_size))
+                           : per_rank_batch;
+  // A checkpointed block keeps only its input (seq_len x d_model) until its
+  // backward recomputes it, one block at a time.
+  const double layers = static_cast<double>(cfg.model.n_layers);
+  const double block = size.block_activation_floats_per_sample;
+  const double head = size.activation_floats_per_sample - layers * block;
+  const double input = static_cast<double>(cfg.model.seq_len * cfg.model.d_model);
+  double checkpointed = 0;
+  if (cfg.model.activation_checkpointing == "full") checkpointed = layers;
+  if (cfg.model.activation_checkpointing == "selective") {
+    checkpointed = std::ceil(layers / static_cast<double>(cfg.model.activation_checkpointing_every));
+  }
+  const double blocks = (layers - checkpointed) * block + checkpointed * input +
+                        (checkpointed > 0 ? block : 0);
+  m.activations = micro * (blocks * compute + head * kFloat);
   const bool staged = cfg.checkpoint.interval > 0 && cfg.checkpoint.mode != "sync";
   m.staging = staged ? m.params + m.optimizer : 0;
   return m;
+}
+
+void check_batch(const config::Config& cfg, int world_size) {
+  const int64_t micro = cfg.train.micro_batch_size;
+  const int64_t global = cfg.train.global_batch_size;
+  if (global % world_size != 0) {
+    fail("train.global_batch_size (" + std::to_string(global) +
+         ") must be divisible by the data-parallel ranks (" + std::to_string(world_size) + ")");
+  }
+  if (micro > 0 && global % (micro * world_size) != 0) {
+    fail("train.global_batch_size (" + std::to_string(global) +
+         ") must be divisible by train.micro_batch_size (" + std::to_string(micro) +
+         ") x data-parallel ranks (" + std::to_string(world_size) + ")");
+  }
 }
 
 std::string describe(const MemoryEstimate& m) {
@@ -405,6 +443,7 @@ std::vector<std::string> resume_changes(const std::string& saved_yaml, const std
 PreflightReport preflight(const config::Config& cfg, int world_size, int local_ranks) {
   PreflightReport report;
   check_directories(cfg);
+  check_batch(cfg, world_size);
   check_data(cfg);
   report.memory = estimate_memory(cfg, world_size);
   check_memory(cfg, report.memory, std::max(1, local_ranks));

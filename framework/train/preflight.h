@@ -37,7 +37,9 @@ class PreflightError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-// Bytes per rank, estimated from the config alone (fp32 everywhere).
+// Bytes per rank, estimated from the config alone: shards, their gradients
+// and AdamW in fp32; gathered units and activations in param_dtype, with
+// activation checkpointing and micro-batches counted.
 struct MemoryEstimate {
   double params = 0;       // this rank's parameter shards
   double grads = 0;        // their gradients
@@ -49,6 +51,10 @@ struct MemoryEstimate {
 };
 
 MemoryEstimate estimate_memory(const config::Config& cfg, int world_size);
+
+// train.global_batch_size against the data-parallel ranks and
+// train.micro_batch_size. Throws PreflightError naming the three values.
+void check_batch(const config::Config& cfg, int world_size);
 
 // "412.3 MiB (params 10.0 MiB, grads 10.0 MiB, optimizer 20.0 MiB, ...)"
 std::string describe(const MemoryEstimate& m);

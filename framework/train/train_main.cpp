@@ -10,12 +10,14 @@
 #include "checkpoint/error_text.h"
 #include "framework/train/train_main.h"
 #include "framework/train/trainer.h"
+#include "models/layered_model.h"
 
 #include <CLI/CLI.hpp>
 #include <torch/version.h>
 #include <torch/torch.h>
 
 #include <csignal>
+#include <cstdio>
 #include <filesystem>
 #include <cstdlib>
 #include <iostream>
@@ -37,6 +39,7 @@ struct Args {
   int nproc_per_node = 0;  // 0: not given
   bool print_config = false;
   bool config_reference = false;
+  bool dry_run = false;
 };
 
 // First SIGTERM/SIGINT: finish the step, save (checkpoint.save_on_signal),
@@ -113,6 +116,39 @@ int run_preflight(const framework::config::Config& cfg, int world, int local_ran
     if (speak) std::cerr << "train: " << checkpoint::error_text(e) << std::endl;
     return 1;
   }
+}
+
+// train --dry-run: the model's size and the memory estimate per rank for
+// the job's world, from the config alone (nothing is allocated, no rank
+// starts). The world: --nproc, else the launcher's WORLD_SIZE, else 1.
+int dry_run(const framework::config::Config& cfg, int nproc) {
+  int world = nproc;
+  if (world <= 0) {
+    const char* env = std::getenv("WORLD_SIZE");
+    world = env != nullptr && std::atoi(env) > 0 ? std::atoi(env) : 1;
+  }
+  std::vector<int64_t> mesh;
+  try {
+    mesh = framework::fsdp::mesh_shape_for(cfg.parallel, world);
+    framework::train::check_batch(cfg, world);
+  } catch (const std::exception& e) {
+    std::cerr << "train: " << e.what() << std::endl;
+    return 2;
+  }
+  const models::ModelSize size = models::model_size(cfg.model);
+  const framework::train::MemoryEstimate m = framework::train::estimate_memory(cfg, world);
+  std::printf("train: dry run: model %s, %.0f parameters (%.2f B), largest unit %.0f\n",
+              cfg.model.kind.c_str(), size.parameters, size.parameters / 1e9, size.largest_unit);
+  std::printf("train: dry run: world %d, layout %s replicate=%lld shard=%lld, param_dtype %s, "
+              "reduce_dtype %s, activation checkpointing %s, micro_batch_size %lld\n",
+              world, framework::fsdp::layout_name(mesh).c_str(), static_cast<long long>(mesh[0]),
+              static_cast<long long>(mesh[1]), cfg.train.mixed_precision.param_dtype.c_str(),
+              cfg.train.mixed_precision.reduce_dtype.c_str(),
+              cfg.model.activation_checkpointing.c_str(),
+              static_cast<long long>(cfg.train.micro_batch_size));
+  std::cout << "train: dry run: memory estimate per rank " << framework::train::describe(m)
+            << std::endl;
+  return 0;
 }
 
 int run_rank(const Args& args, const framework::config::Config& cfg, const TrainerHooks& hooks) {
@@ -205,6 +241,9 @@ int train_main(int argc, char** argv, const TrainerHooks& hooks) {
                  "start M local ranks per simulated node (--nodes x M in all)")
       ->check(CLI::Range(1, 4096));
   app.add_flag("--print-config", args.print_config, "print the effective config and exit");
+  app.add_flag("--dry-run", args.dry_run,
+               "print the model size and the memory estimate per rank for the world (--nproc, "
+               "else WORLD_SIZE, else 1) and exit; allocates nothing");
   app.set_version_flag("--version", std::string("train (shardkit) ") + SHARDKIT_VERSION +
                                         ", LibTorch " + TORCH_VERSION);
   try {
@@ -241,6 +280,7 @@ int train_main(int argc, char** argv, const TrainerHooks& hooks) {
     std::cout << framework::config::to_yaml(cfg);
     return 0;
   }
+  if (args.dry_run) return dry_run(cfg, shape.nproc);
   if (shape.nproc > 0) {
     framework::dist::LocalLaunchOptions launch;
     launch.nproc = shape.nproc;

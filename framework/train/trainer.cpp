@@ -55,6 +55,17 @@ struct RunSpan {
   Clock::time_point start;
 };
 
+// The step's one all-reduce, a sum over ranks. Packed into a double tensor
+// in the order of the fields by pack_step_stats.
+struct StepStats {
+  double loss_sum = 0;        // cross-entropy summed over the global batch
+  double tokens = 0;          // targets that count, global batch
+  double stop_requested = 0;  // ranks that got a stop signal
+  double ckpt_busy = 0;       // ranks with a save still in flight
+};
+constexpr int64_t kStepStatsSlots = 4;
+static_assert(sizeof(StepStats) == kStepStatsSlots * sizeof(double), "one slot per field");
+
 }  // namespace
 
 struct Trainer::State {
@@ -103,6 +114,8 @@ struct Trainer::State {
   int64_t last_step() const;
   int64_t param_count() const;  // elements of all parameters, unsharded
   LocalLoss forward_next_batch();
+  StepStats accumulate_gradients(int64_t to_step);
+  int64_t micro_batches = 1;  // per step and rank (train.micro_batch_size)
   double finish_gradients();
   double apply_optimizer_step(int64_t to_step);
   void log_step(const StepRecord& rec, const RunSpan& span);
@@ -120,6 +133,29 @@ struct Trainer::State {
 };
 
 namespace {
+
+// module.to(device), except that parameters without storage (a model
+// built unmaterialised) stay so: they become empty tensors of the device,
+// so that FullyShardedModel materialises them there.
+void move_to_device(torch::nn::Module& module, torch::Device device) {
+  bool unmaterialised = false;
+  for (const auto& p : module.parameters()) unmaterialised |= p.numel() > 0 && p.storage().nbytes() == 0;
+  if (!unmaterialised) {
+    module.to(device);
+    return;
+  }
+  torch::NoGradGuard no_grad;
+  for (auto& p : module.parameters()) {
+    const bool empty = p.numel() > 0 && p.storage().nbytes() == 0;
+    p.set_data(empty ? torch::empty(p.sizes(), p.options().device(device)) : p.to(device));
+    if (empty) {
+      c10::StorageImpl* impl = p.storage().unsafeGetStorageImpl();
+      impl->set_data_ptr_noswap(at::DataPtr(nullptr, p.device()));
+      impl->set_nbytes(0);
+    }
+  }
+  for (auto& b : module.buffers()) b.set_data(b.to(device));
+}
 
 std::string format_duration(double seconds) {
   auto s = static_cast<int64_t>(seconds + 0.5);
@@ -154,16 +190,6 @@ double peak_rss_mib() {
   return 0;
 }
 
-// The step's one all-reduce, a sum over ranks. Packed into a double tensor
-// in the order of the fields by pack_step_stats.
-struct StepStats {
-  double loss_sum = 0;        // cross-entropy summed over the global batch
-  double tokens = 0;          // targets that count, global batch
-  double stop_requested = 0;  // ranks that got a stop signal
-  double ckpt_busy = 0;       // ranks with a save still in flight
-};
-constexpr int64_t kStepStatsSlots = 4;
-static_assert(sizeof(StepStats) == kStepStatsSlots * sizeof(double), "one slot per field");
 
 // On `device`: the loss and token count are not read back before the reduce.
 torch::Tensor pack_step_stats(const LocalLoss& local, bool stop_requested, bool ckpt_busy,
@@ -315,12 +341,20 @@ void Trainer::State::build_builtin_model() {
     static std::mutex init_mutex;
     std::lock_guard<std::mutex> lock(init_mutex);
     torch::manual_seed(static_cast<uint64_t>(cfg.run.seed));
-    model = models::make_model(cfg.model);
+    // A llama is built unmaterialised: shard_model fills in one parameter
+    // at a time, so no rank ever holds the whole model.
+    model = models::make_model(cfg.model, /*materialize=*/cfg.model.kind != "llama");
   }
   user.module = model;
-  user.units = fsdp::children_of(*model, "blocks");
+  user.units = model->unit_names();
+  if (cfg.model.kind == "llama") {
+    user.init = [model](const std::string& name, const torch::Tensor& full) {
+      model->init_parameter(name, full);
+    };
+  }
   user.loss = [model](const torch::Tensor& inputs, const torch::Tensor& targets) {
-    torch::Tensor logits = model->forward(inputs);
+    // The loss and its softmax in fp32, whatever the compute dtype.
+    torch::Tensor logits = model->forward(inputs).to(torch::kFloat);
     const int64_t vocab = logits.size(-1);
     torch::Tensor sum = torch::nn::functional::cross_entropy(
         logits.reshape({-1, vocab}), targets.reshape({-1}),
@@ -341,9 +375,12 @@ void Trainer::State::shard_model() {
   device = rt.device;
   if (device.is_cuda()) {
     dist::use_deterministic_cuda();  // bit-exact resume needs reproducible kernels
-    user.module->to(device);
+    move_to_device(*user.module, device);
   }
-  fsdp = std::make_unique<fsdp::FullyShardedModel>(user.module, mesh, cfg.parallel, user.units);
+  fsdp::ParallelOptions parallel = cfg.parallel;
+  parallel.mixed_precision = cfg.train.mixed_precision;
+  fsdp = std::make_unique<fsdp::FullyShardedModel>(user.module, mesh, parallel, user.units,
+                                                   user.init);
   optim = std::make_unique<optim::ShardedAdamW>(*fsdp, cfg.optim, cfg.train.steps);
 }
 
@@ -394,6 +431,15 @@ void Trainer::State::print_banner(const std::optional<std::string>& resume_from,
             << "shardkit: model " << user.description << " " << param_count() << " params, "
             << fsdp->unit_names().size() << " units, " << std::fixed << std::setprecision(2)
             << st.sharded_param_bytes / 1048576.0 << std::defaultfloat << " MiB on this rank; data " << dataset->describe() << std::endl;
+  const auto& mp = cfg.train.mixed_precision;
+  if (mp.param_dtype != "fp32" || mp.reduce_dtype != "fp32" || micro_batches > 1 ||
+      cfg.model.activation_checkpointing != "none") {
+    std::cout << "shardkit: compute " << mp.param_dtype << ", gradients reduced in " << mp.reduce_dtype
+              << ", master weights and AdamW fp32; " << micro_batches << " micro-batch"
+              << (micro_batches > 1 ? "es" : "") << " per step and rank";
+    if (builtin_model) std::cout << "; activation checkpointing " << cfg.model.activation_checkpointing;
+    std::cout << std::endl;
+  }
   if (builtin_model) {
     std::cout << "shardkit: memory estimate per rank "
               << describe(estimate_memory(cfg, rt.env.world_size)) << std::endl;
@@ -443,6 +489,15 @@ Trainer::Trainer(const config::Config& config, dist::Runtime& runtime, UserModel
   s.mesh_shape = fsdp::mesh_shape_for(s.cfg.parallel, world);
   s.mesh = dtensor::DeviceMesh::create(*runtime.rendezvous, s.mesh_shape, {"replicate", "shard"});
 
+  const int64_t micro = s.cfg.train.micro_batch_size;
+  if (s.cfg.train.global_batch_size % world != 0 ||
+      (micro > 0 && s.cfg.train.global_batch_size % (micro * world) != 0)) {
+    throw std::invalid_argument(
+        "train.global_batch_size (" + std::to_string(s.cfg.train.global_batch_size) +
+        ") must be divisible by train.micro_batch_size (" + std::to_string(micro) +
+        ") x data-parallel ranks (" + std::to_string(world) + ")");
+  }
+  if (micro > 0) s.micro_batches = s.cfg.train.global_batch_size / world / micro;
   if (s.builtin_model) s.build_builtin_model();
   s.shard_model();
   s.dataset = s.user.dataset;
@@ -574,24 +629,62 @@ double Trainer::State::apply_optimizer_step(int64_t to_step) {
   return lr;
 }
 
+// Gradient accumulation (train.micro_batch_size): the step's global token
+// count first, in the step's all-reduce with the stop and busy flags (each
+// micro-batch's loss is normalised by it, so the gradient does not depend
+// on the micro-batch size); then each micro-batch's forward and backward
+// (FSDP reduce-scatters each; DDP all-reduces only the last); then the
+// loss sum for the log, in a second small all-reduce.
+StepStats Trainer::State::accumulate_gradients(int64_t to_step) {
+  auto [host_inputs, host_targets] = loader->next();
+  const int64_t rows = host_inputs.size(0);
+  const int64_t micro = cfg.train.micro_batch_size;
+  LocalLoss counted{torch::zeros({}, torch::TensorOptions(torch::kDouble).device(device)),
+                    (host_targets != data::kIgnoreIndex).sum().to(device)};
+  torch::Tensor stats = pack_step_stats(counted, stop_signal().load() != 0, ckpt->busy(), device);
+  if (hooks.before_step) hooks.before_step(to_step, rt.env.rank);
+  rt.train->all_reduce(stats);
+  StepStats global = unpack_step_stats(stats);
+  const double global_tokens = std::max(1.0, global.tokens);
+  torch::Tensor loss_sum = torch::zeros({1}, torch::TensorOptions(torch::kDouble).device(device));
+  for (int64_t first = 0; first < rows; first += micro) {
+    fsdp->set_requires_gradient_sync(first + micro >= rows);
+    torch::Tensor inputs = host_inputs.narrow(0, first, micro).to(device);
+    torch::Tensor targets = host_targets.narrow(0, first, micro).to(device);
+    const LossSum loss = fsdp->forward([&] { return user.loss(inputs, targets); });
+    (loss.sum / global_tokens).backward();
+    fsdp->finish_backward();
+    loss_sum += loss.sum.detach().to(torch::kDouble);
+  }
+  rt.train->all_reduce(loss_sum);
+  global.loss_sum = loss_sum.to(torch::kCPU).item<double>();
+  return global;
+}
+
 StepRecord Trainer::train_step() {
   State& s = *s_;
   TORCH_CHECK(s.step < s.cfg.train.steps, "train_step: already at train.steps (",
               s.cfg.train.steps, ")");
   const int64_t step = s.step + 1;
   auto t0 = Clock::now();
-  const LocalLoss local = s.forward_next_batch();
-  // One small all-reduce per step, on the training device: global loss
-  // sum, global token count, and whether any rank was asked to stop or is
-  // still saving. Its result is the one host read of the step.
-  torch::Tensor stats = pack_step_stats(local, stop_signal().load() != 0, s.ckpt->busy(), s.device);
-  if (s.hooks.before_step) s.hooks.before_step(step, s.rt.env.rank);
-  s.rt.train->all_reduce(stats);
-  const StepStats global = unpack_step_stats(stats);
+  StepStats global;
+  if (s.micro_batches > 1) {
+    global = s.accumulate_gradients(step);
+  } else {
+    const LocalLoss local = s.forward_next_batch();
+    // One small all-reduce per step, on the training device: global loss
+    // sum, global token count, and whether any rank was asked to stop or is
+    // still saving. Its result is the one host read of the step.
+    torch::Tensor stats =
+        pack_step_stats(local, stop_signal().load() != 0, s.ckpt->busy(), s.device);
+    if (s.hooks.before_step) s.hooks.before_step(step, s.rt.env.rank);
+    s.rt.train->all_reduce(stats);
+    global = unpack_step_stats(stats);
+    // Normalising by the global token count and summing gradients across
+    // ranks gives the gradient of the global mean at any world size.
+    (local.sum / std::max(1.0, global.tokens)).backward();
+  }
   const double global_tokens = std::max(1.0, global.tokens);
-  // Normalising by the global token count and summing gradients across
-  // ranks gives the gradient of the global mean at any world size.
-  (local.sum / global_tokens).backward();
   StepRecord rec;
   rec.grad_norm = s.finish_gradients();
   rec.lr = s.apply_optimizer_step(step);
@@ -746,9 +839,15 @@ EvalRecord Trainer::evaluate() {
     }
     torch::Tensor in = torch::stack(inputs).to(s.device);
     torch::Tensor tgt = torch::stack(targets).to(s.device);
-    const LossSum loss = s.fsdp->forward([&] { return s.user.loss(in, tgt); });
-    loss_sum += loss.sum.to(torch::kDouble);
-    tokens += loss.count.to(torch::kDouble);
+    // In micro-batches, as training runs, so evaluation needs no more memory.
+    const int64_t micro = local / s.micro_batches;
+    for (int64_t m = 0; m < local; m += micro) {
+      torch::Tensor in_m = in.narrow(0, m, micro);
+      torch::Tensor tgt_m = tgt.narrow(0, m, micro);
+      const LossSum loss = s.fsdp->forward([&] { return s.user.loss(in_m, tgt_m); });
+      loss_sum += loss.sum.to(torch::kDouble);
+      tokens += loss.count.to(torch::kDouble);
+    }
   }
   torch::Tensor both = torch::stack({loss_sum, tokens});
   s.rt.train->all_reduce(both);

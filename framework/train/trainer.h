@@ -89,6 +89,9 @@ struct UserModel {
   std::shared_ptr<data::Dataset> dataset;
   // Shown in the banner, e.g. "llama 4 layers".
   std::string description = "custom";
+  // For a module built without parameter storage: fills each full
+  // parameter as FullyShardedModel materialises it (fsdp::ParamInit).
+  std::function<void(const std::string& name, const torch::Tensor& full)> init;
 };
 
 // What the caller of a Trainer may plug in besides the config.

@@ -1,0 +1,237 @@
+#include "models/llama.h"
+
+#include "framework/dist/torch_compat.h"
+
+#include <cmath>
+#include <stdexcept>
+
+namespace models {
+namespace {
+
+// A parameter of `sizes`: allocated (its values set by init_parameter
+// later), or, unmaterialised, a tensor of that shape whose storage holds no
+// bytes. The allocation is never touched before it is freed.
+torch::Tensor make_param(std::vector<int64_t> sizes, bool materialize) {
+  torch::Tensor t = torch::empty(sizes);
+  if (!materialize) {
+    c10::StorageImpl* impl = t.storage().unsafeGetStorageImpl();
+    impl->set_data_ptr_noswap(at::DataPtr(nullptr, t.device()));
+    impl->set_nbytes(0);
+  }
+  return t;
+}
+
+bool ends_with(const std::string& s, const std::string& tail) {
+  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
+}
+
+}  // namespace
+
+int64_t llama_d_ff(const ModelOptions& o) {
+  if (o.d_ff > 0) return o.d_ff;
+  const int64_t hidden = 8 * o.d_model / 3;
+  return (hidden + 255) / 256 * 256;
+}
+
+RMSNormImpl::RMSNormImpl(int64_t dim, double eps, bool materialize)
+    : eps_(eps), weight_(register_parameter("weight", make_param({dim}, materialize))) {}
+
+torch::Tensor RMSNormImpl::forward(const torch::Tensor& x) {
+  torch::Tensor xf = x.to(torch::kFloat);
+  xf = xf * torch::rsqrt(xf.pow(2).mean(-1, /*keepdim=*/true) + eps_);
+  return weight_ * xf.to(x.scalar_type());
+}
+
+TokenEmbeddingImpl::TokenEmbeddingImpl(int64_t vocab, int64_t dim, bool materialize)
+    : weight_(register_parameter("weight", make_param({vocab, dim}, materialize))) {}
+
+torch::Tensor TokenEmbeddingImpl::forward(const torch::Tensor& tokens) {
+  return torch::embedding(weight_, tokens);
+}
+
+ProjectionImpl::ProjectionImpl(int64_t in, int64_t out, bool materialize)
+    : weight_(register_parameter("weight", make_param({out, in}, materialize))) {}
+
+torch::Tensor ProjectionImpl::forward(const torch::Tensor& x) {
+  return torch::nn::functional::linear(x, weight_);
+}
+
+torch::Tensor rope_inverse_frequencies(const ModelOptions& o) {
+  const int64_t head_dim = o.d_model / o.n_heads;
+  torch::Tensor exponents = torch::arange(0, head_dim, 2, torch::kFloat) / static_cast<double>(head_dim);
+  torch::Tensor inv_freq = 1.0 / torch::pow(torch::full({}, o.rope_theta, torch::kFloat), exponents);
+  const RopeScalingOptions& s = o.rope_scaling;
+  if (s.factor <= 0) return inv_freq;
+  // Llama 3.1: long wavelengths divided by factor, short ones kept, a smooth
+  // blend between (Hugging Face's _compute_llama3_parameters).
+  const double old_len = static_cast<double>(s.original_max_position);
+  const double low_freq_wavelen = old_len / s.low_freq_factor;
+  const double high_freq_wavelen = old_len / s.high_freq_factor;
+  torch::Tensor wavelen = 2 * M_PI / inv_freq;
+  torch::Tensor scaled = torch::where(wavelen > low_freq_wavelen, inv_freq / s.factor, inv_freq);
+  torch::Tensor smooth = (old_len / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
+  torch::Tensor blended = (1 - smooth) * scaled / s.factor + smooth * scaled;
+  torch::Tensor medium = (wavelen >= high_freq_wavelen) & (wavelen <= low_freq_wavelen);
+  return torch::where(medium, blended, scaled);
+}
+
+torch::Tensor apply_rotary(const torch::Tensor& x, const RotaryTables& rope) {
+  const int64_t half = x.size(-1) / 2;
+  torch::Tensor rotated = torch::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
+  return x * rope.cos + rotated * rope.sin;
+}
+
+LlamaAttentionImpl::LlamaAttentionImpl(const ModelOptions& o, bool materialize)
+    : n_heads_(o.n_heads),
+      n_kv_heads_(o.n_kv_heads > 0 ? o.n_kv_heads : o.n_heads),
+      head_dim_(o.d_model / o.n_heads) {
+  q_proj_ = register_module("q_proj", Projection(o.d_model, n_heads_ * head_dim_, materialize));
+  k_proj_ = register_module("k_proj", Projection(o.d_model, n_kv_heads_ * head_dim_, materialize));
+  v_proj_ = register_module("v_proj", Projection(o.d_model, n_kv_heads_ * head_dim_, materialize));
+  o_proj_ = register_module("o_proj", Projection(n_heads_ * head_dim_, o.d_model, materialize));
+}
+
+torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x, const RotaryTables& rope) {
+  const int64_t batch = x.size(0), len = x.size(1);
+  auto heads = [&](const torch::Tensor& t, int64_t n) {
+    return t.view({batch, len, n, head_dim_}).transpose(1, 2);  // [B, n, T, hd]
+  };
+  torch::Tensor q = apply_rotary(heads(q_proj_->forward(x), n_heads_), rope);
+  torch::Tensor k = apply_rotary(heads(k_proj_->forward(x), n_kv_heads_), rope);
+  torch::Tensor v = heads(v_proj_->forward(x), n_kv_heads_);
+  if (n_kv_heads_ != n_heads_) {
+    // Query head h reads key/value head h / group (Hugging Face's repeat_kv).
+    const int64_t group = n_heads_ / n_kv_heads_;
+    auto repeat = [&](const torch::Tensor& t) {
+      return t.unsqueeze(2).expand({batch, n_kv_heads_, group, len, head_dim_})
+          .reshape({batch, n_heads_, len, head_dim_});
+    };
+    k = repeat(k);
+    v = repeat(v);
+  }
+  torch::Tensor out = framework::dist::compat::causal_attention(q, k, v);  // [B, H, T, hd]
+  return o_proj_->forward(out.transpose(1, 2).reshape({batch, len, n_heads_ * head_dim_}));
+}
+
+LlamaMlpImpl::LlamaMlpImpl(int64_t d_model, int64_t d_ff, bool materialize)
+    : gate_proj_(register_module("gate_proj", Projection(d_model, d_ff, materialize))),
+      up_proj_(register_module("up_proj", Projection(d_model, d_ff, materialize))),
+      down_proj_(register_module("down_proj", Projection(d_ff, d_model, materialize))) {}
+
+torch::Tensor LlamaMlpImpl::forward(const torch::Tensor& x) {
+  return down_proj_->forward(torch::silu(gate_proj_->forward(x)) * up_proj_->forward(x));
+}
+
+LlamaBlockImpl::LlamaBlockImpl(const ModelOptions& o, int64_t d_ff, bool materialize)
+    : input_layernorm_(register_module("input_layernorm", RMSNorm(o.d_model, o.norm_eps, materialize))),
+      self_attn_(register_module("self_attn", LlamaAttention(o, materialize))),
+      post_attention_layernorm_(
+          register_module("post_attention_layernorm", RMSNorm(o.d_model, o.norm_eps, materialize))),
+      mlp_(register_module("mlp", LlamaMlp(o.d_model, d_ff, materialize))) {}
+
+torch::Tensor LlamaBlockImpl::forward(const torch::Tensor& x, const RotaryTables& rope) {
+  torch::Tensor h = x + self_attn_->forward(input_layernorm_->forward(x), rope);
+  return h + mlp_->forward(post_attention_layernorm_->forward(h));
+}
+
+LlamaBodyImpl::LlamaBodyImpl(const ModelOptions& o, int64_t d_ff, bool materialize) {
+  // Registration order is parameter order: embed_tokens, layers, norm.
+  embed_tokens = register_module("embed_tokens", TokenEmbedding(o.vocab_size, o.d_model, materialize));
+  auto layers = register_module("layers", torch::nn::ModuleList());
+  for (int64_t i = 0; i < o.n_layers; ++i) {
+    blocks.push_back(LlamaBlock(o, d_ff, materialize));
+    layers->push_back(blocks.back());
+  }
+  norm = register_module("norm", RMSNorm(o.d_model, o.norm_eps, materialize));
+}
+
+LlamaModelImpl::LlamaModelImpl(const ModelOptions& options, uint64_t seed, bool materialize)
+    : options_(options), seed_(seed) {
+  const int64_t d_ff = llama_d_ff(options);
+  body_ = register_module("model", LlamaBody(options, d_ff, materialize));
+  if (!options.tie_weights) {
+    lm_head_ = register_module("lm_head", Projection(options.d_model, options.vocab_size, materialize));
+  }
+  int64_t index = 0;
+  for (const auto& item : named_parameters()) param_index_.emplace(item.key(), index++);
+  inv_freq_ = rope_inverse_frequencies(options);
+  if (materialize) {
+    torch::NoGradGuard no_grad;
+    for (const auto& item : named_parameters()) init_parameter(item.key(), item.value());
+  }
+}
+
+void LlamaModelImpl::init_parameter(const std::string& name, const torch::Tensor& full) const {
+  auto it = param_index_.find(name);
+  if (it == param_index_.end()) {
+    throw std::invalid_argument("llama: no parameter named '" + name + "'");
+  }
+  torch::NoGradGuard no_grad;
+  if (ends_with(name, "norm.weight")) {  // input_layernorm, post_attention_layernorm, norm
+    full.fill_(1.0);
+    return;
+  }
+  double std = 0.02;
+  if (ends_with(name, "o_proj.weight") || ends_with(name, "down_proj.weight")) {
+    std /= std::sqrt(2.0 * static_cast<double>(options_.n_layers));
+  }
+  // splitmix64 of (seed, index): one independent stream per parameter.
+  uint64_t z = seed_ + 0x9E3779B97F4A7C15ULL * static_cast<uint64_t>(it->second + 1);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+  z ^= z >> 31;
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(z);
+  if (full.device().is_cpu()) {
+    full.normal_(0.0, std, gen);
+  } else {
+    // The same values on any device: drawn on the CPU.
+    full.copy_(torch::empty(full.sizes(), full.options().device(torch::kCPU)).normal_(0.0, std, gen));
+  }
+}
+
+torch::Tensor LlamaModelImpl::embed(const torch::Tensor& tokens) {
+  TORCH_CHECK(tokens.dim() == 2, "embed: tokens must be [batch, seq], got ", tokens.sizes());
+  TORCH_CHECK(tokens.size(1) <= options_.seq_len, "embed: sequence length ", tokens.size(1),
+              " exceeds model.seq_len ", options_.seq_len);
+  return body_->embed_tokens->forward(tokens);
+}
+
+std::vector<std::string> LlamaModelImpl::unit_names() const {
+  std::vector<std::string> out;
+  for (int64_t i = 0; i < num_blocks(); ++i) out.push_back("model.layers." + std::to_string(i));
+  return out;
+}
+
+int64_t LlamaModelImpl::num_blocks() const { return static_cast<int64_t>(body_->blocks.size()); }
+
+std::shared_ptr<torch::nn::Module> LlamaModelImpl::block(int64_t i) {
+  TORCH_CHECK(i >= 0 && i < num_blocks(), "block index ", i, " out of range [0, ", num_blocks(), ")");
+  return body_->blocks[i].ptr();
+}
+
+const RotaryTables& LlamaModelImpl::rotary(int64_t len, const torch::Tensor& like) {
+  if (!rope_.cos.defined() || rope_.cos.size(0) != len || rope_.cos.device() != like.device() ||
+      rope_.cos.scalar_type() != like.scalar_type()) {
+    // Angles in fp32 on the CPU (the same on every device), then cast.
+    torch::Tensor positions = torch::arange(len, torch::kFloat);
+    torch::Tensor freqs = torch::outer(positions, inv_freq_);
+    torch::Tensor angles = torch::cat({freqs, freqs}, -1);  // [T, hd]
+    auto opts = like.options().requires_grad(false);
+    rope_.cos = angles.cos().to(opts);
+    rope_.sin = angles.sin().to(opts);
+  }
+  return rope_;
+}
+
+torch::Tensor LlamaModelImpl::block_forward(int64_t i, const torch::Tensor& h) {
+  TORCH_CHECK(i >= 0 && i < num_blocks(), "block index ", i, " out of range [0, ", num_blocks(), ")");
+  return body_->blocks[i]->forward(h, rotary(h.size(1), h));
+}
+
+torch::Tensor LlamaModelImpl::head(const torch::Tensor& h) {
+  torch::Tensor x = body_->norm->forward(h);
+  if (lm_head_) return lm_head_->forward(x);
+  return torch::nn::functional::linear(x, body_->embed_tokens->weight());
+}
+
+}  // namespace models

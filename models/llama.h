@@ -1,0 +1,160 @@
+#pragma once
+// Llama 3 (what torchtitan, Megatron-LM and llm.c train): token embedding;
+// n_layers blocks of RMSNorm, grouped-query attention with rotary
+// embeddings, RMSNorm, SwiGLU MLP; a final RMSNorm and the output
+// projection. No biases.
+//
+// Parameter names are Hugging Face's LlamaForCausalLM names, so an import
+// or export of Hugging Face weights is a plain copy:
+//   model.embed_tokens.weight                       [vocab, d_model]
+//   model.layers.N.input_layernorm.weight           [d_model]
+//   model.layers.N.self_attn.{q,k,v,o}_proj.weight  [heads*hd, d] / [kv*hd, d] / [d, heads*hd]
+//   model.layers.N.post_attention_layernorm.weight  [d_model]
+//   model.layers.N.mlp.{gate,up,down}_proj.weight   [d_ff, d] / [d, d_ff]
+//   model.norm.weight                               [d_model]
+//   lm_head.weight                                  [vocab, d_model] (absent when tied)
+// Rotary layout: Hugging Face's rotate-half (the first and second halves of
+// each head's dimensions form the rotated pairs), not Meta's interleaved
+// pairs; Meta's original checkpoints need HF's q/k permutation on import.
+//
+// Initialisation (torchtitan-like, GPT-2 scale): every projection and the
+// embedding normal(0, 0.02), o_proj and down_proj normal(0, 0.02 /
+// sqrt(2 * n_layers)), norms 1. Each parameter draws from a generator of
+// its own, seeded from the model's seed and the parameter's index, so its
+// values do not depend on when, where or on which thread it is made: the
+// model can be built unallocated and each rank fills in one parameter at
+// a time while sharding it (FullyShardedModel's ParamInit).
+#include "models/layered_model.h"
+
+#include <cstdint>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+namespace models {
+
+// x / rms(x) * weight, the statistics in fp32 (as autocast keeps them),
+// the result in x's dtype.
+class RMSNormImpl : public torch::nn::Module {
+ public:
+  RMSNormImpl(int64_t dim, double eps, bool materialize);
+  torch::Tensor forward(const torch::Tensor& x);
+
+ private:
+  double eps_;
+  torch::Tensor weight_;
+};
+TORCH_MODULE(RMSNorm);
+
+// A bias-free projection x @ weight^T; weight [out, in]. Submodule-free.
+class ProjectionImpl : public torch::nn::Module {
+ public:
+  ProjectionImpl(int64_t in, int64_t out, bool materialize);
+  torch::Tensor forward(const torch::Tensor& x);
+  const torch::Tensor& weight() const { return weight_; }
+
+ private:
+  torch::Tensor weight_;
+};
+TORCH_MODULE(Projection);
+
+// Token ids [B, T] -> rows of weight [vocab, d_model].
+class TokenEmbeddingImpl : public torch::nn::Module {
+ public:
+  TokenEmbeddingImpl(int64_t vocab, int64_t dim, bool materialize);
+  torch::Tensor forward(const torch::Tensor& tokens);
+  const torch::Tensor& weight() const { return weight_; }
+
+ private:
+  torch::Tensor weight_;
+};
+TORCH_MODULE(TokenEmbedding);
+
+// cos and sin of the rotary angles, [T, head_dim] each, in the compute dtype.
+struct RotaryTables {
+  torch::Tensor cos;
+  torch::Tensor sin;
+};
+
+// The rotary inverse frequencies [head_dim / 2] (fp32), with Llama 3.1's
+// scaling when options.rope_scaling.factor > 0 (Hugging Face's
+// _compute_llama3_parameters).
+torch::Tensor rope_inverse_frequencies(const ModelOptions& options);
+
+// Applies the rotation to x [B, H, T, hd] (rotate-half layout).
+torch::Tensor apply_rotary(const torch::Tensor& x, const RotaryTables& rope);
+
+class LlamaAttentionImpl : public torch::nn::Module {
+ public:
+  LlamaAttentionImpl(const ModelOptions& options, bool materialize);
+  torch::Tensor forward(const torch::Tensor& x, const RotaryTables& rope);
+
+ private:
+  int64_t n_heads_, n_kv_heads_, head_dim_;
+  Projection q_proj_{nullptr}, k_proj_{nullptr}, v_proj_{nullptr}, o_proj_{nullptr};
+};
+TORCH_MODULE(LlamaAttention);
+
+class LlamaMlpImpl : public torch::nn::Module {
+ public:
+  LlamaMlpImpl(int64_t d_model, int64_t d_ff, bool materialize);
+  torch::Tensor forward(const torch::Tensor& x);  // down(silu(gate(x)) * up(x))
+
+ private:
+  Projection gate_proj_{nullptr}, up_proj_{nullptr}, down_proj_{nullptr};
+};
+TORCH_MODULE(LlamaMlp);
+
+class LlamaBlockImpl : public torch::nn::Module {
+ public:
+  LlamaBlockImpl(const ModelOptions& options, int64_t d_ff, bool materialize);
+  torch::Tensor forward(const torch::Tensor& h, const RotaryTables& rope);
+
+ private:
+  RMSNorm input_layernorm_{nullptr};
+  LlamaAttention self_attn_{nullptr};
+  RMSNorm post_attention_layernorm_{nullptr};
+  LlamaMlp mlp_{nullptr};
+};
+TORCH_MODULE(LlamaBlock);
+
+// The parameters under "model.": embed_tokens, layers, norm.
+class LlamaBodyImpl : public torch::nn::Module {
+ public:
+  LlamaBodyImpl(const ModelOptions& options, int64_t d_ff, bool materialize);
+  TokenEmbedding embed_tokens{nullptr};
+  std::vector<LlamaBlock> blocks;  // registered as "layers"
+  RMSNorm norm{nullptr};
+};
+TORCH_MODULE(LlamaBody);
+
+class LlamaModelImpl : public LayeredModelImpl {
+ public:
+  // materialize false: every parameter has its shape and no storage until
+  // init_parameter fills it. REQUIRES: options validated, kind llama.
+  LlamaModelImpl(const ModelOptions& options, uint64_t seed, bool materialize);
+
+  torch::Tensor embed(const torch::Tensor& tokens) override;
+  int64_t num_blocks() const override;
+  std::shared_ptr<torch::nn::Module> block(int64_t i) override;
+  torch::Tensor block_forward(int64_t i, const torch::Tensor& h) override;
+  torch::Tensor head(const torch::Tensor& h) override;
+  void init_parameter(const std::string& name, const torch::Tensor& full) const override;
+  std::vector<std::string> unit_names() const override;  // model.layers.N
+
+ private:
+  const RotaryTables& rotary(int64_t len, const torch::Tensor& like);
+
+  ModelOptions options_;
+  uint64_t seed_;
+  LlamaBody body_{nullptr};
+  Projection lm_head_{nullptr};  // null when tied
+  std::unordered_map<std::string, int64_t> param_index_;
+  torch::Tensor inv_freq_;       // fp32, CPU
+  RotaryTables rope_;            // cached for the last length, device and dtype
+};
+
+// The d_ff a llama of these options uses (model.d_ff, or its default).
+int64_t llama_d_ff(const ModelOptions& options);
+
+}  // namespace models

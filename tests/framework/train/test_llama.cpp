@@ -1,0 +1,456 @@
+// The llama under the trainer: world-size and parallel-mode equivalence,
+// bf16 mixed precision, gradient accumulation, activation checkpointing,
+// bit-exact and resharded resume, and a model that is never whole on a rank.
+// (Against PyTorch itself: tests/models/test_llama_parity.py.)
+#include "framework/dist/torch_compat.h"
+#include "framework/dtensor/device_mesh.h"
+#include "framework/fsdp/activation_checkpoint.h"
+#include "framework/fsdp/fully_shard.h"
+#include "framework/train/trainer.h"
+#include "models/layered_model.h"
+#include "models/llama.h"
+#include "support/counting_allocator.h"
+#include "support/multi_rank.h"
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <filesystem>
+#include <map>
+#include <mutex>
+
+namespace fs = std::filesystem;
+using framework::train::Trainer;
+using testing_support::run_runtimes;
+
+namespace {
+
+framework::config::Config llama_config(const std::string& dir) {
+  framework::config::Config c;
+  c.run.dir = dir;
+  c.run.seed = 11;
+  c.train.steps = 12;
+  c.train.global_batch_size = 12;  // divisible by 1, 2, 3 and 4 ranks, and micro 1, 2, 3, 6
+  c.train.log_every = 100;
+  c.train.grad_clip = 0.5;
+  c.model.kind = "llama";
+  c.model.tie_weights = false;
+  c.model.vocab_size = 16;
+  c.model.seq_len = 16;
+  c.model.d_model = 32;
+  c.model.n_heads = 4;
+  c.model.n_kv_heads = 2;
+  c.model.n_layers = 3;
+  c.model.d_ff = 48;
+  c.optim.warmup_steps = 3;
+  c.checkpoint.interval = 0;
+  c.checkpoint.mode = "sync";
+  return c;
+}
+
+std::string scratch(const std::string& tag) {
+  auto dir = fs::temp_directory_path() / ("shardkit_llama_" + tag + "_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  return dir.string();
+}
+
+struct RunResult {
+  std::vector<double> losses;
+  std::vector<double> grad_norms;
+  std::vector<torch::Tensor> params;  // full tensors after training
+  int64_t first_step = 0;
+};
+
+RunResult train(framework::config::Config cfg, int world, int64_t replicate = 1, int64_t shard = -1) {
+  cfg.parallel.replicate = replicate;
+  cfg.parallel.shard = shard;
+  RunResult result;
+  std::mutex mu;
+  run_runtimes(world, [&](framework::dist::Runtime& rt) {
+    Trainer trainer(cfg, rt);
+    const int64_t first = trainer.step();
+    EXPECT_EQ(trainer.run(), 0);
+    auto& model = trainer.model();
+    std::vector<torch::Tensor> full;
+    for (size_t i = 0; i < model.local_params().size(); ++i) {
+      EXPECT_EQ(model.local_params()[i].scalar_type(), torch::kFloat) << model.param_names()[i];
+      full.push_back(model.param_dtensor(i).full_tensor());
+    }
+    if (rt.env.rank == 0) {
+      std::lock_guard<std::mutex> lock(mu);
+      for (const auto& rec : trainer.history()) {
+        result.losses.push_back(rec.loss);
+        result.grad_norms.push_back(rec.grad_norm);
+      }
+      result.params = full;
+      result.first_step = first;
+    }
+  });
+  return result;
+}
+
+void expect_close(const RunResult& got, const RunResult& ref, double rel, const std::string& what) {
+  ASSERT_EQ(got.losses.size(), ref.losses.size()) << what;
+  for (size_t i = 0; i < ref.losses.size(); ++i) {
+    EXPECT_NEAR(got.losses[i], ref.losses[i], rel * std::abs(ref.losses[i])) << what << ": loss of step " << i + 1;
+    EXPECT_NEAR(got.grad_norms[i], ref.grad_norms[i], 10 * rel * std::abs(ref.grad_norms[i]))
+        << what << ": grad norm of step " << i + 1;
+  }
+  ASSERT_EQ(got.params.size(), ref.params.size()) << what;
+  for (size_t i = 0; i < ref.params.size(); ++i) {
+    EXPECT_TRUE(torch::allclose(got.params[i], ref.params[i], 1e-4, 1e-4))
+        << what << ": parameter " << i << " differs by " << (got.params[i] - ref.params[i]).abs().max().item<double>();
+  }
+}
+
+void expect_identical(const RunResult& got, const RunResult& ref, const std::string& what) {
+  ASSERT_EQ(got.losses.size(), ref.losses.size()) << what;
+  for (size_t i = 0; i < ref.losses.size(); ++i) {
+    EXPECT_EQ(got.losses[i], ref.losses[i]) << what << ": loss of step " << i + 1;
+    EXPECT_EQ(got.grad_norms[i], ref.grad_norms[i]) << what << ": grad norm of step " << i + 1;
+  }
+  ASSERT_EQ(got.params.size(), ref.params.size()) << what;
+  for (size_t i = 0; i < ref.params.size(); ++i) {
+    EXPECT_TRUE(torch::equal(got.params[i], ref.params[i])) << what << ": parameter " << i;
+  }
+}
+
+const RunResult& single_fp32() {
+  static RunResult r = train(llama_config(scratch("single")), 1);
+  return r;
+}
+
+}  // namespace
+
+TEST(LlamaModel, HasHuggingFaceParameterNamesAndOneUnitPerBlock) {
+  auto cfg = llama_config("unused");
+  auto model = models::make_model(cfg.model);
+  std::vector<std::string> names;
+  for (const auto& p : model->named_parameters()) names.push_back(p.key());
+  const std::vector<std::string> first = {
+      "model.embed_tokens.weight",
+      "model.layers.0.input_layernorm.weight",
+      "model.layers.0.self_attn.q_proj.weight",
+      "model.layers.0.self_attn.k_proj.weight",
+      "model.layers.0.self_attn.v_proj.weight",
+      "model.layers.0.self_attn.o_proj.weight",
+      "model.layers.0.post_attention_layernorm.weight",
+      "model.layers.0.mlp.gate_proj.weight",
+      "model.layers.0.mlp.up_proj.weight",
+      "model.layers.0.mlp.down_proj.weight"};
+  ASSERT_GE(names.size(), first.size());
+  EXPECT_EQ(std::vector<std::string>(names.begin(), names.begin() + first.size()), first);
+  EXPECT_EQ(names[names.size() - 2], "model.norm.weight");
+  EXPECT_EQ(names.back(), "lm_head.weight");
+  EXPECT_EQ(model->named_parameters()["model.layers.0.self_attn.k_proj.weight"].sizes(),
+            torch::IntArrayRef({16, 32}));  // 2 kv heads of 8
+  EXPECT_EQ(model->unit_names(),
+            (std::vector<std::string>{"model.layers.0", "model.layers.1", "model.layers.2"}));
+  int64_t n = 0;
+  for (const auto& p : model->parameters()) n += p.numel();
+  EXPECT_EQ(static_cast<double>(n), models::model_size(cfg.model).parameters);
+}
+
+TEST(LlamaModel, UnmaterialisedInitialisationEqualsEagerInAnyOrder) {
+  auto cfg = llama_config("unused");
+  torch::manual_seed(3);
+  auto eager = models::make_model(cfg.model, true);
+  torch::manual_seed(3);
+  auto lazy = models::make_model(cfg.model, false);
+  auto params = lazy->named_parameters();
+  for (size_t i = params.size(); i-- > 0;) {  // reverse order
+    const torch::Tensor& p = params[i].value();
+    EXPECT_EQ(p.storage().nbytes(), 0u) << params[i].key();
+    torch::Tensor full = torch::empty(p.sizes());
+    lazy->init_parameter(params[i].key(), full);
+    EXPECT_TRUE(torch::equal(full, eager->named_parameters()[params[i].key()])) << params[i].key();
+  }
+}
+
+TEST(LlamaAttention, FusedAndMatmulPathsAgree) {
+  torch::manual_seed(5);
+  auto q = torch::randn({2, 4, 16, 8});
+  auto k = torch::randn({2, 4, 16, 8});
+  auto v = torch::randn({2, 4, 16, 8});
+  auto fused = framework::dist::compat::causal_attention(q, k, v);
+  auto plain = framework::dist::compat::causal_attention_matmul(q, k, v);
+  std::cout << "attention path on this LibTorch: "
+            << (framework::dist::compat::kFusedAttention ? "scaled_dot_product_attention" : "matmul")
+            << ", max difference to matmul " << (fused - plain).abs().max().item<double>() << std::endl;
+  EXPECT_TRUE(torch::allclose(fused, plain, 1e-5, 1e-5));
+  // bf16: the same within bf16 rounding.
+  auto fused16 = framework::dist::compat::causal_attention(q.to(torch::kBFloat16), k.to(torch::kBFloat16),
+                                                           v.to(torch::kBFloat16));
+  EXPECT_TRUE(torch::allclose(fused16.to(torch::kFloat), plain, 3e-2, 3e-2));
+  // Causal: the first position attends to itself only.
+  EXPECT_TRUE(torch::allclose(plain.select(2, 0), v.select(2, 0), 1e-6, 1e-6));
+}
+
+TEST(LlamaEquivalence, SingleProcessLossFalls) {
+  const RunResult& ref = single_fp32();
+  ASSERT_EQ(ref.losses.size(), 12u);
+  EXPECT_LT(ref.losses.back(), ref.losses.front() - 0.05);
+}
+
+TEST(LlamaEquivalence, FsdpTwoAndThreeDdpTwoAndHsdpMatchOneProcess) {
+  auto cfg = llama_config(scratch("eq"));
+  expect_close(train(cfg, 2), single_fp32(), 1e-5, "FSDP 2");
+  expect_close(train(cfg, 3), single_fp32(), 1e-5, "FSDP 3");
+  expect_close(train(cfg, 2, 2, 1), single_fp32(), 1e-5, "DDP 2");
+  expect_close(train(cfg, 4, 2, 2), single_fp32(), 1e-5, "HSDP 2x2");
+  fs::remove_all(cfg.run.dir);
+}
+
+TEST(LlamaMixedPrecision, Bf16ComputesInBf16KeepsFp32MastersAndTracksFp32) {
+  auto cfg = llama_config(scratch("bf16"));
+  cfg.train.mixed_precision.param_dtype = "bf16";
+  const RunResult one = train(cfg, 1);
+  const RunResult two = train(cfg, 2);
+  const RunResult& fp32 = single_fp32();
+  ASSERT_EQ(one.losses.size(), fp32.losses.size());
+  bool differs = false;
+  for (size_t i = 0; i < fp32.losses.size(); ++i) {
+    differs |= one.losses[i] != fp32.losses[i];
+    // bf16 keeps 8 bits of mantissa: within 2% of the fp32 run over 12 steps.
+    EXPECT_NEAR(one.losses[i], fp32.losses[i], 2e-2 * fp32.losses[i]) << "step " << i + 1;
+    EXPECT_NEAR(two.losses[i], one.losses[i], 1e-2 * one.losses[i]) << "FSDP 2, step " << i + 1;
+  }
+  EXPECT_TRUE(differs) << "bf16 losses equal fp32 bit for bit: the policy did nothing";
+  // reduce_dtype bf16 runs too, and stays close.
+  cfg.train.mixed_precision.reduce_dtype = "bf16";
+  const RunResult reduced = train(cfg, 2);
+  for (size_t i = 0; i < fp32.losses.size(); ++i) {
+    EXPECT_NEAR(reduced.losses[i], fp32.losses[i], 2e-2 * fp32.losses[i]) << "step " << i + 1;
+  }
+  fs::remove_all(cfg.run.dir);
+}
+
+TEST(LlamaMixedPrecision, GatheredParametersAreBf16AndShardsFp32) {
+  auto cfg = llama_config("unused");
+  run_runtimes(2, [&](framework::dist::Runtime& rt) {
+    torch::manual_seed(1);
+    auto model = models::make_model(cfg.model, false);
+    auto mesh = framework::dtensor::DeviceMesh::create(*rt.rendezvous, {1, 2}, {"replicate", "shard"});
+    framework::fsdp::ParallelOptions options;
+    options.mixed_precision.param_dtype = "bf16";
+    framework::fsdp::FullyShardedModel fsdp(
+        model, mesh, options, model->unit_names(),
+        [model](const std::string& n, const torch::Tensor& t) { model->init_parameter(n, t); });
+    for (const auto& p : fsdp.local_params()) EXPECT_EQ(p.scalar_type(), torch::kFloat);
+    for (const auto& p : model->parameters()) EXPECT_EQ(p.scalar_type(), torch::kBFloat16);
+    // Gathers move bf16: the full parameters take 2 bytes an element.
+    int64_t elements = 0;
+    for (const auto& p : model->parameters()) elements += p.numel();
+    EXPECT_EQ(fsdp.memory_stats().full_param_bytes, 2 * elements);
+    torch::Tensor tokens = torch::randint(16, {2, 16}, torch::kLong);
+    torch::Tensor logits = fsdp.forward([&] { return model->forward(tokens); });
+    EXPECT_EQ(logits.scalar_type(), torch::kBFloat16);
+    logits.to(torch::kFloat).sum().backward();
+    fsdp.finish_backward();
+    for (const auto& p : fsdp.local_params()) {
+      ASSERT_TRUE(p.grad().defined());
+      EXPECT_EQ(p.grad().scalar_type(), torch::kFloat);
+    }
+  });
+}
+
+TEST(LlamaAccumulation, MicroBatchesMatchOneForwardUnderFsdpAndDdp) {
+  auto cfg = llama_config(scratch("accum"));
+  for (int64_t micro : {1, 2, 3}) {
+    cfg.train.micro_batch_size = micro;
+    expect_close(train(cfg, 2), single_fp32(), 1e-5, "FSDP 2, micro " + std::to_string(micro));
+  }
+  cfg.train.micro_batch_size = 2;
+  expect_close(train(cfg, 2, 2, 1), single_fp32(), 1e-5, "DDP 2, micro 2");
+  expect_close(train(cfg, 1), single_fp32(), 1e-5, "world 1, micro 2");
+  cfg.train.micro_batch_size = 1;
+  expect_close(train(cfg, 4, 2, 2), single_fp32(), 1e-5, "HSDP 2x2, micro 1");
+  fs::remove_all(cfg.run.dir);
+}
+
+TEST(LlamaAccumulation, AnIndivisibleMicroBatchIsRefusedNamingTheValues) {
+  auto cfg = llama_config(scratch("indivisible"));
+  cfg.train.micro_batch_size = 4;  // 12 / (4 x 2) is not whole
+  try {
+    run_runtimes(2, [&](framework::dist::Runtime& rt) { Trainer trainer(cfg, rt); });
+    FAIL() << "expected an error";
+  } catch (const std::exception& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("train.global_batch_size (12)"), std::string::npos) << what;
+    EXPECT_NE(what.find("train.micro_batch_size (4)"), std::string::npos) << what;
+    EXPECT_NE(what.find("data-parallel ranks (2)"), std::string::npos) << what;
+  }
+  fs::remove_all(cfg.run.dir);
+}
+
+TEST(LlamaActivationCheckpointing, FullAndSelectiveAreBitIdenticalToNone) {
+  auto cfg = llama_config(scratch("ac"));
+  const RunResult none2 = train(cfg, 2);
+  cfg.model.activation_checkpointing = "full";
+  expect_identical(train(cfg, 1), single_fp32(), "full, world 1");
+  expect_identical(train(cfg, 2), none2, "full, FSDP 2");
+  cfg.model.activation_checkpointing = "selective";
+  cfg.model.activation_checkpointing_every = 2;
+  expect_identical(train(cfg, 2), none2, "selective every 2, FSDP 2");
+  // With accumulation and bf16 too: identical to the same run without it.
+  cfg.train.micro_batch_size = 3;
+  cfg.train.mixed_precision.param_dtype = "bf16";
+  cfg.model.activation_checkpointing = "none";
+  const RunResult plain = train(cfg, 2);
+  cfg.model.activation_checkpointing = "full";
+  expect_identical(train(cfg, 2), plain, "full, FSDP 2, bf16, micro 3");
+  fs::remove_all(cfg.run.dir);
+}
+
+// What the forward keeps for backward, counted by the CPU allocator: with
+// every block checkpointed, only the blocks' inputs (and the head) remain.
+TEST(LlamaActivationCheckpointing, TheForwardKeepsOnlyTheBlockInputs) {
+  auto cfg = llama_config("unused");
+  cfg.model.seq_len = 64;
+  cfg.model.n_layers = 4;
+  static auto* counter = new testing_support::CountingCpuAllocator();
+  std::map<std::string, int64_t> kept;
+  for (const char* mode : {"none", "full"}) {
+    cfg.model.activation_checkpointing = mode;
+    torch::manual_seed(4);
+    auto model = models::make_model(cfg.model);
+    torch::Tensor tokens = torch::randint(16, {4, 64}, torch::kLong);
+    const int64_t before = counter->live_bytes();
+    torch::Tensor logits = model->forward(tokens);
+    kept[mode] = counter->live_bytes() - before;
+    logits.sum().backward();
+  }
+  const int64_t logits_bytes = 4 * 64 * 16 * 4;
+  std::cout << "kept by the forward: none " << kept["none"] << " bytes, full " << kept["full"] << std::endl;
+  // 4 block inputs [4, 64, 32] fp32 plus the head's final norm and logits.
+  EXPECT_LT(kept["full"], 4 * (4 * 64 * 32 * 4) + 6 * logits_bytes + 4 * 64 * 32 * 4 * 3);
+  EXPECT_LT(kept["full"] * 4, kept["none"]);
+}
+
+TEST(LlamaActivationCheckpointing, RecomputeReplaysTheRngAndGivesTheSameGradients) {
+  // A block whose forward draws random numbers: the recompute must see the
+  // same ones, or the gradient would not match the forward.
+  torch::manual_seed(9);
+  auto w = torch::randn({8, 8}).requires_grad_(true);
+  auto fn = [&](const torch::Tensor& x) {
+    return torch::tanh(torch::matmul(x, w)) * torch::rand({4, 8});
+  };
+  auto x = torch::randn({4, 8}).requires_grad_(true);
+  torch::manual_seed(21);
+  auto plain = fn(x);
+  plain.pow(2).sum().backward();
+  auto gw = w.grad().clone(), gx = x.grad().clone();
+  w.mutable_grad().reset();
+  x.mutable_grad().reset();
+  torch::manual_seed(21);
+  auto ckpt = framework::fsdp::checkpoint_activations(fn, x);
+  torch::rand({3});  // the caller's generator moves on before backward
+  ckpt.pow(2).sum().backward();
+  EXPECT_TRUE(torch::equal(ckpt, plain));
+  EXPECT_TRUE(torch::equal(w.grad(), gw));
+  EXPECT_TRUE(torch::equal(x.grad(), gx));
+}
+
+TEST(LlamaResume, BitExactInFp32AndBf16AndAcrossPolicies) {
+  for (const char* dtype : {"fp32", "bf16"}) {
+    SCOPED_TRACE(dtype);
+    auto cfg = llama_config(scratch(std::string("resume_") + dtype));
+    cfg.train.mixed_precision.param_dtype = dtype;
+    cfg.train.micro_batch_size = 2;
+    cfg.model.activation_checkpointing = "selective";
+    const RunResult full = train(cfg, 2);
+    auto stopped = cfg;
+    stopped.run.dir = cfg.run.dir + "_stopped";
+    stopped.train.stop_at = 6;
+    stopped.checkpoint.interval = 3;
+    train(stopped, 2);
+    stopped.train.stop_at = 0;
+    const RunResult resumed = train(stopped, 2);
+    EXPECT_EQ(resumed.first_step, 6);
+    ASSERT_EQ(resumed.losses.size(), 6u);
+    for (size_t i = 0; i < 6; ++i) {
+      EXPECT_EQ(resumed.losses[i], full.losses[6 + i]) << "step " << 7 + i;
+    }
+    for (size_t i = 0; i < full.params.size(); ++i) {
+      EXPECT_TRUE(torch::equal(resumed.params[i], full.params[i])) << "parameter " << i;
+    }
+    // Resharded: FSDP 2 -> FSDP 3 and DDP 2 continue within rounding.
+    for (auto [world, replicate, shard] : {std::tuple{3, 1L, -1L}, std::tuple{2, 2L, 1L}}) {
+      auto other = cfg;
+      other.run.dir = cfg.run.dir + "_reshard" + std::to_string(world) + std::to_string(replicate);
+      other.checkpoint.resume = stopped.run.dir + "/checkpoints/step_6";
+      const RunResult r = train(other, world, replicate, shard);
+      ASSERT_EQ(r.losses.size(), 6u);
+      const double tol = std::string(dtype) == "fp32" ? 1e-5 : 1e-2;
+      for (size_t i = 0; i < 6; ++i) {
+        EXPECT_NEAR(r.losses[i], full.losses[6 + i], tol * full.losses[6 + i])
+            << "world " << world << " replicate " << replicate << ", step " << 7 + i;
+      }
+      fs::remove_all(other.run.dir);
+    }
+    // The other policy resumes the same checkpoint (it holds fp32 masters).
+    auto switched = cfg;
+    switched.run.dir = cfg.run.dir + "_switched";
+    switched.train.mixed_precision.param_dtype = std::string(dtype) == "fp32" ? "bf16" : "fp32";
+    switched.checkpoint.resume = stopped.run.dir + "/checkpoints/step_6";
+    const RunResult s = train(switched, 2);
+    EXPECT_EQ(s.first_step, 6);
+    ASSERT_EQ(s.losses.size(), 6u);
+    for (size_t i = 0; i < 6; ++i) EXPECT_NEAR(s.losses[i], full.losses[6 + i], 3e-2 * full.losses[6 + i]);
+    for (const auto& d : {cfg.run.dir, stopped.run.dir, switched.run.dir}) fs::remove_all(d);
+  }
+}
+
+// Parameters are created as their shards: while the model is built and
+// sharded, the CPU allocator never holds more than the ranks' shards plus
+// one full parameter per rank (+10%), far below one whole model per rank.
+TEST(LlamaNeverWhole, PeakMemoryWhileBuildingIsShardsPlusOneParameter) {
+  auto cfg = llama_config("unused");
+  cfg.model.vocab_size = 4096;
+  cfg.model.d_model = 256;
+  cfg.model.n_heads = 8;
+  cfg.model.n_kv_heads = 4;
+  cfg.model.n_layers = 4;
+  cfg.model.d_ff = 768;
+  cfg.model.seq_len = 64;
+  const int world = 4;
+  const auto size = models::model_size(cfg.model);
+  const double whole = size.parameters * 4;
+  const double largest = size.largest_parameter * 4;
+  static auto* counter = new testing_support::CountingCpuAllocator();  // for the process
+  std::atomic<int64_t> shards{0};
+  std::atomic<int64_t> peak_built{0};
+  std::vector<torch::Tensor> values(world);
+  run_runtimes(world, [&](framework::dist::Runtime& rt) {
+    auto mesh = framework::dtensor::DeviceMesh::create(*rt.rendezvous, {1, world}, {"replicate", "shard"});
+    mesh->group(1).barrier();
+    if (rt.env.rank == 0) counter->reset_peak();
+    mesh->group(1).barrier();
+    const int64_t before = counter->live_bytes();
+    std::shared_ptr<models::LayeredModelImpl> model;
+    {
+      static std::mutex seed_mutex;
+      std::lock_guard<std::mutex> lock(seed_mutex);
+      torch::manual_seed(2);
+      model = models::make_model(cfg.model, false);
+    }
+    framework::fsdp::FullyShardedModel fsdp(
+        model, mesh, {}, model->unit_names(),
+        [model](const std::string& n, const torch::Tensor& t) { model->init_parameter(n, t); });
+    shards += fsdp.memory_stats().sharded_param_bytes;
+    mesh->group(1).barrier();
+    if (rt.env.rank == 0) peak_built = counter->peak_bytes() - before;
+    mesh->group(1).barrier();
+    values[rt.env.rank] = fsdp.param_dtensor(0).full_tensor();  // the embedding, gathered
+  });
+  const double peak = static_cast<double>(peak_built.load());
+  std::cout << "whole model " << whole / 1048576 << " MiB, largest parameter " << largest / 1048576
+            << " MiB, " << world << " ranks' shards " << shards.load() / 1048576.0
+            << " MiB; peak while building " << peak / 1048576 << " MiB" << std::endl;
+  EXPECT_LE(peak, (static_cast<double>(shards.load()) + world * largest) * 1.1);
+  EXPECT_LT(peak, 0.6 * world * whole);
+  // The values do not depend on the world size: equal to a world-1 build.
+  torch::manual_seed(2);
+  auto eager = models::make_model(cfg.model, true);
+  for (int r = 0; r < world; ++r) EXPECT_TRUE(torch::equal(values[r], eager->named_parameters()[0].value()));
+}
