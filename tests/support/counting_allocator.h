@@ -20,17 +20,10 @@ class CountingCpuAllocator : public c10::Allocator {
   CountingCpuAllocator(const CountingCpuAllocator&) = delete;
   CountingCpuAllocator& operator=(const CountingCpuAllocator&) = delete;
 
-  c10::DataPtr allocate(size_t n) const override {
-    c10::DataPtr inner = base_->allocate(n);
-    auto* ctx = new Context{std::move(inner), n, this};
-    const int64_t now = live_.fetch_add(static_cast<int64_t>(n)) + static_cast<int64_t>(n);
-    int64_t peak = peak_.load();
-    while (now > peak && !peak_.compare_exchange_weak(peak, now)) {
-    }
-    void* data = ctx->inner.get();
-    const c10::Device device = ctx->inner.device();
-    return {data, ctx, &release, device};
-  }
+  // LibTorch 1.13 declares allocate const, 2.x not: one of these two
+  // overrides it, the other is an overload (no version check needed here).
+  c10::DataPtr allocate(size_t n) const { return counted(n); }
+  c10::DataPtr allocate(size_t n) { return counted(n); }
   c10::DeleterFnPtr raw_deleter() const override { return nullptr; }
   // LibTorch 2.3+ asks allocators for this (no override: 1.13 has none).
   void copy_data(void* dest, const void* src, std::size_t count) const {
@@ -42,6 +35,18 @@ class CountingCpuAllocator : public c10::Allocator {
   void reset_peak() { peak_.store(live_.load()); }
 
  private:
+  c10::DataPtr counted(size_t n) const {
+    c10::DataPtr inner = base_->allocate(n);
+    auto* ctx = new Context{std::move(inner), n, this};
+    const int64_t now = live_.fetch_add(static_cast<int64_t>(n)) + static_cast<int64_t>(n);
+    int64_t peak = peak_.load();
+    while (now > peak && !peak_.compare_exchange_weak(peak, now)) {
+    }
+    void* data = ctx->inner.get();
+    const c10::Device device = ctx->inner.device();
+    return {data, ctx, &release, device};
+  }
+
   static constexpr uint8_t kPriority = 200;
   struct Context {
     c10::DataPtr inner;

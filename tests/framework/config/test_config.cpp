@@ -22,8 +22,13 @@ const std::vector<std::string> kAllKeys = {
     "run.dir", "run.seed",
     "train.steps", "train.stop_at", "train.global_batch_size", "train.log_every",
     "train.eval_every", "train.eval_samples", "train.device", "train.grad_clip",
+    "train.micro_batch_size", "train.mixed_precision.param_dtype",
+    "train.mixed_precision.reduce_dtype",
     "model.kind", "model.vocab_size", "model.seq_len", "model.d_model", "model.n_layers",
-    "model.n_heads", "model.d_ff", "model.tie_weights", "model.init_from",
+    "model.n_heads", "model.n_kv_heads", "model.d_ff", "model.tie_weights", "model.rope_theta",
+    "model.norm_eps", "model.rope_scaling.factor", "model.rope_scaling.low_freq_factor",
+    "model.rope_scaling.high_freq_factor", "model.rope_scaling.original_max_position",
+    "model.activation_checkpointing", "model.activation_checkpointing_every", "model.init_from",
     "data.kind", "data.task", "data.path", "data.eval_fraction",
     "optim.lr", "optim.min_lr", "optim.warmup_steps", "optim.weight_decay", "optim.beta1",
     "optim.beta2", "optim.eps",
@@ -83,7 +88,19 @@ Config non_default_config() {
   c.train.eval_samples = 33;
   c.train.device = "cuda";
   c.train.grad_clip = 0.25;
+  c.train.micro_batch_size = 8;
+  c.train.mixed_precision.param_dtype = "bf16";
+  c.train.mixed_precision.reduce_dtype = "bf16";
   c.model.kind = "mlp";
+  c.model.n_kv_heads = 3;
+  c.model.rope_theta = 500000.0;
+  c.model.norm_eps = 1e-6;
+  c.model.rope_scaling.factor = 8.0;
+  c.model.rope_scaling.low_freq_factor = 2.0;
+  c.model.rope_scaling.high_freq_factor = 5.0;
+  c.model.rope_scaling.original_max_position = 1024;
+  c.model.activation_checkpointing = "selective";
+  c.model.activation_checkpointing_every = 3;
   c.model.vocab_size = 256;
   c.model.seq_len = 128;
   c.model.d_model = 96;
@@ -475,6 +492,32 @@ TEST(Config, ReferenceMarkdownListsEveryKey) {
   EXPECT_NE(md.find("sync\\|async\\|overlap"), std::string::npos) << md;
   size_t rows = static_cast<size_t>(std::count(md.begin(), md.end(), '\n'));
   EXPECT_EQ(rows, kAllKeys.size() + 2);
+}
+
+TEST(Config, LlamaDoesNotTieWeightsUnlessTheConfigSaysSo) {
+  EXPECT_FALSE(parse_config("model:\n  kind: llama\n", "x.yaml").model.tie_weights);
+  EXPECT_TRUE(parse_config("model:\n  kind: llama\n  tie_weights: true\n", "x.yaml").model.tie_weights);
+  EXPECT_TRUE(parse_config("model:\n  kind: llama\n", "x.yaml", {"model.tie_weights=true"}).model.tie_weights);
+  EXPECT_TRUE(parse_config("model:\n  kind: gpt\n", "x.yaml").model.tie_weights);
+  // The effective config reads back the same.
+  const Config llama = parse_config("model:\n  kind: llama\n", "x.yaml");
+  EXPECT_EQ(parse_config(to_yaml(llama), "effective.yaml"), llama);
+}
+
+TEST(Config, LlamaShapeAndBatchErrorsNameTheKeys) {
+  std::string e = parse_error("model:\n  kind: llama\n  n_heads: 4\n  n_kv_heads: 3\n");
+  EXPECT_NE(e.find("model.n_heads (4"), std::string::npos) << e;
+  EXPECT_NE(e.find("model.n_kv_heads (3"), std::string::npos) << e;
+  e = parse_error("model:\n  kind: llama\n  d_model: 12\n  n_heads: 4\n");
+  EXPECT_NE(e.find("must be even"), std::string::npos) << e;
+  e = parse_error("train:\n  global_batch_size: 8\n  micro_batch_size: 16\n");
+  EXPECT_NE(e.find("train.micro_batch_size (16"), std::string::npos) << e;
+  e = parse_error("train:\n  mixed_precision:\n    param_dtype: fp16\n");
+  EXPECT_NE(e.find("train.mixed_precision.param_dtype"), std::string::npos) << e;
+  e = parse_error("model:\n  activation_checkpointing: some\n");
+  EXPECT_NE(e.find("model.activation_checkpointing"), std::string::npos) << e;
+  e = parse_error("model:\n  kind: llama\n  rope_scaling:\n    factor: 8.0\n    low_freq_factor: 4.0\n    high_freq_factor: 1.0\n");
+  EXPECT_NE(e.find("model.rope_scaling.high_freq_factor"), std::string::npos) << e;
 }
 
 }  // namespace

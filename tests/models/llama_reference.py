@@ -1,0 +1,370 @@
+"""A plain-PyTorch reference Llama (Llama 3 architecture, Hugging Face names
+and rotate-half RoPE) and a replay of shardkit's training step, used to check
+build/llama_ref (tests/models/test_llama_parity.py, bench/step_compare.py).
+
+Plain torch ops only (no SDPA, no torch.func): runs on torch 1.13 and 2.x.
+"""
+
+import json
+import math
+import os
+import struct
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+IGNORE_INDEX = -100
+
+
+# ---------------------------------------------------------------- model
+
+class ModelArgs:
+    def __init__(self, vocab_size, seq_len, d_model, n_layers, n_heads, n_kv_heads,
+                 d_ff, rope_theta=10000.0, norm_eps=1e-5, tie_weights=False,
+                 rope_scaling=None):
+        self.vocab_size = int(vocab_size)
+        self.seq_len = int(seq_len)
+        self.d_model = int(d_model)
+        self.n_layers = int(n_layers)
+        self.n_heads = int(n_heads)
+        self.n_kv_heads = int(n_kv_heads) if n_kv_heads else int(n_heads)
+        self.d_ff = int(d_ff)
+        self.rope_theta = float(rope_theta)
+        self.norm_eps = float(norm_eps)
+        self.tie_weights = bool(tie_weights)
+        self.rope_scaling = dict(rope_scaling or {})
+
+    @classmethod
+    def from_result(cls, m):
+        """From result.json's "model" object."""
+        return cls(m["vocab_size"], m["seq_len"], m["d_model"], m["n_layers"], m["n_heads"],
+                   m.get("n_kv_heads") or m["n_heads"], m["d_ff"], m.get("rope_theta", 10000.0),
+                   m.get("norm_eps", 1e-5), m.get("tie_weights", False), m.get("rope_scaling"))
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim, eps):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x):
+        xf = x.float()
+        y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * y.to(x.dtype)
+
+
+def rope_inv_freq(args):
+    hd = args.d_model // args.n_heads
+    inv_freq = 1.0 / (args.rope_theta ** (torch.arange(0, hd, 2).float() / hd))
+    rs = args.rope_scaling
+    factor = float(rs.get("factor", 0.0) or 0.0)
+    if factor == 0.0:
+        return inv_freq
+    # Hugging Face _compute_llama3_parameters.
+    low_freq_factor = float(rs.get("low_freq_factor", 1.0))
+    high_freq_factor = float(rs.get("high_freq_factor", 4.0))
+    old_context_len = float(rs.get("original_max_position",
+                                   rs.get("original_max_position_embeddings", 8192)))
+    low_freq_wavelen = old_context_len / low_freq_factor
+    high_freq_wavelen = old_context_len / high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    inv_freq_llama = torch.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
+    smooth_factor = (old_context_len / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    smoothed = (1 - smooth_factor) * inv_freq_llama / factor + smooth_factor * inv_freq_llama
+    is_medium = ~(wavelen < high_freq_wavelen) & ~(wavelen > low_freq_wavelen)
+    return torch.where(is_medium, smoothed, inv_freq_llama)
+
+
+def rope_cos_sin(args, T):
+    inv_freq = rope_inv_freq(args)
+    t = torch.arange(T).float()
+    freqs = torch.outer(t, inv_freq)
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos(), emb.sin()
+
+
+def rotate_half(x):
+    h = x.shape[-1] // 2
+    return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
+
+
+def repeat_kv(x, n_rep):
+    if n_rep == 1:
+        return x
+    b, kv, t, hd = x.shape
+    return x[:, :, None, :, :].expand(b, kv, n_rep, t, hd).reshape(b, kv * n_rep, t, hd)
+
+
+class Attention(nn.Module):
+    def __init__(self, args):
+        super().__init__()
+        self.args = args
+        self.hd = args.d_model // args.n_heads
+        self.q_proj = nn.Linear(args.d_model, args.n_heads * self.hd, bias=False)
+        self.k_proj = nn.Linear(args.d_model, args.n_kv_heads * self.hd, bias=False)
+        self.v_proj = nn.Linear(args.d_model, args.n_kv_heads * self.hd, bias=False)
+        self.o_proj = nn.Linear(args.n_heads * self.hd, args.d_model, bias=False)
+
+    def forward(self, x, cos, sin):
+        a = self.args
+        B, T, _ = x.shape
+        q = self.q_proj(x).view(B, T, a.n_heads, self.hd).transpose(1, 2)
+        k = self.k_proj(x).view(B, T, a.n_kv_heads, self.hd).transpose(1, 2)
+        v = self.v_proj(x).view(B, T, a.n_kv_heads, self.hd).transpose(1, 2)
+        cos = cos.to(q.dtype)
+        sin = sin.to(q.dtype)
+        q = q * cos + rotate_half(q) * sin
+        k = k * cos + rotate_half(k) * sin
+        n_rep = a.n_heads // a.n_kv_heads
+        k = repeat_kv(k, n_rep)
+        v = repeat_kv(v, n_rep)
+        scores = torch.matmul(q, k.transpose(2, 3)) / math.sqrt(self.hd)
+        mask = torch.triu(torch.ones(T, T, dtype=torch.bool, device=x.device), diagonal=1)
+        scores = scores.masked_fill(mask, float("-inf"))
+        probs = torch.softmax(scores.float(), dim=-1).to(q.dtype)
+        out = torch.matmul(probs, v)
+        out = out.transpose(1, 2).reshape(B, T, a.n_heads * self.hd)
+        return self.o_proj(out)
+
+
+class MLP(nn.Module):
+    def __init__(self, args):
+        super().__init__()
+        self.gate_proj = nn.Linear(args.d_model, args.d_ff, bias=False)
+        self.up_proj = nn.Linear(args.d_model, args.d_ff, bias=False)
+        self.down_proj = nn.Linear(args.d_ff, args.d_model, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, args):
+        super().__init__()
+        self.input_layernorm = RMSNorm(args.d_model, args.norm_eps)
+        self.self_attn = Attention(args)
+        self.post_attention_layernorm = RMSNorm(args.d_model, args.norm_eps)
+        self.mlp = MLP(args)
+
+    def forward(self, x, cos, sin):
+        h = x + self.self_attn(self.input_layernorm(x), cos, sin)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, args):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(args.vocab_size, args.d_model)
+        self.layers = nn.ModuleList([DecoderLayer(args) for _ in range(args.n_layers)])
+        self.norm = RMSNorm(args.d_model, args.norm_eps)
+
+
+class Llama(nn.Module):
+    def __init__(self, args):
+        super().__init__()
+        self.args = args
+        self.model = LlamaModel(args)
+        if not args.tie_weights:
+            self.lm_head = nn.Linear(args.d_model, args.vocab_size, bias=False)
+
+    def forward(self, tokens):
+        T = tokens.shape[1]
+        x = self.model.embed_tokens(tokens)
+        cos, sin = rope_cos_sin(self.args, T)
+        cos, sin = cos.to(x.device), sin.to(x.device)
+        for layer in self.model.layers:
+            x = layer(x, cos, sin)
+        x = self.model.norm(x)
+        if self.args.tie_weights:
+            return F.linear(x, self.model.embed_tokens.weight)
+        return self.lm_head(x)
+
+    def load_hf_state(self, tensors):
+        """Copies {HF name: tensor} into the parameters; every name must match."""
+        own = dict(self.named_parameters())
+        missing = sorted(set(own) - set(tensors))
+        extra = sorted(set(tensors) - set(own))
+        if missing or extra:
+            raise ValueError("safetensors names do not match the reference: missing %s, unexpected %s"
+                             % (missing, extra))
+        with torch.no_grad():
+            for name, p in own.items():
+                t = tensors[name]
+                if tuple(t.shape) != tuple(p.shape):
+                    raise ValueError("%s: shape %s, expected %s" % (name, tuple(t.shape), tuple(p.shape)))
+                p.copy_(t.to(p.dtype))
+
+
+def loss_fn(logits, targets):
+    V = logits.shape[-1]
+    s = F.cross_entropy(logits.float().reshape(-1, V), targets.reshape(-1),
+                        ignore_index=IGNORE_INDEX, reduction="sum")
+    n = (targets != IGNORE_INDEX).sum()
+    return s / n
+
+
+# ---------------------------------------------------------------- files
+
+_ST_DTYPES = {"F32": np.float32, "F64": np.float64, "F16": np.float16, "I64": np.int64,
+              "I32": np.int32, "I16": np.int16, "I8": np.int8, "U8": np.uint8, "BOOL": np.bool_}
+
+
+def load_safetensors(path):
+    """Parses a safetensors file without the safetensors package."""
+    with open(path, "rb") as f:
+        data = f.read()
+    (n,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8:8 + n].decode("utf-8"))
+    base = 8 + n
+    out = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        b, e = info["data_offsets"]
+        raw = data[base + b:base + e]
+        dt = info["dtype"]
+        if dt == "BF16":
+            u16 = np.frombuffer(raw, dtype="<u2").astype(np.uint32) << 16
+            arr = u16.view(np.float32)
+        else:
+            arr = np.frombuffer(raw, dtype=np.dtype(_ST_DTYPES[dt]).newbyteorder("<"))
+        t = torch.from_numpy(arr.copy()).reshape(info["shape"])
+        out[name] = t
+    return out
+
+
+def save_safetensors(path, tensors):
+    """Writes fp32 tensors (for self-tests)."""
+    header, blobs, off = {}, [], 0
+    for name, t in tensors.items():
+        b = t.detach().float().contiguous().cpu().numpy().astype("<f4").tobytes()
+        header[name] = {"dtype": "F32", "shape": list(t.shape), "data_offsets": [off, off + len(b)]}
+        blobs.append(b)
+        off += len(b)
+    h = json.dumps(header).encode("utf-8")
+    h += b" " * ((8 - len(h) % 8) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)))
+        f.write(h)
+        for b in blobs:
+            f.write(b)
+
+
+def read_bin(path, dtype, shape=None):
+    """Raw little-endian file -> tensor ("int64" or "float32")."""
+    arr = np.fromfile(path, dtype=np.dtype(dtype).newbyteorder("<")).astype(dtype)
+    t = torch.from_numpy(arr)
+    return t.reshape(shape) if shape is not None else t
+
+
+def write_bin(path, t):
+    a = t.detach().cpu().contiguous().numpy()
+    a.astype(a.dtype.newbyteorder("<")).tofile(path)
+
+
+def load_run(d):
+    """Everything llama_ref wrote into directory d."""
+    with open(os.path.join(d, "result.json")) as f:
+        res = json.load(f)
+    m, tr = res["model"], res["train"]
+    T, V = int(m["seq_len"]), int(m["vocab_size"])
+    G = int(tr["global_batch_size"])
+    run = {"result": res, "weights": load_safetensors(os.path.join(d, "init.safetensors")),
+           "probe_tokens": read_bin(os.path.join(d, "probe_tokens.bin"), "int64", (-1, T)),
+           "probe_logits": read_bin(os.path.join(d, "probe_logits.bin"), "float32", (-1, T, V))}
+    ip, tp = os.path.join(d, "inputs.bin"), os.path.join(d, "targets.bin")
+    if os.path.exists(ip):
+        run["inputs"] = read_bin(ip, "int64", (-1, G, T))
+        run["targets"] = read_bin(tp, "int64", (-1, G, T))
+    return run
+
+
+# ---------------------------------------------------------------- training
+
+def lr_at(step, optim, total_steps):
+    """shardkit's schedule at 1-based step: linear warmup, then cosine to min_lr."""
+    lr = float(optim["lr"])
+    min_lr = float(optim.get("min_lr", 0.0))
+    warmup = int(optim.get("warmup_steps", 0))
+    if warmup > 0 and step <= warmup:
+        return lr * step / warmup
+    decay = total_steps - warmup
+    if decay <= 0:
+        return lr
+    p = min(max((step - warmup) / decay, 0.0), 1.0)
+    return min_lr + 0.5 * (lr - min_lr) * (1.0 + math.cos(math.pi * p))
+
+
+_DT = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def train(model, inputs, targets, optim, total_steps, grad_clip, param_dtype="fp32",
+          n_steps=None, on_step=None):
+    """Replays shardkit's training: one optimizer step per entry of inputs
+    ([steps, B, T]); returns (losses, grad_norms, lrs).
+
+    param_dtype "bf16": fp32 masters and AdamW; a bf16 copy of the model runs
+    forward/backward each step, its gradients converted to fp32."""
+    dtype = _DT[param_dtype]
+    params = list(model.parameters())
+    opt = torch.optim.AdamW(params, lr=float(optim["lr"]),
+                            betas=(float(optim.get("beta1", 0.9)), float(optim.get("beta2", 0.95))),
+                            eps=float(optim.get("eps", 1e-8)),
+                            weight_decay=float(optim.get("weight_decay", 0.0)))
+    compute = model
+    if dtype != torch.float32:
+        import copy
+        compute = copy.deepcopy(model).to(dtype)
+    cparams = list(compute.parameters())
+    n_steps = inputs.shape[0] if n_steps is None else n_steps
+    losses, norms, lrs = [], [], []
+    for i in range(n_steps):
+        s = i + 1
+        x = inputs[i % inputs.shape[0]]
+        y = targets[i % targets.shape[0]]
+        if compute is not model:
+            with torch.no_grad():
+                for cp, p in zip(cparams, params):
+                    cp.copy_(p.to(dtype))
+                    cp.grad = None
+        for p in params:
+            p.grad = None
+        loss = loss_fn(compute(x), y)
+        loss.backward()
+        if compute is not model:
+            for cp, p in zip(cparams, params):
+                p.grad = None if cp.grad is None else cp.grad.float()
+        if grad_clip and grad_clip > 0:
+            gn = float(torch.nn.utils.clip_grad_norm_(params, grad_clip))
+        else:
+            gn = 0.0
+        lr = lr_at(s, optim, total_steps)
+        for g in opt.param_groups:
+            g["lr"] = lr
+        opt.step()
+        losses.append(float(loss))
+        norms.append(gn)
+        lrs.append(lr)
+        if on_step is not None:
+            on_step(i)
+    return losses, norms, lrs
+
+
+def reference_from_run(run, param_dtype=None):
+    """(fp32 Llama loaded with the run's initial weights, args)."""
+    args = ModelArgs.from_result(run["result"]["model"])
+    m = Llama(args)
+    m.load_hf_state(run["weights"])
+    return m, args
+
+
+def probe_logits(model, tokens, param_dtype="fp32"):
+    dtype = _DT[param_dtype]
+    with torch.no_grad():
+        if dtype == torch.float32:
+            return model(tokens).float()
+        import copy
+        return copy.deepcopy(model).to(dtype)(tokens).float()
