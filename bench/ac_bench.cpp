@@ -24,6 +24,8 @@
 #include <fstream>
 #include <iostream>
 
+#include <unistd.h>
+
 namespace {
 
 struct Row {

@@ -19,6 +19,8 @@
 #include <map>
 #include <mutex>
 
+#include <unistd.h>
+
 namespace fs = std::filesystem;
 using framework::train::Trainer;
 using testing_support::run_runtimes;
