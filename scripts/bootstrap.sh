@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Idempotent set-up for a Debian 12 machine: installs the Debian packages that
-# are missing, configures build/ once and builds everything (-j2). Quick when
-# everything is already there. Run as root (or with sudo available).
+# are missing, configures build/ once and builds what the default training job
+# runs: the train binary and the libraries it links (-j2), so that the first
+# step comes as early as the packages allow. scripts/test builds the rest
+# (tests, benchmarks, tools). Quick when everything is already there. Run as
+# root (or with sudo available).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -33,4 +36,4 @@ fi
 if [ ! -f build/build.ninja ]; then
   cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo
 fi
-cmake --build build -j2
+cmake --build build -j2 --target train
