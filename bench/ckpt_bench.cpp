@@ -649,7 +649,7 @@ void Bench::trial(int t, checkpoint::CheckpointManager& async_mgr,
   time_overlap(t, overlap_mgr, compute_s);
 }
 
-// Multi-level checkpoints (README "Multi-level checkpoints"): the same state
+// Multi-level checkpoints (docs/checkpoints.md, "Multi-level checkpoints"): the same state
 // saved, in sync and async mode, (a) to one tier, checkpoint.dir on an
 // emulated slow durable device (each rank's durable I/O paced at
 // --paced-mbps by paced_storage), and (b) with the local tier on this

@@ -24,7 +24,7 @@ SaveMode parse_save_mode(const std::string& mode);
 // "wait" | "skip"; throws std::invalid_argument naming the value.
 WhenBusy parse_when_busy(const std::string& when_busy);
 
-// checkpoint.local: the node-local tier (README "Multi-level checkpoints").
+// checkpoint.local: the node-local tier (docs/checkpoints.md, "Multi-level checkpoints").
 struct LocalTierOptions {
   // Empty: one tier (checkpoint.dir). Else each node's local directory
   // (/dev/shm/..., local NVMe); "{node}" is replaced by the node's index,

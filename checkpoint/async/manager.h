@@ -23,7 +23,7 @@
 // A background failure is rethrown by the next save(), wait_staged() or
 // finish() as a CheckpointError naming the step.
 //
-// Tiers (checkpoint.local.dir set; README "Multi-level checkpoints",
+// Tiers (checkpoint.local.dir set; docs/checkpoints.md, "Multi-level checkpoints",
 // storage/tiers.h): a save commits to every node's local tier first (what
 // sync mode waits for), then the background thread copies each rank's file
 // to its partner rank on the next node (L2) and, every durable.every-th save

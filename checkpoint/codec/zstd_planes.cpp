@@ -149,7 +149,7 @@ bool looks_like_noise(const uint8_t* in, size_t n) {
 // large acceleration (targetLength: after a miss, skip ahead fast), with
 // Huffman coding of literals forced on (the fast strategy with acceleration
 // would turn it off). Measured on exponent planes of normal(0, 0.02) floats:
-// 3-4x the speed of plain level 1 and about 10% smaller (bench/README).
+// 3-4x the speed of plain level 1 and about 10% smaller (docs/benchmarks.md, "Compression").
 // Runs of repeats (zeros, constant tensors) are still found: a match is
 // extended as far as it goes once seen. Where the library refuses the
 // literal mode, planes are coded at level 1 with a minimum match of 7, as

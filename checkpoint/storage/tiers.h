@@ -1,5 +1,5 @@
 #pragma once
-// Multi-level checkpoints (README "Multi-level checkpoints", FORMAT.md
+// Multi-level checkpoints (docs/checkpoints.md, "Multi-level checkpoints", FORMAT.md
 // "Tiers"): the node-local tier's records, what one node's local tier holds,
 // and the resume choice between the local and the durable tier. Torch-free;
 // the protocol over the checkpoint group (local commit, partner copies,

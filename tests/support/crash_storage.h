@@ -6,7 +6,7 @@
 // the product (nothing installed, nothing in checkpoint/ knows of it): the
 // product only ever needs the Storage interface. Torch-free.
 //
-// The model (README "Reliability", FORMAT.md "Durability"): the weakest file
+// The model (docs/reliability.md, FORMAT.md "Durability"): the weakest file
 // system POSIX allows, not ext4's stronger habits.
 //   * The live view is the page cache: every call sees every earlier call.
 //   * File data: a write (append, write_at) is durable once a later fsync of

@@ -523,15 +523,17 @@ TEST(Config, LlamaShapeAndBatchErrorsNameTheKeys) {
 }  // namespace
 }  // namespace framework::config
 
-// The README's configuration reference is the schema's own output, verbatim.
-TEST(ConfigReference, ReadmeTableMatchesTheSchema) {
-  std::ifstream in(std::string(SHARDKIT_SOURCE_DIR) + "/README.md");
-  std::string readme((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+// docs/config-reference.md is the schema's own output, verbatim.
+TEST(ConfigReference, DocsTableMatchesTheSchema) {
+  const std::string path = std::string(SHARDKIT_SOURCE_DIR) + "/docs/config-reference.md";
+  std::ifstream in(path);
+  ASSERT_TRUE(in) << "cannot read " << path;
+  std::string page((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   const std::string begin = "<!-- config-reference:begin -->\n", end = "<!-- config-reference:end -->";
-  auto b = readme.find(begin), e = readme.find(end);
-  ASSERT_NE(b, std::string::npos) << "README.md lacks the config reference markers";
+  auto b = page.find(begin), e = page.find(end);
+  ASSERT_NE(b, std::string::npos) << path << " lacks the config reference markers";
   ASSERT_NE(e, std::string::npos);
-  EXPECT_EQ(readme.substr(b + begin.size(), e - b - begin.size()),
+  EXPECT_EQ(page.substr(b + begin.size(), e - b - begin.size()),
             framework::config::reference_markdown())
-      << "regenerate the README table with: build/train --config-reference";
+      << "regenerate the table in docs/config-reference.md with: build/train --config-reference";
 }
