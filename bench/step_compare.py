@@ -4,10 +4,13 @@
 and thread count (tests/models/llama_reference.py: fp32 master weights, AdamW,
 grad clipping; with --device cuda both sides compute in bf16).
 
-  bench/step_compare.py [--device cpu|cuda] [--steps K] [--json FILE]
+  bench/step_compare.py [--device cpu|cuda] [--steps K] [--repeats R] [--blas-threads N|default] [--json FILE]
                         [--llama-ref PATH] [--d-model N ...]
 
 Both sides run 2 warm-up steps, then K timed steps; the median is reported.
+With --repeats R the two alternate R times (ours, PyTorch, ours, ...) and the
+ratio is the median of the R pairs' ratios, so a machine whose speed drifts
+slows both sides of a pair alike.
 """
 
 import argparse
@@ -23,6 +26,20 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(REPO, "tests", "models"))
+
+# Both sides get the same BLAS pool: OpenBLAS sizes its pool from this
+# variable when it loads (with torch, below) and llama_ref inherits it. Left
+# unset, OpenBLAS starts one thread per core on each side while LibTorch runs
+# 1 intra-op thread, and the two sides' pools then contend with whatever else
+# the machine runs, which is what was measured before. --blas-threads sets it.
+BLAS_THREADS = "1"
+for i, arg in enumerate(sys.argv):
+    if arg == "--blas-threads" and i + 1 < len(sys.argv):
+        BLAS_THREADS = sys.argv[i + 1]
+    elif arg.startswith("--blas-threads="):
+        BLAS_THREADS = arg.split("=", 1)[1]
+if BLAS_THREADS != "default":
+    os.environ["OPENBLAS_NUM_THREADS"] = BLAS_THREADS
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
@@ -93,6 +110,10 @@ def main():
     ap.add_argument("--config", default=os.path.join(REPO, "configs", "llama_tiny.yaml"))
     ap.add_argument("--steps", type=int, default=5, help="timed steps (median)")
     ap.add_argument("--json", default=None, help="write the results here")
+    ap.add_argument("--blas-threads", default="1",
+                    help="OPENBLAS_NUM_THREADS for both sides ('default': leave OpenBLAS's own choice)")
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="alternate ours and PyTorch this many times; ratio = median of the pairs' ratios")
     ap.add_argument("--peak-tflops", type=float, default=None,
                     help="dense bf16 peak for MFU (default: 989 for H100/H200)")
     ap.add_argument("--attention", choices=["auto", "matmul", "sdpa"], default="auto",
@@ -128,26 +149,39 @@ def main():
     shutil.rmtree(out, ignore_errors=True)
     os.makedirs(out)
 
-    run_ours(a.llama_ref, a.config, sets, out, a.steps)
-    run = ref.load_run(out)
-    res = run["result"]
-    threads = int(res.get("threads", torch.get_num_threads()))
-    torch.set_num_threads(threads)
-    ours_s = float(res["step_time_s"])
-    tokens = int(res.get("tokens_per_step", size["batch"] * size["seq_len"]))
-    ours_attention = res.get("attention", "?")
-    have_sdpa = hasattr(F, "scaled_dot_product_attention")
-    use_sdpa = (a.attention == "sdpa") or (a.attention == "auto" and ours_attention == "sdpa" and have_sdpa)
-    if use_sdpa and not have_sdpa:
-        sys.exit("--attention sdpa: torch %s has no scaled_dot_product_attention" % torch.__version__)
-
-    pt_s, pt_times, n_params = time_pytorch(run, a.device, a.steps, use_sdpa)
+    # Ours and PyTorch alternate, --repeats times: on a shared machine whose
+    # speed drifts, each pair is measured under the same conditions, and the
+    # ratio reported is the median of the pairs' ratios.
+    pairs = []
+    for r in range(a.repeats):
+        shutil.rmtree(out, ignore_errors=True)
+        os.makedirs(out)
+        run_ours(a.llama_ref, a.config, sets, out, a.steps)
+        run = ref.load_run(out)
+        res = run["result"]
+        threads = int(res.get("threads", torch.get_num_threads()))
+        torch.set_num_threads(threads)
+        tokens = int(res.get("tokens_per_step", size["batch"] * size["seq_len"]))
+        ours_attention = res.get("attention", "?")
+        have_sdpa = hasattr(F, "scaled_dot_product_attention")
+        use_sdpa = (a.attention == "sdpa") or (a.attention == "auto" and ours_attention == "sdpa" and have_sdpa)
+        if use_sdpa and not have_sdpa:
+            sys.exit("--attention sdpa: torch %s has no scaled_dot_product_attention" % torch.__version__)
+        pt_r, pt_times_r, n_params = time_pytorch(run, a.device, a.steps, use_sdpa)
+        ours_r = float(res["step_time_s"])
+        pairs.append({"ours_step_s": ours_r, "pytorch_step_s": pt_r, "ratio": ours_r / pt_r,
+                      "ours_step_times_s": res.get("step_times_s"), "pytorch_step_times_s": pt_times_r})
+    ours_s = statistics.median(p["ours_step_s"] for p in pairs)
+    pt_s = statistics.median(p["pytorch_step_s"] for p in pairs)
+    ratio = statistics.median(p["ratio"] for p in pairs)
     ours_tps, pt_tps = tokens / ours_s, tokens / pt_s
 
     report = {
-        "step_time_ratio": ours_s / pt_s, "ours_step_s": ours_s, "pytorch_step_s": pt_s,
+        "step_time_ratio": ratio, "ours_step_s": ours_s, "pytorch_step_s": pt_s,
         "ours_tokens_per_s": ours_tps, "pytorch_tokens_per_s": pt_tps,
-        "ours_step_times_s": res.get("step_times_s"), "pytorch_step_times_s": pt_times,
+        "ours_step_times_s": pairs[-1]["ours_step_times_s"], "pytorch_step_times_s": pairs[-1]["pytorch_step_times_s"],
+        "repeats": a.repeats, "pairs": pairs,
+        "openblas_num_threads": os.environ.get("OPENBLAS_NUM_THREADS"),
         "device": a.device, "threads": threads, "torch_version": torch.__version__,
         "ours_torch_version": res.get("torch"), "param_dtype": pdt,
         "attention": {"ours": ours_attention, "pytorch": "sdpa" if use_sdpa else "matmul"},
@@ -177,7 +211,10 @@ def main():
         if a.device == "cuda":
             line += " %7.1f%%" % (100 * (report["ours_mfu"] if i == 0 else report["pytorch_mfu"]))
         print(line)
-    print("  ratio ours/PyTorch step time: %.3f (< 1: ours faster)" % report["step_time_ratio"])
+    if a.repeats > 1:
+        print("  pairs (ours/PyTorch, alternating): " + ", ".join("%.3f" % p["ratio"] for p in pairs))
+    print("  ratio ours/PyTorch step time: %.3f (< 1: ours faster%s)"
+          % (report["step_time_ratio"], "; median of %d pairs" % a.repeats if a.repeats > 1 else ""))
     if a.json:
         with open(a.json, "w") as f:
             json.dump(report, f, indent=2)
