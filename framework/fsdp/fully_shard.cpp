@@ -63,6 +63,11 @@ struct Bucket {
   std::vector<size_t> members;  // indices into Unit::params
   int64_t seg_numel = 0;        // padded elements per shard member in the flat buffers
   torch::Tensor grad_buffer;    // this rank's reduced gradients (keeps .grad views alive)
+  // Gradients of the step's micro-batches that skipped the all-reduce over
+  // the replicate axis (set_requires_gradient_sync(false)): summed here, in
+  // the shards' dtype, and all-reduced once with the next synced backward.
+  torch::Tensor unsynced;
+  bool grad_views = false;  // DDP: the shards' .grad already view grad_buffer this step
 };
 
 struct FullyShardedModel::Unit {
@@ -464,6 +469,7 @@ void FullyShardedModel::gather(Unit& unit) {
     }
     torch::Tensor recv = torch::empty({shards * bucket.seg_numel}, dtype);
     mesh_->group(shard_axis_).all_gather(recv, send);
+    ++counts_.all_gathers;
     for (size_t m : bucket.members) {
       const ParamSlot& p = unit.params[m];
       alloc_storage(p.full, static_cast<size_t>(tensor_bytes(p.full)));
@@ -497,6 +503,32 @@ void FullyShardedModel::on_grad_accumulated(Unit& unit) {
   if (++unit.grads_arrived == unit.trainable) reduce_grads(unit);
 }
 
+// Adds this backward's gradients `mine` (this rank's, in the shards' dtype;
+// for HSDP already reduce-scattered) to the bucket. Over the replicate axis
+// (DDP, HSDP) they are summed across replicas, in `wire_dtype`, only when
+// this backward syncs: until then they wait in `unsynced`, so each
+// micro-batch's gradients are all-reduced exactly once, whichever backward
+// passes sync. Without replicas (FSDP) there is nothing to wait for.
+void FullyShardedModel::add_replicated(Bucket& bucket, torch::Tensor mine, torch::ScalarType wire_dtype) {
+  if (mesh_->size(replicate_axis_) > 1) {
+    if (bucket.unsynced.defined()) mine.add_(bucket.unsynced);
+    if (!sync_) {
+      bucket.unsynced = mine;
+      return;
+    }
+    bucket.unsynced = torch::Tensor();
+    torch::Tensor wire = mine.to(wire_dtype);
+    mesh_->group(replicate_axis_).all_reduce(wire);
+    ++counts_.all_reduces;
+    if (!wire.is_same(mine)) mine.copy_(wire);
+  }
+  if (bucket.grad_buffer.defined()) {
+    bucket.grad_buffer.add_(mine);  // accumulation: the shards' .grad are views of it
+  } else {
+    bucket.grad_buffer = mine;
+  }
+}
+
 torch::ScalarType FullyShardedModel::comm_dtype(torch::ScalarType bucket_dtype) const {
   return mixed_ && at::isFloatingType(bucket_dtype) ? reduce_dtype_ : bucket_dtype;
 }
@@ -509,14 +541,21 @@ void FullyShardedModel::reduce_grads(Unit& unit) {
   unit.reduced = true;
   torch::NoGradGuard no_grad;
   const int64_t shards = mesh_->size(shard_axis_);
-  const int64_t replicas = mesh_->size(replicate_axis_);
   for (Bucket& bucket : unit.buckets) {
     if (!bucket.trainable) continue;
     const auto local_options = unit.params[bucket.members.front()].local.options().requires_grad(false);
     const auto comm = local_options.dtype(comm_dtype(bucket.dtype));
     if (shards == 1) {
       // DDP: one flat all-reduce of the bucket's gradients across replicas,
-      // after adding those of the micro-batches that skipped it.
+      // with those of the micro-batches that skipped it. The parameter is its
+      // own shard, so once its .grad views the reduced sum, a further
+      // backward would add to that sum in place and have it summed again.
+      if (bucket.grad_views) {
+        throw std::logic_error(
+            "fully_shard (DDP): a backward after this step's gradients were already synced would "
+            "count them twice: call set_requires_gradient_sync(false) before every backward of a "
+            "step but the last, and zero_grad() before the next step");
+      }
       torch::Tensor flat = torch::zeros({bucket.seg_numel}, comm);
       for (size_t m : bucket.members) {
         const ParamSlot& p = unit.params[m];
@@ -525,23 +564,18 @@ void FullyShardedModel::reduce_grads(Unit& unit) {
         }
       }
       torch::Tensor mine = flat.to(local_options.dtype());
-      if (bucket.grad_buffer.defined()) mine.add_(bucket.grad_buffer);
-      if (sync_ && replicas > 1) {
-        torch::Tensor wire = mine.to(comm.dtype());
-        mesh_->group(replicate_axis_).all_reduce(wire);
-        if (!wire.is_same(mine)) mine.copy_(wire);
-      }
-      bucket.grad_buffer = mine;
+      for (size_t m : bucket.members) unit.params[m].full.mutable_grad().reset();
+      add_replicated(bucket, mine, comm_dtype(bucket.dtype));
+      // Until the step's last backward the sum stays in the buffer: the
+      // parameter is its own shard here, so a .grad view would have the next
+      // backward accumulate into it.
+      if (!sync_ || !bucket.grad_buffer.defined()) continue;
       for (size_t m : bucket.members) {
         ParamSlot& p = unit.params[m];
-        p.full.mutable_grad().reset();
-        // Until the step's last backward the sum stays in the buffer: a
-        // .grad view would have the next backward accumulate into it.
-        if (sync_) {
-          p.local.mutable_grad() =
-              mine.narrow(0, p.seg_offset, p.local.numel()).view(p.local.sizes());
-        }
+        p.local.mutable_grad() =
+            bucket.grad_buffer.narrow(0, p.seg_offset, p.local.numel()).view(p.local.sizes());
       }
+      bucket.grad_views = true;
       continue;
     }
     torch::Tensor send = torch::zeros({shards * bucket.seg_numel}, comm);
@@ -558,19 +592,19 @@ void FullyShardedModel::reduce_grads(Unit& unit) {
     }
     torch::Tensor mine = torch::empty({bucket.seg_numel}, comm);
     mesh_->group(shard_axis_).reduce_scatter(mine, send);
-    if (replicas > 1) mesh_->group(replicate_axis_).all_reduce(mine);
-    mine = mine.to(local_options.dtype());
-    if (bucket.grad_buffer.defined()) {
-      bucket.grad_buffer.add_(mine);  // accumulation: the shards' .grad are views of it
-    } else {
-      bucket.grad_buffer = mine;
+    ++counts_.reduce_scatters;
+    for (size_t m : bucket.members) {
+      ParamSlot& p = unit.params[m];
+      if (p.full.grad().defined()) live_bytes_ -= tensor_bytes(p.full);
+      p.full.mutable_grad().reset();
     }
+    // FSDP: the shard gradients; HSDP: and across replicas, once per step.
+    add_replicated(bucket, mine.to(local_options.dtype()), comm_dtype(bucket.dtype));
+    if (!bucket.grad_buffer.defined()) continue;  // nothing synced yet this step
     for (size_t m : bucket.members) {
       ParamSlot& p = unit.params[m];
       p.local.mutable_grad() =
           bucket.grad_buffer.narrow(0, p.seg_offset, p.mine.size * p.row_numel).view(p.local.sizes());
-      if (p.full.grad().defined()) live_bytes_ -= tensor_bytes(p.full);
-      p.full.mutable_grad().reset();
     }
   }
   if (shards > 1) release(unit);
@@ -640,7 +674,11 @@ void FullyShardedModel::zero_grad() {
     const_cast<torch::Tensor&>(t).mutable_grad().reset();
   }
   for (auto& u : units_) {
-    for (Bucket& b : u->buckets) b.grad_buffer = torch::Tensor();
+    for (Bucket& b : u->buckets) {
+      b.grad_buffer = torch::Tensor();
+      b.unsynced = torch::Tensor();
+      b.grad_views = false;
+    }
   }
 }
 

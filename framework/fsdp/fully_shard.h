@@ -59,8 +59,10 @@
 // Gradient accumulation: gradients of several backward passes before one
 // optimizer step add up in the shards' .grad (FSDP, HSDP: each backward
 // reduce-scatters its own; memory stays flat). set_requires_gradient_sync
-// (false) lets DDP skip the all-reduce of the micro-batches before the
-// last, as DDP's no_sync() does; FSDP and HSDP reduce every backward.
+// (false) skips the all-reduce over the replicate axis for the micro-batches
+// before the last, as DDP's no_sync() and FSDP2's set_requires_all_reduce
+// do: DDP then all-reduces once per step, HSDP reduce-scatters every
+// micro-batch and all-reduces the accumulated shards once.
 //
 // Parameters without storage (a model built unmaterialised): pass `init`,
 // and the constructor materialises them one at a time -- allocates the full
@@ -99,7 +101,18 @@ struct MemoryStats {
   int64_t peak_gathered_bytes = 0;   // peak of gathered params + full grads
 };
 
+// Collectives this model has issued since it was built (or since
+// reset_collective_counts), one per bucket and call: what the trainer's
+// choices cost in communication, and how a test sees that a micro-batch
+// skipped one. Gradient-norm all-reduces are not counted.
+struct CollectiveCounts {
+  int64_t all_gathers = 0;      // parameters, over the shard axis
+  int64_t reduce_scatters = 0;  // gradients, over the shard axis
+  int64_t all_reduces = 0;      // gradients, over the replicate axis (DDP, HSDP)
+};
+
 class FullyShardedModel;
+struct Bucket;  // parameters gathered and reduced together; fully_shard.cpp
 
 // The names of `list`'s children, as units: children_of(model, "layers") ->
 // {"layers.0", "layers.1", ...}. Throws std::invalid_argument when `model`
@@ -211,10 +224,14 @@ class FullyShardedModel {
   // the norm before clipping.
   double clip_grad_norm(double max_norm);
   void zero_grad();
-  // false: the next backward passes accumulate without DDP's all-reduce
-  // (no effect on FSDP and HSDP, which reduce every backward). Set it back
-  // to true before the last backward of the step.
+  // false: the next backward passes accumulate without the all-reduce over
+  // the replicate axis: DDP's no_sync(), FSDP2's set_requires_all_reduce
+  // (false) for HSDP. FSDP and HSDP still reduce-scatter every backward, so
+  // the accumulated gradients stay sharded. Set it back to true before the
+  // last backward of the step, which all-reduces the sum.
   void set_requires_gradient_sync(bool sync) { sync_ = sync; }
+  const CollectiveCounts& collective_counts() const { return counts_; }
+  void reset_collective_counts() { counts_ = CollectiveCounts{}; }
 
   const MemoryStats& memory_stats() const { return stats_; }
   void reset_peak_memory();
@@ -235,6 +252,7 @@ class FullyShardedModel {
   void release(Unit& unit);
   void reduce_grads(Unit& unit);
   torch::ScalarType comm_dtype(torch::ScalarType bucket_dtype) const;
+  void add_replicated(Bucket& bucket, torch::Tensor mine, torch::ScalarType wire_dtype);
   void on_grad_accumulated(Unit& unit);
 
   std::shared_ptr<torch::nn::Module> module_;
@@ -246,6 +264,7 @@ class FullyShardedModel {
   std::vector<std::pair<Unit*, size_t>> param_index_;  // model parameter order -> (unit, slot)
   std::vector<std::pair<std::string, torch::Tensor>> buffers_;
   MemoryStats stats_;
+  CollectiveCounts counts_;
   int64_t live_bytes_ = 0;
   bool sync_ = true;
   bool mixed_ = false;  // a mixed-precision policy other than fp32/fp32

@@ -456,3 +456,68 @@ TEST(LlamaNeverWhole, PeakMemoryWhileBuildingIsShardsPlusOneParameter) {
   auto eager = models::make_model(cfg.model, true);
   for (int r = 0; r < world; ++r) EXPECT_TRUE(torch::equal(values[r], eager->named_parameters()[0].value()));
 }
+
+// Gradient accumulation under HSDP and DDP: with sync off for all but the
+// last micro-batch (what the Trainer does), the replicate axis carries one
+// all-reduce per bucket per step instead of one per micro-batch. HSDP still
+// reduce-scatters every micro-batch, and its gradients equal those of
+// syncing every micro-batch; DDP refuses a second synced backward in a step.
+TEST(LlamaAccumulation, HsdpAndDdpAllReduceOncePerStepAndMatchSyncingEveryMicroBatch) {
+  auto cfg = llama_config("unused");
+  for (auto [replicate, shard] : {std::pair<int64_t, int64_t>{2, 2}, std::pair<int64_t, int64_t>{4, 1}}) {
+    SCOPED_TRACE("mesh " + std::to_string(replicate) + "x" + std::to_string(shard));
+    run_runtimes(4, [&, replicate = replicate, shard = shard](framework::dist::Runtime& rt) {
+      auto mesh = framework::dtensor::DeviceMesh::create(*rt.rendezvous, {replicate, shard},
+                                                         {"replicate", "shard"});
+      torch::manual_seed(5 + rt.env.rank);  // each rank its own micro-batches
+      std::vector<torch::Tensor> micro;
+      for (int m = 0; m < 3; ++m) micro.push_back(torch::randint(16, {2, 17}, torch::kLong));
+      auto run = [&](bool sync_every, framework::fsdp::CollectiveCounts& counts) {
+        torch::manual_seed(1);
+        auto model = models::make_model(cfg.model, false);
+        framework::fsdp::FullyShardedModel fsdp(
+            model, mesh, framework::fsdp::ParallelOptions{}, model->unit_names(),
+            [model](const std::string& n, const torch::Tensor& t) { model->init_parameter(n, t); });
+        fsdp.reset_collective_counts();
+        for (int m = 0; m < 3; ++m) {
+          fsdp.set_requires_gradient_sync(sync_every || m == 2);
+          torch::Tensor in = micro[m].narrow(1, 0, 16), target = micro[m].narrow(1, 1, 16);
+          torch::Tensor logits = fsdp.forward([&] { return model->forward(in); });
+          torch::nn::functional::cross_entropy(logits.reshape({-1, 16}), target.reshape({-1})).backward();
+          fsdp.finish_backward();
+        }
+        counts = fsdp.collective_counts();
+        std::vector<torch::Tensor> grads;
+        for (const auto& p : fsdp.local_params()) grads.push_back(p.grad().clone());
+        return grads;
+      };
+      framework::fsdp::CollectiveCounts last_only, every;
+      const auto g_last = run(false, last_only);
+      ASSERT_GT(last_only.all_reduces, 0);
+      if (shard == 1) {
+        // DDP: a parameter is its own shard, so syncing a backward before the
+        // last would have the next one add to the synced sum: refused.
+        try {
+          run(true, every);
+          ADD_FAILURE() << "DDP synced twice in one step without an error";
+        } catch (const std::exception& e) {
+          EXPECT_NE(std::string(e.what()).find("set_requires_gradient_sync(false)"), std::string::npos)
+              << e.what();
+        }
+        EXPECT_EQ(last_only.reduce_scatters, 0);
+        return;
+      }
+      const auto g_every = run(true, every);
+      EXPECT_EQ(every.all_reduces, 3 * last_only.all_reduces);
+      EXPECT_EQ(last_only.reduce_scatters, every.reduce_scatters);
+      EXPECT_GT(last_only.reduce_scatters, 0);
+      EXPECT_EQ(last_only.reduce_scatters % 3, 0);  // every micro-batch
+      EXPECT_EQ(last_only.reduce_scatters / 3, last_only.all_reduces);
+      ASSERT_EQ(g_last.size(), g_every.size());
+      for (size_t i = 0; i < g_last.size(); ++i) {
+        EXPECT_TRUE(torch::allclose(g_last[i], g_every[i], 1e-5, 1e-7))
+            << "parameter " << i << ": max diff " << (g_last[i] - g_every[i]).abs().max().item<double>();
+      }
+    });
+  }
+}
