@@ -469,12 +469,23 @@ TEST(LlamaAccumulation, HsdpAndDdpAllReduceOncePerStepAndMatchSyncingEveryMicroB
     run_runtimes(4, [&, replicate = replicate, shard = shard](framework::dist::Runtime& rt) {
       auto mesh = framework::dtensor::DeviceMesh::create(*rt.rendezvous, {replicate, shard},
                                                          {"replicate", "shard"});
-      torch::manual_seed(5 + rt.env.rank);  // each rank its own micro-batches
+      // The ranks are threads of this process and share LibTorch's global
+      // generator: seeding and drawing must not interleave between them, or
+      // a rank's two runs start from different models.
+      static std::mutex seed_mutex;
       std::vector<torch::Tensor> micro;
-      for (int m = 0; m < 3; ++m) micro.push_back(torch::randint(16, {2, 17}, torch::kLong));
+      {
+        std::lock_guard<std::mutex> lock(seed_mutex);
+        torch::manual_seed(5 + rt.env.rank);  // each rank its own micro-batches
+        for (int m = 0; m < 3; ++m) micro.push_back(torch::randint(16, {2, 17}, torch::kLong));
+      }
       auto run = [&](bool sync_every, framework::fsdp::CollectiveCounts& counts) {
-        torch::manual_seed(1);
-        auto model = models::make_model(cfg.model, false);
+        std::shared_ptr<models::LayeredModelImpl> model;
+        {
+          std::lock_guard<std::mutex> lock(seed_mutex);
+          torch::manual_seed(1);
+          model = models::make_model(cfg.model, false);
+        }
         framework::fsdp::FullyShardedModel fsdp(
             model, mesh, framework::fsdp::ParallelOptions{}, model->unit_names(),
             [model](const std::string& n, const torch::Tensor& t) { model->init_parameter(n, t); });
