@@ -195,12 +195,17 @@ void check_consistency(const Config& cfg, const Origins& origins) {
     fail(key("optim.min_lr") + " must not exceed " + key("optim.lr"));
   if (cfg.data.kind == "text" && cfg.data.path.empty())
     fail(key("data.path") + " must name a text file when " + key("data.kind") + " is text");
+  if (cfg.data.kind == "tokens" && cfg.data.path.empty())
+    fail(key("data.path") + " must name token shards (a file, a directory or a glob) when " +
+         key("data.kind") + " is tokens");
+  if (cfg.data.kind != "tokens" && !cfg.data.eval_path.empty())
+    fail(key("data.eval_path") + " is read only when " + key("data.kind") + " is tokens");
   if (cfg.data.kind == "text" && cfg.model.vocab_size != 256)
     fail(key("model.vocab_size") + " must be 256 when " + key("data.kind") +
          " is text (the text dataset reads bytes)");
-  if (cfg.train.eval_every > 0 && cfg.data.eval_fraction <= 0)
+  if (cfg.train.eval_every > 0 && cfg.data.eval_fraction <= 0 && cfg.data.eval_path.empty())
     fail(key("train.eval_every") + " needs held-out data: set " + key("data.eval_fraction") +
-         " above 0");
+         " above 0" + (cfg.data.kind == "tokens" ? " or " + key("data.eval_path") : std::string()));
   if (cfg.train.stop_at != 0 && cfg.train.stop_at > cfg.train.steps)
     fail(key("train.stop_at") + " must not exceed " + key("train.steps") + " (0 means never)");
 }

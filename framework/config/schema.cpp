@@ -109,14 +109,24 @@ std::vector<Key> build_schema() {
        "Initialize model weights from a safetensors or torch.save file of full weights; "
        "ignored when resuming from a checkpoint."},
 
-      {SHARDKIT_CONFIG_FIELD(data.kind), one_of({"synthetic", "text"}), "Dataset."},
+      {SHARDKIT_CONFIG_FIELD(data.kind), one_of({"synthetic", "text", "tokens"}),
+       "Dataset: synthetic tasks, the bytes of a text file, or pre-tokenized shards (llm.c .bin, "
+       "Megatron .bin + .idx)."},
       {SHARDKIT_CONFIG_FIELD(data.task), one_of({"copy", "reverse", "add"}),
        "Synthetic task (data.kind synthetic)."},
       {SHARDKIT_CONFIG_FIELD(data.path), any_value(),
-       "Text file to train on; required when data.kind is text."},
+       "text: the text file; tokens: the shards, as a file, a directory of .bin files, a glob or "
+       "a Megatron path prefix. Required for both."},
       {SHARDKIT_CONFIG_FIELD(data.eval_fraction), from_up_to_excl(0, 0.5),
        "Held out for validation, never trained on: text: this fraction of the file (its tail); "
+       "tokens: the trailing whole documents holding at least this fraction; "
        "synthetic: > 0 draws validation samples from a separate stream. 0: none."},
+      {SHARDKIT_CONFIG_FIELD(data.eval_path), any_value(),
+       "tokens: validation shards of their own (file, directory, glob or prefix); then "
+       "data.eval_fraction is unused."},
+      {SHARDKIT_CONFIG_FIELD(data.check_tokens), any_value(),
+       "tokens: read every token once at start and refuse an id >= model.vocab_size, naming the "
+       "file and offset; windows are checked as they are read either way."},
 
       {SHARDKIT_CONFIG_FIELD(optim.lr), above(0), "Peak learning rate, reached after warmup."},
       {SHARDKIT_CONFIG_FIELD(optim.min_lr), at_least(0),

@@ -2,6 +2,7 @@
 
 #include "framework/data/synthetic_dataset.h"
 #include "framework/data/text_dataset.h"
+#include "framework/data/token_dataset.h"
 
 namespace framework::data {
 
@@ -31,7 +32,18 @@ std::unique_ptr<Dataset> make_dataset(const DataOptions& data, const models::Mod
                 "model.vocab_size must be 256 for data.kind text (byte-level), got ", model.vocab_size);
     return std::make_unique<TextDataset>(data.path, model.seq_len, seed, data.eval_fraction);
   }
-  TORCH_CHECK(false, "data.kind must be synthetic or text, got '", data.kind, "'");
+  if (data.kind == "tokens") {
+    TokenDatasetOptions o;
+    o.path = data.path;
+    o.eval_path = data.eval_path;
+    o.eval_fraction = data.eval_fraction;
+    o.seq_len = model.seq_len;
+    o.vocab_size = model.vocab_size;
+    o.seed = seed;
+    o.check_tokens = data.check_tokens;
+    return std::make_unique<TokenDataset>(o);
+  }
+  TORCH_CHECK(false, "data.kind must be synthetic, text or tokens, got '", data.kind, "'");
 }
 
 }  // namespace framework::data

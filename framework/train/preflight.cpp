@@ -107,9 +107,14 @@ void check_data(const config::Config& cfg) {
   if (cfg.data.kind != "text") {
     try {
       // Synthetic data is generated from the seed: cheap to build here.
+      // Token shards are mapped and their headers checked, and with
+      // data.check_tokens every token id is read once (remembered for the
+      // process, so the trainer does not read them again).
       data::make_dataset(cfg.data, cfg.model, static_cast<uint64_t>(cfg.run.seed));
     } catch (const c10::Error& e) {
       fail(e.what_without_backtrace());
+    } catch (const std::invalid_argument& e) {  // data::DataError: names the file and offset
+      fail(e.what());
     }
   }
 }

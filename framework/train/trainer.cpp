@@ -813,7 +813,7 @@ EvalRecord Trainer::evaluate() {
   auto t0 = Clock::now();
   const int64_t n = std::min(s.dataset->eval_size(), s.cfg.train.eval_samples);
   if (n <= 0) {
-    throw std::runtime_error("train.eval_every: no held-out samples; set data.eval_fraction > 0");
+    throw std::runtime_error("train.eval_every: no held-out samples; set data.eval_fraction > 0 (or data.eval_path)");
   }
   const int world = s.rt.env.world_size;
   const int rank = s.rt.env.rank;

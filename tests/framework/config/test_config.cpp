@@ -29,7 +29,7 @@ const std::vector<std::string> kAllKeys = {
     "model.norm_eps", "model.rope_scaling.factor", "model.rope_scaling.low_freq_factor",
     "model.rope_scaling.high_freq_factor", "model.rope_scaling.original_max_position",
     "model.activation_checkpointing", "model.activation_checkpointing_every", "model.init_from",
-    "data.kind", "data.task", "data.path", "data.eval_fraction",
+    "data.kind", "data.task", "data.path", "data.eval_fraction", "data.eval_path", "data.check_tokens",
     "optim.lr", "optim.min_lr", "optim.warmup_steps", "optim.weight_decay", "optim.beta1",
     "optim.beta2", "optim.eps",
     "parallel.replicate", "parallel.shard", "parallel.reshard_after_forward",
@@ -109,10 +109,12 @@ Config non_default_config() {
   c.model.d_ff = 300;
   c.model.tie_weights = false;
   c.model.init_from = "weights/init.safetensors";
-  c.data.kind = "text";
+  c.data.kind = "tokens";
   c.data.task = "add";
-  c.data.path = "data/tiny.txt";
+  c.data.path = "data/train_*.bin";
   c.data.eval_fraction = 0.25;
+  c.data.eval_path = "data/val.bin";
+  c.data.check_tokens = false;
   c.optim.lr = 1.0 / 3.0;
   c.optim.min_lr = 1e-7;
   c.optim.warmup_steps = 0;

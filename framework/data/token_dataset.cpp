@@ -1,0 +1,579 @@
+#include "framework/data/token_dataset.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <glob.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <mutex>
+#include <set>
+#include <sstream>
+#include <tuple>
+
+namespace framework::data {
+namespace {
+
+constexpr int32_t kLlmcMagic16 = 20240520;  // GPT-2 data: version 1, uint16 tokens
+constexpr int32_t kLlmcMagic32 = 20240801;  // Llama 3 data: version 7, uint32 tokens
+constexpr int64_t kLlmcHeaderBytes = 256 * 4;
+constexpr char kMegatronMagic[9] = {'M', 'M', 'I', 'D', 'I', 'D', 'X', '\0', '\0'};
+constexpr int64_t kMegatronHeaderBytes = 9 + 8 + 1 + 8 + 8;
+
+[[noreturn]] void fail(const std::string& message) { throw DataError(message); }
+
+std::string in_quotes(const std::string& s) { return "'" + s + "'"; }
+
+bool ends_with(const std::string& s, const std::string& tail) {
+  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
+}
+
+template <typename T>
+T load(const uint8_t* p) {
+  T v;
+  std::memcpy(&v, p, sizeof(T));
+  return v;
+}
+
+// One token of `width` bytes at p, widened.
+int64_t decode(const uint8_t* p, int width, bool is_signed) {
+  switch (width * (is_signed ? -1 : 1)) {
+    case 1: return *p;
+    case -1: return static_cast<int8_t>(*p);
+    case 2: return load<uint16_t>(p);
+    case -2: return load<int16_t>(p);
+    case 4: return load<uint32_t>(p);
+    case -4: return load<int32_t>(p);
+    default: return load<int64_t>(p);
+  }
+}
+
+[[noreturn]] void bad_token(const std::string& key, const TokenShard& s, int64_t t, int64_t v,
+                            int64_t vocab) {
+  fail(key + ": " + in_quotes(s.path) + ": token id " + std::to_string(v) + " at byte offset " +
+       std::to_string(s.data_offset + t * s.width) + " (token " + std::to_string(t) +
+       ") is outside [0, model.vocab_size " + std::to_string(vocab) + ")");
+}
+
+// Stream tokens [start, start + n) of `shards` (stream offsets `starts`) into
+// out, each checked against the vocabulary.
+void gather(const std::vector<TokenShard>& shards, const std::vector<int64_t>& starts, int64_t start,
+            int64_t n, int64_t vocab, const std::string& key, int64_t* out) {
+  size_t s = static_cast<size_t>(std::upper_bound(starts.begin(), starts.end(), start) - starts.begin()) - 1;
+  for (int64_t i = 0; i < n; ++i) {
+    while (start + i - starts[s] >= shards[s].tokens) ++s;
+    const int64_t t = start + i - starts[s];
+    const int64_t v = shards[s].at(t);
+    if (v < 0 || v >= vocab) bad_token(key, shards[s], t, v, vocab);
+    out[i] = v;
+  }
+}
+
+bool is_regular(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+}
+
+// The whole file, mapped read-only. Errors name the file.
+std::pair<std::shared_ptr<const uint8_t>, int64_t> map_file(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) fail("data: cannot open " + in_quotes(path) + ": " + std::strerror(errno));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    const int e = errno;
+    ::close(fd);
+    fail("data: cannot stat " + in_quotes(path) + ": " + std::strerror(e));
+  }
+  const auto size = static_cast<int64_t>(st.st_size);
+  if (size == 0) {
+    ::close(fd);
+    fail("data: " + in_quotes(path) + " is empty (0 bytes)");
+  }
+  void* p = ::mmap(nullptr, static_cast<size_t>(size), PROT_READ, MAP_SHARED, fd, 0);
+  const int e = errno;
+  ::close(fd);
+  if (p == MAP_FAILED) fail("data: cannot map " + in_quotes(path) + ": " + std::strerror(e));
+  // Windows are drawn at random: no read-ahead beyond the pages touched.
+  ::madvise(p, static_cast<size_t>(size), MADV_RANDOM);
+  std::shared_ptr<const uint8_t> map(static_cast<const uint8_t*>(p), [size](const uint8_t* q) {
+    ::munmap(const_cast<uint8_t*>(q), static_cast<size_t>(size));
+  });
+  return {map, size};
+}
+
+void parse_llmc(TokenShard& s) {
+  const uint8_t* p = s.map.get();
+  const int32_t magic = s.map_bytes >= 4 ? load<int32_t>(p) : 0;
+  if (magic != kLlmcMagic16 && magic != kLlmcMagic32) {
+    std::ostringstream m;
+    m << "data: " << in_quotes(s.path) << " is not a token shard: offset 0 holds "
+      << (s.map_bytes >= 4 ? std::to_string(magic) : "less than 4 bytes")
+      << "; expected llm.c's magic " << kLlmcMagic16 << " (uint16 tokens) or " << kLlmcMagic32
+      << " (uint32 tokens), or a Megatron .idx beside it";
+    fail(m.str());
+  }
+  if (s.map_bytes < kLlmcHeaderBytes) {
+    fail("data: " + in_quotes(s.path) + " is truncated: " + std::to_string(s.map_bytes) +
+         " bytes, fewer than llm.c's " + std::to_string(kLlmcHeaderBytes) + "-byte header");
+  }
+  const int32_t version = load<int32_t>(p + 4);
+  const int32_t want = magic == kLlmcMagic16 ? 1 : 7;
+  if (version != want) {
+    fail("data: " + in_quotes(s.path) + ": llm.c version " + std::to_string(version) +
+         " at offset 4; magic " + std::to_string(magic) + " goes with version " +
+         std::to_string(want));
+  }
+  const int32_t count = load<int32_t>(p + 8);
+  if (count < 0) {
+    fail("data: " + in_quotes(s.path) + ": negative token count " + std::to_string(count) +
+         " at offset 8");
+  }
+  s.width = magic == kLlmcMagic16 ? 2 : 4;
+  s.is_signed = false;
+  s.format = magic == kLlmcMagic16 ? "llm.c uint16" : "llm.c uint32";
+  s.data_offset = kLlmcHeaderBytes;
+  s.tokens = count;
+  const int64_t expected = kLlmcHeaderBytes + int64_t{count} * s.width;
+  if (s.map_bytes < expected) {
+    fail("data: " + in_quotes(s.path) + " is truncated: the header (offset 8) says " +
+         std::to_string(count) + " tokens, " + std::to_string(expected) + " bytes in all; the file has " +
+         std::to_string(s.map_bytes) + " (it ends in token " +
+         std::to_string((s.map_bytes - kLlmcHeaderBytes) / s.width) + ")");
+  }
+  if (s.map_bytes > expected) {
+    fail("data: " + in_quotes(s.path) + " has " + std::to_string(s.map_bytes - expected) +
+         " bytes after its last token at offset " + std::to_string(expected) +
+         " (the header at offset 8 says " + std::to_string(count) + " tokens)");
+  }
+  s.doc_starts = {0};
+}
+
+struct MegatronDtype {
+  int width;
+  bool is_signed;
+  const char* name;
+};
+
+// Megatron-LM's DType codes (megatron/core/datasets/indexed_dataset.py).
+MegatronDtype megatron_dtype(uint8_t code, const std::string& idx) {
+  switch (code) {
+    case 1: return {1, false, "uint8"};
+    case 2: return {1, true, "int8"};
+    case 3: return {2, true, "int16"};
+    case 4: return {4, true, "int32"};
+    case 5: return {8, true, "int64"};
+    case 8: return {2, false, "uint16"};
+    case 6:
+    case 7:
+      fail("data: " + in_quotes(idx) + ": dtype code " + std::to_string(code) +
+           " at offset 17 is a float type, not token ids");
+    default:
+      fail("data: " + in_quotes(idx) + ": unknown dtype code " + std::to_string(code) +
+           " at offset 17 (Megatron's are 1-8)");
+  }
+}
+
+void parse_megatron(TokenShard& s, const std::string& idx) {
+  auto [imap, isize] = map_file(idx);
+  const uint8_t* p = imap.get();
+  if (isize < kMegatronHeaderBytes || std::memcmp(p, kMegatronMagic, 9) != 0) {
+    fail("data: " + in_quotes(idx) + " is not a Megatron index: " +
+         (isize < 9 ? std::string("shorter than its 9-byte magic")
+                    : std::string("offset 0 does not hold MMIDIDX\\0\\0")));
+  }
+  const auto version = load<uint64_t>(p + 9);
+  if (version != 1) {
+    fail("data: " + in_quotes(idx) + ": Megatron index version " + std::to_string(version) +
+         " at offset 9; only version 1 is known");
+  }
+  const MegatronDtype dt = megatron_dtype(p[17], idx);
+  const auto sequences = load<uint64_t>(p + 18);
+  const auto documents = load<uint64_t>(p + 26);
+  // Lengths (int32), pointers (int64), document indices (int64), then an
+  // optional int8 mode per sequence (multimodal datasets).
+  const uint64_t need = kMegatronHeaderBytes + sequences * 12 + documents * 8;
+  if (sequences > (uint64_t{1} << 40) || documents > (uint64_t{1} << 40) ||
+      static_cast<uint64_t>(isize) < need) {
+    fail("data: " + in_quotes(idx) + " is truncated: its header (offsets 18, 26) counts " +
+         std::to_string(sequences) + " sequences and " + std::to_string(documents) +
+         " document indices, " + std::to_string(need) + " bytes; the file has " + std::to_string(isize));
+  }
+  if (static_cast<uint64_t>(isize) != need && static_cast<uint64_t>(isize) != need + sequences) {
+    fail("data: " + in_quotes(idx) + " has " + std::to_string(isize) + " bytes; its header counts " +
+         std::to_string(sequences) + " sequences and " + std::to_string(documents) +
+         " document indices, " + std::to_string(need) + " bytes (or " +
+         std::to_string(need + sequences) + " with sequence modes)");
+  }
+  const uint8_t* lengths = p + kMegatronHeaderBytes;
+  const uint8_t* pointers = lengths + sequences * 4;
+  const uint8_t* docs = pointers + sequences * 8;
+  std::vector<int64_t> seq_start(sequences + 1, 0);  // token offset of each sequence
+  for (uint64_t i = 0; i < sequences; ++i) {
+    const auto len = load<int32_t>(lengths + i * 4);
+    const auto ptr = load<int64_t>(pointers + i * 8);
+    if (len < 0 || ptr != seq_start[i] * dt.width) {
+      const int64_t off = len < 0 ? kMegatronHeaderBytes + static_cast<int64_t>(i) * 4
+                                  : static_cast<int64_t>(pointers - p) + static_cast<int64_t>(i) * 8;
+      fail("data: " + in_quotes(idx) + ": sequence " + std::to_string(i) + " at offset " +
+           std::to_string(off) + (len < 0 ? " has a negative length " + std::to_string(len)
+                                          : " points at byte " + std::to_string(ptr) + ", not " +
+                                                std::to_string(seq_start[i] * dt.width) +
+                                                " where the previous sequence ends"));
+    }
+    seq_start[i + 1] = seq_start[i] + len;
+  }
+  s.width = dt.width;
+  s.is_signed = dt.is_signed;
+  s.format = std::string("megatron ") + dt.name;
+  s.data_offset = 0;
+  s.tokens = seq_start[sequences];
+  const int64_t expected = s.tokens * s.width;
+  if (s.map_bytes != expected) {
+    fail("data: " + in_quotes(s.path) + (s.map_bytes < expected ? " is truncated: " : " is too long: ") +
+         std::to_string(s.map_bytes) + " bytes, but " + in_quotes(idx) + " lists " +
+         std::to_string(s.tokens) + " " + dt.name + " tokens, " + std::to_string(expected) + " bytes");
+  }
+  // Document d is sequences [docs[d], docs[d + 1]); docs[0] is 0 and the last
+  // is the sequence count.
+  int64_t prev = 0;
+  for (uint64_t d = 0; d < documents; ++d) {
+    const auto v = load<int64_t>(docs + d * 8);
+    const bool bad = v < prev || static_cast<uint64_t>(v) > sequences || (d == 0 && v != 0) ||
+                     (d + 1 == documents && static_cast<uint64_t>(v) != sequences);
+    if (bad) {
+      fail("data: " + in_quotes(idx) + ": document index " + std::to_string(d) + " at offset " +
+           std::to_string((docs - p) + static_cast<int64_t>(d) * 8) + " is " + std::to_string(v) +
+           " (they rise from 0 to the sequence count " + std::to_string(sequences) + ")");
+    }
+    if (d + 1 < documents && (s.doc_starts.empty() || s.doc_starts.back() != seq_start[v])) {
+      s.doc_starts.push_back(seq_start[v]);
+    }
+    prev = v;
+  }
+  if (s.doc_starts.empty()) s.doc_starts = {0};
+}
+
+// Reads every token once (pread, never the whole file in memory) and
+// refuses an id outside [0, vocab). Verified files are remembered for the
+// process, so preflight and the trainer do not read them twice.
+void check_shard_tokens(const TokenShard& s, int64_t vocab, const std::string& key) {
+  struct stat st {};
+  ::stat(s.path.c_str(), &st);
+  using Seen = std::tuple<std::string, int64_t, int64_t, int64_t, int64_t>;
+  const Seen id{s.path, static_cast<int64_t>(st.st_size), static_cast<int64_t>(st.st_mtim.tv_sec),
+                static_cast<int64_t>(st.st_mtim.tv_nsec), vocab};
+  static std::mutex mu;
+  static std::set<Seen> seen;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (seen.count(id) != 0) return;
+  }
+  const int fd = ::open(s.path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) fail(key + ": cannot open " + in_quotes(s.path) + ": " + std::strerror(errno));
+  ::posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
+  constexpr int64_t kChunkTokens = 1 << 20;
+  std::vector<uint8_t> buf(static_cast<size_t>(kChunkTokens * s.width));
+  for (int64_t t0 = 0; t0 < s.tokens; t0 += kChunkTokens) {
+    const int64_t n = std::min(kChunkTokens, s.tokens - t0);
+    const int64_t bytes = n * s.width;
+    int64_t got = 0;
+    while (got < bytes) {
+      const ssize_t r = ::pread(fd, buf.data() + got, static_cast<size_t>(bytes - got),
+                                s.data_offset + t0 * s.width + got);
+      if (r <= 0) {
+        const int e = r < 0 ? errno : EIO;
+        ::close(fd);
+        fail(key + ": cannot read " + in_quotes(s.path) + " at offset " +
+             std::to_string(s.data_offset + t0 * s.width + got) + ": " + std::strerror(e));
+      }
+      got += r;
+    }
+    int64_t lo = 0, hi = 0;
+    auto scan = [&](auto tag) {
+      using T = decltype(tag);
+      T mn = std::numeric_limits<T>::max(), mx = std::numeric_limits<T>::lowest();
+      const T* v = reinterpret_cast<const T*>(buf.data());
+      for (int64_t i = 0; i < n; ++i) {
+        mn = std::min(mn, v[i]);
+        mx = std::max(mx, v[i]);
+      }
+      lo = static_cast<int64_t>(mn);
+      hi = static_cast<int64_t>(mx);  // no uint64 dtype: always fits
+    };
+    switch (s.width * (s.is_signed ? -1 : 1)) {
+      case 1: scan(uint8_t{}); break;
+      case -1: scan(int8_t{}); break;
+      case 2: scan(uint16_t{}); break;
+      case -2: scan(int16_t{}); break;
+      case 4: scan(uint32_t{}); break;
+      case -4: scan(int32_t{}); break;
+      default: scan(int64_t{}); break;
+    }
+    if (lo < 0 || hi >= vocab) {
+      for (int64_t i = 0; i < n; ++i) {
+        const int64_t v = decode(buf.data() + i * s.width, s.width, s.is_signed);
+        if (v < 0 || v >= vocab) {
+          ::close(fd);
+          bad_token(key, s, t0 + i, v, vocab);
+        }
+      }
+    }
+  }
+  ::close(fd);
+  std::lock_guard<std::mutex> lock(mu);
+  seen.insert(id);
+}
+
+std::vector<TokenShard> open_all(const std::string& path, const std::string& key,
+                                 std::vector<int64_t>& starts, int64_t& total) {
+  std::vector<TokenShard> shards;
+  starts.clear();
+  total = 0;
+  for (const std::string& p : resolve_token_paths(path, key)) {
+    try {
+      shards.push_back(open_token_shard(p));
+    } catch (const DataError& e) {
+      // "data: ..." becomes "data.path: ...": the setting that led there.
+      const std::string what = e.what();
+      fail(what.rfind("data: ", 0) == 0 ? key + ": " + what.substr(6) : what);
+    }
+    starts.push_back(total);
+    total += shards.back().tokens;
+  }
+  return shards;
+}
+
+// A bijection of [0, n) drawn from `key`: a 4-round Feistel network on the
+// smallest even-bit power of two >= n, walked until it lands inside.
+int64_t permute(int64_t j, int64_t n, uint64_t key) {
+  int half = 1;
+  while ((int64_t{1} << (2 * half)) < n) ++half;
+  const uint64_t mask = (uint64_t{1} << half) - 1;
+  uint64_t x = static_cast<uint64_t>(j);
+  do {
+    uint64_t l = x >> half, r = x & mask;
+    for (uint64_t round = 0; round < 4; ++round) {
+      const uint64_t f = mix_seed(key + round, r) & mask;
+      const uint64_t next = l ^ f;
+      l = r;
+      r = next;
+    }
+    x = (l << half) | r;
+  } while (x >= static_cast<uint64_t>(n));
+  return static_cast<int64_t>(x);
+}
+
+int64_t count_docs(const std::vector<TokenShard>& shards) {
+  int64_t n = 0;
+  for (const auto& s : shards) n += static_cast<int64_t>(s.doc_starts.size());
+  return n;
+}
+
+std::string formats(const std::vector<TokenShard>& shards) {
+  std::set<std::string> f;
+  for (const auto& s : shards) f.insert(s.format);
+  std::string out;
+  for (const auto& x : f) out += (out.empty() ? "" : ", ") + x;
+  return out;
+}
+
+}  // namespace
+
+int64_t TokenShard::at(int64_t t) const { return decode(map.get() + data_offset + t * width, width, is_signed); }
+
+std::vector<std::string> resolve_token_paths(const std::string& path, const std::string& key) {
+  if (path.empty()) fail(key + " must name token shards (a file, a directory or a glob)");
+  std::vector<std::string> out;
+  if (path.find_first_of("*?[") != std::string::npos) {
+    glob_t g{};
+    const int rc = ::glob(path.c_str(), 0, nullptr, &g);
+    if (rc == 0) {
+      for (size_t i = 0; i < g.gl_pathc; ++i) {
+        const std::string m = g.gl_pathv[i];
+        if (ends_with(m, ".bin") && is_regular(m)) out.push_back(m);
+      }
+    }
+    const size_t matched = rc == 0 ? g.gl_pathc : 0;
+    ::globfree(&g);
+    if (matched == 0) fail(key + ": no file matches " + in_quotes(path));
+    if (out.empty()) {
+      fail(key + ": " + in_quotes(path) + " matches " + std::to_string(matched) +
+           " files, none a .bin token shard");
+    }
+  } else {
+    struct stat st {};
+    if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
+      DIR* dir = ::opendir(path.c_str());
+      if (dir == nullptr) fail(key + ": cannot list " + in_quotes(path) + ": " + std::strerror(errno));
+      while (const dirent* e = ::readdir(dir)) {
+        const std::string name = e->d_name;
+        const std::string full = path + (ends_with(path, "/") ? "" : "/") + name;
+        if (ends_with(name, ".bin") && is_regular(full)) out.push_back(full);
+      }
+      ::closedir(dir);
+      if (out.empty()) fail(key + ": directory " + in_quotes(path) + " holds no .bin token shards");
+    } else if (::stat(path.c_str(), &st) == 0) {
+      if (!S_ISREG(st.st_mode)) fail(key + ": " + in_quotes(path) + " is not a regular file");
+      // X.idx names its Megatron dataset as well as X.bin does.
+      out.push_back(ends_with(path, ".idx") ? path.substr(0, path.size() - 4) + ".bin" : path);
+    } else if (is_regular(path + ".bin")) {
+      out.push_back(path + ".bin");  // a Megatron path prefix
+    } else {
+      fail(key + ": cannot open " + in_quotes(path) + ": " + std::strerror(ENOENT));
+    }
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+TokenShard open_token_shard(const std::string& bin_path) {
+  TokenShard s;
+  s.path = bin_path;
+  std::tie(s.map, s.map_bytes) = map_file(bin_path);
+  const std::string idx =
+      (ends_with(bin_path, ".bin") ? bin_path.substr(0, bin_path.size() - 4) : bin_path) + ".idx";
+  if (ends_with(bin_path, ".bin") && is_regular(idx)) {
+    parse_megatron(s, idx);
+  } else {
+    parse_llmc(s);
+  }
+  return s;
+}
+
+TokenDataset::TokenDataset(const TokenDatasetOptions& options) : options_(options) {
+  const int64_t L = options.seq_len;
+  if (L <= 0) fail("model.seq_len must be positive, got " + std::to_string(L));
+  if (options.vocab_size <= 0) fail("model.vocab_size must be positive for data.kind tokens");
+  shards_ = open_all(options.path, "data.path", shard_starts_, total_tokens_);
+  if (options.check_tokens) {
+    for (const auto& s : shards_) check_shard_tokens(s, options.vocab_size, "data.path");
+  }
+  train_tokens_ = total_tokens_;
+  eval_begin_ = total_tokens_;
+  if (!options.eval_path.empty()) {
+    int64_t eval_total = 0;
+    eval_shards_ = open_all(options.eval_path, "data.eval_path", eval_shard_starts_, eval_total);
+    for (const auto& e : eval_shards_) {
+      for (const auto& s : shards_) {
+        if (e.path == s.path) {
+          fail("data.eval_path: " + in_quotes(e.path) + " is also a training shard of data.path " +
+               in_quotes(options.path));
+        }
+      }
+      if (options.check_tokens) check_shard_tokens(e, options.vocab_size, "data.eval_path");
+    }
+    if (eval_total < L + 1) {
+      fail("data.eval_path " + in_quotes(options.eval_path) + " holds " + std::to_string(eval_total) +
+           " tokens, fewer than model.seq_len + 1 = " + std::to_string(L + 1));
+    }
+  } else if (options.eval_fraction > 0) {
+    // The trailing whole documents that hold at least the fraction.
+    std::vector<int64_t> bounds;
+    for (size_t i = 0; i < shards_.size(); ++i) {
+      for (int64_t d : shards_[i].doc_starts) bounds.push_back(shard_starts_[i] + d);
+    }
+    const auto want =
+        static_cast<int64_t>(std::ceil(options.eval_fraction * static_cast<double>(total_tokens_)));
+    int64_t split = 0;
+    for (int64_t b : bounds) {
+      if (total_tokens_ - b >= want) split = std::max(split, b);
+    }
+    held_out_docs_ = std::count_if(bounds.begin(), bounds.end(), [&](int64_t b) { return b >= split; });
+    std::ostringstream m;
+    m << "data.eval_fraction " << options.eval_fraction << " holds out whole documents from the end of "
+      << "data.path " << in_quotes(options.path) << " (" << total_tokens_ << " tokens in "
+      << bounds.size() << (bounds.size() == 1 ? " document" : " documents")
+      << "; an llm.c shard is one document, Megatron's .idx lists its own): ";
+    if (split == 0) {
+      m << "that leaves no training tokens; give data.path several shards or set data.eval_path";
+      fail(m.str());
+    }
+    if (split < L + 1 || total_tokens_ - split < L + 1) {
+      m << "the split at token " << split << " leaves " << split << " training and "
+        << total_tokens_ - split << " held-out tokens; each part needs model.seq_len + 1 = " << L + 1;
+      fail(m.str());
+    }
+    train_tokens_ = split;
+    eval_begin_ = split;
+  }
+  if (train_tokens_ < L + 1) {
+    fail("data.path " + in_quotes(options.path) + " holds " + std::to_string(train_tokens_) +
+         " training tokens, fewer than model.seq_len + 1 = " + std::to_string(L + 1));
+  }
+  windows_ = (train_tokens_ - 1) / L;
+}
+
+int64_t TokenDataset::eval_tokens() const {
+  if (!eval_shards_.empty()) {
+    return eval_shard_starts_.back() + eval_shards_.back().tokens;
+  }
+  return total_tokens_ - eval_begin_;
+}
+
+int64_t TokenDataset::window_start(int64_t index) const {
+  if (index < 0) fail("sample index must be >= 0, got " + std::to_string(index));
+  const int64_t epoch = index / windows_;
+  const int64_t k = permute(index % windows_, windows_,
+                            mix_seed(options_.seed, static_cast<uint64_t>(epoch)));
+  return k * options_.seq_len;
+}
+
+std::vector<int64_t> TokenDataset::read(int64_t start, int64_t n) const {
+  std::vector<int64_t> out(static_cast<size_t>(n));
+  gather(shards_, shard_starts_, start, n, options_.vocab_size, "data.path", out.data());
+  return out;
+}
+
+std::pair<torch::Tensor, torch::Tensor> TokenDataset::window(const std::vector<TokenShard>& shards,
+                                                             const std::vector<int64_t>& starts,
+                                                             int64_t start) const {
+  const int64_t L = options_.seq_len;
+  auto out = torch::empty({L + 1}, torch::kLong);
+  gather(shards, starts, start, L + 1, options_.vocab_size,
+         &shards == &shards_ ? "data.path" : "data.eval_path", out.data_ptr<int64_t>());
+  return {out.slice(0, 0, L).clone(), out.slice(0, 1, L + 1).clone()};
+}
+
+std::pair<torch::Tensor, torch::Tensor> TokenDataset::sample(int64_t index) const {
+  return window(shards_, shard_starts_, window_start(index));
+}
+
+int64_t TokenDataset::eval_size() const {
+  const int64_t e = eval_tokens();
+  return e > options_.seq_len ? (e - 1) / options_.seq_len : 0;
+}
+
+std::pair<torch::Tensor, torch::Tensor> TokenDataset::eval_sample(int64_t j) const {
+  if (j < 0 || j >= eval_size()) {
+    fail("eval sample " + std::to_string(j) + " out of range [0, " + std::to_string(eval_size()) + ")");
+  }
+  if (!eval_shards_.empty()) return window(eval_shards_, eval_shard_starts_, j * options_.seq_len);
+  return window(shards_, shard_starts_, eval_begin_ + j * options_.seq_len);
+}
+
+std::string TokenDataset::describe() const {
+  std::ostringstream out;
+  out << "tokens '" << options_.path << "' (" << shards_.size() << (shards_.size() == 1 ? " shard" : " shards")
+      << ", " << formats(shards_) << ", " << total_tokens_ << " tokens, " << count_docs(shards_)
+      << " documents";
+  if (!eval_shards_.empty()) {
+    out << "; eval_path '" << options_.eval_path << "' " << eval_tokens() << " tokens";
+  } else if (eval_begin_ < total_tokens_) {
+    out << "; last " << held_out_docs_ << " documents held out, " << eval_tokens() << " tokens ("
+        << std::fixed;
+    out.precision(1);
+    out << 100.0 * static_cast<double>(eval_tokens()) / static_cast<double>(total_tokens_) << "%)";
+    out.unsetf(std::ios::fixed);
+  }
+  out << "; seq_len " << options_.seq_len << ", " << windows_ << " windows an epoch, seed "
+      << options_.seed << ")";
+  return out.str();
+}
+
+}  // namespace framework::data
