@@ -39,6 +39,7 @@
 #include "checkpoint/codec/chunk_reader.h"
 #include "checkpoint/interop/dcp.h"
 #include "checkpoint/interop/export.h"
+#include "checkpoint/interop/hf.h"
 #include "checkpoint/format/metadata.h"
 #include "checkpoint/storage/storage.h"
 #include "checkpoint/storage/tiers.h"
@@ -799,14 +800,39 @@ struct ExportArgs {
   std::string out;
   std::string dtype;  // "", "bf16" or "fp32"
   std::string only;
+  std::string max_shard_size = "5GB";  // hf
   int threads = 4;
 };
+
+// "5GB", "500MB", "2GiB", "4096" (bytes), as Hugging Face's max_shard_size
+// reads them: KB/MB/GB are powers of 1000, KiB/MiB/GiB of 1024.
+uint64_t parse_size(const std::string& text) {
+  size_t end = 0;
+  double v = 0;
+  try {
+    v = std::stod(text, &end);
+  } catch (const std::exception&) {
+    end = 0;
+  }
+  const std::string unit = text.substr(end);
+  static const std::map<std::string, double> units = {
+      {"", 1},        {"B", 1},           {"KB", 1e3},         {"MB", 1e6},
+      {"GB", 1e9},    {"TB", 1e12},       {"KiB", 1024.0},     {"MiB", 1048576.0},
+      {"GiB", 1073741824.0}, {"TiB", 1099511627776.0}};
+  auto it = units.find(unit);
+  if (end == 0 || it == units.end() || v <= 0) {
+    throw std::invalid_argument("--max-shard-size " + text + ": expected a size such as 5GB, 500MB or 2GiB");
+  }
+  return static_cast<uint64_t>(v * it->second);
+}
 
 int run_export(const std::string& path, const ExportArgs& args) {
   checkpoint::ExportOptions options;
   options.format = args.format == "torch" ? checkpoint::ExportFormat::kTorch
                    : args.format == "dcp" ? checkpoint::ExportFormat::kDcp
+                   : args.format == "hf"  ? checkpoint::ExportFormat::kHf
                                           : checkpoint::ExportFormat::kSafetensors;
+  options.max_shard_bytes = parse_size(args.max_shard_size);
   if (args.dtype == "bf16") options.dtype = checkpoint::DType::kBFloat16;
   if (args.dtype == "fp32") options.dtype = checkpoint::DType::kFloat32;
   options.only = args.only;
@@ -817,6 +843,19 @@ int run_export(const std::string& path, const ExportArgs& args) {
             << human_bytes(stats.file_bytes) << ")";
   if (!stats.skipped.empty()) std::cout << "; skipped " << stats.skipped.size() << " items";
   std::cout << "\n";
+  return kExitOk;
+}
+
+// ---------------------------------------------------------------- import-hf
+
+int run_import_hf(const std::string& src, const std::string& dst, int threads) {
+  checkpoint::HfImportOptions options;
+  options.io_threads = threads;
+  const checkpoint::HfImportStats stats = checkpoint::import_hf_checkpoint(src, dst, options);
+  std::cout << "imported " << stats.tensors << " tensors (" << human_bytes(stats.bytes) << " as float32) from "
+            << printable(src) << " into " << printable(dst);
+  if (!stats.converted.empty()) std::cout << "; converted to float32: " << stats.converted.size() << " tensors";
+  std::cout << "; resume it with checkpoint.resume: " << printable(dst) << " and checkpoint.model_only: true\n";
   return kExitOk;
 }
 
@@ -880,13 +919,14 @@ int main(int argc, char** argv) {
       "consolidate a sharded checkpoint into one file of full tensors (safetensors, or a "
       "torch.save archive that torch.load(f, weights_only=True) reads), or write it as a "
       "PyTorch DCP checkpoint directory (dcp: model and AdamW state, for dcp.load at any world "
-      "size); bytes items (RNG state, step, loader position, config) are skipped");
+      "size), or as a Hugging Face Llama directory (hf: config.json and sharded safetensors "
+      "with their index); bytes items (RNG state, step, loader position, config) are skipped");
   export_cmd->add_option("CKPT", ckpt, "a checkpoint directory (step_<N>/)")->required();
   export_cmd->add_option("--format", export_args.format, "output format")
       ->required()
-      ->check(CLI::IsMember({"safetensors", "torch", "dcp"}));
+      ->check(CLI::IsMember({"safetensors", "torch", "dcp", "hf"}));
   export_cmd->add_option("--out", export_args.out,
-                         "output file, or directory for dcp (written as OUT.tmp, then renamed)")
+                         "output file, or directory for dcp and hf (written as OUT.tmp, then renamed)")
       ->required();
   export_cmd->add_option("--dtype", export_args.dtype,
                          "convert floating-point tensors (bf16: round to nearest even); others "
@@ -895,7 +935,21 @@ int main(int argc, char** argv) {
   export_cmd->add_option("--only", export_args.only,
                          "only items named ONLY.<name>, written as <name> (e.g. --only model "
                          "for the model's parameter names)");
+  export_cmd->add_option("--max-shard-size", export_args.max_shard_size,
+                         "hf: the most tensor bytes per safetensors file, as save_pretrained's "
+                         "max_shard_size (5GB, 500MB, 2GiB; default 5GB)");
   export_cmd->add_option("--threads", export_args.threads, "reader threads")->check(CLI::Range(1, 1024));
+
+  std::string hf_src;
+  std::string hf_dst;
+  CLI::App* import_hf = app.add_subcommand(
+      "import-hf",
+      "convert a Hugging Face model directory (config.json, model.safetensors or sharded with "
+      "model.safetensors.index.json) into a model-only shardkit checkpoint, float32, streaming; "
+      "resume it with checkpoint.model_only: true at any world size");
+  import_hf->add_option("SRC", hf_src, "a Hugging Face model directory")->required();
+  import_hf->add_option("DST", hf_dst, "the checkpoint directory to create, e.g. runs/x/init")->required();
+  import_hf->add_option("--threads", threads, "writer threads")->check(CLI::Range(1, 1024));
 
   std::string dcp_src;
   std::string dcp_dst;
@@ -960,9 +1014,10 @@ int main(int argc, char** argv) {
     if (*inspect) return run_inspect(ckpt, chunks, json);
     if (*export_cmd) return run_export(ckpt, export_args);
     if (*import_dcp) return run_import_dcp(dcp_src, dcp_dst, maps, threads);
+    if (*import_hf) return run_import_hf(hf_src, hf_dst, threads);
     return run_verify(ckpt, threads, json);
   } catch (const std::exception& e) {
-    print_error(command, *list ? dir : *import_dcp ? dcp_src : *tiers ? tiers_args.durable_dir : ckpt,
+    print_error(command, *list ? dir : *import_dcp ? dcp_src : *import_hf ? hf_src : *tiers ? tiers_args.durable_dir : ckpt,
                 e.what());
     return kExitFailure;
   }

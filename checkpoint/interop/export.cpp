@@ -7,6 +7,8 @@
 #include <cstring>
 #include <cstdlib>
 #include <functional>
+#include <map>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
 
@@ -308,24 +310,41 @@ struct PyPickle {
   }
 };
 
-// optim.{lr, beta1, beta2, eps, weight_decay} from the effective config that
-// the trainer saves as the "config" item (YAML: a top-level "optim:" block
-// of "  key: value" lines); what is not found keeps `g`'s value.
-DcpParamGroup param_group_from_config(const std::string& yaml, DcpParamGroup g) {
+// The "  key: value" lines of a top-level section of the effective config
+// that the trainer saves as the "config" item (YAML, as to_yaml writes it);
+// nested keys as "sub.key", string values without their quotes.
+std::map<std::string, std::string> config_section(const std::string& yaml, const std::string& section) {
+  std::map<std::string, std::string> out;
   std::istringstream in(yaml);
-  std::string line;
-  bool in_optim = false;
+  std::string line, sub;
+  bool inside = false;
   while (std::getline(in, line)) {
     if (!line.empty() && line[0] != ' ') {
-      in_optim = line.rfind("optim:", 0) == 0;
+      inside = line == section + ":";
       continue;
     }
     const size_t colon = line.find(':');
-    if (!in_optim || colon == std::string::npos) continue;
+    if (!inside || colon == std::string::npos) continue;
     const size_t start = line.find_first_not_of(' ');
     const std::string key = line.substr(start, colon - start);
+    const size_t value_at = line.find_first_not_of(' ', colon + 1);
+    if (value_at == std::string::npos) {
+      sub = key;  // "  rope_scaling:" opens a nested block
+      continue;
+    }
+    std::string value = line.substr(value_at);
+    if (value.size() >= 2 && value.front() == '"' && value.back() == '"') value = value.substr(1, value.size() - 2);
+    out[start > 2 && !sub.empty() ? sub + "." + key : key] = value;
+    if (start <= 2) sub.clear();
+  }
+  return out;
+}
+
+// optim.{lr, beta1, beta2, eps, weight_decay} from the config item; what is
+// not found keeps `g`'s value.
+DcpParamGroup param_group_from_config(const std::string& yaml, DcpParamGroup g) {
+  for (const auto& [key, value] : config_section(yaml, "optim")) {
     char* end = nullptr;
-    const std::string value = line.substr(colon + 1);
     const double v = std::strtod(value.c_str(), &end);
     if (end == value.c_str()) continue;
     if (key == "lr") g.lr = v;
@@ -335,6 +354,18 @@ DcpParamGroup param_group_from_config(const std::string& yaml, DcpParamGroup g) 
     if (key == "weight_decay") g.weight_decay = v;
   }
   return g;
+}
+
+// The bytes of a bytes item ("config"), or nullopt when there is none.
+std::optional<std::string> read_bytes_item(const CheckpointMeta& meta, ChunkReader& reader,
+                                           const std::string& name) {
+  const ItemMeta* item = meta.find(name);
+  if (item == nullptr || item->kind != ItemKind::kBytes) return std::nullopt;
+  std::vector<uint8_t> bytes(static_cast<size_t>(*checked_numel(item->global_shape)));
+  for (const ReadRequest& req : plan_reads(*item, full_box(item->global_shape))) {
+    reader.read_into(*item, req, bytes.data());
+  }
+  return std::string(bytes.begin(), bytes.end());
 }
 
 ExportStats export_dcp(const std::string& step_dir, const std::string& out_dir,
@@ -435,13 +466,7 @@ ExportStats export_dcp(const std::string& step_dir, const std::string& out_dir,
     if (params.empty()) throw FormatError(step_dir + ": nothing to export: no model.* tensor items");
     if (with_optim) {
       DcpParamGroup g = options.dcp_param_group;
-      if (const ItemMeta* config = meta.find("config"); config != nullptr && config->kind == ItemKind::kBytes) {
-        std::vector<uint8_t> yaml(static_cast<size_t>(*checked_numel(config->global_shape)));
-        for (const ReadRequest& req : plan_reads(*config, full_box(config->global_shape))) {
-          reader.read_into(*config, req, yaml.data());
-        }
-        g = param_group_from_config(std::string(yaml.begin(), yaml.end()), g);
-      }
+      if (const auto yaml = read_bytes_item(meta, reader, "config")) g = param_group_from_config(*yaml, g);
       auto bytes_item = [&](const std::string& name, std::vector<uint8_t> pkl) {
         const uint64_t length = append_archive(*file, at, pkl, false, nullptr, 0);
         dcp.bytes.push_back({"optim.param_groups.0." + name, {data_name, at, length}});
@@ -492,6 +517,145 @@ ExportStats export_dcp(const std::string& step_dir, const std::string& out_dir,
   return stats;
 }
 
+// ------------------------------------------------------------------ Hugging Face
+
+const char* torch_dtype_name(DType d) {
+  return d == DType::kBFloat16 ? "bfloat16" : d == DType::kFloat16 ? "float16" : "float32";
+}
+
+// config.json of a LlamaForCausalLM for the checkpoint's model.
+std::string hf_config_json(const CheckpointMeta& meta, ChunkReader& reader, const std::string& step_dir,
+                           const std::vector<ExportItem>& items, std::optional<DType> dtype) {
+  auto shape_of = [&](const std::string& name) -> const std::vector<int64_t>& {
+    for (const ExportItem& e : items) {
+      if (e.name == name) return e.item->global_shape;
+    }
+    throw FormatError(step_dir + ": no item model." + name + ", which a Llama has");
+  };
+  const auto yaml = read_bytes_item(meta, reader, "config");
+  if (!yaml) {
+    auto it = meta.info.find("hf_config");
+    if (it == meta.info.end()) {
+      throw FormatError(step_dir + ": no config item (saved by train) and no recorded Hugging Face "
+                        "config.json (ckpt import-hf): the model's options are unknown");
+    }
+    nlohmann::json j = nlohmann::json::parse(it->second);
+    j["torch_dtype"] = torch_dtype_name(dtype ? *dtype : items.front().dtype);
+    return j.dump(2) + "\n";
+  }
+  std::map<std::string, std::string> m = config_section(*yaml, "model");
+  if (m["kind"] != "llama") {
+    throw FormatError(step_dir + ": model.kind is " + m["kind"] +
+                      "; only llama maps to Hugging Face's LlamaForCausalLM");
+  }
+  auto integer = [&](const std::string& k) { return std::strtoll(m[k].c_str(), nullptr, 10); };
+  auto real = [&](const std::string& k) { return std::strtod(m[k].c_str(), nullptr); };
+  const std::vector<int64_t>& embed = shape_of("model.embed_tokens.weight");
+  const int64_t heads = integer("n_heads");
+  const int64_t kv = integer("n_kv_heads") > 0 ? integer("n_kv_heads") : heads;
+  int64_t layers = 0;
+  while (meta.find("model.model.layers." + std::to_string(layers) + ".input_layernorm.weight") != nullptr) ++layers;
+  nlohmann::json j;
+  j["architectures"] = {"LlamaForCausalLM"};
+  j["model_type"] = "llama";
+  j["hidden_size"] = embed.at(1);
+  j["intermediate_size"] = shape_of("model.layers.0.mlp.gate_proj.weight").at(0);
+  j["num_hidden_layers"] = layers;
+  j["num_attention_heads"] = heads;
+  j["num_key_value_heads"] = kv;
+  j["head_dim"] = embed.at(1) / heads;
+  j["vocab_size"] = embed.at(0);
+  j["max_position_embeddings"] = integer("seq_len");
+  j["rms_norm_eps"] = real("norm_eps");
+  j["rope_theta"] = real("rope_theta");
+  j["tie_word_embeddings"] = m["tie_weights"] == "true";
+  j["hidden_act"] = "silu";
+  j["attention_bias"] = false;
+  j["mlp_bias"] = false;
+  j["attention_dropout"] = 0.0;
+  j["initializer_range"] = 0.02;
+  if (real("rope_scaling.factor") > 0) {
+    j["rope_scaling"] = {{"rope_type", "llama3"},
+                         {"factor", real("rope_scaling.factor")},
+                         {"low_freq_factor", real("rope_scaling.low_freq_factor")},
+                         {"high_freq_factor", real("rope_scaling.high_freq_factor")},
+                         {"original_max_position_embeddings", integer("rope_scaling.original_max_position")}};
+  } else {
+    j["rope_scaling"] = nullptr;
+  }
+  j["torch_dtype"] = torch_dtype_name(dtype ? *dtype : items.front().dtype);
+  return j.dump(2) + "\n";
+}
+
+ExportStats export_hf(const std::string& step_dir, const std::string& out_dir, const ExportOptions& options) {
+  if (!options.only.empty() && options.only != "model") {
+    throw std::invalid_argument("a Hugging Face export takes the model: --only model or nothing, not --only " +
+                                options.only);
+  }
+  std::shared_ptr<Storage> storage = options.storage ? options.storage : posix_storage();
+  const CheckpointMeta meta = read_committed_metadata(*storage, step_dir);
+  ExportOptions model_only = options;
+  model_only.only = "model";
+  ExportStats stats;
+  const std::vector<ExportItem> items = select_items(meta, step_dir, model_only, stats);
+  thread_pool::ThreadPool pool(static_cast<size_t>(std::max(1, options.io_threads)));
+  ChunkReader reader(storage, step_dir, &pool);
+  const std::string config = hf_config_json(meta, reader, step_dir, items, options.dtype);
+
+  // Shards: consecutive items while they fit max_shard_bytes.
+  std::vector<std::vector<ExportItem>> shards;
+  uint64_t in_shard = 0;
+  for (const ExportItem& e : items) {
+    if (shards.empty() || (in_shard > 0 && in_shard + e.nbytes > options.max_shard_bytes)) {
+      shards.emplace_back();
+      in_shard = 0;
+    }
+    shards.back().push_back(e);
+    in_shard += e.nbytes;
+  }
+  const std::string tmp = out_dir + ".tmp";
+  storage->remove_all(tmp);
+  storage->make_dirs(tmp);
+  try {
+    nlohmann::json weight_map = nlohmann::json::object();
+    uint64_t total = 0;
+    for (size_t k = 0; k < shards.size(); ++k) {
+      char name[64];
+      std::snprintf(name, sizeof(name), "model-%05zu-of-%05zu.safetensors", k + 1, shards.size());
+      const std::string file_name = shards.size() == 1 ? kHfSingleName : name;
+      std::unique_ptr<WritableFile> file = storage->create_file(join_path(tmp, file_name));
+      SafetensorsWriter writer(*file, shards[k], meta);
+      for (size_t i = 0; i < shards[k].size(); ++i) {
+        writer.begin_tensor(i);
+        stream_item(reader, shards[k][i], std::max<uint64_t>(options.slab_bytes, 1),
+                    [&](const uint8_t* data, size_t n) { writer.write(data, n); });
+        writer.end_tensor();
+        weight_map[shards[k][i].name] = file_name;
+        total += shards[k][i].nbytes;
+        ++stats.tensors;
+      }
+      file->sync();
+      file->close();
+      stats.file_bytes += storage->file_size(join_path(tmp, file_name));
+    }
+    stats.data_bytes = total;
+    if (shards.size() > 1) {
+      nlohmann::json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
+      const std::string text = index.dump(2) + "\n";
+      storage->write_file_atomic(join_path(tmp, kHfIndexName), std::vector<uint8_t>(text.begin(), text.end()));
+    }
+    storage->write_file_atomic(join_path(tmp, "config.json"), std::vector<uint8_t>(config.begin(), config.end()));
+    storage->sync_dir(tmp);
+  } catch (...) {
+    storage->remove_all(tmp);
+    throw;
+  }
+  storage->remove_all(out_dir);
+  storage->rename(tmp, out_dir);
+  storage->sync_dir(parent_dir(out_dir));
+  return stats;
+}
+
 }  // namespace
 
 uint16_t float_to_bfloat16_bits(float value) {
@@ -530,6 +694,7 @@ ExportStats export_checkpoint(const std::string& step_dir, const std::string& ou
     throw std::invalid_argument(std::string("export converts floats to float32 or bfloat16, not ") +
                                 dtype_name(*options.dtype));
   }
+  if (options.format == ExportFormat::kHf) return export_hf(step_dir, out_path, options);
   std::shared_ptr<Storage> storage = options.storage ? options.storage : posix_storage();
   const CheckpointMeta meta = read_committed_metadata(*storage, step_dir);
 

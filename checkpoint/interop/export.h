@@ -22,7 +22,7 @@
 
 namespace checkpoint {
 
-enum class ExportFormat { kSafetensors, kTorch, kDcp };
+enum class ExportFormat { kSafetensors, kTorch, kDcp, kHf };
 
 // The AdamW param group a DCP export records (optim.param_groups.0.*), as
 // torch 2.6's AdamW keys it; ckpt fills it from the checkpoint's config.
@@ -50,6 +50,9 @@ struct ExportOptions {
   std::shared_ptr<Storage> storage;  // null: the POSIX file system
   // kDcp: the optimizer's param group; `only` "model" leaves the optimizer out.
   DcpParamGroup dcp_param_group;
+  // kHf: the most tensor bytes of one safetensors shard (a tensor larger
+  // than this gets a shard of its own), as save_pretrained's max_shard_size.
+  uint64_t max_shard_bytes = uint64_t{5} * 1000 * 1000 * 1000;
 };
 
 struct ExportStats {
@@ -60,6 +63,13 @@ struct ExportStats {
 };
 
 // Reads the committed checkpoint `step_dir` and writes `out_path`.
+// kHf writes a Hugging Face LlamaForCausalLM directory `out_path` (as
+// <out_path>.tmp, renamed): the model's tensors under their own names
+// (model.embed_tokens.weight, ..., lm_head.weight) in safetensors shards of
+// at most max_shard_bytes (model.safetensors when one is enough, else
+// model-0000K-of-0000N.safetensors with model.safetensors.index.json), and
+// config.json from the checkpoint's config item (model.kind llama) or, for
+// a checkpoint made by import_hf_checkpoint, the config.json it recorded.
 // kDcp writes a directory `out_path` that PyTorch's dcp.load reads (torch
 // 2.6 and later) into get_state_dict(model, optim) of a model with the same
 // parameter names, at any world size: model.<name> tensors; for each

@@ -135,8 +135,15 @@ WeightsFile WeightsFile::open(const std::string& path, std::shared_ptr<Storage> 
   f.storage_ = storage ? std::move(storage) : posix_storage();
   f.path_ = path;
   if (f.storage_->stat(path).type == FileType::kDirectory) {
+    if (is_hf_model_dir(*f.storage_, path)) {
+      f.format_ = "hf";
+      f.open_hf();
+      return f;
+    }
     if (!is_dcp_checkpoint(*f.storage_, path)) {
-      throw error_in(path, "a directory, but not a PyTorch DCP checkpoint (no pickled .metadata)");
+      throw error_in(path, "a directory, but neither a PyTorch DCP checkpoint (no pickled .metadata) "
+                           "nor a Hugging Face model (no model.safetensors or "
+                           "model.safetensors.index.json)");
     }
     f.format_ = "dcp";
     f.open_dcp();
@@ -331,6 +338,66 @@ void WeightsFile::open_dcp() {
     }
     index_[name] = tensors_.size();
     tensors_.push_back(std::move(info));
+  }
+}
+
+bool is_hf_model_dir(Storage& storage, const std::string& dir) {
+  return storage.exists(join_path(dir, kHfIndexName)) || storage.exists(join_path(dir, kHfSingleName));
+}
+
+// Every tensor of the shards, as one chunk (the whole tensor) in its file.
+// The index's weight_map must name each tensor's file, and each file must
+// hold what the map puts there.
+void WeightsFile::open_hf() {
+  std::map<std::string, std::vector<std::string>> by_file;  // shard -> names the index puts there
+  const std::string index_path = join_path(path_, kHfIndexName);
+  if (storage_->exists(index_path)) {
+    const uint64_t size = storage_->file_size(index_path);
+    if (size > kMaxSafetensorsHeaderBytes) throw error_in(index_path, "larger than 100 MiB");
+    std::string text(size, '\0');
+    storage_->read_at(index_path, 0, text.data(), text.size());
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(text);
+    } catch (const nlohmann::json::exception& e) {
+      throw error_in(index_path, std::string("not JSON: ") + e.what());
+    }
+    if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object()) {
+      throw error_in(index_path, "no \"weight_map\" object");
+    }
+    for (const auto& [name, file] : j["weight_map"].items()) {
+      if (!file.is_string() || file.get<std::string>().find('/') != std::string::npos ||
+          file.get<std::string>().empty()) {
+        throw error_in(index_path, "weight_map[\"" + name + "\"] must be a file name in " + path_);
+      }
+      by_file[file.get<std::string>()].push_back(name);
+    }
+  } else {
+    by_file[kHfSingleName] = {};  // every tensor of the one file
+  }
+  for (const auto& [file_name, names] : by_file) {
+    const std::string file_path = join_path(path_, file_name);
+    const WeightsFile shard = WeightsFile::open(file_path, storage_);
+    if (shard.format() != "safetensors") throw error_in(file_path, "not a safetensors file");
+    auto add = [&](const WeightsTensorInfo& t) {
+      if (index_.count(t.name) != 0) {
+        throw error_in(path_, "tensor '" + t.name + "' is in two files, the second " + file_name);
+      }
+      WeightsTensorInfo info = t;
+      info.chunks = {WeightsChunk{full_box(t.shape), file_path, t.data_offset}};
+      index_[info.name] = tensors_.size();
+      tensors_.push_back(std::move(info));
+    };
+    if (names.empty()) {
+      for (const WeightsTensorInfo& t : shard.tensors()) add(t);
+    }
+    for (const std::string& name : names) {
+      const WeightsTensorInfo* t = shard.find(name);
+      if (t == nullptr) {
+        throw error_in(index_path, "weight_map puts '" + name + "' in " + file_name + ", which has no such tensor");
+      }
+      add(*t);
+    }
   }
 }
 

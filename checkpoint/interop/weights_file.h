@@ -52,9 +52,12 @@ class WeightsFile {
   // Opens and validates `path`: a zip archive (starts with "PK\3\4") is read
   // as torch.save, a directory holding a PyTorch DCP checkpoint (dcp.h) as
   // its model weights (names as dcp_model_name gives them; every chunk's
-  // archive is checked here), anything else as safetensors. Only the header
-  // or the directory and data.pkl are read here. `storage` null: the POSIX
-  // file system.
+  // archive is checked here), a Hugging Face model directory (format "hf":
+  // model.safetensors.index.json and the shards its weight_map names, or
+  // one model.safetensors) as the tensors of its safetensors files, under
+  // their own names, anything else as safetensors. Only the headers, or the
+  // directory and data.pkl, are read here. `storage` null: the POSIX file
+  // system.
   static WeightsFile open(const std::string& path, std::shared_ptr<Storage> storage = nullptr);
 
   // In file order (safetensors: by data offset; torch: dict order).
@@ -66,7 +69,7 @@ class WeightsFile {
   // ranges of the file. Throws FormatError for an unknown name or a box
   // outside the tensor. Thread-safe (reads only).
   void read_box(const std::string& name, const Box& box, uint8_t* dst) const;
-  // "safetensors", "torch" or "dcp".
+  // "safetensors", "torch", "dcp" or "hf".
   const std::string& format() const { return format_; }
   const std::string& path() const { return path_; }
   // safetensors "__metadata__" (string values); empty for torch files.
@@ -77,6 +80,7 @@ class WeightsFile {
   void open_safetensors();
   void open_torch_zip();
   void open_dcp();
+  void open_hf();
 
   std::shared_ptr<Storage> storage_;
   std::string path_;
@@ -85,6 +89,12 @@ class WeightsFile {
   std::map<std::string, size_t> index_;
   std::map<std::string, std::string> metadata_;
 };
+
+// A Hugging Face model directory's weights: the index of a sharded save, or
+// the one file of an unsharded one (save_pretrained's names).
+constexpr const char* kHfIndexName = "model.safetensors.index.json";
+constexpr const char* kHfSingleName = "model.safetensors";
+bool is_hf_model_dir(Storage& storage, const std::string& dir);
 
 // The safetensors dtype string for `dtype` ("F32", "BF16", "I64", "BOOL", ...)
 // and back (nullopt for strings this format does not know).

@@ -106,8 +106,9 @@ std::vector<Key> build_schema() {
       {SHARDKIT_CONFIG_FIELD(model.activation_checkpointing_every), at_least(1),
        "selective activation checkpointing: checkpoint blocks 0, N, 2N, ..."},
       {SHARDKIT_CONFIG_FIELD(model.init_from), any_value(),
-       "Initialize model weights from a safetensors or torch.save file of full weights; "
-       "ignored when resuming from a checkpoint."},
+       "Initialize model weights from a safetensors or torch.save file of full weights, a PyTorch "
+       "DCP checkpoint, or a Hugging Face Llama directory (config.json gives the model keys; "
+       "safetensors, sharded or not); ignored when resuming from a checkpoint."},
 
       {SHARDKIT_CONFIG_FIELD(data.kind), one_of({"synthetic", "text", "tokens"}),
        "Dataset: synthetic tasks, the bytes of a text file, or pre-tokenized shards (llm.c .bin, "

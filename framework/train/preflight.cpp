@@ -125,11 +125,14 @@ void check_init_from(const config::Config& cfg) {
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0)
     fail("model.init_from: cannot open " + quoted(path) + ": " + std::strerror(errno));
-  const bool dcp = S_ISDIR(st.st_mode) && checkpoint::is_dcp_checkpoint(*checkpoint::posix_storage(), path);
-  if (!S_ISREG(st.st_mode) && !dcp)
+  const bool dir = S_ISDIR(st.st_mode) &&
+                   (checkpoint::is_dcp_checkpoint(*checkpoint::posix_storage(), path) ||
+                    checkpoint::is_hf_model_dir(*checkpoint::posix_storage(), path));
+  if (!S_ISREG(st.st_mode) && !dir)
     fail("model.init_from: " + quoted(path) +
-         " is not a file (a safetensors or torch.save file of full weights) nor a PyTorch DCP "
-         "checkpoint directory");
+         " is not a file (a safetensors or torch.save file of full weights), a PyTorch DCP "
+         "checkpoint directory nor a Hugging Face model directory (model.safetensors or "
+         "model.safetensors.index.json)");
   if (::access(path.c_str(), R_OK) != 0)
     fail("model.init_from: cannot read " + quoted(path) + ": " + std::strerror(errno));
   try {

@@ -6,6 +6,9 @@
 #include "framework/dtensor/device_mesh.h"
 #include "framework/fsdp/activation_checkpoint.h"
 #include "framework/fsdp/fully_shard.h"
+#include "checkpoint/interop/import_weights.h"
+#include "checkpoint/interop/weights_file.h"
+#include "framework/train/state_dict.h"
 #include "framework/train/trainer.h"
 #include "models/layered_model.h"
 #include "models/llama.h"
@@ -531,4 +534,75 @@ TEST(LlamaAccumulation, HsdpAndDdpAllReduceOncePerStepAndMatchSyncingEveryMicroB
       }
     });
   }
+}
+
+// model.init_from a Hugging Face directory (bf16 safetensors): each rank
+// reads only its shards' bytes; the memory the load adds beyond the shards
+// is one conversion buffer, the rank's part of one tensor in bf16. Ranks
+// load one after another so that the process-wide allocator counts one.
+TEST(LlamaFromHuggingFace, EachRankHoldsItsShardsPlusOneConversionBuffer) {
+  auto cfg = llama_config("unused");
+  cfg.model.vocab_size = 512;
+  cfg.model.d_model = 128;
+  cfg.model.n_layers = 2;
+  cfg.model.d_ff = 352;
+  const std::string dir = scratch("hf_dir");
+  fs::create_directories(dir);
+  torch::manual_seed(8);
+  auto eager = models::make_model(cfg.model, true);
+  std::vector<torch::Tensor> bf16;
+  std::map<std::string, torch::Tensor> by_name;
+  std::vector<checkpoint::SafetensorsTensor> tensors;
+  for (const auto& p : eager->named_parameters()) {
+    bf16.push_back(p.value().detach().to(torch::kBFloat16).contiguous());
+    by_name[p.key()] = bf16.back();
+    tensors.push_back({p.key(), checkpoint::DType::kBFloat16, p.value().sizes().vec(),
+                       static_cast<const uint8_t*>(bf16.back().data_ptr())});
+  }
+  checkpoint::write_safetensors(dir + "/model.safetensors", tensors);
+  const int world = 2;
+  static auto* counter = new testing_support::CountingCpuAllocator();
+  std::vector<int64_t> added(world, 0), largest_buffer(world, 0);
+  std::vector<std::map<std::string, torch::Tensor>> full(world);
+  run_runtimes(world, [&](framework::dist::Runtime& rt) {
+    auto mesh = framework::dtensor::DeviceMesh::create(*rt.rendezvous, {1, world}, {"replicate", "shard"});
+    std::shared_ptr<models::LayeredModelImpl> model;
+    {
+      static std::mutex seed_mutex;
+      std::lock_guard<std::mutex> lock(seed_mutex);
+      model = models::make_model(cfg.model, false);
+    }
+    framework::fsdp::FullyShardedModel fsdp(
+        model, mesh, {}, model->unit_names(),
+        [model](const std::string& n, const torch::Tensor& t) { model->init_parameter(n, t); });
+    checkpoint::StateDict sd = framework::train::get_state_dict(fsdp, nullptr);
+    for (const auto& p : fsdp.local_params()) {
+      largest_buffer[rt.env.rank] = std::max<int64_t>(largest_buffer[rt.env.rank], p.numel() * 2);
+    }
+    for (int turn = 0; turn < world; ++turn) {
+      mesh->group(1).barrier();
+      if (turn != rt.env.rank) continue;
+      const int64_t before = counter->live_bytes();
+      counter->reset_peak();
+      torch::NoGradGuard no_grad;
+      const auto stats = checkpoint::load_weights_into(sd, dir, "model.", false);
+      added[rt.env.rank] = counter->peak_bytes() - before;
+      EXPECT_EQ(stats.converted.size(), tensors.size());
+    }
+    mesh->group(1).barrier();
+    for (size_t i = 0; i < fsdp.local_params().size(); ++i) {
+      full[rt.env.rank][fsdp.param_names()[i]] = fsdp.param_dtensor(i).full_tensor();
+    }
+  });
+  for (int r = 0; r < world; ++r) {
+    std::cout << "rank " << r << ": the load added at most " << added[r] << " bytes; its largest bf16 shard is "
+              << largest_buffer[r] << " bytes" << std::endl;
+    EXPECT_LE(added[r], largest_buffer[r] + 4096) << "rank " << r;
+    ASSERT_EQ(full[r].size(), by_name.size());
+    for (const auto& [name, want] : by_name) {
+      ASSERT_EQ(full[r].count(name), 1u) << name;
+      EXPECT_TRUE(torch::equal(full[r][name], want.to(torch::kFloat))) << name;
+    }
+  }
+  fs::remove_all(dir);
 }

@@ -1,5 +1,7 @@
 // The `train` binary end to end, as a user runs it: `train --nproc 2`.
+#include "checkpoint/interop/export.h"
 #include "checkpoint/interop/weights_file.h"
+#include "checkpoint/format/types.h"
 #include "framework/dist/device.h"
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -190,4 +192,142 @@ TEST(TrainCli, TrainsOnTokenShardsAndResumesBitExactly) {
   EXPECT_EQ(r.output.find("Exception raised from"), std::string::npos) << r.output;
   EXPECT_FALSE(fs::exists(refused));
   for (const auto& d : {data, full, split}) fs::remove_all(d);
+}
+
+namespace {
+
+Result run_ckpt(const std::string& args) {
+  std::string cmd = std::string(SHARDKIT_BINARY_DIR) + "/ckpt " + args + " 2>&1";
+  Result r;
+  FILE* p = popen(cmd.c_str(), "r");
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.output.append(buf.data(), n);
+  int raw = pclose(p);
+  r.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : 128 + WTERMSIG(raw);
+  return r;
+}
+
+// A Hugging Face Llama directory as save_pretrained lays it out: config.json,
+// bf16 weights in two safetensors shards and their index.
+std::map<std::string, std::vector<uint8_t>> write_hf_llama(const std::string& dir) {
+  fs::create_directories(dir);
+  std::ofstream(dir + "/config.json") << R"({
+  "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu",
+  "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+  "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8, "vocab_size": 64,
+  "max_position_embeddings": 131072, "rms_norm_eps": 1e-05, "rope_theta": 500000.0,
+  "rope_scaling": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                   "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+  "tie_word_embeddings": false, "attention_bias": false, "mlp_bias": false,
+  "torch_dtype": "bfloat16", "bos_token_id": 1, "eos_token_id": 2
+})";
+  std::vector<std::pair<std::string, std::vector<int64_t>>> shapes = {{"model.embed_tokens.weight", {64, 32}}};
+  for (int l = 0; l < 2; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    for (auto [n, s] : std::vector<std::pair<std::string, std::vector<int64_t>>>{
+             {"input_layernorm.weight", {32}}, {"self_attn.q_proj.weight", {32, 32}},
+             {"self_attn.k_proj.weight", {16, 32}}, {"self_attn.v_proj.weight", {16, 32}},
+             {"self_attn.o_proj.weight", {32, 32}}, {"post_attention_layernorm.weight", {32}},
+             {"mlp.gate_proj.weight", {64, 32}}, {"mlp.up_proj.weight", {64, 32}},
+             {"mlp.down_proj.weight", {32, 64}}}) {
+      shapes.push_back({p + n, s});
+    }
+  }
+  shapes.push_back({"model.norm.weight", {32}});
+  shapes.push_back({"lm_head.weight", {64, 32}});
+  std::map<std::string, std::vector<uint8_t>> bytes;
+  std::vector<checkpoint::SafetensorsTensor> first, second;
+  uint32_t state = 12345;
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    const auto& [name, shape] = shapes[i];
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    std::vector<uint8_t>& b = bytes[name];
+    for (int64_t k = 0; k < n; ++k) {
+      state = state * 1664525u + 1013904223u;
+      const float v = name.find("norm") != std::string::npos
+                          ? 1.0f + static_cast<float>(state >> 8) / 16777216.0f * 0.2f - 0.1f
+                          : (static_cast<float>(state >> 8) / 16777216.0f - 0.5f) * 0.1f;
+      const uint16_t h = checkpoint::float_to_bfloat16_bits(v);
+      b.push_back(static_cast<uint8_t>(h & 0xFF));
+      b.push_back(static_cast<uint8_t>(h >> 8));
+    }
+    checkpoint::SafetensorsTensor t{name, checkpoint::DType::kBFloat16, shape, b.data()};
+    (i < shapes.size() / 2 ? first : second).push_back(t);
+  }
+  checkpoint::write_safetensors(dir + "/model-00001-of-00002.safetensors", first, {{"format", "pt"}});
+  checkpoint::write_safetensors(dir + "/model-00002-of-00002.safetensors", second, {{"format", "pt"}});
+  nlohmann::json index;
+  index["metadata"]["total_size"] = 0;
+  for (const auto& t : first) index["weight_map"][t.name] = "model-00001-of-00002.safetensors";
+  for (const auto& t : second) index["weight_map"][t.name] = "model-00002-of-00002.safetensors";
+  std::ofstream(dir + "/model.safetensors.index.json") << index.dump(2);
+  return bytes;
+}
+
+}  // namespace
+
+// Hugging Face Llama in and out: ckpt import-hf then ckpt export --format hf
+// gives back the same bf16 tensors; train starts from the directory
+// (model.init_from) exactly as from the imported checkpoint; a config key
+// that disagrees with config.json is refused naming both values.
+TEST(TrainCli, HuggingFaceLlamaRoundTripsAndTrainsFromEitherForm) {
+  const std::string root = scratch("hf");
+  const std::string hf = root + "/hf_in";
+  const auto original = write_hf_llama(hf);
+  Result imp = run_ckpt("import-hf " + hf + " " + root + "/init");
+  ASSERT_EQ(imp.status, 0) << imp.output;
+  EXPECT_NE(imp.output.find("imported 21 tensors"), std::string::npos) << imp.output;
+  Result exp = run_ckpt("export " + root + "/init --format hf --out " + root + "/hf_out --dtype bf16 --max-shard-size 10KB");
+  ASSERT_EQ(exp.status, 0) << exp.output;
+  ASSERT_TRUE(fs::exists(root + "/hf_out/model.safetensors.index.json"));
+  int shard_files = 0;
+  for (const auto& e : fs::directory_iterator(root + "/hf_out")) {
+    shard_files += e.path().extension() == ".safetensors";
+  }
+  EXPECT_GE(shard_files, 4);  // about 45 KB of bf16 in shards of at most 10 KB (a tensor may exceed it)
+  const checkpoint::WeightsFile out = checkpoint::WeightsFile::open(root + "/hf_out");
+  EXPECT_EQ(out.format(), "hf");
+  ASSERT_EQ(out.tensors().size(), original.size());
+  for (const auto& [name, bytes] : original) {
+    const checkpoint::WeightsTensorInfo* t = out.find(name);
+    ASSERT_NE(t, nullptr) << name;
+    EXPECT_EQ(t->dtype, checkpoint::DType::kBFloat16) << name;
+    std::vector<uint8_t> got(bytes.size());
+    out.read_box(name, checkpoint::full_box(t->shape), got.data());
+    EXPECT_EQ(got, bytes) << name << " differs after the round trip";
+  }
+  nlohmann::json cfg_out, cfg_in;
+  std::ifstream(root + "/hf_out/config.json") >> cfg_out;
+  std::ifstream(hf + "/config.json") >> cfg_in;
+  for (const char* k : {"hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                        "num_key_value_heads", "vocab_size", "rms_norm_eps", "rope_theta", "rope_scaling"}) {
+    EXPECT_EQ(cfg_out[k], cfg_in[k]) << k;
+  }
+
+  // Training from the directory and from the imported checkpoint: the same run.
+  const std::string yaml = root + "/from_hf.yaml";
+  std::ofstream(yaml) << "model:\n  kind: llama\n  seq_len: 16\n  init_from: " << hf
+                      << "\ntrain:\n  steps: 4\n  global_batch_size: 8\n  log_every: 1\n"
+                         "data:\n  kind: synthetic\n  eval_fraction: 0\ncheckpoint:\n  interval: 0\n";
+  Result a = run("--nproc 2 --config " + yaml + " --set run.dir=" + root + "/run_a");
+  ASSERT_EQ(a.status, 0) << a.output;
+  EXPECT_NE(a.output.find("shardkit: model initialised from " + hf), std::string::npos) << a.output;
+  Result b = run("--nproc 2 --config " + yaml + " --set run.dir=" + root + "/run_b --set checkpoint.resume=" +
+                 root + "/init --set checkpoint.model_only=true");
+  ASSERT_EQ(b.status, 0) << b.output;
+  auto la = losses(root + "/run_a"), lb = losses(root + "/run_b");
+  ASSERT_EQ(la.size(), 4u);
+  ASSERT_EQ(lb.size(), 4u);
+  for (int64_t s = 1; s <= 4; ++s) EXPECT_EQ(la.at(s), lb.at(s)) << "step " << s;
+  // A key the config sets to another value than config.json: refused, both named.
+  Result d = run("--config " + std::string(SHARDKIT_SOURCE_DIR) + "/configs/llama_tiny.yaml --set run.dir=" +
+                 root + "/run_d --set model.init_from=" + hf);
+  EXPECT_EQ(d.status, 2) << d.output;
+  EXPECT_NE(d.output.find("train: model.d_model (64, " + std::string(SHARDKIT_SOURCE_DIR) + "/configs/llama_tiny.yaml:"),
+            std::string::npos) << d.output;
+  EXPECT_NE(d.output.find(") disagrees with hidden_size 32 in " + hf + "/config.json"), std::string::npos) << d.output;
+  EXPECT_FALSE(fs::exists(root + "/run_d"));
+  fs::remove_all(root);
 }

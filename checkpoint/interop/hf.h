@@ -1,0 +1,41 @@
+#pragma once
+// Hugging Face model directories into shardkit checkpoints (`ckpt
+// import-hf`). The way out is export_checkpoint with ExportFormat::kHf
+// (export.h); model.init_from reads a directory directly (weights_file.h,
+// framework/config for its config.json). Torch-free.
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "checkpoint/storage/storage.h"
+
+namespace checkpoint {
+
+struct HfImportOptions {
+  int io_threads = 4;
+  uint64_t slab_bytes = uint64_t{64} << 20;  // most bytes of one imported chunk
+  std::shared_ptr<Storage> storage;          // null: the POSIX file system
+};
+
+struct HfImportStats {
+  uint64_t tensors = 0;
+  uint64_t bytes = 0;                  // logical bytes written (float32)
+  std::vector<std::string> converted;  // tensors stored as bf16/fp16/fp64, written as float32
+};
+
+// Converts the weights of the Hugging Face model directory `src`
+// (model.safetensors, or the shards model.safetensors.index.json lists)
+// into a committed model-only checkpoint `step_dir` (created; it must not
+// exist): item model.<name> per tensor, floating-point tensors as float32
+// (the trainer's master dtype), and train.step 0. Streaming: at most
+// slab_bytes of a tensor in memory at a time. The metadata records
+// info["imported_from"] = "huggingface", info["source"] and, when `src`
+// has a config.json, info["hf_config"] (its text), from which an export
+// back writes config.json. Resume it with checkpoint.model_only: true, at
+// any world size. Throws FormatError naming the file for unreadable input,
+// IoError for I/O; a failed import removes what it wrote.
+HfImportStats import_hf_checkpoint(const std::string& src, const std::string& step_dir,
+                                   const HfImportOptions& options);
+
+}  // namespace checkpoint
