@@ -3,6 +3,7 @@
 #include "framework/dist/torch_compat.h"
 
 #include <cmath>
+#include <limits>
 #include <stdexcept>
 
 namespace models {
@@ -113,6 +114,35 @@ torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x, const RotaryTa
   return o_proj_->forward(out.transpose(1, 2).reshape({batch, len, n_heads_ * head_dim_}));
 }
 
+torch::Tensor LlamaAttentionImpl::forward_cached(const torch::Tensor& x, const RotaryTables& rope,
+                                                 torch::Tensor& k_cache, torch::Tensor& v_cache) {
+  const int64_t batch = x.size(0), len = x.size(1);
+  auto heads = [&](const torch::Tensor& t, int64_t n) {
+    return t.view({batch, len, n, head_dim_}).transpose(1, 2);  // [B, n, T, hd]
+  };
+  torch::Tensor q = apply_rotary(heads(q_proj_->forward(x), n_heads_), rope);
+  torch::Tensor k = apply_rotary(heads(k_proj_->forward(x), n_kv_heads_), rope);
+  torch::Tensor v = heads(v_proj_->forward(x), n_kv_heads_);
+  const int64_t past = k_cache.defined() ? k_cache.size(2) : 0;
+  k_cache = past > 0 ? torch::cat({k_cache, k}, 2) : k;
+  v_cache = past > 0 ? torch::cat({v_cache, v}, 2) : v;
+  const int64_t total = past + len;
+  // Query head h reads key/value head h / group, as in forward.
+  const int64_t group = n_heads_ / n_kv_heads_;
+  torch::Tensor keys = k_cache.unsqueeze(2).expand({batch, n_kv_heads_, group, total, head_dim_})
+                           .reshape({batch, n_heads_, total, head_dim_});
+  torch::Tensor values = v_cache.unsqueeze(2).expand({batch, n_kv_heads_, group, total, head_dim_})
+                             .reshape({batch, n_heads_, total, head_dim_});
+  torch::Tensor scores = torch::matmul(q.to(torch::kFloat), keys.to(torch::kFloat).transpose(-2, -1)) /
+                         std::sqrt(static_cast<double>(head_dim_));
+  if (len > 1) {  // new position i (absolute past + i) sees keys 0 .. past + i
+    torch::Tensor allowed = torch::arange(total).unsqueeze(0) <= (torch::arange(len) + past).unsqueeze(1);
+    scores = scores.masked_fill(allowed.logical_not().to(scores.device()), -std::numeric_limits<float>::infinity());
+  }
+  torch::Tensor out = torch::matmul(torch::softmax(scores, -1), values.to(torch::kFloat)).to(x.scalar_type());
+  return o_proj_->forward(out.transpose(1, 2).reshape({batch, len, n_heads_ * head_dim_}));
+}
+
 LlamaMlpImpl::LlamaMlpImpl(int64_t d_model, int64_t d_ff, bool materialize)
     : gate_proj_(register_module("gate_proj", Projection(d_model, d_ff, materialize))),
       up_proj_(register_module("up_proj", Projection(d_model, d_ff, materialize))),
@@ -131,6 +161,12 @@ LlamaBlockImpl::LlamaBlockImpl(const ModelOptions& o, int64_t d_ff, bool materia
 
 torch::Tensor LlamaBlockImpl::forward(const torch::Tensor& x, const RotaryTables& rope) {
   torch::Tensor h = x + self_attn_->forward(input_layernorm_->forward(x), rope);
+  return h + mlp_->forward(post_attention_layernorm_->forward(h));
+}
+
+torch::Tensor LlamaBlockImpl::forward_cached(const torch::Tensor& x, const RotaryTables& rope,
+                                             torch::Tensor& k, torch::Tensor& v) {
+  torch::Tensor h = x + self_attn_->forward_cached(input_layernorm_->forward(x), rope, k, v);
   return h + mlp_->forward(post_attention_layernorm_->forward(h));
 }
 
@@ -226,6 +262,25 @@ const RotaryTables& LlamaModelImpl::rotary(int64_t len, const torch::Tensor& lik
 torch::Tensor LlamaModelImpl::block_forward(int64_t i, const torch::Tensor& h) {
   TORCH_CHECK(i >= 0 && i < num_blocks(), "block index ", i, " out of range [0, ", num_blocks(), ")");
   return body_->blocks[i]->forward(h, rotary(h.size(1), h));
+}
+
+torch::Tensor LlamaModelImpl::forward_cached(const torch::Tensor& tokens, KvCache& cache) {
+  TORCH_CHECK(tokens.dim() == 2, "forward_cached: tokens must be [batch, seq], got ", tokens.sizes());
+  const int64_t len = tokens.size(1);
+  torch::Tensor h = body_->embed_tokens->forward(tokens);
+  // Angles of positions [cache.length, cache.length + len), as rotary() makes them.
+  torch::Tensor positions = torch::arange(cache.length, cache.length + len, torch::kFloat);
+  torch::Tensor freqs = torch::outer(positions, inv_freq_);
+  torch::Tensor angles = torch::cat({freqs, freqs}, -1);
+  auto opts = h.options().requires_grad(false);
+  const RotaryTables rope{angles.cos().to(opts), angles.sin().to(opts)};
+  cache.k.resize(static_cast<size_t>(num_blocks()));
+  cache.v.resize(static_cast<size_t>(num_blocks()));
+  for (int64_t i = 0; i < num_blocks(); ++i) {
+    h = body_->blocks[i]->forward_cached(h, rope, cache.k[i], cache.v[i]);
+  }
+  cache.length += len;
+  return head(h);
 }
 
 torch::Tensor LlamaModelImpl::head(const torch::Tensor& h) {

@@ -84,10 +84,22 @@ torch::Tensor rope_inverse_frequencies(const ModelOptions& options);
 // Applies the rotation to x [B, H, T, hd] (rotate-half layout).
 torch::Tensor apply_rotary(const torch::Tensor& x, const RotaryTables& rope);
 
+// Keys and values of the positions seen so far, per layer, for generation:
+// each [B, n_kv_heads, length, head_dim] after rotation.
+struct KvCache {
+  std::vector<torch::Tensor> k, v;
+  int64_t length = 0;  // positions cached
+};
+
 class LlamaAttentionImpl : public torch::nn::Module {
  public:
   LlamaAttentionImpl(const ModelOptions& options, bool materialize);
   torch::Tensor forward(const torch::Tensor& x, const RotaryTables& rope);
+  // x holds positions [cache_len, cache_len + T) (rope for those); k and v
+  // are the layer's cache, extended in place. Each new position attends to
+  // every cached one and to the new ones up to itself.
+  torch::Tensor forward_cached(const torch::Tensor& x, const RotaryTables& rope, torch::Tensor& k,
+                               torch::Tensor& v);
 
  private:
   int64_t n_heads_, n_kv_heads_, head_dim_;
@@ -109,6 +121,8 @@ class LlamaBlockImpl : public torch::nn::Module {
  public:
   LlamaBlockImpl(const ModelOptions& options, int64_t d_ff, bool materialize);
   torch::Tensor forward(const torch::Tensor& h, const RotaryTables& rope);
+  torch::Tensor forward_cached(const torch::Tensor& h, const RotaryTables& rope, torch::Tensor& k,
+                               torch::Tensor& v);
 
  private:
   RMSNorm input_layernorm_{nullptr};
@@ -141,6 +155,13 @@ class LlamaModelImpl : public LayeredModelImpl {
   torch::Tensor head(const torch::Tensor& h) override;
   void init_parameter(const std::string& name, const torch::Tensor& full) const override;
   std::vector<std::string> unit_names() const override;  // model.layers.N
+
+  // Logits [B, T, vocab] of tokens [B, T] at positions [cache.length,
+  // cache.length + T), attending to the cache, which grows by T. The same
+  // logits as forward() on the whole sequence, up to rounding. Not for
+  // training (no FSDP units, no activation checkpointing); positions may
+  // run past model.seq_len.
+  torch::Tensor forward_cached(const torch::Tensor& tokens, KvCache& cache);
 
  private:
   const RotaryTables& rotary(int64_t len, const torch::Tensor& like);

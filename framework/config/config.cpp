@@ -208,6 +208,11 @@ void check_consistency(const Config& cfg, const Origins& origins) {
   if (cfg.train.eval_every > 0 && cfg.data.eval_fraction <= 0 && cfg.data.eval_path.empty())
     fail(key("train.eval_every") + " needs held-out data: set " + key("data.eval_fraction") +
          " above 0" + (cfg.data.kind == "tokens" ? " or " + key("data.eval_path") : std::string()));
+  if (cfg.train.sample_every > 0 && cfg.model.vocab_size != 256)
+    fail(key("train.sample_every") + " prints text with the byte-level tokenizer, which needs " +
+         key("model.vocab_size") + " 256 (tokenizer files are not built in yet)");
+  if (cfg.train.sample_every > 0 && cfg.train.sample_prompt.empty())
+    fail(key("train.sample_prompt") + " must not be empty when " + key("train.sample_every") + " is on");
   if (cfg.train.stop_at != 0 && cfg.train.stop_at > cfg.train.steps)
     fail(key("train.stop_at") + " must not exceed " + key("train.steps") + " (0 means never)");
 }

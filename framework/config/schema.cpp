@@ -55,6 +55,11 @@ std::vector<Key> build_schema() {
        "last; 0: off."},
       {SHARDKIT_CONFIG_FIELD(train.eval_samples), at_least(1),
        "Held-out samples per validation (fewer when the held-out text is shorter)."},
+      {SHARDKIT_CONFIG_FIELD(train.sample_every), at_least(0),
+       "Print a greedy continuation of train.sample_prompt every N steps and at the last; 0: "
+       "off. Byte-level: needs model.vocab_size 256 and a built-in model."},
+      {SHARDKIT_CONFIG_FIELD(train.sample_prompt), any_value(), "The text train.sample_every continues."},
+      {SHARDKIT_CONFIG_FIELD(train.sample_tokens), between(1, 4096), "Tokens each sample generates."},
       {SHARDKIT_CONFIG_FIELD(train.device), one_of({"cpu", "cuda"}),
        "Device the model trains on."},
       {SHARDKIT_CONFIG_FIELD(train.grad_clip), at_least(0),

@@ -31,6 +31,12 @@ struct TrainOptions {
   int64_t eval_every = 0;
   // Held-out samples per validation (fewer if the held-out text is shorter).
   int64_t eval_samples = 256;
+  // Every N steps and at the last step (0: never), rank 0 prints the greedy
+  // continuation of sample_prompt by sample_tokens tokens (every rank runs
+  // the forwards). Byte-level: REQUIRES model.vocab_size 256.
+  int64_t sample_every = 0;
+  std::string sample_prompt = "The ";
+  int64_t sample_tokens = 64;
 };
 
 }  // namespace framework::train

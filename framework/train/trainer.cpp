@@ -14,6 +14,7 @@
 #include "framework/dtensor/device_mesh.h"
 #include "framework/fsdp/fully_shard.h"
 #include "framework/optim/sharded_adamw.h"
+#include "models/generate.h"
 #include "models/layered_model.h"
 
 #include <nlohmann/json.hpp>
@@ -808,6 +809,22 @@ void Trainer::State::write_end_record(bool stopped_by_signal) {
   metrics.flush();
 }
 
+std::string Trainer::sample() {
+  State& s = *s_;
+  auto* model = dynamic_cast<models::LayeredModelImpl*>(s.user.module.get());
+  if (model == nullptr) throw std::runtime_error("train.sample_every: only the built-in models can sample");
+  std::vector<int64_t> prompt;
+  for (unsigned char c : s.cfg.train.sample_prompt) prompt.push_back(c);
+  torch::NoGradGuard no_grad;
+  // Every rank in step: the same gathered weights give the same tokens.
+  const auto forward = [&](const torch::Tensor& tokens) {
+    return s.fsdp->forward([&] { return model->forward(tokens.to(s.device)); });
+  };
+  const std::vector<int64_t> ids =
+      models::generate(*model, s.cfg.model.seq_len, prompt, s.cfg.train.sample_tokens, {}, {}, false, forward);
+  return std::string(ids.begin(), ids.end());
+}
+
 EvalRecord Trainer::evaluate() {
   State& s = *s_;
   auto t0 = Clock::now();
@@ -906,6 +923,22 @@ StepRecord Trainer::run_step() {
   const int64_t every = s.cfg.train.eval_every;
   if (every > 0 && (s.step % every == 0 || s.step == s.cfg.train.steps)) {
     s.log_eval(evaluate());
+  }
+  const int64_t sample_every = s.cfg.train.sample_every;
+  if (sample_every > 0 && (s.step % sample_every == 0 || s.step == s.cfg.train.steps)) {
+    const std::string text = sample();
+    if (s.is_logger) {
+      std::string shown = s.cfg.train.sample_prompt + text;
+      for (char& c : shown) {
+        if (c == '\n' || c == '\r' || c == '\t') c = ' ';  // one line in the log
+      }
+      std::cout << "sample step " << s.step << " | " << shown << std::endl;
+      s.metrics << nlohmann::json({{"event", "sample"}, {"step", s.step}, {"prompt", s.cfg.train.sample_prompt},
+                                   {"text", text}})
+                       .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)
+                << "\n";
+      s.metrics.flush();
+    }
   }
   return rec;
 }

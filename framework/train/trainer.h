@@ -151,6 +151,12 @@ class Trainer {
   // REQUIRES: data.eval_fraction > 0; collective, like train_step().
   EvalRecord evaluate();
 
+  // The greedy continuation (train.sample_tokens bytes) of
+  // train.sample_prompt by the model as it is now; run() calls it every
+  // train.sample_every steps and rank 0 prints it. Collective (every rank
+  // runs the forwards). REQUIRES: the built-in model, model.vocab_size 256.
+  std::string sample();
+
   // The last step taken: run() and train_step() continue after it (0 for a
   // fresh run).
   int64_t step() const;

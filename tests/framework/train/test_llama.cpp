@@ -10,6 +10,7 @@
 #include "checkpoint/interop/weights_file.h"
 #include "framework/train/state_dict.h"
 #include "framework/train/trainer.h"
+#include "models/generate.h"
 #include "models/layered_model.h"
 #include "models/llama.h"
 #include "support/counting_allocator.h"
@@ -605,4 +606,47 @@ TEST(LlamaFromHuggingFace, EachRankHoldsItsShardsPlusOneConversionBuffer) {
     }
   }
   fs::remove_all(dir);
+}
+
+// Generation: the KV cache gives the logits of a forward over the whole
+// sequence (prompt at once, then one token at a time), and greedy tokens
+// equal those of re-running the sequence; sampling is a function of its seed.
+TEST(LlamaGeneration, KvCacheGivesTheLogitsOfAFullForwardAndTheSameTokens) {
+  auto cfg = llama_config("unused");
+  cfg.model.rope_scaling.factor = 8;  // Llama 3.1's scaled frequencies too
+  cfg.model.rope_scaling.original_max_position = 8;
+  torch::manual_seed(3);
+  auto model = models::make_model(cfg.model, true);
+  auto* llama = dynamic_cast<models::LlamaModelImpl*>(model.get());
+  ASSERT_NE(llama, nullptr);
+  torch::NoGradGuard no_grad;
+  torch::Tensor tokens = torch::randint(16, {2, 16}, torch::kLong);
+  torch::Tensor full = model->forward(tokens);
+  models::KvCache cache;
+  torch::Tensor first = llama->forward_cached(tokens.narrow(1, 0, 5), cache);
+  EXPECT_TRUE(torch::allclose(first, full.narrow(1, 0, 5), 1e-5, 1e-5))
+      << (first - full.narrow(1, 0, 5)).abs().max().item<double>();
+  for (int64_t t = 5; t < 16; ++t) {
+    torch::Tensor step = llama->forward_cached(tokens.narrow(1, t, 1), cache);
+    EXPECT_TRUE(torch::allclose(step, full.narrow(1, t, 1), 1e-5, 1e-5))
+        << "position " << t << ": " << (step - full.narrow(1, t, 1)).abs().max().item<double>();
+  }
+  EXPECT_EQ(cache.length, 16);
+  const std::vector<int64_t> prompt = {3, 1, 4, 1};
+  models::SamplingOptions greedy;
+  const auto cached = models::generate(*model, cfg.model.seq_len, prompt, 12, greedy);
+  const auto rerun = models::generate(*model, cfg.model.seq_len, prompt, 12, greedy, {}, /*use_cache=*/false);
+  EXPECT_EQ(cached, rerun);
+  models::SamplingOptions top1;
+  top1.temperature = 1.0;
+  top1.top_k = 1;
+  EXPECT_EQ(models::generate(*model, cfg.model.seq_len, prompt, 12, top1), cached);
+  models::SamplingOptions sampled;
+  sampled.temperature = 1.5;
+  sampled.top_p = 0.95;
+  sampled.seed = 7;
+  const auto a = models::generate(*model, cfg.model.seq_len, prompt, 12, sampled);
+  EXPECT_EQ(models::generate(*model, cfg.model.seq_len, prompt, 12, sampled), a);
+  sampled.seed = 8;
+  EXPECT_NE(models::generate(*model, cfg.model.seq_len, prompt, 12, sampled), a);
 }

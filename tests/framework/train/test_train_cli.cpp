@@ -331,3 +331,84 @@ TEST(TrainCli, HuggingFaceLlamaRoundTripsAndTrainsFromEitherForm) {
   EXPECT_FALSE(fs::exists(root + "/run_d"));
   fs::remove_all(root);
 }
+
+namespace {
+
+Result run_generate(const std::string& args) {
+  std::string cmd = std::string(SHARDKIT_BINARY_DIR) + "/generate " + args + " 2>&1";
+  Result r;
+  FILE* p = popen(cmd.c_str(), "r");
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.output.append(buf.data(), n);
+  int raw = pclose(p);
+  r.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : 128 + WTERMSIG(raw);
+  return r;
+}
+
+// The --ids line of generate's output.
+nlohmann::json ids_line(const std::string& output) {
+  const size_t at = output.rfind("{\"prompt_ids\"");
+  if (at == std::string::npos) return nullptr;
+  return nlohmann::json::parse(output.substr(at, output.find('\n', at) - at));
+}
+
+}  // namespace
+
+// generate: a byte-level llama trained on 2 ranks continues a prompt in one
+// process from its checkpoint, and from its Hugging Face export with the
+// same tokens; sampling repeats with its seed; bad input exits 2.
+TEST(TrainCli, GenerateContinuesAPromptFromACheckpointOrItsHuggingFaceExport) {
+  const std::string root = scratch("generate");
+  Result t = run("--nproc 2 --config " + std::string(SHARDKIT_SOURCE_DIR) + "/configs/text.yaml --set run.dir=" + root +
+                 " --set data.path=" + std::string(SHARDKIT_SOURCE_DIR) + "/README.md --set model.kind=llama"
+                 " --set model.n_kv_heads=2 --set train.steps=20 --set checkpoint.interval=20 --set train.eval_every=0"
+                 " --set train.sample_every=10 --set train.sample_tokens=24 --set train.sample_prompt=Once");
+  ASSERT_EQ(t.status, 0) << t.output;
+  // train.sample_every: a greedy continuation at steps 10 and 20, printed and recorded.
+  EXPECT_NE(t.output.find("[rank 0] sample step 10 | Once"), std::string::npos) << t.output;
+  EXPECT_NE(t.output.find("[rank 0] sample step 20 | Once"), std::string::npos) << t.output;
+  int samples = 0;
+  std::ifstream metrics(root + "/metrics.jsonl");
+  for (std::string line; std::getline(metrics, line);) {
+    const auto j = nlohmann::json::parse(line);
+    if (j.value("event", "") != "sample") continue;
+    ++samples;
+    EXPECT_EQ(j["prompt"], "Once");
+    EXPECT_GE(j["text"].get<std::string>().size(), 24u) << line;  // invalid UTF-8 bytes become U+FFFD
+  }
+  EXPECT_EQ(samples, 2);
+  const std::string ck = root + "/checkpoints/step_20";
+  Result g = run_generate("--checkpoint " + ck + " --prompt 'The ' --max-new-tokens 24 --ids");
+  ASSERT_EQ(g.status, 0) << g.output;
+  EXPECT_EQ(g.output.rfind("The ", 0), 0u) << g.output;  // the prompt, then the continuation
+  EXPECT_NE(g.output.find("generate: 24 tokens in"), std::string::npos) << g.output;
+  EXPECT_NE(g.output.find("greedy, model llama with a KV cache"), std::string::npos) << g.output;
+  const nlohmann::json a = ids_line(g.output);
+  ASSERT_FALSE(a.is_null()) << g.output;
+  EXPECT_EQ(a["prompt_ids"], nlohmann::json({84, 104, 101, 32}));
+  ASSERT_EQ(a["ids"].size(), 24u);
+
+  Result e = run_ckpt("export " + ck + " --format hf --out " + root + "/hf");
+  ASSERT_EQ(e.status, 0) << e.output;
+  Result h = run_generate("--checkpoint " + root + "/hf --prompt-ids 84,104,101,32 --max-new-tokens 24 --ids");
+  ASSERT_EQ(h.status, 0) << h.output;
+  EXPECT_EQ(ids_line(h.output)["ids"], a["ids"]) << h.output;
+
+  const std::string sample = " --prompt 'The ' --max-new-tokens 24 --ids --temperature 0.9 --top-k 40 --top-p 0.95 --seed ";
+  const nlohmann::json s1 = ids_line(run_generate("--checkpoint " + ck + sample + "5").output);
+  const nlohmann::json s2 = ids_line(run_generate("--checkpoint " + ck + sample + "5").output);
+  const nlohmann::json s3 = ids_line(run_generate("--checkpoint " + ck + sample + "6").output);
+  EXPECT_EQ(s1, s2);
+  EXPECT_NE(s1["ids"], s3["ids"]);
+
+  Result bad = run_generate("--checkpoint " + ck + " --prompt-ids 84,300");
+  EXPECT_EQ(bad.status, 2) << bad.output;
+  EXPECT_NE(bad.output.find("generate: --prompt-ids: id 300 is outside [0, model.vocab_size 256)"), std::string::npos)
+      << bad.output;
+  Result missing = run_generate("--checkpoint " + root + "/nope --prompt x");
+  EXPECT_EQ(missing.status, 2) << missing.output;
+  EXPECT_NE(missing.output.find("generate: --checkpoint: " + root + "/nope is not a directory"), std::string::npos)
+      << missing.output;
+  fs::remove_all(root);
+}

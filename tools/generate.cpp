@@ -1,0 +1,179 @@
+// generate: continues a prompt with a trained model, from a shardkit
+// checkpoint saved at any world size (loaded whole, in this one process) or
+// from a Hugging Face Llama directory. A llama keeps a KV cache.
+//
+//   build/generate --checkpoint runs/x/checkpoints/step_200 --prompt "To be"
+//                  [--max-new-tokens 64] [--temperature T --top-k K --top-p P --seed S]
+//                  [--tokenizer bytes] [--prompt-ids 1,2,3] [--ids]
+//
+// Tokenizers: `bytes` (byte-level, vocabulary 256: what data.kind text
+// trains) is the one built in; for other vocabularies give --prompt-ids and
+// read --ids. Exit status: 0 done, 2 bad arguments or input (one line
+// naming it), 1 anything else.
+#include "checkpoint/interop/import_weights.h"
+#include "checkpoint/interop/weights_file.h"
+#include "checkpoint/load.h"
+#include "checkpoint/state_dict.h"
+#include "framework/config/config.h"
+#include "models/generate.h"
+#include "models/layered_model.h"
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+#include <torch/torch.h>
+
+#include <sys/stat.h>
+
+#include <chrono>
+#include <cstdio>
+#include <iostream>
+#include <sstream>
+#include <stdexcept>
+
+namespace {
+
+struct UsageError : std::invalid_argument {
+  using std::invalid_argument::invalid_argument;
+};
+
+bool is_dir(const std::string& p) {
+  struct stat st {};
+  return ::stat(p.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+// The model of a checkpoint (its config item) or of a Hugging Face directory, with its weights.
+std::pair<framework::config::Config, std::shared_ptr<models::LayeredModelImpl>> load_model(const std::string& path) {
+  if (!is_dir(path)) throw UsageError("--checkpoint: " + path + " is not a directory");
+  framework::config::Config cfg;
+  const bool hf = checkpoint::is_hf_model_dir(*checkpoint::posix_storage(), path);
+  if (hf) {
+    cfg = framework::config::parse_config("model:\n  kind: llama\n", path, {"model.init_from=" + path});
+  } else {
+    checkpoint::StateDict head;
+    head.add_bytes("config", {});
+    checkpoint::LoadOptions only_config;
+    only_config.filter = [](const std::string& n) { return n == "config"; };
+    checkpoint::load_state_dict(head, path, only_config);
+    const std::vector<uint8_t>& yaml = head.bytes().front().data;
+    if (yaml.empty()) throw UsageError("--checkpoint: " + path + " holds no config item (saved by train)");
+    // The run's model; init_from was its start, not ours to read again.
+    cfg = framework::config::parse_config(std::string(yaml.begin(), yaml.end()), path + "/config",
+                                          {"model.init_from="});
+  }
+  std::shared_ptr<models::LayeredModelImpl> model;
+  {
+    torch::manual_seed(0);  // overwritten by the weights
+    model = models::make_model(cfg.model, true);
+  }
+  checkpoint::StateDict sd;
+  for (const auto& p : model->named_parameters()) sd.add_tensor("model." + p.key(), p.value().detach());
+  torch::NoGradGuard no_grad;
+  if (hf) {
+    checkpoint::load_weights_into(sd, path, "model.", false);
+  } else {
+    checkpoint::LoadOptions model_only;
+    model_only.filter = [](const std::string& n) { return n.rfind("model.", 0) == 0; };
+    checkpoint::load_state_dict(sd, path, model_only);
+  }
+  model->eval();
+  return {cfg, model};
+}
+
+std::vector<int64_t> parse_ids(const std::string& text) {
+  std::vector<int64_t> ids;
+  std::stringstream in(text);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    try {
+      size_t used = 0;
+      ids.push_back(std::stoll(item, &used));
+      if (used != item.size()) throw std::invalid_argument(item);
+    } catch (const std::exception&) {
+      throw UsageError("--prompt-ids: '" + item + "' is not an integer (expected ids like 1,2,3)");
+    }
+  }
+  return ids;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"generate: continue a prompt with a trained model (a checkpoint of any world size, or a "
+               "Hugging Face Llama directory)"};
+  std::string checkpoint_path, tokenizer = "bytes", prompt, prompt_ids;
+  int64_t max_new = 64;
+  models::SamplingOptions sampling;
+  bool print_ids = false;
+  app.add_option("--checkpoint", checkpoint_path, "a checkpoint (step_<N>/) or a Hugging Face model directory")
+      ->required();
+  app.add_option("--tokenizer", tokenizer, "bytes: byte-level (vocabulary 256), the built-in one");
+  app.add_option("--prompt", prompt, "the text to continue");
+  app.add_option("--prompt-ids", prompt_ids, "the prompt as token ids, comma-separated (instead of --prompt)");
+  app.add_option("--max-new-tokens", max_new, "tokens to generate")->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
+  app.add_option("--temperature", sampling.temperature, "0: greedy (default); above 0: sample")
+      ->check(CLI::Range(0.0, 100.0));
+  app.add_option("--top-k", sampling.top_k, "sample among the k most likely tokens (0: all)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 30));
+  app.add_option("--top-p", sampling.top_p, "sample within the smallest set of probability p (1: all)")
+      ->check(CLI::Range(0.0, 1.0));
+  app.add_option("--seed", sampling.seed, "seed of the sampling generator");
+  app.add_flag("--ids", print_ids, "also print {\"prompt_ids\": [...], \"ids\": [...]} as the last line");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;
+  }
+  try {
+    if (tokenizer != "bytes") {
+      throw UsageError("--tokenizer " + tokenizer +
+                       ": only the byte-level tokenizer (bytes) is built in so far; give --prompt-ids "
+                       "for other vocabularies");
+    }
+    if (prompt.empty() == prompt_ids.empty()) throw UsageError("give one of --prompt and --prompt-ids");
+    auto [cfg, model] = load_model(checkpoint_path);
+    const int64_t vocab = cfg.model.vocab_size;
+    std::vector<int64_t> ids;
+    if (!prompt_ids.empty()) {
+      ids = parse_ids(prompt_ids);
+    } else {
+      if (vocab != 256) {
+        throw UsageError("--prompt: the model's vocabulary has " + std::to_string(vocab) +
+                         " tokens; the byte-level tokenizer needs 256 (give --prompt-ids)");
+      }
+      for (unsigned char c : prompt) ids.push_back(c);
+    }
+    for (int64_t id : ids) {
+      if (id < 0 || id >= vocab) {
+        throw UsageError("--prompt-ids: id " + std::to_string(id) + " is outside [0, model.vocab_size " +
+                         std::to_string(vocab) + ")");
+      }
+    }
+    const bool text = vocab == 256 && prompt_ids.empty();
+    if (text) std::cout << prompt << std::flush;
+    const auto t0 = std::chrono::steady_clock::now();
+    const std::vector<int64_t> out = models::generate(*model, cfg.model.seq_len, ids, max_new, sampling,
+                                                      [&](int64_t id) {
+                                                        if (text) std::cout << static_cast<char>(id) << std::flush;
+                                                      });
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (text) std::cout << std::endl;
+    std::fprintf(stderr, "generate: %zu tokens in %.3f s (%.1f tokens/s), %s, model %s%s\n", out.size(), s,
+                 s > 0 ? static_cast<double>(out.size()) / s : 0.0,
+                 sampling.temperature > 0 ? "sampled" : "greedy", cfg.model.kind.c_str(),
+                 cfg.model.kind == "llama" ? " with a KV cache" : "");
+    if (print_ids) std::cout << nlohmann::ordered_json{{"prompt_ids", ids}, {"ids", out}}.dump() << std::endl;
+    return 0;
+  } catch (const UsageError& e) {
+    std::cerr << "generate: " << e.what() << std::endl;
+    return 2;
+  } catch (const framework::config::ConfigError& e) {
+    std::cerr << "generate: " << e.what() << std::endl;
+    return 2;
+  } catch (const c10::Error& e) {
+    std::cerr << "generate: " << e.what_without_backtrace() << std::endl;
+    return 1;
+  } catch (const std::exception& e) {
+    std::cerr << "generate: " << e.what() << std::endl;
+    return 1;
+  }
+}
