@@ -23,6 +23,9 @@
 #include <torch/torch.h>
 
 #include <sys/stat.h>
+#include <unistd.h>
+
+#include <fstream>
 
 #include <chrono>
 #include <cstdio>
@@ -79,6 +82,66 @@ std::pair<framework::config::Config, std::shared_ptr<models::LayeredModelImpl>> 
   return {cfg, model};
 }
 
+// Text <-> ids. bytes: here. A tokenizer file: through the tokenize binary
+// beside this one (its --encode/--decode), because libsentencepiece brings
+// its own protobuf, which cannot share a process with LibTorch's.
+class PromptTokenizer {
+ public:
+  explicit PromptTokenizer(std::string spec) : spec_(std::move(spec)) {
+    if (spec_ == "bytes") return;
+    struct stat st {};
+    if (::stat(spec_.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) {
+      throw UsageError("--tokenizer " + spec_ + ": no such file (give a SentencePiece .model, or bytes)");
+    }
+    char self[4096];
+    const ssize_t n = ::readlink("/proc/self/exe", self, sizeof(self) - 1);
+    std::string dir = n > 0 ? std::string(self, static_cast<size_t>(n)) : std::string("./generate");
+    tool_ = dir.substr(0, dir.find_last_of('/') + 1) + "tokenize";
+    if (::access(tool_.c_str(), X_OK) != 0) throw std::runtime_error(tool_ + ": not found (build the tokenize target)");
+  }
+  bool bytes() const { return spec_ == "bytes"; }
+  std::vector<int64_t> encode(const std::string& text) const {
+    if (bytes()) {
+      std::vector<int64_t> ids;
+      for (unsigned char c : text) ids.push_back(c);
+      return ids;
+    }
+    return nlohmann::json::parse(run("--encode", text)).get<std::vector<int64_t>>();
+  }
+  std::string decode(const std::vector<int64_t>& ids) const {
+    if (bytes()) return std::string(ids.begin(), ids.end());
+    return run("--decode", nlohmann::json(ids).dump());
+  }
+
+ private:
+  static std::string quote(const std::string& s) {
+    std::string q = "'";
+    for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+    return q + "'";
+  }
+  std::string run(const char* mode, const std::string& input) const {
+    char tmpl[] = "/tmp/generate_tokens_XXXXXX";
+    const int fd = ::mkstemp(tmpl);
+    if (fd < 0) throw std::runtime_error("cannot create a temporary file");
+    ::close(fd);
+    std::ofstream(tmpl, std::ios::binary) << input;
+    const std::string cmd = quote(tool_) + " --tokenizer " + quote(spec_) + " " + mode + " < " + tmpl + " 2>&1";
+    std::string out;
+    FILE* p = ::popen(cmd.c_str(), "r");
+    char buf[4096];
+    size_t got;
+    while (p != nullptr && (got = std::fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, got);
+    const int status = p != nullptr ? ::pclose(p) : -1;
+    ::unlink(tmpl);
+    if (status != 0) {
+      while (!out.empty() && out.back() == '\n') out.pop_back();
+      throw UsageError(out.rfind("tokenize: ", 0) == 0 ? out.substr(10) : "--tokenizer " + spec_ + ": " + out);
+    }
+    return out;
+  }
+  std::string spec_, tool_;
+};
+
 std::vector<int64_t> parse_ids(const std::string& text) {
   std::vector<int64_t> ids;
   std::stringstream in(text);
@@ -106,7 +169,7 @@ int main(int argc, char** argv) {
   bool print_ids = false;
   app.add_option("--checkpoint", checkpoint_path, "a checkpoint (step_<N>/) or a Hugging Face model directory")
       ->required();
-  app.add_option("--tokenizer", tokenizer, "bytes: byte-level (vocabulary 256), the built-in one");
+  app.add_option("--tokenizer", tokenizer, "a SentencePiece .model, or bytes (byte-level, vocabulary 256; the default)");
   app.add_option("--prompt", prompt, "the text to continue");
   app.add_option("--prompt-ids", prompt_ids, "the prompt as token ids, comma-separated (instead of --prompt)");
   app.add_option("--max-new-tokens", max_new, "tokens to generate")->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
@@ -124,23 +187,19 @@ int main(int argc, char** argv) {
     return app.exit(e) == 0 ? 0 : 2;
   }
   try {
-    if (tokenizer != "bytes") {
-      throw UsageError("--tokenizer " + tokenizer +
-                       ": only the byte-level tokenizer (bytes) is built in so far; give --prompt-ids "
-                       "for other vocabularies");
-    }
     if (prompt.empty() == prompt_ids.empty()) throw UsageError("give one of --prompt and --prompt-ids");
+    const PromptTokenizer tok(tokenizer);
     auto [cfg, model] = load_model(checkpoint_path);
     const int64_t vocab = cfg.model.vocab_size;
     std::vector<int64_t> ids;
     if (!prompt_ids.empty()) {
       ids = parse_ids(prompt_ids);
     } else {
-      if (vocab != 256) {
+      if (tok.bytes() && vocab != 256) {
         throw UsageError("--prompt: the model's vocabulary has " + std::to_string(vocab) +
-                         " tokens; the byte-level tokenizer needs 256 (give --prompt-ids)");
+                         " tokens; the byte-level tokenizer needs 256 (give --tokenizer or --prompt-ids)");
       }
-      for (unsigned char c : prompt) ids.push_back(c);
+      ids = tok.encode(prompt);
     }
     for (int64_t id : ids) {
       if (id < 0 || id >= vocab) {
@@ -148,14 +207,22 @@ int main(int argc, char** argv) {
                          std::to_string(vocab) + ")");
       }
     }
-    const bool text = vocab == 256 && prompt_ids.empty();
+    const bool text = prompt_ids.empty();
     if (text) std::cout << prompt << std::flush;
     const auto t0 = std::chrono::steady_clock::now();
     const std::vector<int64_t> out = models::generate(*model, cfg.model.seq_len, ids, max_new, sampling,
                                                       [&](int64_t id) {
-                                                        if (text) std::cout << static_cast<char>(id) << std::flush;
+                                                        // bytes stream as they come; a tokenizer file decodes once, below
+                                                        if (text && tok.bytes()) std::cout << static_cast<char>(id) << std::flush;
                                                       });
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (text && !tok.bytes()) {
+      // The continuation: the whole decoded minus the decoded prompt (pieces may join).
+      std::vector<int64_t> all = ids;
+      all.insert(all.end(), out.begin(), out.end());
+      const std::string whole = tok.decode(all), head = tok.decode(ids);
+      std::cout << (whole.compare(0, head.size(), head) == 0 ? whole.substr(head.size()) : " " + tok.decode(out));
+    }
     if (text) std::cout << std::endl;
     std::fprintf(stderr, "generate: %zu tokens in %.3f s (%.1f tokens/s), %s, model %s%s\n", out.size(), s,
                  s > 0 ? static_cast<double>(out.size()) / s : 0.0,
