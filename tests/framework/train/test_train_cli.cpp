@@ -25,8 +25,9 @@ struct Result {
   std::string output;
 };
 
-Result run(const std::string& args) {
-  std::string cmd = std::string(SHARDKIT_BINARY_DIR) + "/train " + args + " 2>&1";
+// build/<tool> with `args`, stdout and stderr together.
+Result run_tool(const std::string& tool, const std::string& args) {
+  std::string cmd = std::string(SHARDKIT_BINARY_DIR) + "/" + tool + " " + args + " 2>&1";
   Result r;
   FILE* p = popen(cmd.c_str(), "r");
   std::array<char, 4096> buf;
@@ -36,6 +37,8 @@ Result run(const std::string& args) {
   r.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : 128 + WTERMSIG(raw);
   return r;
 }
+
+Result run(const std::string& args) { return run_tool("train", args); }
 
 std::string scratch(const std::string& tag) {
   auto dir = fs::temp_directory_path() / ("shardkit_cli_" + tag + "_" + std::to_string(::getpid()));
@@ -196,17 +199,7 @@ TEST(TrainCli, TrainsOnTokenShardsAndResumesBitExactly) {
 
 namespace {
 
-Result run_ckpt(const std::string& args) {
-  std::string cmd = std::string(SHARDKIT_BINARY_DIR) + "/ckpt " + args + " 2>&1";
-  Result r;
-  FILE* p = popen(cmd.c_str(), "r");
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.output.append(buf.data(), n);
-  int raw = pclose(p);
-  r.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : 128 + WTERMSIG(raw);
-  return r;
-}
+Result run_ckpt(const std::string& args) { return run_tool("ckpt", args); }
 
 // A Hugging Face Llama directory as save_pretrained lays it out: config.json,
 // bf16 weights in two safetensors shards and their index.
@@ -334,17 +327,7 @@ TEST(TrainCli, HuggingFaceLlamaRoundTripsAndTrainsFromEitherForm) {
 
 namespace {
 
-Result run_generate(const std::string& args) {
-  std::string cmd = std::string(SHARDKIT_BINARY_DIR) + "/generate " + args + " 2>&1";
-  Result r;
-  FILE* p = popen(cmd.c_str(), "r");
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.output.append(buf.data(), n);
-  int raw = pclose(p);
-  r.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : 128 + WTERMSIG(raw);
-  return r;
-}
+Result run_generate(const std::string& args) { return run_tool("generate", args); }
 
 // The --ids line of generate's output.
 nlohmann::json ids_line(const std::string& output) {
