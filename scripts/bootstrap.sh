@@ -18,6 +18,7 @@ packages=(
   libgtest-dev                      # GoogleTest
   libthread-pool-dev                # header-only thread pool (checkpoint I/O)
   libsentencepiece-dev sentencepiece  # SentencePiece tokenizers (tokenize, generate); spm_encode for its test
+  libpcre2-dev                      # the regexes of Hugging Face tokenizer.json pre-tokenizers
   iproute2                          # ip netns: nodes as network namespaces (tests/reliability/netns)
   python3-torch                     # independent reader for the interop tests
   python3-matplotlib                # scripts/plot-run (metrics.jsonl -> PNG) and its test

@@ -801,6 +801,7 @@ struct ExportArgs {
   std::string dtype;  // "", "bf16" or "fp32"
   std::string only;
   std::string max_shard_size = "5GB";  // hf
+  std::string tokenizer;               // hf: "", a file, or none
   int threads = 4;
 };
 
@@ -837,12 +838,18 @@ int run_export(const std::string& path, const ExportArgs& args) {
   if (args.dtype == "fp32") options.dtype = checkpoint::DType::kFloat32;
   options.only = args.only;
   options.io_threads = args.threads;
+  options.tokenizer = args.tokenizer;
   const checkpoint::ExportStats stats = checkpoint::export_checkpoint(path, args.out, options);
   std::cout << "exported " << stats.tensors << " tensors (" << human_bytes(stats.data_bytes)
             << ") to " << printable(args.out) << " (" << args.format << ", "
             << human_bytes(stats.file_bytes) << ")";
   if (!stats.skipped.empty()) std::cout << "; skipped " << stats.skipped.size() << " items";
+  if (!stats.tokenizer.empty()) std::cout << "; tokenizer " << printable(stats.tokenizer);
   std::cout << "\n";
+  if (!stats.tokenizer_missing.empty()) {
+    std::cerr << "ckpt: the run's data.tokenizer " << printable(stats.tokenizer_missing)
+              << " is not there: no tokenizer files exported (give --tokenizer FILE)\n";
+  }
   return kExitOk;
 }
 
@@ -938,6 +945,9 @@ int main(int argc, char** argv) {
   export_cmd->add_option("--max-shard-size", export_args.max_shard_size,
                          "hf: the most tensor bytes per safetensors file, as save_pretrained's "
                          "max_shard_size (5GB, 500MB, 2GiB; default 5GB)");
+  export_cmd->add_option("--tokenizer", export_args.tokenizer,
+                         "hf: the tokenizer.json or .model to ship (default: the run's data.tokenizer; none: "
+                         "no tokenizer files)");
   export_cmd->add_option("--threads", export_args.threads, "reader threads")->check(CLI::Range(1, 1024));
 
   std::string hf_src;

@@ -6,15 +6,19 @@
 //                  [--max-new-tokens 64] [--temperature T --top-k K --top-p P --seed S]
 //                  [--tokenizer bytes] [--prompt-ids 1,2,3] [--ids]
 //
-// Tokenizers: `bytes` (byte-level, vocabulary 256: what data.kind text
-// trains) is the one built in; for other vocabularies give --prompt-ids and
-// read --ids. Exit status: 0 done, 2 bad arguments or input (one line
-// naming it), 1 anything else.
+// Tokenizers (framework/tokenizer): a Hugging Face tokenizer.json, a
+// SentencePiece .model, or bytes (byte-level, vocabulary 256). Without
+// --tokenizer: the Hugging Face directory's tokenizer.json or
+// tokenizer.model, else the run's data.tokenizer, else bytes. Or give
+// --prompt-ids and read --ids. Exit status: 0 done, 2 bad arguments or input
+// (one line naming it), 1 anything else.
 #include "checkpoint/interop/import_weights.h"
 #include "checkpoint/interop/weights_file.h"
+#include "checkpoint/format/metadata.h"
 #include "checkpoint/load.h"
 #include "checkpoint/state_dict.h"
 #include "framework/config/config.h"
+#include "framework/tokenizer/tokenizer.h"
 #include "models/generate.h"
 #include "models/layered_model.h"
 
@@ -44,13 +48,36 @@ bool is_dir(const std::string& p) {
   return ::stat(p.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
 }
 
-// The model of a checkpoint (its config item) or of a Hugging Face directory, with its weights.
+// The model of a checkpoint (its config item, or the config.json ckpt import-hf
+// recorded) or of a Hugging Face directory, with its weights.
 std::pair<framework::config::Config, std::shared_ptr<models::LayeredModelImpl>> load_model(const std::string& path) {
   if (!is_dir(path)) throw UsageError("--checkpoint: " + path + " is not a directory");
   framework::config::Config cfg;
   const bool hf = checkpoint::is_hf_model_dir(*checkpoint::posix_storage(), path);
   if (hf) {
     cfg = framework::config::parse_config("model:\n  kind: llama\n", path, {"model.init_from=" + path});
+  } else if (const auto meta = checkpoint::read_committed_metadata(*checkpoint::posix_storage(), path);
+             meta.find("config") == nullptr) {
+    // A checkpoint made by ckpt import-hf: the config.json it recorded.
+    const auto it = meta.info.find("hf_config");
+    if (it == meta.info.end()) {
+      throw UsageError("--checkpoint: " + path + " holds no config item (saved by train) and no recorded "
+                       "config.json (ckpt import-hf)");
+    }
+    char dir[] = "/tmp/generate_hf_config_XXXXXX";
+    if (::mkdtemp(dir) == nullptr) throw std::runtime_error("cannot create a temporary directory");
+    const std::string json = std::string(dir) + "/config.json";
+    std::ofstream(json) << it->second;
+    try {
+      cfg = framework::config::parse_config("model:\n  kind: llama\n", path, {std::string("model.init_from=") + dir});
+    } catch (...) {
+      ::unlink(json.c_str());
+      ::rmdir(dir);
+      throw;
+    }
+    ::unlink(json.c_str());
+    ::rmdir(dir);
+    cfg.model.init_from.clear();
   } else {
     checkpoint::StateDict head;
     head.add_bytes("config", {});
@@ -82,65 +109,19 @@ std::pair<framework::config::Config, std::shared_ptr<models::LayeredModelImpl>> 
   return {cfg, model};
 }
 
-// Text <-> ids. bytes: here. A tokenizer file: through the tokenize binary
-// beside this one (its --encode/--decode), because libsentencepiece brings
-// its own protobuf, which cannot share a process with LibTorch's.
-class PromptTokenizer {
- public:
-  explicit PromptTokenizer(std::string spec) : spec_(std::move(spec)) {
-    if (spec_ == "bytes") return;
+// Without --tokenizer: a Hugging Face directory's own, else the run's
+// data.tokenizer (when the file is still there), else bytes.
+std::string default_tokenizer(const std::string& checkpoint, const framework::config::Config& cfg) {
+  for (const char* name : {"tokenizer.json", "tokenizer.model"}) {
+    const std::string p = checkpoint + "/" + name;
     struct stat st {};
-    if (::stat(spec_.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) {
-      throw UsageError("--tokenizer " + spec_ + ": no such file (give a SentencePiece .model, or bytes)");
-    }
-    char self[4096];
-    const ssize_t n = ::readlink("/proc/self/exe", self, sizeof(self) - 1);
-    std::string dir = n > 0 ? std::string(self, static_cast<size_t>(n)) : std::string("./generate");
-    tool_ = dir.substr(0, dir.find_last_of('/') + 1) + "tokenize";
-    if (::access(tool_.c_str(), X_OK) != 0) throw std::runtime_error(tool_ + ": not found (build the tokenize target)");
+    if (::stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode)) return p;
   }
-  bool bytes() const { return spec_ == "bytes"; }
-  std::vector<int64_t> encode(const std::string& text) const {
-    if (bytes()) {
-      std::vector<int64_t> ids;
-      for (unsigned char c : text) ids.push_back(c);
-      return ids;
-    }
-    return nlohmann::json::parse(run("--encode", text)).get<std::vector<int64_t>>();
-  }
-  std::string decode(const std::vector<int64_t>& ids) const {
-    if (bytes()) return std::string(ids.begin(), ids.end());
-    return run("--decode", nlohmann::json(ids).dump());
-  }
-
- private:
-  static std::string quote(const std::string& s) {
-    std::string q = "'";
-    for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
-    return q + "'";
-  }
-  std::string run(const char* mode, const std::string& input) const {
-    char tmpl[] = "/tmp/generate_tokens_XXXXXX";
-    const int fd = ::mkstemp(tmpl);
-    if (fd < 0) throw std::runtime_error("cannot create a temporary file");
-    ::close(fd);
-    std::ofstream(tmpl, std::ios::binary) << input;
-    const std::string cmd = quote(tool_) + " --tokenizer " + quote(spec_) + " " + mode + " < " + tmpl + " 2>&1";
-    std::string out;
-    FILE* p = ::popen(cmd.c_str(), "r");
-    char buf[4096];
-    size_t got;
-    while (p != nullptr && (got = std::fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, got);
-    const int status = p != nullptr ? ::pclose(p) : -1;
-    ::unlink(tmpl);
-    if (status != 0) {
-      while (!out.empty() && out.back() == '\n') out.pop_back();
-      throw UsageError(out.rfind("tokenize: ", 0) == 0 ? out.substr(10) : "--tokenizer " + spec_ + ": " + out);
-    }
-    return out;
-  }
-  std::string spec_, tool_;
-};
+  struct stat st {};
+  const std::string& t = cfg.data.tokenizer;
+  if (!t.empty() && t != "bytes" && ::stat(t.c_str(), &st) == 0 && S_ISREG(st.st_mode)) return t;
+  return "bytes";
+}
 
 std::vector<int64_t> parse_ids(const std::string& text) {
   std::vector<int64_t> ids;
@@ -163,13 +144,15 @@ std::vector<int64_t> parse_ids(const std::string& text) {
 int main(int argc, char** argv) {
   CLI::App app{"generate: continue a prompt with a trained model (a checkpoint of any world size, or a "
                "Hugging Face Llama directory)"};
-  std::string checkpoint_path, tokenizer = "bytes", prompt, prompt_ids;
+  std::string checkpoint_path, tokenizer, prompt, prompt_ids;
   int64_t max_new = 64;
   models::SamplingOptions sampling;
   bool print_ids = false;
   app.add_option("--checkpoint", checkpoint_path, "a checkpoint (step_<N>/) or a Hugging Face model directory")
       ->required();
-  app.add_option("--tokenizer", tokenizer, "a SentencePiece .model, or bytes (byte-level, vocabulary 256; the default)");
+  app.add_option("--tokenizer", tokenizer,
+                 "a Hugging Face tokenizer.json, a SentencePiece .model, or bytes (default: the Hugging Face "
+                 "directory's, else the run's data.tokenizer, else bytes)");
   app.add_option("--prompt", prompt, "the text to continue");
   app.add_option("--prompt-ids", prompt_ids, "the prompt as token ids, comma-separated (instead of --prompt)");
   app.add_option("--max-new-tokens", max_new, "tokens to generate")->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
@@ -188,18 +171,29 @@ int main(int argc, char** argv) {
   }
   try {
     if (prompt.empty() == prompt_ids.empty()) throw UsageError("give one of --prompt and --prompt-ids");
-    const PromptTokenizer tok(tokenizer);
     auto [cfg, model] = load_model(checkpoint_path);
+    if (tokenizer.empty()) tokenizer = default_tokenizer(checkpoint_path, cfg);
+    std::unique_ptr<framework::tokenizer::Tokenizer> tok;
+    try {
+      tok = framework::tokenizer::load_tokenizer(tokenizer);
+    } catch (const framework::tokenizer::TokenizerError& e) {
+      throw UsageError(std::string("--tokenizer ") + e.what());
+    }
+    const bool bytes = tokenizer == "bytes";
     const int64_t vocab = cfg.model.vocab_size;
     std::vector<int64_t> ids;
     if (!prompt_ids.empty()) {
       ids = parse_ids(prompt_ids);
     } else {
-      if (tok.bytes() && vocab != 256) {
+      if (bytes && vocab != 256) {
         throw UsageError("--prompt: the model's vocabulary has " + std::to_string(vocab) +
                          " tokens; the byte-level tokenizer needs 256 (give --tokenizer or --prompt-ids)");
       }
-      ids = tok.encode(prompt);
+      if (tok->vocab_size() > vocab) {
+        throw UsageError("--tokenizer " + tok->describe() + " has more tokens than the model's vocabulary (" +
+                         std::to_string(vocab) + ")");
+      }
+      ids = tok->encode(prompt);
     }
     for (int64_t id : ids) {
       if (id < 0 || id >= vocab) {
@@ -213,15 +207,15 @@ int main(int argc, char** argv) {
     const std::vector<int64_t> out = models::generate(*model, cfg.model.seq_len, ids, max_new, sampling,
                                                       [&](int64_t id) {
                                                         // bytes stream as they come; a tokenizer file decodes once, below
-                                                        if (text && tok.bytes()) std::cout << static_cast<char>(id) << std::flush;
+                                                        if (text && bytes) std::cout << static_cast<char>(id) << std::flush;
                                                       });
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (text && !tok.bytes()) {
+    if (text && !bytes) {
       // The continuation: the whole decoded minus the decoded prompt (pieces may join).
       std::vector<int64_t> all = ids;
       all.insert(all.end(), out.begin(), out.end());
-      const std::string whole = tok.decode(all), head = tok.decode(ids);
-      std::cout << (whole.compare(0, head.size(), head) == 0 ? whole.substr(head.size()) : " " + tok.decode(out));
+      const std::string whole = tok->decode(all), head = tok->decode(ids);
+      std::cout << (whole.compare(0, head.size(), head) == 0 ? whole.substr(head.size()) : " " + tok->decode(out));
     }
     if (text) std::cout << std::endl;
     std::fprintf(stderr, "generate: %zu tokens in %.3f s (%.1f tokens/s), %s, model %s%s\n", out.size(), s,

@@ -14,7 +14,7 @@
 // megatron: DIR/train_text_document.{bin,idx} and DIR/val_text_document.*.
 // Each file is written as NAME.tmp and renamed. Exit status: 0 done, 2 bad
 // arguments or input (one line naming the file and line), 1 I/O failures.
-#include "framework/tokenizer/tokenizer.h"
+#include "framework/tokenizer/sentencepiece.h"
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
@@ -209,11 +209,14 @@ int main(int argc, char** argv) {
   int64_t shard_tokens = 100'000'000;
   int threads = static_cast<int>(std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN)));
   std::vector<std::string> inputs;
-  bool encode = false, decode = false;
-  app.add_option("--tokenizer", tokenizer_spec, "a SentencePiece .model, or bytes")->required();
+  bool encode = false, decode = false, info = false;
+  app.add_option("--tokenizer", tokenizer_spec,
+                 "a Hugging Face tokenizer.json (byte-level BPE), a SentencePiece .model, or bytes")
+      ->required();
   app.add_option("--out", out, "the directory to write the shards into");
   app.add_flag("--encode", encode, "read text on stdin, print its ids as a JSON list (for generate)");
   app.add_flag("--decode", decode, "read a JSON list of ids on stdin, print the text (for generate)");
+  app.add_flag("--info", info, "print the vocabulary size, end-of-text id and a description as JSON");
   app.add_option("--format", format, "llmc (llm.c .bin) or megatron (.bin + .idx)")
       ->check(CLI::IsMember({"llmc", "megatron"}));
   app.add_option("--eval-fraction", eval_fraction, "documents held out for validation (by a hash of their index)")
@@ -229,7 +232,15 @@ int main(int argc, char** argv) {
   }
   try {
     const auto t0 = std::chrono::steady_clock::now();
-    std::shared_ptr<framework::tokenizer::Tokenizer> tok = framework::tokenizer::load_tokenizer(tokenizer_spec);
+    std::shared_ptr<framework::tokenizer::Tokenizer> tok = framework::tokenizer::load_tokenizer_in_process(tokenizer_spec);
+    if (info) {
+      std::cout << nlohmann::json{{"vocab_size", tok->vocab_size()},
+                                  {"end_of_text", tok->end_of_text()},
+                                  {"describe", tok->describe()}}
+                       .dump()
+                << std::endl;
+      return 0;
+    }
     if (encode || decode) {
       // One process's worth of text or ids: generate runs the tokenizers here,
       // since libsentencepiece's protobuf cannot share a process with LibTorch's.
@@ -262,7 +273,15 @@ int main(int argc, char** argv) {
     auto launch = [&](size_t i) {
       work[i] = std::async(std::launch::async, [&, i] {
         std::vector<std::vector<int64_t>> ids;
-        for (const std::string& doc : documents_of(inputs[i])) ids.push_back(tok->encode(doc));
+        const auto docs = documents_of(inputs[i]);
+        for (size_t d = 0; d < docs.size(); ++d) {
+          try {
+            ids.push_back(tok->encode(docs[d]));
+          } catch (const framework::tokenizer::TokenizerError& e) {
+            throw InputError(inputs[i] + (docs.size() > 1 ? " (document " + std::to_string(d + 1) + ")" : "") + ": " +
+                             e.what());
+          }
+        }
         return ids;
       });
     };

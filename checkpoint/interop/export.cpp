@@ -587,6 +587,51 @@ std::string hf_config_json(const CheckpointMeta& meta, ChunkReader& reader, cons
   return j.dump(2) + "\n";
 }
 
+bool regular_file(Storage& storage, const std::string& path) {
+  return storage.stat(path).type == FileType::kFile;
+}
+
+std::vector<uint8_t> read_whole(Storage& storage, const std::string& path) {
+  return storage.read_file(path, storage.file_size(path));
+}
+
+// The tokenizer an HF export ships: options.tokenizer, else the run's
+// data.tokenizer (recorded in `stats` when named but gone).
+std::string export_tokenizer(Storage& storage, const CheckpointMeta& meta, ChunkReader& reader,
+                             const ExportOptions& options, ExportStats& stats) {
+  if (options.tokenizer == "none") return "";
+  if (!options.tokenizer.empty()) {
+    if (!regular_file(storage, options.tokenizer)) {
+      throw std::invalid_argument("--tokenizer " + options.tokenizer + ": no such tokenizer file");
+    }
+    return options.tokenizer;
+  }
+  const auto yaml = read_bytes_item(meta, reader, "config");
+  if (!yaml) return "";
+  const std::string named = config_section(*yaml, "data")["tokenizer"];
+  if (named.empty() || named == "bytes") return "";
+  if (!regular_file(storage, named)) {
+    stats.tokenizer_missing = named;
+    return "";
+  }
+  return named;
+}
+
+// Writes the tokenizer's files into `dir`: tokenizer.json or tokenizer.model,
+// and tokenizer_config.json (the one beside the source, else a minimal one).
+void write_tokenizer_files(Storage& storage, const std::string& source, const std::string& dir) {
+  const bool json = source.size() >= 5 && source.compare(source.size() - 5, 5, ".json") == 0;
+  storage.write_file_atomic(join_path(dir, json ? "tokenizer.json" : "tokenizer.model"), read_whole(storage, source));
+  const std::string beside = source.substr(0, source.find_last_of('/') + 1) + "tokenizer_config.json";
+  if (regular_file(storage, beside)) {
+    storage.write_file_atomic(join_path(dir, "tokenizer_config.json"), read_whole(storage, beside));
+  } else {
+    const std::string text =
+        nlohmann::json{{"tokenizer_class", json ? "PreTrainedTokenizerFast" : "LlamaTokenizer"}}.dump(2) + "\n";
+    storage.write_file_atomic(join_path(dir, "tokenizer_config.json"), std::vector<uint8_t>(text.begin(), text.end()));
+  }
+}
+
 ExportStats export_hf(const std::string& step_dir, const std::string& out_dir, const ExportOptions& options) {
   if (!options.only.empty() && options.only != "model") {
     throw std::invalid_argument("a Hugging Face export takes the model: --only model or nothing, not --only " +
@@ -601,6 +646,7 @@ ExportStats export_hf(const std::string& step_dir, const std::string& out_dir, c
   thread_pool::ThreadPool pool(static_cast<size_t>(std::max(1, options.io_threads)));
   ChunkReader reader(storage, step_dir, &pool);
   const std::string config = hf_config_json(meta, reader, step_dir, items, options.dtype);
+  stats.tokenizer = export_tokenizer(*storage, meta, reader, options, stats);
 
   // Shards: consecutive items while they fit max_shard_bytes.
   std::vector<std::vector<ExportItem>> shards;
@@ -645,6 +691,7 @@ ExportStats export_hf(const std::string& step_dir, const std::string& out_dir, c
       storage->write_file_atomic(join_path(tmp, kHfIndexName), std::vector<uint8_t>(text.begin(), text.end()));
     }
     storage->write_file_atomic(join_path(tmp, "config.json"), std::vector<uint8_t>(config.begin(), config.end()));
+    if (!stats.tokenizer.empty()) write_tokenizer_files(*storage, stats.tokenizer, tmp);
     storage->sync_dir(tmp);
   } catch (...) {
     storage->remove_all(tmp);

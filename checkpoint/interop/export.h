@@ -53,6 +53,12 @@ struct ExportOptions {
   // kHf: the most tensor bytes of one safetensors shard (a tensor larger
   // than this gets a shard of its own), as save_pretrained's max_shard_size.
   uint64_t max_shard_bytes = uint64_t{5} * 1000 * 1000 * 1000;
+  // kHf: the tokenizer to ship beside the model: a Hugging Face
+  // tokenizer.json or a SentencePiece .model, copied as tokenizer.json or
+  // tokenizer.model with the tokenizer_config.json found beside it (else a
+  // minimal one). Empty: the run's data.tokenizer from the config item, when
+  // that file exists; "none": no tokenizer files.
+  std::string tokenizer;
 };
 
 struct ExportStats {
@@ -60,6 +66,8 @@ struct ExportStats {
   uint64_t data_bytes = 0;           // tensor bytes written (after conversion)
   uint64_t file_bytes = 0;           // size of the output file
   std::vector<std::string> skipped;  // bytes items, and items outside `only`
+  std::string tokenizer;             // kHf: the tokenizer file shipped, or empty
+  std::string tokenizer_missing;     // kHf: the run's data.tokenizer, not found (so not shipped)
 };
 
 // Reads the committed checkpoint `step_dir` and writes `out_path`.

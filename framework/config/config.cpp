@@ -202,15 +202,17 @@ void check_consistency(const Config& cfg, const Origins& origins) {
          key("data.kind") + " is tokens");
   if (cfg.data.kind != "tokens" && !cfg.data.eval_path.empty())
     fail(key("data.eval_path") + " is read only when " + key("data.kind") + " is tokens");
-  if (cfg.data.kind == "text" && cfg.model.vocab_size != 256)
+  if (cfg.data.kind == "text" && (cfg.data.tokenizer.empty() || cfg.data.tokenizer == "bytes") &&
+      cfg.model.vocab_size != 256)
     fail(key("model.vocab_size") + " must be 256 when " + key("data.kind") +
-         " is text (the text dataset reads bytes)");
+         " is text without " + key("data.tokenizer") + " (the text dataset reads bytes)");
   if (cfg.train.eval_every > 0 && cfg.data.eval_fraction <= 0 && cfg.data.eval_path.empty())
     fail(key("train.eval_every") + " needs held-out data: set " + key("data.eval_fraction") +
          " above 0" + (cfg.data.kind == "tokens" ? " or " + key("data.eval_path") : std::string()));
-  if (cfg.train.sample_every > 0 && cfg.model.vocab_size != 256)
-    fail(key("train.sample_every") + " prints text with the byte-level tokenizer, which needs " +
-         key("model.vocab_size") + " 256 (tokenizer files are not built in yet)");
+  if (cfg.train.sample_every > 0 && cfg.model.vocab_size != 256 &&
+      (cfg.data.tokenizer.empty() || cfg.data.tokenizer == "bytes"))
+    fail(key("train.sample_every") + " prints text with " + key("data.tokenizer") +
+         "; without one it is byte-level, which needs " + key("model.vocab_size") + " 256");
   if (cfg.train.sample_every > 0 && cfg.train.sample_prompt.empty())
     fail(key("train.sample_prompt") + " must not be empty when " + key("train.sample_every") + " is on");
   if (cfg.train.stop_at != 0 && cfg.train.stop_at > cfg.train.steps)

@@ -57,7 +57,8 @@ std::vector<Key> build_schema() {
        "Held-out samples per validation (fewer when the held-out text is shorter)."},
       {SHARDKIT_CONFIG_FIELD(train.sample_every), at_least(0),
        "Print a greedy continuation of train.sample_prompt every N steps and at the last; 0: "
-       "off. Byte-level: needs model.vocab_size 256 and a built-in model."},
+       "off. Text through data.tokenizer (without one, bytes: model.vocab_size 256); a built-in "
+       "model."},
       {SHARDKIT_CONFIG_FIELD(train.sample_prompt), any_value(), "The text train.sample_every continues."},
       {SHARDKIT_CONFIG_FIELD(train.sample_tokens), between(1, 4096), "Tokens each sample generates."},
       {SHARDKIT_CONFIG_FIELD(train.device), one_of({"cpu", "cuda"}),
@@ -116,8 +117,8 @@ std::vector<Key> build_schema() {
        "safetensors, sharded or not); ignored when resuming from a checkpoint."},
 
       {SHARDKIT_CONFIG_FIELD(data.kind), one_of({"synthetic", "text", "tokens"}),
-       "Dataset: synthetic tasks, the bytes of a text file, or pre-tokenized shards (llm.c .bin, "
-       "Megatron .bin + .idx)."},
+       "Dataset: synthetic tasks, a text file (its bytes, or the ids of data.tokenizer), or "
+       "pre-tokenized shards (llm.c .bin, Megatron .bin + .idx)."},
       {SHARDKIT_CONFIG_FIELD(data.task), one_of({"copy", "reverse", "add"}),
        "Synthetic task (data.kind synthetic)."},
       {SHARDKIT_CONFIG_FIELD(data.path), any_value(),
@@ -133,6 +134,11 @@ std::vector<Key> build_schema() {
       {SHARDKIT_CONFIG_FIELD(data.check_tokens), any_value(),
        "tokens: read every token once at start and refuse an id >= model.vocab_size, naming the "
        "file and offset; windows are checked as they are read either way."},
+      {SHARDKIT_CONFIG_FIELD(data.tokenizer), any_value(),
+       "A Hugging Face tokenizer.json (byte-level BPE), a SentencePiece .model, or bytes. text: "
+       "the file is tokenized with it at start (empty: bytes, model.vocab_size 256); tokens: the "
+       "tokenizer the shards were made with. train.sample_prompt, generate and ckpt export "
+       "--format hf use it."},
 
       {SHARDKIT_CONFIG_FIELD(optim.lr), above(0), "Peak learning rate, reached after warmup."},
       {SHARDKIT_CONFIG_FIELD(optim.min_lr), at_least(0),

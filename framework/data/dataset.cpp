@@ -28,9 +28,12 @@ std::unique_ptr<Dataset> make_dataset(const DataOptions& data, const models::Mod
   }
   if (data.kind == "text") {
     TORCH_CHECK(!data.path.empty(), "data.path must name a text file for data.kind text");
-    TORCH_CHECK(model.vocab_size == TextDataset::kVocabSize,
-                "model.vocab_size must be 256 for data.kind text (byte-level), got ", model.vocab_size);
-    return std::make_unique<TextDataset>(data.path, model.seq_len, seed, data.eval_fraction);
+    const bool bytes = data.tokenizer.empty() || data.tokenizer == "bytes";
+    TORCH_CHECK(!bytes || model.vocab_size == TextDataset::kVocabSize,
+                "model.vocab_size must be 256 for data.kind text without data.tokenizer (byte-level), got ",
+                model.vocab_size);
+    return std::make_unique<TextDataset>(data.path, model.seq_len, seed, data.eval_fraction, data.tokenizer,
+                                         model.vocab_size);
   }
   if (data.kind == "tokens") {
     TokenDatasetOptions o;

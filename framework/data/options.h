@@ -19,6 +19,11 @@ struct DataOptions {
   std::string eval_path = "";
   // tokens: read every token once at start and refuse an id >= vocab_size.
   bool check_tokens = true;
+  // The tokenizer (framework/tokenizer): a Hugging Face tokenizer.json, a
+  // SentencePiece .model, or bytes. text: tokenizes the file at start
+  // (empty: bytes). tokens: the one the shards were made with. Either way
+  // train.sample_prompt, generate and the Hugging Face export use it.
+  std::string tokenizer = "";
 };
 
 }  // namespace framework::data

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <mutex>
@@ -259,20 +260,40 @@ void parse_megatron(TokenShard& s, const std::string& idx) {
   if (s.doc_starts.empty()) s.doc_starts = {0};
 }
 
+// Files whose every token id was read and found below a vocabulary size,
+// each as "path|size|mtime_s|mtime_ns|inode|vocab": the process's own checks
+// and those its launcher passed down (kCheckedTokensEnv).
+std::mutex checked_mu;
+std::set<std::string>& checked_files() {
+  static std::set<std::string>* files = [] {
+    auto* f = new std::set<std::string>;
+    if (const char* env = std::getenv(kCheckedTokensEnv)) {
+      std::istringstream in(env);
+      std::string line;
+      while (std::getline(in, line)) {
+        if (!line.empty()) f->insert(line);
+      }
+    }
+    return f;
+  }();
+  return *files;
+}
+
 // Reads every token once (pread, never the whole file in memory) and
 // refuses an id outside [0, vocab). Verified files are remembered for the
-// process, so preflight and the trainer do not read them twice.
-void check_shard_tokens(const TokenShard& s, int64_t vocab, const std::string& key) {
+// process (and passed by train's launcher to its ranks), so preflight and the
+// trainers do not read them again: a file is the same while its path, size,
+// modification time and inode are.
+// Returns whether it read the file (false: already checked in this job).
+bool check_shard_tokens(const TokenShard& s, int64_t vocab, const std::string& key) {
   struct stat st {};
   ::stat(s.path.c_str(), &st);
-  using Seen = std::tuple<std::string, int64_t, int64_t, int64_t, int64_t>;
-  const Seen id{s.path, static_cast<int64_t>(st.st_size), static_cast<int64_t>(st.st_mtim.tv_sec),
-                static_cast<int64_t>(st.st_mtim.tv_nsec), vocab};
-  static std::mutex mu;
-  static std::set<Seen> seen;
+  const std::string id = s.path + "|" + std::to_string(st.st_size) + "|" + std::to_string(st.st_mtim.tv_sec) + "|" +
+                         std::to_string(st.st_mtim.tv_nsec) + "|" + std::to_string(st.st_ino) + "|" +
+                         std::to_string(vocab);
   {
-    std::lock_guard<std::mutex> lock(mu);
-    if (seen.count(id) != 0) return;
+    std::lock_guard<std::mutex> lock(checked_mu);
+    if (checked_files().count(id) != 0) return false;
   }
   const int fd = ::open(s.path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) fail(key + ": cannot open " + in_quotes(s.path) + ": " + std::strerror(errno));
@@ -326,8 +347,9 @@ void check_shard_tokens(const TokenShard& s, int64_t vocab, const std::string& k
     }
   }
   ::close(fd);
-  std::lock_guard<std::mutex> lock(mu);
-  seen.insert(id);
+  std::lock_guard<std::mutex> lock(checked_mu);
+  checked_files().insert(id);
+  return true;
 }
 
 std::vector<TokenShard> open_all(const std::string& path, const std::string& key,
@@ -384,6 +406,13 @@ std::string formats(const std::vector<TokenShard>& shards) {
 }
 
 }  // namespace
+
+std::string checked_token_files() {
+  std::lock_guard<std::mutex> lock(checked_mu);
+  std::string out;
+  for (const std::string& f : checked_files()) out += f + "\n";
+  return out;
+}
 
 int64_t TokenShard::at(int64_t t) const { return decode(map.get() + data_offset + t * width, width, is_signed); }
 
@@ -452,7 +481,7 @@ TokenDataset::TokenDataset(const TokenDatasetOptions& options) : options_(option
   if (options.vocab_size <= 0) fail("model.vocab_size must be positive for data.kind tokens");
   shards_ = open_all(options.path, "data.path", shard_starts_, total_tokens_);
   if (options.check_tokens) {
-    for (const auto& s : shards_) check_shard_tokens(s, options.vocab_size, "data.path");
+    for (const auto& s : shards_) ++(check_shard_tokens(s, options.vocab_size, "data.path") ? read_ : known_);
   }
   train_tokens_ = total_tokens_;
   eval_begin_ = total_tokens_;
@@ -466,7 +495,7 @@ TokenDataset::TokenDataset(const TokenDatasetOptions& options) : options_(option
                in_quotes(options.path));
         }
       }
-      if (options.check_tokens) check_shard_tokens(e, options.vocab_size, "data.eval_path");
+      if (options.check_tokens) ++(check_shard_tokens(e, options.vocab_size, "data.eval_path") ? read_ : known_);
     }
     if (eval_total < L + 1) {
       fail("data.eval_path " + in_quotes(options.eval_path) + " holds " + std::to_string(eval_total) +
@@ -572,7 +601,12 @@ std::string TokenDataset::describe() const {
     out.unsetf(std::ios::fixed);
   }
   out << "; seq_len " << options_.seq_len << ", " << windows_ << " windows an epoch, seed "
-      << options_.seed << ")";
+      << options_.seed;
+  if (options_.check_tokens) {
+    out << "; ids checked: " << read_ << (read_ == 1 ? " file" : " files") << " read here, " << known_
+        << " already checked in this job";
+  }
+  out << ")";
   return out.str();
 }
 

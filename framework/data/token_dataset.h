@@ -61,6 +61,12 @@ std::vector<std::string> resolve_token_paths(const std::string& path, const std:
 // over-long file is an error naming the expected and actual byte counts).
 TokenShard open_token_shard(const std::string& bin_path);
 
+// The token files this process has verified (data.check_tokens), one per
+// line, for kCheckedTokensEnv: train's launcher passes its verdict to its
+// ranks there, so a job reads the ids once rather than once per rank.
+constexpr const char* kCheckedTokensEnv = "SHARDKIT_TOKENS_CHECKED";
+std::string checked_token_files();
+
 struct TokenDatasetOptions {
   std::string path;            // data.path
   std::string eval_path;       // data.eval_path ("" none)
@@ -103,6 +109,7 @@ class TokenDataset : public Dataset {
   int64_t train_tokens_ = 0;   // [0, train_tokens_) trains
   int64_t eval_begin_ = 0;     // the held-out tokens start here (eval_fraction)
   int64_t windows_ = 0;
+  int64_t read_ = 0, known_ = 0;  // data.check_tokens: files read here, files checked before in this job
   int64_t held_out_docs_ = 0;
   std::pair<torch::Tensor, torch::Tensor> window(const std::vector<TokenShard>& shards,
                                                  const std::vector<int64_t>& starts,

@@ -9,6 +9,7 @@
 #include "checkpoint/storage/checkpoint_dir.h"
 #include "checkpoint/storage/tiers.h"
 #include "framework/dist/launch_env.h"
+#include "framework/tokenizer/tokenizer.h"
 #include "framework/data/dataset.h"
 #include "framework/dist/device.h"
 #include "framework/fsdp/fully_shard.h"
@@ -104,12 +105,26 @@ void check_data(const config::Config& cfg) {
            std::to_string(size - held_out) + " training and " + std::to_string(held_out) +
            " held-out bytes; each part needs at least model.seq_len + 1 = " + std::to_string(need));
   }
-  if (cfg.data.kind != "text") {
+  const bool tokenizer = !cfg.data.tokenizer.empty() && cfg.data.tokenizer != "bytes";
+  if (tokenizer && cfg.data.kind == "synthetic")
+    fail("data.tokenizer is read only when data.kind is text or tokens");
+  if (tokenizer && cfg.data.kind == "tokens") {
+    try {  // the shards' tokenizer: it must load and fit the model
+      const auto tok = tokenizer::load_tokenizer(cfg.data.tokenizer);
+      if (tok->vocab_size() > cfg.model.vocab_size)
+        fail("data.tokenizer " + tok->describe() + " has more tokens than model.vocab_size " +
+             std::to_string(cfg.model.vocab_size));
+    } catch (const tokenizer::TokenizerError& e) {
+      fail(std::string("data.tokenizer: ") + e.what());
+    }
+  }
+  if (cfg.data.kind != "text" || tokenizer) {
     try {
       // Synthetic data is generated from the seed: cheap to build here.
       // Token shards are mapped and their headers checked, and with
       // data.check_tokens every token id is read once (remembered for the
-      // process, so the trainer does not read them again).
+      // process, so the trainer does not read them again). A text file with
+      // data.tokenizer is tokenized (small runs: each rank does it again).
       data::make_dataset(cfg.data, cfg.model, static_cast<uint64_t>(cfg.run.seed));
     } catch (const c10::Error& e) {
       fail(e.what_without_backtrace());

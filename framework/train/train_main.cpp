@@ -5,6 +5,7 @@
 #include "framework/dist/local_launcher.h"
 #include "framework/dist/runtime.h"
 #include "framework/fsdp/fully_shard.h"
+#include "framework/data/token_dataset.h"
 #include "framework/train/preflight.h"
 #include "framework/train/run_lock.h"
 #include "checkpoint/error_text.h"
@@ -309,6 +310,12 @@ int train_main(int argc, char** argv, const TrainerHooks& hooks) {
       if (checked != 0) {
         for (const auto& lock : locks) lock->remove_if_unused();
         return checked;
+      }
+      // The token ids preflight read: the ranks need not read them again
+      // (skipped where the list outgrows what one variable may hold).
+      const std::string verified = framework::data::checked_token_files();
+      if (!verified.empty() && verified.size() < (size_t{96} << 10)) {
+        ::setenv(framework::data::kCheckedTokensEnv, verified.c_str(), 1);
       }
       const int status = framework::dist::run_local_launcher(launch);
       if (status == 2) {  // a rank refused the config

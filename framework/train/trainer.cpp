@@ -14,6 +14,7 @@
 #include "framework/dtensor/device_mesh.h"
 #include "framework/fsdp/fully_shard.h"
 #include "framework/optim/sharded_adamw.h"
+#include "framework/tokenizer/tokenizer.h"
 #include "models/generate.h"
 #include "models/layered_model.h"
 
@@ -80,6 +81,7 @@ struct Trainer::State {
   std::unique_ptr<fsdp::FullyShardedModel> fsdp;
   std::unique_ptr<optim::ShardedAdamW> optim;
   std::shared_ptr<data::Dataset> dataset;
+  std::unique_ptr<tokenizer::Tokenizer> tokenizer;  // data.tokenizer, loaded at the first sample
   std::unique_ptr<data::DataLoader> loader;
   int64_t step = 0;
   std::vector<StepRecord> history;
@@ -813,8 +815,15 @@ std::string Trainer::sample() {
   State& s = *s_;
   auto* model = dynamic_cast<models::LayeredModelImpl*>(s.user.module.get());
   if (model == nullptr) throw std::runtime_error("train.sample_every: only the built-in models can sample");
+  const std::string& spec = s.cfg.data.tokenizer;
+  const bool bytes = spec.empty() || spec == "bytes";
+  if (!bytes && !s.tokenizer) s.tokenizer = tokenizer::load_tokenizer(spec);
   std::vector<int64_t> prompt;
-  for (unsigned char c : s.cfg.train.sample_prompt) prompt.push_back(c);
+  if (bytes) {
+    for (unsigned char c : s.cfg.train.sample_prompt) prompt.push_back(c);
+  } else {
+    prompt = s.tokenizer->encode(s.cfg.train.sample_prompt);
+  }
   torch::NoGradGuard no_grad;
   // Every rank in step: the same gathered weights give the same tokens.
   const auto forward = [&](const torch::Tensor& tokens) {
@@ -822,7 +831,12 @@ std::string Trainer::sample() {
   };
   const std::vector<int64_t> ids =
       models::generate(*model, s.cfg.model.seq_len, prompt, s.cfg.train.sample_tokens, {}, {}, false, forward);
-  return std::string(ids.begin(), ids.end());
+  if (bytes) return std::string(ids.begin(), ids.end());
+  // The continuation: the whole decoded minus the decoded prompt (pieces may join).
+  std::vector<int64_t> all = prompt;
+  all.insert(all.end(), ids.begin(), ids.end());
+  const std::string whole = s.tokenizer->decode(all), head = s.tokenizer->decode(prompt);
+  return whole.compare(0, head.size(), head) == 0 ? whole.substr(head.size()) : " " + s.tokenizer->decode(ids);
 }
 
 EvalRecord Trainer::evaluate() {

@@ -170,7 +170,7 @@ def walk(build, source, work):
     a = run(gen + ["--checkpoint", ckpt])
     if a.returncode != 0:
         fail("generate: " + a.stdout + a.stderr)
-    r = run([build + "/ckpt", "export", ckpt, "--format", "hf", "--out", os.path.join(work, "hf")])
+    r = run([build + "/ckpt", "export", ckpt, "--format", "hf", "--out", os.path.join(work, "hf"), "--tokenizer", model])
     if r.returncode != 0:
         fail("export: " + r.stdout + r.stderr)
     b = run(gen + ["--checkpoint", os.path.join(work, "hf")])
@@ -181,6 +181,21 @@ def walk(build, source, work):
     if len(ids_a["ids"]) != 16 or ids_a != ids_b or a.stdout != b.stdout:
         fail(f"generate differs: checkpoint {a.stdout!r}, export {b.stdout!r}")
     print("generate (checkpoint and its Hugging Face export): " + a.stdout.splitlines()[0])
+    if open(os.path.join(work, "hf", "tokenizer.model"), "rb").read() != open(model, "rb").read():
+        fail("the Hugging Face export does not carry the SentencePiece model given as --tokenizer")
+
+
+def text_with_sentencepiece(build, source, work):
+    """data.kind text with data.tokenizer a .model: train runs it through tokenize."""
+    model = os.path.join(work, "spm_bpe.model")
+    r = run([build + "/train", "--config", os.path.join(source, "configs", "llama_tiny.yaml"),
+             "--set", "run.dir=" + os.path.join(work, "text_run"), "--set", "model.vocab_size=400",
+             "--set", "data.kind=text", "--set", "data.path=" + os.path.join(source, "README.md"),
+             "--set", "data.tokenizer=" + model, "--set", "train.steps=2", "--set", "train.log_every=1",
+             "--set", "train.sample_every=2", "--set", "train.sample_prompt=The", "--set", "train.sample_tokens=4"])
+    if r.returncode != 0 or "tokens of sentencepiece" not in r.stdout or "sample step 2 | The" not in r.stdout:
+        fail("data.kind text with a SentencePiece data.tokenizer: " + (r.stdout + r.stderr)[-3000:])
+    print("data.kind text with data.tokenizer " + os.path.basename(model) + ": trained 2 steps and sampled")
 
 
 def main():
@@ -196,6 +211,7 @@ def main():
         parity(os.path.abspath(args.build), work, docs)
         bad_input(os.path.abspath(args.build), work)
         walk(os.path.abspath(args.build), os.path.abspath(args.source), work)
+        text_with_sentencepiece(os.path.abspath(args.build), os.path.abspath(args.source), work)
     print("OK")
 
 

@@ -31,6 +31,7 @@ const std::vector<std::string> kAllKeys = {
     "model.rope_scaling.high_freq_factor", "model.rope_scaling.original_max_position",
     "model.activation_checkpointing", "model.activation_checkpointing_every", "model.init_from",
     "data.kind", "data.task", "data.path", "data.eval_fraction", "data.eval_path", "data.check_tokens",
+    "data.tokenizer",
     "optim.lr", "optim.min_lr", "optim.warmup_steps", "optim.weight_decay", "optim.beta1",
     "optim.beta2", "optim.eps",
     "parallel.replicate", "parallel.shard", "parallel.reshard_after_forward",
@@ -119,6 +120,7 @@ Config non_default_config() {
   c.data.eval_fraction = 0.25;
   c.data.eval_path = "data/val.bin";
   c.data.check_tokens = false;
+  c.data.tokenizer = "tokenizer.json";
   c.optim.lr = 1.0 / 3.0;
   c.optim.min_lr = 1e-7;
   c.optim.warmup_steps = 0;

@@ -171,6 +171,9 @@ TEST(TrainCli, TrainsOnTokenShardsAndResumesBitExactly) {
   EXPECT_NE(a.output.find("data tokens '" + data + "/train_*.bin' (2 shards, llm.c uint16, 1920 tokens"),
             std::string::npos) << a.output;
   EXPECT_NE(a.output.find("eval_path '" + data + "/val.bin' 960 tokens"), std::string::npos) << a.output;
+  // The launcher read the ids before any rank started; the ranks did not again.
+  EXPECT_NE(a.output.find("ids checked: 0 files read here, 3 already checked in this job"), std::string::npos)
+      << a.output;
   Result b = run("--nproc 2 " + llama_on_tokens(split, data) + " --set train.stop_at=6");
   ASSERT_EQ(b.status, 0) << b.output;
   Result c = run("--nproc 2 " + llama_on_tokens(split, data));
