@@ -130,6 +130,23 @@ def split_on(stream, eot):
     return docs
 
 
+def fixture(source, fresh, write):
+    """The recorded fixture that test_bpe_fixture.py checks on both legs must
+    be what Tokenizers.js gives today."""
+    path = os.path.join(source, "tests", "tools", "data", "bpe_fixture.json")
+    if write:
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(fresh, f, ensure_ascii=False, separators=(",", ":"))
+            f.write("\n")
+        print(f"wrote {path}")
+    recorded = json.load(open(path, encoding="utf-8"))
+    if recorded != fresh:
+        fail(f"{path} is not what Tokenizers.js gives for its tokenizers and documents today: rerun this test "
+             "with --write-fixture")
+    n = sum(len(i) for ids in recorded["ids"].values() for i in ids)
+    print(f"recorded fixture: {len(recorded['documents'])} documents, {n} ids, equal to Tokenizers.js's today")
+
+
 def parity(build, work, ref, docs):
     jsonl = os.path.join(work, "docs.jsonl")
     with open(jsonl, "w", encoding="utf-8") as f:
@@ -257,6 +274,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--build", required=True)
     ap.add_argument("--source", required=True)
+    ap.add_argument("--write-fixture", action="store_true",
+                    help="rewrite tests/tools/data/bpe_fixture.json from Tokenizers.js")
     args = ap.parse_args()
     build, source = os.path.abspath(args.build), os.path.abspath(args.source)
     for tool in ("node", "npm"):
@@ -277,6 +296,7 @@ def main():
         if r.returncode != 0:
             fail("tokenizer_reference.cjs: " + r.stdout + r.stderr)
         ref = json.load(open(os.path.join(work, "reference.json")))
+        fixture(source, ref["fixture"], args.write_fixture)
         parity(build, work, ref, docs)
         specials_and_decode(build, work, ref, docs)
         bad_input(build, work)

@@ -126,8 +126,70 @@ function write(name, json, eos) {
   return new Tokenizer(json, config);
 }
 
+// A small byte-level BPE learnt here from the corpus (merges by pair
+// frequency), for the recorded fixture that both legs check
+// (tests/tools/data/bpe_fixture.json): Llama 3's Split regex + ByteLevel, or
+// GPT-2's ByteLevel with add_prefix_space.
+function learntTokenizerJson(docs, merges_wanted, llamaStyle) {
+  const enc = byteEncoder();
+  const show = (s) => Array.from(Buffer.from(s, "utf8"), (b) => enc[b]).join("");
+  const words = new Map();
+  for (const d of docs) for (const w of d.match(/\s+|[^\s]+/gu) || []) words.set(show(w), (words.get(show(w)) || 0) + 1);
+  let seqs = Array.from(words, ([w, n]) => [Array.from(w), n]);
+  const vocab = {};
+  let next = 0;
+  for (let b = 0; b < 256; ++b) vocab[enc[b]] = next++;
+  const merges = [];
+  for (let m = 0; m < merges_wanted; ++m) {
+    const count = new Map();
+    for (const [sym, n] of seqs) for (let i = 0; i + 1 < sym.length; ++i) {
+      const k = sym[i] + " " + sym[i + 1];
+      count.set(k, (count.get(k) || 0) + n);
+    }
+    let best = null, bestN = 0;
+    for (const [k, n] of count) if (n > bestN) { best = k; bestN = n; }
+    if (best === null || bestN < 2) break;
+    const [a, b] = best.split(" ");
+    merges.push([a, b]);
+    if (!(a + b in vocab)) vocab[a + b] = next++;
+    seqs = seqs.map(([sym, n]) => {
+      const out = [];
+      for (let i = 0; i < sym.length; ++i) {
+        if (i + 1 < sym.length && sym[i] === a && sym[i + 1] === b) { out.push(a + b); ++i; } else out.push(sym[i]);
+      }
+      return [out, n];
+    });
+  }
+  const special = ["<|endoftext|>", "<|begin_of_text|>"].map((content, k) => (
+    { id: next + k, content, single_word: false, lstrip: false, rstrip: false, normalized: false, special: true }));
+  const pattern = "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+  return {
+    version: "1.0", truncation: null, padding: null, added_tokens: special, normalizer: null,
+    pre_tokenizer: llamaStyle
+      ? { type: "Sequence", pretokenizers: [
+          { type: "Split", pattern: { Regex: pattern }, behavior: "Isolated", invert: false },
+          { type: "ByteLevel", add_prefix_space: false, trim_offsets: true, use_regex: false } ] }
+      : { type: "ByteLevel", add_prefix_space: true, trim_offsets: true, use_regex: true },
+    post_processor: null,
+    decoder: { type: "ByteLevel", add_prefix_space: true, trim_offsets: true, use_regex: true },
+    model: { type: "BPE", dropout: null, unk_token: null, continuing_subword_prefix: null, end_of_word_suffix: null,
+             fuse_unk: false, byte_fallback: false, ignore_merges: llamaStyle, vocab,
+             merges: llamaStyle ? merges : merges.map((m) => m[0] + " " + m[1]) },
+  };
+}
+
 const out = {};
 const docs = corpus.documents, specials = corpus.with_special_tokens;
+{
+  // The fixture: two learnt tokenizers and the ids Tokenizers.js gives.
+  out.fixture = { tokenizers: {}, documents: docs.concat(specials), ids: {} };
+  for (const [name, llamaStyle] of [["learnt_split", true], ["learnt_prefix_space", false]]) {
+    const json = learntTokenizerJson(docs, 400, llamaStyle);
+    const hf = new Tokenizer(json, { tokenizer_class: "PreTrainedTokenizerFast" });
+    out.fixture.tokenizers[name] = json;
+    out.fixture.ids[name] = out.fixture.documents.map((d) => hf.encode(d, { add_special_tokens: false }).ids);
+  }
+}
 {
   const hf = write("gpt2", gpt2TokenizerJson(), "<|endoftext|>");
   const own = req("gpt-tokenizer/encoding/r50k_base");
