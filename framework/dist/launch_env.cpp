@@ -344,6 +344,15 @@ LaunchEnv detect_launch_env(const EnvLookup& env,
   }
   result.master_port = resolve_port(env, config_master_port);
   result.store_hosted = read_store_hosted(env);
+  // torchrun 2.x with c10d rendezvous: the agent's TCPStore, shared by every
+  // round of the job (Python compares the value with str(True)).
+  if (std::optional<std::string> agent = env("TORCHELASTIC_USE_AGENT_STORE"); agent && *agent == "True") {
+    result.agent_store = true;
+    result.store_hosted = true;
+  }
+  if (std::optional<std::string> restarts = non_empty(env("TORCHELASTIC_RESTART_COUNT"))) {
+    result.restart_count = parse_non_negative("TORCHELASTIC_RESTART_COUNT", *restarts);
+  }
   result.job_id = read_job_id(env);
   return result;
 }

@@ -26,6 +26,12 @@ struct LaunchEnv {
   // job's life (kStoreHostedVar=1): every rank then connects as a client.
   // False: rank 0 serves it (torchrun, SLURM, a plain environment).
   bool store_hosted = false;
+  // torchrun 2.x's agent serves the store (TORCHELASTIC_USE_AGENT_STORE=True):
+  // store_hosted is set too, the agent writes no job id (rank 0 does), and
+  // the store outlives a restart of the workers, so every key of this attempt
+  // goes under "shardkit/attempt_<restart_count>/" (TORCHELASTIC_RESTART_COUNT).
+  bool agent_store = false;
+  int restart_count = 0;
   // Names the job in its store; a rank refuses a store that names another job
   // (Rendezvous). Empty: this rank checks nothing.
   std::string job_id;
@@ -48,8 +54,10 @@ EnvLookup process_env();
 // host of SLURM_JOB_NODELIST / SLURM_NODELIST when it is a plain name. Port:
 // MASTER_PORT, else `config_master_port` when > 0, else 29500. With none of
 // them set: a single process (node 0 of 1, local_world_size 1). Job:
-// store_hosted from SHARDKIT_STORE_HOSTED (0 or 1); job_id from
-// SHARDKIT_JOB_ID, else torchrun's TORCHELASTIC_RUN_ID, else empty.
+// store_hosted from SHARDKIT_STORE_HOSTED (0 or 1), or from
+// TORCHELASTIC_USE_AGENT_STORE=True (agent_store); restart_count from
+// TORCHELASTIC_RESTART_COUNT; job_id from SHARDKIT_JOB_ID, else torchrun's
+// TORCHELASTIC_RUN_ID, else empty.
 //
 // Nodes, torchrun: local_world_size from LOCAL_WORLD_SIZE, node from
 // GROUP_RANK, nodes from GROUP_WORLD_SIZE. Without GROUP_WORLD_SIZE, nodes =

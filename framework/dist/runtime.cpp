@@ -70,16 +70,24 @@ Rendezvous::Rendezvous(const LaunchEnv& env, std::chrono::milliseconds timeout)
   try {
     store_->store = compat::make_tcp_store(addr_, port_, serves, world_size_, timeout);
     port_ = compat::tcp_store_port(store_->store);
+    // torchrun's agent keeps its store across restarts of the workers: each
+    // attempt's keys apart from the last one's.
+    if (env.agent_store) {
+      store_->store = compat::make_prefix_store("shardkit/attempt_" + std::to_string(env.restart_count) + "/",
+                                                store_->store);
+    }
   } catch (const std::exception& e) {
     std::ostringstream msg;
     msg << "dist: rendezvous at " << endpoint(addr_, port_) << " failed for rank " << rank_
         << " of " << world_size_ << " (timeout " << timeout.count() / 1000.0 << " s): " << error_message(e);
     throw DistError(msg.str());
   }
-  if (serves) {
+  // The agent's store has no job id of ours: its rank 0 writes one, as a
+  // rank-0-served store's does.
+  if (serves || (env.agent_store && rank_ == 0)) {
     compat::store_set(store_->store, kJobIdKey, env.job_id.empty() ? new_job_id() : env.job_id);
   } else if (!env.job_id.empty()) {
-    check_job_id(env.job_id, env.store_hosted);
+    check_job_id(env.job_id, env.store_hosted && !env.agent_store);
   }
 }
 

@@ -427,6 +427,8 @@ void Trainer::State::print_banner(const std::optional<std::string>& resume_from,
   std::cout << "shardkit: world " << rt.env.world_size << " ("
             << (std::getenv("SHARDKIT_LAUNCHED") ? std::string("train --nproc")
                                                 : dist::to_string(rt.env.source))
+            << (rt.env.agent_store ? ", the agent's store" : "")
+            << (rt.env.restart_count > 0 ? ", restart " + std::to_string(rt.env.restart_count) : std::string())
             << "), layout " << fsdp::layout_name(mesh_shape) << " replicate=" << mesh_shape[0]
             << " shard=" << mesh_shape[1] << ", groups train=" << rt.train->backend_name()
             << " ckpt=" << rt.checkpoint->backend_name() << ", device " << device.str()

@@ -333,6 +333,27 @@ TEST(LaunchEnv, TorchrunRunIdNamesTheJobAndRankZeroServesTheStore) {
   EXPECT_EQ(env.job_id, "run-7");
 }
 
+TEST(LaunchEnv, TorchrunsAgentStoreIsUsedByEveryRankAndTheRestartIsRead) {
+  LaunchEnv env = detect_launch_env(env_of({{"RANK", "0"},
+                                            {"WORLD_SIZE", "2"},
+                                            {"TORCHELASTIC_RUN_ID", "run-7"},
+                                            {"TORCHELASTIC_USE_AGENT_STORE", "True"},
+                                            {"TORCHELASTIC_RESTART_COUNT", "2"}}));
+  EXPECT_TRUE(env.store_hosted);
+  EXPECT_TRUE(env.agent_store);
+  EXPECT_EQ(env.restart_count, 2);
+  // torchrun 1.x and TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 say False: rank 0 serves.
+  LaunchEnv own = detect_launch_env(env_of({{"RANK", "0"},
+                                            {"WORLD_SIZE", "2"},
+                                            {"TORCHELASTIC_USE_AGENT_STORE", "False"},
+                                            {"TORCHELASTIC_RESTART_COUNT", "0"}}));
+  EXPECT_FALSE(own.store_hosted);
+  EXPECT_FALSE(own.agent_store);
+  EXPECT_EQ(own.restart_count, 0);
+  EXPECT_THROW(detect_launch_env(env_of({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"TORCHELASTIC_RESTART_COUNT", "x"}})),
+               std::invalid_argument);
+}
+
 TEST(LaunchEnv, WithoutAJobIdNoneIsChecked) {
   LaunchEnv env = detect_launch_env(env_of({{"RANK", "0"}, {"WORLD_SIZE", "2"}}));
   EXPECT_FALSE(env.store_hosted);
