@@ -301,7 +301,10 @@ ExecPlan make_exec_plan(const LocalLaunchOptions& options, int rank,
 #ifdef __linux__
   // The ranks are not in the terminal's process group (see run()), so make
   // sure they hear about a launcher that died without forwarding anything.
-  prctl(PR_SET_PDEATHSIG, SIGTERM);
+  // SIGHUP, not SIGTERM: Linux sends it again each time a dying launcher
+  // thread hands its children to the next one, and a second SIGTERM tells
+  // train to stop at once; train takes any number of SIGHUPs as one stop.
+  prctl(PR_SET_PDEATHSIG, SIGHUP);
   if (getppid() != launcher_pid) _exit(1);
 #else
   (void)launcher_pid;
@@ -692,7 +695,7 @@ int LocalLauncher::run() {
   // which forwards it exactly once to every rank's group (ranks in our group
   // would see it twice: once from the tty, once from us). The cost is that
   // the tty no longer reaches ranks directly, so each rank gets
-  // PR_SET_PDEATHSIG=SIGTERM in case the launcher dies without forwarding,
+  // PR_SET_PDEATHSIG=SIGHUP in case the launcher dies without forwarding,
   // and its stdin is /dev/null (a background group reading the tty would be
   // stopped by SIGTTIN).
   signals_.emplace();

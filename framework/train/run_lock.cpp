@@ -74,6 +74,11 @@ std::unique_ptr<RunDirLock> RunDirLock::acquire(const std::string& run_dir,
 
 RunDirLock::~RunDirLock() { ::close(fd_); }
 
+void RunDirLock::share_with_children() {
+  const int flags = ::fcntl(fd_, F_GETFD);
+  if (flags >= 0) ::fcntl(fd_, F_SETFD, flags & ~FD_CLOEXEC);
+}
+
 std::vector<std::unique_ptr<RunDirLock>> lock_job_dirs(const std::string& run_dir,
                                                         const std::string& checkpoint_dir) {
   namespace fs = std::filesystem;

@@ -43,6 +43,12 @@ class RunDirLock {
   // if nothing else was put there, so that the job leaves nothing behind.
   void remove_if_unused();
 
+  // Lets child processes inherit the lock (clears FD_CLOEXEC). A flock lasts
+  // until the last descriptor of its open file closes, so the ranks that a
+  // launcher starts hold it with the launcher: a launcher killed with SIGKILL
+  // leaves the directory locked until its last rank has exited.
+  void share_with_children();
+
  private:
   RunDirLock(int fd, std::string path, std::vector<std::string> made_dirs, bool made_file)
       : fd_(fd), path_(std::move(path)), made_dirs_(std::move(made_dirs)), made_file_(made_file) {}

@@ -49,6 +49,13 @@ void on_stop_signal(int sig) {
   if (framework::train::Trainer::stop_signal().exchange(sig) != 0) _exit(128 + sig);
 }
 
+// SIGHUP: the launcher died (PR_SET_PDEATHSIG; it may come once per launcher
+// thread). Stop as on a first SIGTERM, however many arrive.
+void on_launcher_gone(int) {
+  int none = 0;
+  framework::train::Trainer::stop_signal().compare_exchange_strong(none, SIGTERM);
+}
+
 // The local launch that --nproc, --nodes and --nproc-per-node ask for.
 struct LaunchShape {
   int nproc = 0;  // ranks in all; 0: no launch, this process is a rank
@@ -182,6 +189,13 @@ int run_rank(const Args& args, const framework::config::Config& cfg, const Train
   // Ranks the local launcher started run under its lock; otherwise rank 0
   // takes it (torchrun, SLURM, a single process).
   const bool launched = std::getenv("SHARDKIT_LAUNCHED") != nullptr;
+  // A rank's output goes through its launcher. If the launcher dies (SIGKILL),
+  // the rank gets SIGTERM to save and exit, and must not die of SIGPIPE at
+  // its next log line: output to a dead launcher is dropped instead.
+  if (launched) {
+    std::signal(SIGPIPE, SIG_IGN);
+    std::signal(SIGHUP, on_launcher_gone);
+  }
   // One message per machine: rank 0 and each machine's first rank speak.
   const bool speak = env.rank == 0 || env.local_rank == 0;
   std::vector<std::unique_ptr<RunDirLock>> locks;
@@ -304,6 +318,9 @@ int train_main(int argc, char** argv, const TrainerHooks& hooks) {
       // One job per run directory, held by the launcher for the whole job.
       const std::vector<std::unique_ptr<RunDirLock>> locks =
           lock_job_dirs(cfg.run.dir, cfg.checkpoint.dir);
+      // The ranks hold the locks too: they outlive a launcher killed with
+      // SIGKILL (whose ranks get SIGTERM, save and exit) until the last rank.
+      for (const auto& lock : locks) lock->share_with_children();
       // Checked once for the whole job, before any rank starts.
       // Every simulated node runs on this machine: all ranks share it.
       const int checked = run_preflight(cfg, shape.nproc, shape.nproc, true);

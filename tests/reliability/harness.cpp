@@ -361,7 +361,7 @@ KillOutcome run_kill_trial(const KillTrial& t, const std::map<int64_t, double>& 
         ::kill(victim, SIGKILL);
       } else if (t.victim == "all") {
         launcher.kill_tree();
-      } else {  // launcher: its ranks hear of it through PDEATHSIG (SIGTERM)
+      } else {  // launcher: its ranks hear of it through PDEATHSIG (SIGHUP)
         launcher.signal(SIGKILL);
       }
       bool timed_out = false;
