@@ -21,6 +21,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 
 import numpy as np
 
@@ -43,6 +44,22 @@ PIECES = [
 
 def run(cmd, **kw):
     return subprocess.run(cmd, capture_output=True, text=True, **kw)
+
+
+def parent_of(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return -1
+
+
+def zombie(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except (OSError, IndexError):
+        return True
 
 
 def fail(msg):
@@ -155,7 +172,20 @@ def walk(build, source, work):
     for line in p.stdout:
         seen.append(line)
         if "checkpoint step 10 (async) committed" in line:
+            # The whole job dies at once, as in a crash: the launcher and its
+            # ranks (each in its own process group; left alone, they would
+            # save and exit holding the run directory's lock meanwhile).
+            ranks = [int(d) for d in os.listdir("/proc") if d.isdigit() and parent_of(int(d)) == p.pid]
             os.killpg(p.pid, signal.SIGKILL)
+            for r in ranks:
+                try:
+                    os.kill(r, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            deadline = time.time() + 30
+            while time.time() < deadline and any(parent_of(r) != -1 and not zombie(r) for r in ranks):
+                time.sleep(0.05)
+            time.sleep(0.5)  # a zombie's files close with its last thread
             break
     p.wait()
     if not any("committed" in line for line in seen):
