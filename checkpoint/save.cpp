@@ -393,6 +393,17 @@ bool cached_plan_agreed(framework::dist::Group& group, bool fits, uint64_t plan_
   return v[0] == 1 && v[1] == -v[2] && v[1] != 0;
 }
 
+// Removes `step_dir`'s .metadata (and a leftover .metadata.tmp) and fsyncs
+// the directory; best effort: the caller is already failing.
+void withdraw_commit(Storage& storage, const std::string& step_dir) {
+  try {
+    storage.remove_all(join_path(step_dir, kMetadataFileName));
+    storage.remove_all(join_path(step_dir, std::string(kMetadataFileName) + ".tmp"));
+    storage.sync_dir(step_dir);
+  } catch (const std::exception&) {
+  }
+}
+
 }  // namespace
 
 SaveStats save_state_dict(const StateDict& state, const std::string& step_dir,
@@ -498,6 +509,11 @@ SaveStats save_state_dict(const StateDict& state, const std::string& step_dir,
         if (options.node_local) head.insert(head.end(), encoded.begin(), encoded.end());
         verdict = tagged_ok(std::move(head));
       } catch (const std::exception& e) {
+        // The rename may have happened before the directory fsync failed:
+        // take the commit back, durably, so that the live directory agrees
+        // with the error and a power loss cannot bring it back (a failed
+        // fsync is never retried and trusted; FORMAT.md "Durability").
+        if (!options.node_local) withdraw_commit(*storage, step_dir);
         verdict = tagged_error("checkpoint save to " + step_dir + " failed (rank 0 commit: " +
                                error_text(e) + "); nothing was committed");
       }

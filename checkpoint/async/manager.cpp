@@ -488,11 +488,13 @@ void CheckpointManager::record_failure(Job& job) {
     // Every rank agreed on the failure after its writes ended, so no rank
     // is still writing here: free the space (it may be a full disk). With
     // tiers, each step removes what it failed to commit itself.
+    // As retention deletes (un-committed by a durable rename first): a
+    // commit whose directory fsync failed (EIO) may reach the disk all the
+    // same, and a failed save must never come back, whole or partial, after
+    // a power loss (FORMAT.md "Durability", D4).
     if (group_.rank() == 0 && !tiered()) {
-      try {
-        storage_->remove_all(job.event.path);
-      } catch (const std::exception&) {
-      }
+      std::string ignored;  // best effort: the save is failing already
+      remove_step_dir(*storage_, job.event.path, &ignored);
     }
   } catch (const std::exception& e) {
     job.event.ok = false;
@@ -938,10 +940,8 @@ void CheckpointManager::flush(Job& job) {
       }
     }
     if (!failures.empty()) {
-      try {
-        storage_->remove_all(durable);
-      } catch (const std::exception&) {
-      }
+      std::string ignored;  // a commit whose directory fsync failed may reach the disk all the same
+      remove_step_dir(*storage_, durable, &ignored);
     }
     verdict = tagged_result(failures, "");
   }

@@ -145,13 +145,14 @@ void sweep_deleting_leftovers(Storage& storage, const std::string& dir,
   }
 }
 
-// Un-commits `victim` atomically (rename), then removes it.
-bool delete_checkpoint(Storage& storage, const CheckpointEntry& victim, std::string* error) {
-  const std::string trash = join_path(parent_dir(victim.path),
-                                      kDeletingPrefix + victim.path.substr(victim.path.rfind('/') + 1));
+}  // namespace
+
+// Un-commits `path` atomically (rename), then removes it.
+bool remove_step_dir(Storage& storage, const std::string& path, std::string* error) {
+  const std::string trash = join_path(parent_dir(path), kDeletingPrefix + path.substr(path.rfind('/') + 1));
   if (!remove_tree(storage, trash, error)) return false;
   try {
-    storage.rename(victim.path, trash);
+    storage.rename(path, trash);
   } catch (const IoError& e) {
     if (e.error_number() == ENOENT) return true;  // vanished meanwhile
     *error = e.what();
@@ -161,15 +162,13 @@ bool delete_checkpoint(Storage& storage, const CheckpointEntry& victim, std::str
   // power cut could keep some unlinks and lose the rename, leaving step_<N>
   // with its .metadata but without all of its data.
   try {
-    storage.sync_dir(parent_dir(victim.path));
+    storage.sync_dir(parent_dir(path));
   } catch (const IoError& e) {
     *error = e.what();
     return false;  // the next pass sweeps the .deleting. leftover
   }
   return remove_tree(storage, trash, error);
 }
-
-}  // namespace
 
 std::string step_dir_name(int64_t step) {
   if (step < 0) throw std::invalid_argument("step_dir_name: negative step " + std::to_string(step));
@@ -305,7 +304,7 @@ void apply_retention(Storage& storage, const std::string& checkpoint_dir, int64_
     for (const CheckpointEntry& victim :
          retention_victims(list_checkpoints(storage, checkpoint_dir), keep_last, protect)) {
       std::string error;
-      if (!delete_checkpoint(storage, victim, &error)) errors.push_back(error);
+      if (!remove_step_dir(storage, victim.path, &error)) errors.push_back(error);
     }
   }
   if (errors.empty()) return;

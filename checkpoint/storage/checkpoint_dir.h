@@ -115,6 +115,14 @@ std::vector<CheckpointEntry> retention_victims(const std::vector<CheckpointEntry
 void apply_retention(Storage& storage, const std::string& checkpoint_dir, int64_t keep_last,
                      std::optional<int64_t> protect = std::nullopt);
 
+// (coordinator only) Removes the step directory `path` the way retention
+// removes a victim: renamed to .deleting.step_<N> in its parent, which is
+// fsynced, then deleted, so that no crash or power loss leaves it committed
+// but partial. For a save that failed after its commit may have reached the
+// disk. False, with `error` set, when a step failed (a .deleting. leftover
+// is swept by the next apply_retention); a missing `path` is fine.
+bool remove_step_dir(Storage& storage, const std::string& path, std::string* error);
+
 // Resolves checkpoint.resume:
 //   "auto"  -> the latest committed checkpoint's path, or nullopt if none
 //   "never" -> nullopt

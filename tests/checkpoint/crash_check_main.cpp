@@ -5,9 +5,13 @@
 // one has none.
 //
 //   crash_check [--exhaustive N] [--samples S] [--seed X] [--size K] [--extra-saves E]
+//               [--scenario NAME]   (repeatable: only these; default all)
 #include "crash_check.h"
 
+#include <algorithm>
 #include <chrono>
+#include <map>
+#include <vector>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -22,6 +26,7 @@ const char* protocol_name(Protocol p) {
     case Protocol::kReal: return "real";
     case Protocol::kNoFileFsync: return "no-file-fsync";
     case Protocol::kNoDirFsync: return "no-dir-fsync";
+    case Protocol::kRetryFailedFsync: return "retry-failed-fsync";
   }
   return "?";
 }
@@ -32,10 +37,12 @@ int main(int argc, char** argv) {
   Bound bound;
   bound.exhaustive_limit = 12;
   bound.samples = 256;
+  std::vector<std::string> only;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
     const long long value = std::atoll(argv[i + 1]);
-    if (flag == "--exhaustive") bound.exhaustive_limit = static_cast<int>(value);
+    if (flag == "--scenario") only.push_back(argv[i + 1]);
+    else if (flag == "--exhaustive") bound.exhaustive_limit = static_cast<int>(value);
     else if (flag == "--samples") bound.samples = static_cast<int>(value);
     else if (flag == "--seed") bound.seed = static_cast<uint64_t>(value);
     else if (flag == "--size") bound.size = static_cast<int>(value);
@@ -48,24 +55,30 @@ int main(int argc, char** argv) {
   std::printf("crash-check: exhaustive up to %d uncertain items, else %d random patterns + extremes "
               "(seed %llu); w has %d rows, %d extra saves per scenario\n\n", bound.exhaustive_limit,
               bound.samples, static_cast<unsigned long long>(bound.seed), 64 * bound.size, bound.extra_saves);
-  std::printf("| scenario | protocol | ops | crash points | exhaustive points | max uncertain | states | "
-              "distinct | correct | violations | s |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
+  std::printf("| scenario | protocol | runs | ops | crash points | exhaustive points | max uncertain | states | "
+              "distinct | correct | violations | s |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   std::string json = "{\"exhaustive_limit\":" + std::to_string(bound.exhaustive_limit) +
                      ",\"size\":" + std::to_string(bound.size) +
                      ",\"extra_saves\":" + std::to_string(bound.extra_saves) +
                      ",\"samples\":" + std::to_string(bound.samples) + ",\"runs\":[";
   bool ok = true;
   size_t states = 0, correct = 0, violations = 0;
-  std::string examples;
+  std::string examples, details;
   bool first = true;
-  for (Protocol protocol : {Protocol::kReal, Protocol::kNoFileFsync, Protocol::kNoDirFsync}) {
+  // Each broken protocol on the scenario that shows it.
+  const std::map<Protocol, std::string> broken = {{Protocol::kNoFileFsync, "sync"},
+                                                  {Protocol::kNoDirFsync, "async_zstd_retention"},
+                                                  {Protocol::kRetryFailedFsync, "eio_sync"}};
+  for (Protocol protocol : {Protocol::kReal, Protocol::kNoFileFsync, Protocol::kNoDirFsync,
+                            Protocol::kRetryFailedFsync}) {
     for (const std::string& scenario : scenario_names()) {
-      if (protocol != Protocol::kReal && scenario != "sync" && scenario != "async_zstd_retention") continue;
+      if (!only.empty() && std::find(only.begin(), only.end(), scenario) == only.end()) continue;
+      if (protocol != Protocol::kReal && broken.at(protocol) != scenario) continue;
       const auto t0 = std::chrono::steady_clock::now();
       const Report r = check_scenario(scenario, protocol, bound);
       const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      std::printf("| %s | %s | %zu | %zu | %zu | %zu | %zu | %zu | %zu | %zu | %.1f |\n", scenario.c_str(),
-                  protocol_name(protocol), r.operations, r.crash_points, r.exhaustive_points,
+      std::printf("| %s | %s | %zu | %zu | %zu | %zu | %zu | %zu | %zu | %zu | %zu | %.1f |\n", scenario.c_str(),
+                  protocol_name(protocol), r.runs, r.operations, r.crash_points, r.exhaustive_points,
                   r.max_uncertain, r.states, r.distinct_states, r.correct, r.violations, s);
       std::fflush(stdout);
       if (protocol == Protocol::kReal) {
@@ -77,6 +90,7 @@ int main(int argc, char** argv) {
         ok = false;
         examples += "  " + scenario + " " + protocol_name(protocol) + ": the broken protocol was NOT caught\n";
       }
+      for (const std::string& d : r.runs_detail) details += "  " + scenario + " " + protocol_name(protocol) + ": " + d + "\n";
       for (const auto& [kind, count] : r.violation_kinds) {
         examples += "  " + scenario + " " + protocol_name(protocol) + ": " + std::to_string(count) +
                     " x " + kind + "\n";
@@ -85,7 +99,8 @@ int main(int argc, char** argv) {
         examples += "    e.g. " + e + "\n";
       }
       json += std::string(first ? "" : ",") + "{\"scenario\":\"" + scenario + "\",\"protocol\":\"" +
-              protocol_name(protocol) + "\",\"ops\":" + std::to_string(r.operations) +
+              protocol_name(protocol) + "\",\"scenario_runs\":" + std::to_string(r.runs) +
+              ",\"ops\":" + std::to_string(r.operations) +
               ",\"crash_points\":" + std::to_string(r.crash_points) +
               ",\"exhaustive_points\":" + std::to_string(r.exhaustive_points) +
               ",\"states\":" + std::to_string(r.states) + ",\"distinct\":" +
@@ -98,6 +113,7 @@ int main(int argc, char** argv) {
           ",\"violations\":" + std::to_string(violations) + "}}";
   std::printf("\nreal protocol: %zu states explored, %zu correct, %zu violations\n", states, correct,
               violations);
+  if (!details.empty()) std::printf("failed fsyncs, one run each:\n%s", details.c_str());
   if (!examples.empty()) std::printf("examples:\n%s", examples.c_str());
   std::printf("%s\n", json.c_str());
   return ok ? 0 : 1;

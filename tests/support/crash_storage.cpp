@@ -121,13 +121,36 @@ void CrashStorage::record_write(int64_t inode, const std::string& path, uint64_t
   log_.push_back(std::move(op));
 }
 
-void CrashStorage::record_fsync(int64_t inode, const std::string& path) {
-  std::lock_guard<std::mutex> lock(mu_);
+bool CrashStorage::log_sync_locked(OpKind kind, int64_t inode, const std::string& path) {
   Op op;
-  op.kind = OpKind::kFsync;
+  op.kind = kind;
   op.inode = inode;
   op.path = path;
+  op.failed = fail_sync_call_ && *fail_sync_call_ == sync_calls_;
+  ++sync_calls_;
+  if (op.failed) failed_sync_ = describe(op);
   log_.push_back(std::move(op));
+  return log_.back().failed;
+}
+
+void CrashStorage::record_fsync(int64_t inode, const std::string& path) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (log_sync_locked(OpKind::kFsync, inode, path)) throw IoError::from_errno("cannot fsync", path, EIO);
+}
+
+void CrashStorage::fail_sync_call(size_t call) {
+  std::lock_guard<std::mutex> lock(mu_);
+  fail_sync_call_ = call;
+}
+
+size_t CrashStorage::sync_calls() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return sync_calls_;
+}
+
+std::string CrashStorage::failed_sync() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return failed_sync_;
 }
 
 void CrashStorage::read_at(const std::string& path, uint64_t offset, void* dst, size_t n) {
@@ -226,11 +249,9 @@ void CrashStorage::sync_dir(const std::string& path) {
   const int64_t inode = lookup(path);
   if (inode < 0) throw IoError::from_errno("cannot open directory", path, ENOENT);
   if (!inodes_.at(inode).directory) throw IoError::from_errno("cannot open directory", path, ENOTDIR);
-  Op op;
-  op.kind = OpKind::kSyncDir;
-  op.inode = inode;
-  op.path = path;
-  log_.push_back(std::move(op));
+  if (log_sync_locked(OpKind::kSyncDir, inode, path)) {
+    throw IoError::from_errno("cannot fsync directory", path, EIO);
+  }
 }
 
 std::vector<std::string> CrashStorage::list_dir(const std::string& path) {
@@ -294,26 +315,36 @@ size_t certain_prefix(const std::vector<Op>& log, size_t crash_point) {
   return prefix;
 }
 
-// For each inode: the index of its last fsync (file) or directory fsync
-// before `crash_point`; absent when none.
-std::map<int64_t, size_t> last_syncs(const std::vector<Op>& log, size_t crash_point) {
-  std::map<int64_t, size_t> last;
+// For each inode: the indices of its fsyncs (file) or directory fsyncs
+// before `crash_point`, in order, each with whether it failed.
+using SyncHistory = std::map<int64_t, std::vector<std::pair<size_t, bool>>>;
+SyncHistory sync_history(const std::vector<Op>& log, size_t crash_point) {
+  SyncHistory history;
   for (size_t i = 0; i < crash_point; ++i) {
-    if (log[i].kind == OpKind::kFsync || log[i].kind == OpKind::kSyncDir) last[log[i].inode] = i;
+    if (log[i].kind == OpKind::kFsync || log[i].kind == OpKind::kSyncDir) {
+      history[log[i].inode].push_back({i, log[i].failed});
+    }
   }
-  return last;
+  return history;
 }
 
-bool synced_after(const std::map<int64_t, size_t>& last, int64_t inode, size_t op) {
-  auto it = last.find(inode);
-  return it != last.end() && it->second > op;
+// Whether operation `op` on `inode` is durable: the first fsync of the inode
+// after it completed. If that one failed, the operation stays uncertain,
+// whatever later fsyncs say (the model's fsyncgate rule).
+bool synced_after(const SyncHistory& history, int64_t inode, size_t op) {
+  auto it = history.find(inode);
+  if (it == history.end()) return false;
+  for (const auto& [at, failed] : it->second) {
+    if (at > op) return !failed;
+  }
+  return false;
 }
 
 }  // namespace
 
 std::vector<UncertainItem> uncertain_items(const std::vector<Op>& log, size_t crash_point) {
   const size_t certain = certain_prefix(log, crash_point);
-  const std::map<int64_t, size_t> last = last_syncs(log, crash_point);
+  const SyncHistory last = sync_history(log, crash_point);
   std::vector<UncertainItem> items;
   for (size_t i = certain; i < crash_point; ++i) {
     const Op& op = log[i];
@@ -423,12 +454,12 @@ std::string describe(const Op& op) {
     case OpKind::kWrite:
       return "write " + op.path + " [" + std::to_string(op.offset) + ", " +
              std::to_string(op.offset + op.bytes.size()) + ")";
-    case OpKind::kFsync: return "fsync " + op.path;
+    case OpKind::kFsync: return std::string(op.failed ? "failed (EIO) " : "") + "fsync " + op.path;
     case OpKind::kCreate: return "create " + op.path;
     case OpKind::kMkdir: return "mkdir " + op.path;
     case OpKind::kRename: return "rename " + op.path;
     case OpKind::kUnlink: return "unlink " + op.path;
-    case OpKind::kSyncDir: return "fsync dir " + op.path;
+    case OpKind::kSyncDir: return std::string(op.failed ? "failed (EIO) " : "") + "fsync dir " + op.path;
     case OpKind::kMark: return "(" + op.mark + ")";
   }
   return "?";

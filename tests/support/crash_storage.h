@@ -26,6 +26,14 @@
 //   * fsync of a file says nothing about its name; fsync of a directory says
 //     nothing about its files' data, nor about its own name in its parent.
 //   * What is unreachable from the root after a crash is gone.
+//   * A failed fsync (EIO, the write-back error of a dying disk; armed with
+//     fail_sync_call) makes nothing durable, and what it should have made
+//     durable stays uncertain for good: a later fsync of the same file or
+//     directory that succeeds does not cover writes or entries made before
+//     the failed one. That is Linux's behaviour since "fsyncgate" (the
+//     pages that failed to write are marked clean; the error is reported
+//     once), so retrying a failed fsync and trusting the data is caught.
+//     The live view (the page cache) keeps the data.
 // Operations of concurrent threads are recorded in the order they took the
 // storage's lock: the checker explores crashes along that one interleaving.
 //
@@ -36,6 +44,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -57,6 +66,7 @@ struct Op {
   std::vector<uint8_t> bytes;  // write
   std::string path;      // for reports: the path as the caller gave it
   std::string mark;      // kMark: a label the scenario added (not a file-system operation)
+  bool failed = false;   // kFsync, kSyncDir: the call failed with EIO (fail_sync_call)
 };
 
 // What a crash after the first `ops` operations may or may not have kept.
@@ -90,15 +100,28 @@ class CrashStorage final : public Storage {
   // fsynced (the state before the scenario starts).
   void make_all_durable();
 
+  // Arms a failure: the sync call with index `call` (0-based, counting every
+  // WritableFile::sync and sync_dir made through this storage since it was
+  // built) throws IoError EIO and is logged as a failed fsync. Once.
+  void fail_sync_call(size_t call);
+  // Sync calls made so far (the next one's index).
+  size_t sync_calls() const;
+  // The failed fsync, as describe() writes it ("" while none failed).
+  std::string failed_sync() const;
+
   // A copy of the log so far. Index i is "operation i+1"; a crash "at k"
   // happens after the first k operations.
   std::vector<Op> log() const;
 
   // Called by the files this storage hands out.
   void record_write(int64_t inode, const std::string& path, uint64_t offset, const void* data, size_t n);
+  // Throws IoError EIO when this call was armed to fail (after logging it).
   void record_fsync(int64_t inode, const std::string& path);
 
  private:
+  // Logs a file or directory fsync; true when it is the armed failure.
+  bool log_sync_locked(OpKind kind, int64_t inode, const std::string& path);
+
   struct Inode {
     bool directory = false;
     std::vector<uint8_t> bytes;
@@ -113,6 +136,9 @@ class CrashStorage final : public Storage {
   int64_t next_inode_ = 1;
   std::vector<Op> log_;
   size_t durable_prefix_ = 0;  // make_all_durable: ops before it are certain
+  size_t sync_calls_ = 0;
+  std::optional<size_t> fail_sync_call_;
+  std::string failed_sync_;
 };
 
 // The operations a crash after `crash_point` operations may have lost.
