@@ -1136,7 +1136,7 @@ bool try_proc_drop_caches() {
 
 int run_rank(const Args& args) {
   dist::LaunchEnv env = dist::detect_launch_env(dist::process_env());
-  dist::share_cpu_threads_among_local_ranks(dist::process_env());  // LibTorch's and OpenBLAS's pools
+  dist::share_cpu_threads_among_local_ranks(env);  // LibTorch's and OpenBLAS's pools
   dist::DistOptions dopt;
   dopt.backend = "gloo";
   dopt.timeout_s = 600;

@@ -334,4 +334,10 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
   return parse_config(read_file(path), path, overrides);
 }
 
+std::string local_tier_pattern(const Config& cfg) {
+  std::string pattern = cfg.checkpoint.local.dir;
+  for (size_t at; (at = pattern.find("{run.dir}")) != std::string::npos;) pattern.replace(at, 9, cfg.run.dir);
+  return pattern;
+}
+
 }  // namespace framework::config

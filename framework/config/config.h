@@ -38,6 +38,10 @@ struct Config {
   checkpoint::CheckpointOptions checkpoint;
 };
 
+// checkpoint.local.dir with every "{run.dir}" replaced by run.dir (its
+// "{node}" left for checkpoint::local_tier_dir); "" without a local tier.
+std::string local_tier_pattern(const Config& cfg);
+
 // Compares every key of the schema (all option fields); doubles exactly.
 bool operator==(const Config& a, const Config& b);
 bool operator!=(const Config& a, const Config& b);

@@ -44,11 +44,10 @@ int openblas_threads() {
   return get_openblas == nullptr ? 0 : get_openblas();
 }
 
-int share_cpu_threads_among_local_ranks(const EnvLookup& env) {
-  std::optional<std::string> local_world = env("LOCAL_WORLD_SIZE");
-  if (!local_world) return 0;
+int share_cpu_threads_among_local_ranks(const LaunchEnv& env) {
+  if (env.local_world_size <= 1) return 0;
   int cores = static_cast<int>(std::thread::hardware_concurrency());
-  int threads = cpu_threads_per_rank(cores, std::atoi(local_world->c_str()));
+  int threads = cpu_threads_per_rank(cores, env.local_world_size);
   set_cpu_threads(threads);
   return threads;
 }

@@ -27,10 +27,10 @@ bool set_cpu_threads(int threads);
 // OpenBLAS.
 int openblas_threads();
 
-// When LOCAL_WORLD_SIZE is set (torchrun, `train --nproc`): set_cpu_threads
-// with this rank's share of std::thread::hardware_concurrency() cores and
-// returns it. Returns 0 and changes nothing when it is unset. A malformed
-// value counts as 1 rank.
-int share_cpu_threads_among_local_ranks(const EnvLookup& env);
+// When this rank shares its node with others (env.local_world_size > 1:
+// torchrun, `train --nproc`, SLURM's tasks per node): set_cpu_threads with
+// this rank's share of std::thread::hardware_concurrency() cores and returns
+// it. Returns 0 and changes nothing for a rank alone on its node.
+int share_cpu_threads_among_local_ranks(const LaunchEnv& env);
 
 }  // namespace framework::dist

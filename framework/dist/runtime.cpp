@@ -174,14 +174,7 @@ std::unique_ptr<Runtime> init_runtime(const LaunchEnv& env, const DistOptions& o
   rt->device = select_device(device, env.local_rank);
   std::string train_backend = resolve_backend(options, device);
   if (train_backend == "nccl" && env.world_size > 1) {
-    // Ranks on this node: torchrun and our launcher say so; SLURM's tasks
-    // per node; else assume a single node.
-    int local_world = env.world_size;
-    if (const char* lws = std::getenv("LOCAL_WORLD_SIZE")) {
-      local_world = std::max(1, std::atoi(lws));
-    } else if (const char* tpn = std::getenv("SLURM_NTASKS_PER_NODE")) {
-      local_world = std::max(1, std::atoi(tpn));
-    }
+    const int local_world = env.local_world_size;  // ranks on this node (launch_env.h)
     if (local_world > cuda_device_count()) {
       if (options.backend == "nccl") {
         throw std::invalid_argument(

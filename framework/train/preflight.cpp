@@ -280,8 +280,7 @@ void check_resume(const config::Config& cfg, PreflightReport& report) {
       if (e.committed) steps.emplace_back(2 * e.step, e.path);
     }
     if (!ck.local.dir.empty()) {
-      std::string pattern = ck.local.dir;
-      for (size_t at; (at = pattern.find("{run.dir}")) != std::string::npos;) pattern.replace(at, 9, cfg.run.dir);
+      const std::string pattern = config::local_tier_pattern(cfg);
       int node = 0;
       try {
         node = dist::detect_launch_env(dist::process_env()).node;

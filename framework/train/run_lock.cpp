@@ -1,5 +1,7 @@
 #include "framework/train/run_lock.h"
 
+#include "checkpoint/storage/tiers.h"
+
 #include <fcntl.h>
 #include <sys/file.h>
 #include <unistd.h>
@@ -106,6 +108,21 @@ void RunDirLock::remove_if_unused() {
   for (const std::string& dir : made_dirs_) {
     if (::rmdir(dir.c_str()) != 0) break;  // not empty: something else is there now
   }
+}
+
+std::vector<std::unique_ptr<RunDirLock>> lock_local_tier_dirs(const std::string& pattern,
+                                                               const std::vector<int>& nodes) {
+  std::vector<std::unique_ptr<RunDirLock>> locks;
+  if (pattern.empty()) return locks;
+  try {
+    for (int node : nodes) {
+      locks.push_back(RunDirLock::acquire(checkpoint::local_tier_dir(pattern, node), "checkpoint.local.dir"));
+    }
+  } catch (...) {
+    for (auto& lock : locks) lock->remove_if_unused();  // leave nothing behind
+    throw;
+  }
+  return locks;
 }
 
 }  // namespace framework::train

@@ -6,11 +6,15 @@
 // holder, for the message a second job prints.
 //
 // A checkpoint.dir set outside run.dir is locked the same way, by the same
-// holder, with its own .lock file.
+// holder, with its own .lock file. So is each node's local tier directory
+// (checkpoint.local.dir, "{node}" replaced), by whoever starts that node's
+// ranks: two jobs sharing one would list, resume from and delete each
+// other's local checkpoints.
 //
 // Who holds it: the local launcher (`train --nproc N`) for the whole job, or
-// rank 0 when ranks come from torchrun or SLURM. Ranks the local launcher
-// started do not take it again.
+// rank 0 when ranks come from torchrun or SLURM (the local tier directory:
+// each node's local rank 0). Ranks the local launcher started do not take it
+// again.
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -64,5 +68,12 @@ class RunDirLock {
 // taken so far are released.
 std::vector<std::unique_ptr<RunDirLock>> lock_job_dirs(const std::string& run_dir,
                                                         const std::string& checkpoint_dir);
+
+// The local tier directories of `nodes` (checkpoint.local.dir `pattern`,
+// "{node}" replaced by each). Throws as acquire() does, naming the key
+// "checkpoint.local.dir" and the node's directory; on a throw, the locks
+// taken so far are released. An empty pattern locks nothing.
+std::vector<std::unique_ptr<RunDirLock>> lock_local_tier_dirs(const std::string& pattern,
+                                                               const std::vector<int>& nodes);
 
 }  // namespace framework::train

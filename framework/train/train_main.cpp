@@ -97,17 +97,6 @@ LaunchShape resolve_launch_shape(const Args& args) {
   return shape;
 }
 
-// LOCAL_WORLD_SIZE (torchrun), SLURM_NTASKS_PER_NODE, else 1.
-int local_ranks_from_env() {
-  for (const char* var : {"LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE"}) {
-    if (const char* v = std::getenv(var)) {
-      const int n = std::atoi(v);
-      if (n > 0) return n;
-    }
-  }
-  return 1;
-}
-
 // Runs the preflight checks; prints their error (when `speak`) or warnings.
 // Returns 0, or 2 for a user mistake, 1 for anything else.
 int run_preflight(const framework::config::Config& cfg, int world, int local_ranks, bool speak) {
@@ -183,7 +172,7 @@ int run_rank(const Args& args, const framework::config::Config& cfg, const Train
   }
   // Like torchrun's OMP_NUM_THREADS: ranks on one machine share its cores.
   // Sizes OpenBLAS's pool too: it would otherwise take every core per rank.
-  dist::share_cpu_threads_among_local_ranks(dist::process_env());
+  dist::share_cpu_threads_among_local_ranks(env);
   std::signal(SIGTERM, on_stop_signal);
   std::signal(SIGINT, on_stop_signal);
   // Ranks the local launcher started run under its lock; otherwise rank 0
@@ -208,19 +197,27 @@ int run_rank(const Args& args, const framework::config::Config& cfg, const Train
       return 2;
     }
   }
-  if (env.rank == 0 && !launched) {
+  if (!launched && (env.rank == 0 || env.local_rank == 0)) {
     try {
-      locks = lock_job_dirs(cfg.run.dir, cfg.checkpoint.dir);
+      if (env.rank == 0) locks = lock_job_dirs(cfg.run.dir, cfg.checkpoint.dir);
+      // Each node's first rank holds its node's local tier directory.
+      if (env.local_rank == 0) {
+        for (auto& lock : lock_local_tier_dirs(config::local_tier_pattern(cfg), {env.node})) {
+          locks.push_back(std::move(lock));
+        }
+      }
     } catch (const RunDirBusy& e) {
+      for (auto& lock : locks) lock->remove_if_unused();
       std::cerr << "train: " << e.what() << std::endl;
       return 2;
     } catch (const std::exception& e) {
+      for (auto& lock : locks) lock->remove_if_unused();
       std::cerr << "train: " << e.what() << std::endl;
       return 1;
     }
   }
   if (!launched) {
-    const int status = run_preflight(cfg, env.world_size, local_ranks_from_env(), speak);
+    const int status = run_preflight(cfg, env.world_size, env.local_world_size, speak);
     if (status != 0) {
       for (auto& lock : locks) lock->remove_if_unused();
       return status;
@@ -316,8 +313,16 @@ int train_main(int argc, char** argv, const TrainerHooks& hooks) {
     }
     try {
       // One job per run directory, held by the launcher for the whole job.
-      const std::vector<std::unique_ptr<RunDirLock>> locks =
-          lock_job_dirs(cfg.run.dir, cfg.checkpoint.dir);
+      std::vector<std::unique_ptr<RunDirLock>> locks = lock_job_dirs(cfg.run.dir, cfg.checkpoint.dir);
+      // Every simulated node's local tier directory, for the whole job.
+      std::vector<int> nodes(static_cast<size_t>(shape.nodes));
+      for (int n = 0; n < shape.nodes; ++n) nodes[static_cast<size_t>(n)] = n;
+      try {
+        for (auto& lock : lock_local_tier_dirs(framework::config::local_tier_pattern(cfg), nodes)) locks.push_back(std::move(lock));
+      } catch (...) {
+        for (const auto& lock : locks) lock->remove_if_unused();
+        throw;
+      }
       // The ranks hold the locks too: they outlive a launcher killed with
       // SIGKILL (whose ranks get SIGTERM, save and exit) until the last rank.
       for (const auto& lock : locks) lock->share_with_children();

@@ -524,9 +524,7 @@ Trainer::Trainer(const config::Config& config, dist::Runtime& runtime, UserModel
     return name == "data.loader" || name == "rng.cpu" || name == "config";
   };
   checkpoint::CheckpointOptions ckpt_options = s.cfg.checkpoint;
-  for (size_t at; (at = ckpt_options.local.dir.find("{run.dir}")) != std::string::npos;) {
-    ckpt_options.local.dir.replace(at, 9, s.cfg.run.dir);
-  }
+  ckpt_options.local.dir = config::local_tier_pattern(s.cfg);
   checkpoint::PosixOptions posix;
   posix.direct_io = s.cfg.checkpoint.direct_io;
   s.ckpt = std::make_unique<checkpoint::CheckpointManager>(

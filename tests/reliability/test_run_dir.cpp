@@ -66,6 +66,53 @@ TEST(RunDir, ASecondJobInTheSameRunDirExits2NamingTheHolderAndTouchesNothing) {
   EXPECT_EQ(r.exit_code, 0) << tail(r.output);
 }
 
+// Each node's local tier directory (checkpoint.local.dir) is locked like
+// run.dir: a second job with its own run.dir and checkpoint.dir but the same
+// local directories is refused with exit 2 naming the directory, whether
+// started by the local launcher (which locks every simulated node's) or as a
+// single process (node 0's first rank locks it), and nothing of the first
+// job's local tier changes.
+TEST(RunDir, ASecondJobSharingANodeLocalTierDirectoryExits2NamingIt) {
+  const fs::path root = fresh_dir("run_dir_local_tier");
+  const std::string local = (root / "local" / "node{node}").string();
+  auto first = small_run(root / "a", {"train.steps=100000", "checkpoint.interval=5",
+                                      "checkpoint.local.dir=\"" + local + "\""});
+  first.nodes = 2;
+  const fs::path first_log = root / "first.log";
+  Process job(train_argv(first), first.env, first_log.string());
+  const double deadline = monotonic_s() + 120;
+  while (!job.poll() && monotonic_s() < deadline &&
+         read_losses(first.run_dir / "metrics.jsonl").size() < 6) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_FALSE(job.poll().has_value()) << tail(read_text_file(first_log.string()));
+  ASSERT_TRUE(fs::exists(root / "local" / "node1" / "step_5")) << tail(read_text_file(first_log.string()));
+
+  auto second = small_run(root / "b", {"train.steps=10", "checkpoint.local.dir=\"" + local + "\""});
+  for (int nproc : {2, 0}) {
+    second.nproc = nproc;
+    second.nodes = nproc == 2 ? 2 : 1;
+    RunResult r = run_train(second, root / ("second_" + std::to_string(nproc) + ".log"), 60);
+    EXPECT_EQ(r.exit_code, 2) << tail(r.output);
+    // Node 0's directory is the first each refused job tries.
+    const std::string want = "checkpoint.local.dir " + (root / "local" / "node0").string() +
+                             " is in use by another job (pid " + std::to_string(job.pid()) + " on " + host_name() + ")";
+    EXPECT_TRUE(contains(r.output, want)) << r.output;
+    EXPECT_FALSE(contains(r.output, "frame #")) << r.output;
+    EXPECT_FALSE(fs::exists(second.run_dir / "metrics.jsonl"));
+  }
+  job.signal(SIGTERM);
+  bool timed_out = false;
+  EXPECT_EQ(job.wait_for(120, &timed_out), 75);
+  EXPECT_FALSE(timed_out);
+  // Free again once the first job ended: the same job resumes there.
+  auto again = small_run(root / "a", {"train.steps=1", "checkpoint.interval=0",
+                                      "checkpoint.local.dir=\"" + local + "\""});
+  again.nodes = 2;
+  RunResult r = run_train(again, root / "again.log", 120);
+  EXPECT_EQ(r.exit_code, 0) << tail(r.output);
+}
+
 // The ranks hold the run-dir lock with the launcher. A launcher killed with
 // SIGKILL releases nothing itself; its ranks get SIGHUP (PDEATHSIG) and end
 // in their own time, and until the last has, the directory stays locked, so

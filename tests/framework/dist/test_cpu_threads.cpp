@@ -40,20 +40,34 @@ TEST(CpuThreads, SettingThreadsSizesTorchAndOpenBlasWhenPresent) {
   std::cout << (on_openblas ? "BLAS: OpenBLAS" : "BLAS: not OpenBLAS (pool not sized)") << std::endl;
 }
 
-TEST(CpuThreads, LocalWorldSizeGivesEachRankItsShare) {
+void expect_share_of(int local_ranks, const LaunchEnv& env) {
   int cores = static_cast<int>(std::thread::hardware_concurrency());
-  int expected = cpu_threads_per_rank(cores, 2);
-  EXPECT_EQ(share_cpu_threads_among_local_ranks(env_of({{"LOCAL_WORLD_SIZE", "2"}})), expected);
+  int expected = cpu_threads_per_rank(cores, local_ranks);
+  EXPECT_EQ(share_cpu_threads_among_local_ranks(env), expected);
   EXPECT_EQ(torch::get_num_threads(), expected);
   if (openblas_threads() > 0) {
     EXPECT_EQ(openblas_threads(), expected);
   }
 }
 
-TEST(CpuThreads, WithoutLocalWorldSizeThePoolsAreLeftAlone) {
+TEST(CpuThreads, LocalWorldSizeGivesEachRankItsShare) {
+  expect_share_of(2, detect_launch_env(env_of({{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"LOCAL_RANK", "1"},
+                                              {"LOCAL_WORLD_SIZE", "2"}, {"MASTER_ADDR", "127.0.0.1"},
+                                              {"MASTER_PORT", "29500"}})));
+}
+
+// Plain `srun -n2` sets no SLURM_NTASKS_PER_NODE: the node's share comes
+// from its tasks over its nodes, as the launch environment reads them.
+TEST(CpuThreads, SlurmTasksOnOneNodeShareItsCores) {
+  expect_share_of(2, detect_launch_env(env_of({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"},
+                                              {"SLURM_LOCALID", "0"}, {"SLURM_NNODES", "1"},
+                                              {"SLURM_NODEID", "0"}, {"SLURM_JOB_NODELIST", "vm"}})));
+}
+
+TEST(CpuThreads, ARankAloneOnItsNodeLeavesThePoolsAlone) {
   int before = torch::get_num_threads();
   int blas_before = openblas_threads();
-  EXPECT_EQ(share_cpu_threads_among_local_ranks(env_of({})), 0);
+  EXPECT_EQ(share_cpu_threads_among_local_ranks(detect_launch_env(env_of({}))), 0);
   EXPECT_EQ(torch::get_num_threads(), before);
   EXPECT_EQ(openblas_threads(), blas_before);
 }
