@@ -22,6 +22,8 @@ packages=(
   iproute2                          # ip netns: nodes as network namespaces (tests/reliability/netns)
   python3-torch                     # independent reader for the interop tests
   python3-matplotlib                # scripts/plot-run (metrics.jsonl -> PNG) and its test
+  slurmd slurmctld slurm-client munge  # SLURM 22.05 (slurm-wlm's parts) and its auth: scripts/slurm-cluster,
+                                    # a one-machine cluster for tests/reliability/test_slurm.py
 )
 missing=()
 for p in "${packages[@]}"; do
