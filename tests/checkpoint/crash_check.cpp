@@ -97,19 +97,26 @@ std::optional<int64_t> step_of(const std::string& path) {
 
 // --- Running a scenario -----------------------------------------------------
 
+// A file whose sync() runs `sync` on the wrapped file instead.
+class SyncReplacedFile final : public WritableFile {
+ public:
+  SyncReplacedFile(std::unique_ptr<WritableFile> inner, std::function<void(WritableFile&)> sync)
+      : inner_(std::move(inner)), sync_(std::move(sync)) {}
+  void append(const void* d, size_t n) override { inner_->append(d, n); }
+  void write_at(uint64_t o, const void* d, size_t n) override { inner_->write_at(o, d, n); }
+  void sync() override { sync_(*inner_); }
+  void close() override { inner_->close(); }
+
+ private:
+  std::unique_ptr<WritableFile> inner_;
+  std::function<void(WritableFile&)> sync_;
+};
+
 class NoFileFsync final : public StorageWrapper {
  public:
   using StorageWrapper::StorageWrapper;
   std::unique_ptr<WritableFile> create_file(const std::string& path) override {
-    struct File final : WritableFile {
-      explicit File(std::unique_ptr<WritableFile> f) : inner(std::move(f)) {}
-      void append(const void* d, size_t n) override { inner->append(d, n); }
-      void write_at(uint64_t o, const void* d, size_t n) override { inner->write_at(o, d, n); }
-      void sync() override {}
-      void close() override { inner->close(); }
-      std::unique_ptr<WritableFile> inner;
-    };
-    return std::make_unique<File>(inner().create_file(path));
+    return std::make_unique<SyncReplacedFile>(inner().create_file(path), [](WritableFile&) {});
   }
 };
 
@@ -121,36 +128,25 @@ class NoDirFsync final : public StorageWrapper {
 
 // What PostgreSQL did before fsyncgate: a sync that fails is tried again,
 // and a retry that succeeds is taken to mean the data is on disk.
-bool is_eio(const IoError& e) { return e.error_number() == EIO; }
+void retry_once_on_eio(const std::function<void()>& sync) {
+  try {
+    sync();
+  } catch (const IoError& e) {
+    if (e.error_number() != EIO) throw;
+    sync();
+  }
+}
 
 class RetryFailedFsync final : public StorageWrapper {
  public:
   using StorageWrapper::StorageWrapper;
   std::unique_ptr<WritableFile> create_file(const std::string& path) override {
-    struct File final : WritableFile {
-      explicit File(std::unique_ptr<WritableFile> f) : inner(std::move(f)) {}
-      void append(const void* d, size_t n) override { inner->append(d, n); }
-      void write_at(uint64_t o, const void* d, size_t n) override { inner->write_at(o, d, n); }
-      void sync() override {
-        try {
-          inner->sync();
-        } catch (const IoError& e) {
-          if (!is_eio(e)) throw;
-          inner->sync();
-        }
-      }
-      void close() override { inner->close(); }
-      std::unique_ptr<WritableFile> inner;
-    };
-    return std::make_unique<File>(inner().create_file(path));
+    return std::make_unique<SyncReplacedFile>(inner().create_file(path), [](WritableFile& f) {
+      retry_once_on_eio([&] { f.sync(); });
+    });
   }
   void sync_dir(const std::string& path) override {
-    try {
-      inner().sync_dir(path);
-    } catch (const IoError& e) {
-      if (!is_eio(e)) throw;
-      inner().sync_dir(path);
-    }
+    retry_once_on_eio([&] { inner().sync_dir(path); });
   }
 };
 

@@ -91,6 +91,47 @@ _NETNS_NAME_PATTERN='^skns([0-9]+)(n[0-9]+|br)$'
 
 _netns_log() { echo "netns: $*" >&2; }
 
+# A test's checks: `check NAME CMD...` runs CMD and records NAME in the
+# array `passed` or `failed`, printing "ok:   NAME" or "FAIL: NAME".
+passed=()
+failed=()
+check() {
+  local name=$1
+  shift
+  if "$@"; then
+    passed+=("$name")
+    echo "ok:   $name"
+  else
+    failed+=("$name")
+    echo "FAIL: $name"
+  fi
+}
+
+# Wall time: `started=$(now)`, then `seconds_since "$started"` ("12.3").
+now() { date +%s.%N; }
+seconds_since() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }'; }
+
+# The tests' arguments, "BUILD_DIR_OR_TRAIN_BINARY WORK_DIR", for test NAME:
+# sets `train` (the absolute path of an executable train) and `work` (the
+# work directory, created, absolute). A wrong call exits 2 naming it.
+netns_parse_args() {
+  local name=$1
+  shift
+  if (($# != 2)); then
+    echo "usage: $0 BUILD_DIR_OR_TRAIN_BINARY WORK_DIR" >&2
+    exit 2
+  fi
+  train=$1
+  [[ -d $train ]] && train=$train/train
+  if [[ ! -x $train ]]; then
+    echo "$name: no executable train at $train" >&2
+    exit 2
+  fi
+  train=$(cd "$(dirname "$train")" && pwd)/$(basename "$train")
+  mkdir -p "$2"
+  work=$(cd "$2" && pwd)
+}
+
 # 0 when we are root and can create a namespace with a veth pair and a bridge
 # in it (then deleted). Else prints "SKIP: <reason>" on stderr, sets
 # NETNS_SKIP_REASON and returns 1: the caller exits 77, loudly skipped.
@@ -409,7 +450,7 @@ _netns_kill_ranks() {
 # each failed rank's log on stderr. Returns 0 when every rank exited 0. The
 # next netns_start_rank begins a new job.
 netns_wait_ranks() {
-  local timeout=${1:-$NETNS_WAIT_TIMEOUT_S} deadline rank rc failed=0 running
+  local timeout=${1:-$NETNS_WAIT_TIMEOUT_S} deadline rank rc any_failed=0 running
   deadline=$((SECONDS + timeout))
   while :; do
     running=()
@@ -433,14 +474,14 @@ netns_wait_ranks() {
     fi
     rc=${NETNS_RANK_RCS[rank]}
     if ((rc != 0)); then
-      failed=1
+      any_failed=1
       _netns_log "rank $rank (node ${NETNS_RANK_NODES[rank]}) exited $rc; last lines of ${NETNS_RANK_LOGS[rank]}:"
       tail -n 15 "${NETNS_RANK_LOGS[rank]}" | sed 's/^/    /' >&2
     fi
   done
   _NETNS_JOB_WAITED=1
   NETNS_MASTER_PORT=""
-  return "$failed"
+  return "$any_failed"
 }
 
 # netns_kill_node K: SIGKILLs everything in node K ("losing a node"). Its

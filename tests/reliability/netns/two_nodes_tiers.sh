@@ -47,19 +47,7 @@ repo=$(cd "$here/../../.." && pwd)
 # shellcheck source-path=SCRIPTDIR
 source "$here/netns_lib.sh"
 
-if (($# != 2)); then
-  echo "usage: $0 BUILD_DIR_OR_TRAIN_BINARY WORK_DIR" >&2
-  exit 2
-fi
-train=$1
-[[ -d $train ]] && train=$train/train
-if [[ ! -x $train ]]; then
-  echo "two_nodes_tiers: no executable train at $train" >&2
-  exit 2
-fi
-train=$(cd "$(dirname "$train")" && pwd)/$(basename "$train")
-mkdir -p "$2"
-work=$(cd "$2" && pwd)
+netns_parse_args two_nodes_tiers "$@"
 config=$repo/configs/default.yaml
 
 if ! netns_available; then
@@ -67,22 +55,6 @@ if ! netns_available; then
   exit 77
 fi
 
-passed=()
-failed=()
-check() {  # check NAME CMD...: runs CMD, records NAME as passed or failed
-  local name=$1
-  shift
-  if "$@"; then
-    passed+=("$name")
-    echo "ok:   $name"
-  else
-    failed+=("$name")
-    echo "FAIL: $name"
-  fi
-}
-
-now() { date +%s.%N; }
-seconds_since() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }'; }
 timings=()
 started=$(now)
 

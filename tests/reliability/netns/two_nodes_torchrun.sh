@@ -67,19 +67,7 @@ repo=$(cd "$here/../../.." && pwd)
 # shellcheck source-path=SCRIPTDIR
 source "$here/netns_lib.sh"
 
-if (($# != 2)); then
-  echo "usage: $0 BUILD_DIR_OR_TRAIN_BINARY WORK_DIR" >&2
-  exit 2
-fi
-train=$1
-[[ -d $train ]] && train=$train/train
-if [[ ! -x $train ]]; then
-  echo "two_nodes_torchrun: no executable train at $train" >&2
-  exit 2
-fi
-train=$(cd "$(dirname "$train")" && pwd)/$(basename "$train")
-mkdir -p "$2"
-work=$(cd "$2" && pwd)
+netns_parse_args two_nodes_torchrun "$@"
 config=$repo/configs/llama_tiny.yaml
 torchrun=$repo/scripts/torchrun
 python=/usr/bin/python3
@@ -94,22 +82,6 @@ if ! torch_version=$("$python" -c 'import torch; print(torch.__version__)' 2>&1)
 fi
 torch_major=${torch_version%%.*}
 
-passed=()
-failed=()
-check() {  # check NAME CMD...: runs CMD, records NAME as passed or failed
-  local name=$1
-  shift
-  if "$@"; then
-    passed+=("$name")
-    echo "ok:   $name"
-  else
-    failed+=("$name")
-    echo "FAIL: $name"
-  fi
-}
-
-now() { date +%s.%N; }
-seconds_since() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }'; }
 timings=()
 started=$(now)
 
@@ -127,10 +99,14 @@ train_args=(--config "$config" --set train.log_every=1 --set train.eval_every=0
 # removed by the EXIT/INT/TERM traps with the namespaces.
 etc_netns_made=0
 [[ -d /etc/netns ]] || etc_netns_made=1
-remove_hosts_files() {
+remove_hosts_files() {  # idempotent: runs again from the EXIT trap
   local ns
   for ns in "${hosts_namespaces[@]}"; do rm -rf "/etc/netns/$ns"; done
-  ((etc_netns_made)) && rmdir /etc/netns 2>/dev/null
+  hosts_namespaces=()
+  if ((etc_netns_made)); then
+    rmdir /etc/netns 2>/dev/null || true
+    etc_netns_made=0
+  fi
   return 0
 }
 hosts_namespaces=()

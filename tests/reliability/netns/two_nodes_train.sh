@@ -36,19 +36,7 @@ repo=$(cd "$here/../../.." && pwd)
 # shellcheck source-path=SCRIPTDIR
 source "$here/netns_lib.sh"
 
-if (($# != 2)); then
-  echo "usage: $0 BUILD_DIR_OR_TRAIN_BINARY WORK_DIR" >&2
-  exit 2
-fi
-train=$1
-[[ -d $train ]] && train=$train/train
-if [[ ! -x $train ]]; then
-  echo "two_nodes_train: no executable train at $train" >&2
-  exit 2
-fi
-train=$(cd "$(dirname "$train")" && pwd)/$(basename "$train")
-mkdir -p "$2"
-work=$(cd "$2" && pwd)
+netns_parse_args two_nodes_train "$@"
 config=$repo/configs/default.yaml
 
 if ! netns_available; then
@@ -57,19 +45,6 @@ if ! netns_available; then
 fi
 
 started=$SECONDS
-passed=()
-failed=()
-check() {  # check NAME CMD...: runs CMD, records NAME as passed or failed
-  local name=$1
-  shift
-  if "$@"; then
-    passed+=("$name")
-    echo "ok:   $name"
-  else
-    failed+=("$name")
-    echo "FAIL: $name"
-  fi
-}
 
 # Short: ~20 steps of the default small GPT, a checkpoint every 5 steps.
 train_args=(--config "$config" --set "run.dir=$work/run" --set train.log_every=5
