@@ -1,5 +1,7 @@
 #include "models/llama.h"
 
+#include "models/forward_hooks.h"
+
 #include "framework/dist/torch_compat.h"
 
 #include <cmath>
@@ -47,14 +49,18 @@ TokenEmbeddingImpl::TokenEmbeddingImpl(int64_t vocab, int64_t dim, bool material
     : weight_(register_parameter("weight", make_param({vocab, dim}, materialize))) {}
 
 torch::Tensor TokenEmbeddingImpl::forward(const torch::Tensor& tokens) {
-  return torch::embedding(weight_, tokens);
+  return call_with_hook(*this, tokens, [this](const torch::Tensor& ids) {
+    return torch::embedding(weight_, ids);
+  });
 }
 
 ProjectionImpl::ProjectionImpl(int64_t in, int64_t out, bool materialize)
     : weight_(register_parameter("weight", make_param({out, in}, materialize))) {}
 
 torch::Tensor ProjectionImpl::forward(const torch::Tensor& x) {
-  return torch::nn::functional::linear(x, weight_);
+  return call_with_hook(*this, x, [this](const torch::Tensor& in) {
+    return torch::nn::functional::linear(in, weight_);
+  });
 }
 
 torch::Tensor rope_inverse_frequencies(const ModelOptions& o) {
@@ -94,24 +100,28 @@ LlamaAttentionImpl::LlamaAttentionImpl(const ModelOptions& o, bool materialize)
 
 torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x, const RotaryTables& rope) {
   const int64_t batch = x.size(0), len = x.size(1);
-  auto heads = [&](const torch::Tensor& t, int64_t n) {
-    return t.view({batch, len, n, head_dim_}).transpose(1, 2);  // [B, n, T, hd]
+  // Head counts come from the projections' outputs: under tensor
+  // parallelism each rank computes n_heads / tensor query heads and
+  // n_kv_heads / tensor key/value heads (column-parallel q, k, v).
+  auto heads = [&](const torch::Tensor& t) {
+    return t.view({batch, len, -1, head_dim_}).transpose(1, 2);  // [B, n, T, hd]
   };
-  torch::Tensor q = apply_rotary(heads(q_proj_->forward(x), n_heads_), rope);
-  torch::Tensor k = apply_rotary(heads(k_proj_->forward(x), n_kv_heads_), rope);
-  torch::Tensor v = heads(v_proj_->forward(x), n_kv_heads_);
-  if (n_kv_heads_ != n_heads_) {
+  torch::Tensor q = apply_rotary(heads(q_proj_->forward(x)), rope);
+  torch::Tensor k = apply_rotary(heads(k_proj_->forward(x)), rope);
+  torch::Tensor v = heads(v_proj_->forward(x));
+  const int64_t local_heads = q.size(1), local_kv = k.size(1);
+  if (local_kv != local_heads) {
     // Query head h reads key/value head h / group (Hugging Face's repeat_kv).
-    const int64_t group = n_heads_ / n_kv_heads_;
+    const int64_t group = local_heads / local_kv;
     auto repeat = [&](const torch::Tensor& t) {
-      return t.unsqueeze(2).expand({batch, n_kv_heads_, group, len, head_dim_})
-          .reshape({batch, n_heads_, len, head_dim_});
+      return t.unsqueeze(2).expand({batch, local_kv, group, len, head_dim_})
+          .reshape({batch, local_heads, len, head_dim_});
     };
     k = repeat(k);
     v = repeat(v);
   }
   torch::Tensor out = framework::dist::compat::causal_attention(q, k, v);  // [B, H, T, hd]
-  return o_proj_->forward(out.transpose(1, 2).reshape({batch, len, n_heads_ * head_dim_}));
+  return o_proj_->forward(out.transpose(1, 2).reshape({batch, len, local_heads * head_dim_}));
 }
 
 torch::Tensor LlamaAttentionImpl::forward_cached(const torch::Tensor& x, const RotaryTables& rope,

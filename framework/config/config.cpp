@@ -187,6 +187,16 @@ void check_consistency(const Config& cfg, const Origins& origins) {
   if (cfg.model.kind == "llama" && (cfg.model.d_model / cfg.model.n_heads) % 2 != 0)
     fail(key("model.d_model") + " / " + key("model.n_heads") +
          " must be even for llama (rotary embeddings rotate pairs of dimensions)");
+  if (cfg.parallel.tensor > 1 && cfg.model.kind == "llama") {
+    const int64_t kv = cfg.model.n_kv_heads > 0 ? cfg.model.n_kv_heads : cfg.model.n_heads;
+    if (cfg.model.n_heads % cfg.parallel.tensor != 0 || kv % cfg.parallel.tensor != 0)
+      fail(key("parallel.tensor") + " must divide " + key("model.n_heads") + " and " +
+           key("model.n_kv_heads") + " (n_heads when 0): each tensor-parallel rank computes "
+           "whole query and key/value heads");
+    if (cfg.model.tie_weights)
+      fail(key("parallel.tensor") + " above 1 does not support " + key("model.tie_weights") +
+           " yet (the embedding and the output projection are split separately)");
+  }
   if (cfg.model.rope_scaling.factor > 0 &&
       cfg.model.rope_scaling.high_freq_factor <= cfg.model.rope_scaling.low_freq_factor)
     fail(key("model.rope_scaling.high_freq_factor") + " must exceed " +

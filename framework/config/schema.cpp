@@ -153,6 +153,10 @@ std::vector<Key> build_schema() {
        "Replicate degree of the mesh; -1: what the world size leaves. 1 with shard -1 is FSDP."},
       {SHARDKIT_CONFIG_FIELD(parallel.shard), minus_one_or_at_least(1),
        "Shard degree of the mesh; -1: what the world size leaves. 1 is DDP."},
+      {SHARDKIT_CONFIG_FIELD(parallel.tensor), at_least(1),
+       "Tensor-parallel degree: the innermost mesh axis (replicate x shard x tensor), so a TP "
+       "group is consecutive ranks on one node. 1: none. Needs model.kind llama (or a "
+       "UserModel with a plan); replicate x shard is then world / tensor."},
       {SHARDKIT_CONFIG_FIELD(parallel.reshard_after_forward), any_value(),
        "Free gathered parameters after forward, gather again for backward."},
 

@@ -113,6 +113,30 @@ std::shared_ptr<DeviceMesh> DeviceMesh::from_groups(
   return mesh;
 }
 
+std::shared_ptr<DeviceMesh> DeviceMesh::permuted(const std::vector<int>& order) const {
+  std::vector<bool> seen(shape_.size(), false);
+  if (order.size() != shape_.size()) {
+    throw std::invalid_argument("DeviceMesh '" + name_ + "': permuted() needs " +
+                                std::to_string(shape_.size()) + " axes, got " +
+                                std::to_string(order.size()));
+  }
+  std::shared_ptr<DeviceMesh> view(new DeviceMesh());
+  view->name_ = name_;
+  for (int axis : order) {
+    if (axis < 0 || axis >= ndim() || seen[axis]) {
+      throw std::invalid_argument("DeviceMesh '" + name_ + "': permuted() needs a permutation of its axes");
+    }
+    seen[axis] = true;
+    view->shape_.push_back(shape_[axis]);
+    view->axis_names_.push_back(axis_names_[axis]);
+    view->coordinates_.push_back(coordinates_[axis]);
+    view->groups_.push_back(groups_[axis]);
+  }
+  view->global_rank_ = global_rank_;
+  view->world_size_ = world_size_;
+  return view;
+}
+
 void DeviceMesh::check_axis(int axis) const {
   TORCH_CHECK(axis >= 0 && axis < ndim(), "DeviceMesh '", name_, "': axis ", axis,
               " out of range for a ", ndim(), "-D mesh");

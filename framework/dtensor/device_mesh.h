@@ -42,6 +42,16 @@ class DeviceMesh {
       std::vector<int64_t> shape, std::vector<std::string> axis_names,
       std::vector<std::shared_ptr<framework::dist::Group>> groups, const std::string& name = "mesh");
 
+  // The same ranks and groups with the axes in `order` (a permutation of
+  // 0..ndim-1): axis i of the view is axis order[i] of this mesh. Placements
+  // on a view nest in its axis order, which is how a DTensor says that one
+  // axis splits a dim first and another splits each part further (tensor
+  // parallelism's shard of a weight, then FSDP's rows of that shard, on a
+  // {replicate, shard, tensor} mesh: the view {replicate, tensor, shard}).
+  // global_rank() and world_size() are this mesh's. Throws
+  // std::invalid_argument when `order` is not a permutation.
+  std::shared_ptr<DeviceMesh> permuted(const std::vector<int>& order) const;
+
   DeviceMesh(const DeviceMesh&) = delete;
   DeviceMesh& operator=(const DeviceMesh&) = delete;
 

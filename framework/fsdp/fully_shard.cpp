@@ -53,6 +53,10 @@ struct ParamSlot {
   size_t bucket = 0;        // the unit's flat buffer of this dtype and trainability
   int64_t seg_offset = 0;   // element offset inside a member's padded segment
   torch::Tensor local;      // the shard the optimizer owns
+  // Tensor parallelism: `full` is this rank's part of global_shape, split
+  // along tp_dim over the mesh's tensor axis (-1: whole on every TP rank).
+  int64_t tp_dim = -1;
+  std::vector<int64_t> global_shape;
 };
 
 // The parameters of one unit that share a dtype and trainability: one flat
@@ -179,12 +183,23 @@ std::vector<int64_t> mesh_shape_for(const ParallelOptions& o, int world) {
   if (r == -1 && s == -1) {
     throw std::invalid_argument("parallel.replicate and parallel.shard cannot both be -1");
   }
+  if (o.tensor < 1 || world % o.tensor != 0) {
+    throw std::invalid_argument("parallel.tensor (" + std::to_string(o.tensor) +
+                                ") does not divide the world size " + std::to_string(world));
+  }
+  if (o.tensor > 1) {
+    std::vector<int64_t> dp = mesh_shape_for(ParallelOptions{o.replicate, o.shard},
+                                             static_cast<int>(world / o.tensor));
+    return {dp[0], dp[1], o.tensor};
+  }
   if (r == -1) r = world % s == 0 ? world / s : -1;
   if (s == -1) s = world % r == 0 ? world / r : -1;
   if (r < 1 || s < 1 || r * s != world) {
     throw std::invalid_argument("parallel.replicate (" + std::to_string(o.replicate) +
                                 ") x parallel.shard (" + std::to_string(o.shard) +
-                                ") does not match the world size " + std::to_string(world));
+                                ") does not match the " +
+                                (o.tensor > 1 ? "data-parallel size " : "world size ") +
+                                std::to_string(world));
   }
   return {r, s};
 }
@@ -196,8 +211,15 @@ torch::ScalarType parse_dtype(const std::string& name, const std::string& key) {
 }
 
 std::string layout_name(const std::vector<int64_t>& shape) {
-  if (shape.at(1) == 1) return shape.at(0) == 1 ? "single" : "ddp";
-  return shape.at(0) == 1 ? "fsdp" : "hsdp";
+  const bool tp = shape.size() > 2 && shape[2] > 1;
+  std::string dp;
+  if (shape.at(1) == 1) {
+    dp = shape.at(0) == 1 ? (tp ? "" : "single") : "ddp";
+  } else {
+    dp = shape.at(0) == 1 ? "fsdp" : "hsdp";
+  }
+  if (!tp) return dp;
+  return dp.empty() ? "tp" : dp + "+tp";
 }
 
 std::unique_ptr<FullyShardedModel> fully_shard(std::shared_ptr<torch::nn::Module> module,
@@ -214,7 +236,16 @@ FullyShardedModel::FullyShardedModel(std::shared_ptr<torch::nn::Module> module,
                                      ParallelOptions options, std::vector<std::string> unit_names,
                                      ParamInit init)
     : module_(std::move(module)), mesh_(std::move(mesh)), options_(options) {
-  TORCH_CHECK(mesh_->ndim() == 2, "fully_shard needs a {replicate, shard} mesh");
+  TORCH_CHECK(mesh_->ndim() == 2 || mesh_->ndim() == 3,
+              "fully_shard needs a {replicate, shard} or {replicate, shard, tensor} mesh");
+  if (mesh_->ndim() == 3) {
+    tensor_axis_ = 2;
+    // DTensors nest the tensor axis's split inside-out of FSDP's: a view
+    // of the mesh with the tensor axis before the shard axis.
+    param_mesh_ = mesh_->permuted({replicate_axis_, tensor_axis_, shard_axis_});
+  } else {
+    param_mesh_ = mesh_;
+  }
   const torch::ScalarType param_dtype =
       parse_dtype(options_.mixed_precision.param_dtype, "train.mixed_precision.param_dtype");
   reduce_dtype_ =
@@ -302,6 +333,15 @@ FullyShardedModel::FullyShardedModel(std::shared_ptr<torch::nn::Module> module,
     slot.full = p;
     slot.trainable = p.requires_grad();
     slot.rows = p.size(0);
+    slot.global_shape = p.sizes().vec();
+    if (auto tp = options_.tensor_parallel.find(f.name); tp != options_.tensor_parallel.end()) {
+      if (tensor_axis_ < 0 && tp->second.dim >= 0) {
+        throw std::invalid_argument("fully_shard: parameter " + f.name +
+                                    " is split by tensor parallelism but the mesh has no tensor axis");
+      }
+      slot.tp_dim = tp->second.dim;
+      slot.global_shape = tp->second.global_shape;
+    }
     slot.row_numel = slot.rows == 0 ? 0 : p.numel() / slot.rows;
     slot.mine = chunk_span(slot.rows, shards, my_shard);
     if (p.numel() > 0 && p.storage().nbytes() == 0) {
@@ -433,8 +473,8 @@ void FullyShardedModel::broadcast_buffers() {
   torch::NoGradGuard no_grad;
   for (auto& [name, buffer] : buffers_) {
     if (!buffer.defined() || buffer.numel() == 0) continue;
-    for (int axis : {shard_axis_, replicate_axis_}) {
-      if (mesh_->size(axis) == 1) continue;
+    for (int axis : {shard_axis_, replicate_axis_, tensor_axis_}) {
+      if (axis < 0 || mesh_->size(axis) == 1) continue;
       torch::Tensor t = buffer.is_contiguous() ? buffer : buffer.contiguous();
       mesh_->group(axis).broadcast(t, 0);
       if (!t.is_same(buffer)) buffer.copy_(t);
@@ -633,10 +673,15 @@ std::vector<std::string> FullyShardedModel::param_names() const {
 dtensor::DTensor FullyShardedModel::like_param(size_t index, torch::Tensor local) const {
   const auto& [unit, slot] = param_index_.at(index);
   const ParamSlot& p = unit->params[slot];
-  std::vector<Placement> placements = {Placement::replicate(), mesh_->size(shard_axis_) > 1
-                                                                   ? Placement::shard(0)
-                                                                   : Placement::replicate()};
-  return dtensor::DTensor(std::move(local), p.full.sizes().vec(), mesh_, placements);
+  const Placement fsdp = mesh_->size(shard_axis_) > 1 ? Placement::shard(0) : Placement::replicate();
+  if (tensor_axis_ < 0) {
+    return dtensor::DTensor(std::move(local), p.full.sizes().vec(), mesh_,
+                            {Placement::replicate(), fsdp});
+  }
+  // On the {replicate, tensor, shard} view: TP's split, then FSDP's rows of it.
+  const Placement tp = p.tp_dim >= 0 ? Placement::shard(p.tp_dim) : Placement::replicate();
+  return dtensor::DTensor(std::move(local), p.global_shape, param_mesh_,
+                          {Placement::replicate(), tp, fsdp});
 }
 
 dtensor::DTensor FullyShardedModel::param_dtensor(size_t index) const {
@@ -649,11 +694,19 @@ double FullyShardedModel::grad_norm() {
   const auto params = local_params();
   auto device = params.empty() ? torch::Device(torch::kCPU) : params.front().device();
   torch::Tensor sq = torch::zeros({1}, torch::TensorOptions().dtype(torch::kDouble).device(device));
-  for (const torch::Tensor& t : params) {
+  // Parameters that tensor parallelism keeps whole have equal gradients on
+  // every TP rank: the first of the tensor axis counts them.
+  const bool tp_first = tensor_axis_ < 0 || mesh_->coordinate(tensor_axis_) == 0;
+  for (size_t i = 0; i < params.size(); ++i) {
+    const torch::Tensor& t = params[i];
+    const auto& [unit, slot] = param_index_[i];
+    if (unit->params[slot].tp_dim < 0 && !tp_first) continue;
     if (t.grad().defined() && t.numel() > 0) sq += t.grad().to(torch::kDouble).pow(2).sum();
   }
-  // Shards are disjoint across the shard axis; replicas hold equal gradients.
+  // Shards are disjoint across the shard and tensor axes; replicas hold
+  // equal gradients.
   if (mesh_->size(shard_axis_) > 1) mesh_->group(shard_axis_).all_reduce(sq);
+  if (tensor_axis_ >= 0 && mesh_->size(tensor_axis_) > 1) mesh_->group(tensor_axis_).all_reduce(sq);
   return std::sqrt(sq.item<double>());
 }
 

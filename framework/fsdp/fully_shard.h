@@ -69,6 +69,16 @@
 // tensor, has init fill it, keeps this rank's shard, frees it -- so a rank
 // never holds more than its shards plus the largest parameter.
 //
+// Tensor parallelism (framework/tp): on a {replicate, shard, tensor} mesh
+// the module's parameters are already this rank's TP parts (what
+// tp::parallelize_module left); options.tensor_parallel says how each was
+// split. FSDP shards each part over the shard axis as above, never
+// communicates over the tensor axis, and gives each parameter a DTensor
+// with both placements on the view {replicate, tensor, shard} of the mesh
+// (TP's split first, FSDP's rows of it second), with the whole parameter's
+// global shape. grad_norm() sums over the tensor axis too, counting the
+// parameters TP keeps whole once.
+//
 // Gradients are SUMMED across data-parallel ranks: the caller scales its loss
 // by the global normaliser (e.g. the global token count), which makes results
 // independent of the world size.
@@ -162,7 +172,8 @@ using ParamInit = std::function<void(const std::string& name, const torch::Tenso
 class FullyShardedModel {
  public:
   // REQUIRES: every rank passes an identically initialised module and the
-  // same mesh (axes {replicate, shard}) and units. Takes over the module's
+  // same mesh (axes {replicate, shard}, or {replicate, shard, tensor} with
+  // options.tensor_parallel set) and units. Takes over the module's
   // parameters (their storage is freed until gathered). Throws
   // std::invalid_argument naming the unit or parameter when a unit name is
   // unknown, units nest, or a parameter cannot be sharded (0-d, or a view),
@@ -260,6 +271,8 @@ class FullyShardedModel {
   ParallelOptions options_;
   int shard_axis_ = 1;
   int replicate_axis_ = 0;
+  int tensor_axis_ = -1;  // 2 on a {replicate, shard, tensor} mesh
+  std::shared_ptr<dtensor::DeviceMesh> param_mesh_;  // what the DTensors live on
   std::vector<std::unique_ptr<Unit>> units_;  // units_[0] is the root
   std::vector<std::pair<Unit*, size_t>> param_index_;  // model parameter order -> (unit, slot)
   std::vector<std::pair<std::string, torch::Tensor>> buffers_;
@@ -280,10 +293,14 @@ std::unique_ptr<FullyShardedModel> fully_shard(std::shared_ptr<torch::nn::Module
                                                ParamInit init = {});
 
 // The {replicate, shard} mesh for `world` ranks from parallel.replicate and
-// parallel.shard (-1 = the rest). Throws std::invalid_argument naming the keys
-// when they do not multiply to the world size.
+// parallel.shard (-1 = the rest); with parallel.tensor > 1 the
+// {replicate, shard, tensor} mesh, replicate x shard being world / tensor.
+// Throws std::invalid_argument naming the keys when they do not multiply
+// to the world size.
 std::vector<int64_t> mesh_shape_for(const ParallelOptions& options, int world);
-std::string layout_name(const std::vector<int64_t>& mesh_shape);  // "fsdp", "ddp", "hsdp"
+// "single", "fsdp", "ddp", "hsdp"; with a tensor axis "tp", "fsdp+tp",
+// "ddp+tp", "hsdp+tp".
+std::string layout_name(const std::vector<int64_t>& mesh_shape);
 
 // "fp32" -> kFloat, "bf16" -> kBFloat16; throws std::invalid_argument
 // naming `key` for anything else.

@@ -2,6 +2,8 @@
 // Data-parallel layout (config section `parallel`).
 #include <cstdint>
 #include <string>
+#include <unordered_map>
+#include <vector>
 
 namespace framework::fsdp {
 
@@ -15,12 +17,24 @@ struct MixedPrecisionPolicy {
   std::string reduce_dtype = "fp32";
 };
 
+// How tensor parallelism (framework/tp) split one parameter of the module:
+// the module holds this rank's part of `global_shape`, split along `dim`
+// over the mesh's "tensor" axis by the chunk rule (dim -1: whole on every
+// rank of the axis, e.g. a norm's weight).
+struct TensorParallelParam {
+  int64_t dim = -1;
+  std::vector<int64_t> global_shape;
+};
+
 struct ParallelOptions {
   // Degrees of the 2-D mesh (replicate x shard). Their product is the world
   // size; -1 means "whatever the world size leaves". replicate 1 = FSDP,
   // shard 1 = DDP, both > 1 = HSDP.
   int64_t replicate = 1;
   int64_t shard = -1;
+  // Tensor-parallel degree: the innermost mesh axis ("tensor"), so a TP
+  // group is consecutive ranks (one node). 1: no tensor parallelism.
+  int64_t tensor = 1;
   // Free each unit's gathered parameters after its forward and gather them
   // again for its backward (less memory, one more all-gather per unit).
   bool reshard_after_forward = true;
@@ -29,6 +43,11 @@ struct ParallelOptions {
   bool broadcast_buffers = true;
   // Set from train.mixed_precision by the trainer. Not a parallel.* key.
   MixedPrecisionPolicy mixed_precision;
+  // Set from tp::parallelize_module's result (by parameter name) when the
+  // module was made tensor-parallel first; FSDP then shards each TP part
+  // over the data-parallel axes and its DTensors carry both placements.
+  // Not a config key.
+  std::unordered_map<std::string, TensorParallelParam> tensor_parallel;
 };
 
 }  // namespace framework::fsdp

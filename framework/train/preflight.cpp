@@ -343,9 +343,11 @@ void check_resume(const config::Config& cfg, PreflightReport& report) {
 
 MemoryEstimate estimate_memory(const config::Config& cfg, int world_size) {
   const models::ModelSize size = models::model_size(cfg.model);
-  double shard = 1;
+  double shard = 1, tensor = 1;
   try {
-    shard = static_cast<double>(fsdp::mesh_shape_for(cfg.parallel, world_size)[1]);
+    const std::vector<int64_t> mesh = fsdp::mesh_shape_for(cfg.parallel, world_size);
+    shard = static_cast<double>(mesh[1]);
+    if (mesh.size() > 2) tensor = static_cast<double>(mesh[2]);
   } catch (const std::invalid_argument&) {
   }
   MemoryEstimate m;
@@ -354,16 +356,19 @@ MemoryEstimate estimate_memory(const config::Config& cfg, int world_size) {
   // shards, shard gradients and AdamW in fp32; the loss in fp32.
   const bool bf16 = cfg.train.mixed_precision.param_dtype == "bf16";
   const double compute = bf16 ? 2 : kFloat;
-  m.params = size.parameters / shard * kFloat;
+  // Tensor parallelism splits nearly every parameter (all but the norms)
+  // over the tensor axis before FSDP shards each part.
+  m.params = size.parameters / (shard * tensor) * kFloat;
   m.grads = m.params;
   m.optimizer = 2 * m.params;
   if (shard > 1) {
-    m.gathered = 2 * size.largest_unit * compute;
+    m.gathered = 2 * size.largest_unit / tensor * compute;
   } else if (bf16) {
-    m.gathered = 2 * size.parameters * compute;  // DDP: bf16 parameters and gradients beside the masters
+    m.gathered = 2 * size.parameters / tensor * compute;  // DDP: bf16 parameters and gradients beside the masters
   }
-  const double per_rank_batch =
-      std::ceil(static_cast<double>(cfg.train.global_batch_size) / std::max(1, world_size));
+  // The ranks of a TP group share a batch.
+  const double per_rank_batch = std::ceil(static_cast<double>(cfg.train.global_batch_size) /
+                                          std::max(1.0, world_size / tensor));
   const double micro = cfg.train.micro_batch_size > 0
                            ? std::min(per_rank_batch, static_cast<double>(cfg.train.micro_batch_size))
                            : per_rank_batch;
@@ -465,7 +470,7 @@ std::vector<std::string> resume_changes(const std::string& saved_yaml, const std
 PreflightReport preflight(const config::Config& cfg, int world_size, int local_ranks) {
   PreflightReport report;
   check_directories(cfg);
-  check_batch(cfg, world_size);
+  check_batch(cfg, world_size / static_cast<int>(std::max<int64_t>(1, cfg.parallel.tensor)));
   check_data(cfg);
   report.memory = estimate_memory(cfg, world_size);
   check_memory(cfg, report.memory, std::max(1, local_ranks));

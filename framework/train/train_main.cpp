@@ -127,7 +127,11 @@ int dry_run(const framework::config::Config& cfg, int nproc) {
   std::vector<int64_t> mesh;
   try {
     mesh = framework::fsdp::mesh_shape_for(cfg.parallel, world);
-    framework::train::check_batch(cfg, world);
+    if (cfg.parallel.tensor > 1 && cfg.model.kind != "llama") {
+      throw std::invalid_argument("parallel.tensor " + std::to_string(cfg.parallel.tensor) +
+                                  " needs model.kind llama (model.kind is " + cfg.model.kind + ")");
+    }
+    framework::train::check_batch(cfg, world / static_cast<int>(cfg.parallel.tensor));
   } catch (const std::exception& e) {
     std::cerr << "train: " << e.what() << std::endl;
     return 2;
@@ -136,10 +140,12 @@ int dry_run(const framework::config::Config& cfg, int nproc) {
   const framework::train::MemoryEstimate m = framework::train::estimate_memory(cfg, world);
   std::printf("train: dry run: model %s, %.0f parameters (%.2f B), largest unit %.0f\n",
               cfg.model.kind.c_str(), size.parameters, size.parameters / 1e9, size.largest_unit);
-  std::printf("train: dry run: world %d, layout %s replicate=%lld shard=%lld, param_dtype %s, "
+  const std::string tensor =
+      mesh.size() > 2 ? " tensor=" + std::to_string(mesh[2]) : std::string();
+  std::printf("train: dry run: world %d, layout %s replicate=%lld shard=%lld%s, param_dtype %s, "
               "reduce_dtype %s, activation checkpointing %s, micro_batch_size %lld\n",
               world, framework::fsdp::layout_name(mesh).c_str(), static_cast<long long>(mesh[0]),
-              static_cast<long long>(mesh[1]), cfg.train.mixed_precision.param_dtype.c_str(),
+              static_cast<long long>(mesh[1]), tensor.c_str(), cfg.train.mixed_precision.param_dtype.c_str(),
               cfg.train.mixed_precision.reduce_dtype.c_str(),
               cfg.model.activation_checkpointing.c_str(),
               static_cast<long long>(cfg.train.micro_batch_size));

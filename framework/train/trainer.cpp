@@ -11,9 +11,11 @@
 #include "framework/dist/device.h"
 #include "framework/data/sampler.h"
 #include "framework/data/loader.h"
+#include "framework/dtensor/chunk.h"
 #include "framework/dtensor/device_mesh.h"
 #include "framework/fsdp/fully_shard.h"
 #include "framework/optim/sharded_adamw.h"
+#include "framework/tp/tensor_parallel.h"
 #include "framework/tokenizer/tokenizer.h"
 #include "models/generate.h"
 #include "models/layered_model.h"
@@ -76,6 +78,12 @@ struct Trainer::State {
   torch::Device device{torch::kCPU};  // where the model, optimizer and batches live
   std::vector<int64_t> mesh_shape;
   std::shared_ptr<dtensor::DeviceMesh> mesh;
+  // Tensor parallelism (parallel.tensor > 1): the mesh's innermost axis.
+  // The ranks of a TP group train on the same batch and hold the same loss:
+  // only the first (tp_rank 0) counts it in the step's sums.
+  int64_t tp_size = 1, tp_rank = 0;
+  int64_t dp_size = 1, dp_rank = 0;  // data-parallel: replicate x shard
+  tp::TensorParallelLayout tp_layout;
   UserModel user;          // the model, units, loss and data (built-in: from the config)
   bool builtin_model = true;  // model and data from the config's sections
   std::unique_ptr<fsdp::FullyShardedModel> fsdp;
@@ -102,6 +110,7 @@ struct Trainer::State {
   std::vector<std::string> resume_notes;
 
   void build_builtin_model();
+  void apply_tensor_parallel();
   void shard_model();
   void load_initial_weights();
   void open_metrics();
@@ -133,6 +142,10 @@ struct Trainer::State {
   void finish_checkpoints();
 
   State(const config::Config& c, dist::Runtime& r) : cfg(c), rt(r) {}
+  ~State() {
+    // The hooks tensor parallelism set on the module hold the mesh's groups.
+    if (tp_size > 1 && user.module) tp::clear_hooks(*user.module);
+  }
 };
 
 namespace {
@@ -195,12 +208,15 @@ double peak_rss_mib() {
 
 
 // On `device`: the loss and token count are not read back before the reduce.
+// `counts` 0: this rank's loss and tokens duplicate another's (a tensor-
+// parallel rank other than the first of its group).
 torch::Tensor pack_step_stats(const LocalLoss& local, bool stop_requested, bool ckpt_busy,
-                              torch::Device device) {
+                              torch::Device device, bool counts = true) {
   torch::Tensor flags = torch::tensor(
       {static_cast<double>(stop_requested), static_cast<double>(ckpt_busy)}, torch::kDouble);
-  return torch::cat({local.sum.detach().to(torch::kDouble).reshape({1}),
-                     local.tokens.to(torch::kDouble).reshape({1}), flags.to(device)});
+  const double weight = counts ? 1.0 : 0.0;
+  return torch::cat({local.sum.detach().to(torch::kDouble).reshape({1}) * weight,
+                     local.tokens.to(torch::kDouble).reshape({1}) * weight, flags.to(device)});
 }
 
 StepStats unpack_step_stats(const torch::Tensor& reduced) {
@@ -337,6 +353,10 @@ void Trainer::State::log_checkpoint_events() {
 // the same full model from the same seed, each block one FSDP unit, with
 // the token cross-entropy as its loss.
 void Trainer::State::build_builtin_model() {
+  if (cfg.parallel.tensor > 1 && cfg.model.kind != "llama") {
+    throw std::invalid_argument("parallel.tensor " + std::to_string(cfg.parallel.tensor) +
+                                " needs model.kind llama (model.kind is " + cfg.model.kind + ")");
+  }
   std::shared_ptr<models::LayeredModelImpl> model;
   {
     // LibTorch's init functions draw from the process-wide generator; ranks
@@ -355,6 +375,21 @@ void Trainer::State::build_builtin_model() {
       model->init_parameter(name, full);
     };
   }
+  if (cfg.parallel.tensor > 1) {
+    // The output projection is colwise: each rank holds its slice of the
+    // vocabulary's logits, and the cross-entropy is vocabulary-parallel.
+    dist::Group* group = &mesh->group(2);
+    const int64_t offset =
+        dtensor::chunk_span(cfg.model.vocab_size, cfg.parallel.tensor, mesh->coordinate(2)).offset;
+    user.tensor_parallel_plan = tp::llama_plan();
+    user.loss = [model, group, offset](const torch::Tensor& inputs, const torch::Tensor& targets) {
+      torch::Tensor logits = model->forward(inputs).to(torch::kFloat);
+      torch::Tensor per_token = tp::vocab_parallel_cross_entropy(
+          logits.reshape({-1, logits.size(-1)}), targets.reshape({-1}), offset, *group,
+          data::kIgnoreIndex);
+      return LossSum{per_token.sum(), (targets != data::kIgnoreIndex).sum()};
+    };
+  } else {
   user.loss = [model](const torch::Tensor& inputs, const torch::Tensor& targets) {
     // The loss and its softmax in fp32, whatever the compute dtype.
     torch::Tensor logits = model->forward(inputs).to(torch::kFloat);
@@ -366,8 +401,21 @@ void Trainer::State::build_builtin_model() {
             .reduction(torch::kSum));
     return LossSum{sum, (targets != data::kIgnoreIndex).sum()};
   };
+  }
   user.dataset = data::make_dataset(cfg.data, cfg.model, static_cast<uint64_t>(cfg.run.seed));
   user.description = cfg.model.kind;
+}
+
+// parallel.tensor > 1: the model's plan splits its weights over the mesh's
+// tensor axis before FSDP shards each part over the data-parallel axes.
+void Trainer::State::apply_tensor_parallel() {
+  if (tp_size == 1) return;
+  if (user.tensor_parallel_plan.empty()) {
+    throw std::invalid_argument("parallel.tensor " + std::to_string(tp_size) +
+                                ": this model has no tensor-parallel plan (UserModel::tensor_parallel_plan)");
+  }
+  tp_layout = tp::parallelize_module(*user.module, mesh, 2, user.tensor_parallel_plan);
+  if (user.init) user.init = tp::sharded_init(tp_layout, user.init);
 }
 
 // Each rank keeps its shards of the same full model: results do not depend
@@ -382,6 +430,7 @@ void Trainer::State::shard_model() {
   }
   fsdp::ParallelOptions parallel = cfg.parallel;
   parallel.mixed_precision = cfg.train.mixed_precision;
+  parallel.tensor_parallel = tp_layout.params;
   fsdp = std::make_unique<fsdp::FullyShardedModel>(user.module, mesh, parallel, user.units,
                                                    user.init);
   optim = std::make_unique<optim::ShardedAdamW>(*fsdp, cfg.optim, cfg.train.steps);
@@ -429,8 +478,7 @@ void Trainer::State::print_banner(const std::optional<std::string>& resume_from,
                                                 : dist::to_string(rt.env.source))
             << (rt.env.agent_store ? ", the agent's store" : "")
             << (rt.env.restart_count > 0 ? ", restart " + std::to_string(rt.env.restart_count) : std::string())
-            << "), layout " << fsdp::layout_name(mesh_shape) << " replicate=" << mesh_shape[0]
-            << " shard=" << mesh_shape[1] << ", groups train=" << rt.train->backend_name()
+            << "), layout " << layout << ", groups train=" << rt.train->backend_name()
             << " ckpt=" << rt.checkpoint->backend_name() << ", device " << device.str()
             << ", LibTorch " << dist::torch_version() << "\n"
             << "shardkit: model " << user.description << " " << param_count() << " params, "
@@ -492,26 +540,40 @@ Trainer::Trainer(const config::Config& config, dist::Runtime& runtime, UserModel
   const int rank = runtime.env.rank;
   s.is_logger = rank == 0;
   s.mesh_shape = fsdp::mesh_shape_for(s.cfg.parallel, world);
-  s.mesh = dtensor::DeviceMesh::create(*runtime.rendezvous, s.mesh_shape, {"replicate", "shard"});
+  if (s.mesh_shape.size() == 3) {
+    s.mesh = dtensor::DeviceMesh::create(*runtime.rendezvous, s.mesh_shape,
+                                         {"replicate", "shard", "tensor"});
+    s.tp_size = s.mesh_shape[2];
+    s.tp_rank = s.mesh->coordinate(2);
+  } else {
+    s.mesh = dtensor::DeviceMesh::create(*runtime.rendezvous, s.mesh_shape, {"replicate", "shard"});
+  }
+  // The tensor axis is innermost: rank = data-parallel rank x tensor + tp_rank.
+  s.dp_size = world / s.tp_size;
+  s.dp_rank = rank / s.tp_size;
 
   const int64_t micro = s.cfg.train.micro_batch_size;
-  if (s.cfg.train.global_batch_size % world != 0 ||
-      (micro > 0 && s.cfg.train.global_batch_size % (micro * world) != 0)) {
+  const int64_t dp = s.dp_size;
+  if (s.cfg.train.global_batch_size % dp != 0 ||
+      (micro > 0 && s.cfg.train.global_batch_size % (micro * dp) != 0)) {
     throw std::invalid_argument(
         "train.global_batch_size (" + std::to_string(s.cfg.train.global_batch_size) +
         ") must be divisible by train.micro_batch_size (" + std::to_string(micro) +
-        ") x data-parallel ranks (" + std::to_string(world) + ")");
+        ") x data-parallel ranks (" + std::to_string(dp) + ")");
   }
-  if (micro > 0) s.micro_batches = s.cfg.train.global_batch_size / world / micro;
+  if (micro > 0) s.micro_batches = s.cfg.train.global_batch_size / dp / micro;
   if (s.builtin_model) s.build_builtin_model();
+  s.apply_tensor_parallel();
   s.shard_model();
   s.dataset = s.user.dataset;
   s.loader = std::make_unique<data::DataLoader>(s.dataset, s.cfg.train.global_batch_size,
-                                                static_cast<uint64_t>(s.cfg.run.seed), rank, world);
+                                                static_cast<uint64_t>(s.cfg.run.seed),
+                                                static_cast<int>(s.dp_rank), static_cast<int>(dp));
 
   std::ostringstream layout;
   layout << fsdp::layout_name(s.mesh_shape) << " replicate=" << s.mesh_shape[0]
          << " shard=" << s.mesh_shape[1];
+  if (s.tp_size > 1) layout << " tensor=" << s.tp_size;
   s.layout = layout.str();
   s.resume_source = resume_source(s.cfg);
   if (s.resume_source == ResumeSource::kAutoAfterDcp) {
@@ -644,7 +706,8 @@ StepStats Trainer::State::accumulate_gradients(int64_t to_step) {
   const int64_t micro = cfg.train.micro_batch_size;
   LocalLoss counted{torch::zeros({}, torch::TensorOptions(torch::kDouble).device(device)),
                     (host_targets != data::kIgnoreIndex).sum().to(device)};
-  torch::Tensor stats = pack_step_stats(counted, stop_signal().load() != 0, ckpt->busy(), device);
+  torch::Tensor stats =
+      pack_step_stats(counted, stop_signal().load() != 0, ckpt->busy(), device, tp_rank == 0);
   if (hooks.before_step) hooks.before_step(to_step, rt.env.rank);
   rt.train->all_reduce(stats);
   StepStats global = unpack_step_stats(stats);
@@ -659,6 +722,7 @@ StepStats Trainer::State::accumulate_gradients(int64_t to_step) {
     fsdp->finish_backward();
     loss_sum += loss.sum.detach().to(torch::kDouble);
   }
+  if (tp_rank != 0) loss_sum.zero_();  // the first rank of the TP group counts it
   rt.train->all_reduce(loss_sum);
   global.loss_sum = loss_sum.to(torch::kCPU).item<double>();
   return global;
@@ -679,7 +743,7 @@ StepRecord Trainer::train_step() {
     // sum, global token count, and whether any rank was asked to stop or is
     // still saving. Its result is the one host read of the step.
     torch::Tensor stats =
-        pack_step_stats(local, stop_signal().load() != 0, s.ckpt->busy(), s.device);
+        pack_step_stats(local, stop_signal().load() != 0, s.ckpt->busy(), s.device, s.tp_rank == 0);
     if (s.hooks.before_step) s.hooks.before_step(step, s.rt.env.rank);
     s.rt.train->all_reduce(stats);
     global = unpack_step_stats(stats);
@@ -827,7 +891,10 @@ std::string Trainer::sample() {
   torch::NoGradGuard no_grad;
   // Every rank in step: the same gathered weights give the same tokens.
   const auto forward = [&](const torch::Tensor& tokens) {
-    return s.fsdp->forward([&] { return model->forward(tokens.to(s.device)); });
+    torch::Tensor logits = s.fsdp->forward([&] { return model->forward(tokens.to(s.device)); });
+    // Tensor parallelism: each rank holds its slice of the vocabulary.
+    if (s.tp_size > 1) logits = tp::gather_last_dim(logits, s.mesh->group(2), s.cfg.model.vocab_size);
+    return logits;
   };
   const std::vector<int64_t> ids =
       models::generate(*model, s.cfg.model.seq_len, prompt, s.cfg.train.sample_tokens, {}, {}, false, forward);
@@ -846,8 +913,8 @@ EvalRecord Trainer::evaluate() {
   if (n <= 0) {
     throw std::runtime_error("train.eval_every: no held-out samples; set data.eval_fraction > 0 (or data.eval_path)");
   }
-  const int world = s.rt.env.world_size;
-  const int rank = s.rt.env.rank;
+  const int64_t world = s.dp_size;  // TP ranks evaluate the same samples
+  const int64_t rank = s.dp_rank;
   const int64_t batch = s.cfg.train.global_batch_size;
   const int64_t local = batch / world;
   const auto pad = s.dataset->eval_sample(0);  // shapes and dtypes of a sample
@@ -881,6 +948,7 @@ EvalRecord Trainer::evaluate() {
     }
   }
   torch::Tensor both = torch::stack({loss_sum, tokens});
+  if (s.tp_rank != 0) both.zero_();  // the first rank of the TP group counts it
   s.rt.train->all_reduce(both);
   both = both.to(torch::kCPU);
   EvalRecord rec;

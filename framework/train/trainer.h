@@ -15,6 +15,7 @@
 #include "checkpoint/storage/storage.h"
 #include "framework/dist/local_launcher.h"
 #include "framework/dist/runtime.h"
+#include "framework/tp/tensor_parallel.h"
 
 #include <atomic>
 #include <functional>
@@ -92,6 +93,12 @@ struct UserModel {
   // For a module built without parameter storage: fills each full
   // parameter as FullyShardedModel materialises it (fsdp::ParamInit).
   std::function<void(const std::string& name, const torch::Tensor& full)> init;
+  // parallel.tensor > 1: which submodules are split and how (tp::Plan, as
+  // torchtitan's parallelize_module takes it). The trainer applies it before
+  // FSDP; `init` is then still called with whole parameters. The loss sees
+  // what the plan leaves: e.g. logits split by vocabulary for a colwise
+  // output projection (tp::vocab_parallel_cross_entropy).
+  tp::Plan tensor_parallel_plan;
 };
 
 // What the caller of a Trainer may plug in besides the config.

@@ -350,6 +350,46 @@ std::string bytes_of(const torch::Tensor& t) {
   return std::string(static_cast<const char*>(c.data_ptr()), c.nbytes());
 }
 
+// A llama trained under tensor parallelism x FSDP (TP 2 x FSDP 2, 4 ranks):
+// its checkpoint's whole tensors, gathered from the 2-D placements.
+TinyCheckpoint make_tensor_parallel_checkpoint(const std::string& tag) {
+  TinyCheckpoint c;
+  c.run = fs::temp_directory_path() / ("shardkit_dcp_" + tag + "_" + std::to_string(::getpid()));
+  fs::remove_all(c.run);
+  framework::config::Config cfg;
+  cfg.run.dir = c.run.string();
+  cfg.train.steps = 3;
+  cfg.train.global_batch_size = 4;
+  cfg.checkpoint.interval = 3;
+  cfg.model.kind = "llama";
+  cfg.model.tie_weights = false;
+  cfg.model.vocab_size = 34;
+  cfg.model.seq_len = 8;
+  cfg.model.d_model = 32;
+  cfg.model.n_heads = 4;
+  cfg.model.n_kv_heads = 2;
+  cfg.model.n_layers = 2;
+  cfg.model.d_ff = 48;
+  cfg.parallel.tensor = 2;
+  std::mutex mu;
+  testing_support::run_runtimes(4, [&](framework::dist::Runtime& rt) {
+    framework::train::Trainer trainer(cfg, rt);
+    EXPECT_EQ(trainer.run(), 0);
+    auto& sharded = trainer.model();
+    for (size_t i = 0; i < sharded.param_names().size(); ++i) {
+      const std::string name = sharded.param_names()[i];
+      const torch::Tensor p = sharded.param_dtensor(i).full_tensor().contiguous();
+      const framework::optim::AdamWParamState st = trainer.optimizer().state(i);
+      const torch::Tensor m = st.exp_avg.full_tensor().contiguous();
+      std::lock_guard<std::mutex> lock(mu);
+      c.expected["model." + name] = {p, ""};
+      c.expected["optim.state." + name + ".exp_avg"] = {m, ""};
+    }
+  });
+  c.step_dir = (c.run / "checkpoints" / "step_3").string();
+  return c;
+}
+
 // ckpt export --format dcp: every model and AdamW tensor reads back exactly
 // (our reader), and resuming from the export at world 2 continues at step 4.
 TEST(DcpExport, ExportedCheckpointReadsBackExactlyAndResumes) {
@@ -610,6 +650,50 @@ TEST(DcpPython, PythonDcpLoadReadsOurExportAtOneAndTwoRanks) {
                             " 2>&1";
     EXPECT_EQ(std::system(cmd.c_str()), 0) << "world " << world << ":\n" << read_all(log);
   }
+  fs::remove_all(c.run);
+}
+
+
+// The DCP export of a tensor-parallel checkpoint: whole tensors, read back
+// exactly by our reader and, where a python3 with torch is found (the
+// Debian 13 leg), by PyTorch's own DCP loader.
+TEST(DcpPython, ATensorParallelCheckpointExportLoadsInTorchDcp) {
+  TinyCheckpoint c = make_tensor_parallel_checkpoint("tpexport");
+  const std::string out = (c.run / "dcp").string();
+  ExportOptions options;
+  options.format = ExportFormat::kDcp;
+  export_checkpoint(c.step_dir, out, options);
+  auto storage = posix_storage();
+  const DcpMetadata meta = read_dcp_metadata(*storage, out);
+  size_t checked = 0;
+  for (const DcpTensorItem& item : meta.tensors) {
+    auto it = c.expected.find(item.fqn);
+    if (it == c.expected.end()) continue;
+    std::string got(static_cast<size_t>(*checked_numel(item.shape)) * element_size(item.dtype), '\0');
+    read_dcp_box(*storage, out, item, full_box(item.shape), reinterpret_cast<uint8_t*>(got.data()));
+    EXPECT_EQ(got, bytes_of(it->second.first)) << item.fqn;
+    ++checked;
+  }
+  EXPECT_EQ(checked, c.expected.size());
+  const std::string python = python_with_torch();
+  if (python.empty()) {
+    fs::remove_all(c.run);
+    SHARDKIT_SKIP(kNoPythonDcp);
+  }
+  const fs::path expected = c.run / "expected";
+  fs::create_directories(expected);
+  nlohmann::json index;
+  int i = 0;
+  for (const auto& [key, value] : c.expected) {
+    const std::string file = std::to_string(i++) + ".bin";
+    std::ofstream(expected / file, std::ios::binary) << bytes_of(value.first);
+    index[key] = {{"kind", "tensor"}, {"dtype", "float32"}, {"shape", value.first.sizes().vec()}, {"file", file}};
+  }
+  std::ofstream(expected / "index.json") << index.dump();
+  const std::string log = (c.run / "load.log").string();
+  const std::string cmd = "USE_LIBUV=0 " + python + " " + kFixtures + "/load_dcp.py " + out +
+                          " 1 --generic --expected " + expected.string() + " > " + log + " 2>&1";
+  EXPECT_EQ(std::system(cmd.c_str()), 0) << read_all(log);
   fs::remove_all(c.run);
 }
 

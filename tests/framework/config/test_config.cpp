@@ -34,7 +34,7 @@ const std::vector<std::string> kAllKeys = {
     "data.tokenizer",
     "optim.lr", "optim.min_lr", "optim.warmup_steps", "optim.weight_decay", "optim.beta1",
     "optim.beta2", "optim.eps",
-    "parallel.replicate", "parallel.shard", "parallel.reshard_after_forward",
+    "parallel.replicate", "parallel.shard", "parallel.tensor", "parallel.reshard_after_forward",
     "dist.backend", "dist.timeout_s", "dist.master_addr", "dist.master_port",
     "checkpoint.dir", "checkpoint.interval", "checkpoint.mode", "checkpoint.keep_last",
     "checkpoint.resume", "checkpoint.resume_fallback", "checkpoint.allow_config_change", "checkpoint.on_error", "checkpoint.save_on_signal",
@@ -130,6 +130,7 @@ Config non_default_config() {
   c.optim.eps = 1e-12;
   c.parallel.replicate = 2;
   c.parallel.shard = 4;
+  c.parallel.tensor = 2;
   c.parallel.reshard_after_forward = false;
   c.dist.backend = "nccl";
   c.dist.timeout_s = 30.5;

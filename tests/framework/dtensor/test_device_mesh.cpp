@@ -30,6 +30,28 @@ TEST(DeviceMesh, TwoByTwoMeshLaysRanksOutRowMajor) {
   });
 }
 
+// The {replicate, shard, tensor} mesh of tensor parallelism (tensor
+// innermost: consecutive ranks) and its {replicate, tensor, shard} view,
+// on which DTensors nest TP's split before FSDP's.
+TEST(DeviceMesh, ThreeDimensionalMeshAndAPermutedViewShareGroups) {
+  run_ranks(4, [](RankContext& ctx) {
+    auto mesh = DeviceMesh::create(ctx.rendezvous, {1, 2, 2}, {"replicate", "shard", "tensor"});
+    EXPECT_EQ(mesh->coordinate(1), ctx.rank / 2);
+    EXPECT_EQ(mesh->coordinate(2), ctx.rank % 2);
+    const int t0 = ctx.rank / 2 * 2;
+    EXPECT_EQ(mesh->group(2).global_ranks(), (std::vector<int>{t0, t0 + 1}));
+    auto view = mesh->permuted({0, 2, 1});
+    EXPECT_EQ(view->axis_names(), (std::vector<std::string>{"replicate", "tensor", "shard"}));
+    EXPECT_EQ(view->coordinates(), (std::vector<int64_t>{0, ctx.rank % 2, ctx.rank / 2}));
+    EXPECT_EQ(&view->group(1), &mesh->group(2));
+    EXPECT_EQ(&view->group(2), &mesh->group(1));
+    EXPECT_EQ(view->global_rank(), ctx.rank);
+    EXPECT_EQ(view->world_size(), 4);
+    EXPECT_THROW(mesh->permuted({0, 1, 1}), std::invalid_argument);
+    EXPECT_THROW(mesh->permuted({0, 1}), std::invalid_argument);
+  });
+}
+
 TEST(DeviceMesh, AllReduceOverEachAxisSumsOnlyThatAxisMembers) {
   run_ranks(4, [](RankContext& ctx) {
     auto mesh = DeviceMesh::create(ctx.rendezvous, {2, 2}, {"dp", "fsdp"});
