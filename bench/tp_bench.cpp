@@ -11,7 +11,7 @@
 //   - activations: the bytes the forward keeps for backward: the CPU
 //     allocator's live bytes after every rank's forward less those before
 //     it, over the ranks (ranks are threads of this process, with real Gloo
-//     groups; the root unit gathered for the backward is counted too), and
+//     groups), less the root unit FSDP keeps gathered for the backward; and
 //     per sample of the rank's batch.
 // Prints a table and, with --json FILE, one JSON array.
 //   build/tp_bench [--d-model 512 --layers 4 --vocab 16384 --seq-len 256 --batch 8] [--json F]
@@ -65,7 +65,7 @@ Row measure(const Layout& l, const models::ModelOptions& mo, int64_t global_batc
   row.layout = l.name;
   row.world = l.world;
   std::mutex mu;
-  std::atomic<int64_t> before{0}, after{0};
+  std::atomic<int64_t> before{0}, after{0}, root_bytes{0};
   std::vector<std::thread> threads;
   for (int r = 0; r < l.world; ++r) {
     threads.emplace_back([&, r] {
@@ -119,6 +119,15 @@ Row measure(const Layout& l, const models::ModelOptions& mo, int64_t global_batc
       rt->train->barrier();
       if (r == 0) after = alloc.live_bytes();
       rt->train->barrier();
+      // FSDP keeps the root unit (embedding, final norm, output projection)
+      // gathered from the forward to the backward: not activations.
+      int64_t root = 0;
+      if (dp > 1) {
+        for (const auto& p : model->named_parameters()) {
+          if (p.key().rfind("model.layers.", 0) != 0) root += bytes_of(p.value());
+        }
+      }
+      root_bytes += root;
       loss.backward();
       fsdp.finish_backward();
       adamw.step(1);
@@ -141,7 +150,8 @@ Row measure(const Layout& l, const models::ModelOptions& mo, int64_t global_batc
     });
   }
   for (auto& t : threads) t.join();
-  row.activations_mib = mib(static_cast<double>(after.load() - before.load()) / l.world);
+  row.activations_mib =
+      mib(static_cast<double>(after.load() - before.load() - root_bytes.load()) / l.world);
   return row;
 }
 
@@ -205,8 +215,8 @@ int main(int argc, char** argv) {
                    {"total_mib", r.total()},
                    {"ratio_to_fsdp4", r.total() / fsdp_total}});
   }
-  std::printf("  activations: kept by the forward for backward (and the gathered root unit); "
-              "the ranks of a TP group share a batch\n");
+  std::printf("  activations: kept by the forward for backward; the ranks of a TP group share a "
+              "batch (FSDP 4: 2 samples per rank, TP 2 x FSDP 2: 4, TP 4: 8)\n");
   if (!json_path.empty()) std::ofstream(json_path) << out.dump(2) << "\n";
   return 0;
 }

@@ -406,11 +406,12 @@ TEST(TrainCli, GenerateContinuesAPromptFromACheckpointOrItsHuggingFaceExport) {
 TEST(TrainCli, TensorParallelLlamaTrainsAndItsCheckpointResumesUnderFsdp) {
   const std::string dir = scratch("tp");
   const std::string llama = "--config " + std::string(SHARDKIT_SOURCE_DIR) + "/configs/llama_tiny.yaml --set run.dir=" +
-                            dir + " --set train.steps=6 --set train.log_every=1 --set train.eval_every=0"
+                            dir + " --set train.steps=6 --set train.log_every=1 --set train.eval_every=3"
                             " --set checkpoint.interval=3";
   Result a = run("--nproc 4 " + llama + " --set parallel.tensor=2 --set train.stop_at=3");
   ASSERT_EQ(a.status, 0) << a.output;
   EXPECT_NE(a.output.find("layout fsdp+tp replicate=1 shard=2 tensor=2"), std::string::npos) << a.output;
+  EXPECT_NE(a.output.find("eval step 3 | val_loss"), std::string::npos) << a.output;
   Result b = run("--nproc 2 " + llama);
   ASSERT_EQ(b.status, 0) << b.output;
   EXPECT_NE(b.output.find("resumed from " + dir + "/checkpoints/step_3 (step 3, saved by 4 ranks, "
