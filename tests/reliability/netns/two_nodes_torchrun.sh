@@ -222,14 +222,29 @@ for s in sorted(out):
 EOF
 }
 
-# The steps committed anywhere (a node's local tier or the durable tier):
-# step_N directories with .metadata, sorted, one a line.
+# The steps a resume can load: committed in the durable tier, or complete in
+# the local tiers (checkpoint/FORMAT.md, "State of a tier": every rank's
+# file on the node that committed it, or as a partner copy on a node with a
+# .partner.json). Here rank r is node r's one worker. A step that node 0
+# committed locally while node 1's worker was being killed is not complete.
+# Sorted, one a line.
 committed_steps() {
-  local meta step
-  for meta in "$1"/local/node*/step_*/.metadata "$1"/checkpoints/step_*/.metadata; do
+  local meta step s r o ok
+  for meta in "$1"/checkpoints/step_*/.metadata "$1"/local/node*/step_*/.metadata; do
     [[ -f $meta ]] || continue
     step=${meta%/.metadata}
-    echo "${step##*/step_}"
+    s=${step##*/step_}
+    if [[ $meta == "$1"/local/* ]]; then
+      ok=1
+      for r in 0 1; do
+        o=$((1 - r))
+        [[ -f $1/local/node$r/step_$s/.metadata && -f $1/local/node$r/step_$s/rank_$r.data ]] && continue
+        [[ -f $1/local/node$o/step_$s/.partner.json && -f $1/local/node$o/step_$s/.partner/rank_$r.data ]] && continue
+        ok=0
+      done
+      ((ok)) || continue
+    fi
+    echo "$s"
   done | sort -n | uniq
 }
 newest_committed() { committed_steps "$1" | tail -n1; }
