@@ -390,17 +390,17 @@ void Trainer::State::build_builtin_model() {
       return LossSum{per_token.sum(), (targets != data::kIgnoreIndex).sum()};
     };
   } else {
-  user.loss = [model](const torch::Tensor& inputs, const torch::Tensor& targets) {
-    // The loss and its softmax in fp32, whatever the compute dtype.
-    torch::Tensor logits = model->forward(inputs).to(torch::kFloat);
-    const int64_t vocab = logits.size(-1);
-    torch::Tensor sum = torch::nn::functional::cross_entropy(
-        logits.reshape({-1, vocab}), targets.reshape({-1}),
-        torch::nn::functional::CrossEntropyFuncOptions()
-            .ignore_index(data::kIgnoreIndex)
-            .reduction(torch::kSum));
-    return LossSum{sum, (targets != data::kIgnoreIndex).sum()};
-  };
+    user.loss = [model](const torch::Tensor& inputs, const torch::Tensor& targets) {
+      // The loss and its softmax in fp32, whatever the compute dtype.
+      torch::Tensor logits = model->forward(inputs).to(torch::kFloat);
+      const int64_t vocab = logits.size(-1);
+      torch::Tensor sum = torch::nn::functional::cross_entropy(
+          logits.reshape({-1, vocab}), targets.reshape({-1}),
+          torch::nn::functional::CrossEntropyFuncOptions()
+              .ignore_index(data::kIgnoreIndex)
+              .reduction(torch::kSum));
+      return LossSum{sum, (targets != data::kIgnoreIndex).sum()};
+    };
   }
   user.dataset = data::make_dataset(cfg.data, cfg.model, static_cast<uint64_t>(cfg.run.seed));
   user.description = cfg.model.kind;
