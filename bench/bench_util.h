@@ -6,7 +6,7 @@
 #include "checkpoint/storage/paced.h"
 #include "checkpoint/storage/storage.h"
 #include "checkpoint/timing.h"
-#include "framework/dist/process_group.h"
+#include "dist/process_group.h"
 
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>

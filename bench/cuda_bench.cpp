@@ -2,9 +2,9 @@
 
 #include "checkpoint/load.h"
 #include "checkpoint/async/manager.h"
-#include "framework/dist/device.h"
-#include "framework/dist/launch_env.h"
-#include "framework/dist/runtime.h"
+#include "dist/device.h"
+#include "dist/launch_env.h"
+#include "dist/runtime.h"
 
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>

@@ -9,8 +9,8 @@
 // in FullyShardedModel::memory_stats). World 1 is the unsharded baseline:
 // the whole model's parameters and gradients. Target (issue): about the
 // sharded total plus the largest unit.
-#include "framework/dist/launch_env.h"
-#include "framework/dist/runtime.h"
+#include "dist/launch_env.h"
+#include "dist/runtime.h"
 #include "framework/dtensor/device_mesh.h"
 #include "framework/fsdp/fully_shard.h"
 #include "models/layered_model.h"

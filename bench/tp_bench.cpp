@@ -15,8 +15,8 @@
 //     per sample of the rank's batch.
 // Prints a table and, with --json FILE, one JSON array.
 //   build/tp_bench [--d-model 512 --layers 4 --vocab 16384 --seq-len 256 --batch 8] [--json F]
-#include "framework/dist/launch_env.h"
-#include "framework/dist/runtime.h"
+#include "dist/launch_env.h"
+#include "dist/runtime.h"
 #include "framework/dtensor/chunk.h"
 #include "framework/dtensor/device_mesh.h"
 #include "framework/fsdp/fully_shard.h"

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "framework/dist/process_group.h"
+#include "dist/process_group.h"
 
 namespace checkpoint {
 

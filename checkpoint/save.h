@@ -20,7 +20,7 @@
 #include "checkpoint/plan/planner.h"
 #include "checkpoint/state_dict.h"
 #include "checkpoint/storage/storage.h"
-#include "framework/dist/process_group.h"
+#include "dist/process_group.h"
 
 #include <map>
 #include <memory>

@@ -46,7 +46,7 @@
 //           CheckpointOptions: threads per process that encode, write, read
 //           and decode blocks.
 //
-// Process groups without the trainer (framework/dist/runtime.h):
+// Process groups without the trainer (dist/runtime.h):
 //   LaunchEnv env = framework::dist::detect_launch_env(framework::dist::process_env());
 //   auto rt = framework::dist::init_runtime(env, framework::dist::DistOptions{}, "cpu");
 //   // rt->checkpoint: a Gloo group over all ranks, for save_state_dict or a
@@ -91,7 +91,7 @@
 #include "checkpoint/codec/transforms.h"
 #include "checkpoint/format/types.h"
 #include "checkpoint/interop/weights_file.h"
-#include "framework/dist/launch_env.h"
-#include "framework/dist/local_launcher.h"
-#include "framework/dist/process_group.h"
-#include "framework/dist/runtime.h"
+#include "dist/launch_env.h"
+#include "dist/local_launcher.h"
+#include "dist/process_group.h"
+#include "dist/runtime.h"

@@ -2,7 +2,7 @@
 
 #include "models/forward_hooks.h"
 
-#include "framework/dist/torch_compat.h"
+#include "dist/torch_compat.h"
 
 #include <cmath>
 #include <limits>

@@ -16,7 +16,7 @@
 // thread before the host copy is read. The next stage() REQUIRES the
 // previous host copy is no longer being read.
 #include "checkpoint/state_dict.h"
-#include "framework/dist/device.h"
+#include "dist/device.h"
 
 #include <memory>
 #include <string>

@@ -15,7 +15,7 @@
 // and verifies both. Prints "checkpoint_basic: OK" when every rank got back
 // what was saved.
 #include "checkpoint/shardkit_checkpoint.h"
-#include "framework/dist/self_launch.h"
+#include "dist/self_launch.h"
 
 #include <torch/torch.h>
 

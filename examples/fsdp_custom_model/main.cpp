@@ -18,10 +18,10 @@
 
 #include "framework/config/config.h"
 #include "framework/data/dataset.h"
-#include "framework/dist/launch_env.h"
-#include "framework/dist/local_launcher.h"
-#include "framework/dist/runtime.h"
-#include "framework/dist/self_launch.h"
+#include "dist/launch_env.h"
+#include "dist/local_launcher.h"
+#include "dist/runtime.h"
+#include "dist/self_launch.h"
 #include "framework/fsdp/fully_shard.h"
 #include "framework/train/trainer.h"
 

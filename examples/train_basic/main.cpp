@@ -16,10 +16,10 @@
 //      that they are this rank's part of the full parameters.
 // Prints "train_basic: OK" when every rank agrees.
 #include "framework/config/config.h"
-#include "framework/dist/launch_env.h"
-#include "framework/dist/local_launcher.h"
-#include "framework/dist/runtime.h"
-#include "framework/dist/self_launch.h"
+#include "dist/launch_env.h"
+#include "dist/local_launcher.h"
+#include "dist/runtime.h"
+#include "dist/self_launch.h"
 #include "framework/train/state_dict.h"
 #include "framework/train/trainer.h"
 

@@ -19,7 +19,7 @@
 
 #include "checkpoint/options.h"
 #include "framework/data/options.h"
-#include "framework/dist/options.h"
+#include "dist/options.h"
 #include "framework/fsdp/options.h"
 #include "framework/optim/options.h"
 #include "framework/train/options.h"

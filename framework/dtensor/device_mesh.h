@@ -8,8 +8,8 @@
 // Call sequence: (all ranks, same order) DeviceMesh::create. Afterwards each
 // axis group is an ordinary framework::dist::Group: its members must call
 // collectives in the same order, from one thread at a time.
-#include "framework/dist/process_group.h"
-#include "framework/dist/runtime.h"
+#include "dist/process_group.h"
+#include "dist/runtime.h"
 
 #include <cstdint>
 #include <memory>

@@ -1,4 +1,4 @@
-#include "framework/dist/torch_compat.h"
+#include "dist/torch_compat.h"
 #include "framework/optim/lr_schedule.h"
 #include "framework/optim/sharded_adamw.h"
 

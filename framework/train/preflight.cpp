@@ -8,10 +8,10 @@
 #include "checkpoint/load.h"
 #include "checkpoint/storage/checkpoint_dir.h"
 #include "checkpoint/storage/tiers.h"
-#include "framework/dist/launch_env.h"
+#include "dist/launch_env.h"
 #include "framework/tokenizer/tokenizer.h"
 #include "framework/data/dataset.h"
-#include "framework/dist/device.h"
+#include "dist/device.h"
 #include "framework/fsdp/fully_shard.h"
 #include "models/layered_model.h"
 

@@ -8,7 +8,7 @@
 #include "checkpoint/format/byte_order.h"
 #include "checkpoint/timing.h"
 #include "framework/data/dataset.h"
-#include "framework/dist/device.h"
+#include "dist/device.h"
 #include "framework/data/sampler.h"
 #include "framework/data/loader.h"
 #include "framework/dtensor/chunk.h"

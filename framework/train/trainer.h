@@ -13,8 +13,8 @@
 #include "framework/config/config.h"
 #include "checkpoint/async/manager.h"
 #include "checkpoint/storage/storage.h"
-#include "framework/dist/local_launcher.h"
-#include "framework/dist/runtime.h"
+#include "dist/local_launcher.h"
+#include "dist/runtime.h"
 #include "framework/tp/tensor_parallel.h"
 
 #include <atomic>

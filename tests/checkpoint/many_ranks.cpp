@@ -15,9 +15,9 @@
 // naming the rank and what was wrong.
 #include "checkpoint/shardkit_checkpoint.h"
 #include "checkpoint/format/metadata.h"
-#include "framework/dist/launch_env.h"
-#include "framework/dist/runtime.h"
-#include "framework/dist/self_launch.h"
+#include "dist/launch_env.h"
+#include "dist/runtime.h"
+#include "dist/self_launch.h"
 
 #include <torch/torch.h>
 

@@ -15,7 +15,7 @@
 #include "checkpoint/save.h"
 #include "framework/config/config.h"
 #include "framework/data/dataset.h"
-#include "framework/dist/torch_compat.h"
+#include "dist/torch_compat.h"
 #include "framework/fsdp/fully_shard.h"
 #include "framework/train/state_dict.h"
 #include "framework/train/trainer.h"

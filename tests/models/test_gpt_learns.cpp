@@ -3,7 +3,7 @@
 // head tying, init) that shape tests cannot see.
 #include "framework/data/loader.h"
 #include "framework/data/synthetic_dataset.h"
-#include "framework/dist/cpu_threads.h"
+#include "dist/cpu_threads.h"
 #include "models/layered_model.h"
 
 #include <gtest/gtest.h>

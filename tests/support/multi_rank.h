@@ -4,8 +4,8 @@
 // --nproc` does, so that tests running in parallel never race for a port. The
 // first exception thrown by any rank is rethrown (with its rank) after all
 // threads end.
-#include "framework/dist/launch_env.h"
-#include "framework/dist/runtime.h"
+#include "dist/launch_env.h"
+#include "dist/runtime.h"
 
 #include <chrono>
 #include <exception>

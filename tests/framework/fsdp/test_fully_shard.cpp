@@ -4,7 +4,7 @@
 // root and a unit, and a buffer. Every gradient matches the same module
 // run unsharded on the whole batch, under FSDP, HSDP and DDP over real Gloo
 // groups; what cannot be sharded is refused by name.
-#include "framework/dist/torch_compat.h"  // the c10d headers, with Gloo enabled
+#include "dist/torch_compat.h"  // the c10d headers, with Gloo enabled
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include "framework/dtensor/device_mesh.h"
 #include "framework/fsdp/fully_shard.h"

@@ -7,7 +7,7 @@
 #include "checkpoint/load.h"
 #include "checkpoint/async/manager.h"
 #include "checkpoint/format/metadata.h"
-#include "framework/dist/device.h"
+#include "dist/device.h"
 #include "framework/fsdp/fully_shard.h"
 #include "framework/optim/sharded_adamw.h"
 #include "framework/train/trainer.h"

@@ -2,7 +2,7 @@
 // bf16 mixed precision, gradient accumulation, activation checkpointing,
 // bit-exact and resharded resume, and a model that is never whole on a rank.
 // (Against PyTorch itself: tests/models/test_llama_parity.py.)
-#include "framework/dist/torch_compat.h"
+#include "dist/torch_compat.h"
 #include "framework/dtensor/device_mesh.h"
 #include "framework/fsdp/activation_checkpoint.h"
 #include "framework/fsdp/fully_shard.h"

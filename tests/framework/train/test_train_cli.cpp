@@ -2,7 +2,7 @@
 #include "checkpoint/interop/export.h"
 #include "checkpoint/interop/weights_file.h"
 #include "checkpoint/format/types.h"
-#include "framework/dist/device.h"
+#include "dist/device.h"
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 

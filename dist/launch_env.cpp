@@ -1,4 +1,4 @@
-#include "framework/dist/launch_env.h"
+#include "dist/launch_env.h"
 
 #include <algorithm>
 #include <cinttypes>

@@ -1,9 +1,9 @@
 // Rendezvous over real c10d TCPStores on loopback: who serves the store, and
 // how a rank refuses a store that belongs to another job.
-#include "framework/dist/launch_env.h"
-#include "framework/dist/local_launcher.h"
-#include "framework/dist/process_group.h"
-#include "framework/dist/runtime.h"
+#include "dist/launch_env.h"
+#include "dist/local_launcher.h"
+#include "dist/process_group.h"
+#include "dist/runtime.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>

@@ -1,5 +1,5 @@
 // Collectives over real Gloo groups, 2-4 ranks as threads on loopback.
-#include "framework/dist/process_group.h"
+#include "dist/process_group.h"
 #include "support/multi_rank.h"
 
 #include <gtest/gtest.h>

@@ -1,6 +1,6 @@
-#include "framework/dist/process_group.h"
+#include "dist/process_group.h"
 
-#include "framework/dist/torch_compat.h"
+#include "dist/torch_compat.h"
 
 #include <algorithm>
 #include <cstring>

@@ -1,7 +1,7 @@
-#include "framework/dist/runtime.h"
+#include "dist/runtime.h"
 
-#include "framework/dist/device.h"
-#include "framework/dist/torch_compat.h"
+#include "dist/device.h"
+#include "dist/torch_compat.h"
 
 #include <algorithm>
 #include <cstdlib>

@@ -1,8 +1,8 @@
-#include "framework/dist/self_launch.h"
+#include "dist/self_launch.h"
 
-#include "framework/dist/launch_env.h"
-#include "framework/dist/local_launcher.h"
-#include "framework/dist/runtime.h"
+#include "dist/launch_env.h"
+#include "dist/local_launcher.h"
+#include "dist/runtime.h"
 
 #include <cstdlib>
 #include <filesystem>

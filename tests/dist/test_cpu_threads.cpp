@@ -1,7 +1,7 @@
 // A rank's CPU thread pools (LibTorch's and, on OpenBLAS, the BLAS's) are
 // sized to its share of the machine's cores. Each TEST runs in its own process
 // (gtest_discover_tests), so changing the process-wide pools here is safe.
-#include "framework/dist/cpu_threads.h"
+#include "dist/cpu_threads.h"
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>

@@ -1,4 +1,4 @@
-#include "framework/dist/cpu_threads.h"
+#include "dist/cpu_threads.h"
 
 #include <torch/torch.h>
 

@@ -1,4 +1,4 @@
-#include "framework/dist/device.h"
+#include "dist/device.h"
 
 #include <torch/cuda.h>
 

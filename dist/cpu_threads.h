@@ -9,7 +9,7 @@
 // would run 4 busy BLAS threads. Both pools get the same share.
 //
 // Not thread-safe: call once per process, before training starts.
-#include "framework/dist/launch_env.h"
+#include "dist/launch_env.h"
 
 namespace framework::dist {
 

@@ -30,8 +30,8 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
 
-#include "framework/dist/process_group.h"
-#include "framework/dist/runtime.h"
+#include "dist/process_group.h"
+#include "dist/runtime.h"
 
 #include <chrono>
 #include <cmath>

@@ -1,6 +1,6 @@
-#include "framework/dist/local_launcher.h"
+#include "dist/local_launcher.h"
 
-#include "framework/dist/launch_env.h"
+#include "dist/launch_env.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>

@@ -2,7 +2,7 @@
 // The built-in local launcher behind `train --nproc N` (like `torchrun
 // --standalone`): runs N copies of a program on this machine as ranks
 // 0..N-1. Torch-free.
-#include "framework/dist/store_server.h"
+#include "dist/store_server.h"
 
 #include <string>
 #include <vector>

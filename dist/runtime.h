@@ -4,10 +4,10 @@
 //
 // Call sequence (all ranks, same order): init_runtime; then new_group for any
 // sub-groups (mesh axes) in the same order on every rank.
-#include "framework/dist/launch_env.h"
-#include "framework/dist/options.h"
-#include "framework/dist/process_group.h"
-#include "framework/dist/store_server.h"
+#include "dist/launch_env.h"
+#include "dist/options.h"
+#include "dist/process_group.h"
+#include "dist/store_server.h"
 
 #include <map>
 #include <memory>
