@@ -101,6 +101,12 @@ uint64_t dcp_chunk_data_offset(Storage& storage, const std::string& dir, const D
 void read_dcp_box(Storage& storage, const std::string& dir, const DcpTensorItem& item,
                   const Box& box, uint8_t* dst);
 
+// A one-element item as an integer step (AdamW's float32 step,
+// torchtitan's int32 train_state.step; float64 and int64 too). Throws
+// FormatError naming `dir` and the item for any other shape or dtype, and
+// as read_dcp_box does.
+int64_t read_dcp_step(Storage& storage, const std::string& dir, const DcpTensorItem& item);
+
 // The model parameter name of a DCP key, as model.init_from sees it:
 // "model.<name>" -> "<name>" (DCP's get_state_dict layout); keys under
 // "optim.", "optimizer.", "lr_scheduler.", "dataloader.", "train_state.",

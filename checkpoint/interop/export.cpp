@@ -17,7 +17,7 @@
 #include "checkpoint/format/metadata.h"
 #include "checkpoint/plan/resharding.h"
 #include "checkpoint/interop/dcp.h"
-#include "checkpoint/interop/torch_pickle.h"
+#include "checkpoint/interop/pickle.h"
 #include "checkpoint/interop/weights_file.h"
 #include "checkpoint/interop/zip_archive.h"
 

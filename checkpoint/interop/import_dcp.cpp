@@ -1,7 +1,6 @@
 #include "checkpoint/interop/import_dcp.h"
 
 #include <algorithm>
-#include <cstring>
 #include <map>
 
 #include "checkpoint/format/byte_order.h"
@@ -21,35 +20,6 @@ Box box_of(const TensorEntry& e) {
   return b;
 }
 
-// A 0-d (or one-element) DCP tensor as an integer: AdamW's float step,
-// torchtitan's int32 train step.
-int64_t read_scalar(Storage& storage, const std::string& dir, const DcpTensorItem& item) {
-  const std::optional<uint64_t> numel = checked_numel(item.shape);
-  if (!numel || *numel != 1) {
-    throw FormatError(dir + ": item '" + item.fqn + "' of shape " + shape_to_string(item.shape) +
-                      " is not a single number");
-  }
-  uint8_t raw[8] = {};
-  read_dcp_box(storage, dir, item, full_box(item.shape), raw);
-  switch (item.dtype) {
-    case DType::kFloat32: {
-      float f;
-      std::memcpy(&f, raw, 4);
-      return static_cast<int64_t>(f);
-    }
-    case DType::kFloat64: {
-      double d;
-      std::memcpy(&d, raw, 8);
-      return static_cast<int64_t>(d);
-    }
-    case DType::kInt64: return static_cast<int64_t>(load_le(raw, 8));
-    case DType::kInt32: return static_cast<int32_t>(load_le(raw, 4));
-    default:
-      throw FormatError(dir + ": item '" + item.fqn + "' is " + dtype_name(item.dtype) +
-                        ", not a step count");
-  }
-}
-
 }  // namespace
 
 DcpLoadStats load_dcp_into(StateDict& state, const std::string& dir, const DcpLoadOptions& options) {
@@ -59,7 +29,7 @@ DcpLoadStats load_dcp_into(StateDict& state, const std::string& dir, const DcpLo
   std::map<std::string, const DcpTensorItem*> by_name;
   for (const DcpTensorItem& item : meta.tensors) {
     if (item.fqn == "train_state.step") {
-      stats.step = read_scalar(*storage, dir, item);
+      stats.step = read_dcp_step(*storage, dir, item);
       continue;
     }
     const std::string name = dcp_to_shardkit_name(item.fqn, options.renames);
@@ -117,7 +87,7 @@ DcpLoadStats load_dcp_into(StateDict& state, const std::string& dir, const DcpLo
   for (BytesEntry& b : state.bytes()) {
     auto it = by_name.find(b.name);
     if (it == by_name.end() || !starts_with(b.name, "optim.")) continue;
-    const int64_t step = read_scalar(*storage, dir, *it->second);
+    const int64_t step = read_dcp_step(*storage, dir, *it->second);
     b.data.assign(8, 0);
     store_le(b.data.data(), static_cast<uint64_t>(step), 8);
     max_optim_step = std::max(max_optim_step, step);

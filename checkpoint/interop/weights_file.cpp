@@ -10,7 +10,7 @@
 #include "checkpoint/format/metadata.h"
 #include "checkpoint/interop/dcp.h"
 #include "checkpoint/plan/resharding.h"
-#include "checkpoint/interop/torch_pickle.h"
+#include "checkpoint/interop/pickle.h"
 #include "checkpoint/interop/zip_archive.h"
 
 namespace checkpoint {

@@ -9,7 +9,7 @@
 // tensor's data_offsets lie within the data section, match dtype x shape and
 // do not overlap. torch.save: the zip central directory is bounds-checked,
 // the members needed must be stored (uncompressed), and data.pkl is read by a
-// restricted pickle reader (torch_pickle.h) that executes nothing.
+// restricted pickle reader (pickle.h) that executes nothing.
 // Errors are FormatError (metadata.h) naming the path and the tensor;
 // IoError for the file system.
 #include <cstdint>

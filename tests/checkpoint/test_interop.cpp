@@ -27,7 +27,7 @@
 #include "checkpoint/format/metadata.h"
 #include "checkpoint/save.h"
 #include "checkpoint/state_dict.h"
-#include "checkpoint/interop/torch_pickle.h"
+#include "checkpoint/interop/pickle.h"
 #include "checkpoint/interop/weights_file.h"
 #include "checkpoint/interop/zip_archive.h"
 #include "support/multi_rank.h"
