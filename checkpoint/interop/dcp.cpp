@@ -216,16 +216,8 @@ int64_t read_dcp_step(Storage& storage, const std::string& dir, const DcpTensorI
   uint8_t raw[8] = {};
   read_dcp_box(storage, dir, item, full_box(item.shape), raw);
   switch (item.dtype) {
-    case DType::kFloat32: {
-      float f;
-      std::memcpy(&f, raw, 4);
-      return static_cast<int64_t>(f);
-    }
-    case DType::kFloat64: {
-      double d;
-      std::memcpy(&d, raw, 8);
-      return static_cast<int64_t>(d);
-    }
+    case DType::kFloat32:
+    case DType::kFloat64: return static_cast<int64_t>(load_real(item.dtype, raw));
     case DType::kInt64: return static_cast<int64_t>(load_le(raw, 8));
     case DType::kInt32: return static_cast<int32_t>(load_le(raw, 4));
     default:

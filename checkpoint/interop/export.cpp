@@ -18,6 +18,7 @@
 #include "checkpoint/plan/resharding.h"
 #include "checkpoint/interop/dcp.h"
 #include "checkpoint/interop/pickle.h"
+#include "checkpoint/interop/streaming.h"
 #include "checkpoint/interop/weights_file.h"
 #include "checkpoint/interop/zip_archive.h"
 
@@ -62,34 +63,6 @@ float half_to_float(uint16_t h) {
   return f;
 }
 
-float load_as_float(DType from, const uint8_t* p) {
-  switch (from) {
-    case DType::kFloat32: {
-      float f;
-      std::memcpy(&f, p, 4);
-      return f;
-    }
-    case DType::kFloat64: {
-      double d;
-      std::memcpy(&d, p, 8);
-      return static_cast<float>(d);
-    }
-    case DType::kFloat16: {
-      uint16_t h;
-      std::memcpy(&h, p, 2);
-      return half_to_float(h);
-    }
-    case DType::kBFloat16: {
-      uint32_t bits = 0;
-      std::memcpy(reinterpret_cast<uint8_t*>(&bits) + 2, p, 2);
-      float f;
-      std::memcpy(&f, &bits, 4);
-      return f;
-    }
-    default: throw std::invalid_argument(std::string("not a float type: ") + dtype_name(from));
-  }
-}
-
 // One tensor item to write.
 struct ExportItem {
   const ItemMeta* item = nullptr;
@@ -109,18 +82,13 @@ void stream_item(ChunkReader& reader, const ExportItem& e, uint64_t slab_bytes, 
   const size_t esize = element_size(item.dtype);
   const int64_t rows = item.global_shape.empty() ? 1 : item.global_shape[0];
   const uint64_t row_elems = numel / static_cast<uint64_t>(rows);
-  const int64_t rows_per_slab = static_cast<int64_t>(
-      std::max<uint64_t>(1, std::min<uint64_t>(rows, slab_bytes / (row_elems * esize))));
-  std::vector<uint8_t> buf(static_cast<uint64_t>(rows_per_slab) * row_elems * esize);
+  const Box full = full_box(item.global_shape);
+  const int64_t per_slab = rows_per_slab(full, esize, slab_bytes);
+  std::vector<uint8_t> buf(static_cast<uint64_t>(per_slab) * row_elems * esize);
   std::vector<uint8_t> converted;
   if (e.dtype != item.dtype) converted.resize(buf.size() / esize * element_size(e.dtype));
 
-  for (int64_t r0 = 0; r0 < rows; r0 += rows_per_slab) {
-    Box slab = full_box(item.global_shape);
-    if (!item.global_shape.empty()) {
-      slab.offsets[0] = r0;
-      slab.sizes[0] = std::min(rows_per_slab, rows - r0);
-    }
+  for (const Box& slab : dim0_slabs(full, per_slab)) {
     const uint64_t n = static_cast<uint64_t>(slab.numel());
     for (const ReadRequest& req : plan_reads(item, slab)) reader.read_into(item, req, buf.data());
     if (e.dtype == item.dtype) {
@@ -284,32 +252,6 @@ uint64_t append_archive(WritableFile& file, uint64_t at, const std::vector<uint8
   return out.size();
 }
 
-// Protocol-2 pickles of the Python values a param group holds.
-struct PyPickle {
-  PyPickle() {
-    b.push_back(0x80);  // PROTO 2
-    b.push_back(2);
-  }
-  std::vector<uint8_t> b;
-  void real(double v) {
-    uint64_t bits;
-    std::memcpy(&bits, &v, 8);
-    b.push_back('G');
-    for (int k = 7; k >= 0; --k) b.push_back(static_cast<uint8_t>(bits >> (8 * k)));
-  }
-  void boolean(bool v) { b.push_back(v ? 0x88 : 0x89); }
-  void none() { b.push_back('N'); }
-  void str(const std::string& s) {
-    b.push_back('X');
-    append_le(b, s.size(), 4);
-    b.insert(b.end(), s.begin(), s.end());
-  }
-  std::vector<uint8_t> done() {
-    b.push_back('.');
-    return b;
-  }
-};
-
 // The "  key: value" lines of a top-level section of the effective config
 // that the trainer saves as the "config" item (YAML, as to_yaml writes it);
 // nested keys as "sub.key", string values without their quotes.
@@ -368,6 +310,157 @@ std::optional<std::string> read_bytes_item(const CheckpointMeta& meta, ChunkRead
   return std::string(bytes.begin(), bytes.end());
 }
 
+// Writes a directory `out_dir` through <out_dir>.tmp: `fill` writes into
+// the temporary directory, which then replaces `out_dir`; a failure removes
+// it.
+void write_dir_atomically(Storage& storage, const std::string& out_dir,
+                          const std::function<void(const std::string& tmp)>& fill) {
+  const std::string tmp = out_dir + ".tmp";
+  storage.remove_all(tmp);
+  storage.make_dirs(tmp);
+  try {
+    fill(tmp);
+  } catch (...) {
+    storage.remove_all(tmp);
+    throw;
+  }
+  storage.remove_all(out_dir);
+  storage.rename(tmp, out_dir);
+  storage.sync_dir(parent_dir(out_dir));
+}
+
+constexpr const char* kDcpDataName = "__0_0.distcp";
+
+// A DCP export in progress: the data file of torch.save archives, and the
+// metadata that lists them.
+struct DcpOut {
+  WritableFile& file;
+  uint64_t at = 0;  // where the next archive goes
+  DcpMetadata dcp;
+  std::vector<std::string> params;  // model parameter names, in checkpoint order
+
+  // Appends torch.save(obj) of pickle `pkl` (and storage `data`) and says where it went.
+  DcpLocation append(const std::vector<uint8_t>& pkl, bool has_storage, const uint8_t* data, uint64_t n) {
+    const uint64_t length = append_archive(file, at, pkl, has_storage, data, n);
+    const DcpLocation loc{kDcpDataName, at, length};
+    at += length;
+    return loc;
+  }
+  DcpLocation append_tensor(DType dtype, const std::vector<int64_t>& shape, const uint8_t* data, uint64_t n) {
+    PickledTensor t;
+    t.dtype = dtype;
+    t.shape = shape;
+    t.storage_key = "0";
+    t.storage_numel = n / element_size(dtype);
+    return append(write_tensor_pickle(t), true, data, n);
+  }
+};
+
+bool ends_with(const std::string& s, const std::string& e) {
+  return s.size() >= e.size() && s.compare(s.size() - e.size(), e.size(), e) == 0;
+}
+
+// shardkit's 8-byte optim.<fqn>.step -> AdamW's 0-d float32 step tensor.
+void export_dcp_step(DcpOut& out, ChunkReader& reader, const ItemMeta& item, ExportStats& stats) {
+  std::vector<uint8_t> raw(8);
+  for (const ReadRequest& req : plan_reads(item, full_box(item.global_shape))) {
+    reader.read_into(item, req, raw.data());
+  }
+  const float step = static_cast<float>(static_cast<int64_t>(load_le(raw.data(), 8)));
+  uint8_t bytes[4];
+  std::memcpy(bytes, &step, 4);
+  DcpTensorItem t;
+  t.fqn = "optim.state." + item.name.substr(6);
+  t.dtype = DType::kFloat32;
+  t.chunks.push_back({Box{}, out.append_tensor(DType::kFloat32, {}, bytes, 4)});
+  out.dcp.tensors.push_back(std::move(t));
+  ++stats.tensors;
+  stats.data_bytes += 4;
+}
+
+// Tensor `item` as DCP key `key`: one chunk per dim-0 slab of at most slab_bytes.
+void export_dcp_tensor(DcpOut& out, ChunkReader& reader, const ItemMeta& item, const std::string& key,
+                       uint64_t slab_bytes, ExportStats& stats) {
+  DcpTensorItem t;
+  t.fqn = key;
+  t.dtype = item.dtype;
+  t.shape = item.global_shape;
+  const Box full = full_box(item.global_shape);
+  const size_t esize = element_size(item.dtype);
+  const int64_t rows = item.global_shape.empty() ? 1 : item.global_shape[0];
+  // An empty tensor with rows is one chunk.
+  const int64_t per_slab = *checked_numel(item.global_shape) == 0 ? std::max<int64_t>(rows, 1)
+                                                                  : rows_per_slab(full, esize, slab_bytes);
+  std::vector<uint8_t> buf;
+  for (const Box& slab : dim0_slabs(full, per_slab)) {
+    buf.assign(static_cast<size_t>(slab.numel()) * esize, 0);
+    if (!slab.is_empty()) {
+      for (const ReadRequest& req : plan_reads(item, slab)) reader.read_into(item, req, buf.data());
+    }
+    t.chunks.push_back({slab, out.append_tensor(item.dtype, slab.sizes, buf.data(), buf.size())});
+    stats.data_bytes += buf.size();
+  }
+  out.dcp.tensors.push_back(std::move(t));
+  ++stats.tensors;
+}
+
+// The checkpoint's items as DCP keys: model.<name>; with the optimizer,
+// optim.state.<name>.exp_avg / exp_avg_sq and .step. The rest is skipped.
+void export_dcp_items(DcpOut& out, ChunkReader& reader, const CheckpointMeta& meta, bool with_optim,
+                      uint64_t slab_bytes, ExportStats& stats) {
+  for (const ItemMeta& item : meta.items) {
+    const bool tensor = item.kind == ItemKind::kTensor;
+    const bool optim = with_optim && item.name.rfind("optim.", 0) == 0;
+    if (tensor && item.name.rfind("model.", 0) == 0) {
+      out.params.push_back(item.name.substr(6));
+      export_dcp_tensor(out, reader, item, item.name, slab_bytes, stats);
+    } else if (optim && tensor && (ends_with(item.name, ".exp_avg") || ends_with(item.name, ".exp_avg_sq"))) {
+      export_dcp_tensor(out, reader, item, "optim.state." + item.name.substr(6), slab_bytes, stats);
+    } else if (optim && item.kind == ItemKind::kBytes && ends_with(item.name, ".step")) {
+      export_dcp_step(out, reader, item, stats);
+    } else {
+      stats.skipped.push_back(item.name);
+    }
+  }
+}
+
+// optim.param_groups.0.*: torch.save'd Python values, as torch 2.6's AdamW keys them.
+void export_param_group(DcpOut& out, const DcpParamGroup& g) {
+  auto bytes_item = [&](const std::string& name, std::vector<uint8_t> pkl) {
+    out.dcp.bytes.push_back({"optim.param_groups.0." + name, out.append(pkl, false, nullptr, 0)});
+  };
+  auto real = [](double v) {
+    PickleWriter p;
+    p.real(v);
+    return p.finish();
+  };
+  auto flag = [](std::optional<bool> v) {
+    PickleWriter p;
+    if (v) p.boolean(*v); else p.none();
+    return p.finish();
+  };
+  bytes_item("lr", real(g.lr));
+  PickleWriter betas;
+  betas.real(g.beta1);
+  betas.real(g.beta2);
+  betas.op(0x86);  // TUPLE2
+  bytes_item("betas", betas.finish());
+  bytes_item("eps", real(g.eps));
+  bytes_item("weight_decay", real(g.weight_decay));
+  bytes_item("amsgrad", flag(false));
+  bytes_item("foreach", flag(std::nullopt));
+  bytes_item("maximize", flag(false));
+  bytes_item("capturable", flag(false));
+  bytes_item("differentiable", flag(false));
+  bytes_item("fused", flag(std::nullopt));
+  PickleWriter names;
+  names.op(']');
+  names.op('(');
+  for (const std::string& n : out.params) names.str(n);
+  names.op('e');  // APPENDS
+  bytes_item("params", names.finish());
+}
+
 ExportStats export_dcp(const std::string& step_dir, const std::string& out_dir,
                        const ExportOptions& options) {
   if (options.dtype) throw std::invalid_argument("--dtype does not apply to a DCP export");
@@ -380,140 +473,21 @@ ExportStats export_dcp(const std::string& step_dir, const std::string& out_dir,
   ExportStats stats;
   thread_pool::ThreadPool pool(static_cast<size_t>(std::max(1, options.io_threads)));
   ChunkReader reader(storage, step_dir, &pool);
-
-  const std::string tmp = out_dir + ".tmp";
-  storage->remove_all(tmp);
-  storage->make_dirs(tmp);
-  const std::string data_name = "__0_0.distcp";
-  DcpMetadata dcp;
-  std::vector<std::string> params;  // model parameter names, in checkpoint order
-  try {
-    std::unique_ptr<WritableFile> file = storage->create_file(join_path(tmp, data_name));
-    uint64_t at = 0;
-    auto tensor_archive = [&](DType dtype, const std::vector<int64_t>& shape, const uint8_t* data,
-                              uint64_t n) {
-      PickledTensor t;
-      t.dtype = dtype;
-      t.shape = shape;
-      t.storage_key = "0";
-      t.storage_numel = n / element_size(dtype);
-      const uint64_t length = append_archive(*file, at, write_tensor_pickle(t), true, data, n);
-      DcpLocation loc{data_name, at, length};
-      at += length;
-      return loc;
-    };
-    auto ends_with = [](const std::string& s, const std::string& e) {
-      return s.size() >= e.size() && s.compare(s.size() - e.size(), e.size(), e) == 0;
-    };
-    for (const ItemMeta& item : meta.items) {
-      std::string key;
-      if (item.kind == ItemKind::kTensor && item.name.rfind("model.", 0) == 0) {
-        key = item.name;
-        params.push_back(item.name.substr(6));
-      } else if (with_optim && item.kind == ItemKind::kTensor && item.name.rfind("optim.", 0) == 0 &&
-                 (ends_with(item.name, ".exp_avg") || ends_with(item.name, ".exp_avg_sq"))) {
-        key = "optim.state." + item.name.substr(6);
-      } else if (with_optim && item.kind == ItemKind::kBytes && item.name.rfind("optim.", 0) == 0 &&
-                 ends_with(item.name, ".step")) {
-        // shardkit's 8-byte step -> AdamW's 0-d float32 step tensor.
-        std::vector<uint8_t> raw(8);
-        for (const ReadRequest& req : plan_reads(item, full_box(item.global_shape))) {
-          reader.read_into(item, req, raw.data());
-        }
-        const float step = static_cast<float>(static_cast<int64_t>(load_le(raw.data(), 8)));
-        uint8_t bytes[4];
-        std::memcpy(bytes, &step, 4);
-        DcpTensorItem t;
-        t.fqn = "optim.state." + item.name.substr(6);
-        t.dtype = DType::kFloat32;
-        t.chunks.push_back({Box{}, tensor_archive(DType::kFloat32, {}, bytes, 4)});
-        dcp.tensors.push_back(std::move(t));
-        ++stats.tensors;
-        stats.data_bytes += 4;
-        continue;
-      } else {
-        stats.skipped.push_back(item.name);
-        continue;
-      }
-      DcpTensorItem t;
-      t.fqn = key;
-      t.dtype = item.dtype;
-      t.shape = item.global_shape;
-      const uint64_t numel = *checked_numel(item.global_shape);
-      const size_t esize = element_size(item.dtype);
-      const int64_t rows = item.global_shape.empty() ? 1 : item.global_shape[0];
-      const uint64_t row_elems = rows == 0 ? 0 : numel / static_cast<uint64_t>(rows);
-      const int64_t per_slab = static_cast<int64_t>(std::max<uint64_t>(
-          1, row_elems == 0 ? rows : std::min<uint64_t>(rows, options.slab_bytes / (row_elems * esize))));
-      std::vector<uint8_t> buf;
-      for (int64_t r0 = 0; r0 < std::max<int64_t>(rows, 1); r0 += per_slab) {
-        Box slab = full_box(item.global_shape);
-        if (!item.global_shape.empty()) {
-          slab.offsets[0] = r0;
-          slab.sizes[0] = std::min(per_slab, rows - r0);
-        }
-        buf.assign(static_cast<size_t>(slab.numel()) * esize, 0);
-        if (!slab.is_empty()) {
-          for (const ReadRequest& req : plan_reads(item, slab)) reader.read_into(item, req, buf.data());
-        }
-        t.chunks.push_back({slab, tensor_archive(item.dtype, slab.sizes, buf.data(), buf.size())});
-        stats.data_bytes += buf.size();
-        if (rows == 0) break;
-      }
-      dcp.tensors.push_back(std::move(t));
-      ++stats.tensors;
-    }
-    if (params.empty()) throw FormatError(step_dir + ": nothing to export: no model.* tensor items");
+  write_dir_atomically(*storage, out_dir, [&](const std::string& tmp) {
+    std::unique_ptr<WritableFile> file = storage->create_file(join_path(tmp, kDcpDataName));
+    DcpOut out{*file};
+    export_dcp_items(out, reader, meta, with_optim, options.slab_bytes, stats);
+    if (out.params.empty()) throw FormatError(step_dir + ": nothing to export: no model.* tensor items");
     if (with_optim) {
       DcpParamGroup g = options.dcp_param_group;
       if (const auto yaml = read_bytes_item(meta, reader, "config")) g = param_group_from_config(*yaml, g);
-      auto bytes_item = [&](const std::string& name, std::vector<uint8_t> pkl) {
-        const uint64_t length = append_archive(*file, at, pkl, false, nullptr, 0);
-        dcp.bytes.push_back({"optim.param_groups.0." + name, {data_name, at, length}});
-        at += length;
-      };
-      auto real = [](double v) {
-        PyPickle p;
-        p.real(v);
-        return p.done();
-      };
-      auto flag = [](std::optional<bool> v) {
-        PyPickle p;
-        if (v) p.boolean(*v); else p.none();
-        return p.done();
-      };
-      bytes_item("lr", real(g.lr));
-      PyPickle betas;
-      betas.real(g.beta1);
-      betas.real(g.beta2);
-      betas.b.push_back(0x86);  // TUPLE2
-      bytes_item("betas", betas.done());
-      bytes_item("eps", real(g.eps));
-      bytes_item("weight_decay", real(g.weight_decay));
-      bytes_item("amsgrad", flag(false));
-      bytes_item("foreach", flag(std::nullopt));
-      bytes_item("maximize", flag(false));
-      bytes_item("capturable", flag(false));
-      bytes_item("differentiable", flag(false));
-      bytes_item("fused", flag(std::nullopt));
-      PyPickle names;
-      names.b.push_back(']');
-      names.b.push_back('(');
-      for (const std::string& n : params) names.str(n);
-      names.b.push_back('e');  // APPENDS
-      bytes_item("params", names.done());
+      export_param_group(out, g);
     }
     file->sync();
     file->close();
-    storage->write_file_atomic(join_path(tmp, ".metadata"), write_dcp_metadata(dcp));
-  } catch (...) {
-    storage->remove_all(tmp);
-    throw;
-  }
-  storage->remove_all(out_dir);
-  storage->rename(tmp, out_dir);
-  storage->sync_dir(parent_dir(out_dir));
-  stats.file_bytes = storage->file_size(join_path(out_dir, data_name));
+    storage->write_file_atomic(join_path(tmp, ".metadata"), write_dcp_metadata(out.dcp));
+  });
+  stats.file_bytes = storage->file_size(join_path(out_dir, kDcpDataName));
   return stats;
 }
 
@@ -632,6 +606,22 @@ void write_tokenizer_files(Storage& storage, const std::string& source, const st
   }
 }
 
+// Safetensors shards: consecutive items while they fit max_shard_bytes (a
+// larger item gets a shard of its own).
+std::vector<std::vector<ExportItem>> hf_shards(const std::vector<ExportItem>& items, uint64_t max_shard_bytes) {
+  std::vector<std::vector<ExportItem>> shards;
+  uint64_t in_shard = 0;
+  for (const ExportItem& e : items) {
+    if (shards.empty() || (in_shard > 0 && in_shard + e.nbytes > max_shard_bytes)) {
+      shards.emplace_back();
+      in_shard = 0;
+    }
+    shards.back().push_back(e);
+    in_shard += e.nbytes;
+  }
+  return shards;
+}
+
 ExportStats export_hf(const std::string& step_dir, const std::string& out_dir, const ExportOptions& options) {
   if (!options.only.empty() && options.only != "model") {
     throw std::invalid_argument("a Hugging Face export takes the model: --only model or nothing, not --only " +
@@ -648,21 +638,8 @@ ExportStats export_hf(const std::string& step_dir, const std::string& out_dir, c
   const std::string config = hf_config_json(meta, reader, step_dir, items, options.dtype);
   stats.tokenizer = export_tokenizer(*storage, meta, reader, options, stats);
 
-  // Shards: consecutive items while they fit max_shard_bytes.
-  std::vector<std::vector<ExportItem>> shards;
-  uint64_t in_shard = 0;
-  for (const ExportItem& e : items) {
-    if (shards.empty() || (in_shard > 0 && in_shard + e.nbytes > options.max_shard_bytes)) {
-      shards.emplace_back();
-      in_shard = 0;
-    }
-    shards.back().push_back(e);
-    in_shard += e.nbytes;
-  }
-  const std::string tmp = out_dir + ".tmp";
-  storage->remove_all(tmp);
-  storage->make_dirs(tmp);
-  try {
+  const std::vector<std::vector<ExportItem>> shards = hf_shards(items, options.max_shard_bytes);
+  write_dir_atomically(*storage, out_dir, [&](const std::string& tmp) {
     nlohmann::json weight_map = nlohmann::json::object();
     uint64_t total = 0;
     for (size_t k = 0; k < shards.size(); ++k) {
@@ -693,17 +670,39 @@ ExportStats export_hf(const std::string& step_dir, const std::string& out_dir, c
     storage->write_file_atomic(join_path(tmp, "config.json"), std::vector<uint8_t>(config.begin(), config.end()));
     if (!stats.tokenizer.empty()) write_tokenizer_files(*storage, stats.tokenizer, tmp);
     storage->sync_dir(tmp);
-  } catch (...) {
-    storage->remove_all(tmp);
-    throw;
-  }
-  storage->remove_all(out_dir);
-  storage->rename(tmp, out_dir);
-  storage->sync_dir(parent_dir(out_dir));
+  });
   return stats;
 }
 
 }  // namespace
+
+double load_real(DType from, const uint8_t* p) {
+  switch (from) {
+    case DType::kFloat32: {
+      float f;
+      std::memcpy(&f, p, 4);
+      return f;
+    }
+    case DType::kFloat64: {
+      double d;
+      std::memcpy(&d, p, 8);
+      return d;
+    }
+    case DType::kFloat16: {
+      uint16_t h;
+      std::memcpy(&h, p, 2);
+      return half_to_float(h);
+    }
+    case DType::kBFloat16: {
+      uint32_t bits = 0;
+      std::memcpy(reinterpret_cast<uint8_t*>(&bits) + 2, p, 2);
+      float f;
+      std::memcpy(&f, &bits, 4);
+      return f;
+    }
+    default: throw std::invalid_argument(std::string("not a float type: ") + dtype_name(from));
+  }
+}
 
 uint16_t float_to_bfloat16_bits(float value) {
   uint32_t bits;
@@ -724,7 +723,7 @@ void convert_float_elements(DType from, DType to, const uint8_t* src, uint64_t n
     return;
   }
   for (uint64_t i = 0; i < n; ++i) {
-    const float f = load_as_float(from, src + i * in);
+    const float f = static_cast<float>(load_real(from, src + i * in));
     if (to == DType::kFloat32) {
       std::memcpy(dst + i * 4, &f, 4);
     } else {

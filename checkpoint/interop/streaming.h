@@ -24,6 +24,10 @@ int64_t rows_per_slab(const Box& box, size_t element_size, uint64_t slab_bytes);
 // a 0-d box, or one with no rows, is one slab.
 std::vector<Box> dim0_slabs(const Box& box, int64_t rows);
 
+// The element at `p` of float type `from` (float32, float64, float16,
+// bfloat16) as a double; std::invalid_argument for another type.
+double load_real(DType from, const uint8_t* p);
+
 // True when `box` has `shape`'s rank and lies inside it.
 bool box_within_shape(const Box& box, const std::vector<int64_t>& shape);
 
