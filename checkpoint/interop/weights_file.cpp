@@ -164,22 +164,32 @@ WeightsFile WeightsFile::open(const std::string& path, std::shared_ptr<Storage> 
   return f;
 }
 
-void WeightsFile::open_safetensors() {
-  const uint64_t file_size = storage_->file_size(path_);
-  if (file_size < 8) throw error_in(path_, "too short for a safetensors header length");
+namespace {
+
+// A tensor's bytes in the data section, [begin, end).
+struct Span {
+  uint64_t begin, end;
+  size_t tensor;
+};
+
+// The JSON header of the safetensors file `path` (after its 8-byte length);
+// the data section is [data_start, data_start + data_size).
+nlohmann::json read_safetensors_header(Storage& storage, const std::string& path, uint64_t& data_start,
+                                       uint64_t& data_size) {
+  const uint64_t file_size = storage.file_size(path);
+  if (file_size < 8) throw error_in(path, "too short for a safetensors header length");
   uint8_t len_bytes[8];
-  storage_->read_at(path_, 0, len_bytes, 8);
+  storage.read_at(path, 0, len_bytes, 8);
   const uint64_t header_len = load_le(len_bytes, 8);
   if (header_len > kMaxSafetensorsHeaderBytes || header_len > file_size - 8) {
-    throw error_in(path_, "safetensors header length " + std::to_string(header_len) +
-                              " exceeds the file (" + std::to_string(file_size) +
-                              " bytes) or the 100 MiB limit; not a safetensors file?");
+    throw error_in(path, "safetensors header length " + std::to_string(header_len) +
+                             " exceeds the file (" + std::to_string(file_size) +
+                             " bytes) or the 100 MiB limit; not a safetensors file?");
   }
   std::string text(header_len, '\0');
-  storage_->read_at(path_, 8, text.data(), text.size());
-  const uint64_t data_start = 8 + header_len;
-  const uint64_t data_size = file_size - data_start;
-
+  storage.read_at(path, 8, text.data(), text.size());
+  data_start = 8 + header_len;
+  data_size = file_size - data_start;
   nlohmann::json header;
   try {
     header = nlohmann::json::parse(text, [](int depth, nlohmann::json::parse_event_t, nlohmann::json&) {
@@ -187,14 +197,73 @@ void WeightsFile::open_safetensors() {
       return true;
     });
   } catch (const std::exception& e) {
-    throw error_in(path_, std::string("bad safetensors JSON header: ") + e.what());
+    throw error_in(path, std::string("bad safetensors JSON header: ") + e.what());
   }
-  if (!header.is_object()) throw error_in(path_, "safetensors header is not a JSON object");
+  if (!header.is_object()) throw error_in(path, "safetensors header is not a JSON object");
+  return header;
+}
 
-  struct Span {
-    uint64_t begin, end;
-    size_t tensor;
-  };
+// One tensor entry {"dtype", "shape", "data_offsets"}; `span` gets its
+// data_offsets, checked against the data section of data_size bytes.
+WeightsTensorInfo parse_safetensors_entry(const std::string& path, const std::string& name,
+                                          const nlohmann::json& entry, uint64_t data_size, Span& span) {
+  auto bad = [&](const std::string& what) { return error_in(path, "tensor '" + name + "': " + what); };
+  if (name.empty() || name.size() > kMaxNameLength) throw bad("invalid name length");
+  if (!entry.is_object()) throw bad("entry is not an object");
+  if (!entry.contains("dtype") || !entry["dtype"].is_string()) throw bad("missing \"dtype\"");
+  const std::string dtype_str = entry["dtype"].get<std::string>();
+  const std::optional<DType> dtype = parse_safetensors_dtype(dtype_str);
+  if (!dtype) throw bad("unsupported dtype \"" + dtype_str + "\"");
+  if (!entry.contains("shape")) throw bad("missing \"shape\"");
+  WeightsTensorInfo info;
+  info.name = name;
+  info.dtype = *dtype;
+  info.shape = parse_shape(entry["shape"], path, name);
+  info.nbytes = checked_nbytes(path, name, info.shape, info.dtype);
+  const nlohmann::json* offsets = entry.contains("data_offsets") ? &entry["data_offsets"] : nullptr;
+  if (offsets == nullptr || !offsets->is_array() || offsets->size() != 2 ||
+      !(*offsets)[0].is_number_unsigned() || !(*offsets)[1].is_number_unsigned()) {
+    throw bad("\"data_offsets\" must be [begin, end]");
+  }
+  span.begin = (*offsets)[0].get<uint64_t>();
+  span.end = (*offsets)[1].get<uint64_t>();
+  if (span.begin > span.end || span.end > data_size) {
+    throw bad("data_offsets [" + std::to_string(span.begin) + ", " + std::to_string(span.end) +
+              ") outside the data section of " + std::to_string(data_size) + " bytes");
+  }
+  if (span.end - span.begin != info.nbytes) {
+    throw bad("data_offsets span " + std::to_string(span.end - span.begin) + " bytes, but " + dtype_str +
+              " " + shape_to_string(info.shape) + " needs " + std::to_string(info.nbytes));
+  }
+  return info;
+}
+
+// `tensors` in data-section order; no two non-empty spans may overlap.
+std::vector<WeightsTensorInfo> order_by_offset(const std::string& path, std::vector<WeightsTensorInfo> tensors,
+                                               std::vector<Span> spans) {
+  std::sort(spans.begin(), spans.end(), [](const Span& a, const Span& b) {
+    return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
+  });
+  const Span* reach = nullptr;  // the non-empty span ending last so far
+  for (const Span& s : spans) {
+    if (s.begin == s.end) continue;
+    if (reach != nullptr && s.begin < reach->end) {
+      throw error_in(path, "tensors '" + tensors[reach->tensor].name + "' and '" +
+                               tensors[s.tensor].name + "' overlap in the data section");
+    }
+    if (reach == nullptr || s.end > reach->end) reach = &s;
+  }
+  std::vector<WeightsTensorInfo> ordered;
+  for (const Span& s : spans) ordered.push_back(std::move(tensors[s.tensor]));
+  return ordered;
+}
+
+}  // namespace
+
+void WeightsFile::open_safetensors() {
+  uint64_t data_start = 0;
+  uint64_t data_size = 0;
+  const nlohmann::json header = read_safetensors_header(*storage_, path_, data_start, data_size);
   std::vector<Span> spans;
   for (const auto& [name, entry] : header.items()) {
     if (name == "__metadata__") {
@@ -205,57 +274,13 @@ void WeightsFile::open_safetensors() {
       }
       continue;
     }
-    // C++17 lambdas cannot capture structured bindings (clang rejects it).
-    const std::string& tensor_name = name;
-    auto bad = [&](const std::string& what) {
-      return error_in(path_, "tensor '" + tensor_name + "': " + what);
-    };
-    if (name.empty() || name.size() > kMaxNameLength) throw bad("invalid name length");
-    if (!entry.is_object()) throw bad("entry is not an object");
-    if (!entry.contains("dtype") || !entry["dtype"].is_string()) throw bad("missing \"dtype\"");
-    const std::string dtype_str = entry["dtype"].get<std::string>();
-    const std::optional<DType> dtype = parse_safetensors_dtype(dtype_str);
-    if (!dtype) throw bad("unsupported dtype \"" + dtype_str + "\"");
-    if (!entry.contains("shape")) throw bad("missing \"shape\"");
-    WeightsTensorInfo info;
-    info.name = name;
-    info.dtype = *dtype;
-    info.shape = parse_shape(entry["shape"], path_, name);
-    info.nbytes = checked_nbytes(path_, name, info.shape, info.dtype);
-    const nlohmann::json* offsets = entry.contains("data_offsets") ? &entry["data_offsets"] : nullptr;
-    if (offsets == nullptr || !offsets->is_array() || offsets->size() != 2 ||
-        !(*offsets)[0].is_number_unsigned() || !(*offsets)[1].is_number_unsigned()) {
-      throw bad("\"data_offsets\" must be [begin, end]");
-    }
-    const uint64_t begin = (*offsets)[0].get<uint64_t>();
-    const uint64_t end = (*offsets)[1].get<uint64_t>();
-    if (begin > end || end > data_size) {
-      throw bad("data_offsets [" + std::to_string(begin) + ", " + std::to_string(end) +
-                ") outside the data section of " + std::to_string(data_size) + " bytes");
-    }
-    if (end - begin != info.nbytes) {
-      throw bad("data_offsets span " + std::to_string(end - begin) + " bytes, but " + dtype_str +
-                " " + shape_to_string(info.shape) + " needs " + std::to_string(info.nbytes));
-    }
-    info.data_offset = data_start + begin;
-    spans.push_back(Span{begin, end, tensors_.size()});
+    Span span{0, 0, tensors_.size()};
+    WeightsTensorInfo info = parse_safetensors_entry(path_, name, entry, data_size, span);
+    info.data_offset = data_start + span.begin;
+    spans.push_back(span);
     tensors_.push_back(std::move(info));
   }
-  std::sort(spans.begin(), spans.end(), [](const Span& a, const Span& b) {
-    return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
-  });
-  const Span* reach = nullptr;  // the non-empty span ending last so far
-  for (const Span& s : spans) {
-    if (s.begin == s.end) continue;
-    if (reach != nullptr && s.begin < reach->end) {
-      throw error_in(path_, "tensors '" + tensors_[reach->tensor].name + "' and '" +
-                                tensors_[s.tensor].name + "' overlap in the data section");
-    }
-    if (reach == nullptr || s.end > reach->end) reach = &s;
-  }
-  std::vector<WeightsTensorInfo> ordered;
-  for (const Span& s : spans) ordered.push_back(std::move(tensors_[s.tensor]));
-  tensors_ = std::move(ordered);
+  tensors_ = order_by_offset(path_, std::move(tensors_), std::move(spans));
 }
 
 void WeightsFile::open_torch_zip() {
