@@ -1,6 +1,8 @@
 #pragma once
 // What the importers and exporters of interop/ share to stream a model of
 // any size through bounded memory. Internal (not installed), torch-free.
+// Defined in dcp.cpp, except load_real (export.cpp, beside the float
+// conversions).
 #include <cstddef>
 #include <cstdint>
 #include <memory>
