@@ -162,6 +162,17 @@ void fsync_path(const std::string& path) {
   fd.sync();
 }
 
+checkpoint::CheckpointOptions manager_options(const std::string& mode, const std::string& dir, int io_threads) {
+  checkpoint::CheckpointOptions co;
+  co.interval = 1;
+  co.keep_last = 1;
+  co.resume = "never";
+  co.io_threads = io_threads;
+  co.mode = mode;
+  co.dir = dir;
+  return co;
+}
+
 double median(std::vector<double> v) {
   TORCH_CHECK(!v.empty(), "median of nothing");
   std::sort(v.begin(), v.end());
