@@ -44,6 +44,7 @@
 #include "checkpoint/storage/storage.h"
 #include "checkpoint/storage/tiers.h"
 #include "tools/tier_report.h"
+#include "tools/command_line.h"
 
 namespace {
 
@@ -900,6 +901,16 @@ struct CommandArgs {
 };
 
 // The subcommands, each with its options (in the order --help lists them).
+// CKPT, the checkpoint that inspect, verify and export read.
+void add_ckpt_arg(CLI::App& command, CommandArgs& a) {
+  command.add_option("CKPT", a.ckpt, "a checkpoint directory (step_<N>/)")->required();
+}
+
+// --threads of a command's readers or writers.
+void add_threads_option(CLI::App& command, int& threads, const char* what) {
+  command.add_option("--threads", threads, what)->check(CLI::Range(1, 1024));
+}
+
 CLI::App* add_list_command(CLI::App& app, CommandArgs& a) {
   CLI::App* list = app.add_subcommand(
       "list",
@@ -912,7 +923,7 @@ CLI::App* add_list_command(CLI::App& app, CommandArgs& a) {
 
 CLI::App* add_inspect_command(CLI::App& app, CommandArgs& a) {
   CLI::App* inspect = app.add_subcommand("inspect", "what a checkpoint's metadata says");
-  inspect->add_option("CKPT", a.ckpt, "a checkpoint directory (step_<N>/)")->required();
+  add_ckpt_arg(*inspect, a);
   inspect->add_flag("--chunks", a.chunks, "also list every chunk");
   inspect->add_flag("--json", a.json, "print one JSON object");
   return inspect;
@@ -920,8 +931,8 @@ CLI::App* add_inspect_command(CLI::App& app, CommandArgs& a) {
 
 CLI::App* add_verify_command(CLI::App& app, CommandArgs& a) {
   CLI::App* verify = app.add_subcommand("verify", "read every chunk back and check its checksum");
-  verify->add_option("CKPT", a.ckpt, "a checkpoint directory (step_<N>/)")->required();
-  verify->add_option("--threads", a.threads, "reader threads")->check(CLI::Range(1, 1024));
+  add_ckpt_arg(*verify, a);
+  add_threads_option(*verify, a.threads, "reader threads");
   verify->add_flag("--json", a.json, "print one JSON object: {ok, chunks, bytes, seconds, problems}");
   return verify;
 }
@@ -934,77 +945,80 @@ CLI::App* add_export_command(CLI::App& app, CommandArgs& a) {
       "PyTorch DCP checkpoint directory (dcp: model and AdamW state, for dcp.load at any world "
       "size), or as a Hugging Face Llama directory (hf: config.json and sharded safetensors "
       "with their index); bytes items (RNG state, step, loader position, config) are skipped");
-  export_cmd->add_option("CKPT", a.ckpt, "a checkpoint directory (step_<N>/)")->required();
-  export_cmd->add_option("--format", a.export_args.format, "output format")
+  add_ckpt_arg(*export_cmd, a);
+  ExportArgs& e = a.export_args;
+  export_cmd->add_option("--format", e.format, "output format")
       ->required()
       ->check(CLI::IsMember({"safetensors", "torch", "dcp", "hf"}));
-  export_cmd->add_option("--out", a.export_args.out,
-                         "output file, or directory for dcp and hf (written as OUT.tmp, then renamed)")
+  export_cmd->add_option("--out", e.out, "output file, or directory for dcp and hf (written as OUT.tmp, then renamed)")
       ->required();
-  export_cmd->add_option("--dtype", a.export_args.dtype,
-                         "convert floating-point tensors (bf16: round to nearest even); others "
-                         "stay as they are")
+  export_cmd->add_option("--dtype", e.dtype,
+                         "convert floating-point tensors (bf16: round to nearest even); others stay as they are")
       ->check(CLI::IsMember({"bf16", "fp32"}));
-  export_cmd->add_option("--only", a.export_args.only,
-                         "only items named ONLY.<name>, written as <name> (e.g. --only model "
-                         "for the model's parameter names)");
-  export_cmd->add_option("--max-shard-size", a.export_args.max_shard_size,
-                         "hf: the most tensor bytes per safetensors file, as save_pretrained's "
-                         "max_shard_size (5GB, 500MB, 2GiB; default 5GB)");
-  export_cmd->add_option("--tokenizer", a.export_args.tokenizer,
-                         "hf: the tokenizer.json or .model to ship (default: the run's data.tokenizer; none: "
-                         "no tokenizer files)");
-  export_cmd->add_option("--threads", a.export_args.threads, "reader threads")->check(CLI::Range(1, 1024));
+  export_cmd->add_option("--only", e.only, "only items named ONLY.<name>, written as <name> (e.g. --only model "
+                                           "for the model's parameter names)");
+  export_cmd->add_option("--max-shard-size", e.max_shard_size, "hf: the most tensor bytes per safetensors file, "
+                                                               "as save_pretrained's max_shard_size (5GB, 500MB, "
+                                                               "2GiB; default 5GB)");
+  export_cmd->add_option("--tokenizer", e.tokenizer, "hf: the tokenizer.json or .model to ship (default: the run's "
+                                                     "data.tokenizer; none: no tokenizer files)");
+  add_threads_option(*export_cmd, e.threads, "reader threads");
   return export_cmd;
 }
 
+// An import: SRC converted into the checkpoint DST by --threads writers.
+CLI::App* add_import_command(CLI::App& app, const char* name, const char* description, std::string& src,
+                             const char* src_help, std::string& dst, const char* dst_help) {
+  CLI::App* import = app.add_subcommand(name, description);
+  import->add_option("SRC", src, src_help)->required();
+  import->add_option("DST", dst, dst_help)->required();
+  return import;
+}
+
 CLI::App* add_import_hf_command(CLI::App& app, CommandArgs& a) {
-  CLI::App* import_hf = app.add_subcommand(
-      "import-hf",
+  CLI::App* import_hf = add_import_command(
+      app, "import-hf",
       "convert a Hugging Face model directory (config.json, model.safetensors or sharded with "
       "model.safetensors.index.json) into a model-only shardkit checkpoint, float32, streaming; "
-      "resume it with checkpoint.model_only: true at any world size");
-  import_hf->add_option("SRC", a.hf_src, "a Hugging Face model directory")->required();
-  import_hf->add_option("DST", a.hf_dst, "the checkpoint directory to create, e.g. runs/x/init")->required();
-  import_hf->add_option("--threads", a.threads, "writer threads")->check(CLI::Range(1, 1024));
+      "resume it with checkpoint.model_only: true at any world size",
+      a.hf_src, "a Hugging Face model directory", a.hf_dst, "the checkpoint directory to create, e.g. runs/x/init");
+  add_threads_option(*import_hf, a.threads, "writer threads");
   return import_hf;
 }
 
 CLI::App* add_import_dcp_command(CLI::App& app, CommandArgs& a) {
-  CLI::App* import_dcp = app.add_subcommand(
-      "import-dcp",
+  CLI::App* import_dcp = add_import_command(
+      app, "import-dcp",
       "convert a PyTorch DCP checkpoint (torchtitan, FSDP2) into a shardkit checkpoint, "
-      "streaming: model and AdamW state, reshardable like any checkpoint");
-  import_dcp->add_option("SRC", a.dcp_src, "a DCP checkpoint directory (.metadata, *.distcp)")->required();
-  import_dcp->add_option("DST", a.dcp_dst, "the checkpoint directory to create, e.g. run/checkpoints/step_1000")
-      ->required();
+      "streaming: model and AdamW state, reshardable like any checkpoint",
+      a.dcp_src, "a DCP checkpoint directory (.metadata, *.distcp)", a.dcp_dst,
+      "the checkpoint directory to create, e.g. run/checkpoints/step_1000");
   import_dcp->add_option("--map", a.maps,
                          "FROM=TO: DCP keys starting with FROM get TO instead, before the default "
                          "mapping (repeatable; e.g. --map module.=model.)");
-  import_dcp->add_option("--threads", a.threads, "writer threads")->check(CLI::Range(1, 1024));
+  add_threads_option(*import_dcp, a.threads, "writer threads");
   return import_dcp;
 }
 
 CLI::App* add_tiers_command(CLI::App& app, CommandArgs& a) {
+  TiersArgs& t = a.tiers;
   CLI::App* tiers = app.add_subcommand(
       "tiers",
       "multi-level checkpoints: every step in the durable tier and in each node's local tier "
       "(committed, own files, partner copies, problems), and which checkpoint the trainer's "
       "resume would load and why");
-  tiers->add_option("DURABLE_DIR", a.tiers.durable_dir, "the durable tier: a checkpoint.dir")
-      ->required();
-  tiers->add_option("--local", a.tiers.local,
+  tiers->add_option("DURABLE_DIR", t.durable_dir, "the durable tier: a checkpoint.dir")->required();
+  tiers->add_option("--local", t.local,
                     "a node's local tier directory, repeatable (node = position), or one "
                     "checkpoint.local.dir pattern containing {node} with --nodes")
       ->required()
       ->allow_extra_args(false);
-  tiers->add_option("--nodes", a.tiers.nodes, "the number of nodes, with a --local pattern")
-      ->check(CLI::Range(1, 1 << 20));
-  tiers->add_flag("--verify", a.tiers.verify,
+  tiers->add_option("--nodes", t.nodes, "the number of nodes, with a --local pattern")->check(CLI::Range(1, 1 << 20));
+  tiers->add_flag("--verify", t.verify,
                   "also read back every committed checkpoint of every tier (chunk checksums; "
                   "partner copies by their XXH3-64); exit 1 on damage");
-  tiers->add_option("--threads", a.tiers.threads, "reader threads")->check(CLI::Range(1, 1024));
-  tiers->add_flag("--json", a.tiers.json,
+  add_threads_option(*tiers, t.threads, "reader threads");
+  tiers->add_flag("--json", t.json,
                   "print one JSON object: {durable_dir, nodes, steps: [{step, durable, nodes, "
                   "resume}], notes, verify, failing, resume}");
   return tiers;
@@ -1034,14 +1048,7 @@ int main(int argc, char** argv) {
   CLI::App* import_hf = add_import_hf_command(app, a);
   CLI::App* import_dcp = add_import_dcp_command(app, a);
   CLI::App* tiers = add_tiers_command(app, a);
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::Success& e) {  // --help, --version
-    return app.exit(e);
-  } catch (const CLI::ParseError& e) {
-    app.exit(e);
-    return kExitUsage;
-  }
+  if (const std::optional<int> status = tools::parse_command_line(app, argc, argv)) return *status;
 
   const std::string command = app.get_subcommands().front()->get_name();
   std::vector<std::string> local_dirs;
