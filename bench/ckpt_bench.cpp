@@ -1264,13 +1264,7 @@ int run_rank(const Args& args) {
   return 0;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  Args args;
-  std::string device = "cpu";
-  bench::CudaBenchArgs cuda;
-  CLI::App app{"ckpt_bench: checkpoint speed, memory and compression next to their baselines"};
+void add_options(CLI::App& app, Args& args, std::string& device) {
   app.add_option("--size-mb", args.size_mb, "total state over all ranks, MiB")->check(CLI::Range(1, 1 << 20));
   app.add_option("--nproc", args.nproc, "local ranks (re-executes itself like train --nproc)")
       ->check(CLI::Range(1, 64));
@@ -1287,8 +1281,7 @@ int main(int argc, char** argv) {
   app.add_flag("--compression-only", args.compression_only,
                "run only the compression study (implies --skip-training)");
   app.add_option("--compression-trials", args.compression_trials,
-                 "trials per compression variant (interleaved), report the median")
-      ->check(CLI::Range(1, 100));
+                 "trials per compression variant (interleaved), report the median")->check(CLI::Range(1, 100));
   app.add_option("--paced-mbps", args.paced_mbps,
                  "also run the compression study on an emulated device of this many MB/s (0: skip)")
       ->check(CLI::Range(0.0, 1e6));
@@ -1306,6 +1299,33 @@ int main(int argc, char** argv) {
                  "cpu: the host-state benchmarks above; cuda: GPU state, one process, next to the "
                  "bare pinned copy (uses --size-mb, default 8192 there, --trials, --dir, --json, --io-threads)")
       ->check(CLI::IsMember({"cpu", "cuda"}));
+}
+
+// --device cuda: the GPU benchmark, with the options given here and its own
+// defaults (--size-mb 8192, --trials 3) for those not given.
+int run_cuda(const CLI::App& app, const Args& args) {
+  bench::CudaBenchArgs cuda;
+  cuda.size_mb = app.count("--size-mb") ? args.size_mb : 8192;
+  cuda.trials = app.count("--trials") ? args.trials : 3;
+  cuda.dir = args.dir;
+  cuda.json_path = args.json_path;
+  cuda.keep = args.keep;
+  if (app.count("--io-threads")) cuda.io_threads = args.io_threads;
+  try {
+    return bench::run_cuda_bench(cuda);
+  } catch (const std::exception& e) {
+    std::cerr << "ckpt_bench: failed: " << e.what() << std::endl;
+    return 1;
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Args args;
+  std::string device = "cpu";
+  CLI::App app{"ckpt_bench: checkpoint speed, memory and compression next to their baselines"};
+  add_options(app, args, device);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -1313,18 +1333,7 @@ int main(int argc, char** argv) {
     return rc == 0 ? 0 : 2;
   }
   if (device == "cuda") {
-    cuda.size_mb = app.count("--size-mb") ? args.size_mb : 8192;
-    cuda.trials = app.count("--trials") ? args.trials : 3;
-    cuda.dir = args.dir;
-    cuda.json_path = args.json_path;
-    cuda.keep = args.keep;
-    if (app.count("--io-threads")) cuda.io_threads = args.io_threads;
-    try {
-      return bench::run_cuda_bench(cuda);
-    } catch (const std::exception& e) {
-      std::cerr << "ckpt_bench: failed: " << e.what() << std::endl;
-      return 1;
-    }
+    return run_cuda(app, args);
   }
   if (args.nproc > 1 && std::getenv("SHARDKIT_LAUNCHED") == nullptr) {
     dist::LocalLaunchOptions launch;
