@@ -95,6 +95,9 @@ struct Results {
   bool cold = true;  // the page cache was dropped before the check
   Phase open, check, tokens_sampling, text_open, text_sampling;
   int64_t sink = 0;  // sampled ids summed, so that no sampling is optimised away
+  // Kept open to the end, as a trainer keeps its dataset.
+  std::unique_ptr<framework::data::TokenDataset> lazy, checked;
+  std::unique_ptr<framework::data::TextDataset> text;
 };
 
 // data.kind tokens: open without the id check, open with it, random windows.
@@ -105,22 +108,20 @@ void measure_token_dataset(const Args& args, Results& r) {
   o.vocab_size = 50304;
   o.seed = 1;
   o.check_tokens = false;
-  std::unique_ptr<framework::data::TokenDataset> lazy;
-  r.open = measure([&] { lazy = std::make_unique<framework::data::TokenDataset>(o); });
+  r.open = measure([&] { r.lazy = std::make_unique<framework::data::TokenDataset>(o); });
   o.check_tokens = true;
-  std::unique_ptr<framework::data::TokenDataset> checked;
-  r.check = measure([&] { checked = std::make_unique<framework::data::TokenDataset>(o); });
+  r.check = measure([&] { r.checked = std::make_unique<framework::data::TokenDataset>(o); });
   r.tokens_sampling = measure([&] {
-    for (int64_t i = 0; i < args.samples; ++i) r.sink += checked->sample(i).first[0].item<int64_t>();
+    for (int64_t i = 0; i < args.samples; ++i) r.sink += r.checked->sample(i).first[0].item<int64_t>();
   });
 }
 
 // The text dataset over the first shard's bytes, the way data.kind text reads: whole.
 void measure_text_dataset(const Args& args, const std::string& first_shard, Results& r) {
-  std::unique_ptr<framework::data::TextDataset> text;
-  r.text_open = measure([&] { text = std::make_unique<framework::data::TextDataset>(first_shard, args.seq_len, 1); });
+  r.text_open =
+      measure([&] { r.text = std::make_unique<framework::data::TextDataset>(first_shard, args.seq_len, 1); });
   r.text_sampling = measure([&] {
-    for (int64_t i = 0; i < args.samples; ++i) r.sink += text->sample(i).first[0].item<int64_t>();
+    for (int64_t i = 0; i < args.samples; ++i) r.sink += r.text->sample(i).first[0].item<int64_t>();
   });
 }
 
