@@ -162,6 +162,17 @@ void fsync_path(const std::string& path) {
   fd.sync();
 }
 
+checkpoint::CheckpointOptions manager_options(const std::string& mode, const std::string& dir, int io_threads) {
+  checkpoint::CheckpointOptions co;
+  co.interval = 1;
+  co.keep_last = 1;
+  co.resume = "never";
+  co.io_threads = io_threads;
+  co.mode = mode;
+  co.dir = dir;
+  return co;
+}
+
 double median(std::vector<double> v) {
   TORCH_CHECK(!v.empty(), "median of nothing");
   std::sort(v.begin(), v.end());
@@ -331,6 +342,100 @@ double process_cpu_s() {
 
 }  // namespace
 
+namespace {
+
+// One variant's samples over the trials (stored bytes: the last trial's).
+struct VariantSamples {
+  uint64_t stored = 0;
+  std::vector<double> save_s, load_s, save_cpu_s, load_cpu_s;
+};
+
+// Wall and CPU seconds of `fn`, appended to `wall` and `cpu`.
+template <typename Fn>
+void time_into(std::vector<double>& wall, std::vector<double>& cpu, Fn fn) {
+  auto t0 = Clock::now();
+  double c0 = process_cpu_s();
+  fn();
+  wall.push_back(seconds_since(t0));
+  cpu.push_back(process_cpu_s() - c0);
+}
+
+// The reference: whole tensors through one-thread zstd into `vdir`, loaded
+// back into `targets`.
+void sample_whole_chunk(const NamedTensors& set, NamedTensors& targets, const std::string& vdir, int level,
+                        VariantSamples& out) {
+  const std::string path = (fs::path(vdir) / "whole.zst").string();
+  std::vector<uint64_t> frames;
+  time_into(out.save_s, out.save_cpu_s, [&] { whole_chunk_save(set, path, level, frames, &out.stored); });
+  drop_page_cache(vdir);
+  time_into(out.load_s, out.load_cpu_s, [&] { whole_chunk_load(targets, path, frames); });
+}
+
+// save_state_dict with the variant's compression into `vdir`, then
+// load_state_dict into `targets`.
+void sample_checkpoint(const NamedTensors& set, NamedTensors& targets, const std::string& vdir, const Variant& v,
+                       framework::dist::Group& group, const CompressionStudyOptions& options,
+                       VariantSamples& out) {
+  checkpoint::StateDict sd;
+  for (const auto& [n, tt] : set) sd.add_tensor(n, tt);
+  checkpoint::SaveOptions so;
+  so.storage = options.storage;
+  so.io_threads = options.io_threads;
+  so.compression.codec = v.codec;
+  so.compression.byte_group = v.byte_group;
+  if (v.level > 0) so.compression.level = v.level;
+  const std::string step_dir = (fs::path(vdir) / "step_0").string();
+  time_into(out.save_s, out.save_cpu_s,
+            [&] { out.stored = checkpoint::save_state_dict(sd, step_dir, group, so).total_stored_bytes; });
+  drop_page_cache(vdir);
+  checkpoint::StateDict into;
+  for (const auto& [n, tt] : targets) into.add_tensor(n, tt);
+  checkpoint::LoadOptions lo;
+  lo.storage = options.storage;
+  lo.io_threads = options.io_threads;
+  time_into(out.load_s, out.load_cpu_s, [&] { checkpoint::load_state_dict(into, step_dir, lo); });
+}
+
+// Throws naming the first tensor of `set` that `targets` does not hold bit-exact.
+void check_loaded_exact(const NamedTensors& set, const NamedTensors& targets, const std::string& set_name,
+                        const Variant& v) {
+  for (size_t i = 0; i < set.size(); ++i) {
+    if (!same_bytes(set[i].second, targets[i].second)) {
+      throw std::runtime_error("compression study: " + set_name + " variant " + v.name + " level " +
+                               std::to_string(v.level) + ": tensor '" + set[i].first +
+                               "' did not load back bit-exact");
+    }
+  }
+}
+
+// The study's row of one variant: sizes, medians and rates.
+nlohmann::json variant_row(const Variant& v, const VariantSamples& x, uint64_t logical, size_t tensors,
+                           int copies, int io_threads) {
+  const double mb = static_cast<double>(logical) / 1e6;
+  const int threads = v.codec == "whole_chunk" ? 1 : io_threads;
+  const double save_s = median(x.save_s);
+  const double load_s = median(x.load_s);
+  return {{"name", v.name},
+          {"level", v.level},
+          {"stored_bytes", x.stored},
+          {"logical_bytes", logical},
+          {"ratio", static_cast<double>(x.stored) / static_cast<double>(logical)},
+          {"save_s", save_s},
+          {"load_s", load_s},
+          {"save_cpu_s", median(x.save_cpu_s)},
+          {"load_cpu_s", median(x.load_cpu_s)},
+          {"save_s_trials", x.save_s},
+          {"load_s_trials", x.load_s},
+          {"threads", threads},
+          // Per thread = per CPU-second the save used, on all threads.
+          {"save_mb_s_per_thread", mb / std::max(1e-9, median(x.save_cpu_s))},
+          {"load_mb_s", mb / load_s},
+          {"tensors", tensors},
+          {"tile_copies", copies}};
+}
+
+}  // namespace
+
 nlohmann::json run_compression_study(const std::string& set_name, const NamedTensors& tensors,
                                      bool tile, framework::dist::Group& group,
                                      const CompressionStudyOptions& options) {
@@ -347,9 +452,7 @@ nlohmann::json run_compression_study(const std::string& set_name, const NamedTen
     return v.name == "none" || (v.level == 3 && (v.name == "zstd" || v.name == "floatgroup+zstd"));
   };
   const std::string set_dir = (fs::path(options.dir) / set_name).string();
-  std::vector<uint64_t> stored(vs.size(), 0);
-  std::vector<std::vector<double>> save_samples(vs.size()), load_samples(vs.size());
-  std::vector<std::vector<double>> save_cpu(vs.size()), load_cpu(vs.size());
+  std::vector<VariantSamples> samples(vs.size());
   const int trials = std::max(1, options.trials);
   // Trial t runs the variants in a rotated order, so that no variant always
   // follows the same one (the disk's write-back state, the CPU's caches).
@@ -363,90 +466,20 @@ nlohmann::json run_compression_study(const std::string& set_name, const NamedTen
       fs::remove_all(vdir);
       fs::create_directories(vdir);
       for (auto& [n, tt] : targets) tt.zero_();
-      double save_s = 0, load_s = 0, save_c = 0, load_c = 0;
       if (v.codec == "whole_chunk") {
-        const std::string path = (fs::path(vdir) / "whole.zst").string();
-        std::vector<uint64_t> frames;
-        auto t0 = Clock::now();
-        double c0 = process_cpu_s();
-        whole_chunk_save(set, path, v.level, frames, &stored[vi]);
-        save_s = seconds_since(t0);
-        save_c = process_cpu_s() - c0;
-        drop_page_cache(vdir);
-        t0 = Clock::now();
-        c0 = process_cpu_s();
-        whole_chunk_load(targets, path, frames);
-        load_s = seconds_since(t0);
-        load_c = process_cpu_s() - c0;
+        sample_whole_chunk(set, targets, vdir, v.level, samples[vi]);
       } else {
-        checkpoint::StateDict sd;
-        for (const auto& [n, tt] : set) sd.add_tensor(n, tt);
-        checkpoint::SaveOptions so;
-        so.storage = options.storage;
-        so.io_threads = options.io_threads;
-        so.compression.codec = v.codec;
-        so.compression.byte_group = v.byte_group;
-        if (v.level > 0) so.compression.level = v.level;
-        const std::string step_dir = (fs::path(vdir) / "step_0").string();
-        auto t0 = Clock::now();
-        double c0 = process_cpu_s();
-        checkpoint::SaveStats st = checkpoint::save_state_dict(sd, step_dir, group, so);
-        save_s = seconds_since(t0);
-        save_c = process_cpu_s() - c0;
-        stored[vi] = st.total_stored_bytes;
-        drop_page_cache(vdir);
-        checkpoint::StateDict into;
-        for (const auto& [n, tt] : targets) into.add_tensor(n, tt);
-        checkpoint::LoadOptions lo;
-        lo.storage = options.storage;
-        lo.io_threads = options.io_threads;
-        t0 = Clock::now();
-        c0 = process_cpu_s();
-        checkpoint::load_state_dict(into, step_dir, lo);
-        load_s = seconds_since(t0);
-        load_c = process_cpu_s() - c0;
+        sample_checkpoint(set, targets, vdir, v, group, options, samples[vi]);
       }
-      for (size_t i = 0; i < set.size(); ++i) {
-        if (!same_bytes(set[i].second, targets[i].second)) {
-          throw std::runtime_error("compression study: " + set_name + " variant " + v.name +
-                                   " level " + std::to_string(v.level) + ": tensor '" +
-                                   set[i].first + "' did not load back bit-exact");
-        }
-      }
+      check_loaded_exact(set, targets, set_name, v);
       fs::remove_all(vdir);
-      save_samples[vi].push_back(save_s);
-      load_samples[vi].push_back(load_s);
-      save_cpu[vi].push_back(save_c);
-      load_cpu[vi].push_back(load_c);
     }
   }
   fs::remove_all(set_dir);
 
   nlohmann::json rows = nlohmann::json::array();
-  const double mb = static_cast<double>(logical) / 1e6;
   for (size_t vi = 0; vi < vs.size(); ++vi) {
-    const Variant& v = vs[vi];
-    if (!wanted(v)) continue;
-    const int threads = v.codec == "whole_chunk" ? 1 : options.io_threads;
-    const double save_s = median(save_samples[vi]);
-    const double load_s = median(load_samples[vi]);
-    rows.push_back({{"name", v.name},
-                    {"level", v.level},
-                    {"stored_bytes", stored[vi]},
-                    {"logical_bytes", logical},
-                    {"ratio", static_cast<double>(stored[vi]) / static_cast<double>(logical)},
-                    {"save_s", save_s},
-                    {"load_s", load_s},
-                    {"save_cpu_s", median(save_cpu[vi])},
-                    {"load_cpu_s", median(load_cpu[vi])},
-                    {"save_s_trials", save_samples[vi]},
-                    {"load_s_trials", load_samples[vi]},
-                    {"threads", threads},
-                    // Per thread = per CPU-second the save used, on all threads.
-                    {"save_mb_s_per_thread", mb / std::max(1e-9, median(save_cpu[vi]))},
-                    {"load_mb_s", mb / load_s},
-                    {"tensors", set.size()},
-                    {"tile_copies", copies}});
+    if (wanted(vs[vi])) rows.push_back(variant_row(vs[vi], samples[vi], logical, set.size(), copies, options.io_threads));
   }
   return rows;
 }

@@ -2,6 +2,7 @@
 // Shared pieces of ckpt_bench: timing, process memory, page-cache control,
 // the compression study (bench/compression.cpp) and safetensors files.
 // Benchmark-only code; nothing here is part of the library.
+#include "checkpoint/options.h"
 #include "checkpoint/state_dict.h"
 #include "checkpoint/storage/paced.h"
 #include "checkpoint/storage/storage.h"
@@ -40,6 +41,11 @@ double resident_fraction(const std::string& path);
 
 // fsyncs `path` (a file); throws naming the path and strerror.
 void fsync_path(const std::string& path);
+
+// Options of a CheckpointManager that a benchmark drives itself: `mode`
+// (sync, async, overlap) into `dir`, a save every step, only the newest kept,
+// never resumed.
+checkpoint::CheckpointOptions manager_options(const std::string& mode, const std::string& dir, int io_threads);
 
 // Median of `v` (not empty).
 double median(std::vector<double> v);

@@ -203,6 +203,13 @@ uint64_t nbytes(const torch::Tensor& t) { return static_cast<uint64_t>(t.numel()
 // ---------------------------------------------------------------------------
 // The run
 
+// The compression study's input sets.
+struct CompressionSets {
+  bench::NamedTensors trained;       // weights + AdamW moments, fp32
+  bench::NamedTensors trained_bf16;  // the weights only, as bf16
+  bench::NamedTensors init;          // the weights at initialisation
+};
+
 struct Bench {
   Args args;
   dist::Runtime& rt;
@@ -241,6 +248,7 @@ struct Bench {
 
   void make_state();
   void memory_run(checkpoint::CheckpointManager& mgr);
+  void checkpoint_section();
   void trial(int t, checkpoint::CheckpointManager& async_mgr, checkpoint::CheckpointManager& overlap_mgr,
              double compute_s);
   void time_memcpy();
@@ -259,8 +267,18 @@ struct Bench {
   std::vector<double> trainer_step_times(const std::string& label, bool overlap_saves, int64_t steps);
   std::unique_ptr<dist::Runtime> fresh_runtime();
   void compression();
+  void train_compression_input(int64_t steps, const std::string& ck_dir);
+  void read_trained_sets(const std::string& ck_dir, CompressionSets& sets);
   void tiers();
   void report();
+  bool main_section() const { return !args.compression_only && !args.tiers_only; }
+  nlohmann::json main_ratios();
+  void summarize();
+  void print_measurements();
+  void print_ratios();
+  void print_tiers();
+  void print_compression_study();
+  void write_json();
 };
 
 void Bench::make_state() {
@@ -649,6 +667,30 @@ void Bench::trial(int t, checkpoint::CheckpointManager& async_mgr,
   time_overlap(t, overlap_mgr, compute_s);
 }
 
+// The main section: the memory run of the async manager, then the trials
+// (an overlap warm-up first) with async and overlap managers kept across them.
+void Bench::checkpoint_section() {
+  std::ostringstream layout;
+  layout << "fsdp replicate=1 shard=" << world;
+  checkpoint::CheckpointOptions co = bench::manager_options("async", path("async"), args.io_threads);
+  auto async_mgr = std::make_unique<checkpoint::CheckpointManager>(co, co.dir, *rt.checkpoint, layout.str());
+  memory_run(*async_mgr);
+
+  for (const auto& t : locals) targets.push_back(torch::zeros_like(t));
+  co = bench::manager_options("overlap", path("overlap"), args.io_threads);
+  auto overlap_mgr = std::make_unique<checkpoint::CheckpointManager>(co, co.dir, *rt.checkpoint, layout.str());
+  // Compute that outlasts staging: twice the async staging time.
+  const double compute_s = std::max(0.05, 2 * out["async_stage_s"].get<double>());
+  out["overlap_compute_s"] = compute_s;
+  time_overlap(-1, *overlap_mgr, compute_s);  // warm-up: allocates the staging buffers
+  samples.erase("overlap_blocking_s");
+  samples.erase("overlap_total_s");
+  for (int t = 0; t < args.trials; ++t) trial(t, *async_mgr, *overlap_mgr, compute_s);
+  async_mgr.reset();
+  overlap_mgr.reset();
+  targets.clear();
+}
+
 // Multi-level checkpoints (docs/checkpoints.md, "Multi-level checkpoints"): the same state
 // saved, in sync and async mode, (a) to one tier, checkpoint.dir on an
 // emulated slow durable device (each rank's durable I/O paced at
@@ -665,13 +707,7 @@ void Bench::tiers() {
   for (const std::string mode : {"sync", "async"}) {
     for (const bool tiered : {false, true}) {
       const std::string name = "tiers_" + mode + (tiered ? "_tiered_" : "_single_");
-      checkpoint::CheckpointOptions co;
-      co.interval = 1;
-      co.keep_last = 1;
-      co.resume = "never";
-      co.io_threads = args.io_threads;
-      co.mode = mode;
-      co.dir = path("tiers/" + name + "durable");
+      checkpoint::CheckpointOptions co = bench::manager_options(mode, path("tiers/" + name + "durable"), args.io_threads);
       if (tiered) {
         co.local.dir = path("tiers/" + name + "local/node{node}");
         co.local.keep_last = 1;
@@ -776,95 +812,117 @@ void Bench::training_overhead() {
   out["training"] = j;
 }
 
+// (all ranks) The default model trained for `steps` steps, its final
+// checkpoint kept in `ck_dir`.
+void Bench::train_compression_input(int64_t steps, const std::string& ck_dir) {
+  std::vector<std::string> sets = {"train.steps=" + std::to_string(steps), "train.log_every=1000",
+                                   "run.dir=" + path("trained"), "checkpoint.dir=" + ck_dir,
+                                   "checkpoint.resume=never", "checkpoint.mode=sync",
+                                   "checkpoint.interval=" + std::to_string(steps),
+                                   "checkpoint.keep_last=1", "dist.timeout_s=600"};
+  framework::config::Config cfg = framework::config::load_config(args.config_path, sets);
+  auto runtime = fresh_runtime();
+  framework::train::Trainer trainer(cfg, *runtime);
+  if (trainer.run() != 0) fail("training the compression input failed");
+  runtime->train->barrier();
+}
+
+// The tensors of the newest committed checkpoint in `ck_dir`, read back whole:
+// all of them into `trained`, bf16 copies of the model's into `trained_bf16`.
+void Bench::read_trained_sets(const std::string& ck_dir, CompressionSets& sets) {
+  auto latest = checkpoint::latest_committed(*checkpoint::posix_storage(), ck_dir);
+  if (!latest) fail("no committed checkpoint in " + ck_dir);
+  auto meta = checkpoint::read_committed_metadata(*checkpoint::posix_storage(), latest->path);
+  checkpoint::StateDict full;
+  for (const auto& item : meta.items) {
+    if (item.kind != checkpoint::ItemKind::kTensor) continue;
+    torch::Tensor t = torch::empty(item.global_shape, checkpoint::to_scalar_type(item.dtype));
+    full.add_tensor(item.name, t);
+    sets.trained.emplace_back(item.name, t);
+    if (item.name.rfind("model.", 0) == 0) sets.trained_bf16.emplace_back(item.name, t);
+  }
+  checkpoint::LoadOptions lo;
+  lo.allow_partial = true;  // tensors only; the bytes items are not needed
+  checkpoint::load_state_dict(full, latest->path, lo);
+  for (auto& [n, t] : sets.trained_bf16) t = t.to(torch::kBFloat16);
+}
+
+// The default model's parameters at initialisation (run.seed), tied ones once.
+bench::NamedTensors initial_weights(const std::string& config_path) {
+  framework::config::Config cfg = framework::config::load_config(config_path);
+  torch::manual_seed(static_cast<uint64_t>(cfg.run.seed));
+  auto model = models::make_model(cfg.model);
+  bench::NamedTensors init;
+  std::vector<const void*> seen;
+  for (const auto& p : model->named_parameters()) {
+    const void* ptr = p.value().data_ptr();
+    if (std::find(seen.begin(), seen.end(), ptr) != seen.end()) continue;  // tied
+    seen.push_back(ptr);
+    init.emplace_back("model." + p.key(), p.value().detach().clone());
+  }
+  return init;
+}
+
+// The three sets (and --input) through the study with `options`.
+nlohmann::json study_sets(const CompressionSets& sets, const std::string& input, dist::Group& solo,
+                          const bench::CompressionStudyOptions& options) {
+  nlohmann::json comp = nlohmann::json::object();
+  comp["trained_fp32"] = bench::run_compression_study("trained_fp32", sets.trained, true, solo, options);
+  comp["init_fp32"] = bench::run_compression_study("init_fp32", sets.init, true, solo, options);
+  comp["trained_bf16"] = bench::run_compression_study("trained_bf16", sets.trained_bf16, true, solo, options);
+  if (!input.empty()) {
+    comp["input"] = bench::run_compression_study("input", bench::read_safetensors(input), false, solo, options);
+  }
+  return comp;
+}
+
+// What the compression sets are, for the JSON.
+nlohmann::json compression_setup(int64_t steps, int world) {
+  return {{"trained_fp32", "default model after " + std::to_string(steps) +
+                               " steps at world " + std::to_string(world) +
+                               ": weights + AdamW exp_avg + exp_avg_sq, read back whole from its checkpoint"},
+          {"init_fp32", "default model at initialisation, weights only (AdamW moments are zero then)"},
+          {"trained_bf16", "bf16 copies of the trained weights (no moments)"},
+          {"tiling", "each set repeated as independent items tile<k>/<name> until >= 64 MiB; "
+                     "every copy is its own chunk, so no codec sees the repetition"},
+          {"input", "--input safetensors as given, not tiled"},
+          {"paced", "compression_paced: none, zstd 3 and floatgroup+zstd 3 again on a storage wrapper "
+                    "that books every read and write on one timeline at --paced-mbps (reads wait for it, "
+                    "writes are buffered and fsync waits for it): a disk-bound device, emulated"},
+          {"group", "rank 0 alone, on a one-rank checkpoint group"},
+          {"safetensors_selftest", "ok"}};
+}
+
 // (all ranks) Train the default model, keep its final checkpoint; (rank 0)
 // read weights and AdamW moments back whole and run the compression study
 // on a one-rank checkpoint group while the other ranks wait.
 void Bench::compression() {
   const int64_t steps = args.compress_train_steps;
   const std::string ck_dir = path("trained/checkpoints");
-  {
-    std::vector<std::string> sets = {"train.steps=" + std::to_string(steps), "train.log_every=1000",
-                                     "run.dir=" + path("trained"), "checkpoint.dir=" + ck_dir,
-                                     "checkpoint.resume=never", "checkpoint.mode=sync",
-                                     "checkpoint.interval=" + std::to_string(steps),
-                                     "checkpoint.keep_last=1", "dist.timeout_s=600"};
-    framework::config::Config cfg = framework::config::load_config(args.config_path, sets);
-    auto runtime = fresh_runtime();
-    framework::train::Trainer trainer(cfg, *runtime);
-    if (trainer.run() != 0) fail("training the compression input failed");
-    runtime->train->barrier();
-  }
+  train_compression_input(steps, ck_dir);
   if (rank == 0) {
     auto solo = rt.rendezvous->new_group("bench.solo", {0});
-    auto latest = checkpoint::latest_committed(*checkpoint::posix_storage(), ck_dir);
-    if (!latest) fail("no committed checkpoint in " + ck_dir);
-    auto meta = checkpoint::read_committed_metadata(*checkpoint::posix_storage(), latest->path);
-    checkpoint::StateDict full;
-    bench::NamedTensors trained, trained_bf16;
-    for (const auto& item : meta.items) {
-      if (item.kind != checkpoint::ItemKind::kTensor) continue;
-      torch::Tensor t = torch::empty(item.global_shape, checkpoint::to_scalar_type(item.dtype));
-      full.add_tensor(item.name, t);
-      trained.emplace_back(item.name, t);
-      if (item.name.rfind("model.", 0) == 0) trained_bf16.emplace_back(item.name, t);
-    }
-    checkpoint::LoadOptions lo;
-    lo.allow_partial = true;  // tensors only; the bytes items are not needed
-    checkpoint::load_state_dict(full, latest->path, lo);
-    for (auto& [n, t] : trained_bf16) t = t.to(torch::kBFloat16);
-
-    framework::config::Config cfg = framework::config::load_config(args.config_path);
-    torch::manual_seed(static_cast<uint64_t>(cfg.run.seed));
-    auto model = models::make_model(cfg.model);
-    bench::NamedTensors init;
-    std::vector<const void*> seen;
-    for (const auto& p : model->named_parameters()) {
-      const void* ptr = p.value().data_ptr();
-      if (std::find(seen.begin(), seen.end(), ptr) != seen.end()) continue;  // tied
-      seen.push_back(ptr);
-      init.emplace_back("model." + p.key(), p.value().detach().clone());
-    }
+    CompressionSets sets;
+    read_trained_sets(ck_dir, sets);
+    sets.init = initial_weights(args.config_path);
 
     bench::CompressionStudyOptions co;
     co.dir = path("compression");
     co.io_threads = args.io_threads;
     co.trials = args.compression_trials;
     bench::self_test_safetensors(co.dir);
-    nlohmann::json comp = nlohmann::json::object();
-    comp["trained_fp32"] = bench::run_compression_study("trained_fp32", trained, true, *solo, co);
-    comp["init_fp32"] = bench::run_compression_study("init_fp32", init, true, *solo, co);
-    comp["trained_bf16"] = bench::run_compression_study("trained_bf16", trained_bf16, true, *solo, co);
-    if (!args.input.empty()) {
-      comp["input"] = bench::run_compression_study("input", bench::read_safetensors(args.input), false, *solo, co);
-    }
-    out["compression"] = comp;
+    out["compression"] = study_sets(sets, args.input, *solo, co);
     if (args.paced_mbps > 0) {
       // The same sets on an emulated device of paced_mbps: the regime where
       // the disk, not the CPU, is the bottleneck.
       bench::CompressionStudyOptions pc = co;
       pc.storage = checkpoint::paced_storage(checkpoint::posix_storage(), args.paced_mbps);
       pc.reference_variants_only = true;
-      nlohmann::json paced = nlohmann::json::object();
+      nlohmann::json paced = study_sets(sets, "", *solo, pc);
       paced["device_mb_s"] = args.paced_mbps;
-      paced["trained_fp32"] = bench::run_compression_study("trained_fp32", trained, true, *solo, pc);
-      paced["init_fp32"] = bench::run_compression_study("init_fp32", init, true, *solo, pc);
-      paced["trained_bf16"] = bench::run_compression_study("trained_bf16", trained_bf16, true, *solo, pc);
       out["compression_paced"] = paced;
     }
-    out["compression_setup"] = {
-        {"trained_fp32", "default model after " + std::to_string(steps) +
-                             " steps at world " + std::to_string(world) +
-                             ": weights + AdamW exp_avg + exp_avg_sq, read back whole from its checkpoint"},
-        {"init_fp32", "default model at initialisation, weights only (AdamW moments are zero then)"},
-        {"trained_bf16", "bf16 copies of the trained weights (no moments)"},
-        {"tiling", "each set repeated as independent items tile<k>/<name> until >= 64 MiB; "
-                   "every copy is its own chunk, so no codec sees the repetition"},
-        {"input", "--input safetensors as given, not tiled"},
-        {"paced", "compression_paced: none, zstd 3 and floatgroup+zstd 3 again on a storage wrapper "
-                  "that books every read and write on one timeline at --paced-mbps (reads wait for it, "
-                  "writes are buffered and fsync waits for it): a disk-bound device, emulated"},
-        {"group", "rank 0 alone, on a one-rank checkpoint group"},
-        {"safetensors_selftest", "ok"}};
+    out["compression_setup"] = compression_setup(steps, world);
   }
   barrier();
 }
@@ -942,7 +1000,53 @@ void print_compression_targets(const nlohmann::json& t) {
   }
 }
 
-void Bench::report() {
+// The main section's ratios, each a measurement over its baseline.
+nlohmann::json Bench::main_ratios() {
+  auto v = [&](const char* k) { return out.at(k).get<double>(); };
+  nlohmann::json ratios = {
+      {"async_blocking_over_sync", v("sync_save_s") / v("async_blocking_s")},
+      {"async_blocking_over_memcpy", v("async_blocking_s") / v("memcpy_s")},
+      {"sync_save_over_raw_write", v("raw_write_s") / v("sync_save_s")},
+      {"sync_save_over_raw_write_parallel", v("raw_write_parallel_s") / v("sync_save_s")},
+      {"sync_save_vs_torch_save", v("torch_save_s") / v("sync_save_s")},
+      {"sync_save_direct_speedup", v("sync_save_s") / v("sync_save_direct_s")},
+      {"peak_extra_over_state", v("peak_extra_host_bytes") / static_cast<double>(rank_bytes)}};
+  if (out.contains("training")) ratios["overlap_step_overhead"] = out["training"]["overlap_step_overhead"];
+  return ratios;
+}
+
+// The targets on `ratios`: {value, op, target, pass} by ratio.
+nlohmann::json ratio_targets(const nlohmann::json& ratios) {
+  std::vector<Target> wanted = {{"sync_save_over_raw_write", ">=", 0.8},
+                                {"sync_save_vs_torch_save", ">=", 2.0},
+                                {"peak_extra_over_state", "<=", 1.1}};
+  if (ratios.contains("overlap_step_overhead")) wanted.push_back({"overlap_step_overhead", "<=", 1.03});
+  nlohmann::json targets = nlohmann::json::object();
+  for (const auto& t : wanted) {
+    double x = ratios.at(t.key).get<double>();
+    bool pass = std::string(t.op) == ">=" ? x >= t.want : x <= t.want;
+    targets[t.key] = {{"value", x}, {"op", t.op}, {"target", t.want}, {"pass", pass}};
+  }
+  return targets;
+}
+
+// The compression targets of the study, and of its paced run where there is
+// one: there (disk-bound) compression must make saves and loads faster, not
+// just not much slower.
+nlohmann::json all_compression_targets(const nlohmann::json& out) {
+  nlohmann::json t = compression_targets(out["compression"]);
+  if (out.contains("compression_paced")) {
+    const std::string suffix =
+        " (paced " + std::to_string(static_cast<int>(out["compression_paced"]["device_mb_s"].get<double>())) +
+        " MB/s)";
+    for (auto& x : compression_targets(out["compression_paced"], suffix, true)) t.push_back(x);
+  }
+  return t;
+}
+
+// (all ranks) Medians of the samples, the run's settings, ratios and targets
+// into `out`.
+void Bench::summarize() {
   for (const auto& [key, v] : samples) {
     if (key.find("_local") != std::string::npos) continue;
     out[key] = bench::median(v);
@@ -954,168 +1058,161 @@ void Bench::report() {
   out["trials"] = args.trials;
   out["torch_threads"] = torch::get_num_threads();
   out["compression_trials"] = args.compression_trials;
-  auto v = [&](const char* k) { return out.at(k).get<double>(); };
-  const bool main_section = !args.compression_only && !args.tiers_only;
-  nlohmann::json ratios = nlohmann::json::object();
-  nlohmann::json targets = nlohmann::json::object();
-  if (main_section) {
-    ratios = {
-        {"async_blocking_over_sync", v("sync_save_s") / v("async_blocking_s")},
-        {"async_blocking_over_memcpy", v("async_blocking_s") / v("memcpy_s")},
-        {"sync_save_over_raw_write", v("raw_write_s") / v("sync_save_s")},
-        {"sync_save_over_raw_write_parallel", v("raw_write_parallel_s") / v("sync_save_s")},
-        {"sync_save_vs_torch_save", v("torch_save_s") / v("sync_save_s")},
-        {"sync_save_direct_speedup", v("sync_save_s") / v("sync_save_direct_s")},
-        {"peak_extra_over_state", v("peak_extra_host_bytes") / static_cast<double>(rank_bytes)}};
-    if (out.contains("training")) ratios["overlap_step_overhead"] = out["training"]["overlap_step_overhead"];
-    out["ratios"] = ratios;
-    std::vector<Target> wanted = {{"sync_save_over_raw_write", ">=", 0.8},
-                                  {"sync_save_vs_torch_save", ">=", 2.0},
-                                  {"peak_extra_over_state", "<=", 1.1}};
-    if (out.contains("training")) wanted.push_back({"overlap_step_overhead", "<=", 1.03});
-    for (const auto& t : wanted) {
-      double x = ratios.at(t.key).get<double>();
-      bool pass = std::string(t.op) == ">=" ? x >= t.want : x <= t.want;
-      targets[t.key] = {{"value", x}, {"op", t.op}, {"target", t.want}, {"pass", pass}};
-    }
-    out["targets"] = targets;
+  if (main_section()) {
+    out["ratios"] = main_ratios();
+    out["targets"] = ratio_targets(out["ratios"]);
   }
   out["notes"] = notes;
-  if (out.contains("compression")) {
-    nlohmann::json t = compression_targets(out["compression"]);
-    if (out.contains("compression_paced")) {
-      // Disk-bound: compression must make saves and loads faster, not just
-      // not much slower.
-      const std::string suffix =
-          " (paced " + std::to_string(static_cast<int>(out["compression_paced"]["device_mb_s"].get<double>())) +
-          " MB/s)";
-      for (auto& x : compression_targets(out["compression_paced"], suffix, true)) t.push_back(x);
-    }
-    out["compression_targets"] = t;
-  }
-  if (rank != 0) return;
+  if (out.contains("compression")) out["compression_targets"] = all_compression_targets(out);
+}
 
-  if (main_section) {
-    const double gb = static_cast<double>(state_bytes) / 1e9;
-    std::printf("\nckpt_bench: %.2f GiB state over %d rank(s) (%.2f GiB per rank), io_threads %d, "
-                "torch threads %d, %d trial(s)%s\n",
-                static_cast<double>(state_bytes) / 1073741824.0, world,
-                static_cast<double>(rank_bytes) / 1073741824.0, args.io_threads,
-                torch::get_num_threads(), args.trials, args.trials > 1 ? " (median)" : "");
-    std::printf("  %-27s %10s %10s   %s\n", "measurement", "seconds", "GB/s", "what");
-    const std::vector<std::pair<const char*, const char*>> rows = {
-        {"memcpy_s", "tensor.copy_ into preallocated buffers"},
-        {"raw_write_s", "write(2) 8 MiB pieces + fsync, one file per rank"},
-        {"raw_read_s", "read(2) back after fadvise(DONTNEED)"},
-        {"raw_write_parallel_s", "pwrite(2) by io_threads threads + fsync"},
-        {"raw_write_direct_s", "raw_write_s with O_DIRECT (via an aligned buffer)"},
-        {"raw_write_direct_parallel_s", "raw_write_parallel_s with O_DIRECT"},
-        {"torch_save_s", "torch::save(vector<Tensor>) + fsync"},
-        {"torch_load_s", "torch::load after fadvise(DONTNEED)"},
-        {"sync_save_s", "save_state_dict, uncompressed"},
-        {"sync_save_direct_s", "the same with checkpoint.direct_io (O_DIRECT)"},
-        {"async_blocking_s", "manager async: save() blocks (staging reused)"},
-        {"async_total_s", "manager async: save() to finish()"},
-        {"overlap_blocking_s", "manager overlap: save() + wait_staged() blocks"},
-        {"overlap_total_s", "manager overlap: save() to finish()"},
-        {"load_s", "load_state_dict, same layout, cache dropped"},
-        {"reshard_load_s", "load_state_dict into world+1 parts (3 for 1 rank)"}};
-    for (const auto& [k, what] : rows) {
-      if (!out.contains(k)) continue;
-      double s = v(k);
-      if (s < 1e-3) {
-        std::printf("  %-27s %10.3f %10s   %s\n", k, s, "-", what);
+// The main section's table: each measurement with its rate and meaning.
+void Bench::print_measurements() {
+  auto v = [&](const char* k) { return out.at(k).get<double>(); };
+  const double gb = static_cast<double>(state_bytes) / 1e9;
+  std::printf("\nckpt_bench: %.2f GiB state over %d rank(s) (%.2f GiB per rank), io_threads %d, "
+              "torch threads %d, %d trial(s)%s\n",
+              static_cast<double>(state_bytes) / 1073741824.0, world,
+              static_cast<double>(rank_bytes) / 1073741824.0, args.io_threads,
+              torch::get_num_threads(), args.trials, args.trials > 1 ? " (median)" : "");
+  std::printf("  %-27s %10s %10s   %s\n", "measurement", "seconds", "GB/s", "what");
+  const std::vector<std::pair<const char*, const char*>> rows = {
+      {"memcpy_s", "tensor.copy_ into preallocated buffers"},
+      {"raw_write_s", "write(2) 8 MiB pieces + fsync, one file per rank"},
+      {"raw_read_s", "read(2) back after fadvise(DONTNEED)"},
+      {"raw_write_parallel_s", "pwrite(2) by io_threads threads + fsync"},
+      {"raw_write_direct_s", "raw_write_s with O_DIRECT (via an aligned buffer)"},
+      {"raw_write_direct_parallel_s", "raw_write_parallel_s with O_DIRECT"},
+      {"torch_save_s", "torch::save(vector<Tensor>) + fsync"},
+      {"torch_load_s", "torch::load after fadvise(DONTNEED)"},
+      {"sync_save_s", "save_state_dict, uncompressed"},
+      {"sync_save_direct_s", "the same with checkpoint.direct_io (O_DIRECT)"},
+      {"async_blocking_s", "manager async: save() blocks (staging reused)"},
+      {"async_total_s", "manager async: save() to finish()"},
+      {"overlap_blocking_s", "manager overlap: save() + wait_staged() blocks"},
+      {"overlap_total_s", "manager overlap: save() to finish()"},
+      {"load_s", "load_state_dict, same layout, cache dropped"},
+      {"reshard_load_s", "load_state_dict into world+1 parts (3 for 1 rank)"}};
+  for (const auto& [k, what] : rows) {
+    if (!out.contains(k)) continue;
+    double s = v(k);
+    if (s < 1e-3) {
+      std::printf("  %-27s %10.3f %10s   %s\n", k, s, "-", what);
+    } else {
+      std::printf("  %-27s %10.3f %10.2f   %s\n", k, s, gb / s, what);
+    }
+  }
+  std::printf("  %-27s %10.3f %10s   first async save (allocates staging)\n", "async_blocking_first_s",
+              v("async_blocking_first_s"), "");
+  std::printf("  %-27s %10.3f %10s   async staging copy (manager event)\n", "async_stage_s",
+              v("async_stage_s"), "");
+  auto mib = [](double b) { return b / 1048576.0; };
+  std::printf("  memory (per rank, max): state %.1f MiB | rss baseline %.1f MiB | peak extra %.1f MiB | "
+              "staging %.1f MiB | rss after 5 saves %.1f MiB, after %d: %.1f MiB (growth %+.1f MiB)%s\n",
+              mib(static_cast<double>(rank_bytes)), mib(v("rss_baseline_bytes")),
+              mib(v("peak_extra_host_bytes")), mib(v("staging_bytes")), mib(v("rss_after_5")),
+              out["growth_saves"].get<int>(),
+              mib(out["rss_after_" + std::to_string(out["growth_saves"].get<int>())].get<double>()),
+              mib(v("rss_growth_bytes_5_to_20")), out["peak_rss_reset"].get<bool>() ? "" : " (VmHWM not reset)");
+  std::printf("  page cache: posix_fadvise(DONTNEED) %s, %.0f%% of the raw file resident after it; "
+              "/proc/sys/vm/drop_caches %s (not used for timings)\n",
+              out["raw_read_cache_dropped"].get<bool>() ? "ok" : "FAILED",
+              100 * v("raw_read_resident_fraction_after_drop"),
+              out["proc_drop_caches_worked"].get<bool>() ? "works" : "refused");
+  if (out.contains("training")) {
+    const auto& tr = out["training"];
+    std::printf("  training (default model, %lld steps x 2 runs each, mean of steps 6..): no ckpt %.4f s/step, "
+                "overlap every 10 %.4f s/step (medians %.4f / %.4f)\n",
+                static_cast<long long>(args.train_steps), tr["step_time_no_ckpt_s"].get<double>(),
+                tr["step_time_overlap_s"].get<double>(), tr["step_time_no_ckpt_median_s"].get<double>(),
+                tr["step_time_overlap_median_s"].get<double>());
+  }
+}
+
+// The ratios with their targets, PASS or MISS.
+void Bench::print_ratios() {
+  const nlohmann::json& targets = out["targets"];
+  std::printf("\n  %-28s %10s\n", "ratio", "value");
+  for (const auto& [k, x] : out["ratios"].items()) {
+    std::string verdict;
+    if (targets.contains(k)) {
+      const auto& t = targets[k];
+      std::ostringstream s;
+      s << "target " << t["op"].get<std::string>() << " " << t["target"].get<double>() << "  "
+        << (t["pass"].get<bool>() ? "PASS" : "MISS");
+      verdict = s.str();
+    }
+    std::printf("  %-28s %10.3f   %s\n", k.c_str(), x.get<double>(), verdict.c_str());
+  }
+}
+
+// Multi-level checkpoints: blocking, local and durable commit, exposure, per
+// mode, with one tier and with two.
+void Bench::print_tiers() {
+  auto v = [&](const char* k) { return out.at(k).get<double>(); };
+  const double gb = static_cast<double>(state_bytes) / 1e9;
+  std::printf("\n  multi-level checkpoints: %.2f GiB over %d rank(s) on %d node(s); durable tier = "
+              "EMULATED device, each rank's I/O paced at %.0f MB/s; local tier = %s; partner copies %s\n",
+              static_cast<double>(state_bytes) / 1073741824.0, world, out["tiers_nodes"].get<int>(),
+              out["tiers_durable_mb_s"].get<double>(), dir.c_str(),
+              out.value("tiers_partner", std::string("-")).c_str());
+  std::printf("  %-8s %-12s %12s %14s %16s %12s\n", "mode", "tiers", "blocking s", "local commit s",
+              "durable commit s", "exposure s");
+  for (const std::string mode : {"sync", "async"}) {
+    for (const bool tiered : {false, true}) {
+      const std::string name = "tiers_" + mode + (tiered ? "_tiered_" : "_single_");
+      auto val = [&](const std::string& k) { return out.contains(name + k) ? out[name + k].get<double>() : -1.0; };
+      if (tiered) {
+        std::printf("  %-8s %-12s %12.3f %14.3f %16.3f %12.3f\n", mode.c_str(), "local+flush",
+                    val("blocking_s"), val("l1_commit_s"), val("durable_commit_s"), val("exposure_s"));
       } else {
-        std::printf("  %-27s %10.3f %10.2f   %s\n", k, s, gb / s, what);
+        std::printf("  %-8s %-12s %12.3f %14s %16.3f %12s\n", mode.c_str(), "durable only",
+                    val("blocking_s"), "-", val("durable_commit_s"), "-");
       }
-    }
-    std::printf("  %-27s %10.3f %10s   first async save (allocates staging)\n", "async_blocking_first_s",
-                v("async_blocking_first_s"), "");
-    std::printf("  %-27s %10.3f %10s   async staging copy (manager event)\n", "async_stage_s",
-                v("async_stage_s"), "");
-    auto mib = [](double b) { return b / 1048576.0; };
-    std::printf("  memory (per rank, max): state %.1f MiB | rss baseline %.1f MiB | peak extra %.1f MiB | "
-                "staging %.1f MiB | rss after 5 saves %.1f MiB, after %d: %.1f MiB (growth %+.1f MiB)%s\n",
-                mib(static_cast<double>(rank_bytes)), mib(v("rss_baseline_bytes")),
-                mib(v("peak_extra_host_bytes")), mib(v("staging_bytes")), mib(v("rss_after_5")),
-                out["growth_saves"].get<int>(),
-                mib(out["rss_after_" + std::to_string(out["growth_saves"].get<int>())].get<double>()),
-                mib(v("rss_growth_bytes_5_to_20")), out["peak_rss_reset"].get<bool>() ? "" : " (VmHWM not reset)");
-    std::printf("  page cache: posix_fadvise(DONTNEED) %s, %.0f%% of the raw file resident after it; "
-                "/proc/sys/vm/drop_caches %s (not used for timings)\n",
-                out["raw_read_cache_dropped"].get<bool>() ? "ok" : "FAILED",
-                100 * v("raw_read_resident_fraction_after_drop"),
-                out["proc_drop_caches_worked"].get<bool>() ? "works" : "refused");
-    if (out.contains("training")) {
-      const auto& tr = out["training"];
-      std::printf("  training (default model, %lld steps x 2 runs each, mean of steps 6..): no ckpt %.4f s/step, "
-                  "overlap every 10 %.4f s/step (medians %.4f / %.4f)\n",
-                  static_cast<long long>(args.train_steps), tr["step_time_no_ckpt_s"].get<double>(),
-                  tr["step_time_overlap_s"].get<double>(), tr["step_time_no_ckpt_median_s"].get<double>(),
-                  tr["step_time_overlap_median_s"].get<double>());
-    }
-    std::printf("\n  %-28s %10s\n", "ratio", "value");
-    for (const auto& [k, x] : ratios.items()) {
-      std::string verdict;
-      if (targets.contains(k)) {
-        const auto& t = targets[k];
-        std::ostringstream s;
-        s << "target " << t["op"].get<std::string>() << " " << t["target"].get<double>() << "  "
-          << (t["pass"].get<bool>() ? "PASS" : "MISS");
-        verdict = s.str();
-      }
-      std::printf("  %-28s %10.3f   %s\n", k.c_str(), x.get<double>(), verdict.c_str());
     }
   }
-  if (out.contains("tiers_sync_single_blocking_s")) {
-    const double gb = static_cast<double>(state_bytes) / 1e9;
-    std::printf("\n  multi-level checkpoints: %.2f GiB over %d rank(s) on %d node(s); durable tier = "
-                "EMULATED device, each rank's I/O paced at %.0f MB/s; local tier = %s; partner copies %s\n",
-                static_cast<double>(state_bytes) / 1073741824.0, world, out["tiers_nodes"].get<int>(),
-                out["tiers_durable_mb_s"].get<double>(), dir.c_str(),
-                out.value("tiers_partner", std::string("-")).c_str());
-    std::printf("  %-8s %-12s %12s %14s %16s %12s\n", "mode", "tiers", "blocking s", "local commit s",
-                "durable commit s", "exposure s");
-    for (const std::string mode : {"sync", "async"}) {
-      for (const bool tiered : {false, true}) {
-        const std::string name = "tiers_" + mode + (tiered ? "_tiered_" : "_single_");
-        auto val = [&](const std::string& k) { return out.contains(name + k) ? out[name + k].get<double>() : -1.0; };
-        if (tiered) {
-          std::printf("  %-8s %-12s %12.3f %14.3f %16.3f %12.3f\n", mode.c_str(), "local+flush",
-                      val("blocking_s"), val("l1_commit_s"), val("durable_commit_s"), val("exposure_s"));
-        } else {
-          std::printf("  %-8s %-12s %12.3f %14s %16.3f %12s\n", mode.c_str(), "durable only",
-                      val("blocking_s"), "-", val("durable_commit_s"), "-");
-        }
-      }
-    }
-    std::printf("  (%.2f GB; sync blocking single/tiered %.1fx; time to first commit single/tiered: sync "
-                "%.1fx, async %.1fx)\n",
-                gb, v("tiers_sync_single_blocking_s") / v("tiers_sync_tiered_blocking_s"),
-                v("tiers_sync_single_durable_commit_s") / v("tiers_sync_tiered_l1_commit_s"),
-                v("tiers_async_single_durable_commit_s") / v("tiers_async_tiered_l1_commit_s"));
+  std::printf("  (%.2f GB; sync blocking single/tiered %.1fx; time to first commit single/tiered: sync "
+              "%.1fx, async %.1fx)\n",
+              gb, v("tiers_sync_single_blocking_s") / v("tiers_sync_tiered_blocking_s"),
+              v("tiers_sync_single_durable_commit_s") / v("tiers_sync_tiered_l1_commit_s"),
+              v("tiers_async_single_durable_commit_s") / v("tiers_async_tiered_l1_commit_s"));
+}
+
+// The compression study's tables, per set, then its targets.
+void Bench::print_compression_study() {
+  for (const char* set : {"trained_fp32", "init_fp32", "trained_bf16", "input"}) {
+    if (out["compression"].contains(set)) print_compression(set, out["compression"][set]);
   }
-  if (out.contains("compression")) {
-    for (const char* set : {"trained_fp32", "init_fp32", "trained_bf16", "input"}) {
-      if (out["compression"].contains(set)) print_compression(set, out["compression"][set]);
+  if (out.contains("compression_paced")) {
+    const auto& paced = out["compression_paced"];
+    for (const char* set : {"trained_fp32", "init_fp32", "trained_bf16"}) {
+      std::string title = std::string(set) + ", paced device " +
+                          std::to_string(static_cast<int>(paced["device_mb_s"].get<double>())) + " MB/s";
+      if (paced.contains(set)) print_compression(title, paced[set]);
     }
-    if (out.contains("compression_paced")) {
-      const auto& paced = out["compression_paced"];
-      for (const char* set : {"trained_fp32", "init_fp32", "trained_bf16"}) {
-        std::string title = std::string(set) + ", paced device " +
-                            std::to_string(static_cast<int>(paced["device_mb_s"].get<double>())) + " MB/s";
-        if (paced.contains(set)) print_compression(title, paced[set]);
-      }
-    }
-    print_compression_targets(out["compression_targets"]);
   }
+  print_compression_targets(out["compression_targets"]);
+}
+
+void Bench::write_json() {
+  std::ofstream f(args.json_path);
+  f << out.dump(2) << "\n";
+  if (!f) throw std::runtime_error("cannot write " + args.json_path);
+  std::printf("\nwrote %s\n", args.json_path.c_str());
+}
+
+// (all ranks) Summarizes; (rank 0) prints the tables and writes the JSON.
+void Bench::report() {
+  summarize();
+  if (rank != 0) return;
+  if (main_section()) {
+    print_measurements();
+    print_ratios();
+  }
+  if (out.contains("tiers_sync_single_blocking_s")) print_tiers();
+  if (out.contains("compression")) print_compression_study();
   std::fflush(stdout);
-  if (!args.json_path.empty()) {
-    std::ofstream f(args.json_path);
-    f << out.dump(2) << "\n";
-    if (!f) throw std::runtime_error("cannot write " + args.json_path);
-    std::printf("\nwrote %s\n", args.json_path.c_str());
-  }
+  if (!args.json_path.empty()) write_json();
 }
 
 // Our subdirectories of --dir; the directory itself goes too when empty.
@@ -1154,33 +1251,7 @@ int run_rank(const Args& args) {
     b.tiers();
   } else if (!args.compression_only) {
     b.make_state();
-
-    std::ostringstream layout;
-    layout << "fsdp replicate=1 shard=" << b.world;
-    checkpoint::CheckpointOptions co;
-    co.interval = 1;
-    co.keep_last = 1;
-    co.resume = "never";
-    co.io_threads = args.io_threads;
-    co.mode = "async";
-    co.dir = b.path("async");
-    auto async_mgr = std::make_unique<checkpoint::CheckpointManager>(co, co.dir, *rt->checkpoint, layout.str());
-    b.memory_run(*async_mgr);
-
-    for (const auto& t : b.locals) b.targets.push_back(torch::zeros_like(t));
-    co.mode = "overlap";
-    co.dir = b.path("overlap");
-    auto overlap_mgr = std::make_unique<checkpoint::CheckpointManager>(co, co.dir, *rt->checkpoint, layout.str());
-    // Compute that outlasts staging: twice the async staging time.
-    const double compute_s = std::max(0.05, 2 * b.out["async_stage_s"].get<double>());
-    b.out["overlap_compute_s"] = compute_s;
-    b.time_overlap(-1, *overlap_mgr, compute_s);  // warm-up: allocates the staging buffers
-    b.samples.erase("overlap_blocking_s");
-    b.samples.erase("overlap_total_s");
-    for (int t = 0; t < args.trials; ++t) b.trial(t, *async_mgr, *overlap_mgr, compute_s);
-    async_mgr.reset();
-    overlap_mgr.reset();
-    b.targets.clear();
+    b.checkpoint_section();
     b.out["checkpoint_section_s"] = seconds_since(start);
   }
   if (!args.skip_tiers && !args.compression_only && !args.tiers_only) b.tiers();
@@ -1193,13 +1264,7 @@ int run_rank(const Args& args) {
   return 0;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  Args args;
-  std::string device = "cpu";
-  bench::CudaBenchArgs cuda;
-  CLI::App app{"ckpt_bench: checkpoint speed, memory and compression next to their baselines"};
+void add_options(CLI::App& app, Args& args, std::string& device) {
   app.add_option("--size-mb", args.size_mb, "total state over all ranks, MiB")->check(CLI::Range(1, 1 << 20));
   app.add_option("--nproc", args.nproc, "local ranks (re-executes itself like train --nproc)")
       ->check(CLI::Range(1, 64));
@@ -1216,8 +1281,7 @@ int main(int argc, char** argv) {
   app.add_flag("--compression-only", args.compression_only,
                "run only the compression study (implies --skip-training)");
   app.add_option("--compression-trials", args.compression_trials,
-                 "trials per compression variant (interleaved), report the median")
-      ->check(CLI::Range(1, 100));
+                 "trials per compression variant (interleaved), report the median")->check(CLI::Range(1, 100));
   app.add_option("--paced-mbps", args.paced_mbps,
                  "also run the compression study on an emulated device of this many MB/s (0: skip)")
       ->check(CLI::Range(0.0, 1e6));
@@ -1235,6 +1299,33 @@ int main(int argc, char** argv) {
                  "cpu: the host-state benchmarks above; cuda: GPU state, one process, next to the "
                  "bare pinned copy (uses --size-mb, default 8192 there, --trials, --dir, --json, --io-threads)")
       ->check(CLI::IsMember({"cpu", "cuda"}));
+}
+
+// --device cuda: the GPU benchmark, with the options given here and its own
+// defaults (--size-mb 8192, --trials 3) for those not given.
+int run_cuda(const CLI::App& app, const Args& args) {
+  bench::CudaBenchArgs cuda;
+  cuda.size_mb = app.count("--size-mb") ? args.size_mb : 8192;
+  cuda.trials = app.count("--trials") ? args.trials : 3;
+  cuda.dir = args.dir;
+  cuda.json_path = args.json_path;
+  cuda.keep = args.keep;
+  if (app.count("--io-threads")) cuda.io_threads = args.io_threads;
+  try {
+    return bench::run_cuda_bench(cuda);
+  } catch (const std::exception& e) {
+    std::cerr << "ckpt_bench: failed: " << e.what() << std::endl;
+    return 1;
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Args args;
+  std::string device = "cpu";
+  CLI::App app{"ckpt_bench: checkpoint speed, memory and compression next to their baselines"};
+  add_options(app, args, device);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -1242,18 +1333,7 @@ int main(int argc, char** argv) {
     return rc == 0 ? 0 : 2;
   }
   if (device == "cuda") {
-    cuda.size_mb = app.count("--size-mb") ? args.size_mb : 8192;
-    cuda.trials = app.count("--trials") ? args.trials : 3;
-    cuda.dir = args.dir;
-    cuda.json_path = args.json_path;
-    cuda.keep = args.keep;
-    if (app.count("--io-threads")) cuda.io_threads = args.io_threads;
-    try {
-      return bench::run_cuda_bench(cuda);
-    } catch (const std::exception& e) {
-      std::cerr << "ckpt_bench: failed: " << e.what() << std::endl;
-      return 1;
-    }
+    return run_cuda(app, args);
   }
   if (args.nproc > 1 && std::getenv("SHARDKIT_LAUNCHED") == nullptr) {
     dist::LocalLaunchOptions launch;

@@ -78,10 +78,7 @@ Phase measure(Fn fn) {
           mib(static_cast<double>(bench::proc_status_bytes("RssFile:")) - file)};
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  CLI::App app("data_bench: token shards (mmap) against a text file read whole");
+struct Args {
   std::string dir = std::filesystem::temp_directory_path().string() + "/shardkit_data_bench_" +
                     std::to_string(::getpid());
   int shards = 4;
@@ -90,46 +87,49 @@ int main(int argc, char** argv) {
   int64_t samples = 20000;
   std::string json_path;
   bool keep = false;
-  app.add_option("--dir", dir, "where the shards are written (removed after, unless --keep)");
-  app.add_option("--shards", shards, "llm.c uint16 shards");
-  app.add_option("--tokens-per-shard", per_shard, "tokens per shard");
-  app.add_option("--seq-len", seq_len, "window length (model.seq_len)");
-  app.add_option("--samples", samples, "random windows drawn per dataset");
-  app.add_option("--json", json_path, "write the results as JSON here");
-  app.add_flag("--keep", keep, "keep the shards");
-  CLI11_PARSE(app, argc, argv);
+};
 
-  const auto paths = write_shards(dir, shards, per_shard);
-  const double data_mib = mib(static_cast<double>(shards) * static_cast<double>(per_shard) * 2);
-  bool cold = true;
-  for (const auto& p : paths) cold = bench::drop_page_cache(p) && cold;
+// The phases of both datasets over the same shards.
+struct Results {
+  double data_mib = 0;
+  bool cold = true;  // the page cache was dropped before the check
+  Phase open, check, tokens_sampling, text_open, text_sampling;
+  int64_t sink = 0;  // sampled ids summed, so that no sampling is optimised away
+  // Kept open to the end, as a trainer keeps its dataset.
+  std::unique_ptr<framework::data::TokenDataset> lazy, checked;
+  std::unique_ptr<framework::data::TextDataset> text;
+};
 
+// data.kind tokens: open without the id check, open with it, random windows.
+void measure_token_dataset(const Args& args, Results& r) {
   framework::data::TokenDatasetOptions o;
-  o.path = dir + "/bench_*.bin";
-  o.seq_len = seq_len;
+  o.path = args.dir + "/bench_*.bin";
+  o.seq_len = args.seq_len;
   o.vocab_size = 50304;
   o.seed = 1;
   o.check_tokens = false;
-  std::unique_ptr<framework::data::TokenDataset> lazy;
-  const Phase open = measure([&] { lazy = std::make_unique<framework::data::TokenDataset>(o); });
+  r.open = measure([&] { r.lazy = std::make_unique<framework::data::TokenDataset>(o); });
   o.check_tokens = true;
-  std::unique_ptr<framework::data::TokenDataset> checked;
-  const Phase check = measure([&] { checked = std::make_unique<framework::data::TokenDataset>(o); });
-  int64_t sink = 0;
-  const Phase tokens_sampling = measure([&] {
-    for (int64_t i = 0; i < samples; ++i) sink += checked->sample(i).first[0].item<int64_t>();
+  r.check = measure([&] { r.checked = std::make_unique<framework::data::TokenDataset>(o); });
+  r.tokens_sampling = measure([&] {
+    for (int64_t i = 0; i < args.samples; ++i) r.sink += r.checked->sample(i).first[0].item<int64_t>();
   });
+}
 
-  // The text dataset over the first shard's bytes, the way data.kind text reads: whole.
-  std::unique_ptr<framework::data::TextDataset> text;
-  const Phase text_open = measure([&] { text = std::make_unique<framework::data::TextDataset>(paths[0], seq_len, 1); });
-  const Phase text_sampling = measure([&] {
-    for (int64_t i = 0; i < samples; ++i) sink += text->sample(i).first[0].item<int64_t>();
+// The text dataset over the first shard's bytes, the way data.kind text reads: whole.
+void measure_text_dataset(const Args& args, const std::string& first_shard, Results& r) {
+  r.text_open =
+      measure([&] { r.text = std::make_unique<framework::data::TextDataset>(first_shard, args.seq_len, 1); });
+  r.text_sampling = measure([&] {
+    for (int64_t i = 0; i < args.samples; ++i) r.sink += r.text->sample(i).first[0].item<int64_t>();
   });
-  const double check_rate = data_mib / check.seconds;
+}
+
+void print_table(const Args& args, const Results& r) {
+  const double check_rate = r.data_mib / r.check.seconds;
   std::printf("data_bench: %d llm.c uint16 shards, %.0f MiB of tokens; seq_len %ld; %ld samples; page cache %s\n",
-              shards, data_mib, static_cast<long>(seq_len), static_cast<long>(samples),
-              cold ? "dropped before the check" : "not dropped (warm)");
+              args.shards, r.data_mib, static_cast<long>(args.seq_len), static_cast<long>(args.samples),
+              r.cold ? "dropped before the check" : "not dropped (warm)");
   std::printf("%-36s %9s %10s %10s %20s\n", "phase", "seconds", "anon MiB", "file MiB", "rate");
   auto row = [](const char* name, const Phase& p, const std::string& rate) {
     std::printf("%-36s %9.3f %10.1f %10.1f %20s\n", name, p.seconds, p.anon_mib, p.file_mib, rate.c_str());
@@ -139,28 +139,56 @@ int main(int argc, char** argv) {
     std::snprintf(b, sizeof(b), "%.0f %s", v, unit);
     return std::string(b);
   };
-  row("tokens: open (headers only)", open, "");
-  row("tokens: check every id (pread)", check, per_s(check_rate, "MiB/s"));
-  row("tokens: random windows", tokens_sampling, per_s(static_cast<double>(samples) / tokens_sampling.seconds, "samples/s"));
-  row("text: read one shard whole", text_open, per_s(mib(static_cast<double>(per_shard)) * 2 / text_open.seconds, "MiB/s"));
-  row("text: random windows", text_sampling, per_s(static_cast<double>(samples) / text_sampling.seconds, "samples/s"));
+  const double samples = static_cast<double>(args.samples);
+  row("tokens: open (headers only)", r.open, "");
+  row("tokens: check every id (pread)", r.check, per_s(check_rate, "MiB/s"));
+  row("tokens: random windows", r.tokens_sampling, per_s(samples / r.tokens_sampling.seconds, "samples/s"));
+  row("text: read one shard whole", r.text_open,
+      per_s(mib(static_cast<double>(args.per_shard)) * 2 / r.text_open.seconds, "MiB/s"));
+  row("text: random windows", r.text_sampling, per_s(samples / r.text_sampling.seconds, "samples/s"));
   std::printf("anonymous memory: tokens %.1f MiB for %.0f MiB of shards; text %.1f MiB for one %.0f MiB shard\n",
-              open.anon_mib + check.anon_mib + tokens_sampling.anon_mib, data_mib, text_open.anon_mib,
-              data_mib / shards);
+              r.open.anon_mib + r.check.anon_mib + r.tokens_sampling.anon_mib, r.data_mib, r.text_open.anon_mib,
+              r.data_mib / args.shards);
+}
 
-  nlohmann::json j = {
-      {"shards", shards}, {"tokens_per_shard", per_shard}, {"data_mib", data_mib}, {"seq_len", seq_len},
-      {"samples", samples}, {"page_cache_dropped", cold},
-      {"tokens_open_s", open.seconds}, {"tokens_open_anon_mib", open.anon_mib},
-      {"tokens_check_s", check.seconds}, {"tokens_check_anon_mib", check.anon_mib},
-      {"tokens_check_file_mib", check.file_mib}, {"tokens_check_mib_per_s", check_rate},
-      {"tokens_sampling_s", tokens_sampling.seconds}, {"tokens_sampling_anon_mib", tokens_sampling.anon_mib},
-      {"tokens_sampling_file_mib", tokens_sampling.file_mib},
-      {"tokens_samples_per_s", static_cast<double>(samples) / tokens_sampling.seconds},
-      {"text_open_s", text_open.seconds}, {"text_open_anon_mib", text_open.anon_mib},
-      {"text_sampling_s", text_sampling.seconds},
-      {"text_samples_per_s", static_cast<double>(samples) / text_sampling.seconds}, {"checksum", sink}};
-  if (!json_path.empty()) std::ofstream(json_path) << j.dump(2) << "\n";
-  if (!keep) std::filesystem::remove_all(dir);
+nlohmann::json results_json(const Args& args, const Results& r) {
+  const double samples = static_cast<double>(args.samples);
+  return {
+      {"shards", args.shards}, {"tokens_per_shard", args.per_shard}, {"data_mib", r.data_mib},
+      {"seq_len", args.seq_len}, {"samples", args.samples}, {"page_cache_dropped", r.cold},
+      {"tokens_open_s", r.open.seconds}, {"tokens_open_anon_mib", r.open.anon_mib},
+      {"tokens_check_s", r.check.seconds}, {"tokens_check_anon_mib", r.check.anon_mib},
+      {"tokens_check_file_mib", r.check.file_mib}, {"tokens_check_mib_per_s", r.data_mib / r.check.seconds},
+      {"tokens_sampling_s", r.tokens_sampling.seconds}, {"tokens_sampling_anon_mib", r.tokens_sampling.anon_mib},
+      {"tokens_sampling_file_mib", r.tokens_sampling.file_mib},
+      {"tokens_samples_per_s", samples / r.tokens_sampling.seconds},
+      {"text_open_s", r.text_open.seconds}, {"text_open_anon_mib", r.text_open.anon_mib},
+      {"text_sampling_s", r.text_sampling.seconds},
+      {"text_samples_per_s", samples / r.text_sampling.seconds}, {"checksum", r.sink}};
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app("data_bench: token shards (mmap) against a text file read whole");
+  Args args;
+  app.add_option("--dir", args.dir, "where the shards are written (removed after, unless --keep)");
+  app.add_option("--shards", args.shards, "llm.c uint16 shards");
+  app.add_option("--tokens-per-shard", args.per_shard, "tokens per shard");
+  app.add_option("--seq-len", args.seq_len, "window length (model.seq_len)");
+  app.add_option("--samples", args.samples, "random windows drawn per dataset");
+  app.add_option("--json", args.json_path, "write the results as JSON here");
+  app.add_flag("--keep", args.keep, "keep the shards");
+  CLI11_PARSE(app, argc, argv);
+
+  const auto paths = write_shards(args.dir, args.shards, args.per_shard);
+  Results r;
+  r.data_mib = mib(static_cast<double>(args.shards) * static_cast<double>(args.per_shard) * 2);
+  for (const auto& p : paths) r.cold = bench::drop_page_cache(p) && r.cold;
+  measure_token_dataset(args, r);
+  measure_text_dataset(args, paths[0], r);
+  print_table(args, r);
+  if (!args.json_path.empty()) std::ofstream(args.json_path) << results_json(args, r).dump(2) << "\n";
+  if (!args.keep) std::filesystem::remove_all(args.dir);
   return 0;
 }

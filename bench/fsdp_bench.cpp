@@ -116,14 +116,10 @@ int main(int argc, char** argv) {
     std::printf("  %5d %10.2f %10.2f %10.2f %12.2f %14.2f %14.2f %10.3f\n", r.world, r.full_mib,
                 r.sharded_mib, r.largest_unit_mib, r.peak_gathered_mib, r.per_rank_peak_mib,
                 r.unsharded_mib, ratio);
-    out.push_back({{"world", r.world},
-                   {"model_param_mib", r.full_mib},
-                   {"sharded_param_mib", r.sharded_mib},
-                   {"largest_unit_mib", r.largest_unit_mib},
-                   {"peak_gathered_mib", r.peak_gathered_mib},
+    out.push_back({{"world", r.world}, {"model_param_mib", r.full_mib}, {"sharded_param_mib", r.sharded_mib},
+                   {"largest_unit_mib", r.largest_unit_mib}, {"peak_gathered_mib", r.peak_gathered_mib},
                    {"per_rank_peak_params_grads_mib", r.per_rank_peak_mib},
-                   {"unsharded_params_grads_mib", r.unsharded_mib},
-                   {"ratio_to_unsharded", ratio}});
+                   {"unsharded_params_grads_mib", r.unsharded_mib}, {"ratio_to_unsharded", ratio}});
   }
   std::printf("  per-rank peak = 2 x shard + peak gathered (root + in-flight unit params and grads)\n");
   if (!json_path.empty()) std::ofstream(json_path) << out.dump(2) << "\n";

@@ -358,6 +358,72 @@ json load_role(const Scenario& s, const std::vector<Param>& params, const Layout
   return j;
 }
 
+// The layout `kind` at `world` ranks, sharded as that kind is.
+Scenario make_scenario(const std::string& kind, int world, int hsdp_shard) {
+  Scenario s;
+  s.layout.kind = kind;
+  s.layout.world = world;
+  s.layout.shard = kind == "fsdp" ? world : kind == "hsdp" ? std::min(hsdp_shard, world) : 1;
+  s.typical_rank = world / 2 + 1;
+  return s;
+}
+
+// Each role in a child process of its own, in a scratch directory: the
+// coordinator, then (when it worked) a typical rank, its load, and a load
+// resharded to FSDP over 3/4 of the ranks (e.g. 64 -> 48).
+json run_scenario(Scenario& s, const std::vector<Param>& params, const std::string& work) {
+  const std::string& kind = s.layout.kind;
+  const int world = s.layout.world;
+  s.work_dir = work + "/scale_bench_" + std::to_string(getpid()) + "_" + kind + std::to_string(world);
+  std::string mk = "mkdir -p '" + s.work_dir + "'";
+  if (std::system(mk.c_str()) != 0) throw std::runtime_error("cannot make " + s.work_dir);
+  json row = {{"layout", kind}, {"world", world}, {"describe", s.layout.describe()},
+              {"items_per_rank", params.size() * 3 + 1}};
+  row["coordinator"] = in_child([&] { return coordinator_role(s, params); });
+  if (!row["coordinator"].contains("error")) {
+    row["rank"] = in_child([&] { return rank_role(s, params); });
+    row["load"] = in_child([&] { return load_role(s, params, s.layout, s.typical_rank); });
+    Layout smaller{"fsdp", std::max(1, world * 3 / 4), std::max(1, world * 3 / 4)};
+    row["load_resharded"] = in_child([&] { return load_role(s, params, smaller, smaller.world / 2 + 1); });
+  }
+  std::string rm = "rm -rf '" + s.work_dir + "'";
+  (void)std::system(rm.c_str());
+  return row;
+}
+
+void print_header() {
+  std::cout << std::left << std::setw(16) << "layout" << std::right << std::setw(10) << "coord s"
+            << std::setw(10) << "coord MiB" << std::setw(12) << "coord recv" << std::setw(10)
+            << "rank s" << std::setw(10) << "rank MiB" << std::setw(11) << "rank recv"
+            << std::setw(11) << "cached ms" << std::setw(11) << "meta MiB" << std::setw(11)
+            << "load KiB" << std::setw(9) << "x own" << std::setw(12) << "reshard KiB" << "\n";
+}
+
+// The scenario's line of the table, or what failed.
+void print_row(const Scenario& s, json& row) {
+  const json& c = row["coordinator"];
+  if (c.contains("error")) {
+    std::cout << std::left << std::setw(16) << s.layout.describe() << "FAILED: " << c["error"].get<std::string>() << "\n";
+    return;
+  }
+  const json& r = row["rank"];
+  std::cout << std::left << std::setw(16) << s.layout.describe() << std::right << std::fixed
+            << std::setprecision(2) << std::setw(10)
+            << c["plan_s"].get<double>() + c["metadata_s"].get<double>() << std::setw(10)
+            << std::setprecision(0) << c["peak_mib"].get<double>() << std::setw(12)
+            << std::setprecision(1) << c["received_bytes"].get<double>() / 1048576.0
+            << std::setw(10) << std::setprecision(4) << r["plan_s"].get<double>() << std::setw(10)
+            << std::setprecision(1) << r["peak_mib"].get<double>() << std::setw(11)
+            << std::setprecision(3) << r["received_bytes"].get<double>() / 1048576.0
+            << std::setw(11) << std::setprecision(3) << r["cached_plan_s"].get<double>() * 1e3
+            << std::setw(11) << std::setprecision(1)
+            << c["metadata_bytes"].get<double>() / 1048576.0 << std::setw(11)
+            << row["load"].value("bytes_read", 0.0) / 1024.0 << std::setw(9) << std::setprecision(2)
+            << row["load"].value("ratio", 0.0) << std::setw(12) << std::setprecision(1)
+            << row["load_resharded"].value("bytes_read", 0.0) / 1024.0 << "\n";
+  std::cout.flush();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -379,60 +445,17 @@ int main(int argc, char** argv) {
 
   const std::vector<Param> params = llama7b_params();
   json rows = json::array();
-  std::cout << std::left << std::setw(16) << "layout" << std::right << std::setw(10) << "coord s"
-            << std::setw(10) << "coord MiB" << std::setw(12) << "coord recv" << std::setw(10)
-            << "rank s" << std::setw(10) << "rank MiB" << std::setw(11) << "rank recv"
-            << std::setw(11) << "cached ms" << std::setw(11) << "meta MiB" << std::setw(11)
-            << "load KiB" << std::setw(9) << "x own" << std::setw(12) << "reshard KiB" << "\n";
+  print_header();
   for (const std::string& kind : layouts) {
     for (int world : ranks) {
-      Scenario s;
-      s.layout.kind = kind;
-      s.layout.world = world;
-      s.layout.shard = kind == "fsdp" ? world : kind == "hsdp" ? std::min(hsdp_shard, world) : 1;
-      s.typical_rank = world / 2 + 1;
+      Scenario s = make_scenario(kind, world, hsdp_shard);
       if (kind != "fsdp" && world > max_replicated_ranks) {
         std::cout << std::left << std::setw(16) << s.layout.describe()
                   << "skipped: above --max-replicated-ranks\n";
         continue;
       }
-      s.work_dir = work + "/scale_bench_" + std::to_string(getpid()) + "_" + kind + std::to_string(world);
-      std::string mk = "mkdir -p '" + s.work_dir + "'";
-      if (std::system(mk.c_str()) != 0) throw std::runtime_error("cannot make " + s.work_dir);
-      json row = {{"layout", kind}, {"world", world}, {"describe", s.layout.describe()},
-                  {"items_per_rank", params.size() * 3 + 1}};
-      row["coordinator"] = in_child([&] { return coordinator_role(s, params); });
-      if (!row["coordinator"].contains("error")) {
-        row["rank"] = in_child([&] { return rank_role(s, params); });
-        row["load"] = in_child([&] { return load_role(s, params, s.layout, s.typical_rank); });
-        // Resharded: FSDP over 3/4 of the ranks (e.g. 64 -> 48).
-        Layout smaller{"fsdp", std::max(1, world * 3 / 4), std::max(1, world * 3 / 4)};
-        row["load_resharded"] = in_child([&] { return load_role(s, params, smaller, smaller.world / 2 + 1); });
-      }
-      std::string rm = "rm -rf '" + s.work_dir + "'";
-      (void)std::system(rm.c_str());
-      rows.push_back(row);
-      const json& c = row["coordinator"];
-      if (c.contains("error")) {
-        std::cout << std::left << std::setw(16) << s.layout.describe() << "FAILED: " << c["error"].get<std::string>() << "\n";
-        continue;
-      }
-      const json& r = row["rank"];
-      std::cout << std::left << std::setw(16) << s.layout.describe() << std::right << std::fixed
-                << std::setprecision(2) << std::setw(10)
-                << c["plan_s"].get<double>() + c["metadata_s"].get<double>() << std::setw(10)
-                << std::setprecision(0) << c["peak_mib"].get<double>() << std::setw(12)
-                << std::setprecision(1) << c["received_bytes"].get<double>() / 1048576.0
-                << std::setw(10) << std::setprecision(4) << r["plan_s"].get<double>() << std::setw(10)
-                << std::setprecision(1) << r["peak_mib"].get<double>() << std::setw(11)
-                << std::setprecision(3) << r["received_bytes"].get<double>() / 1048576.0
-                << std::setw(11) << std::setprecision(3) << r["cached_plan_s"].get<double>() * 1e3
-                << std::setw(11) << std::setprecision(1)
-                << c["metadata_bytes"].get<double>() / 1048576.0 << std::setw(11)
-                << row["load"].value("bytes_read", 0.0) / 1024.0 << std::setw(9) << std::setprecision(2)
-                << row["load"].value("ratio", 0.0) << std::setw(12) << std::setprecision(1)
-                << row["load_resharded"].value("bytes_read", 0.0) / 1024.0 << "\n";
-      std::cout.flush();
+      rows.push_back(run_scenario(s, params, work));
+      print_row(s, rows.back());
     }
   }
   json out = {{"benchmark", "scale_bench"}, {"rows", rows}};

@@ -57,101 +57,153 @@ int64_t bytes_of(const torch::Tensor& t) {
   return t.defined() ? t.numel() * static_cast<int64_t>(t.element_size()) : 0;
 }
 
+namespace dist = framework::dist;
+
+// What the rank threads of one layout share.
+struct Shared {
+  std::mutex mu;  // model creation (torch::manual_seed is global) and `row`
+  std::atomic<int64_t> before{0}, after{0}, root_bytes{0};
+  Row row;
+};
+
+// Rank `r` of `world` threads on the store at `port`.
+std::unique_ptr<dist::Runtime> thread_rank_runtime(int r, int world, int port, const std::string& job_id) {
+  dist::LaunchEnv env;
+  env.rank = r;
+  env.world_size = world;
+  env.master_port = port;
+  env.store_hosted = true;
+  env.job_id = job_id;
+  return dist::init_runtime(env, dist::DistOptions{}, "cpu");
+}
+
+// {replicate 1, shard dp, tensor tp}, or {replicate 1, shard dp} without TP.
+std::shared_ptr<framework::dtensor::DeviceMesh> make_mesh(dist::Runtime& rt, const Layout& l) {
+  const int64_t dp = l.world / l.tensor;
+  if (l.tensor > 1) {
+    return framework::dtensor::DeviceMesh::create(*rt.rendezvous, {1, dp, l.tensor},
+                                                  {"replicate", "shard", "tensor"});
+  }
+  return framework::dtensor::DeviceMesh::create(*rt.rendezvous, {1, dp}, {"replicate", "shard"});
+}
+
+// The llama, tensor-parallel over mesh dim 2 when the layout has TP, then
+// fully sharded over the mesh.
+std::unique_ptr<framework::fsdp::FullyShardedModel> shard_model(
+    const std::shared_ptr<models::LayeredModelImpl>& model,
+    const std::shared_ptr<framework::dtensor::DeviceMesh>& mesh, const Layout& l) {
+  framework::fsdp::ParallelOptions po;
+  framework::fsdp::ParamInit init = [model](const std::string& name, const torch::Tensor& full) {
+    model->init_parameter(name, full);
+  };
+  if (l.tensor > 1) {
+    framework::tp::TensorParallelLayout layout =
+        framework::tp::parallelize_module(*model, mesh, 2, framework::tp::llama_plan());
+    po.tensor_parallel = layout.params;
+    init = framework::tp::sharded_init(layout, init);
+  }
+  return std::make_unique<framework::fsdp::FullyShardedModel>(model, mesh, po, model->unit_names(), init);
+}
+
+// The next-token loss of `tokens`, vocabulary-parallel under TP.
+torch::Tensor forward_loss(framework::fsdp::FullyShardedModel& fsdp, models::LayeredModelImpl& model,
+                           const torch::Tensor& tokens, const Layout& l, int64_t vocab_size,
+                           framework::dtensor::DeviceMesh& mesh) {
+  return fsdp.forward([&] {
+    torch::Tensor logits = model.forward(tokens).to(torch::kFloat);
+    torch::Tensor flat = logits.reshape({-1, logits.size(-1)});
+    torch::Tensor targets = tokens.reshape({-1});
+    if (l.tensor == 1) return torch::nn::functional::cross_entropy(flat, targets);
+    const int64_t offset = framework::dtensor::chunk_span(vocab_size, l.tensor, mesh.coordinate(2)).offset;
+    return framework::tp::vocab_parallel_cross_entropy(flat, targets, offset, mesh.group(2), -100).mean();
+  });
+}
+
+// FSDP keeps the root unit (embedding, final norm, output projection)
+// gathered from the forward to the backward: not activations. Its bytes
+// (none when nothing is sharded).
+int64_t root_unit_bytes(models::LayeredModelImpl& model, int64_t dp) {
+  int64_t root = 0;
+  if (dp > 1) {
+    for (const auto& p : model.named_parameters()) {
+      if (p.key().rfind("model.layers.", 0) != 0) root += bytes_of(p.value());
+    }
+  }
+  return root;
+}
+
+// This rank's params, grads and AdamW moments after the step, into the row
+// (the largest rank: shards and TP parts may be uneven).
+void record_rank_memory(Shared& shared, framework::fsdp::FullyShardedModel& fsdp,
+                        framework::optim::ShardedAdamW& adamw, int64_t local_batch) {
+  int64_t params = 0, grads = 0, optimizer = 0;
+  const std::vector<torch::Tensor> locals = fsdp.local_params();
+  for (size_t i = 0; i < locals.size(); ++i) {
+    params += bytes_of(locals[i]);
+    grads += bytes_of(locals[i].grad());
+    const framework::optim::AdamWParamState st = adamw.state(i);
+    optimizer += bytes_of(st.exp_avg.local()) + bytes_of(st.exp_avg_sq.local());
+  }
+  std::lock_guard<std::mutex> lock(shared.mu);
+  Row& row = shared.row;
+  row.params_mib = std::max(row.params_mib, mib(static_cast<double>(params)));
+  row.grads_mib = std::max(row.grads_mib, mib(static_cast<double>(grads)));
+  row.optimizer_mib = std::max(row.optimizer_mib, mib(static_cast<double>(optimizer)));
+  row.gathered_mib = std::max(row.gathered_mib, mib(static_cast<double>(fsdp.memory_stats().peak_gathered_bytes)));
+  row.samples = static_cast<double>(local_batch);
+}
+
+// Rank r: one training step of its batch, the allocator's live bytes read
+// (by rank 0) around every rank's forward, then its memory recorded.
+void run_rank(int r, const Layout& l, const models::ModelOptions& mo, int64_t global_batch, int port,
+              const std::string& job_id, testing_support::CountingCpuAllocator& alloc, Shared& shared) {
+  auto rt = thread_rank_runtime(r, l.world, port, job_id);
+  const int64_t dp = l.world / l.tensor;
+  std::shared_ptr<framework::dtensor::DeviceMesh> mesh = make_mesh(*rt, l);
+  std::shared_ptr<models::LayeredModelImpl> model;
+  {
+    std::lock_guard<std::mutex> lock(shared.mu);
+    torch::manual_seed(1);
+    model = models::make_model(mo, /*materialize=*/false);
+  }
+  auto fsdp = shard_model(model, mesh, l);
+  framework::optim::ShardedAdamW adamw(*fsdp, framework::optim::OptimOptions{}, 10);
+  const int64_t dp_rank = r / l.tensor;
+  const int64_t local_batch = global_batch / dp;
+  torch::Tensor tokens = torch::randint(0, mo.vocab_size, {local_batch, mo.seq_len},
+                                        at::make_generator<at::CPUGeneratorImpl>(100 + dp_rank));
+  fsdp->reset_peak_memory();
+  rt->train->barrier();
+  if (r == 0) shared.before = alloc.live_bytes();
+  rt->train->barrier();
+  torch::Tensor loss = forward_loss(*fsdp, *model, tokens, l, mo.vocab_size, *mesh);
+  rt->train->barrier();
+  if (r == 0) shared.after = alloc.live_bytes();
+  rt->train->barrier();
+  shared.root_bytes += root_unit_bytes(*model, dp);
+  loss.backward();
+  fsdp->finish_backward();
+  adamw.step(1);
+  record_rank_memory(shared, *fsdp, adamw, local_batch);
+  framework::tp::clear_hooks(*model);
+}
+
+// One layout: its ranks as threads of this process on real Gloo groups.
 Row measure(const Layout& l, const models::ModelOptions& mo, int64_t global_batch,
             testing_support::CountingCpuAllocator& alloc) {
-  const std::string job_id = framework::dist::new_job_id();
-  auto store = framework::dist::host_tcp_store("127.0.0.1", 0, job_id);
-  Row row;
-  row.layout = l.name;
-  row.world = l.world;
-  std::mutex mu;
-  std::atomic<int64_t> before{0}, after{0}, root_bytes{0};
+  const std::string job_id = dist::new_job_id();
+  auto store = dist::host_tcp_store("127.0.0.1", 0, job_id);
+  Shared shared;
+  shared.row.layout = l.name;
+  shared.row.world = l.world;
   std::vector<std::thread> threads;
   for (int r = 0; r < l.world; ++r) {
-    threads.emplace_back([&, r] {
-      framework::dist::LaunchEnv env;
-      env.rank = r;
-      env.world_size = l.world;
-      env.master_port = store->port();
-      env.store_hosted = true;
-      env.job_id = job_id;
-      auto rt = framework::dist::init_runtime(env, framework::dist::DistOptions{}, "cpu");
-      const int64_t dp = l.world / l.tensor;
-      std::shared_ptr<framework::dtensor::DeviceMesh> mesh =
-          l.tensor > 1 ? framework::dtensor::DeviceMesh::create(*rt->rendezvous, {1, dp, l.tensor},
-                                                                {"replicate", "shard", "tensor"})
-                       : framework::dtensor::DeviceMesh::create(*rt->rendezvous, {1, dp},
-                                                                {"replicate", "shard"});
-      std::shared_ptr<models::LayeredModelImpl> model;
-      {
-        std::lock_guard<std::mutex> lock(mu);
-        torch::manual_seed(1);
-        model = models::make_model(mo, /*materialize=*/false);
-      }
-      framework::fsdp::ParallelOptions po;
-      framework::fsdp::ParamInit init = [model](const std::string& name, const torch::Tensor& full) {
-        model->init_parameter(name, full);
-      };
-      if (l.tensor > 1) {
-        framework::tp::TensorParallelLayout layout =
-            framework::tp::parallelize_module(*model, mesh, 2, framework::tp::llama_plan());
-        po.tensor_parallel = layout.params;
-        init = framework::tp::sharded_init(layout, init);
-      }
-      framework::fsdp::FullyShardedModel fsdp(model, mesh, po, model->unit_names(), init);
-      framework::optim::ShardedAdamW adamw(fsdp, framework::optim::OptimOptions{}, 10);
-      const int64_t dp_rank = r / l.tensor;
-      const int64_t local_batch = global_batch / dp;
-      torch::Tensor tokens = torch::randint(0, mo.vocab_size, {local_batch, mo.seq_len},
-                                            at::make_generator<at::CPUGeneratorImpl>(100 + dp_rank));
-      fsdp.reset_peak_memory();
-      rt->train->barrier();
-      if (r == 0) before = alloc.live_bytes();
-      rt->train->barrier();
-      torch::Tensor loss = fsdp.forward([&] {
-        torch::Tensor logits = model->forward(tokens).to(torch::kFloat);
-        torch::Tensor flat = logits.reshape({-1, logits.size(-1)});
-        torch::Tensor targets = tokens.reshape({-1});
-        if (l.tensor == 1) return torch::nn::functional::cross_entropy(flat, targets);
-        const int64_t offset = framework::dtensor::chunk_span(mo.vocab_size, l.tensor, mesh->coordinate(2)).offset;
-        return framework::tp::vocab_parallel_cross_entropy(flat, targets, offset, mesh->group(2), -100).mean();
-      });
-      rt->train->barrier();
-      if (r == 0) after = alloc.live_bytes();
-      rt->train->barrier();
-      // FSDP keeps the root unit (embedding, final norm, output projection)
-      // gathered from the forward to the backward: not activations.
-      int64_t root = 0;
-      if (dp > 1) {
-        for (const auto& p : model->named_parameters()) {
-          if (p.key().rfind("model.layers.", 0) != 0) root += bytes_of(p.value());
-        }
-      }
-      root_bytes += root;
-      loss.backward();
-      fsdp.finish_backward();
-      adamw.step(1);
-      int64_t params = 0, grads = 0, optimizer = 0;
-      const std::vector<torch::Tensor> locals = fsdp.local_params();
-      for (size_t i = 0; i < locals.size(); ++i) {
-        params += bytes_of(locals[i]);
-        grads += bytes_of(locals[i].grad());
-        const framework::optim::AdamWParamState st = adamw.state(i);
-        optimizer += bytes_of(st.exp_avg.local()) + bytes_of(st.exp_avg_sq.local());
-      }
-      // The largest rank: shards and TP parts may be uneven.
-      std::lock_guard<std::mutex> lock(mu);
-      row.params_mib = std::max(row.params_mib, mib(static_cast<double>(params)));
-      row.grads_mib = std::max(row.grads_mib, mib(static_cast<double>(grads)));
-      row.optimizer_mib = std::max(row.optimizer_mib, mib(static_cast<double>(optimizer)));
-      row.gathered_mib = std::max(row.gathered_mib, mib(static_cast<double>(fsdp.memory_stats().peak_gathered_bytes)));
-      row.samples = static_cast<double>(local_batch);
-      framework::tp::clear_hooks(*model);
-    });
+    threads.emplace_back([&, r] { run_rank(r, l, mo, global_batch, store->port(), job_id, alloc, shared); });
   }
   for (auto& t : threads) t.join();
+  Row row = shared.row;
   row.activations_mib =
-      mib(static_cast<double>(after.load() - before.load() - root_bytes.load()) / l.world);
+      mib(static_cast<double>(shared.after.load() - shared.before.load() - shared.root_bytes.load()) / l.world);
   return row;
 }
 
@@ -203,17 +255,11 @@ int main(int argc, char** argv) {
     std::printf("  %-16s %6d %8.2f %8.2f %10.2f %9.2f %12.2f %10.2f %8.2f %8.3f\n", r.layout.c_str(),
                 r.world, r.params_mib, r.grads_mib, r.optimizer_mib, r.gathered_mib,
                 r.activations_mib, per_sample, r.total(), r.total() / fsdp_total);
-    out.push_back({{"layout", r.layout},
-                   {"world", r.world},
-                   {"params_mib", r.params_mib},
-                   {"grads_mib", r.grads_mib},
-                   {"optimizer_mib", r.optimizer_mib},
-                   {"peak_gathered_mib", r.gathered_mib},
-                   {"activations_mib", r.activations_mib},
-                   {"samples_per_rank", r.samples},
-                   {"activations_per_sample_mib", per_sample},
-                   {"total_mib", r.total()},
-                   {"ratio_to_fsdp4", r.total() / fsdp_total}});
+    out.push_back({{"layout", r.layout}, {"world", r.world}, {"params_mib", r.params_mib},
+                   {"grads_mib", r.grads_mib}, {"optimizer_mib", r.optimizer_mib},
+                   {"peak_gathered_mib", r.gathered_mib}, {"activations_mib", r.activations_mib},
+                   {"samples_per_rank", r.samples}, {"activations_per_sample_mib", per_sample},
+                   {"total_mib", r.total()}, {"ratio_to_fsdp4", r.total() / fsdp_total}});
   }
   std::printf("  activations: kept by the forward for backward; the ranks of a TP group share a "
               "batch (FSDP 4: 2 samples per rank, TP 2 x FSDP 2: 4, TP 4: 8)\n");

@@ -44,6 +44,7 @@
 #include "checkpoint/storage/storage.h"
 #include "checkpoint/storage/tiers.h"
 #include "tools/tier_report.h"
+#include "tools/command_line.h"
 
 namespace {
 
@@ -86,27 +87,22 @@ std::string human_bytes(uint64_t bytes) {
   return buf;
 }
 
-// Local time as "2024-05-01 12:00:00"; the raw number when out of range.
-std::string local_time(int64_t unix_s) {
+// `unix_s` through strftime(`format`), as UTC or local time; "@<unix_s>"
+// when out of range.
+std::string format_time(int64_t unix_s, const char* format, bool utc) {
   const std::time_t t = static_cast<std::time_t>(unix_s);
   std::tm tm{};
   char buf[64];
-  if (localtime_r(&t, &tm) == nullptr || std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M:%S", &tm) == 0) {
-    return "@" + std::to_string(unix_s);
-  }
+  const bool split = (utc ? gmtime_r(&t, &tm) : localtime_r(&t, &tm)) != nullptr;
+  if (!split || std::strftime(buf, sizeof buf, format, &tm) == 0) return "@" + std::to_string(unix_s);
   return buf;
 }
 
-// UTC as ISO 8601, "2024-05-01T12:00:00Z"; the raw number when out of range.
-std::string utc_iso8601(int64_t unix_s) {
-  const std::time_t t = static_cast<std::time_t>(unix_s);
-  std::tm tm{};
-  char buf[64];
-  if (gmtime_r(&t, &tm) == nullptr || std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm) == 0) {
-    return "@" + std::to_string(unix_s);
-  }
-  return buf;
-}
+// Local time as "2024-05-01 12:00:00".
+std::string local_time(int64_t unix_s) { return format_time(unix_s, "%Y-%m-%d %H:%M:%S", false); }
+
+// UTC as ISO 8601, "2024-05-01T12:00:00Z".
+std::string utc_iso8601(int64_t unix_s) { return format_time(unix_s, "%Y-%m-%dT%H:%M:%SZ", true); }
 
 // Names from disk need not be UTF-8: replace rather than throw.
 void print_json(const nlohmann::ordered_json& j) {
@@ -890,37 +886,58 @@ int run_import_dcp(const std::string& src, const std::string& dst,
   return kExitOk;
 }
 
-}  // namespace
+// What the subcommands' options fill in (some share one: --json, CKPT, --threads).
+struct CommandArgs {
+  std::string dir;   // list
+  std::string ckpt;  // inspect, verify, export
+  bool json = false;
+  bool chunks = false;
+  int threads = 4;
+  ExportArgs export_args;
+  std::string hf_src, hf_dst;
+  std::string dcp_src, dcp_dst;
+  std::vector<std::string> maps;
+  TiersArgs tiers;
+};
 
-int main(int argc, char** argv) {
-  CLI::App app{"ckpt: list, inspect, verify, export and import shardkit checkpoints, and show "
-               "the tiers of multi-level ones"};
-  app.require_subcommand(1);
-  app.set_version_flag("--version", std::string("ckpt (shardkit) ") + SHARDKIT_VERSION);
+// The subcommands, each with its options (in the order --help lists them).
+// CKPT, the checkpoint that inspect, verify and export read.
+void add_ckpt_arg(CLI::App& command, CommandArgs& a) {
+  command.add_option("CKPT", a.ckpt, "a checkpoint directory (step_<N>/)")->required();
+}
 
-  std::string dir;
+// --threads of a command's readers or writers.
+void add_threads_option(CLI::App& command, int& threads, const char* what) {
+  command.add_option("--threads", threads, what)->check(CLI::Range(1, 1024));
+}
+
+CLI::App* add_list_command(CLI::App& app, CommandArgs& a) {
   CLI::App* list = app.add_subcommand(
       "list",
       "the checkpoints in a checkpoint.dir and their status: committed, damaged (.metadata "
       "does not read back), uncommitted (no .metadata) or set-aside (step_<N>.damaged)");
-  list->add_option("DIR", dir, "a checkpoint.dir (holding step_<N>/ directories)")->required();
-  bool json = false;
-  list->add_flag("--json", json, "print one JSON object: {dir, checkpoints: [...]}");
+  list->add_option("DIR", a.dir, "a checkpoint.dir (holding step_<N>/ directories)")->required();
+  list->add_flag("--json", a.json, "print one JSON object: {dir, checkpoints: [...]}");
+  return list;
+}
 
-  std::string ckpt;
-  bool chunks = false;
+CLI::App* add_inspect_command(CLI::App& app, CommandArgs& a) {
   CLI::App* inspect = app.add_subcommand("inspect", "what a checkpoint's metadata says");
-  inspect->add_option("CKPT", ckpt, "a checkpoint directory (step_<N>/)")->required();
-  inspect->add_flag("--chunks", chunks, "also list every chunk");
-  inspect->add_flag("--json", json, "print one JSON object");
+  add_ckpt_arg(*inspect, a);
+  inspect->add_flag("--chunks", a.chunks, "also list every chunk");
+  inspect->add_flag("--json", a.json, "print one JSON object");
+  return inspect;
+}
 
-  int threads = 4;
+CLI::App* add_verify_command(CLI::App& app, CommandArgs& a) {
   CLI::App* verify = app.add_subcommand("verify", "read every chunk back and check its checksum");
-  verify->add_option("CKPT", ckpt, "a checkpoint directory (step_<N>/)")->required();
-  verify->add_option("--threads", threads, "reader threads")->check(CLI::Range(1, 1024));
-  verify->add_flag("--json", json, "print one JSON object: {ok, chunks, bytes, seconds, problems}");
+  add_ckpt_arg(*verify, a);
+  add_threads_option(*verify, a.threads, "reader threads");
+  verify->add_flag("--json", a.json, "print one JSON object: {ok, chunks, bytes, seconds, problems}");
+  return verify;
+}
 
-  ExportArgs export_args;
+CLI::App* add_export_command(CLI::App& app, CommandArgs& a) {
   CLI::App* export_cmd = app.add_subcommand(
       "export",
       "consolidate a sharded checkpoint into one file of full tensors (safetensors, or a "
@@ -928,107 +945,131 @@ int main(int argc, char** argv) {
       "PyTorch DCP checkpoint directory (dcp: model and AdamW state, for dcp.load at any world "
       "size), or as a Hugging Face Llama directory (hf: config.json and sharded safetensors "
       "with their index); bytes items (RNG state, step, loader position, config) are skipped");
-  export_cmd->add_option("CKPT", ckpt, "a checkpoint directory (step_<N>/)")->required();
-  export_cmd->add_option("--format", export_args.format, "output format")
+  add_ckpt_arg(*export_cmd, a);
+  ExportArgs& e = a.export_args;
+  export_cmd->add_option("--format", e.format, "output format")
       ->required()
       ->check(CLI::IsMember({"safetensors", "torch", "dcp", "hf"}));
-  export_cmd->add_option("--out", export_args.out,
-                         "output file, or directory for dcp and hf (written as OUT.tmp, then renamed)")
+  export_cmd->add_option("--out", e.out, "output file, or directory for dcp and hf (written as OUT.tmp, then renamed)")
       ->required();
-  export_cmd->add_option("--dtype", export_args.dtype,
-                         "convert floating-point tensors (bf16: round to nearest even); others "
-                         "stay as they are")
+  export_cmd->add_option("--dtype", e.dtype,
+                         "convert floating-point tensors (bf16: round to nearest even); others stay as they are")
       ->check(CLI::IsMember({"bf16", "fp32"}));
-  export_cmd->add_option("--only", export_args.only,
-                         "only items named ONLY.<name>, written as <name> (e.g. --only model "
-                         "for the model's parameter names)");
-  export_cmd->add_option("--max-shard-size", export_args.max_shard_size,
-                         "hf: the most tensor bytes per safetensors file, as save_pretrained's "
-                         "max_shard_size (5GB, 500MB, 2GiB; default 5GB)");
-  export_cmd->add_option("--tokenizer", export_args.tokenizer,
-                         "hf: the tokenizer.json or .model to ship (default: the run's data.tokenizer; none: "
-                         "no tokenizer files)");
-  export_cmd->add_option("--threads", export_args.threads, "reader threads")->check(CLI::Range(1, 1024));
+  export_cmd->add_option("--only", e.only, "only items named ONLY.<name>, written as <name> (e.g. --only model "
+                                           "for the model's parameter names)");
+  export_cmd->add_option("--max-shard-size", e.max_shard_size, "hf: the most tensor bytes per safetensors file, "
+                                                               "as save_pretrained's max_shard_size (5GB, 500MB, "
+                                                               "2GiB; default 5GB)");
+  export_cmd->add_option("--tokenizer", e.tokenizer, "hf: the tokenizer.json or .model to ship (default: the run's "
+                                                     "data.tokenizer; none: no tokenizer files)");
+  add_threads_option(*export_cmd, e.threads, "reader threads");
+  return export_cmd;
+}
 
-  std::string hf_src;
-  std::string hf_dst;
-  CLI::App* import_hf = app.add_subcommand(
-      "import-hf",
+// An import: SRC converted into the checkpoint DST by --threads writers.
+CLI::App* add_import_command(CLI::App& app, const char* name, const char* description, std::string& src,
+                             const char* src_help, std::string& dst, const char* dst_help) {
+  CLI::App* import = app.add_subcommand(name, description);
+  import->add_option("SRC", src, src_help)->required();
+  import->add_option("DST", dst, dst_help)->required();
+  return import;
+}
+
+CLI::App* add_import_hf_command(CLI::App& app, CommandArgs& a) {
+  CLI::App* import_hf = add_import_command(
+      app, "import-hf",
       "convert a Hugging Face model directory (config.json, model.safetensors or sharded with "
       "model.safetensors.index.json) into a model-only shardkit checkpoint, float32, streaming; "
-      "resume it with checkpoint.model_only: true at any world size");
-  import_hf->add_option("SRC", hf_src, "a Hugging Face model directory")->required();
-  import_hf->add_option("DST", hf_dst, "the checkpoint directory to create, e.g. runs/x/init")->required();
-  import_hf->add_option("--threads", threads, "writer threads")->check(CLI::Range(1, 1024));
+      "resume it with checkpoint.model_only: true at any world size",
+      a.hf_src, "a Hugging Face model directory", a.hf_dst, "the checkpoint directory to create, e.g. runs/x/init");
+  add_threads_option(*import_hf, a.threads, "writer threads");
+  return import_hf;
+}
 
-  std::string dcp_src;
-  std::string dcp_dst;
-  std::vector<std::string> maps;
-  CLI::App* import_dcp = app.add_subcommand(
-      "import-dcp",
+CLI::App* add_import_dcp_command(CLI::App& app, CommandArgs& a) {
+  CLI::App* import_dcp = add_import_command(
+      app, "import-dcp",
       "convert a PyTorch DCP checkpoint (torchtitan, FSDP2) into a shardkit checkpoint, "
-      "streaming: model and AdamW state, reshardable like any checkpoint");
-  import_dcp->add_option("SRC", dcp_src, "a DCP checkpoint directory (.metadata, *.distcp)")->required();
-  import_dcp->add_option("DST", dcp_dst, "the checkpoint directory to create, e.g. run/checkpoints/step_1000")
-      ->required();
-  import_dcp->add_option("--map", maps,
+      "streaming: model and AdamW state, reshardable like any checkpoint",
+      a.dcp_src, "a DCP checkpoint directory (.metadata, *.distcp)", a.dcp_dst,
+      "the checkpoint directory to create, e.g. run/checkpoints/step_1000");
+  import_dcp->add_option("--map", a.maps,
                          "FROM=TO: DCP keys starting with FROM get TO instead, before the default "
                          "mapping (repeatable; e.g. --map module.=model.)");
-  import_dcp->add_option("--threads", threads, "writer threads")->check(CLI::Range(1, 1024));
+  add_threads_option(*import_dcp, a.threads, "writer threads");
+  return import_dcp;
+}
 
-  TiersArgs tiers_args;
+CLI::App* add_tiers_command(CLI::App& app, CommandArgs& a) {
+  TiersArgs& t = a.tiers;
   CLI::App* tiers = app.add_subcommand(
       "tiers",
       "multi-level checkpoints: every step in the durable tier and in each node's local tier "
       "(committed, own files, partner copies, problems), and which checkpoint the trainer's "
       "resume would load and why");
-  tiers->add_option("DURABLE_DIR", tiers_args.durable_dir, "the durable tier: a checkpoint.dir")
-      ->required();
-  tiers->add_option("--local", tiers_args.local,
+  tiers->add_option("DURABLE_DIR", t.durable_dir, "the durable tier: a checkpoint.dir")->required();
+  tiers->add_option("--local", t.local,
                     "a node's local tier directory, repeatable (node = position), or one "
                     "checkpoint.local.dir pattern containing {node} with --nodes")
       ->required()
       ->allow_extra_args(false);
-  tiers->add_option("--nodes", tiers_args.nodes, "the number of nodes, with a --local pattern")
-      ->check(CLI::Range(1, 1 << 20));
-  tiers->add_flag("--verify", tiers_args.verify,
+  tiers->add_option("--nodes", t.nodes, "the number of nodes, with a --local pattern")->check(CLI::Range(1, 1 << 20));
+  tiers->add_flag("--verify", t.verify,
                   "also read back every committed checkpoint of every tier (chunk checksums; "
                   "partner copies by their XXH3-64); exit 1 on damage");
-  tiers->add_option("--threads", tiers_args.threads, "reader threads")->check(CLI::Range(1, 1024));
-  tiers->add_flag("--json", tiers_args.json,
+  add_threads_option(*tiers, t.threads, "reader threads");
+  tiers->add_flag("--json", t.json,
                   "print one JSON object: {durable_dir, nodes, steps: [{step, durable, nodes, "
                   "resume}], notes, verify, failing, resume}");
+  return tiers;
+}
 
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::Success& e) {  // --help, --version
-    return app.exit(e);
-  } catch (const CLI::ParseError& e) {
-    app.exit(e);
-    return kExitUsage;
-  }
+// What an error message of `command` names: its DIR, SRC, DURABLE_DIR or CKPT.
+const std::string& error_target(const std::string& command, const CommandArgs& a) {
+  if (command == "list") return a.dir;
+  if (command == "import-dcp") return a.dcp_src;
+  if (command == "import-hf") return a.hf_src;
+  if (command == "tiers") return a.tiers.durable_dir;
+  return a.ckpt;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"ckpt: list, inspect, verify, export and import shardkit checkpoints, and show "
+               "the tiers of multi-level ones"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", std::string("ckpt (shardkit) ") + SHARDKIT_VERSION);
+  CommandArgs a;
+  CLI::App* list = add_list_command(app, a);
+  CLI::App* inspect = add_inspect_command(app, a);
+  add_verify_command(app, a);  // the remaining case below
+  CLI::App* export_cmd = add_export_command(app, a);
+  CLI::App* import_hf = add_import_hf_command(app, a);
+  CLI::App* import_dcp = add_import_dcp_command(app, a);
+  CLI::App* tiers = add_tiers_command(app, a);
+  if (const std::optional<int> status = tools::parse_command_line(app, argc, argv)) return *status;
 
   const std::string command = app.get_subcommands().front()->get_name();
   std::vector<std::string> local_dirs;
   if (*tiers) {
     try {
-      local_dirs = local_tier_dirs(tiers_args);
+      local_dirs = local_tier_dirs(a.tiers);
     } catch (const std::invalid_argument& e) {
       std::cerr << "ckpt tiers: " << printable(e.what()) << "\n";
       return kExitUsage;
     }
   }
   try {
-    if (*tiers) return run_tiers(tiers_args, local_dirs);
-    if (*list) return run_list(dir, json);
-    if (*inspect) return run_inspect(ckpt, chunks, json);
-    if (*export_cmd) return run_export(ckpt, export_args);
-    if (*import_dcp) return run_import_dcp(dcp_src, dcp_dst, maps, threads);
-    if (*import_hf) return run_import_hf(hf_src, hf_dst, threads);
-    return run_verify(ckpt, threads, json);
+    if (*tiers) return run_tiers(a.tiers, local_dirs);
+    if (*list) return run_list(a.dir, a.json);
+    if (*inspect) return run_inspect(a.ckpt, a.chunks, a.json);
+    if (*export_cmd) return run_export(a.ckpt, a.export_args);
+    if (*import_dcp) return run_import_dcp(a.dcp_src, a.dcp_dst, a.maps, a.threads);
+    if (*import_hf) return run_import_hf(a.hf_src, a.hf_dst, a.threads);
+    return run_verify(a.ckpt, a.threads, a.json);
   } catch (const std::exception& e) {
-    print_error(command, *list ? dir : *import_dcp ? dcp_src : *import_hf ? hf_src : *tiers ? tiers_args.durable_dir : ckpt,
-                e.what());
+    print_error(command, error_target(command, a), e.what());
     return kExitFailure;
   }
 }

@@ -21,6 +21,7 @@
 #include "framework/tokenizer/tokenizer.h"
 #include "models/generate.h"
 #include "models/layered_model.h"
+#include "tools/command_line.h"
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
@@ -139,102 +140,120 @@ std::vector<int64_t> parse_ids(const std::string& text) {
   return ids;
 }
 
+struct Args {
+  std::string checkpoint_path, tokenizer, prompt, prompt_ids;
+  int64_t max_new = 64;
+  models::SamplingOptions sampling;
+  bool print_ids = false;
+};
+
+void add_options(CLI::App& app, Args& a) {
+  app.add_option("--checkpoint", a.checkpoint_path, "a checkpoint (step_<N>/) or a Hugging Face model directory")
+      ->required();
+  app.add_option("--tokenizer", a.tokenizer,
+                 "a Hugging Face tokenizer.json, a SentencePiece .model, or bytes (default: the Hugging Face "
+                 "directory's, else the run's data.tokenizer, else bytes)");
+  app.add_option("--prompt", a.prompt, "the text to continue");
+  app.add_option("--prompt-ids", a.prompt_ids, "the prompt as token ids, comma-separated (instead of --prompt)");
+  app.add_option("--max-new-tokens", a.max_new, "tokens to generate")->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
+  app.add_option("--temperature", a.sampling.temperature, "0: greedy (default); above 0: sample")
+      ->check(CLI::Range(0.0, 100.0));
+  app.add_option("--top-k", a.sampling.top_k, "sample among the k most likely tokens (0: all)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 30));
+  app.add_option("--top-p", a.sampling.top_p, "sample within the smallest set of probability p (1: all)")
+      ->check(CLI::Range(0.0, 1.0));
+  app.add_option("--seed", a.sampling.seed, "seed of the sampling generator");
+  app.add_flag("--ids", a.print_ids, "also print {\"prompt_ids\": [...], \"ids\": [...]} as the last line");
+}
+
+std::unique_ptr<framework::tokenizer::Tokenizer> open_tokenizer(const std::string& spec) {
+  try {
+    return framework::tokenizer::load_tokenizer(spec);
+  } catch (const framework::tokenizer::TokenizerError& e) {
+    throw UsageError(std::string("--tokenizer ") + e.what());
+  }
+}
+
+// The prompt's ids (--prompt-ids, or --prompt encoded), each checked to be
+// below the model's vocabulary size.
+std::vector<int64_t> prompt_ids_of(const Args& a, const framework::tokenizer::Tokenizer& tok, int64_t vocab) {
+  std::vector<int64_t> ids;
+  if (!a.prompt_ids.empty()) {
+    ids = parse_ids(a.prompt_ids);
+  } else {
+    if (a.tokenizer == "bytes" && vocab != 256) {
+      throw UsageError("--prompt: the model's vocabulary has " + std::to_string(vocab) +
+                       " tokens; the byte-level tokenizer needs 256 (give --tokenizer or --prompt-ids)");
+    }
+    if (tok.vocab_size() > vocab) {
+      throw UsageError("--tokenizer " + tok.describe() + " has more tokens than the model's vocabulary (" +
+                       std::to_string(vocab) + ")");
+    }
+    ids = tok.encode(a.prompt);
+  }
+  for (int64_t id : ids) {
+    if (id < 0 || id >= vocab) {
+      throw UsageError("--prompt-ids: id " + std::to_string(id) + " is outside [0, model.vocab_size " +
+                       std::to_string(vocab) + ")");
+    }
+  }
+  return ids;
+}
+
+// The continuation decoded once: the whole decoded minus the decoded prompt
+// (pieces may join).
+std::string continuation_text(const framework::tokenizer::Tokenizer& tok, const std::vector<int64_t>& ids,
+                              const std::vector<int64_t>& out) {
+  std::vector<int64_t> all = ids;
+  all.insert(all.end(), out.begin(), out.end());
+  const std::string whole = tok.decode(all), head = tok.decode(ids);
+  return whole.compare(0, head.size(), head) == 0 ? whole.substr(head.size()) : " " + tok.decode(out);
+}
+
+// The failure's line on stderr and the exit status: 2 for bad arguments or
+// input (and configs), 1 for anything else.
+int report_failure(const std::exception& e) {
+  const bool usage = dynamic_cast<const UsageError*>(&e) != nullptr ||
+                     dynamic_cast<const framework::config::ConfigError*>(&e) != nullptr;
+  const auto* torch_error = dynamic_cast<const c10::Error*>(&e);
+  std::cerr << "generate: " << (torch_error != nullptr ? torch_error->what_without_backtrace() : e.what())
+            << std::endl;
+  return usage ? 2 : 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"generate: continue a prompt with a trained model (a checkpoint of any world size, or a "
                "Hugging Face Llama directory)"};
-  std::string checkpoint_path, tokenizer, prompt, prompt_ids;
-  int64_t max_new = 64;
-  models::SamplingOptions sampling;
-  bool print_ids = false;
-  app.add_option("--checkpoint", checkpoint_path, "a checkpoint (step_<N>/) or a Hugging Face model directory")
-      ->required();
-  app.add_option("--tokenizer", tokenizer,
-                 "a Hugging Face tokenizer.json, a SentencePiece .model, or bytes (default: the Hugging Face "
-                 "directory's, else the run's data.tokenizer, else bytes)");
-  app.add_option("--prompt", prompt, "the text to continue");
-  app.add_option("--prompt-ids", prompt_ids, "the prompt as token ids, comma-separated (instead of --prompt)");
-  app.add_option("--max-new-tokens", max_new, "tokens to generate")->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
-  app.add_option("--temperature", sampling.temperature, "0: greedy (default); above 0: sample")
-      ->check(CLI::Range(0.0, 100.0));
-  app.add_option("--top-k", sampling.top_k, "sample among the k most likely tokens (0: all)")
-      ->check(CLI::Range(int64_t{0}, int64_t{1} << 30));
-  app.add_option("--top-p", sampling.top_p, "sample within the smallest set of probability p (1: all)")
-      ->check(CLI::Range(0.0, 1.0));
-  app.add_option("--seed", sampling.seed, "seed of the sampling generator");
-  app.add_flag("--ids", print_ids, "also print {\"prompt_ids\": [...], \"ids\": [...]} as the last line");
+  Args a;
+  add_options(app, a);
+  if (const std::optional<int> status = tools::parse_command_line(app, argc, argv)) return *status;
   try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e) == 0 ? 0 : 2;
-  }
-  try {
-    if (prompt.empty() == prompt_ids.empty()) throw UsageError("give one of --prompt and --prompt-ids");
-    auto [cfg, model] = load_model(checkpoint_path);
-    if (tokenizer.empty()) tokenizer = default_tokenizer(checkpoint_path, cfg);
-    std::unique_ptr<framework::tokenizer::Tokenizer> tok;
-    try {
-      tok = framework::tokenizer::load_tokenizer(tokenizer);
-    } catch (const framework::tokenizer::TokenizerError& e) {
-      throw UsageError(std::string("--tokenizer ") + e.what());
-    }
-    const bool bytes = tokenizer == "bytes";
-    const int64_t vocab = cfg.model.vocab_size;
-    std::vector<int64_t> ids;
-    if (!prompt_ids.empty()) {
-      ids = parse_ids(prompt_ids);
-    } else {
-      if (bytes && vocab != 256) {
-        throw UsageError("--prompt: the model's vocabulary has " + std::to_string(vocab) +
-                         " tokens; the byte-level tokenizer needs 256 (give --tokenizer or --prompt-ids)");
-      }
-      if (tok->vocab_size() > vocab) {
-        throw UsageError("--tokenizer " + tok->describe() + " has more tokens than the model's vocabulary (" +
-                         std::to_string(vocab) + ")");
-      }
-      ids = tok->encode(prompt);
-    }
-    for (int64_t id : ids) {
-      if (id < 0 || id >= vocab) {
-        throw UsageError("--prompt-ids: id " + std::to_string(id) + " is outside [0, model.vocab_size " +
-                         std::to_string(vocab) + ")");
-      }
-    }
-    const bool text = prompt_ids.empty();
-    if (text) std::cout << prompt << std::flush;
+    if (a.prompt.empty() == a.prompt_ids.empty()) throw UsageError("give one of --prompt and --prompt-ids");
+    auto [cfg, model] = load_model(a.checkpoint_path);
+    if (a.tokenizer.empty()) a.tokenizer = default_tokenizer(a.checkpoint_path, cfg);
+    const std::unique_ptr<framework::tokenizer::Tokenizer> tok = open_tokenizer(a.tokenizer);
+    const std::vector<int64_t> ids = prompt_ids_of(a, *tok, cfg.model.vocab_size);
+    const bool text = a.prompt_ids.empty();
+    const bool bytes = a.tokenizer == "bytes";
+    if (text) std::cout << a.prompt << std::flush;
     const auto t0 = std::chrono::steady_clock::now();
-    const std::vector<int64_t> out = models::generate(*model, cfg.model.seq_len, ids, max_new, sampling,
+    const std::vector<int64_t> out = models::generate(*model, cfg.model.seq_len, ids, a.max_new, a.sampling,
                                                       [&](int64_t id) {
                                                         // bytes stream as they come; a tokenizer file decodes once, below
                                                         if (text && bytes) std::cout << static_cast<char>(id) << std::flush;
                                                       });
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (text && !bytes) {
-      // The continuation: the whole decoded minus the decoded prompt (pieces may join).
-      std::vector<int64_t> all = ids;
-      all.insert(all.end(), out.begin(), out.end());
-      const std::string whole = tok->decode(all), head = tok->decode(ids);
-      std::cout << (whole.compare(0, head.size(), head) == 0 ? whole.substr(head.size()) : " " + tok->decode(out));
-    }
+    if (text && !bytes) std::cout << continuation_text(*tok, ids, out);
     if (text) std::cout << std::endl;
     std::fprintf(stderr, "generate: %zu tokens in %.3f s (%.1f tokens/s), %s, model %s%s\n", out.size(), s,
                  s > 0 ? static_cast<double>(out.size()) / s : 0.0,
-                 sampling.temperature > 0 ? "sampled" : "greedy", cfg.model.kind.c_str(),
+                 a.sampling.temperature > 0 ? "sampled" : "greedy", cfg.model.kind.c_str(),
                  cfg.model.kind == "llama" ? " with a KV cache" : "");
-    if (print_ids) std::cout << nlohmann::ordered_json{{"prompt_ids", ids}, {"ids", out}}.dump() << std::endl;
+    if (a.print_ids) std::cout << nlohmann::ordered_json{{"prompt_ids", ids}, {"ids", out}}.dump() << std::endl;
     return 0;
-  } catch (const UsageError& e) {
-    std::cerr << "generate: " << e.what() << std::endl;
-    return 2;
-  } catch (const framework::config::ConfigError& e) {
-    std::cerr << "generate: " << e.what() << std::endl;
-    return 2;
-  } catch (const c10::Error& e) {
-    std::cerr << "generate: " << e.what_without_backtrace() << std::endl;
-    return 1;
   } catch (const std::exception& e) {
-    std::cerr << "generate: " << e.what() << std::endl;
-    return 1;
+    return report_failure(e);
   }
 }

@@ -15,6 +15,7 @@
 // Each file is written as NAME.tmp and renamed. Exit status: 0 done, 2 bad
 // arguments or input (one line naming the file and line), 1 I/O failures.
 #include "framework/tokenizer/sentencepiece.h"
+#include "tools/command_line.h"
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
@@ -200,134 +201,173 @@ class SplitWriter {
   int64_t tokens_ = 0;
 };
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  CLI::App app{"tokenize: text files and JSONL (the \"text\" field) into token shards for data.kind tokens"};
+struct Args {
   std::string tokenizer_spec, out, format = "llmc";
   double eval_fraction = 0;
   int64_t shard_tokens = 100'000'000;
   int threads = static_cast<int>(std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN)));
   std::vector<std::string> inputs;
   bool encode = false, decode = false, info = false;
-  app.add_option("--tokenizer", tokenizer_spec,
+};
+
+void add_options(CLI::App& app, Args& a) {
+  app.add_option("--tokenizer", a.tokenizer_spec,
                  "a Hugging Face tokenizer.json (byte-level BPE), a SentencePiece .model, or bytes")
       ->required();
-  app.add_option("--out", out, "the directory to write the shards into");
-  app.add_flag("--encode", encode, "read text on stdin, print its ids as a JSON list (for generate)");
-  app.add_flag("--decode", decode, "read a JSON list of ids on stdin, print the text (for generate)");
-  app.add_flag("--info", info, "print the vocabulary size, end-of-text id and a description as JSON");
-  app.add_option("--format", format, "llmc (llm.c .bin) or megatron (.bin + .idx)")
+  app.add_option("--out", a.out, "the directory to write the shards into");
+  app.add_flag("--encode", a.encode, "read text on stdin, print its ids as a JSON list (for generate)");
+  app.add_flag("--decode", a.decode, "read a JSON list of ids on stdin, print the text (for generate)");
+  app.add_flag("--info", a.info, "print the vocabulary size, end-of-text id and a description as JSON");
+  app.add_option("--format", a.format, "llmc (llm.c .bin) or megatron (.bin + .idx)")
       ->check(CLI::IsMember({"llmc", "megatron"}));
-  app.add_option("--eval-fraction", eval_fraction, "documents held out for validation (by a hash of their index)")
+  app.add_option("--eval-fraction", a.eval_fraction, "documents held out for validation (by a hash of their index)")
       ->check(CLI::Range(0.0, 0.5));
-  app.add_option("--shard-tokens", shard_tokens, "llmc: tokens per shard (llm.c writes 100M)")
+  app.add_option("--shard-tokens", a.shard_tokens, "llmc: tokens per shard (llm.c writes 100M)")
       ->check(CLI::Range(int64_t{1}, int64_t{2'000'000'000}));
-  app.add_option("--threads", threads, "files tokenized at once")->check(CLI::Range(1, 256));
-  app.add_option("INPUT", inputs, "text files, or .jsonl files with a \"text\" field per line");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e) == 0 ? 0 : 2;
+  app.add_option("--threads", a.threads, "files tokenized at once")->check(CLI::Range(1, 256));
+  app.add_option("INPUT", a.inputs, "text files, or .jsonl files with a \"text\" field per line");
+}
+
+using Tokenizer = framework::tokenizer::Tokenizer;
+
+void print_info(const Tokenizer& tok) {
+  std::cout << nlohmann::json{{"vocab_size", tok.vocab_size()},
+                              {"end_of_text", tok.end_of_text()},
+                              {"describe", tok.describe()}}
+                   .dump()
+            << std::endl;
+}
+
+// One process's worth of text or ids: generate runs the tokenizers here,
+// since libsentencepiece's protobuf cannot share a process with LibTorch's.
+void encode_or_decode_stdin(const Tokenizer& tok, bool encode) {
+  std::ostringstream in;
+  in << std::cin.rdbuf();
+  if (encode) {
+    std::cout << nlohmann::json(tok.encode(in.str())).dump() << std::endl;
+    return;
   }
+  nlohmann::json ids;
+  try {
+    ids = nlohmann::json::parse(in.str());
+  } catch (const nlohmann::json::exception& e) {
+    throw InputError(std::string("--decode: stdin is not a JSON list of ids: ") + e.what());
+  }
+  std::cout << tok.decode(ids.get<std::vector<int64_t>>());
+  std::cout.flush();
+}
+
+// The ids of every document of `path`; an encoding error names the file (and
+// the document of a JSONL file).
+std::vector<std::vector<int64_t>> tokenize_file(const std::string& path, const Tokenizer& tok) {
+  std::vector<std::vector<int64_t>> ids;
+  const auto docs = documents_of(path);
+  for (size_t d = 0; d < docs.size(); ++d) {
+    try {
+      ids.push_back(tok.encode(docs[d]));
+    } catch (const framework::tokenizer::TokenizerError& e) {
+      throw InputError(path + (docs.size() > 1 ? " (document " + std::to_string(d + 1) + ")" : "") + ": " +
+                       e.what());
+    }
+  }
+  return ids;
+}
+
+// Document `index` goes to validation: a hash of the index below the fraction.
+bool held_out(uint64_t index, double eval_fraction) {
+  return eval_fraction > 0 &&
+         static_cast<double>(mix(index + 0x9E3779B97F4A7C15ULL) >> 11) / 9007199254740992.0 < eval_fraction;
+}
+
+// What tokenize_inputs did, for the summary line.
+struct Totals {
+  uint64_t documents = 0, held_docs = 0, bytes = 0;
+};
+
+// Tokenizes the inputs, at most `threads` files at once, and adds their
+// documents (each followed by end-of-text) to train or val in input order.
+Totals tokenize_inputs(const Args& a, const Tokenizer& tok, SplitWriter& train, SplitWriter& val) {
+  const int64_t eot = tok.end_of_text();
+  // Files in flight, consumed in input order.
+  std::vector<std::future<std::vector<std::vector<int64_t>>>> work(a.inputs.size());
+  auto launch = [&](size_t i) {
+    work[i] = std::async(std::launch::async, [&, i] { return tokenize_file(a.inputs[i], tok); });
+  };
+  size_t launched = 0;
+  for (; launched < a.inputs.size() && launched < static_cast<size_t>(a.threads); ++launched) launch(launched);
+  Totals t;
+  const bool tty = ::isatty(2) != 0;  // the progress line only where someone watches
+  for (size_t i = 0; i < a.inputs.size(); ++i) {
+    std::vector<std::vector<int64_t>> docs = work[i].get();
+    if (launched < a.inputs.size()) launch(launched++);
+    for (auto& ids : docs) {
+      if (eot >= 0) ids.push_back(eot);
+      const bool held = held_out(t.documents++, a.eval_fraction);
+      t.held_docs += held;
+      (held ? val : train).add_document(ids);
+    }
+    t.bytes += fs::file_size(a.inputs[i]);
+    if (tty) {
+      std::fprintf(stderr, "\rtokenize: %zu/%zu files, %.1f MB, %lld tokens", i + 1, a.inputs.size(),
+                   static_cast<double>(t.bytes) / 1e6, static_cast<long long>(train.tokens() + val.tokens()));
+    }
+  }
+  if (tty) std::fprintf(stderr, "\n");
+  return t;
+}
+
+// The shards of the inputs into a.out, then one summary line.
+void write_token_shards(const Args& a, const Tokenizer& tok, std::chrono::steady_clock::time_point t0) {
+  if (a.out.empty() || a.inputs.empty()) throw InputError("give --out DIR and at least one INPUT");
+  for (const auto& in : a.inputs) {
+    if (!fs::is_regular_file(in)) throw InputError(in + ": not a readable file");
+  }
+  fs::create_directories(a.out);
+  SplitWriter train(a.out, "train", a.format, tok.vocab_size(), a.shard_tokens);
+  SplitWriter val(a.out, "val", a.format, tok.vocab_size(), a.shard_tokens);
+  const Totals t = tokenize_inputs(a, tok, train, val);
+  const auto train_files = train.finish();
+  const auto val_files = a.eval_fraction > 0 ? val.finish() : std::vector<std::string>{};
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::printf("tokenize: %llu documents, %lld tokens with %s -> %s (%s %s): train %lld tokens in %zu files",
+              static_cast<unsigned long long>(t.documents), static_cast<long long>(train.tokens() + val.tokens()),
+              tok.describe().c_str(), a.out.c_str(), a.format.c_str(), train.width_name(),
+              static_cast<long long>(train.tokens()), train_files.size());
+  if (a.eval_fraction > 0) {
+    std::printf(", val %lld tokens (%llu documents) in %zu files", static_cast<long long>(val.tokens()),
+                static_cast<unsigned long long>(t.held_docs), val_files.size());
+  }
+  std::printf("; %.2f s (%.1f MB/s)\n", s, s > 0 ? static_cast<double>(t.bytes) / 1e6 / s : 0.0);
+}
+
+// The failure's line on stderr and the exit status: 2 for bad arguments or
+// input (a tokenizer that does not load or encode), 1 for I/O failures.
+int report_failure(const std::exception& e) {
+  const bool tokenizer = dynamic_cast<const framework::tokenizer::TokenizerError*>(&e) != nullptr;
+  const bool input = dynamic_cast<const InputError*>(&e) != nullptr;
+  std::cerr << (tokenizer && !input ? "" : "\n") << "tokenize: " << e.what() << std::endl;
+  return input || tokenizer ? 2 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"tokenize: text files and JSONL (the \"text\" field) into token shards for data.kind tokens"};
+  Args a;
+  add_options(app, a);
+  if (const std::optional<int> status = tools::parse_command_line(app, argc, argv)) return *status;
   try {
     const auto t0 = std::chrono::steady_clock::now();
-    std::shared_ptr<framework::tokenizer::Tokenizer> tok = framework::tokenizer::load_tokenizer_in_process(tokenizer_spec);
-    if (info) {
-      std::cout << nlohmann::json{{"vocab_size", tok->vocab_size()},
-                                  {"end_of_text", tok->end_of_text()},
-                                  {"describe", tok->describe()}}
-                       .dump()
-                << std::endl;
-      return 0;
+    std::shared_ptr<Tokenizer> tok = framework::tokenizer::load_tokenizer_in_process(a.tokenizer_spec);
+    if (a.info) {
+      print_info(*tok);
+    } else if (a.encode || a.decode) {
+      encode_or_decode_stdin(*tok, a.encode);
+    } else {
+      write_token_shards(a, *tok, t0);
     }
-    if (encode || decode) {
-      // One process's worth of text or ids: generate runs the tokenizers here,
-      // since libsentencepiece's protobuf cannot share a process with LibTorch's.
-      std::ostringstream in;
-      in << std::cin.rdbuf();
-      if (encode) {
-        std::cout << nlohmann::json(tok->encode(in.str())).dump() << std::endl;
-      } else {
-        nlohmann::json ids;
-        try {
-          ids = nlohmann::json::parse(in.str());
-        } catch (const nlohmann::json::exception& e) {
-          throw InputError(std::string("--decode: stdin is not a JSON list of ids: ") + e.what());
-        }
-        std::cout << tok->decode(ids.get<std::vector<int64_t>>());
-        std::cout.flush();
-      }
-      return 0;
-    }
-    if (out.empty() || inputs.empty()) throw InputError("give --out DIR and at least one INPUT");
-    for (const auto& in : inputs) {
-      if (!fs::is_regular_file(in)) throw InputError(in + ": not a readable file");
-    }
-    fs::create_directories(out);
-    SplitWriter train(out, "train", format, tok->vocab_size(), shard_tokens);
-    SplitWriter val(out, "val", format, tok->vocab_size(), shard_tokens);
-    const int64_t eot = tok->end_of_text();
-    // Files in flight, consumed in input order.
-    std::vector<std::future<std::vector<std::vector<int64_t>>>> work(inputs.size());
-    auto launch = [&](size_t i) {
-      work[i] = std::async(std::launch::async, [&, i] {
-        std::vector<std::vector<int64_t>> ids;
-        const auto docs = documents_of(inputs[i]);
-        for (size_t d = 0; d < docs.size(); ++d) {
-          try {
-            ids.push_back(tok->encode(docs[d]));
-          } catch (const framework::tokenizer::TokenizerError& e) {
-            throw InputError(inputs[i] + (docs.size() > 1 ? " (document " + std::to_string(d + 1) + ")" : "") + ": " +
-                             e.what());
-          }
-        }
-        return ids;
-      });
-    };
-    size_t launched = 0;
-    for (; launched < inputs.size() && launched < static_cast<size_t>(threads); ++launched) launch(launched);
-    uint64_t doc_index = 0, held_docs = 0, bytes = 0;
-    const bool tty = ::isatty(2) != 0;  // the progress line only where someone watches
-    for (size_t i = 0; i < inputs.size(); ++i) {
-      std::vector<std::vector<int64_t>> docs = work[i].get();
-      if (launched < inputs.size()) launch(launched++);
-      for (auto& ids : docs) {
-        if (eot >= 0) ids.push_back(eot);
-        const uint64_t d = doc_index++;
-        const bool held = eval_fraction > 0 &&
-                          static_cast<double>(mix(d + 0x9E3779B97F4A7C15ULL) >> 11) / 9007199254740992.0 < eval_fraction;
-        held_docs += held;
-        (held ? val : train).add_document(ids);
-      }
-      bytes += fs::file_size(inputs[i]);
-      if (tty) {
-        std::fprintf(stderr, "\rtokenize: %zu/%zu files, %.1f MB, %lld tokens", i + 1, inputs.size(),
-                     static_cast<double>(bytes) / 1e6, static_cast<long long>(train.tokens() + val.tokens()));
-      }
-    }
-    if (tty) std::fprintf(stderr, "\n");
-    const auto train_files = train.finish();
-    const auto val_files = eval_fraction > 0 ? val.finish() : std::vector<std::string>{};
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    std::printf("tokenize: %llu documents, %lld tokens with %s -> %s (%s %s): train %lld tokens in %zu files",
-                static_cast<unsigned long long>(doc_index), static_cast<long long>(train.tokens() + val.tokens()),
-                tok->describe().c_str(), out.c_str(), format.c_str(), train.width_name(),
-                static_cast<long long>(train.tokens()), train_files.size());
-    if (eval_fraction > 0) {
-      std::printf(", val %lld tokens (%llu documents) in %zu files", static_cast<long long>(val.tokens()),
-                  static_cast<unsigned long long>(held_docs), val_files.size());
-    }
-    std::printf("; %.2f s (%.1f MB/s)\n", s, s > 0 ? static_cast<double>(bytes) / 1e6 / s : 0.0);
     return 0;
-  } catch (const InputError& e) {
-    std::cerr << "\ntokenize: " << e.what() << std::endl;
-    return 2;
-  } catch (const framework::tokenizer::TokenizerError& e) {
-    std::cerr << "tokenize: " << e.what() << std::endl;
-    return 2;
   } catch (const std::exception& e) {
-    std::cerr << "\ntokenize: " << e.what() << std::endl;
-    return 1;
+    return report_failure(e);
   }
 }
