@@ -117,12 +117,17 @@ int run_preflight(const framework::config::Config& cfg, int world, int local_ran
 
 // train --dry-run: the model's size and the memory estimate per rank for
 // the job's world, from the config alone (nothing is allocated, no rank
-// starts). The world: --nproc, else the launcher's WORLD_SIZE, else 1.
+// starts). The world: --nproc, else the launcher's (WORLD_SIZE, as a rank
+// reads it: dist/launch_env.h), else 1.
 int dry_run(const framework::config::Config& cfg, int nproc) {
   int world = nproc;
   if (world <= 0) {
-    const char* env = std::getenv("WORLD_SIZE");
-    world = env != nullptr && std::atoi(env) > 0 ? std::atoi(env) : 1;
+    try {
+      world = framework::dist::detect_launch_env(framework::dist::process_env()).world_size;
+    } catch (const std::invalid_argument& e) {
+      std::cerr << "train: " << e.what() << std::endl;
+      return 2;
+    }
   }
   std::vector<int64_t> mesh;
   try {
@@ -183,7 +188,7 @@ int run_rank(const Args& args, const framework::config::Config& cfg, const Train
   std::signal(SIGINT, on_stop_signal);
   // Ranks the local launcher started run under its lock; otherwise rank 0
   // takes it (torchrun, SLURM, a single process).
-  const bool launched = std::getenv("SHARDKIT_LAUNCHED") != nullptr;
+  const bool launched = dist::started_by_local_launcher();
   // A rank's output goes through its launcher. If the launcher dies (SIGKILL),
   // the rank gets SIGTERM to save and exit, and must not die of SIGPIPE at
   // its next log line: output to a dead launcher is dropped instead.
@@ -278,7 +283,7 @@ int train_main(int argc, char** argv, const TrainerHooks& hooks) {
 
   // Inside a launched rank the launch flags are spent (and stripped).
   LaunchShape shape;
-  if (std::getenv("SHARDKIT_LAUNCHED") == nullptr) {
+  if (!framework::dist::started_by_local_launcher()) {
     try {
       shape = resolve_launch_shape(args);
     } catch (const std::invalid_argument& e) {

@@ -9,6 +9,7 @@
 #include "checkpoint/timing.h"
 #include "framework/data/dataset.h"
 #include "dist/device.h"
+#include "dist/launch_env.h"
 #include "framework/data/sampler.h"
 #include "framework/data/loader.h"
 #include "framework/dtensor/chunk.h"
@@ -474,7 +475,7 @@ void Trainer::State::print_banner(const std::optional<std::string>& resume_from,
                                   const checkpoint::LoadStats& resumed) {
   const auto& st = fsdp->memory_stats();
   std::cout << "shardkit: world " << rt.env.world_size << " ("
-            << (std::getenv("SHARDKIT_LAUNCHED") ? std::string("train --nproc")
+            << (dist::started_by_local_launcher() ? std::string("train --nproc")
                                                 : dist::to_string(rt.env.source))
             << (rt.env.agent_store ? ", the agent's store" : "")
             << (rt.env.restart_count > 0 ? ", restart " + std::to_string(rt.env.restart_count) : std::string())
