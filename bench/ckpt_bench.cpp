@@ -1335,7 +1335,7 @@ int main(int argc, char** argv) {
   if (device == "cuda") {
     return run_cuda(app, args);
   }
-  if (args.nproc > 1 && std::getenv("SHARDKIT_LAUNCHED") == nullptr) {
+  if (args.nproc > 1 && !framework::dist::started_by_local_launcher()) {
     dist::LocalLaunchOptions launch;
     launch.nproc = args.nproc;
     launch.nodes = args.nodes;

@@ -181,6 +181,16 @@ std::optional<std::string> first_plain_host(const std::string& nodelist) {
 }
 
 // torchrun's node layout: see the header. Without LOCAL_WORLD_SIZE, one node.
+// The rank and the world size from the launcher's two variables, checked.
+Placement read_rank_and_world(const EnvLookup& env, const std::string& rank_var,
+                              const std::string& world_var) {
+  Placement p;
+  p.rank = read_sourced(env, rank_var);
+  p.world_size = read_sourced(env, world_var);
+  check_rank(p);
+  return p;
+}
+
 void read_torchrun_nodes(const EnvLookup& env, Placement& p) {
   if (std::optional<std::string> per_node = env("LOCAL_WORLD_SIZE")) {
     p.local_world_size = {parse_positive("LOCAL_WORLD_SIZE", *per_node),
@@ -208,10 +218,7 @@ LaunchEnv detect_torchrun(const EnvLookup& env,
                           const std::string& config_master_addr) {
   LaunchEnv result;
   result.source = LaunchSource::kTorchrun;
-  Placement p;
-  p.rank = read_sourced(env, "RANK");
-  p.world_size = read_sourced(env, "WORLD_SIZE");
-  check_rank(p);
+  Placement p = read_rank_and_world(env, "RANK", "WORLD_SIZE");
   read_torchrun_nodes(env, p);
   check_nodes(p, /*exact=*/true);
   apply(p, result);
@@ -268,10 +275,7 @@ LaunchEnv detect_slurm(const EnvLookup& env,
                        const std::string& config_master_addr) {
   LaunchEnv result;
   result.source = LaunchSource::kSlurm;
-  Placement p;
-  p.rank = read_sourced(env, "SLURM_PROCID");
-  p.world_size = read_sourced(env, "SLURM_NTASKS");
-  check_rank(p);
+  Placement p = read_rank_and_world(env, "SLURM_PROCID", "SLURM_NTASKS");
   p.nodes = read_count_or(env, "SLURM_NNODES", {1, "SLURM_NNODES (unset)"});
   p.local_world_size = slurm_local_world_size(env, p);
   p.node = read_index_or(env, "SLURM_NODEID",
@@ -308,6 +312,8 @@ std::string new_job_id() {
   std::snprintf(text, sizeof text, "%016" PRIx64, id);
   return text;
 }
+
+bool started_by_local_launcher() { return std::getenv(kLaunchedVar) != nullptr; }
 
 EnvLookup process_env() {
   return [](const std::string& name) -> std::optional<std::string> {

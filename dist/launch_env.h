@@ -40,6 +40,11 @@ struct LaunchEnv {
 // Set by the local launcher for its ranks.
 inline constexpr const char* kStoreHostedVar = "SHARDKIT_STORE_HOSTED";
 inline constexpr const char* kJobIdVar = "SHARDKIT_JOB_ID";
+inline constexpr const char* kLaunchedVar = "SHARDKIT_LAUNCHED";  // "1"
+
+// True in a rank that the local launcher (train --nproc) started: this
+// process's environment has kLaunchedVar.
+bool started_by_local_launcher();
 
 // A fresh random job id: 16 hex digits.
 std::string new_job_id();

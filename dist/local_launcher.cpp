@@ -271,7 +271,7 @@ ExecPlan make_exec_plan(const LocalLaunchOptions& options, int rank,
       {"MASTER_PORT", std::to_string(job.port)},
       {kStoreHostedVar, "1"},
       {kJobIdVar, job.job_id},
-      {"SHARDKIT_LAUNCHED", "1"},
+      {kLaunchedVar, "1"},
   };
   for (char** entry = environ; entry != nullptr && *entry != nullptr;
        ++entry) {

@@ -88,4 +88,17 @@ torch::Tensor call_with_hook(const torch::nn::Module& module, const torch::Tenso
   return hook(input, fn);
 }
 
+namespace {
+
+std::atomic<UnitHook> unit_hook{nullptr};
+
+}  // namespace
+
+void set_unit_hook(UnitHook hook) { unit_hook.store(hook, std::memory_order_release); }
+
+torch::Tensor run_unit(const torch::nn::Module& unit, const UnitFn& fn) {
+  const UnitHook hook = unit_hook.load(std::memory_order_acquire);
+  return hook != nullptr ? hook(unit, fn) : fn();
+}
+
 }  // namespace models

@@ -1,7 +1,7 @@
 #include "models/layered_model.h"
 
-#include "framework/fsdp/activation_checkpoint.h"
-#include "framework/fsdp/fully_shard.h"
+#include "models/activation_checkpoint.h"
+#include "models/forward_hooks.h"
 #include "models/layers.h"
 #include "models/llama.h"
 #include "models/stacked_model.h"
@@ -20,9 +20,9 @@ torch::Tensor LayeredModelImpl::forward(const torch::Tensor& tokens) {
   auto h = embed(tokens);
   // Each block is an FSDP unit when the model is sharded (a plain call when not).
   for (int64_t i = 0; i < num_blocks(); ++i) {
-    h = framework::fsdp::run_unit(*block(i), [&] {
+    h = run_unit(*block(i), [&] {
       if (!block_checkpointed(i)) return block_forward(i, h);
-      return framework::fsdp::checkpoint_activations(
+      return checkpoint_activations(
           [this, i](const torch::Tensor& x) { return block_forward(i, x); }, h);
     });
   }
@@ -34,7 +34,9 @@ void LayeredModelImpl::init_parameter(const std::string& name, const torch::Tens
 }
 
 std::vector<std::string> LayeredModelImpl::unit_names() const {
-  return framework::fsdp::children_of(*this, "blocks");
+  std::vector<std::string> out;  // the children of the ModuleList "blocks"
+  for (int64_t i = 0; i < num_blocks(); ++i) out.push_back("blocks." + std::to_string(i));
+  return out;
 }
 
 void LayeredModelImpl::set_activation_checkpointing(const std::string& mode, int64_t every) {

@@ -31,12 +31,13 @@ class LayeredModelImpl : public torch::nn::Module {
   virtual void init_parameter(const std::string& name, const torch::Tensor& full) const;
 
   // head(block_forward(n-1, ... block_forward(0, embed(tokens)))), each block
-  // called through framework::fsdp::run_unit (shard it with
-  // fully_shard(model, mesh, options, unit_names())), and through
-  // fsdp::checkpoint_activations where set_activation_checkpointing says.
+  // called through models::run_unit (the unit hook that FSDP sets: shard it
+  // with fsdp::fully_shard(model, mesh, options, unit_names())), and through
+  // models::checkpoint_activations where set_activation_checkpointing says.
   torch::Tensor forward(const torch::Tensor& tokens);
 
-  // The FSDP units: one per block ("blocks.N"; llama: "model.layers.N").
+  // The FSDP units: one per block ("blocks.N", the children of the
+  // ModuleList "blocks"; llama: "model.layers.N").
   virtual std::vector<std::string> unit_names() const;
 
   // mode none | full | selective (blocks 0, every, 2 * every, ...).

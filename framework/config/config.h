@@ -22,7 +22,7 @@
 #include "dist/options.h"
 #include "framework/fsdp/options.h"
 #include "framework/optim/options.h"
-#include "framework/train/options.h"
+#include "framework/config/train_options.h"
 #include "models/options.h"
 
 namespace framework::config {

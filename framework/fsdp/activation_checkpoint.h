@@ -1,38 +1,12 @@
 #pragma once
-// Activation checkpointing for LibTorch C++ (what torch.utils.checkpoint is
-// in Python; LibTorch's C++ API has none, pytorch#52744).
-//
-//   out = checkpoint_activations(fn, x);
-//
-// runs fn(x) without recording its graph: of everything fn computes, only x
-// is kept for backward. When the gradient of `out` arrives, fn(x) runs again
-// with grad mode on and the CPU RNG state of the first run, and its backward
-// runs from there: the gradients of fn's parameters accumulate as they would
-// have, and x's gradient flows on. The cost is one more forward of fn; the
-// saving is every activation inside it.
-//
-// Inside a unit of a FullyShardedModel, wrap the checkpoint in the unit's
-// run_unit: the unit's parameters are gathered for its backward (the output
-// hook) before the recompute runs, as for any unit. The one line per block:
-//
-//   h = fsdp::run_unit(*block, [&] {
-//     return fsdp::checkpoint_activations([&](const torch::Tensor& x) { return block->forward(x); }, h);
-//   });
-//
-// REQUIRES: fn is a pure function of x, its parameters and the RNG state
-// (it reads no other tensor that changes between forward and backward); fn
-// returns one tensor. Under torch::NoGradGuard it is a plain call.
-// Bit-exact: on the CPU, gradients with and without it are identical.
-// The CUDA RNG state is not replayed (no model here draws random numbers
-// in its forward); the CPU generator's is.
-#include <torch/torch.h>
-
-#include <functional>
+// Moved: activation checkpointing is models/activation_checkpoint.h (a model
+// applies it to its own blocks, and models/ includes nothing of framework/).
+// The fsdp names stay.
+#include "models/activation_checkpoint.h"
 
 namespace framework::fsdp {
 
-using BlockFn = std::function<torch::Tensor(const torch::Tensor&)>;
-
-torch::Tensor checkpoint_activations(BlockFn fn, const torch::Tensor& input);
+using models::BlockFn;
+using models::checkpoint_activations;
 
 }  // namespace framework::fsdp

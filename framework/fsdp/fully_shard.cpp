@@ -1,5 +1,7 @@
 #include "framework/fsdp/fully_shard.h"
 
+#include "models/forward_hooks.h"
+
 #include <torch/csrc/autograd/function_hook.h>
 
 #include <algorithm>
@@ -231,11 +233,86 @@ std::unique_ptr<FullyShardedModel> fully_shard(std::shared_ptr<torch::nn::Module
                                              std::move(units), std::move(init));
 }
 
+namespace {
+
+// A parameter tensor to shard, under its first name; `unit` is the unit
+// whose name prefixes it (0: the root).
+struct FoundParam {
+  std::string name;
+  torch::Tensor tensor;
+  size_t unit;
+};
+
+// The unit of parameter `param`: the unit whose name prefixes it, else the root.
+size_t unit_of_param(const std::vector<std::unique_ptr<FullyShardedModel::Unit>>& units,
+                     const std::string& param) {
+  for (size_t u = 1; u < units.size(); ++u) {
+    if (inside(param, units[u]->name)) return u;
+  }
+  return 0;
+}
+
+// Throws std::invalid_argument naming `name` when `p` cannot be sharded.
+void check_shardable(const std::string& name, const torch::Tensor& p, bool have_init) {
+  if (p.dim() == 0) {
+    throw std::invalid_argument("fully_shard: parameter " + name +
+                                " is 0-d; give it shape [1] to shard it");
+  }
+  const bool unmaterialised = p.numel() > 0 && p.storage().nbytes() == 0;
+  if (unmaterialised && !have_init) {
+    throw std::invalid_argument("fully_shard: parameter " + name +
+                                " has no storage (a model built unmaterialised) and no "
+                                "initialiser was given");
+  }
+  if (!p.is_contiguous() || p.storage_offset() != 0 ||
+      (!unmaterialised && p.storage().nbytes() != static_cast<size_t>(tensor_bytes(p)))) {
+    throw std::invalid_argument("fully_shard: parameter " + name +
+                                " does not own a dense storage of its own (a view?)");
+  }
+}
+
+// One entry per parameter tensor, in parameter order: tied names collapse
+// onto the first, and a tensor tied across units belongs to the root.
+std::vector<FoundParam> find_params(const torch::nn::Module& module,
+                                    const std::vector<std::unique_ptr<FullyShardedModel::Unit>>& units,
+                                    bool have_init) {
+  std::vector<FoundParam> found;
+  std::unordered_map<const c10::TensorImpl*, size_t> seen;
+  for (const auto& item : module.named_parameters()) {
+    const torch::Tensor& p = item.value();
+    const size_t unit = unit_of_param(units, item.key());
+    auto it = seen.find(p.unsafeGetTensorImpl());
+    if (it != seen.end()) {
+      if (found[it->second].unit != unit) found[it->second].unit = 0;
+      continue;
+    }
+    check_shardable(item.key(), p, have_init);
+    seen.emplace(p.unsafeGetTensorImpl(), found.size());
+    found.push_back({item.key(), p, unit});
+  }
+  return found;
+}
+
+}  // namespace
+
 FullyShardedModel::FullyShardedModel(std::shared_ptr<torch::nn::Module> module,
                                      std::shared_ptr<dtensor::DeviceMesh> mesh,
                                      ParallelOptions options, std::vector<std::string> unit_names,
                                      ParamInit init)
     : module_(std::move(module)), mesh_(std::move(mesh)), options_(options) {
+  set_mesh_and_precision();
+  const std::vector<const torch::nn::Module*> unit_modules = make_units(unit_names);
+  const std::vector<FoundParam> found = find_params(*module_, units_, static_cast<bool>(init));
+  torch::NoGradGuard no_grad;
+  for (size_t index = 0; index < found.size(); ++index) {
+    add_param(found[index].name, found[index].tensor, *units_[found[index].unit], index, init);
+  }
+  for (const auto& item : module_->named_buffers()) buffers_.emplace_back(item.key(), item.value());
+  index_params_and_hook_grads();
+  register_units(unit_modules);
+}
+
+void FullyShardedModel::set_mesh_and_precision() {
   TORCH_CHECK(mesh_->ndim() == 2 || mesh_->ndim() == 3,
               "fully_shard needs a {replicate, shard} or {replicate, shard, tensor} mesh");
   if (mesh_->ndim() == 3) {
@@ -246,15 +323,17 @@ FullyShardedModel::FullyShardedModel(std::shared_ptr<torch::nn::Module> module,
   } else {
     param_mesh_ = mesh_;
   }
-  const torch::ScalarType param_dtype =
+  param_dtype_ =
       parse_dtype(options_.mixed_precision.param_dtype, "train.mixed_precision.param_dtype");
   reduce_dtype_ =
       parse_dtype(options_.mixed_precision.reduce_dtype, "train.mixed_precision.reduce_dtype");
-  mixed_ = param_dtype != torch::kFloat || reduce_dtype_ != torch::kFloat;
-  const int64_t shards = mesh_->size(shard_axis_);
-  const int64_t my_shard = mesh_->coordinate(shard_axis_);
+  mixed_ = param_dtype_ != torch::kFloat || reduce_dtype_ != torch::kFloat;
+}
 
-  // The units' modules, by name; they must exist and must not nest.
+// The root unit, then one per name; the names must exist and must not
+// nest. Returns each unit's module (the root's: the model).
+std::vector<const torch::nn::Module*> FullyShardedModel::make_units(
+    const std::vector<std::string>& unit_names) {
   std::unordered_map<std::string, std::shared_ptr<torch::nn::Module>> by_name;
   for (const auto& item : module_->named_modules("", /*include_self=*/false)) {
     by_name.emplace(item.key(), item.value());
@@ -279,113 +358,85 @@ FullyShardedModel::FullyShardedModel(std::shared_ptr<torch::nn::Module> module,
     units_.back()->name = name;
     unit_modules.push_back(it->second.get());
   }
-  auto unit_of_name = [&](const std::string& param) -> size_t {
-    for (size_t u = 1; u < units_.size(); ++u) {
-      if (inside(param, units_[u]->name)) return u;
-    }
-    return 0;
-  };
+  return unit_modules;
+}
 
-  // One slot per parameter tensor: tied names collapse onto the first, and a
-  // tensor tied across units belongs to the root.
-  struct Found {
-    std::string name;
-    torch::Tensor tensor;
-    size_t unit;
-  };
-  std::vector<Found> found;
-  std::unordered_map<const c10::TensorImpl*, size_t> seen;
-  for (const auto& item : module_->named_parameters()) {
-    const torch::Tensor& p = item.value();
-    const size_t unit = unit_of_name(item.key());
-    auto it = seen.find(p.unsafeGetTensorImpl());
-    if (it != seen.end()) {
-      if (found[it->second].unit != unit) found[it->second].unit = 0;
-      continue;
+// Takes over parameter `p` (number `index` in parameter order) into `unit`:
+// materialises it if it has no storage, keeps this rank's shard (or DDP's
+// master copy), casts the module's tensor to param_dtype, frees its storage
+// (FSDP) and files it in the unit's bucket of its dtype and trainability.
+void FullyShardedModel::add_param(const std::string& name, const torch::Tensor& p, Unit& unit,
+                                  size_t index, const ParamInit& init) {
+  const int64_t shards = mesh_->size(shard_axis_);
+  ParamSlot slot;
+  slot.index = index;
+  slot.name = name;
+  slot.full = p;
+  slot.trainable = p.requires_grad();
+  slot.rows = p.size(0);
+  slot.global_shape = p.sizes().vec();
+  if (auto tp = options_.tensor_parallel.find(name); tp != options_.tensor_parallel.end()) {
+    if (tensor_axis_ < 0 && tp->second.dim >= 0) {
+      throw std::invalid_argument("fully_shard: parameter " + name +
+                                  " is split by tensor parallelism but the mesh has no tensor axis");
     }
-    if (p.dim() == 0) {
-      throw std::invalid_argument("fully_shard: parameter " + item.key() +
-                                  " is 0-d; give it shape [1] to shard it");
-    }
-    const bool unmaterialised = p.numel() > 0 && p.storage().nbytes() == 0;
-    if (unmaterialised && !init) {
-      throw std::invalid_argument("fully_shard: parameter " + item.key() +
-                                  " has no storage (a model built unmaterialised) and no "
-                                  "initialiser was given");
-    }
-    if (!p.is_contiguous() || p.storage_offset() != 0 ||
-        (!unmaterialised && p.storage().nbytes() != static_cast<size_t>(tensor_bytes(p)))) {
-      throw std::invalid_argument("fully_shard: parameter " + item.key() +
-                                  " does not own a dense storage of its own (a view?)");
-    }
-    seen.emplace(p.unsafeGetTensorImpl(), found.size());
-    found.push_back({item.key(), p, unit});
+    slot.tp_dim = tp->second.dim;
+    slot.global_shape = tp->second.global_shape;
   }
-
-  torch::NoGradGuard no_grad;
-  size_t index = 0;
-  for (const Found& f : found) {
-    const torch::Tensor& p = f.tensor;
-    Unit& unit = *units_[f.unit];
-    ParamSlot slot;
-    slot.index = index++;
-    slot.name = f.name;
-    slot.full = p;
-    slot.trainable = p.requires_grad();
-    slot.rows = p.size(0);
-    slot.global_shape = p.sizes().vec();
-    if (auto tp = options_.tensor_parallel.find(f.name); tp != options_.tensor_parallel.end()) {
-      if (tensor_axis_ < 0 && tp->second.dim >= 0) {
-        throw std::invalid_argument("fully_shard: parameter " + f.name +
-                                    " is split by tensor parallelism but the mesh has no tensor axis");
-      }
-      slot.tp_dim = tp->second.dim;
-      slot.global_shape = tp->second.global_shape;
-    }
-    slot.row_numel = slot.rows == 0 ? 0 : p.numel() / slot.rows;
-    slot.mine = chunk_span(slot.rows, shards, my_shard);
-    if (p.numel() > 0 && p.storage().nbytes() == 0) {
-      // Materialise this one parameter: it is sliced and freed below.
-      alloc_storage(p, static_cast<size_t>(tensor_bytes(p)));
-      init(f.name, p);
-    }
-    // The local shard (or DDP's master copy) keeps the parameter's dtype;
-    // the module's parameter takes param_dtype.
-    const bool cast = mixed_ && p.is_floating_point() && p.scalar_type() != param_dtype;
-    if (shards == 1 && !cast) {
-      slot.local = p;  // DDP: the optimizer updates the module parameter itself
-    } else {
-      slot.local = p.narrow(0, slot.mine.offset, slot.mine.size).clone().set_requires_grad(slot.trainable);
-    }
-    if (cast) {
-      cast_params_ = true;
-      p.set_data(torch::empty(p.sizes(), p.options().dtype(param_dtype)));
-      if (shards == 1) raw_flat(p).copy_(slot.local.reshape({-1}));
-    }
-    if (shards > 1) free_storage(p);  // one full parameter at a time
-    size_t b = 0;
-    while (b < unit.buckets.size() &&
-           (unit.buckets[b].dtype != p.scalar_type() || unit.buckets[b].trainable != slot.trainable)) {
-      ++b;
-    }
-    if (b == unit.buckets.size()) {
-      unit.buckets.emplace_back();
-      unit.buckets.back().dtype = p.scalar_type();
-      unit.buckets.back().trainable = slot.trainable;
-    }
-    Bucket& bucket = unit.buckets[b];
-    slot.bucket = b;
-    slot.seg_offset = bucket.seg_numel;
-    bucket.seg_numel += chunk_capacity(slot.rows, shards) * slot.row_numel;
-    bucket.members.push_back(unit.params.size());
-    unit.full_bytes += tensor_bytes(p);
-    unit.trainable += slot.trainable ? 1 : 0;
-    stats_.sharded_param_bytes += tensor_bytes(slot.local);
-    stats_.full_param_bytes += tensor_bytes(p);
-    unit.params.push_back(std::move(slot));
+  slot.row_numel = slot.rows == 0 ? 0 : p.numel() / slot.rows;
+  slot.mine = chunk_span(slot.rows, shards, mesh_->coordinate(shard_axis_));
+  if (p.numel() > 0 && p.storage().nbytes() == 0) {
+    // Materialise this one parameter: it is sliced and freed below.
+    alloc_storage(p, static_cast<size_t>(tensor_bytes(p)));
+    init(name, p);
   }
-  for (const auto& item : module_->named_buffers()) buffers_.emplace_back(item.key(), item.value());
+  // The local shard (or DDP's master copy) keeps the parameter's dtype;
+  // the module's parameter takes param_dtype.
+  const bool cast = mixed_ && p.is_floating_point() && p.scalar_type() != param_dtype_;
+  if (shards == 1 && !cast) {
+    slot.local = p;  // DDP: the optimizer updates the module parameter itself
+  } else {
+    slot.local = p.narrow(0, slot.mine.offset, slot.mine.size).clone().set_requires_grad(slot.trainable);
+  }
+  if (cast) {
+    cast_params_ = true;
+    p.set_data(torch::empty(p.sizes(), p.options().dtype(param_dtype_)));
+    if (shards == 1) raw_flat(p).copy_(slot.local.reshape({-1}));
+  }
+  if (shards > 1) free_storage(p);  // one full parameter at a time
+  add_to_bucket(unit, std::move(slot));
+}
 
+// Files `slot` (its module tensor already in param_dtype) in the unit's
+// bucket of its dtype and trainability, and counts its bytes.
+void FullyShardedModel::add_to_bucket(Unit& unit, ParamSlot slot) {
+  const torch::Tensor& p = slot.full;
+  size_t b = 0;
+  while (b < unit.buckets.size() &&
+         (unit.buckets[b].dtype != p.scalar_type() || unit.buckets[b].trainable != slot.trainable)) {
+    ++b;
+  }
+  if (b == unit.buckets.size()) {
+    unit.buckets.emplace_back();
+    unit.buckets.back().dtype = p.scalar_type();
+    unit.buckets.back().trainable = slot.trainable;
+  }
+  Bucket& bucket = unit.buckets[b];
+  slot.bucket = b;
+  slot.seg_offset = bucket.seg_numel;
+  bucket.seg_numel += chunk_capacity(slot.rows, mesh_->size(shard_axis_)) * slot.row_numel;
+  bucket.members.push_back(unit.params.size());
+  unit.full_bytes += tensor_bytes(p);
+  unit.trainable += slot.trainable ? 1 : 0;
+  stats_.sharded_param_bytes += tensor_bytes(slot.local);
+  stats_.full_param_bytes += tensor_bytes(p);
+  unit.params.push_back(std::move(slot));
+}
+
+// param_index_ in the model's parameter order, and a hook on every
+// trainable parameter's gradient accumulator that counts its unit's
+// arrived gradients.
+void FullyShardedModel::index_params_and_hook_grads() {
   for (auto& u : units_) {
     Unit* unit = u.get();
     stats_.largest_unit_bytes = std::max(stats_.largest_unit_bytes, unit->full_bytes);
@@ -406,6 +457,21 @@ FullyShardedModel::FullyShardedModel(std::shared_ptr<torch::nn::Module> module,
             [](const auto& a, const auto& b) {
               return a.first->params[a.second].index < b.first->params[b.second].index;
             });
+}
+
+namespace {
+
+// The unit hook (models/forward_hooks.h): what models::run_unit calls.
+torch::Tensor gather_around_unit(const torch::nn::Module& unit, const models::UnitFn& fn) {
+  return run_unit(unit, fn);
+}
+
+}  // namespace
+
+// From here on UnitScope (and models::run_unit, through the unit hook) finds
+// the units.
+void FullyShardedModel::register_units(const std::vector<const torch::nn::Module*>& unit_modules) {
+  models::set_unit_hook(&gather_around_unit);
   UnitRegistry& r = registry();
   std::lock_guard<std::mutex> lock(r.mu);
   for (size_t u = 1; u < units_.size(); ++u) r.units[unit_modules[u]] = {this, u};

@@ -24,7 +24,9 @@
 // LibTorch C++ has no module forward hooks, so this one line per unit call
 // is what stands for FSDP2's pre/post-forward hooks. run_unit is a plain
 // call when the module is not a unit of a sharded model, so the model's
-// code runs unchanged on one device. With no units at all, the root unit is
+// code runs unchanged on one device. A model that must not depend on the
+// framework (models/) calls models::run_unit instead: the unit hook there,
+// which a FullyShardedModel sets to run_unit when it is built. With no units at all, the root unit is
 // the whole model: it needs no change to the model, and gathers every
 // parameter for the forward.
 //
@@ -122,7 +124,8 @@ struct CollectiveCounts {
 };
 
 class FullyShardedModel;
-struct Bucket;  // parameters gathered and reduced together; fully_shard.cpp
+struct Bucket;     // parameters gathered and reduced together; fully_shard.cpp
+struct ParamSlot;  // one parameter of a unit; fully_shard.cpp
 
 // The names of `list`'s children, as units: children_of(model, "layers") ->
 // {"layers.0", "layers.1", ...}. Throws std::invalid_argument when `model`
@@ -258,6 +261,14 @@ class FullyShardedModel {
   void end_forward();
   void abort_forward();
   [[noreturn]] void rethrow_forward_error(const c10::Error& e);
+  // The constructor's steps, in order (fully_shard.cpp).
+  void set_mesh_and_precision();
+  std::vector<const torch::nn::Module*> make_units(const std::vector<std::string>& unit_names);
+  void add_param(const std::string& name, const torch::Tensor& p, Unit& unit, size_t index,
+                 const ParamInit& init);
+  void add_to_bucket(Unit& unit, ParamSlot slot);
+  void index_params_and_hook_grads();
+  void register_units(const std::vector<const torch::nn::Module*>& unit_modules);
   void broadcast_buffers();
   void gather(Unit& unit);
   void release(Unit& unit);
@@ -281,6 +292,7 @@ class FullyShardedModel {
   int64_t live_bytes_ = 0;
   bool sync_ = true;
   bool mixed_ = false;  // a mixed-precision policy other than fp32/fp32
+  torch::ScalarType param_dtype_ = torch::kFloat;
   torch::ScalarType reduce_dtype_ = torch::kFloat;
   bool cast_params_ = false;  // param_dtype differs from the parameters' own
 };

@@ -224,7 +224,21 @@ class HfBpeTokenizer : public Tokenizer {
   }
 
   void load(const json& j) {
-    // Byte-level characters: GPT-2's bytes_to_unicode.
+    make_byte_chars();
+    check_pipeline(j);
+    const json& m = j.at("model");
+    check_model(m);
+    load_vocab(m, j.contains("added_tokens") ? j["added_tokens"] : json::array());
+    load_merges(m);
+    for (const char* name : {"<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>"}) {
+      for (const auto& a : added_) {
+        if (a.content == name && end_of_text_ < 0) end_of_text_ = a.id;
+      }
+    }
+  }
+
+  // Byte-level characters: GPT-2's bytes_to_unicode.
+  void make_byte_chars() {
     std::vector<int> bs;
     for (int b = '!'; b <= '~'; ++b) bs.push_back(b);
     for (int b = 0xA1; b <= 0xAC; ++b) bs.push_back(b);
@@ -239,7 +253,10 @@ class HfBpeTokenizer : public Tokenizer {
       byte_char_[static_cast<size_t>(b)] = utf8(cp[static_cast<size_t>(b)]);
       char_to_byte_[byte_char_[static_cast<size_t>(b)]] = static_cast<unsigned char>(b);
     }
+  }
 
+  // No normalizer, a pre-tokenizer with ByteLevel, a ByteLevel decoder.
+  void check_pipeline(const json& j) {
     if (j.contains("normalizer") && !j["normalizer"].is_null()) {
       refuse("normalizer " + j["normalizer"].value("type", std::string("?")));
     }
@@ -250,8 +267,10 @@ class HfBpeTokenizer : public Tokenizer {
       const std::string type = d.value("type", "");
       if (type != "ByteLevel") refuse("decoder " + type);
     }
+  }
 
-    const json& m = j.at("model");
+  // A plain BPE model: no dropout, no byte fallback, no subword affixes.
+  void check_model(const json& m) {
     if (m.value("type", std::string("BPE")) != "BPE") refuse("model " + m.value("type", std::string()));
     if (m.contains("dropout") && !m["dropout"].is_null()) refuse("BPE dropout");
     if (m.value("byte_fallback", false)) refuse("byte_fallback");
@@ -259,16 +278,20 @@ class HfBpeTokenizer : public Tokenizer {
       if (m.contains(key) && m[key].is_string() && !m[key].get<std::string>().empty()) refuse(key);
     }
     ignore_merges_ = m.value("ignore_merges", false);
+  }
+
+  // model.vocab and the added tokens (`added_tokens`, an array): ids both
+  // ways, the added tokens by their first byte (longest first), the unknown
+  // token and each byte's id.
+  void load_vocab(const json& m, const json& added_tokens) {
     int64_t max_id = -1;
     for (const auto& [token, id] : m.at("vocab").items()) max_id = std::max(max_id, id.get<int64_t>());
     std::vector<AddedToken> added;
-    if (j.contains("added_tokens")) {
-      for (const json& a : j["added_tokens"]) {
-        if (a.value("single_word", false)) refuse("added token '" + a.at("content").get<std::string>() + "' single_word");
-        added.push_back({a.at("content").get<std::string>(), a.at("id").get<int64_t>(), a.value("lstrip", false),
-                         a.value("rstrip", false)});
-        max_id = std::max(max_id, added.back().id);
-      }
+    for (const json& a : added_tokens) {
+      if (a.value("single_word", false)) refuse("added token '" + a.at("content").get<std::string>() + "' single_word");
+      added.push_back({a.at("content").get<std::string>(), a.at("id").get<int64_t>(), a.value("lstrip", false),
+                       a.value("rstrip", false)});
+      max_id = std::max(max_id, added.back().id);
     }
     id_to_token_.assign(static_cast<size_t>(max_id + 1), std::string());
     has_id_.assign(static_cast<size_t>(max_id + 1), false);
@@ -296,6 +319,10 @@ class HfBpeTokenizer : public Tokenizer {
       const auto it = vocab_.find(byte_char_[b]);
       byte_id_[b] = it == vocab_.end() ? -1 : it->second;
     }
+  }
+
+  // model.merges, in rank order: "a b" strings or ["a", "b"] pairs.
+  void load_merges(const json& m) {
     int32_t rank = 0;
     for (const json& merge : m.at("merges")) {
       std::string a, b;
@@ -316,11 +343,6 @@ class HfBpeTokenizer : public Tokenizer {
       }
       merges_.emplace(pair_key(ia->second, ib->second), std::make_pair(rank, iab->second));
       ++rank;
-    }
-    for (const char* name : {"<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>"}) {
-      for (const auto& a : added_) {
-        if (a.content == name && end_of_text_ < 0) end_of_text_ = a.id;
-      }
     }
   }
 

@@ -184,6 +184,80 @@ std::string to_string(Style style) {
   return "?";
 }
 
+namespace {
+
+// The forward hook of one split module: colwise copies the input into the
+// group (and gathers the output if asked); a vocabulary-parallel embedding
+// looks up only its rows [first, first + count) and sums over the group;
+// rowwise sums its partial outputs. Each hook holds the mesh: its group
+// lives as long as the hook.
+models::ForwardHook make_tp_hook(const PlanEntry& entry, bool embedding, dtensor::Span span,
+                                 int64_t rows, std::shared_ptr<dtensor::DeviceMesh> mesh,
+                                 dist::Group* group) {
+  if (entry.style == Style::kColwise) {
+    const bool gather = entry.gather_output;
+    return [mesh, group, gather, rows](const torch::Tensor& x, const models::ModuleFn& inner) {
+      torch::Tensor y = inner(CopyToTensorParallel::apply(x, group));
+      return gather ? GatherLastDim::apply(y, group, rows) : y;
+    };
+  }
+  if (embedding) {
+    const int64_t first = span.offset, count = span.size;
+    return [mesh, group, first, count](const torch::Tensor& ids, const models::ModuleFn& inner) {
+      torch::Tensor outside = (ids < first) | (ids >= first + count);
+      torch::Tensor rows_out = inner((ids - first).masked_fill(outside, 0));
+      return ReduceFromTensorParallel::apply(rows_out.masked_fill(outside.unsqueeze(-1), 0), group);
+    };
+  }
+  return [mesh, group](const torch::Tensor& x, const models::ModuleFn& inner) {
+    return ReduceFromTensorParallel::apply(inner(x), group);
+  };
+}
+
+// Splits the colwise or rowwise module `m` (`name`, named by the plan entry
+// `what`): keeps this rank's part of its weight (and a colwise bias),
+// records the split in `layout` and installs its forward hook. Throws
+// std::invalid_argument naming entry and module when `m` cannot be split.
+void split_module(torch::nn::Module& m, const std::string& name, const PlanEntry& entry,
+                  const std::string& what, const std::shared_ptr<dtensor::DeviceMesh>& mesh,
+                  dist::Group* group, TensorParallelLayout& layout) {
+  if (dynamic_cast<torch::nn::LinearImpl*>(&m) != nullptr ||
+      dynamic_cast<torch::nn::EmbeddingImpl*>(&m) != nullptr) {
+    throw std::invalid_argument(what + ": module '" + name +
+                                "' is a torch::nn::Linear/Embedding, whose forward cannot be "
+                                "hooked in C++; use models::Projection / models::TokenEmbedding "
+                                "or run your forward through models::call_with_hook");
+  }
+  auto own = m.named_parameters(/*recurse=*/false);  // handles: set_data reaches the module's
+  torch::Tensor* weight = own.find("weight");
+  if (weight == nullptr || weight->dim() != 2) {
+    throw std::invalid_argument(what + ": module '" + name + "' has no 2-D parameter 'weight'");
+  }
+  torch::Tensor* bias = own.find("bias");
+  const bool embedding = dynamic_cast<models::TokenEmbeddingImpl*>(&m) != nullptr;
+  if (entry.style == Style::kRowwise && bias != nullptr && !embedding) {
+    throw std::invalid_argument(what + ": module '" + name +
+                                "' has a bias, which a row-parallel projection would add once "
+                                "per rank");
+  }
+  if (entry.gather_output && entry.style != Style::kColwise) {
+    throw std::invalid_argument(what + ": gather_output is for colwise entries only");
+  }
+  const int64_t dim = entry.style == Style::kColwise || embedding ? 0 : 1;
+  const int64_t rows = weight->size(0);  // vocabulary / output features, before splitting
+  const dtensor::Span span = dtensor::chunk_span(weight->size(dim), layout.size, layout.rank);
+  layout.params[name + ".weight"] = {dim, weight->sizes().vec()};
+  keep_local_part(*weight, dim, layout.size, layout.rank);
+  if (bias != nullptr && entry.style == Style::kColwise) {
+    layout.params[name + ".bias"] = {0, bias->sizes().vec()};
+    keep_local_part(*bias, 0, layout.size, layout.rank);
+  }
+  if (group == nullptr) return;  // tensor 1: nothing to communicate
+  models::set_forward_hook(m, make_tp_hook(entry, embedding, span, rows, mesh, group));
+}
+
+}  // namespace
+
 TensorParallelLayout parallelize_module(torch::nn::Module& module,
                                         std::shared_ptr<dtensor::DeviceMesh> mesh, int axis,
                                         const Plan& plan) {
@@ -208,61 +282,8 @@ TensorParallelLayout parallelize_module(torch::nn::Module& module,
         throw std::invalid_argument(what + ": module '" + name + "' is also named by entry '" +
                                     it->second + "'");
       }
-      torch::nn::Module& m = *sub.value();
       if (entry.style == Style::kReplicate) continue;
-      if (dynamic_cast<torch::nn::LinearImpl*>(&m) != nullptr ||
-          dynamic_cast<torch::nn::EmbeddingImpl*>(&m) != nullptr) {
-        throw std::invalid_argument(what + ": module '" + name +
-                                    "' is a torch::nn::Linear/Embedding, whose forward cannot be "
-                                    "hooked in C++; use models::Projection / models::TokenEmbedding "
-                                    "or run your forward through models::call_with_hook");
-      }
-      auto own = m.named_parameters(/*recurse=*/false);  // handles: set_data reaches the module's
-      torch::Tensor* weight = own.find("weight");
-      if (weight == nullptr || weight->dim() != 2) {
-        throw std::invalid_argument(what + ": module '" + name + "' has no 2-D parameter 'weight'");
-      }
-      torch::Tensor* bias = own.find("bias");
-      const bool embedding = dynamic_cast<models::TokenEmbeddingImpl*>(&m) != nullptr;
-      if (entry.style == Style::kRowwise && bias != nullptr && !embedding) {
-        throw std::invalid_argument(what + ": module '" + name +
-                                    "' has a bias, which a row-parallel projection would add once "
-                                    "per rank");
-      }
-      if (entry.gather_output && entry.style != Style::kColwise) {
-        throw std::invalid_argument(what + ": gather_output is for colwise entries only");
-      }
-      const int64_t dim = entry.style == Style::kColwise || embedding ? 0 : 1;
-      const int64_t rows = weight->size(0);  // vocabulary / output features, before splitting
-      const dtensor::Span span = dtensor::chunk_span(weight->size(dim), layout.size, layout.rank);
-      layout.params[name + ".weight"] = {dim, weight->sizes().vec()};
-      keep_local_part(*weight, dim, layout.size, layout.rank);
-      if (bias != nullptr && entry.style == Style::kColwise) {
-        layout.params[name + ".bias"] = {0, bias->sizes().vec()};
-        keep_local_part(*bias, 0, layout.size, layout.rank);
-      }
-      if (group == nullptr) continue;  // tensor 1: nothing to communicate
-      models::ForwardHook hook;
-      if (entry.style == Style::kColwise) {
-        const bool gather = entry.gather_output;
-        // Each hook holds the mesh: its group lives as long as the hook.
-        hook = [mesh, group, gather, rows](const torch::Tensor& x, const models::ModuleFn& inner) {
-          torch::Tensor y = inner(CopyToTensorParallel::apply(x, group));
-          return gather ? GatherLastDim::apply(y, group, rows) : y;
-        };
-      } else if (embedding) {
-        const int64_t first = span.offset, count = span.size;
-        hook = [mesh, group, first, count](const torch::Tensor& ids, const models::ModuleFn& inner) {
-          torch::Tensor outside = (ids < first) | (ids >= first + count);
-          torch::Tensor rows_out = inner((ids - first).masked_fill(outside, 0));
-          return ReduceFromTensorParallel::apply(rows_out.masked_fill(outside.unsqueeze(-1), 0), group);
-        };
-      } else {
-        hook = [mesh, group](const torch::Tensor& x, const models::ModuleFn& inner) {
-          return ReduceFromTensorParallel::apply(inner(x), group);
-        };
-      }
-      models::set_forward_hook(m, std::move(hook));
+      split_module(*sub.value(), name, entry, what, mesh, group, layout);
     }
     if (!found) throw std::invalid_argument(what + " matches no submodule of the model");
   }

@@ -242,23 +242,95 @@ std::optional<std::string> saved_config(const std::string& step_dir) {
   return std::string(bytes.begin(), bytes.end());
 }
 
+// checkpoint.resume: never refuses a checkpoint.dir that holds committed
+// checkpoints of an earlier run.
+void refuse_earlier_checkpoints(checkpoint::Storage& storage, const std::string& dir) {
+  std::string found;
+  int count = 0;
+  for (const auto& e : checkpoint::list_checkpoints(storage, dir)) {
+    if (!e.committed) continue;
+    found += (count++ ? ", " : "") + checkpoint::step_dir_name(e.step);
+  }
+  if (count > 0)
+    fail("checkpoint.resume: never, but checkpoint.dir " + quoted(dir) +
+         " already holds committed checkpoints of an earlier run (" + found +
+         "); this run would overwrite and prune them and a later resume would mix the two. "
+         "Resume them (checkpoint.resume: auto), choose another run.dir, or delete them");
+}
+
+// checkpoint.resume: auto: the committed steps, newest first; with a local
+// tier, this node's committed local steps too (a local step before the
+// durable one of the same step), so that the config compared is the one
+// resume most likely loads.
+std::vector<std::string> auto_resume_candidates(const config::Config& cfg,
+                                                checkpoint::Storage& storage,
+                                                const std::string& dir) {
+  std::vector<std::pair<int64_t, std::string>> steps;
+  for (const auto& e : checkpoint::list_checkpoints(storage, dir)) {
+    if (e.committed) steps.emplace_back(2 * e.step, e.path);
+  }
+  if (!cfg.checkpoint.local.dir.empty()) {
+    const std::string pattern = config::local_tier_pattern(cfg);
+    int node = 0;
+    try {
+      node = dist::detect_launch_env(dist::process_env()).node;
+    } catch (const std::exception&) {
+      // The rank reports a malformed environment itself.
+    }
+    try {
+      for (const auto& e : checkpoint::list_checkpoints(storage, checkpoint::local_tier_dir(pattern, node))) {
+        if (e.committed) steps.emplace_back(2 * e.step + 1, e.path);
+      }
+    } catch (const std::exception&) {
+      // An unreadable local tier: resume reports it.
+    }
+  }
+  std::sort(steps.rbegin(), steps.rend());
+  std::vector<std::string> candidates;
+  for (const auto& [key, path] : steps) candidates.push_back(path);
+  return candidates;
+}
+
+// The checkpoint at `path`, saved with the config `yaml`, is what resume
+// loads: a run with other settings fails, unless only allowed keys changed
+// or checkpoint.allow_config_change (then a warning).
+void check_saved_config(const config::Config& cfg, const std::string& path,
+                        const std::string& yaml, PreflightReport& report) {
+  const auto& ck = cfg.checkpoint;
+  report.resume_from = path;
+  if (yaml.empty()) return;  // imported (ckpt import-dcp): no config to compare
+  const std::vector<std::string> changes =
+      resume_conflicts(yaml, path + " (its saved config)", cfg, ck.model_only);
+  if (changes.empty()) {
+    // Allowed changes are still worth a line: a resumed run with another
+    // train.steps follows another LR schedule.
+    const std::vector<std::string> allowed = resume_changes(yaml, path, cfg);
+    if (!allowed.empty()) {
+      std::string list;
+      for (size_t i = 0; i < allowed.size(); ++i) list += (i ? ", " : "") + allowed[i];
+      report.warnings.push_back("resuming " + path + " with changed settings: " + list);
+    }
+    return;
+  }
+  std::string list;
+  for (size_t i = 0; i < changes.size(); ++i) list += (i ? ", " : "") + changes[i];
+  if (ck.allow_config_change) {
+    report.warnings.push_back("resuming " + path + " although it was saved with other settings: " +
+                              list + " (checkpoint.allow_config_change)");
+    return;
+  }
+  fail("checkpoint.resume: " + path + " was saved by a run with other settings: " + list +
+       ". Resuming it would mix two runs: use another run.dir for a new run, set these keys "
+       "back, or set checkpoint.allow_config_change: true to resume anyway");
+}
+
 void check_resume(const config::Config& cfg, PreflightReport& report) {
   const auto& ck = cfg.checkpoint;
   const std::string dir = checkpoint_dir_of(cfg);
   checkpoint::Storage& storage = *checkpoint::posix_storage();
   std::vector<std::string> candidates;
   if (ck.resume == "never") {
-    std::string found;
-    int count = 0;
-    for (const auto& e : checkpoint::list_checkpoints(storage, dir)) {
-      if (!e.committed) continue;
-      found += (count++ ? ", " : "") + checkpoint::step_dir_name(e.step);
-    }
-    if (count > 0)
-      fail("checkpoint.resume: never, but checkpoint.dir " + quoted(dir) +
-           " already holds committed checkpoints of an earlier run (" + found +
-           "); this run would overwrite and prune them and a later resume would mix the two. "
-           "Resume them (checkpoint.resume: auto), choose another run.dir, or delete them");
+    refuse_earlier_checkpoints(storage, dir);
     return;
   }
   const ResumeSource source = resume_source(cfg);
@@ -272,31 +344,7 @@ void check_resume(const config::Config& cfg, PreflightReport& report) {
     return;
   }
   if (ck.resume == "auto" || source == ResumeSource::kAutoAfterDcp) {
-    // Newest first; with a local tier, this node's committed local steps too
-    // (a local step before the durable one of the same step), so that the
-    // config compared is the one resume most likely loads.
-    std::vector<std::pair<int64_t, std::string>> steps;
-    for (const auto& e : checkpoint::list_checkpoints(storage, dir)) {
-      if (e.committed) steps.emplace_back(2 * e.step, e.path);
-    }
-    if (!ck.local.dir.empty()) {
-      const std::string pattern = config::local_tier_pattern(cfg);
-      int node = 0;
-      try {
-        node = dist::detect_launch_env(dist::process_env()).node;
-      } catch (const std::exception&) {
-        // The rank reports a malformed environment itself.
-      }
-      try {
-        for (const auto& e : checkpoint::list_checkpoints(storage, checkpoint::local_tier_dir(pattern, node))) {
-          if (e.committed) steps.emplace_back(2 * e.step + 1, e.path);
-        }
-      } catch (const std::exception&) {
-        // An unreadable local tier: resume reports it.
-      }
-    }
-    std::sort(steps.rbegin(), steps.rend());
-    for (const auto& [key, path] : steps) candidates.push_back(path);
+    candidates = auto_resume_candidates(cfg, storage, dir);
   } else {
     try {
       candidates.push_back(*checkpoint::resolve_resume(storage, ck.resume, dir));
@@ -311,31 +359,8 @@ void check_resume(const config::Config& cfg, PreflightReport& report) {
       if (ck.resume == "auto" && ck.resume_fallback) continue;  // resume sets it aside
       return;  // resume fails naming the damage
     }
-    report.resume_from = path;
-    if (yaml->empty()) return;  // imported (ckpt import-dcp): no config to compare
-    const std::vector<std::string> changes =
-        resume_conflicts(*yaml, path + " (its saved config)", cfg, ck.model_only);
-    if (changes.empty()) {
-      // Allowed changes are still worth a line: a resumed run with another
-      // train.steps follows another LR schedule.
-      const std::vector<std::string> allowed = resume_changes(*yaml, path, cfg);
-      if (!allowed.empty()) {
-        std::string list;
-        for (size_t i = 0; i < allowed.size(); ++i) list += (i ? ", " : "") + allowed[i];
-        report.warnings.push_back("resuming " + path + " with changed settings: " + list);
-      }
-      return;
-    }
-    std::string list;
-    for (size_t i = 0; i < changes.size(); ++i) list += (i ? ", " : "") + changes[i];
-    if (ck.allow_config_change) {
-      report.warnings.push_back("resuming " + path + " although it was saved with other settings: " +
-                                list + " (checkpoint.allow_config_change)");
-      return;
-    }
-    fail("checkpoint.resume: " + path + " was saved by a run with other settings: " + list +
-         ". Resuming it would mix two runs: use another run.dir for a new run, set these keys "
-         "back, or set checkpoint.allow_config_change: true to resume anyway");
+    check_saved_config(cfg, path, *yaml, report);
+    return;
   }
 }
 

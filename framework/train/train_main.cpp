@@ -117,12 +117,17 @@ int run_preflight(const framework::config::Config& cfg, int world, int local_ran
 
 // train --dry-run: the model's size and the memory estimate per rank for
 // the job's world, from the config alone (nothing is allocated, no rank
-// starts). The world: --nproc, else the launcher's WORLD_SIZE, else 1.
+// starts). The world: --nproc, else the launcher's (WORLD_SIZE, as a rank
+// reads it: dist/launch_env.h), else 1.
 int dry_run(const framework::config::Config& cfg, int nproc) {
   int world = nproc;
   if (world <= 0) {
-    const char* env = std::getenv("WORLD_SIZE");
-    world = env != nullptr && std::atoi(env) > 0 ? std::atoi(env) : 1;
+    try {
+      world = framework::dist::detect_launch_env(framework::dist::process_env()).world_size;
+    } catch (const std::invalid_argument& e) {
+      std::cerr << "train: " << e.what() << std::endl;
+      return 2;
+    }
   }
   std::vector<int64_t> mesh;
   try {
@@ -154,9 +159,11 @@ int dry_run(const framework::config::Config& cfg, int nproc) {
   return 0;
 }
 
-int run_rank(const Args& args, const framework::config::Config& cfg, const TrainerHooks& hooks) {
+// This rank's place in the job (env), its device, and whether the config's
+// parallel layout fits the world. Returns 0, or 2 (a user mistake, printed).
+int place_rank(const Args& args, const framework::config::Config& cfg,
+               framework::dist::LaunchEnv& env) {
   namespace dist = framework::dist;
-  dist::LaunchEnv env;
   try {
     env = dist::detect_launch_env(dist::process_env(), cfg.dist.master_addr, cfg.dist.master_port);
   } catch (const std::invalid_argument& e) {
@@ -176,34 +183,23 @@ int run_rank(const Args& args, const framework::config::Config& cfg, const Train
     std::cerr << "train: " << args.config_path << ": " << e.what() << std::endl;
     return 2;
   }
-  // Like torchrun's OMP_NUM_THREADS: ranks on one machine share its cores.
-  // Sizes OpenBLAS's pool too: it would otherwise take every core per rank.
-  dist::share_cpu_threads_among_local_ranks(env);
-  std::signal(SIGTERM, on_stop_signal);
-  std::signal(SIGINT, on_stop_signal);
-  // Ranks the local launcher started run under its lock; otherwise rank 0
-  // takes it (torchrun, SLURM, a single process).
-  const bool launched = std::getenv("SHARDKIT_LAUNCHED") != nullptr;
-  // A rank's output goes through its launcher. If the launcher dies (SIGKILL),
-  // the rank gets SIGTERM to save and exit, and must not die of SIGPIPE at
-  // its next log line: output to a dead launcher is dropped instead.
-  if (launched) {
-    std::signal(SIGPIPE, SIG_IGN);
-    std::signal(SIGHUP, on_launcher_gone);
+  return 0;
+}
+
+// A rank no local launcher started (torchrun, SLURM, a single process)
+// does the launcher's checks itself: the directories, the job's locks
+// (rank 0; each node's first rank its local tier) into `locks`, and the
+// preflight. Returns 0, or the exit status (2: a user mistake).
+int check_and_lock_unlaunched(const framework::config::Config& cfg,
+                              const framework::dist::LaunchEnv& env, bool speak,
+                              std::vector<std::unique_ptr<RunDirLock>>& locks) {
+  try {
+    check_directories(cfg);
+  } catch (const PreflightError& e) {
+    if (speak) std::cerr << "train: " << e.what() << std::endl;
+    return 2;
   }
-  // One message per machine: rank 0 and each machine's first rank speak.
-  const bool speak = env.rank == 0 || env.local_rank == 0;
-  std::vector<std::unique_ptr<RunDirLock>> locks;
-  if (!launched) {
-    // The local launcher checked already, for all of its ranks.
-    try {
-      check_directories(cfg);
-    } catch (const PreflightError& e) {
-      if (speak) std::cerr << "train: " << e.what() << std::endl;
-      return 2;
-    }
-  }
-  if (!launched && (env.rank == 0 || env.local_rank == 0)) {
+  if (env.rank == 0 || env.local_rank == 0) {
     try {
       if (env.rank == 0) locks = lock_job_dirs(cfg.run.dir, cfg.checkpoint.dir);
       // Each node's first rank holds its node's local tier directory.
@@ -222,12 +218,38 @@ int run_rank(const Args& args, const framework::config::Config& cfg, const Train
       return 1;
     }
   }
+  const int status = run_preflight(cfg, env.world_size, env.local_world_size, speak);
+  if (status != 0) {
+    for (auto& lock : locks) lock->remove_if_unused();
+  }
+  return status;
+}
+
+int run_rank(const Args& args, const framework::config::Config& cfg, const TrainerHooks& hooks) {
+  namespace dist = framework::dist;
+  dist::LaunchEnv env;
+  if (const int status = place_rank(args, cfg, env); status != 0) return status;
+  // Like torchrun's OMP_NUM_THREADS: ranks on one machine share its cores.
+  // Sizes OpenBLAS's pool too: it would otherwise take every core per rank.
+  dist::share_cpu_threads_among_local_ranks(env);
+  std::signal(SIGTERM, on_stop_signal);
+  std::signal(SIGINT, on_stop_signal);
+  // Ranks the local launcher started run under its lock; otherwise rank 0
+  // takes it (torchrun, SLURM, a single process).
+  const bool launched = dist::started_by_local_launcher();
+  // A rank's output goes through its launcher. If the launcher dies (SIGKILL),
+  // the rank gets SIGTERM to save and exit, and must not die of SIGPIPE at
+  // its next log line: output to a dead launcher is dropped instead.
+  if (launched) {
+    std::signal(SIGPIPE, SIG_IGN);
+    std::signal(SIGHUP, on_launcher_gone);
+  }
+  // One message per machine: rank 0 and each machine's first rank speak.
+  const bool speak = env.rank == 0 || env.local_rank == 0;
+  std::vector<std::unique_ptr<RunDirLock>> locks;
+  // The local launcher checked already, for all of its ranks.
   if (!launched) {
-    const int status = run_preflight(cfg, env.world_size, env.local_world_size, speak);
-    if (status != 0) {
-      for (auto& lock : locks) lock->remove_if_unused();
-      return status;
-    }
+    if (const int status = check_and_lock_unlaunched(cfg, env, speak, locks); status != 0) return status;
   }
   try {
     auto runtime = dist::init_runtime(env, cfg.dist, cfg.train.device);
@@ -240,10 +262,10 @@ int run_rank(const Args& args, const framework::config::Config& cfg, const Train
   }
 }
 
-}  // namespace
-
-int train_main(int argc, char** argv, const TrainerHooks& hooks) {
-  Args args;
+// Parses the command line into `args`. Returns -1 to go on, else the exit
+// status: 0 after --help, --version or --config-reference, 2 for a usage
+// error.
+int parse_command_line(int argc, char** argv, Args& args) {
   CLI::App app{"shardkit trainer: FSDP/DDP/HSDP training with distributed checkpoints"};
   auto* config_opt = app.add_option("--config", args.config_path, "YAML run configuration");
   app.add_flag("--config-reference", args.config_reference,
@@ -275,10 +297,83 @@ int train_main(int argc, char** argv, const TrainerHooks& hooks) {
     int rc = app.exit(e);
     return rc == 0 ? 0 : 2;
   }
+  return -1;
+}
+
+// train --nproc: the local launcher. Checks the config against the job's
+// ranks, holds the job's locks (run and checkpoint directories, every
+// simulated node's local tier) for the whole job, runs the preflight once,
+// then starts the ranks and returns their status.
+int launch_local_ranks(int argc, char** argv, const Args& args, const LaunchShape& shape,
+                       const framework::config::Config& cfg) {
+  framework::dist::LocalLaunchOptions launch;
+  launch.nproc = shape.nproc;
+  launch.nodes = shape.nodes;
+  launch.argv = framework::dist::argv_without_nproc(argc, argv);
+  launch.store_server = framework::dist::host_tcp_store;
+  try {
+    framework::fsdp::mesh_shape_for(cfg.parallel, shape.nproc);
+  } catch (const std::invalid_argument& e) {
+    std::cerr << "train: " << args.config_path << ": " << e.what() << std::endl;
+    return 2;
+  }
+  try {
+    check_directories(cfg);
+  } catch (const PreflightError& e) {
+    std::cerr << "train: " << e.what() << std::endl;
+    return 2;
+  }
+  try {
+    // One job per run directory, held by the launcher for the whole job.
+    std::vector<std::unique_ptr<RunDirLock>> locks = lock_job_dirs(cfg.run.dir, cfg.checkpoint.dir);
+    // Every simulated node's local tier directory, for the whole job.
+    std::vector<int> nodes(static_cast<size_t>(shape.nodes));
+    for (int n = 0; n < shape.nodes; ++n) nodes[static_cast<size_t>(n)] = n;
+    try {
+      for (auto& lock : lock_local_tier_dirs(framework::config::local_tier_pattern(cfg), nodes)) locks.push_back(std::move(lock));
+    } catch (...) {
+      for (const auto& lock : locks) lock->remove_if_unused();
+      throw;
+    }
+    // The ranks hold the locks too: they outlive a launcher killed with
+    // SIGKILL (whose ranks get SIGTERM, save and exit) until the last rank.
+    for (const auto& lock : locks) lock->share_with_children();
+    // Checked once for the whole job, before any rank starts.
+    // Every simulated node runs on this machine: all ranks share it.
+    const int checked = run_preflight(cfg, shape.nproc, shape.nproc, true);
+    if (checked != 0) {
+      for (const auto& lock : locks) lock->remove_if_unused();
+      return checked;
+    }
+    // The token ids preflight read: the ranks need not read them again
+    // (skipped where the list outgrows what one variable may hold).
+    const std::string verified = framework::data::checked_token_files();
+    if (!verified.empty() && verified.size() < (size_t{96} << 10)) {
+      ::setenv(framework::data::kCheckedTokensEnv, verified.c_str(), 1);
+    }
+    const int status = framework::dist::run_local_launcher(launch);
+    if (status == 2) {  // a rank refused the config
+      for (const auto& lock : locks) lock->remove_if_unused();
+    }
+    return status;
+  } catch (const RunDirBusy& e) {
+    std::cerr << "train: " << e.what() << std::endl;
+    return 2;
+  } catch (const std::exception& e) {
+    std::cerr << "train: " << e.what() << std::endl;
+    return 1;
+  }
+}
+
+}  // namespace
+
+int train_main(int argc, char** argv, const TrainerHooks& hooks) {
+  Args args;
+  if (const int status = parse_command_line(argc, argv, args); status >= 0) return status;
 
   // Inside a launched rank the launch flags are spent (and stripped).
   LaunchShape shape;
-  if (std::getenv("SHARDKIT_LAUNCHED") == nullptr) {
+  if (!framework::dist::started_by_local_launcher()) {
     try {
       shape = resolve_launch_shape(args);
     } catch (const std::invalid_argument& e) {
@@ -299,65 +394,7 @@ int train_main(int argc, char** argv, const TrainerHooks& hooks) {
     return 0;
   }
   if (args.dry_run) return dry_run(cfg, shape.nproc);
-  if (shape.nproc > 0) {
-    framework::dist::LocalLaunchOptions launch;
-    launch.nproc = shape.nproc;
-    launch.nodes = shape.nodes;
-    launch.argv = framework::dist::argv_without_nproc(argc, argv);
-    launch.store_server = framework::dist::host_tcp_store;
-    try {
-      framework::fsdp::mesh_shape_for(cfg.parallel, shape.nproc);
-    } catch (const std::invalid_argument& e) {
-      std::cerr << "train: " << args.config_path << ": " << e.what() << std::endl;
-      return 2;
-    }
-    try {
-      check_directories(cfg);
-    } catch (const PreflightError& e) {
-      std::cerr << "train: " << e.what() << std::endl;
-      return 2;
-    }
-    try {
-      // One job per run directory, held by the launcher for the whole job.
-      std::vector<std::unique_ptr<RunDirLock>> locks = lock_job_dirs(cfg.run.dir, cfg.checkpoint.dir);
-      // Every simulated node's local tier directory, for the whole job.
-      std::vector<int> nodes(static_cast<size_t>(shape.nodes));
-      for (int n = 0; n < shape.nodes; ++n) nodes[static_cast<size_t>(n)] = n;
-      try {
-        for (auto& lock : lock_local_tier_dirs(framework::config::local_tier_pattern(cfg), nodes)) locks.push_back(std::move(lock));
-      } catch (...) {
-        for (const auto& lock : locks) lock->remove_if_unused();
-        throw;
-      }
-      // The ranks hold the locks too: they outlive a launcher killed with
-      // SIGKILL (whose ranks get SIGTERM, save and exit) until the last rank.
-      for (const auto& lock : locks) lock->share_with_children();
-      // Checked once for the whole job, before any rank starts.
-      // Every simulated node runs on this machine: all ranks share it.
-      const int checked = run_preflight(cfg, shape.nproc, shape.nproc, true);
-      if (checked != 0) {
-        for (const auto& lock : locks) lock->remove_if_unused();
-        return checked;
-      }
-      // The token ids preflight read: the ranks need not read them again
-      // (skipped where the list outgrows what one variable may hold).
-      const std::string verified = framework::data::checked_token_files();
-      if (!verified.empty() && verified.size() < (size_t{96} << 10)) {
-        ::setenv(framework::data::kCheckedTokensEnv, verified.c_str(), 1);
-      }
-      const int status = framework::dist::run_local_launcher(launch);
-      if (status == 2) {  // a rank refused the config
-        for (const auto& lock : locks) lock->remove_if_unused();
-      }
-      return status;
-    } catch (const RunDirBusy& e) {
-      std::cerr << "train: " << e.what() << std::endl;
-      return 2;
-    } catch (const std::exception& e) {
-      std::cerr << "train: " << e.what() << std::endl;
-      return 1;
-    }
-  }
+  if (shape.nproc > 0) return launch_local_ranks(argc, argv, args, shape, cfg);
   return run_rank(args, cfg, hooks);
 }
 

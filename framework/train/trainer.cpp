@@ -9,6 +9,7 @@
 #include "checkpoint/timing.h"
 #include "framework/data/dataset.h"
 #include "dist/device.h"
+#include "dist/launch_env.h"
 #include "framework/data/sampler.h"
 #include "framework/data/loader.h"
 #include "framework/dtensor/chunk.h"
@@ -109,10 +110,20 @@ struct Trainer::State {
   std::string resume_reason;
   std::vector<std::string> resume_notes;
 
+  void build_mesh();
+  void check_batch_split();
   void build_builtin_model();
   void apply_tensor_parallel();
   void shard_model();
   void load_initial_weights();
+  void make_loader_and_layout();
+  // What the constructor resumed from (from: nothing, a fresh start).
+  struct Resumed {
+    std::optional<std::string> from;
+    checkpoint::LoadStats stats;
+    std::vector<checkpoint::SkippedCheckpoint> skipped;
+  };
+  Resumed resume_or_initialise();
   void open_metrics();
   void log_skipped_checkpoints(const std::vector<checkpoint::SkippedCheckpoint>& skipped);
   void print_banner(const std::optional<std::string>& resume_from,
@@ -474,7 +485,7 @@ void Trainer::State::print_banner(const std::optional<std::string>& resume_from,
                                   const checkpoint::LoadStats& resumed) {
   const auto& st = fsdp->memory_stats();
   std::cout << "shardkit: world " << rt.env.world_size << " ("
-            << (std::getenv("SHARDKIT_LAUNCHED") ? std::string("train --nproc")
+            << (dist::started_by_local_launcher() ? std::string("train --nproc")
                                                 : dist::to_string(rt.env.source))
             << (rt.env.agent_store ? ", the agent's store" : "")
             << (rt.env.restart_count > 0 ? ", restart " + std::to_string(rt.env.restart_count) : std::string())
@@ -519,6 +530,89 @@ std::atomic<int>& Trainer::stop_signal() {
   return signal;
 }
 
+// The device mesh ({replicate, shard}, or {replicate, shard, tensor} with
+// parallel.tensor > 1) and this rank's place in it.
+void Trainer::State::build_mesh() {
+  const int world = rt.env.world_size;
+  const int rank = rt.env.rank;
+  mesh_shape = fsdp::mesh_shape_for(cfg.parallel, world);
+  if (mesh_shape.size() == 3) {
+    mesh = dtensor::DeviceMesh::create(*rt.rendezvous, mesh_shape, {"replicate", "shard", "tensor"});
+    tp_size = mesh_shape[2];
+    tp_rank = mesh->coordinate(2);
+  } else {
+    mesh = dtensor::DeviceMesh::create(*rt.rendezvous, mesh_shape, {"replicate", "shard"});
+  }
+  // The tensor axis is innermost: rank = data-parallel rank x tensor + tp_rank.
+  dp_size = world / tp_size;
+  dp_rank = rank / tp_size;
+}
+
+// The global batch over the data-parallel ranks, in micro-batches.
+void Trainer::State::check_batch_split() {
+  const int64_t micro = cfg.train.micro_batch_size;
+  const int64_t dp = dp_size;
+  if (cfg.train.global_batch_size % dp != 0 ||
+      (micro > 0 && cfg.train.global_batch_size % (micro * dp) != 0)) {
+    throw std::invalid_argument(
+        "train.global_batch_size (" + std::to_string(cfg.train.global_batch_size) +
+        ") must be divisible by train.micro_batch_size (" + std::to_string(micro) +
+        ") x data-parallel ranks (" + std::to_string(dp) + ")");
+  }
+  if (micro > 0) micro_batches = cfg.train.global_batch_size / dp / micro;
+}
+
+// This data-parallel rank's loader over the dataset, and the layout's name.
+void Trainer::State::make_loader_and_layout() {
+  dataset = user.dataset;
+  loader = std::make_unique<data::DataLoader>(dataset, cfg.train.global_batch_size,
+                                              static_cast<uint64_t>(cfg.run.seed),
+                                              static_cast<int>(dp_rank), static_cast<int>(dp_size));
+  std::ostringstream text;
+  text << fsdp::layout_name(mesh_shape) << " replicate=" << mesh_shape[0]
+       << " shard=" << mesh_shape[1];
+  if (tp_size > 1) text << " tensor=" << tp_size;
+  layout = text.str();
+}
+
+// Resumes from a PyTorch DCP directory or this run's newest checkpoint;
+// else, with model.init_from, loads the initial weights.
+Trainer::State::Resumed Trainer::State::resume_or_initialise() {
+  Resumed out;
+  if (resume_source == ResumeSource::kDcp) {
+    const std::string resume = cfg.checkpoint.resume;
+    // A PyTorch DCP checkpoint (torchtitan, FSDP2): model and AdamW state,
+    // resharded to this world; the data position follows its step.
+    const checkpoint::DcpLoadStats st = load_dcp(resume);
+    out.from = resume + " (PyTorch DCP)";
+    out.stats.step = step;
+    if (is_logger && !st.missing.empty()) {
+      std::cerr << "shardkit: warning: " << resume << " has no " << checkpoint::join_names(st.missing)
+                << "; those start fresh" << std::endl;
+    }
+  } else {
+    checkpoint::StateDict sd = make_state_dict();
+    for (const char* optional : {"data.loader", "rng.cpu"}) sd.find_bytes(optional)->data.clear();
+    if (std::optional<checkpoint::ResumeResult> r = ckpt->resume(sd)) {
+      apply_loaded(sd, cfg.checkpoint.model_only);
+      out.from = r->path;
+      out.stats = r->stats;
+      out.skipped = std::move(r->skipped);
+      if (ckpt->tiered()) {
+        resume_tier = r->tier;
+        resume_reason = r->reason;
+        resume_notes = r->notes;
+      }
+    }
+  }
+  if (!out.from && !cfg.model.init_from.empty()) {
+    // Full, unsharded weights from elsewhere: each rank reads only the byte
+    // ranges of its own shards. Ignored when resuming (the checkpoint wins).
+    load_initial_weights();
+  }
+  return out;
+}
+
 Trainer::Trainer(const config::Config& config, dist::Runtime& runtime, TrainerHooks hooks)
     : Trainer(config, runtime, UserModel{}, std::move(hooks)) {}
 
@@ -536,45 +630,13 @@ Trainer::Trainer(const config::Config& config, dist::Runtime& runtime, UserModel
   }
   s.save_mode = checkpoint::parse_save_mode(s.cfg.checkpoint.mode);
   s.when_busy = checkpoint::parse_when_busy(s.cfg.checkpoint.when_busy);
-  const int world = runtime.env.world_size;
-  const int rank = runtime.env.rank;
-  s.is_logger = rank == 0;
-  s.mesh_shape = fsdp::mesh_shape_for(s.cfg.parallel, world);
-  if (s.mesh_shape.size() == 3) {
-    s.mesh = dtensor::DeviceMesh::create(*runtime.rendezvous, s.mesh_shape,
-                                         {"replicate", "shard", "tensor"});
-    s.tp_size = s.mesh_shape[2];
-    s.tp_rank = s.mesh->coordinate(2);
-  } else {
-    s.mesh = dtensor::DeviceMesh::create(*runtime.rendezvous, s.mesh_shape, {"replicate", "shard"});
-  }
-  // The tensor axis is innermost: rank = data-parallel rank x tensor + tp_rank.
-  s.dp_size = world / s.tp_size;
-  s.dp_rank = rank / s.tp_size;
-
-  const int64_t micro = s.cfg.train.micro_batch_size;
-  const int64_t dp = s.dp_size;
-  if (s.cfg.train.global_batch_size % dp != 0 ||
-      (micro > 0 && s.cfg.train.global_batch_size % (micro * dp) != 0)) {
-    throw std::invalid_argument(
-        "train.global_batch_size (" + std::to_string(s.cfg.train.global_batch_size) +
-        ") must be divisible by train.micro_batch_size (" + std::to_string(micro) +
-        ") x data-parallel ranks (" + std::to_string(dp) + ")");
-  }
-  if (micro > 0) s.micro_batches = s.cfg.train.global_batch_size / dp / micro;
+  s.is_logger = runtime.env.rank == 0;
+  s.build_mesh();
+  s.check_batch_split();
   if (s.builtin_model) s.build_builtin_model();
   s.apply_tensor_parallel();
   s.shard_model();
-  s.dataset = s.user.dataset;
-  s.loader = std::make_unique<data::DataLoader>(s.dataset, s.cfg.train.global_batch_size,
-                                                static_cast<uint64_t>(s.cfg.run.seed),
-                                                static_cast<int>(s.dp_rank), static_cast<int>(dp));
-
-  std::ostringstream layout;
-  layout << fsdp::layout_name(s.mesh_shape) << " replicate=" << s.mesh_shape[0]
-         << " shard=" << s.mesh_shape[1];
-  if (s.tp_size > 1) layout << " tensor=" << s.tp_size;
-  s.layout = layout.str();
+  s.make_loader_and_layout();
   s.resume_source = resume_source(s.cfg);
   if (s.resume_source == ResumeSource::kAutoAfterDcp) {
     // The DCP directory was the run's initial load; it has its own now.
@@ -602,46 +664,13 @@ Trainer::Trainer(const config::Config& config, dist::Runtime& runtime, UserModel
     // save while the training loop waits.
     s.ckpt->reserve_staging(s.make_state_dict());
   }
-  std::optional<std::string> resume_from;
-  checkpoint::LoadStats resumed;
-  std::vector<checkpoint::SkippedCheckpoint> skipped;
-  if (s.resume_source == ResumeSource::kDcp) {
-    const std::string resume = s.cfg.checkpoint.resume;
-    // A PyTorch DCP checkpoint (torchtitan, FSDP2): model and AdamW state,
-    // resharded to this world; the data position follows its step.
-    const checkpoint::DcpLoadStats st = s.load_dcp(resume);
-    resume_from = resume + " (PyTorch DCP)";
-    resumed.step = s.step;
-    if (s.is_logger && !st.missing.empty()) {
-      std::cerr << "shardkit: warning: " << resume << " has no " << checkpoint::join_names(st.missing)
-                << "; those start fresh" << std::endl;
-    }
-  } else {
-    checkpoint::StateDict sd = s.make_state_dict();
-    for (const char* optional : {"data.loader", "rng.cpu"}) sd.find_bytes(optional)->data.clear();
-    if (std::optional<checkpoint::ResumeResult> r = s.ckpt->resume(sd)) {
-      s.apply_loaded(sd, s.cfg.checkpoint.model_only);
-      resume_from = r->path;
-      resumed = r->stats;
-      skipped = std::move(r->skipped);
-      if (s.ckpt->tiered()) {
-        s.resume_tier = r->tier;
-        s.resume_reason = r->reason;
-        s.resume_notes = r->notes;
-      }
-    }
-  }
-  if (!resume_from && !s.cfg.model.init_from.empty()) {
-    // Full, unsharded weights from elsewhere: each rank reads only the byte
-    // ranges of its own shards. Ignored when resuming (the checkpoint wins).
-    s.load_initial_weights();
-  }
+  const State::Resumed resumed = s.resume_or_initialise();
 
   if (s.is_logger) {
     s.open_metrics();
-    s.write_start_record(resume_from, resumed);
-    s.log_skipped_checkpoints(skipped);
-    s.print_banner(resume_from, resumed);
+    s.write_start_record(resumed.from, resumed.stats);
+    s.log_skipped_checkpoints(resumed.skipped);
+    s.print_banner(resumed.from, resumed.stats);
   }
 }
 

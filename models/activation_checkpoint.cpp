@@ -1,4 +1,4 @@
-#include "framework/fsdp/activation_checkpoint.h"
+#include "models/activation_checkpoint.h"
 
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/functions/utils.h>
@@ -6,7 +6,7 @@
 #include <mutex>
 #include <stdexcept>
 
-namespace framework::fsdp {
+namespace models {
 namespace {
 
 torch::Tensor cpu_rng_state() {
@@ -89,4 +89,4 @@ torch::Tensor checkpoint_activations(BlockFn fn, const torch::Tensor& input) {
   return out;
 }
 
-}  // namespace framework::fsdp
+}  // namespace models

@@ -1,5 +1,8 @@
 #pragma once
-// Options of the run and the step loop (config sections `run` and `train`).
+// Options of the run and the step loop (config sections `run` and `train`),
+// owned by framework/train (namespace framework::train) but kept here: the
+// Config holds them, and framework/config builds on nothing of train/
+// (was framework/train/options.h).
 #include "framework/fsdp/options.h"
 
 #include <cstdint>

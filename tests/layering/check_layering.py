@@ -1,0 +1,277 @@
+#!/usr/bin/env python3
+"""The layering test: no folder of the product code includes one above it.
+
+  check_layering.py [--root DIR] [--layers FILE] [--graph] [--self-test]
+
+Reads the layers from tests/layering/layers.txt (the one place they are
+written down), scans every #include "..." line of the product code (dist,
+models, checkpoint, framework, tools, train.cpp, bench) and prints, for each
+include that goes up or sideways, or into a folder the table does not name,
+FILE:LINE and the two folders. Exits 1 when it found any, else 0.
+
+--graph prints the folder-level graph the code has (what each folder
+includes), in the table's order; docs/architecture.md draws the same graph.
+--self-test first checks the checker on a scratch tree with one of each
+problem (and a clean one). Registered as the CTest test
+layering.NoFolderIncludesOneAboveIt (tests/layering/CMakeLists.txt).
+"""
+import argparse
+import os
+import re
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+INCLUDE = re.compile(r'^\s*#\s*include\s*"([^"]+)"')
+SOURCES = ('.h', '.hpp', '.cpp', '.cc')
+
+
+class Layers:
+    """The table: top-level rules and, per folder, its parts bottom first."""
+
+    def __init__(self, path):
+        self.top = {}     # top-level name -> names it may include
+        self.order = []   # top-level names, as listed
+        self.parts = {}   # folder -> [[part, ...] per level], bottom first
+        section = None
+        with open(path) as f:
+            for number, raw in enumerate(f, 1):
+                line = raw.split('#', 1)[0].strip()
+                if not line:
+                    continue
+                if line.startswith('['):
+                    section = line.strip('[]')
+                    if section != 'top':
+                        self.parts[section] = []
+                    continue
+                if section == 'top':
+                    name, _, uses = line.partition(':')
+                    self.top[name.strip()] = set(uses.split())
+                    self.order.append(name.strip())
+                elif section is not None:
+                    self.parts[section].append(line.split())
+                else:
+                    sys.exit('%s:%d: a line before any [section]' % (path, number))
+
+    def level(self, folder, part):
+        for i, names in enumerate(self.parts[folder]):
+            if part in names:
+                return i
+        return None
+
+
+class Unit:
+    """Where a file sits: its top-level folder and, for a folder with parts,
+    its part ("storage", "errors.h", "*") and that part's level."""
+
+    def __init__(self, top, part=None, level=None):
+        self.top, self.part, self.level = top, part, level
+
+    def label(self):
+        return self.top if self.part is None else self.top + '/' + self.part
+
+    def same(self, other):
+        return self.top == other.top and self.part == other.part
+
+
+def unit_of(layers, path):
+    """The Unit of `path` (relative to the root), or a string saying why the
+    table has no place for it."""
+    parts = path.split('/')
+    top = parts[0]
+    if top not in layers.top:
+        return None  # not product code (tests, examples, ...): not checked
+    if top not in layers.parts or len(parts) == 1:
+        return Unit(top)
+    table = layers.parts[top]
+    if len(parts) == 2:  # a file at the folder's root: by its stem
+        stem = os.path.splitext(parts[1])[0]
+        for names in table:
+            for name in names:
+                if '.' in name and os.path.splitext(name)[0] == stem:
+                    return Unit(top, name, layers.level(top, name))
+        level = layers.level(top, '(root)')
+        if level is None:
+            return '%s/%s is a root file of %s/ that %s does not name' % (
+                top, parts[1], top, 'layers.txt')
+        return Unit(top, '(root)', level)
+    level = layers.level(top, parts[1])
+    if level is None:
+        return '%s/%s/ is a folder that layers.txt does not name' % (top, parts[1])
+    return Unit(top, parts[1], level)
+
+
+def source_files(root, layers):
+    for top in layers.order:
+        path = os.path.join(root, top)
+        if os.path.isfile(path):
+            yield top
+            continue
+        for directory, dirs, files in os.walk(path):
+            dirs.sort()
+            for name in sorted(files):
+                if name.endswith(SOURCES):
+                    yield os.path.relpath(os.path.join(directory, name), root)
+
+
+def includes(root, path):
+    """(line number, included path relative to the root) of each #include
+    "..." of `path` that names a file of the tree (from the root, or next to
+    the file); includes of anything else (third-party, generated) are not
+    the table's business."""
+    with open(os.path.join(root, path), errors='replace') as f:
+        for number, line in enumerate(f, 1):
+            m = INCLUDE.match(line)
+            if not m:
+                continue
+            target = m.group(1)
+            if os.path.isfile(os.path.join(root, target)):
+                yield number, os.path.normpath(target)
+            else:
+                beside = os.path.join(os.path.dirname(path), target)
+                if os.path.isfile(os.path.join(root, beside)):
+                    yield number, os.path.normpath(beside)
+
+
+def verdict(layers, a, b):
+    """None when unit `a` may include unit `b`; else what is wrong."""
+    if a.top != b.top:
+        return None if b.top in layers.top[a.top] else 'which is not below it'
+    if a.part is None or a.same(b):
+        return None
+    if b.level < a.level:
+        return None
+    return 'a layer above it' if b.level > a.level else 'a sibling on its layer'
+
+
+def scan(root, layers):
+    """(problems, edges): problems as printable lines; edges as
+    {(from label, to label): allowed}."""
+    problems, edges, unplaced = [], {}, set()
+    for path in source_files(root, layers):
+        a = unit_of(layers, path)
+        if isinstance(a, str):
+            if a not in unplaced:
+                unplaced.add(a)
+                problems.append('%s: %s (add it to tests/layering/layers.txt)' % (path, a))
+            continue
+        for number, target in includes(root, path):
+            b = unit_of(layers, target)
+            if b is None or isinstance(b, str):
+                continue  # not product code, or reported as unplaced above
+            if a.same(b):
+                continue
+            why = verdict(layers, a, b)
+            edges[(a.label(), b.label())] = edges.get((a.label(), b.label()), True) and why is None
+            if why is not None:
+                problems.append('%s:%d: %s includes %s (%s), %s' % (
+                    path, number, a.label(), b.label(), target, why))
+    return problems, edges
+
+
+def graph_lines(layers, edges):
+    """The folder-level graph, top-level folders first, then each folder's
+    parts bottom first: "name -> what it includes" ("!" marks an include
+    the table forbids)."""
+    def targets(label, same_top):
+        out = []
+        for (x, y), ok in sorted(edges.items()):
+            if x == label and (y.split('/')[0] == label.split('/')[0]) == same_top:
+                out.append(y + ('' if ok else ' !'))
+        return out
+
+    lines = ['top level (what each folder includes from the others):']
+    for top in layers.order:
+        seen = set()
+        for (x, y), ok in sorted(edges.items()):
+            if x.split('/')[0] == top and y.split('/')[0] != top:
+                seen.add(y.split('/')[0] + ('' if verdict(layers, Unit(top), Unit(y.split('/')[0])) is None else ' !'))
+        lines.append('  %-12s -> %s' % (top, ' '.join(sorted(seen)) or '(nothing internal)'))
+    for folder, table in layers.parts.items():
+        lines.append('%s/ (its parts, bottom first; each includes only earlier lines):' % folder)
+        for names in table:
+            for name in names:
+                label = folder + '/' + name
+                inside = [t[len(folder) + 1:] for t in targets(label, True)]
+                lines.append('  %-22s -> %s' % (name, ' '.join(inside) or '-'))
+    return lines
+
+
+# --- self-test: the checker on scratch trees ---------------------------------
+
+BAD_TREE = {
+    'models/m.h': '#include "framework/fsdp/f.h"\n',            # up, across folders
+    'dist/d.h': '#include "models/m.h"\n',                      # not below it
+    'framework/fsdp/f.h': '#include "framework/dtensor/t.h"\n',  # fine
+    'framework/dtensor/t.h': '#include "dist/d.h"\n',           # fine
+    'framework/config/c.h': '#include "framework/train/t.h"\n',  # up, inside
+    'framework/train/t.h': '#include "framework/config/c.h"\n',  # fine
+    'framework/tp/p.h': '#include "framework/optim/o.h"\n',      # sideways
+    'framework/optim/o.h': '',
+    'checkpoint/storage/s.h': '#include "checkpoint/format/x.h"\n',  # up, inside
+    'checkpoint/format/x.h': '#include "checkpoint/errors.h"\n',     # fine
+    'checkpoint/errors.h': '',
+    'checkpoint/errors.cpp': '#include "checkpoint/errors.h"\n',    # same part
+    'checkpoint/newpart/n.h': '',                                   # unplaced
+    'tools/t.cpp': '#include "framework/train/t.h"\n#include <vector>\n#include "zlib.h"\n',
+}
+EXPECTED = [
+    'models/m.h:1: models includes framework/fsdp',
+    'dist/d.h:1: dist includes models',
+    'framework/config/c.h:1: framework/config includes framework/train',
+    'framework/tp/p.h:1: framework/tp includes framework/optim',
+    'checkpoint/storage/s.h:1: checkpoint/storage includes checkpoint/format',
+    'checkpoint/newpart/n.h: checkpoint/newpart/ is a folder',
+]
+
+
+def self_test(layers):
+    with tempfile.TemporaryDirectory() as root:
+        for path, text in BAD_TREE.items():
+            os.makedirs(os.path.join(root, os.path.dirname(path)), exist_ok=True)
+            with open(os.path.join(root, path), 'w') as f:
+                f.write(text)
+        problems, _ = scan(root, layers)
+        missing = [e for e in EXPECTED if not any(p.startswith(e) for p in problems)]
+        extra = [p for p in problems if not any(p.startswith(e) for e in EXPECTED)]
+        if missing or extra:
+            print('self-test FAILED: missing %s, unexpected %s' % (missing, extra))
+            return False
+        os.remove(os.path.join(root, 'checkpoint/newpart/n.h'))
+        for path in ('models/m.h', 'dist/d.h', 'framework/config/c.h', 'framework/tp/p.h',
+                     'checkpoint/storage/s.h'):
+            open(os.path.join(root, path), 'w').close()
+        problems, _ = scan(root, layers)
+        if problems:
+            print('self-test FAILED: a clean tree gave %s' % problems)
+            return False
+    print('self-test: the checker finds each kind of problem, and none in a clean tree')
+    return True
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+    parser.add_argument('--root', default=os.path.dirname(os.path.dirname(HERE)),
+                        help='the source tree (default: this checkout)')
+    parser.add_argument('--layers', default=os.path.join(HERE, 'layers.txt'))
+    parser.add_argument('--graph', action='store_true', help='print the folder-level graph')
+    parser.add_argument('--self-test', action='store_true',
+                        help='check the checker on scratch trees first')
+    args = parser.parse_args()
+    layers = Layers(args.layers)
+    if args.self_test and not self_test(layers):
+        return 1
+    problems, edges = scan(args.root, layers)
+    if args.graph:
+        print('\n'.join(graph_lines(layers, edges)))
+    for p in problems:
+        print(p)
+    if problems:
+        print('%d include(s) break the layering of %s' % (len(problems), args.layers))
+        return 1
+    print('layering: every include goes down (%d folder edges)' % len(edges))
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())
