@@ -1,6 +1,6 @@
 #include "models/llama.h"
 
-#include "models/attention.h"
+#include "dist/torch_compat.h"
 #include "models/forward_hooks.h"
 
 #include <cmath>
@@ -119,7 +119,7 @@ torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x, const RotaryTa
     k = repeat(k);
     v = repeat(v);
   }
-  torch::Tensor out = causal_attention(q, k, v);  // [B, H, T, hd]
+  torch::Tensor out = framework::dist::compat::causal_attention(q, k, v);  // [B, H, T, hd]
   return o_proj_->forward(out.transpose(1, 2).reshape({batch, len, local_heads * head_dim_}));
 }
 

@@ -15,7 +15,7 @@
 #include "checkpoint/save.h"
 #include "framework/config/config.h"
 #include "framework/data/dataset.h"
-#include "models/attention.h"
+#include "dist/torch_compat.h"
 #include "framework/fsdp/fully_shard.h"
 #include "framework/train/state_dict.h"
 #include "framework/train/trainer.h"
@@ -79,7 +79,7 @@ nlohmann::json settings(const Config& cfg) {
           {"mixed_precision",
            {{"param_dtype", cfg.train.mixed_precision.param_dtype},
             {"reduce_dtype", cfg.train.mixed_precision.reduce_dtype}}},
-          {"attention", models::kFusedAttention ? "sdpa" : "matmul"},
+          {"attention", framework::dist::compat::kFusedAttention ? "sdpa" : "matmul"},
           {"threads", at::get_num_threads()},
           {"device", cfg.train.device},
           {"torch", TORCH_VERSION}};

@@ -2,7 +2,7 @@
 // bf16 mixed precision, gradient accumulation, activation checkpointing,
 // bit-exact and resharded resume, and a model that is never whole on a rank.
 // (Against PyTorch itself: tests/models/test_llama_parity.py.)
-#include "models/attention.h"
+#include "dist/torch_compat.h"
 #include "framework/dtensor/device_mesh.h"
 #include "models/activation_checkpoint.h"
 #include "framework/fsdp/fully_shard.h"
@@ -178,14 +178,14 @@ TEST(LlamaAttention, FusedAndMatmulPathsAgree) {
   auto q = torch::randn({2, 4, 16, 8});
   auto k = torch::randn({2, 4, 16, 8});
   auto v = torch::randn({2, 4, 16, 8});
-  auto fused = models::causal_attention(q, k, v);
-  auto plain = models::causal_attention_matmul(q, k, v);
+  auto fused = framework::dist::compat::causal_attention(q, k, v);
+  auto plain = framework::dist::compat::causal_attention_matmul(q, k, v);
   std::cout << "attention path on this LibTorch: "
-            << (models::kFusedAttention ? "scaled_dot_product_attention" : "matmul")
+            << (framework::dist::compat::kFusedAttention ? "scaled_dot_product_attention" : "matmul")
             << ", max difference to matmul " << (fused - plain).abs().max().item<double>() << std::endl;
   EXPECT_TRUE(torch::allclose(fused, plain, 1e-5, 1e-5));
   // bf16: the same within bf16 rounding.
-  auto fused16 = models::causal_attention(q.to(torch::kBFloat16), k.to(torch::kBFloat16),
+  auto fused16 = framework::dist::compat::causal_attention(q.to(torch::kBFloat16), k.to(torch::kBFloat16),
                                                            v.to(torch::kBFloat16));
   EXPECT_TRUE(torch::allclose(fused16.to(torch::kFloat), plain, 3e-2, 3e-2));
   // Causal: the first position attends to itself only.
