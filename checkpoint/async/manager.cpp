@@ -8,7 +8,7 @@
 #include "checkpoint/format/checksum.h"
 #include "checkpoint/format/metadata.h"
 #include "checkpoint/format/wire.h"
-#include "checkpoint/storage/checkpoint_dir.h"
+#include "checkpoint/layout/checkpoint_dir.h"
 #include "checkpoint/timing.h"
 
 #include <nlohmann/json.hpp>
@@ -657,7 +657,7 @@ std::vector<CheckpointEvent> CheckpointManager::take_events() {
 }
 
 // ---------------------------------------------------------------------------
-// Tiers (storage/tiers.h, FORMAT.md "Tiers").
+// Tiers (tiers/local_tier.h, FORMAT.md "Tiers").
 
 const CheckpointManager::Topology& CheckpointManager::topology() {
   if (topology_) return *topology_;

@@ -24,7 +24,7 @@
 // finish() as a CheckpointError naming the step.
 //
 // Tiers (checkpoint.local.dir set; docs/checkpoints.md, "Multi-level checkpoints",
-// storage/tiers.h): a save commits to every node's local tier first (what
+// tiers/local_tier.h): a save commits to every node's local tier first (what
 // sync mode waits for), then the background thread copies each rank's file
 // to its partner rank on the next node (L2) and, every durable.every-th save
 // and for a final one, flushes the committed local files to checkpoint.dir
@@ -39,7 +39,7 @@
 #include "checkpoint/save.h"
 #include "checkpoint/async/staging.h"
 #include "checkpoint/state_dict.h"
-#include "checkpoint/storage/tiers.h"
+#include "checkpoint/tiers/local_tier.h"
 
 #include <condition_variable>
 #include <functional>

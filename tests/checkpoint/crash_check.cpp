@@ -6,9 +6,9 @@
 #include "checkpoint/interop/export.h"
 #include "checkpoint/load.h"
 #include "checkpoint/save.h"
-#include "checkpoint/storage/checkpoint_dir.h"
+#include "checkpoint/layout/checkpoint_dir.h"
 #include "checkpoint/storage/memory.h"
-#include "checkpoint/storage/tiers.h"
+#include "checkpoint/tiers/local_tier.h"
 #include "support/crash_storage.h"
 #include "support/multi_rank.h"
 

@@ -1,4 +1,4 @@
-// Multi-level checkpoints (checkpoint/storage/tiers.h, the manager's tiers):
+// Multi-level checkpoints (checkpoint/tiers/local_tier.h, the manager's tiers):
 // 4 ranks as threads over real Gloo groups, placed on 2 simulated nodes,
 // each node with its own local tier directory, the durable tier in another.
 // Local commit, partner copies, flushes every k-th save, retention per tier,
@@ -6,8 +6,8 @@
 // durable disk or a partner that cannot store its copy.
 #include "checkpoint/async/manager.h"
 #include "checkpoint/format/metadata.h"
-#include "checkpoint/storage/checkpoint_dir.h"
-#include "checkpoint/storage/tiers.h"
+#include "checkpoint/layout/checkpoint_dir.h"
+#include "checkpoint/tiers/local_tier.h"
 #include "support/faulty_storage.h"
 #include "support/multi_rank.h"
 

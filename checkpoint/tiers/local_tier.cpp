@@ -1,4 +1,4 @@
-#include "checkpoint/storage/tiers.h"
+#include "checkpoint/tiers/local_tier.h"
 
 #include "checkpoint/format/checksum.h"
 #include "checkpoint/format/metadata.h"

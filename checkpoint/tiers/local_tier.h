@@ -19,7 +19,7 @@
 //     .partner.json     PartnerRecord: those copies with their sizes and
 //                       XXH3-64; written after every copy was fsynced on
 //                       every node; its presence is the L2 claim
-#include "checkpoint/storage/checkpoint_dir.h"
+#include "checkpoint/layout/checkpoint_dir.h"
 #include "checkpoint/storage/storage.h"
 
 #include <cstdint>
