@@ -24,9 +24,10 @@
 // finish() as a CheckpointError naming the step.
 //
 // Tiers (checkpoint.local.dir set; docs/checkpoints.md, "Multi-level checkpoints",
-// tiers/local_tier.h): a save commits to every node's local tier first (what
-// sync mode waits for), then the background thread copies each rank's file
-// to its partner rank on the next node (L2) and, every durable.every-th save
+// tiers/local_tier.h; the protocol is tiers/protocol.h): a save commits to
+// every node's local tier first (what sync mode waits for), then the
+// background thread copies each rank's file to its partner rank on the next
+// node (L2) and, every durable.every-th save
 // and for a final one, flushes the committed local files to checkpoint.dir
 // and commits them there. Resume (auto) takes the newest checkpoint some
 // tier holds complete, preferring the local tier, and says which and why.
@@ -41,6 +42,7 @@
 #include "checkpoint/state_dict.h"
 #include "checkpoint/tiers/local_tier.h"
 
+#include <chrono>
 #include <condition_variable>
 #include <functional>
 #include <memory>
@@ -52,19 +54,19 @@
 
 namespace checkpoint {
 
-// Callbacks a caller may install, e.g. the reliability tests' hung peer.
+class TierProtocol;  // tiers/protocol.h
+namespace testing {
+struct SaveSeam;  // save_seam.h (test-only, not installed)
+struct SeamAccess;
+}  // namespace testing
+
+// What a caller may plug into the manager. (Test-only save points, e.g. the
+// reliability tests' hung peer, are set through checkpoint/save_seam.h,
+// which is not installed.)
 struct ManagerHooks {
-  // Called on the thread that writes a save (the background thread unless
-  // mode is sync), after staging and before the save's first collective.
-  std::function<void(int64_t step, int rank)> before_write;
   // Entries a resume may find missing from a checkpoint (LoadOptions::optional),
   // e.g. what an imported checkpoint cannot carry. Null: none.
   std::function<bool(const std::string& name)> optional_items;
-  // Tiers: called on the background thread after the local commit (and the
-  // partner copies), before a flush to the durable tier starts.
-  std::function<void(int64_t step, int rank)> before_flush;
-  // Tiers: called before this rank sends its file to its partner.
-  std::function<void(int64_t step, int rank)> before_partner;
 };
 
 // Where this rank sits, for the local tier.
@@ -185,23 +187,29 @@ class CheckpointManager {
   bool staging_pinned() const;
 
  private:
+  friend struct testing::SeamAccess;
   struct Job;
-  struct Topology;
+  // Saving.
+  SaveOptions save_options(std::shared_ptr<Storage> storage) const;
+  void stage_in_background(Job& job);
   void persist(std::shared_ptr<Job> job);
+  void write_durable(Job& job);
+  void retain_durable(int64_t step);
+  void commit_local(Job& job);
+  void persist_tiered(Job& job);
+  std::shared_ptr<Job> start_job(int64_t step, bool final, std::chrono::steady_clock::time_point t0);
+  void save_sync(std::shared_ptr<Job> job, StateDict state, bool on_device, const std::string& retention_error);
+  void save_tiered_sync(std::shared_ptr<Job> job);
   void record_failure(Job& job);
-  const Topology& topology();
-  void save_local(Job& job);
-  void finish_tiers(Job& job);
-  void partner_copy(Job& job);
-  void flush(Job& job);
-  std::optional<ResumeResult> resume_tiered(StateDict& state);
-  void restore_local(StateDict& state, const ResumeCandidate& candidate);
-  LoadStats load_from(StateDict& state, const std::string& path, const std::shared_ptr<Storage>& storage);
-  std::vector<std::string> resume_candidates();
-  std::string set_aside(const std::string& path);
   void wait_in_flight();
   // Sync mode: waits for the background retention; "" or what failed.
   std::string wait_retention();
+  // Resuming.
+  std::vector<ResumeCandidate> resume_candidates(std::vector<std::string>& notes);
+  std::vector<std::string> durable_candidates();
+  LoadStats load_candidate(StateDict& state, const ResumeCandidate& candidate, std::string& path);
+  LoadStats load_from(StateDict& state, const std::string& path, const std::shared_ptr<Storage>& storage);
+  std::string set_aside(const std::string& path);
 
   CheckpointOptions options_;
   std::string dir_;
@@ -222,11 +230,12 @@ class CheckpointManager {
   HostStaging staging_;
   std::shared_ptr<Storage> storage_;
   ManagerHooks hooks_;
+  std::shared_ptr<const testing::SaveSeam> seam_;  // null but in tests
   // Tiers.
   TierPlacement placement_;
   std::string local_dir_;
   std::shared_ptr<Storage> local_storage_;
-  std::shared_ptr<Topology> topology_;
+  std::unique_ptr<TierProtocol> tiers_;  // null without tiers
   int64_t local_saves_ = 0;
 };
 
