@@ -10,7 +10,7 @@ namespace checkpoint {
 
 class CheckpointManager;
 
-namespace testing {
+namespace test_seam {
 
 struct SaveSeam {
   // Called on the thread that writes a save (the background thread unless
@@ -30,5 +30,5 @@ void set_save_seam(CheckpointManager& manager, SaveSeam seam);
 // the trainer's). SaveSeam{} ends it.
 void set_default_save_seam(SaveSeam seam);
 
-}  // namespace testing
+}  // namespace test_seam
 }  // namespace checkpoint

@@ -23,7 +23,7 @@ using Clock = std::chrono::steady_clock;
 
 // set_default_save_seam's seam (test-only; null in a product).
 std::mutex default_seam_mu;
-std::shared_ptr<const testing::SaveSeam> default_seam;
+std::shared_ptr<const test_seam::SaveSeam> default_seam;
 
 // What the tiers report goes into the event (the fields of the same names).
 void report_tiers(const TierReport& r, CheckpointEvent& e) {
@@ -45,7 +45,7 @@ void report_tiers(const TierReport& r, CheckpointEvent& e) {
 
 }  // namespace
 
-namespace testing {
+namespace test_seam {
 
 struct SeamAccess {
   static void set(CheckpointManager& manager, std::shared_ptr<const SaveSeam> seam) {
@@ -62,7 +62,7 @@ void set_default_save_seam(SaveSeam seam) {
   default_seam = std::make_shared<const SaveSeam>(std::move(seam));
 }
 
-}  // namespace testing
+}  // namespace test_seam
 
 struct CheckpointManager::Job {
   int64_t step = 0;

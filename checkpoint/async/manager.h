@@ -55,10 +55,10 @@
 namespace checkpoint {
 
 class TierProtocol;  // tiers/protocol.h
-namespace testing {
+namespace test_seam {
 struct SaveSeam;  // save_seam.h (test-only, not installed)
 struct SeamAccess;
-}  // namespace testing
+}  // namespace test_seam
 
 // What a caller may plug into the manager. (Test-only save points, e.g. the
 // reliability tests' hung peer, are set through checkpoint/save_seam.h,
@@ -187,7 +187,7 @@ class CheckpointManager {
   bool staging_pinned() const;
 
  private:
-  friend struct testing::SeamAccess;
+  friend struct test_seam::SeamAccess;
   struct Job;
   // Saving.
   SaveOptions save_options(std::shared_ptr<Storage> storage) const;
@@ -230,7 +230,7 @@ class CheckpointManager {
   HostStaging staging_;
   std::shared_ptr<Storage> storage_;
   ManagerHooks hooks_;
-  std::shared_ptr<const testing::SaveSeam> seam_;  // null but in tests
+  std::shared_ptr<const test_seam::SaveSeam> seam_;  // null but in tests
   // Tiers.
   TierPlacement placement_;
   std::string local_dir_;

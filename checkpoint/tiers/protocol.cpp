@@ -1,6 +1,7 @@
 #include "checkpoint/tiers/protocol.h"
 
 #include "checkpoint/agreement.h"
+#include "checkpoint/codec/chunk_reader.h"
 #include "checkpoint/save_seam.h"
 #include "checkpoint/error_text.h"
 #include "checkpoint/format/checksum.h"
@@ -243,7 +244,7 @@ const TierProtocol::Topology& TierProtocol::topology() {
 // The local commit.
 
 void TierProtocol::commit_local(TierSave& save, const StateDict& staged, SaveOptions so,
-                                const testing::SaveSeam* seam) {
+                                const test_seam::SaveSeam* seam) {
   topology();
   if (seam && seam->before_write) seam->before_write(save.step, group_.rank());
   const std::string failed =
@@ -352,7 +353,7 @@ void TierProtocol::commit_on_every_node(TierSave& save, const std::string& faile
 // ---------------------------------------------------------------------------
 // After the local commit: partner copies, flush, retention.
 
-void TierProtocol::finish(TierSave& save, const testing::SaveSeam* seam) {
+void TierProtocol::finish(TierSave& save, const test_seam::SaveSeam* seam) {
   const Topology& topo = topology();
   if (!options_.local.partner) {
     save.report.partner = "off";

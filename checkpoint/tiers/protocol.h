@@ -31,7 +31,7 @@
 
 namespace checkpoint {
 
-namespace testing {
+namespace test_seam {
 struct SaveSeam;  // checkpoint/save_seam.h (test-only)
 }
 
@@ -86,11 +86,11 @@ class TierProtocol {
   // then .metadata, on each node. Every node committed or, after a failure
   // anywhere, none (each removes its step directory); throws CheckpointError.
   void commit_local(TierSave& save, const StateDict& staged, SaveOptions options,
-                    const testing::SaveSeam* seam);
+                    const test_seam::SaveSeam* seam);
   // (all ranks, background) Partner copies, the flush when due, retention of
   // both tiers. A flush failure is the save's failure; the local tier keeps
   // the checkpoint.
-  void finish(TierSave& save, const testing::SaveSeam* seam);
+  void finish(TierSave& save, const test_seam::SaveSeam* seam);
 
   // (all ranks) Every checkpoint resume could load, newest first, with the
   // notes on newer local steps that are not usable; chosen by rank 0 from
