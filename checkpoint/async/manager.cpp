@@ -26,7 +26,7 @@ std::mutex default_seam_mu;
 std::shared_ptr<const test_seam::SaveSeam> default_seam;
 
 // What the tiers report goes into the event (the fields of the same names).
-void report_tiers(const TierReport& r, CheckpointEvent& e) {
+void report_tiers(const TierSaveReport& r, CheckpointEvent& e) {
   e.plan_s = r.plan_s;
   e.plan_cached = r.plan_cached;
   e.write_s = r.write_s;

@@ -37,7 +37,7 @@ struct SaveSeam;  // checkpoint/save_seam.h (test-only)
 
 // What a save's passage through the tiers reports: the fields of
 // CheckpointEvent (async/manager.h) with the same names and defaults.
-struct TierReport {
+struct TierSaveReport {
   double plan_s = 0;
   bool plan_cached = false;
   double write_s = 0;
@@ -65,7 +65,7 @@ struct TierSave {
   std::vector<uint8_t> metadata;
   std::vector<uint64_t> file_bytes;  // by rank
   std::chrono::steady_clock::time_point local_committed;
-  TierReport report;
+  TierSaveReport report;
 };
 
 class TierProtocol {
