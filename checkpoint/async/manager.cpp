@@ -25,24 +25,6 @@ using Clock = std::chrono::steady_clock;
 std::mutex default_seam_mu;
 std::shared_ptr<const test_seam::SaveSeam> default_seam;
 
-// What the tiers report goes into the event (the fields of the same names).
-void report_tiers(const TierSaveReport& r, CheckpointEvent& e) {
-  e.plan_s = r.plan_s;
-  e.plan_cached = r.plan_cached;
-  e.write_s = r.write_s;
-  e.commit_s = r.commit_s;
-  e.bytes = r.bytes;
-  e.stored_bytes = r.stored_bytes;
-  e.tier = r.tier;
-  if (!r.path.empty()) e.path = r.path;
-  e.local_path = r.local_path;
-  e.local_commit_s = r.local_commit_s;
-  e.partner = r.partner;
-  e.flushed = r.flushed;
-  e.flush_s = r.flush_s;
-  e.exposure_s = r.exposure_s;
-}
-
 }  // namespace
 
 namespace test_seam {
@@ -416,13 +398,7 @@ void CheckpointManager::retain_durable(int64_t step) {
 void CheckpointManager::commit_local(Job& job) {
   SaveOptions so = save_options(local_storage_);
   so.step = job.step;
-  try {
-    tiers_->commit_local(job.tier, job.staged, std::move(so), seam_.get());
-  } catch (...) {
-    report_tiers(job.tier.report, job.event);
-    throw;
-  }
-  report_tiers(job.tier.report, job.event);
+  tiers_->commit_local(job.tier, job.staged, std::move(so), seam_.get());
 }
 
 // (all ranks, background) A tiered save: the local commit unless save() made
@@ -430,13 +406,7 @@ void CheckpointManager::commit_local(Job& job) {
 void CheckpointManager::persist_tiered(Job& job) {
   if (!job.tier.local_done) commit_local(job);
   job.staged = StateDict();
-  try {
-    tiers_->finish(job.tier, seam_.get());
-  } catch (...) {
-    report_tiers(job.tier.report, job.event);
-    throw;
-  }
-  report_tiers(job.tier.report, job.event);
+  tiers_->finish(job.tier, seam_.get());
 }
 
 // In a catch block: the job failed with the exception in flight.
@@ -501,6 +471,7 @@ std::shared_ptr<CheckpointManager::Job> CheckpointManager::start_job(int64_t ste
     const int64_t ordinal = options_.interval > 0 ? step / options_.interval : local_saves_;
     job->tier.step = step;
     job->tier.started = t0;
+    job->tier.event = &job->event;
     job->tier.flush = final || k <= 1 || (ordinal % k == 0 && (options_.interval <= 0 || step % options_.interval == 0));
     job->tier.local_path = tiers_->local_step_path(step);
   }

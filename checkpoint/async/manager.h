@@ -35,6 +35,7 @@
 // Thread safety: all public methods from the training thread. The checkpoint
 // group is used only by this manager: by the calling thread in resume_path()
 // and agree(), by the background thread while a save is in flight.
+#include "checkpoint/event.h"
 #include "checkpoint/load.h"
 #include "checkpoint/options.h"
 #include "checkpoint/save.h"
@@ -74,32 +75,6 @@ struct TierPlacement {
   int node = 0;  // this rank's node (LaunchEnv::node)
   // Storage for the local tier; null: the manager's storage.
   std::shared_ptr<Storage> local_storage;
-};
-
-// One finished save, as rank 0 logs it.
-struct CheckpointEvent {
-  int64_t step = 0;
-  std::string mode;
-  std::string path;
-  double blocking_s = 0;  // time the training loop was held
-  double stage_s = 0;     // copy into host buffers (0 in sync mode)
-  double write_s = 0;     // planning + writing + fsync, all ranks
-  double commit_s = 0;
-  double plan_s = 0;       // part of write_s: planning, or the cached plan's agreement
-  bool plan_cached = false;  // the save reused the previous save's plan
-  // Tiers (checkpoint.local.dir set); otherwise tier is "durable" and the
-  // rest stays empty or 0.
-  std::string tier = "durable";  // where it is committed: durable | local | local+durable
-  std::string local_path;        // rank 0's node's local step directory
-  double local_commit_s = 0;     // from save() to the local commit on every node
-  std::string partner = "off";   // ok | off | skipped: <why> | failed: <why>
-  bool flushed = false;          // committed in the durable tier too
-  double flush_s = 0;            // copying to the durable tier and committing there
-  double exposure_s = 0;         // local commit to durable commit (flushed only)
-  uint64_t bytes = 0;          // logical bytes, all ranks
-  uint64_t stored_bytes = 0;   // on disk, all ranks
-  bool ok = true;
-  std::string error;
 };
 
 // A committed checkpoint that resume could not load, and why. It was renamed

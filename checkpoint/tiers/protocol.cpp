@@ -259,11 +259,11 @@ void TierProtocol::commit_local(TierSave& save, const StateDict& staged, SaveOpt
     throw;
   }
   save.metadata = std::move(st.metadata);
-  save.report.plan_s = st.plan_s;
-  save.report.plan_cached = st.plan_cached;
-  save.report.write_s = st.plan_s + st.write_s;
-  save.report.bytes = st.total_logical_bytes;
-  save.report.stored_bytes = st.total_stored_bytes;
+  save.event->plan_s = st.plan_s;
+  save.event->plan_cached = st.plan_cached;
+  save.event->write_s = st.plan_s + st.write_s;
+  save.event->bytes = st.total_logical_bytes;
+  save.event->stored_bytes = st.total_stored_bytes;
   commit_on_every_node(save, failed, st.commit_s);
 }
 
@@ -341,12 +341,12 @@ void TierProtocol::commit_on_every_node(TierSave& save, const std::string& faile
     remove_local_step(save);
     throw;
   }
-  save.report.commit_s = write_commit_s + seconds_since(t);
+  save.event->commit_s = write_commit_s + seconds_since(t);
   save.local_committed = Clock::now();
-  save.report.local_commit_s = seconds_since(save.started);
-  save.report.tier = "local";
-  save.report.local_path = save.local_path;
-  save.report.path = save.local_path;
+  save.event->local_commit_s = seconds_since(save.started);
+  save.event->tier = "local";
+  save.event->local_path = save.local_path;
+  save.event->path = save.local_path;
   save.local_done = true;
 }
 
@@ -356,9 +356,9 @@ void TierProtocol::commit_on_every_node(TierSave& save, const std::string& faile
 void TierProtocol::finish(TierSave& save, const test_seam::SaveSeam* seam) {
   const Topology& topo = topology();
   if (!options_.local.partner) {
-    save.report.partner = "off";
+    save.event->partner = "off";
   } else if (!topo.no_partner.empty()) {
-    save.report.partner = "skipped: " + topo.no_partner;
+    save.event->partner = "skipped: " + topo.no_partner;
   } else {
     if (seam && seam->before_partner) seam->before_partner(save.step, group_.rank());
     partner_copy(save);
@@ -387,7 +387,7 @@ std::string TierProtocol::apply_retention_of_both(const TierSave& save) {
     if (topology().leader && options_.local.keep_last > 0) {
       apply_retention(*local_storage_, local_dir_, options_.local.keep_last, save.step);
     }
-    if (group_.rank() == 0 && save.report.flushed && options_.keep_last > 0) {
+    if (group_.rank() == 0 && save.event->flushed && options_.keep_last > 0) {
       apply_retention(*storage_, dir_, options_.keep_last, save.step);
     }
   } catch (const std::exception& e) {
@@ -450,7 +450,7 @@ void TierProtocol::partner_copy(TierSave& save) {
     failures = describe_rank_failures(all);
   }
   if (failures.empty()) {
-    save.report.partner = "ok";
+    save.event->partner = "ok";
     return;
   }
   // No claim anywhere: a node whose .partner.json was written takes it back.
@@ -462,7 +462,7 @@ void TierProtocol::partner_copy(TierSave& save) {
     } catch (const std::exception&) {
     }
   }
-  save.report.partner = "failed: " + failures;
+  save.event->partner = "failed: " + failures;
 }
 
 // (all ranks) Copies each rank's committed local file to the durable step
@@ -510,11 +510,11 @@ void TierProtocol::flush(TierSave& save) {
   }
   verdict = group_.broadcast_bytes(verdict, 0);
   if (!tagged_succeeded(verdict)) throw CheckpointError(failed + " (" + tagged_text(verdict) + ")" + kept);
-  save.report.flushed = true;
-  save.report.flush_s = seconds_since(t);
-  save.report.exposure_s = seconds_since(save.local_committed);
-  save.report.tier = "local+durable";
-  save.report.path = durable;
+  save.event->flushed = true;
+  save.event->flush_s = seconds_since(t);
+  save.event->exposure_s = seconds_since(save.local_committed);
+  save.event->tier = "local+durable";
+  save.event->path = durable;
 }
 
 // ---------------------------------------------------------------------------

@@ -14,6 +14,7 @@
 // restore_local and the manager's load of local_step_path().
 // Thread safety: one thread at a time (the manager's calling or background
 // thread), as the checkpoint group.
+#include "checkpoint/event.h"
 #include "checkpoint/options.h"
 #include "checkpoint/save.h"
 #include "checkpoint/state_dict.h"
@@ -35,25 +36,6 @@ namespace test_seam {
 struct SaveSeam;  // checkpoint/save_seam.h (test-only)
 }
 
-// What a save's passage through the tiers reports: the fields of
-// CheckpointEvent (async/manager.h) with the same names and defaults.
-struct TierSaveReport {
-  double plan_s = 0;
-  bool plan_cached = false;
-  double write_s = 0;
-  double commit_s = 0;
-  uint64_t bytes = 0;
-  uint64_t stored_bytes = 0;
-  std::string tier = "durable";
-  std::string path;  // "": unchanged (the durable step directory)
-  std::string local_path;
-  double local_commit_s = 0;
-  std::string partner = "off";
-  bool flushed = false;
-  double flush_s = 0;
-  double exposure_s = 0;
-};
-
 // One save on its way through the tiers.
 struct TierSave {
   int64_t step = 0;
@@ -65,7 +47,11 @@ struct TierSave {
   std::vector<uint8_t> metadata;
   std::vector<uint64_t> file_bytes;  // by rank
   std::chrono::steady_clock::time_point local_committed;
-  TierSaveReport report;
+  // The save's event: the protocol fills its tier fields (tier, path,
+  // local_path, local_commit_s, partner, flushed, flush_s, exposure_s) and,
+  // for the local write, plan_s, plan_cached, write_s, commit_s, bytes,
+  // stored_bytes. REQUIRES: outlives the calls.
+  CheckpointEvent* event = nullptr;
 };
 
 class TierProtocol {
