@@ -5,7 +5,6 @@
 
 #include "checkpoint/agreement.h"
 #include "checkpoint/error_text.h"
-#include "checkpoint/format/checksum.h"
 #include "checkpoint/format/metadata.h"
 #include "checkpoint/layout/checkpoint_dir.h"
 #include "checkpoint/save_seam.h"

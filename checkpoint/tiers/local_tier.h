@@ -3,7 +3,7 @@
 // "Tiers"): the node-local tier's records, what one node's local tier holds,
 // and the resume choice between the local and the durable tier. Torch-free;
 // the protocol over the checkpoint group (local commit, partner copies,
-// flush, restore) is in checkpoint/async/manager.cpp.
+// flush, restore) is in checkpoint/tiers/protocol.h (internal).
 //
 // One node's local tier (checkpoint.local.dir, "{node}" replaced by the node):
 //   step_<N>/
