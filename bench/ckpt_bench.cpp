@@ -16,7 +16,7 @@
 #include "cuda_bench.h"
 #include "bench/bench_util.h"
 
-#include "checkpoint/storage/checkpoint_dir.h"
+#include "checkpoint/layout/checkpoint_dir.h"
 #include "checkpoint/storage/paced.h"
 #include "checkpoint/load.h"
 #include "checkpoint/async/manager.h"

@@ -72,7 +72,7 @@
 
 // Every installed header, directly or through another (the packaging test
 // compiles the example against the installed tree, so each must be there).
-#include "checkpoint/storage/checkpoint_dir.h"
+#include "checkpoint/layout/checkpoint_dir.h"
 #include "checkpoint/codec/chunk_reader.h"
 #include "checkpoint/codec/chunk_writer.h"
 #include "checkpoint/interop/export.h"

@@ -35,14 +35,14 @@
 #include <string>
 #include <vector>
 
-#include "checkpoint/storage/checkpoint_dir.h"
+#include "checkpoint/layout/checkpoint_dir.h"
 #include "checkpoint/codec/chunk_reader.h"
 #include "checkpoint/interop/dcp.h"
 #include "checkpoint/interop/export.h"
 #include "checkpoint/interop/hf.h"
 #include "checkpoint/format/metadata.h"
 #include "checkpoint/storage/storage.h"
-#include "checkpoint/storage/tiers.h"
+#include "checkpoint/tiers/local_tier.h"
 #include "tools/tier_report.h"
 #include "tools/command_line.h"
 

@@ -167,6 +167,88 @@ std::string known_failure(const ResumeCandidate& c, const StepReport& s) {
   return "";
 }
 
+// What the durable tier holds of `step`: its entry (verified when asked)
+// and the directories set aside.
+DurableStep report_durable_step(checkpoint::Storage& storage, int64_t step,
+                                const std::vector<CheckpointStatusEntry>& listed,
+                                const TierReportOptions& options) {
+  DurableStep d;
+  for (const CheckpointStatusEntry& e : listed) {
+    if (e.entry.step != step) continue;
+    if (e.status == CheckpointStatus::kSetAside) {
+      d.set_aside.push_back(e.entry.path);
+    } else {
+      d.entry = e;
+    }
+  }
+  if (options.verify && d.entry && d.entry->status == CheckpointStatus::kCommitted) {
+    d.verified = true;
+    try {
+      d.report = checkpoint::verify_checkpoint(storage, d.entry->entry.path, options.pool);
+    } catch (const std::exception& e) {
+      d.verify_error = e.what();
+    }
+  }
+  return d;
+}
+
+// What node `n`'s local tier holds of `step`, with its status (verified
+// when asked).
+NodeStep report_node_step(checkpoint::Storage& storage, int64_t step, const NodeTier& n,
+                          const std::vector<NodeTier>& nodes, const TierReportOptions& options) {
+  NodeStep ns;
+  ns.node = n.inventory.node;
+  ns.path = checkpoint::join_path(n.inventory.dir, step_name(step));
+  if (const LocalStep* s = step_of(n.inventory, step)) {
+    ns.step = *s;
+    const CheckpointStatusEntry status =
+        checkpoint::checkpoint_status(storage, CheckpointEntry{step, s->path, s->committed, 0, 0});
+    ns.status = status.status;
+    ns.status_error = status.error;
+    if (options.verify) ns.verify = verify_local_step(storage, *s, nodes, options.pool);
+  }
+  return ns;
+}
+
+// One step in both tiers, and resume's candidates for it alone.
+StepReport report_step(checkpoint::Storage& storage, int64_t step, const std::vector<CheckpointStatusEntry>& listed,
+                       const std::vector<CheckpointEntry>& durable, const std::vector<NodeTier>& nodes,
+                       const TierReportOptions& options) {
+  StepReport r;
+  r.step = step;
+  r.durable = report_durable_step(storage, step, listed, options);
+  for (const NodeTier& n : nodes) r.nodes.push_back(report_node_step(storage, step, n, nodes, options));
+  // This step alone: its candidates are those of the whole choice, and a
+  // local step that cannot load gets its reason as the (only) note.
+  std::vector<CheckpointEntry> durable_of_step;
+  for (const CheckpointEntry& e : durable) {
+    if (e.step == step) durable_of_step.push_back(e);
+  }
+  const checkpoint::TierChoice choice =
+      checkpoint::choose_resume_tiers(inventories_of_step(nodes, step), durable_of_step);
+  r.candidates = choice.candidates;
+  if (r.candidates.empty() && !choice.notes.empty()) r.not_loadable = choice.notes.front();
+  return r;
+}
+
+// What resume would load: the first candidate of the whole choice that no
+// check found damaged; the ones before it go to `failing`.
+void choose_resume(TierReport& report, const std::vector<CheckpointEntry>& durable) {
+  std::vector<NodeInventory> inventories;
+  for (const NodeTier& n : report.nodes) inventories.push_back(n.inventory);
+  const checkpoint::TierChoice choice = checkpoint::choose_resume_tiers(inventories, durable);
+  report.notes = choice.notes;
+  for (const ResumeCandidate& c : choice.candidates) {
+    const StepReport* s = report_of(report.steps, c.step);
+    const std::string why = s ? known_failure(c, *s) : "";
+    if (why.empty()) {
+      report.resume = c;
+      break;
+    }
+    report.failing.push_back({c, why});
+  }
+}
+
 }  // namespace
 
 TierReport build_tier_report(checkpoint::Storage& storage, const std::string& durable_dir,
@@ -191,67 +273,11 @@ TierReport build_tier_report(checkpoint::Storage& storage, const std::string& du
   for (const NodeTier& n : report.nodes) {
     for (const LocalStep& s : n.inventory.steps) steps.insert(s.step);
   }
-
   for (int64_t step : steps) {
-    StepReport r;
-    r.step = step;
-    for (const CheckpointStatusEntry& e : listed) {
-      if (e.entry.step != step) continue;
-      if (e.status == CheckpointStatus::kSetAside) {
-        r.durable.set_aside.push_back(e.entry.path);
-      } else {
-        r.durable.entry = e;
-      }
-    }
-    if (options.verify && r.durable.entry && r.durable.entry->status == CheckpointStatus::kCommitted) {
-      r.durable.verified = true;
-      try {
-        r.durable.report = checkpoint::verify_checkpoint(storage, r.durable.entry->entry.path, options.pool);
-      } catch (const std::exception& e) {
-        r.durable.verify_error = e.what();
-      }
-    }
-    for (const NodeTier& n : report.nodes) {
-      NodeStep ns;
-      ns.node = n.inventory.node;
-      ns.path = checkpoint::join_path(n.inventory.dir, step_name(step));
-      if (const LocalStep* s = step_of(n.inventory, step)) {
-        ns.step = *s;
-        const CheckpointStatusEntry status =
-            checkpoint::checkpoint_status(storage, CheckpointEntry{step, s->path, s->committed, 0, 0});
-        ns.status = status.status;
-        ns.status_error = status.error;
-        if (options.verify) ns.verify = verify_local_step(storage, *s, report.nodes, options.pool);
-      }
-      r.nodes.push_back(std::move(ns));
-    }
-    // This step alone: its candidates are those of the whole choice, and a
-    // local step that cannot load gets its reason as the (only) note.
-    std::vector<CheckpointEntry> durable_of_step;
-    for (const CheckpointEntry& e : durable) {
-      if (e.step == step) durable_of_step.push_back(e);
-    }
-    const checkpoint::TierChoice choice =
-        checkpoint::choose_resume_tiers(inventories_of_step(report.nodes, step), durable_of_step);
-    r.candidates = choice.candidates;
-    if (r.candidates.empty() && !choice.notes.empty()) r.not_loadable = choice.notes.front();
-    report.steps.push_back(std::move(r));
+    report.steps.push_back(report_step(storage, step, listed, durable, report.nodes, options));
   }
   for (const StepReport& s : report.steps) collect_damage(s, report.damage);
-
-  std::vector<NodeInventory> inventories;
-  for (const NodeTier& n : report.nodes) inventories.push_back(n.inventory);
-  const checkpoint::TierChoice choice = checkpoint::choose_resume_tiers(inventories, durable);
-  report.notes = choice.notes;
-  for (const ResumeCandidate& c : choice.candidates) {
-    const StepReport* s = report_of(report.steps, c.step);
-    const std::string why = s ? known_failure(c, *s) : "";
-    if (why.empty()) {
-      report.resume = c;
-      break;
-    }
-    report.failing.push_back({c, why});
-  }
+  choose_resume(report, durable);
   return report;
 }
 

@@ -4,7 +4,7 @@
 // holds, optionally whether its bytes verify, and which checkpoint the
 // trainer's resume would load. The resume choice is the trainer's own
 // (choose_resume_tiers over inventory_local_tier and the durable listing,
-// storage/tiers.h), so the tool and the trainer agree. Torch-free; the
+// tiers/local_tier.h), so the tool and the trainer agree. Torch-free; the
 // printing (text, JSON) is in ckpt.cpp.
 #include <cstdint>
 #include <optional>
@@ -12,9 +12,9 @@
 #include <vector>
 
 #include "checkpoint/codec/chunk_reader.h"
-#include "checkpoint/storage/checkpoint_dir.h"
+#include "checkpoint/layout/checkpoint_dir.h"
 #include "checkpoint/storage/storage.h"
-#include "checkpoint/storage/tiers.h"
+#include "checkpoint/tiers/local_tier.h"
 
 namespace thread_pool {
 class ThreadPool;

@@ -24,9 +24,10 @@
 // finish() as a CheckpointError naming the step.
 //
 // Tiers (checkpoint.local.dir set; docs/checkpoints.md, "Multi-level checkpoints",
-// storage/tiers.h): a save commits to every node's local tier first (what
-// sync mode waits for), then the background thread copies each rank's file
-// to its partner rank on the next node (L2) and, every durable.every-th save
+// tiers/local_tier.h; the protocol is tiers/protocol.h): a save commits to
+// every node's local tier first (what sync mode waits for), then the
+// background thread copies each rank's file to its partner rank on the next
+// node (L2) and, every durable.every-th save
 // and for a final one, flushes the committed local files to checkpoint.dir
 // and commits them there. Resume (auto) takes the newest checkpoint some
 // tier holds complete, preferring the local tier, and says which and why.
@@ -34,13 +35,15 @@
 // Thread safety: all public methods from the training thread. The checkpoint
 // group is used only by this manager: by the calling thread in resume_path()
 // and agree(), by the background thread while a save is in flight.
+#include "checkpoint/event.h"
 #include "checkpoint/load.h"
 #include "checkpoint/options.h"
 #include "checkpoint/save.h"
 #include "checkpoint/async/staging.h"
 #include "checkpoint/state_dict.h"
-#include "checkpoint/storage/tiers.h"
+#include "checkpoint/tiers/local_tier.h"
 
+#include <chrono>
 #include <condition_variable>
 #include <functional>
 #include <memory>
@@ -52,19 +55,19 @@
 
 namespace checkpoint {
 
-// Callbacks a caller may install, e.g. the reliability tests' hung peer.
+class TierProtocol;  // tiers/protocol.h
+namespace test_seam {
+struct SaveSeam;  // save_seam.h (test-only, not installed)
+struct SeamAccess;
+}  // namespace test_seam
+
+// What a caller may plug into the manager. (Test-only save points, e.g. the
+// reliability tests' hung peer, are set through checkpoint/save_seam.h,
+// which is not installed.)
 struct ManagerHooks {
-  // Called on the thread that writes a save (the background thread unless
-  // mode is sync), after staging and before the save's first collective.
-  std::function<void(int64_t step, int rank)> before_write;
   // Entries a resume may find missing from a checkpoint (LoadOptions::optional),
   // e.g. what an imported checkpoint cannot carry. Null: none.
   std::function<bool(const std::string& name)> optional_items;
-  // Tiers: called on the background thread after the local commit (and the
-  // partner copies), before a flush to the durable tier starts.
-  std::function<void(int64_t step, int rank)> before_flush;
-  // Tiers: called before this rank sends its file to its partner.
-  std::function<void(int64_t step, int rank)> before_partner;
 };
 
 // Where this rank sits, for the local tier.
@@ -72,32 +75,6 @@ struct TierPlacement {
   int node = 0;  // this rank's node (LaunchEnv::node)
   // Storage for the local tier; null: the manager's storage.
   std::shared_ptr<Storage> local_storage;
-};
-
-// One finished save, as rank 0 logs it.
-struct CheckpointEvent {
-  int64_t step = 0;
-  std::string mode;
-  std::string path;
-  double blocking_s = 0;  // time the training loop was held
-  double stage_s = 0;     // copy into host buffers (0 in sync mode)
-  double write_s = 0;     // planning + writing + fsync, all ranks
-  double commit_s = 0;
-  double plan_s = 0;       // part of write_s: planning, or the cached plan's agreement
-  bool plan_cached = false;  // the save reused the previous save's plan
-  // Tiers (checkpoint.local.dir set); otherwise tier is "durable" and the
-  // rest stays empty or 0.
-  std::string tier = "durable";  // where it is committed: durable | local | local+durable
-  std::string local_path;        // rank 0's node's local step directory
-  double local_commit_s = 0;     // from save() to the local commit on every node
-  std::string partner = "off";   // ok | off | skipped: <why> | failed: <why>
-  bool flushed = false;          // committed in the durable tier too
-  double flush_s = 0;            // copying to the durable tier and committing there
-  double exposure_s = 0;         // local commit to durable commit (flushed only)
-  uint64_t bytes = 0;          // logical bytes, all ranks
-  uint64_t stored_bytes = 0;   // on disk, all ranks
-  bool ok = true;
-  std::string error;
 };
 
 // A committed checkpoint that resume could not load, and why. It was renamed
@@ -185,23 +162,29 @@ class CheckpointManager {
   bool staging_pinned() const;
 
  private:
+  friend struct test_seam::SeamAccess;
   struct Job;
-  struct Topology;
+  // Saving.
+  SaveOptions save_options(std::shared_ptr<Storage> storage) const;
+  void stage_in_background(Job& job);
   void persist(std::shared_ptr<Job> job);
+  void write_durable(Job& job);
+  void retain_durable(int64_t step);
+  void commit_local(Job& job);
+  void persist_tiered(Job& job);
+  std::shared_ptr<Job> start_job(int64_t step, bool final, std::chrono::steady_clock::time_point t0);
+  void save_sync(std::shared_ptr<Job> job, StateDict state, bool on_device, const std::string& retention_error);
+  void save_tiered_sync(std::shared_ptr<Job> job);
   void record_failure(Job& job);
-  const Topology& topology();
-  void save_local(Job& job);
-  void finish_tiers(Job& job);
-  void partner_copy(Job& job);
-  void flush(Job& job);
-  std::optional<ResumeResult> resume_tiered(StateDict& state);
-  void restore_local(StateDict& state, const ResumeCandidate& candidate);
-  LoadStats load_from(StateDict& state, const std::string& path, const std::shared_ptr<Storage>& storage);
-  std::vector<std::string> resume_candidates();
-  std::string set_aside(const std::string& path);
   void wait_in_flight();
   // Sync mode: waits for the background retention; "" or what failed.
   std::string wait_retention();
+  // Resuming.
+  std::vector<ResumeCandidate> resume_candidates(std::vector<std::string>& notes);
+  std::vector<std::string> durable_candidates();
+  LoadStats load_candidate(StateDict& state, const ResumeCandidate& candidate, std::string& path);
+  LoadStats load_from(StateDict& state, const std::string& path, const std::shared_ptr<Storage>& storage);
+  std::string set_aside(const std::string& path);
 
   CheckpointOptions options_;
   std::string dir_;
@@ -222,11 +205,12 @@ class CheckpointManager {
   HostStaging staging_;
   std::shared_ptr<Storage> storage_;
   ManagerHooks hooks_;
+  std::shared_ptr<const test_seam::SaveSeam> seam_;  // null but in tests
   // Tiers.
   TierPlacement placement_;
   std::string local_dir_;
   std::shared_ptr<Storage> local_storage_;
-  std::shared_ptr<Topology> topology_;
+  std::unique_ptr<TierProtocol> tiers_;  // null without tiers
   int64_t local_saves_ = 0;
 };
 

@@ -98,7 +98,7 @@ VerifyReport verify_checkpoint(Storage& storage, const std::string& checkpoint_d
                                thread_pool::ThreadPool* pool = nullptr);
 
 // verify_checkpoint for a directory that holds only some of its checkpoint's
-// data files (a node-local step directory, storage/tiers.h): checks the
+// data files (a node-local step directory, tiers/local_tier.h): checks the
 // chunks whose data file `check_file` accepts (called with the file name,
 // e.g. "rank_0.data") and counts the others in VerifyReport::skipped.
 VerifyReport verify_checkpoint_files(Storage& storage, const std::string& checkpoint_dir,

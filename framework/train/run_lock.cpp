@@ -1,6 +1,6 @@
 #include "framework/train/run_lock.h"
 
-#include "checkpoint/storage/tiers.h"
+#include "checkpoint/tiers/local_tier.h"
 
 #include <fcntl.h>
 #include <sys/file.h>

@@ -1,6 +1,7 @@
 #include "framework/train/trainer.h"
 #include "framework/train/preflight.h"
 #include "framework/train/state_dict.h"
+#include "framework/train/train_seam.h"
 
 #include "checkpoint/interop/import_dcp.h"
 #include "checkpoint/interop/import_weights.h"
@@ -43,6 +44,22 @@ namespace framework::train {
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 using checkpoint::seconds_since;
+
+namespace test_seam {
+
+namespace {
+std::function<void(int64_t step, int rank)> before_step_callback;  // tests only
+}  // namespace
+
+void set_before_step(std::function<void(int64_t step, int rank)> callback) {
+  before_step_callback = std::move(callback);
+}
+
+void before_step(int64_t step, int rank) {
+  if (before_step_callback) before_step_callback(step, rank);
+}
+
+}  // namespace test_seam
 
 namespace {
 
@@ -644,7 +661,8 @@ Trainer::Trainer(const config::Config& config, dist::Runtime& runtime, UserModel
   }
   // What a checkpoint imported from PyTorch DCP (ckpt import-dcp) lacks:
   // apply_loaded derives the data position from train.step and keeps the RNG.
-  s.hooks.checkpoint.optional_items = [](const std::string& name) {
+  checkpoint::ManagerHooks manager_hooks;
+  manager_hooks.optional_items = [](const std::string& name) {
     return name == "data.loader" || name == "rng.cpu" || name == "config";
   };
   checkpoint::CheckpointOptions ckpt_options = s.cfg.checkpoint;
@@ -654,7 +672,7 @@ Trainer::Trainer(const config::Config& config, dist::Runtime& runtime, UserModel
   s.ckpt = std::make_unique<checkpoint::CheckpointManager>(
       ckpt_options, (fs::path(s.cfg.run.dir) / "checkpoints").string(), *runtime.checkpoint,
       s.layout, s.hooks.storage ? s.hooks.storage : checkpoint::posix_storage(posix),
-      s.hooks.checkpoint);
+      manager_hooks);
   // The local tier is never behind the test hooks' storage (that one stands
   // for the durable file system), unless they provide one for it.
   s.ckpt->set_placement({runtime.env.node, s.hooks.local_storage ? s.hooks.local_storage
@@ -737,7 +755,7 @@ StepStats Trainer::State::accumulate_gradients(int64_t to_step) {
                     (host_targets != data::kIgnoreIndex).sum().to(device)};
   torch::Tensor stats =
       pack_step_stats(counted, stop_signal().load() != 0, ckpt->busy(), device, tp_rank == 0);
-  if (hooks.before_step) hooks.before_step(to_step, rt.env.rank);
+  test_seam::before_step(to_step, rt.env.rank);
   rt.train->all_reduce(stats);
   StepStats global = unpack_step_stats(stats);
   const double global_tokens = std::max(1.0, global.tokens);
@@ -773,7 +791,7 @@ StepRecord Trainer::train_step() {
     // still saving. Its result is the one host read of the step.
     torch::Tensor stats =
         pack_step_stats(local, stop_signal().load() != 0, s.ckpt->busy(), s.device, s.tp_rank == 0);
-    if (s.hooks.before_step) s.hooks.before_step(step, s.rt.env.rank);
+    test_seam::before_step(step, s.rt.env.rank);
     s.rt.train->all_reduce(stats);
     global = unpack_step_stats(stats);
     // Normalising by the global token count and summing gradients across

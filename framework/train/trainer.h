@@ -108,10 +108,8 @@ struct TrainerHooks {
   // Where the node-local tier (checkpoint.local.dir) is read and written;
   // null: the POSIX file system.
   std::shared_ptr<checkpoint::Storage> local_storage;
-  // Called at the start of every training step, before its collectives.
-  std::function<void(int64_t step, int rank)> before_step;
-  // Passed to the checkpoint manager (checkpoint/async/manager.h).
-  checkpoint::ManagerHooks checkpoint;
+  // (Test-only stall and kill points are not here: framework/train/train_seam.h
+  // and checkpoint/save_seam.h, not installed.)
 };
 
 class Trainer {

@@ -6,9 +6,10 @@
 #include "checkpoint/interop/export.h"
 #include "checkpoint/load.h"
 #include "checkpoint/save.h"
-#include "checkpoint/storage/checkpoint_dir.h"
+#include "checkpoint/layout/checkpoint_dir.h"
+#include "checkpoint/save_seam.h"
 #include "checkpoint/storage/memory.h"
-#include "checkpoint/storage/tiers.h"
+#include "checkpoint/tiers/local_tier.h"
 #include "support/crash_storage.h"
 #include "support/multi_rank.h"
 
@@ -255,15 +256,16 @@ Run run_scenario(const Scenario& s, Protocol protocol, int64_t rows, std::option
       }
       return;
     }
-    ManagerHooks hooks;
+    test_seam::SaveSeam seam;
     // The save before `step` (and its retention) ended before this one starts.
-    hooks.before_write = [&](int64_t step, int rank) {
+    seam.before_write = [&](int64_t step, int rank) {
       if (rank != 0) return;
       if (step == s.eio_step) run.sync_begin = crash->sync_calls();
       if (step == s.eio_step + 1) run.sync_end = crash->sync_calls();
       if (step > 1) returned(step - 1);
     };
-    CheckpointManager manager(manager_options(s), "", *group, "crash-check", storage, hooks);
+    CheckpointManager manager(manager_options(s), "", *group, "crash-check", storage);
+    test_seam::set_save_seam(manager, std::move(seam));
     if (s.tiers) manager.set_placement({ctx.rank, storage});
     for (int64_t step = 1; step <= s.steps; ++step) {
       try {

@@ -12,7 +12,7 @@
 #include <filesystem>
 #include <fstream>
 
-#include "checkpoint/storage/checkpoint_dir.h"
+#include "checkpoint/layout/checkpoint_dir.h"
 #include "checkpoint/storage/memory.h"
 #include "checkpoint/format/metadata.h"
 

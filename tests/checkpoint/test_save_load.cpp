@@ -7,7 +7,7 @@
 #include "checkpoint/save.h"
 #include "checkpoint/async/manager.h"
 #include "checkpoint/codec/chunk_reader.h"
-#include "checkpoint/storage/checkpoint_dir.h"
+#include "checkpoint/layout/checkpoint_dir.h"
 #include "checkpoint/storage/memory.h"
 #include "checkpoint/storage/storage.h"
 #include "support/faulty_storage.h"

@@ -1,4 +1,4 @@
-// Multi-level checkpoints (checkpoint/storage/tiers.h, the manager's tiers):
+// Multi-level checkpoints (checkpoint/tiers/local_tier.h, the manager's tiers):
 // 4 ranks as threads over real Gloo groups, placed on 2 simulated nodes,
 // each node with its own local tier directory, the durable tier in another.
 // Local commit, partner copies, flushes every k-th save, retention per tier,
@@ -6,8 +6,9 @@
 // durable disk or a partner that cannot store its copy.
 #include "checkpoint/async/manager.h"
 #include "checkpoint/format/metadata.h"
-#include "checkpoint/storage/checkpoint_dir.h"
-#include "checkpoint/storage/tiers.h"
+#include "checkpoint/layout/checkpoint_dir.h"
+#include "checkpoint/save_seam.h"
+#include "checkpoint/tiers/local_tier.h"
 #include "support/faulty_storage.h"
 #include "support/multi_rank.h"
 
@@ -103,7 +104,7 @@ struct Saved {
 Saved save_steps(const CheckpointOptions& options, int world, int64_t first, int64_t last,
                  bool final_last, std::shared_ptr<Storage> durable = posix_storage(),
                  std::function<std::shared_ptr<Storage>(int rank)> local = nullptr,
-                 ManagerHooks hooks = {}, double timeout_s = 30) {
+                 test_seam::SaveSeam seam = {}, double timeout_s = 30) {
   Saved out;
   out.errors.resize(world);
   std::mutex mu;
@@ -111,7 +112,8 @@ Saved save_steps(const CheckpointOptions& options, int world, int64_t first, int
       world,
       [&](RankContext& ctx) {
         auto g = ctx.make_group("ckpt");
-        CheckpointManager m(options, "", *g, "test", durable, hooks);
+        CheckpointManager m(options, "", *g, "test", durable);
+        test_seam::set_save_seam(m, seam);
         m.set_placement({node_of(ctx.rank, world), local ? local(ctx.rank) : posix_storage()});
         try {
           for (int64_t step = first; step <= last; ++step) {
@@ -358,11 +360,11 @@ TEST(Tiers, APartnerThatCannotStoreItsCopyLeavesNoPartnerClaim) {
 TEST(Tiers, APartnerThatIsDownFailsTheSaveWithoutAPartnerClaim) {
   Layout l{scratch("down")};
   CheckpointOptions o = tier_options(l, 1);
-  ManagerHooks hooks;
-  hooks.before_partner = [](int64_t, int rank) {
+  test_seam::SaveSeam seam;
+  seam.before_partner = [](int64_t, int rank) {
     if (rank == 3) std::this_thread::sleep_for(std::chrono::seconds(6));
   };
-  const Saved s = save_steps(o, 4, 1, 1, true, posix_storage(), nullptr, hooks, 2.0);
+  const Saved s = save_steps(o, 4, 1, 1, true, posix_storage(), nullptr, seam, 2.0);
   for (int r = 0; r < 4; ++r) {
     EXPECT_NE(s.errors[r], "") << r;
     EXPECT_NE(s.errors[r].find("checkpoint of step 1"), std::string::npos) << s.errors[r];

@@ -14,8 +14,10 @@
 //
 // The local launcher (--nproc) re-executes this binary, so every rank gets
 // the same faults.
+#include "checkpoint/save_seam.h"
 #include "checkpoint/storage/storage.h"
 #include "framework/train/train_main.h"
+#include "framework/train/train_seam.h"
 #include "support/faulty_storage.h"
 
 #include <chrono>
@@ -60,16 +62,18 @@ int main(int argc, char** argv) {
     }
   }
   const std::string stall = env_or_empty("SHARDKIT_STALL_AT");
-  hooks.before_step = stall_at(stall, "train");
-  hooks.checkpoint.before_write = stall_at(stall, "save");
-  hooks.checkpoint.before_partner = stall_at(stall, "partner");
+  framework::train::test_seam::set_before_step(stall_at(stall, "train"));
+  checkpoint::test_seam::SaveSeam seam;
+  seam.before_write = stall_at(stall, "save");
+  seam.before_partner = stall_at(stall, "partner");
   const std::string kill_at = env_or_empty("SHARDKIT_KILL_AT");
   if (kill_at.rfind("flush:", 0) == 0) {
-    hooks.checkpoint.before_flush = [kill_at](int64_t step, int rank) {
+    seam.before_flush = [kill_at](int64_t step, int rank) {
       if (kill_at != "flush:" + std::to_string(step)) return;
       std::fprintf(stderr, "shardkit: SHARDKIT_KILL_AT=%s: rank %d kills itself\n", kill_at.c_str(), rank);
       std::raise(SIGKILL);
     };
   }
+  checkpoint::test_seam::set_default_save_seam(std::move(seam));
   return framework::train::train_main(argc, argv, hooks);
 }

@@ -18,8 +18,8 @@
 #include <regex>
 #include <sstream>
 
-#include "checkpoint/storage/checkpoint_dir.h"
-#include "checkpoint/storage/tiers.h"
+#include "checkpoint/layout/checkpoint_dir.h"
+#include "checkpoint/tiers/local_tier.h"
 #include "checkpoint/format/checksum.h"
 #include "checkpoint/format/metadata.h"
 
@@ -548,7 +548,7 @@ void write_text(const fs::path& file, const std::string& text) {
 }
 
 // A multi-level checkpoint as a job of 2 nodes with one rank each leaves it
-// (storage/tiers.h): under root_/
+// (tiers/local_tier.h): under root_/
 //   durable/step_<N>/                   the checkpoint (write_checkpoint)
 //   local/node<k>/step_<N>/rank_<k>.data, .metadata, .local.json
 //   local/node<k>/step_<N>/.partner/rank_<1-k>.data, .partner.json  (with partner copies)

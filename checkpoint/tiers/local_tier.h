@@ -3,7 +3,7 @@
 // "Tiers"): the node-local tier's records, what one node's local tier holds,
 // and the resume choice between the local and the durable tier. Torch-free;
 // the protocol over the checkpoint group (local commit, partner copies,
-// flush, restore) is in checkpoint/async/manager.cpp.
+// flush, restore) is in checkpoint/tiers/protocol.h (internal).
 //
 // One node's local tier (checkpoint.local.dir, "{node}" replaced by the node):
 //   step_<N>/
@@ -19,7 +19,7 @@
 //     .partner.json     PartnerRecord: those copies with their sizes and
 //                       XXH3-64; written after every copy was fsynced on
 //                       every node; its presence is the L2 claim
-#include "checkpoint/storage/checkpoint_dir.h"
+#include "checkpoint/layout/checkpoint_dir.h"
 #include "checkpoint/storage/storage.h"
 
 #include <cstdint>

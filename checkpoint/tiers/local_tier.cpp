@@ -1,4 +1,4 @@
-#include "checkpoint/storage/tiers.h"
+#include "checkpoint/tiers/local_tier.h"
 
 #include "checkpoint/format/checksum.h"
 #include "checkpoint/format/metadata.h"
@@ -94,6 +94,23 @@ std::string node_list(const std::set<int>& nodes) {
   return (nodes.size() == 1 ? "node " : "nodes ") + out;
 }
 
+json files_json(const std::vector<TierFile>& files) {
+  json out = json::array();
+  for (const TierFile& f : files) out.push_back(file_json(f));
+  return out;
+}
+
+// Parses a record of `format` and reads the step and node both records
+// start with; the rest of the JSON is the caller's.
+template <typename Record>
+json decode_record_head(const std::string& text, const char* format, const std::string& where, Record& r) {
+  json j = parse_json(text, where);
+  check_format(j, format, where);
+  r.step = field<int64_t>(j, "step", where);
+  r.node = field<int>(j, "node", where);
+  return j;
+}
+
 }  // namespace
 
 std::string local_tier_dir(const std::string& pattern, int node) {
@@ -110,19 +127,14 @@ std::string rank_file_name(int rank) { return "rank_" + std::to_string(rank) + "
 const char* tier_name(Tier tier) { return tier == Tier::kLocal ? "local" : "durable"; }
 
 std::string encode_local_record(const LocalRecord& r) {
-  json files = json::array();
-  for (const TierFile& f : r.files) files.push_back(file_json(f));
   return json{{"format", kLocalFormat}, {"step", r.step},           {"node", r.node},
-              {"node_of_rank", r.node_of_rank}, {"files", files}}
+              {"node_of_rank", r.node_of_rank}, {"files", files_json(r.files)}}
       .dump(1);
 }
 
 LocalRecord decode_local_record(const std::string& text, const std::string& where) {
-  const json j = parse_json(text, where);
-  check_format(j, kLocalFormat, where);
   LocalRecord r;
-  r.step = field<int64_t>(j, "step", where);
-  r.node = field<int>(j, "node", where);
+  const json j = decode_record_head(text, kLocalFormat, where, r);
   r.node_of_rank = field<std::vector<int>>(j, "node_of_rank", where);
   if (r.node_of_rank.empty()) throw FormatError(where + ": node_of_rank is empty");
   for (const json& f : field<json>(j, "files", where)) r.files.push_back(file_from_json(f, where));
@@ -136,17 +148,13 @@ LocalRecord decode_local_record(const std::string& text, const std::string& wher
 }
 
 std::string encode_partner_record(const PartnerRecord& r) {
-  json files = json::array();
-  for (const TierFile& f : r.files) files.push_back(file_json(f));
-  return json{{"format", kPartnerFormat}, {"step", r.step}, {"node", r.node}, {"files", files}}.dump(1);
+  return json{{"format", kPartnerFormat}, {"step", r.step}, {"node", r.node}, {"files", files_json(r.files)}}
+      .dump(1);
 }
 
 PartnerRecord decode_partner_record(const std::string& text, const std::string& where) {
-  const json j = parse_json(text, where);
-  check_format(j, kPartnerFormat, where);
   PartnerRecord r;
-  r.step = field<int64_t>(j, "step", where);
-  r.node = field<int>(j, "node", where);
+  const json j = decode_record_head(text, kPartnerFormat, where, r);
   for (const json& f : field<json>(j, "files", where)) {
     TierFile file = file_from_json(f, where);
     if (!file.xxh3) throw FormatError(where + ": " + file.name + " has no xxh3");
@@ -286,6 +294,119 @@ NodeInventory decode_inventory(const std::string& text) {
   return inv;
 }
 
+namespace {
+
+// A node's committed step_<N> with a record.
+struct Holder {
+  const LocalStep* step;
+  int node;
+};
+
+std::vector<Holder> committed_holders(const std::vector<NodeInventory>& nodes, int64_t step) {
+  std::vector<Holder> holders;
+  for (const NodeInventory& n : nodes) {
+    for (const LocalStep& s : n.steps) {
+      if (s.step == step && s.committed && s.record) holders.push_back({&s, n.node});
+    }
+  }
+  return holders;
+}
+
+// The last of `files` named `name`, as a source on `node`.
+std::optional<FileSource> named(const std::vector<TierFile>& files, const std::string& name, int node,
+                                bool partner) {
+  std::optional<FileSource> found;
+  for (const TierFile& f : files) {
+    if (f.name == name) found = FileSource{f, node, partner};
+  }
+  return found;
+}
+
+// Where rank file `name` of `step` is: a holder's own file first, then a
+// holder's partner copy, then a partner copy on any node.
+std::optional<FileSource> find_rank_file(const std::vector<NodeInventory>& nodes,
+                                         const std::vector<Holder>& holders, int64_t step,
+                                         const std::string& name) {
+  for (const Holder& h : holders) {
+    if (auto found = named(h.step->own, name, h.node, false)) return found;
+  }
+  for (const Holder& h : holders) {
+    if (!h.step->partner) continue;
+    if (auto found = named(h.step->partner_copies, name, h.node, true)) return found;
+  }
+  // A partner copy may sit on a node whose own part is not committed (it
+  // could not be, after losing files); its .partner.json is the claim that
+  // counts.
+  for (const NodeInventory& n : nodes) {
+    for (const LocalStep& s : n.steps) {
+      if (s.step != step || !s.partner) continue;
+      if (auto found = named(s.partner_copies, name, n.node, true)) return found;
+    }
+  }
+  return std::nullopt;
+}
+
+// Fills local.sources with every rank file of the saving world and
+// local.reason; returns why the step is not a candidate ("" when it is).
+std::string collect_sources(const std::vector<NodeInventory>& nodes, const std::vector<Holder>& holders,
+                            const std::vector<int>& node_of_rank, ResumeCandidate& local) {
+  std::vector<std::string> missing;
+  std::set<int> from_partner_nodes, lost_nodes;
+  for (int r = 0; r < local.world_size; ++r) {
+    const std::string name = rank_file_name(r);
+    const std::optional<FileSource> found = find_rank_file(nodes, holders, local.step, name);
+    if (!found) {
+      missing.push_back(name);
+      lost_nodes.insert(node_of_rank[r]);
+      continue;
+    }
+    if (found->partner) {
+      from_partner_nodes.insert(found->node);
+      lost_nodes.insert(node_of_rank[r]);
+    }
+    local.sources.push_back(*found);
+  }
+  if (!missing.empty()) {
+    return "local step_" + std::to_string(local.step) + " lacks " + join(missing) + " (" +
+           node_list(lost_nodes) + ": not committed there or files missing, and no " +
+           "committed partner copy)";
+  }
+  if (from_partner_nodes.empty()) {
+    local.reason = "every rank file is on its own node";
+  } else {
+    local.reason = "the files of " + node_list(lost_nodes) +
+                   " (missing or incomplete there) come from partner copies on " +
+                   node_list(from_partner_nodes);
+  }
+  return "";
+}
+
+// The local tier's candidate for `step` from the nodes that committed it
+// (`holders`, not empty); returns why it is not one ("" when it is).
+std::string local_candidate(const std::vector<NodeInventory>& nodes, const std::vector<Holder>& holders,
+                            ResumeCandidate& local) {
+  const std::vector<int>& node_of_rank = holders[0].step->record->node_of_rank;
+  local.world_size = static_cast<int>(node_of_rank.size());
+  local.metadata_node = holders[0].node;
+  for (const Holder& h : holders) {
+    if (h.step->record->node_of_rank != node_of_rank) {
+      return "the nodes' records of local step_" + std::to_string(local.step) + " disagree on the world";
+    }
+  }
+  return collect_sources(nodes, holders, node_of_rank, local);
+}
+
+bool any_local_step(const std::vector<NodeInventory>& nodes, int64_t step) {
+  for (const NodeInventory& n : nodes) {
+    for (const LocalStep& s : n.steps) {
+      if (s.step == step) return true;
+    }
+  }
+  return false;
+}
+
+}  // namespace
+
 TierChoice choose_resume_tiers(const std::vector<NodeInventory>& nodes,
                                const std::vector<CheckpointEntry>& durable) {
   std::set<int64_t, std::greater<int64_t>> steps;
@@ -303,85 +424,15 @@ TierChoice choose_resume_tiers(const std::vector<NodeInventory>& nodes,
   TierChoice out;
   for (int64_t step : steps) {
     // The local tier: the nodes that committed this step with a record.
-    std::string why_not;
     ResumeCandidate local;
     local.step = step;
     local.tier = Tier::kLocal;
-    std::vector<const LocalStep*> holders;
-    std::vector<int> holder_node;
-    for (const NodeInventory& n : nodes) {
-      for (const LocalStep& s : n.steps) {
-        if (s.step == step && s.committed && s.record) {
-          holders.push_back(&s);
-          holder_node.push_back(n.node);
-        }
-      }
-    }
-    if (holders.empty()) {
-      bool any = false;
-      for (const NodeInventory& n : nodes) {
-        for (const LocalStep& s : n.steps) any = any || s.step == step;
-      }
-      if (any) why_not = "no node holds a committed local step_" + std::to_string(step);
-    } else {
-      const std::vector<int>& node_of_rank = holders[0]->record->node_of_rank;
-      local.world_size = static_cast<int>(node_of_rank.size());
-      local.metadata_node = holder_node[0];
-      bool consistent = true;
-      for (const LocalStep* h : holders) consistent = consistent && h->record->node_of_rank == node_of_rank;
-      if (!consistent) {
-        why_not = "the nodes' records of local step_" + std::to_string(step) + " disagree on the world";
-      } else {
-        std::vector<std::string> missing;
-        std::set<int> from_partner_nodes, lost_nodes;
-        for (int r = 0; r < local.world_size; ++r) {
-          const std::string name = rank_file_name(r);
-          std::optional<FileSource> found;
-          for (size_t h = 0; h < holders.size() && !found; ++h) {
-            for (const TierFile& f : holders[h]->own) {
-              if (f.name == name) found = FileSource{f, holder_node[h], false};
-            }
-          }
-          for (size_t h = 0; h < holders.size() && !found; ++h) {
-            if (!holders[h]->partner) continue;
-            for (const TierFile& f : holders[h]->partner_copies) {
-              if (f.name == name) found = FileSource{f, holder_node[h], true};
-            }
-          }
-          // A partner copy may sit on a node whose own part is not committed
-          // (it could not be, after losing files); its .partner.json is
-          // the claim that counts.
-          for (const NodeInventory& n : nodes) {
-            for (const LocalStep& s : n.steps) {
-              if (found || s.step != step || !s.partner) continue;
-              for (const TierFile& f : s.partner_copies) {
-                if (f.name == name) found = FileSource{f, n.node, true};
-              }
-            }
-          }
-          if (!found) {
-            missing.push_back(name);
-            lost_nodes.insert(node_of_rank[r]);
-          } else {
-            if (found->partner) {
-              from_partner_nodes.insert(found->node);
-              lost_nodes.insert(node_of_rank[r]);
-            }
-            local.sources.push_back(*found);
-          }
-        }
-        if (!missing.empty()) {
-          why_not = "local step_" + std::to_string(step) + " lacks " + join(missing) + " (" +
-                    node_list(lost_nodes) + ": not committed there or files missing, and no " +
-                    "committed partner copy)";
-        } else if (from_partner_nodes.empty()) {
-          local.reason = "every rank file is on its own node";
-        } else {
-          local.reason = "the files of " + node_list(lost_nodes) +
-                         " (missing or incomplete there) come from partner copies on " +
-                         node_list(from_partner_nodes);
-        }
-      }
+    const std::vector<Holder> holders = committed_holders(nodes, step);
+    std::string why_not;
+    if (!holders.empty()) {
+      why_not = local_candidate(nodes, holders, local);
+    } else if (any_local_step(nodes, step)) {
+      why_not = "no node holds a committed local step_" + std::to_string(step);
     }
     if (why_not.empty() && !holders.empty()) {
       out.candidates.push_back(std::move(local));

@@ -1,4 +1,4 @@
-#include "checkpoint/storage/checkpoint_dir.h"
+#include "checkpoint/layout/checkpoint_dir.h"
 
 #include <algorithm>
 #include <utility>
