@@ -25,6 +25,7 @@
 #include <utility>
 #include <vector>
 
+#include "checkpoint/errors.h"  // FormatError
 #include "checkpoint/format/types.h"
 #include "checkpoint/storage/storage.h"
 
@@ -39,13 +40,6 @@ constexpr uint32_t kOldestFormatVersion = 1;
 constexpr const char* kMetadataFileName = ".metadata";
 // Written first, fsynced, then renamed to kMetadataFileName (the commit).
 constexpr const char* kMetadataTmpFileName = ".metadata.tmp";
-
-// Every decode or validation failure. The message names the source (file
-// path) and, where one is involved, the item and chunk index.
-class FormatError : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
 
 // Blocks bound what a reader must hold in memory to decode part of a chunk.
 // Writers choose the block size (8 MiB by default); readers refuse larger ones.

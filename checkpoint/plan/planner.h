@@ -19,16 +19,10 @@
 #include <string>
 #include <vector>
 
+#include "checkpoint/errors.h"  // PlanError
 #include "checkpoint/format/types.h"
 
 namespace checkpoint {
-
-// Any inconsistency between ranks' local plans, or a malformed plan blob. The
-// message names the item and the ranks involved.
-class PlanError : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
 
 // One region a rank holds. Ranks holding the same (name, box) hold replicas.
 struct WriteItem {
