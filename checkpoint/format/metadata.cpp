@@ -8,7 +8,7 @@
 #include "checkpoint/format/byte_order.h"
 #include "checkpoint/format/checksum.h"
 #include "checkpoint/format/metadata_codec.h"
-#include "checkpoint/plan/planner.h"
+#include "checkpoint/format/types.h"  // find_tiling_problem
 #include "checkpoint/format/wire.h"
 
 namespace checkpoint {

@@ -7,7 +7,7 @@
 
 #include "checkpoint/format/metadata.h"
 #include "checkpoint/format/metadata_codec.h"
-#include "checkpoint/plan/planner.h"
+#include "checkpoint/format/types.h"  // find_tiling_problem
 
 namespace checkpoint {
 
