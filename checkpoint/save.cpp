@@ -7,6 +7,7 @@
 #include "checkpoint/format/checksum.h"
 #include "checkpoint/codec/chunk_writer.h"
 #include "checkpoint/format/metadata.h"
+#include "checkpoint/format/metadata_codec.h"
 #include "checkpoint/codec/transforms.h"
 #include "checkpoint/format/wire.h"
 #include "checkpoint/timing.h"
@@ -27,40 +28,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 using framework::dist::Bytes;
-
-// A written chunk as one rank reports it to the coordinator.
-void put_chunk_location(wire::ByteWriter& w, const ChunkMeta& c) {
-  w.put_u64(c.offset);
-  w.put_u64(c.length);
-  w.put_u64(c.logical_bytes);
-  w.put_u64(c.checksum);
-  w.put_varint(c.transforms.size());
-  for (const auto& t : c.transforms) w.put_string(t);
-  w.put_varint(c.blocks.size());
-  for (const auto& b : c.blocks) {
-    w.put_u64(b.stored_offset);
-    w.put_u64(b.stored_length);
-    w.put_u64(b.logical_length);
-    w.put_u64(b.checksum);
-  }
-}
-
-void get_chunk_location(wire::ByteReader& r, ChunkMeta& c) {
-  c.offset = r.get_u64("offset");
-  c.length = r.get_u64("length");
-  c.logical_bytes = r.get_u64("logical bytes");
-  c.checksum = r.get_u64("checksum");
-  uint64_t nt = r.get_count(1, "transforms");
-  for (uint64_t i = 0; i < nt; ++i) c.transforms.push_back(r.get_string(256, "transform"));
-  uint64_t nb = r.get_count(32, "blocks");
-  c.blocks.resize(nb);
-  for (auto& b : c.blocks) {
-    b.stored_offset = r.get_u64("block offset");
-    b.stored_length = r.get_u64("block length");
-    b.logical_length = r.get_u64("block logical length");
-    b.checksum = r.get_u64("block checksum");
-  }
-}
 
 // The bytes of `sub` (inside the held box), contiguous. Splits along dim 0 of
 // a contiguous tensor need no copy.
@@ -280,6 +247,14 @@ std::vector<WriteAssignment> assignments_from_reply(const Bytes& reply, uint64_t
   return decode_assignments(reply.data() + 9, reply.size() - 9);
 }
 
+Bytes encode_write_report(uint64_t logical_bytes, uint64_t stored_bytes, const std::vector<ChunkMeta>& chunks) {
+  wire::ByteWriter w;
+  w.put_u64(logical_bytes);
+  w.put_u64(stored_bytes);
+  for (const ChunkMeta& c : chunks) metadata_codec::put_chunk(w, c);  // as in the metadata
+  return w.release();
+}
+
 Bytes assemble_metadata(const CoordinatorPlan& kept, const std::vector<Bytes>& reports,
                         const SaveOptions& options, SaveStats& stats) {
   const int world = static_cast<int>(reports.size());
@@ -291,7 +266,6 @@ Bytes assemble_metadata(const CoordinatorPlan& kept, const std::vector<Bytes>& r
   // over every report), and the byte totals.
   const uint64_t n = kept.item_of.size();
   std::vector<uint64_t> location_at(n);
-  ChunkMeta scratch;
   for (int r = 0; r < world; ++r) {
     const Bytes& report = reports[r];
     wire::ByteReader reader(report.data() + 1, report.size() - 1);
@@ -299,8 +273,7 @@ Bytes assemble_metadata(const CoordinatorPlan& kept, const std::vector<Bytes>& r
     stats.total_stored_bytes += reader.get_u64("stored");
     for (uint64_t k = kept.rank_begin[r]; k < kept.rank_begin[r + 1]; ++k) {
       location_at[k] = 1 + (report.size() - 1 - reader.remaining());
-      scratch = ChunkMeta();
-      get_chunk_location(reader, scratch);
+      metadata_codec::get_chunk(reader, kept.items[kept.item_of[k]].global_shape.size());
     }
     if (!reader.at_end()) {
       throw CheckpointError("checkpoint save: rank " + std::to_string(r) + "'s write report has " +
@@ -342,7 +315,7 @@ Bytes assemble_metadata(const CoordinatorPlan& kept, const std::vector<Bytes>& r
       ChunkMeta& c = item.chunks[at - item_begin[i]];
       const Bytes& report = reports[r];
       wire::ByteReader reader(report.data() + location_at[k], report.size() - location_at[k]);
-      get_chunk_location(reader, c);
+      c = metadata_codec::get_chunk(reader, item.global_shape.size());
       c.box = kept.box(k);
       c.file = files[r];
       c.writer_rank = r;
@@ -357,7 +330,7 @@ Bytes assemble_metadata(const CoordinatorPlan& kept, const std::vector<Bytes>& r
 namespace {
 
 // Step 3: writes this rank's assignments and returns its write report:
-// logical and stored bytes, then the chunks' locations.
+// logical and stored bytes, then the chunks' records (save_protocol.h).
 Bytes write_this_rank(const StateDict& state, const std::string& step_dir,
                       const std::vector<WriteAssignment>& assignments, int rank, Storage& storage,
                       const SaveOptions& options, SaveStats& stats) {
@@ -367,11 +340,7 @@ Bytes write_this_rank(const StateDict& state, const std::string& step_dir,
   stats.logical_bytes = writer.logical_bytes();
   stats.stored_bytes = writer.stored_bytes();
   stats.peak_batches_in_flight = writer.peak_batches_in_flight();
-  wire::ByteWriter w;
-  w.put_u64(stats.logical_bytes);
-  w.put_u64(stats.stored_bytes);
-  for (const auto& c : chunks) put_chunk_location(w, c);
-  return w.release();
+  return save_protocol::encode_write_report(stats.logical_bytes, stats.stored_bytes, chunks);
 }
 
 // A fresh plan id: agreed by the coordinator's scatter, never 0, < 2^62 (so

@@ -413,27 +413,17 @@ namespace {
 constexpr uint32_t kLocalPlanTag = 0x504c4b53;    // "SKLP"
 constexpr uint32_t kAssignmentsTag = 0x41574b53;  // "SKWA"
 
-void put_dims(wire::ByteWriter& w, const std::vector<int64_t>& dims) {
-  for (int64_t v : dims) w.put_zigzag(v);
-}
-
-std::vector<int64_t> get_dims(wire::ByteReader& r, size_t n, const char* what) {
-  std::vector<int64_t> dims(n);
-  for (auto& v : dims) v = r.get_zigzag(what);
-  return dims;
-}
-
 void put_box(wire::ByteWriter& w, const Box& box) {
   w.put_varint(box.sizes.size());
-  put_dims(w, box.offsets);
-  put_dims(w, box.sizes);
+  wire::put_dims(w, box.offsets);
+  wire::put_dims(w, box.sizes);
 }
 
 Box get_box(wire::ByteReader& r) {
   const size_t ndim = r.get_varint_max(kMaxNdim, "box rank");
   Box box;
-  box.offsets = get_dims(r, ndim, "box offset");
-  box.sizes = get_dims(r, ndim, "box size");
+  box.offsets = wire::get_dims(r, ndim, "box offset");
+  box.sizes = wire::get_dims(r, ndim, "box size");
   return box;
 }
 
@@ -458,11 +448,7 @@ std::vector<uint8_t> encode_local_plan(const LocalPlan& plan) {
   w.put_zigzag(plan.rank);
   w.put_varint(plan.items.size());
   for (const WriteItem& item : plan.items) {
-    w.put_string(item.name);
-    w.put_u8(static_cast<uint8_t>(item.kind));
-    w.put_u8(static_cast<uint8_t>(item.dtype));
-    w.put_varint(item.global_shape.size());
-    put_dims(w, item.global_shape);
+    wire::put_item_header(w, item.name, item.kind, item.dtype, item.global_shape);
     put_box(w, item.box);
   }
   return w.release();
@@ -477,14 +463,7 @@ LocalPlan decode_local_plan(const uint8_t* data, size_t size) {
     // name length, kind, dtype, ndim, box rank: at least 5 bytes per item
     plan.items.resize(r.get_count(5, "item count"));
     for (WriteItem& item : plan.items) {
-      item.name = r.get_string(kMaxNameLength, "item name");
-      const uint8_t kind = r.get_u8("item kind");
-      if (!is_known_item_kind(kind)) r.fail("item kind", "unknown code " + std::to_string(kind));
-      item.kind = static_cast<ItemKind>(kind);
-      const uint8_t dtype = r.get_u8("dtype");
-      if (!is_known_dtype(dtype)) r.fail("dtype", "unknown code " + std::to_string(dtype));
-      item.dtype = static_cast<DType>(dtype);
-      item.global_shape = get_dims(r, r.get_varint_max(kMaxNdim, "rank"), "global shape");
+      item.name = std::string(wire::get_item_header(r, &item.kind, &item.dtype, &item.global_shape));
       item.box = get_box(r);
     }
     return plan;
@@ -522,14 +501,10 @@ int GlobalPlanner::add_encoded(const uint8_t* data, size_t size) {
     WriteItem slow;
     std::vector<int64_t> shape;
     for (uint64_t n = 0; n < count; ++n) {
-      const std::string_view name = r.get_string_view(kMaxNameLength, "item name");
-      const uint8_t kind = r.get_u8("item kind");
-      if (!is_known_item_kind(kind)) r.fail("item kind", "unknown code " + std::to_string(kind));
-      const uint8_t dtype = r.get_u8("dtype");
-      if (!is_known_dtype(dtype)) r.fail("dtype", "unknown code " + std::to_string(dtype));
-      const size_t ndim = r.get_varint_max(kMaxNdim, "rank");
-      shape.resize(ndim);
-      for (int64_t& v : shape) v = r.get_zigzag("global shape");
+      ItemKind kind;
+      DType dtype;
+      const std::string_view name = wire::get_item_header(r, &kind, &dtype, &shape);
+      const size_t ndim = shape.size();
       const size_t box_ndim = r.get_varint_max(kMaxNdim, "box rank");
       // The common case: the item the previous one was followed by on an
       // earlier rank, declared the same, with a box of its rank: appended
@@ -537,8 +512,7 @@ int GlobalPlanner::add_encoded(const uint8_t* data, size_t size) {
       if (hint_ < items_.size()) {
         Item& item = *items_[hint_];
         const WriteItem& first = item.first;
-        if (first.name == name && static_cast<uint8_t>(first.kind) == kind &&
-            static_cast<uint8_t>(first.dtype) == dtype && first.global_shape == shape &&
+        if (first.name == name && first.kind == kind && first.dtype == dtype && first.global_shape == shape &&
             box_ndim == ndim) {
           for (size_t d = 0; d < 2 * ndim; ++d) {
             item.coords.push_back(r.get_zigzag(d < ndim ? "box offset" : "box size"));
@@ -549,11 +523,11 @@ int GlobalPlanner::add_encoded(const uint8_t* data, size_t size) {
         }
       }
       slow.name.assign(name.data(), name.size());
-      slow.kind = static_cast<ItemKind>(kind);
-      slow.dtype = static_cast<DType>(dtype);
+      slow.kind = kind;
+      slow.dtype = dtype;
       slow.global_shape = shape;
-      slow.box.offsets = get_dims(r, box_ndim, "box offset");
-      slow.box.sizes = get_dims(r, box_ndim, "box size");
+      slow.box.offsets = wire::get_dims(r, box_ndim, "box offset");
+      slow.box.sizes = wire::get_dims(r, box_ndim, "box size");
       add_item(slow, static_cast<int>(rank));
     }
     return static_cast<int>(rank);
