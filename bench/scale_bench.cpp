@@ -148,31 +148,21 @@ Bytes tagged(Bytes payload) {
 // A rank's write report for its assignments, with plausible locations: one
 // block per chunk, uncompressed, consecutive in its file.
 Bytes write_report(const std::vector<WriteAssignment>& assignments) {
-  wire::ByteWriter w;
-  uint64_t total = 0;
-  std::vector<uint64_t> lengths;
+  std::vector<ChunkMeta> chunks;
+  uint64_t offset = 0;
   for (const auto& a : assignments) {
     const uint64_t n = static_cast<uint64_t>(a.box.numel()) * (a.name == "train_state" ? 1 : 4);
-    lengths.push_back(n);
-    total += n;
-  }
-  w.put_u64(total);
-  w.put_u64(total);
-  uint64_t offset = 0;
-  for (uint64_t n : lengths) {
-    w.put_u64(offset);
-    w.put_u64(n);
-    w.put_u64(n);
-    w.put_u64(0x9e3779b97f4a7c15ull ^ offset);
-    w.put_varint(0);  // transforms
-    w.put_varint(1);  // blocks
-    w.put_u64(0);
-    w.put_u64(n);
-    w.put_u64(n);
-    w.put_u64(0x9e3779b97f4a7c15ull ^ offset);
+    ChunkMeta c;
+    c.box = a.box;
+    c.offset = offset;
+    c.length = n;
+    c.logical_bytes = n;
+    c.checksum = 0x9e3779b97f4a7c15ull ^ offset;
+    c.blocks.push_back(BlockMeta{0, n, n, 0x9e3779b97f4a7c15ull ^ offset});
+    chunks.push_back(std::move(c));
     offset += n;
   }
-  return w.release();
+  return save_protocol::encode_write_report(offset, offset, chunks);
 }
 
 // What the Group's byte collectives deliver to each member (process_group.cpp).

@@ -4,7 +4,6 @@
 #include "checkpoint/futures.h"
 #include "checkpoint/format/metadata.h"
 #include "checkpoint/plan/resharding.h"
-#include "checkpoint/storage/memory.h"
 
 #include <thread_pool/thread_pool.hpp>
 
@@ -156,14 +155,9 @@ LoadStats load_state_dict(StateDict& state, const std::string& step_dir, const L
 
 std::vector<std::string> files_needed(const StateDict& state, const std::vector<uint8_t>& metadata,
                                       const LoadOptions& options) {
-  std::shared_ptr<Storage> memory = memory_storage();
-  memory->make_dirs("/checkpoint");
-  {
-    std::unique_ptr<WritableFile> f = memory->create_file(join_path("/checkpoint", kMetadataFileName));
-    f->append(metadata.data(), metadata.size());
-    f->close();
-  }
-  MetadataReader reader(*memory, "/checkpoint");
+  // Named in errors as it always was (it used to be parsed from an in-memory
+  // storage's /checkpoint).
+  MetadataReader reader(metadata, join_path("/checkpoint", kMetadataFileName));
   const CheckpointMeta& meta = reader.head();
   const ItemIndex index(meta);
   auto wanted = [&](const std::string& name) { return !options.filter || options.filter(name); };

@@ -2,7 +2,7 @@
 // Loading a checkpoint into this rank's state: no communication. Every rank
 // reads the metadata, and for each box it holds now reads only the saved byte
 // ranges (blocks) that overlap it -- resharding to any world size and layout.
-#include "checkpoint/save.h"
+#include "checkpoint/errors.h"  // CheckpointError
 #include "checkpoint/state_dict.h"
 #include "checkpoint/storage/storage.h"
 

@@ -7,6 +7,7 @@
 #include "checkpoint/format/checksum.h"
 #include "checkpoint/codec/chunk_writer.h"
 #include "checkpoint/format/metadata.h"
+#include "checkpoint/format/metadata_codec.h"
 #include "checkpoint/codec/transforms.h"
 #include "checkpoint/format/wire.h"
 #include "checkpoint/timing.h"
@@ -27,40 +28,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 using framework::dist::Bytes;
-
-// A written chunk as one rank reports it to the coordinator.
-void put_chunk_location(wire::ByteWriter& w, const ChunkMeta& c) {
-  w.put_u64(c.offset);
-  w.put_u64(c.length);
-  w.put_u64(c.logical_bytes);
-  w.put_u64(c.checksum);
-  w.put_varint(c.transforms.size());
-  for (const auto& t : c.transforms) w.put_string(t);
-  w.put_varint(c.blocks.size());
-  for (const auto& b : c.blocks) {
-    w.put_u64(b.stored_offset);
-    w.put_u64(b.stored_length);
-    w.put_u64(b.logical_length);
-    w.put_u64(b.checksum);
-  }
-}
-
-void get_chunk_location(wire::ByteReader& r, ChunkMeta& c) {
-  c.offset = r.get_u64("offset");
-  c.length = r.get_u64("length");
-  c.logical_bytes = r.get_u64("logical bytes");
-  c.checksum = r.get_u64("checksum");
-  uint64_t nt = r.get_count(1, "transforms");
-  for (uint64_t i = 0; i < nt; ++i) c.transforms.push_back(r.get_string(256, "transform"));
-  uint64_t nb = r.get_count(32, "blocks");
-  c.blocks.resize(nb);
-  for (auto& b : c.blocks) {
-    b.stored_offset = r.get_u64("block offset");
-    b.stored_length = r.get_u64("block length");
-    b.logical_length = r.get_u64("block logical length");
-    b.checksum = r.get_u64("block checksum");
-  }
-}
 
 // The bytes of `sub` (inside the held box), contiguous. Splits along dim 0 of
 // a contiguous tensor need no copy.
@@ -280,6 +247,14 @@ std::vector<WriteAssignment> assignments_from_reply(const Bytes& reply, uint64_t
   return decode_assignments(reply.data() + 9, reply.size() - 9);
 }
 
+Bytes encode_write_report(uint64_t logical_bytes, uint64_t stored_bytes, const std::vector<ChunkMeta>& chunks) {
+  wire::ByteWriter w;
+  w.put_u64(logical_bytes);
+  w.put_u64(stored_bytes);
+  for (const ChunkMeta& c : chunks) metadata_codec::put_chunk(w, c);  // as in the metadata
+  return w.release();
+}
+
 Bytes assemble_metadata(const CoordinatorPlan& kept, const std::vector<Bytes>& reports,
                         const SaveOptions& options, SaveStats& stats) {
   const int world = static_cast<int>(reports.size());
@@ -291,7 +266,6 @@ Bytes assemble_metadata(const CoordinatorPlan& kept, const std::vector<Bytes>& r
   // over every report), and the byte totals.
   const uint64_t n = kept.item_of.size();
   std::vector<uint64_t> location_at(n);
-  ChunkMeta scratch;
   for (int r = 0; r < world; ++r) {
     const Bytes& report = reports[r];
     wire::ByteReader reader(report.data() + 1, report.size() - 1);
@@ -299,8 +273,7 @@ Bytes assemble_metadata(const CoordinatorPlan& kept, const std::vector<Bytes>& r
     stats.total_stored_bytes += reader.get_u64("stored");
     for (uint64_t k = kept.rank_begin[r]; k < kept.rank_begin[r + 1]; ++k) {
       location_at[k] = 1 + (report.size() - 1 - reader.remaining());
-      scratch = ChunkMeta();
-      get_chunk_location(reader, scratch);
+      metadata_codec::get_chunk(reader, kept.items[kept.item_of[k]].global_shape.size());
     }
     if (!reader.at_end()) {
       throw CheckpointError("checkpoint save: rank " + std::to_string(r) + "'s write report has " +
@@ -342,7 +315,7 @@ Bytes assemble_metadata(const CoordinatorPlan& kept, const std::vector<Bytes>& r
       ChunkMeta& c = item.chunks[at - item_begin[i]];
       const Bytes& report = reports[r];
       wire::ByteReader reader(report.data() + location_at[k], report.size() - location_at[k]);
-      get_chunk_location(reader, c);
+      c = metadata_codec::get_chunk(reader, item.global_shape.size());
       c.box = kept.box(k);
       c.file = files[r];
       c.writer_rank = r;
@@ -357,7 +330,7 @@ Bytes assemble_metadata(const CoordinatorPlan& kept, const std::vector<Bytes>& r
 namespace {
 
 // Step 3: writes this rank's assignments and returns its write report:
-// logical and stored bytes, then the chunks' locations.
+// logical and stored bytes, then the chunks' records (save_protocol.h).
 Bytes write_this_rank(const StateDict& state, const std::string& step_dir,
                       const std::vector<WriteAssignment>& assignments, int rank, Storage& storage,
                       const SaveOptions& options, SaveStats& stats) {
@@ -367,11 +340,7 @@ Bytes write_this_rank(const StateDict& state, const std::string& step_dir,
   stats.logical_bytes = writer.logical_bytes();
   stats.stored_bytes = writer.stored_bytes();
   stats.peak_batches_in_flight = writer.peak_batches_in_flight();
-  wire::ByteWriter w;
-  w.put_u64(stats.logical_bytes);
-  w.put_u64(stats.stored_bytes);
-  for (const auto& c : chunks) put_chunk_location(w, c);
-  return w.release();
+  return save_protocol::encode_write_report(stats.logical_bytes, stats.stored_bytes, chunks);
 }
 
 // A fresh plan id: agreed by the coordinator's scatter, never 0, < 2^62 (so
@@ -404,6 +373,126 @@ void withdraw_commit(Storage& storage, const std::string& step_dir) {
   }
 }
 
+// Step 1: this rank's encoded local plan; `error` is set instead when it
+// cannot be made (the rank still takes every collective).
+Bytes make_local_plan_blob(const StateDict& state, const std::string& step_dir, int rank, Storage& storage,
+                           const SaveOptions& options, std::string* error) {
+  try {
+    Bytes blob = encode_local_plan(make_local_plan(state, rank));
+    // Durable at once: a commit inside a step directory whose own name is
+    // lost in a power cut is no commit (and retention may already have
+    // deleted the previous checkpoint).
+    if (rank == 0 || options.node_local) storage.make_dirs_durable(step_dir);
+    return blob;
+  } catch (const std::exception& e) {
+    *error = error_text(e);
+    return {};
+  }
+}
+
+// Step 2 in full: the coordinator plans from every rank's blob and scatters
+// each rank its assignments. Refills `cache` (when given); `kept` is the
+// coordinator's plan (rank 0 only).
+std::vector<WriteAssignment> plan_with_coordinator(framework::dist::Group& group, Bytes blob,
+                                                   const std::string& error, uint64_t structure,
+                                                   const std::string& step_dir, const SaveOptions& options,
+                                                   SavePlanCache* cache,
+                                                   std::shared_ptr<const CoordinatorPlan>* kept) {
+  if (cache) {
+    ++cache->misses;
+    cache->valid = false;
+  }
+  std::vector<Bytes> gathered =
+      group.gather_bytes(error.empty() ? tagged_ok(std::move(blob)) : tagged_error(error), 0);
+  std::vector<Bytes> replies;
+  if (group.rank() == 0) {
+    auto plan = std::make_shared<CoordinatorPlan>();
+    replies = save_protocol::plan_replies(std::move(gathered), options.plan, step_dir, new_plan_id(), plan.get());
+    *kept = std::move(plan);
+  }
+  gathered = {};
+  uint64_t plan_id = 0;
+  std::vector<WriteAssignment> assignments =
+      save_protocol::assignments_from_reply(group.scatter_bytes(replies, 0), &plan_id);
+  if (cache) {
+    cache->structure = structure;
+    cache->plan_id = plan_id;
+    cache->assignments = assignments;
+    cache->coordinator = *kept;
+    cache->valid = true;
+  }
+  return assignments;
+}
+
+// Step 2: the plan, cached when every rank's structure is unchanged, else
+// from the coordinator (plan_with_coordinator).
+std::vector<WriteAssignment> agree_on_plan(framework::dist::Group& group, Bytes blob, const std::string& error,
+                                           const std::string& step_dir, const SaveOptions& options,
+                                           SaveStats& stats, std::shared_ptr<const CoordinatorPlan>* kept) {
+  SavePlanCache* cache = options.plan_cache.get();
+  const uint64_t structure =
+      error.empty() ? save_protocol::structure_hash(blob, options.plan, group.size(), group.rank()) : 0;
+  if (cache) {
+    const bool fits = error.empty() && cache->valid && cache->structure == structure &&
+                      (group.rank() != 0 || cache->coordinator);
+    stats.plan_cached = cached_plan_agreed(group, fits, cache->plan_id);
+  }
+  if (!stats.plan_cached) {
+    return plan_with_coordinator(group, std::move(blob), error, structure, step_dir, options, cache, kept);
+  }
+  ++cache->hits;
+  *kept = cache->coordinator;
+  return cache->assignments;
+}
+
+// Step 4 (coordinator): the verdict every rank receives. Commits the metadata
+// when every rank's report is a success; the verdict then carries the totals
+// (and, node-local, the encoded metadata), else the failure.
+Bytes commit_on_coordinator(const std::shared_ptr<const CoordinatorPlan>& kept, std::vector<Bytes> reports,
+                            const std::string& step_dir, Storage& storage, const SaveOptions& options) {
+  const std::string failures = describe_rank_failures(reports);
+  if (!failures.empty()) {
+    return tagged_error("checkpoint save to " + step_dir + " failed during writing (" + failures +
+                        "); nothing was committed");
+  }
+  try {
+    SaveStats totals;
+    Bytes encoded = save_protocol::assemble_metadata(*kept, reports, options, totals);
+    reports = {};
+    if (!options.node_local) {
+      // The data files' names in the step directory must reach the disk
+      // before the commit: POSIX does not order the .metadata rename after
+      // them, and a commit naming a lost file is a damaged checkpoint.
+      storage.sync_dir(step_dir);
+      storage.write_file_atomic(join_path(step_dir, kMetadataFileName), encoded);
+    }
+    wire::ByteWriter w;
+    w.put_u64(totals.total_logical_bytes);
+    w.put_u64(totals.total_stored_bytes);
+    Bytes head = w.release();
+    if (options.node_local) head.insert(head.end(), encoded.begin(), encoded.end());
+    return tagged_ok(std::move(head));
+  } catch (const std::exception& e) {
+    // The rename may have happened before the directory fsync failed:
+    // take the commit back, durably, so that the live directory agrees
+    // with the error and a power loss cannot bring it back (a failed
+    // fsync is never retried and trusted; FORMAT.md "Durability").
+    if (!options.node_local) withdraw_commit(storage, step_dir);
+    return tagged_error("checkpoint save to " + step_dir + " failed (rank 0 commit: " + error_text(e) +
+                        "); nothing was committed");
+  }
+}
+
+// After step 4 (all ranks): throws the failure, or fills the totals (and,
+// node-local, the metadata) from the coordinator's verdict.
+void read_verdict(const Bytes& verdict, const SaveOptions& options, SaveStats& stats) {
+  if (!tagged_succeeded(verdict)) throw CheckpointError(tagged_text(verdict));
+  wire::ByteReader totals(verdict.data() + 1, verdict.size() - 1);
+  stats.total_logical_bytes = totals.get_u64("total logical");
+  stats.total_stored_bytes = totals.get_u64("total stored");
+  if (options.node_local) stats.metadata.assign(verdict.begin() + 1 + 16, verdict.end());
+}
+
 }  // namespace
 
 SaveStats save_state_dict(const StateDict& state, const std::string& step_dir,
@@ -411,63 +500,18 @@ SaveStats save_state_dict(const StateDict& state, const std::string& step_dir,
   require_host_tensors(state, "save_state_dict");
   SaveStats stats;
   const int rank = group.rank();
-  const int world = group.size();
   std::shared_ptr<Storage> storage = options.storage ? options.storage : posix_storage();
-  SavePlanCache* cache = options.plan_cache.get();
   auto t0 = Clock::now();
 
   // 1. This rank's local plan.
-  Bytes blob;
   std::string error;
-  try {
-    blob = encode_local_plan(make_local_plan(state, rank));
-    // Durable at once: a commit inside a step directory whose own name is
-    // lost in a power cut is no commit (and retention may already have
-    // deleted the previous checkpoint).
-    if (rank == 0 || options.node_local) storage->make_dirs_durable(step_dir);
-  } catch (const std::exception& e) {
-    error = error_text(e);
-  }
+  Bytes blob = make_local_plan_blob(state, step_dir, rank, *storage, options, &error);
 
   // 2. The plan: cached when every rank's structure is unchanged, else from
   // the coordinator.
-  std::vector<WriteAssignment> assignments;
   std::shared_ptr<const CoordinatorPlan> kept;
-  const uint64_t structure =
-      error.empty() ? save_protocol::structure_hash(blob, options.plan, world, rank) : 0;
-  if (cache) {
-    const bool fits = error.empty() && cache->valid && cache->structure == structure &&
-                      (rank != 0 || cache->coordinator);
-    stats.plan_cached = cached_plan_agreed(group, fits, cache->plan_id);
-  }
-  if (stats.plan_cached) {
-    ++cache->hits;
-    assignments = cache->assignments;
-    kept = cache->coordinator;
-  } else {
-    if (cache) {
-      ++cache->misses;
-      cache->valid = false;
-    }
-    std::vector<Bytes> gathered =
-        group.gather_bytes(error.empty() ? tagged_ok(std::move(blob)) : tagged_error(error), 0);
-    std::vector<Bytes> replies;
-    if (rank == 0) {
-      auto plan = std::make_shared<CoordinatorPlan>();
-      replies = save_protocol::plan_replies(std::move(gathered), options.plan, step_dir, new_plan_id(), plan.get());
-      kept = std::move(plan);
-    }
-    gathered = {};
-    uint64_t plan_id = 0;
-    assignments = save_protocol::assignments_from_reply(group.scatter_bytes(replies, 0), &plan_id);
-    if (cache) {
-      cache->structure = structure;
-      cache->plan_id = plan_id;
-      cache->assignments = assignments;
-      cache->coordinator = kept;
-      cache->valid = true;
-    }
-  }
+  const std::vector<WriteAssignment> assignments =
+      agree_on_plan(group, std::move(blob), error, step_dir, options, stats, &kept);
   stats.plan_s = seconds_since(t0);
 
   // 3. Write this rank's assignments. The step directory exists once the
@@ -485,47 +529,10 @@ SaveStats save_state_dict(const StateDict& state, const std::string& step_dir,
   // 4. Commit (coordinator), then tell everyone how it went.
   auto t2 = Clock::now();
   Bytes verdict;
-  if (rank == 0) {
-    const std::string failures = describe_rank_failures(reports);
-    if (!failures.empty()) {
-      verdict = tagged_error("checkpoint save to " + step_dir + " failed during writing (" +
-                             failures + "); nothing was committed");
-    } else {
-      try {
-        SaveStats totals;
-        Bytes encoded = save_protocol::assemble_metadata(*kept, reports, options, totals);
-        reports = {};
-        if (!options.node_local) {
-          // The data files' names in the step directory must reach the disk
-          // before the commit: POSIX does not order the .metadata rename after
-          // them, and a commit naming a lost file is a damaged checkpoint.
-          storage->sync_dir(step_dir);
-          storage->write_file_atomic(join_path(step_dir, kMetadataFileName), encoded);
-        }
-        wire::ByteWriter w;
-        w.put_u64(totals.total_logical_bytes);
-        w.put_u64(totals.total_stored_bytes);
-        Bytes head = w.release();
-        if (options.node_local) head.insert(head.end(), encoded.begin(), encoded.end());
-        verdict = tagged_ok(std::move(head));
-      } catch (const std::exception& e) {
-        // The rename may have happened before the directory fsync failed:
-        // take the commit back, durably, so that the live directory agrees
-        // with the error and a power loss cannot bring it back (a failed
-        // fsync is never retried and trusted; FORMAT.md "Durability").
-        if (!options.node_local) withdraw_commit(*storage, step_dir);
-        verdict = tagged_error("checkpoint save to " + step_dir + " failed (rank 0 commit: " +
-                               error_text(e) + "); nothing was committed");
-      }
-    }
-  }
+  if (rank == 0) verdict = commit_on_coordinator(kept, std::move(reports), step_dir, *storage, options);
   verdict = group.broadcast_bytes(verdict, 0);
   stats.commit_s = seconds_since(t2);
-  if (!tagged_succeeded(verdict)) throw CheckpointError(tagged_text(verdict));
-  wire::ByteReader totals(verdict.data() + 1, verdict.size() - 1);
-  stats.total_logical_bytes = totals.get_u64("total logical");
-  stats.total_stored_bytes = totals.get_u64("total stored");
-  if (options.node_local) stats.metadata.assign(verdict.begin() + 1 + 16, verdict.end());
+  read_verdict(verdict, options, stats);
   return stats;
 }
 

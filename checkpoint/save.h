@@ -16,6 +16,7 @@
 // are one all-reduce of three integers (see SavePlanCache).
 // A failure on any rank reaches every rank as a CheckpointError naming the
 // rank and its cause; nothing is committed then.
+#include "checkpoint/errors.h"  // CheckpointError, CheckpointDamagedError
 #include "checkpoint/options.h"
 #include "checkpoint/plan/planner.h"
 #include "checkpoint/state_dict.h"
@@ -28,19 +29,6 @@
 #include <string>
 
 namespace checkpoint {
-
-class CheckpointError : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
-
-// A load that failed because the checkpoint's bytes are damaged (metadata,
-// data, checksums, truncation) on some rank, and on no rank because the
-// state does not match it.
-class CheckpointDamagedError : public CheckpointError {
- public:
-  using CheckpointError::CheckpointError;
-};
 
 struct CoordinatorPlan;  // save_protocol.h
 

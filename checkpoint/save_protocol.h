@@ -10,7 +10,8 @@
 //                        assignments; or the planning error, the same text
 //                        for every rank                              (scatter)
 //   rank -> coordinator  write report: u64 logical, u64 stored bytes, then
-//                        its chunks' locations, in assignment order  (gather)
+//                        its chunks' records as in the metadata
+//                        (metadata_codec::put_chunk), in assignment order  (gather)
 //   coordinator -> all   verdict: u64 total logical, u64 total stored bytes;
 //                        or the error every rank raises           (broadcast)
 #include <cstdint>
@@ -60,6 +61,10 @@ std::vector<Bytes> plan_replies(std::vector<Bytes> gathered, const PlanOptions& 
 // (every rank) Its assignments from its reply; throws CheckpointError with the
 // coordinator's text if planning failed.
 std::vector<WriteAssignment> assignments_from_reply(const Bytes& reply, uint64_t* plan_id);
+
+// (every rank) Its write report (without the status byte): its byte totals,
+// then its chunks, in assignment order.
+Bytes encode_write_report(uint64_t logical_bytes, uint64_t stored_bytes, const std::vector<ChunkMeta>& chunks);
 
 // (coordinator) The encoded metadata (version 2) of the checkpoint from the
 // kept plan and the gathered write reports (every one succeeded), built one

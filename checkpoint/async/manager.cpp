@@ -270,20 +270,11 @@ LoadStats CheckpointManager::load_from(StateDict& state, const std::string& path
     } else {
       stats = load_state_dict(state, path, lo);
     }
-  } catch (const FormatError& e) {  // metadata or data that cannot be right
+  } catch (const std::exception& e) {
     error = error_text(e);
-    damaged = true;
-  } catch (const ChecksumError& e) {
-    error = error_text(e);
-    damaged = true;
-  } catch (const TransformError& e) {
-    error = error_text(e);
-    damaged = true;
-  } catch (const IoError& e) {  // including truncated files
-    error = error_text(e);
-    damaged = true;
-  } catch (const std::exception& e) {  // the state does not match (names, dtypes, shapes)
-    error = error_text(e);
+    // Damage: metadata or data that cannot be right, truncated files; else
+    // the state does not match (names, dtypes, shapes).
+    damaged = is_damage(e);
   }
   // Every rank fails together, so none is left alone in a later collective.
   const std::string all =

@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "checkpoint/errors.h"  // ChecksumError
 #include "checkpoint/format/metadata.h"
 #include "checkpoint/storage/storage.h"
 
@@ -28,11 +29,6 @@ class ThreadPool;
 #include "checkpoint/plan/resharding.h"
 
 namespace checkpoint {
-
-class ChecksumError : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
 
 // Reads saved chunks of one checkpoint directory. Stateless between calls;
 // one reader may serve concurrent calls. The storage and pool must outlive it.

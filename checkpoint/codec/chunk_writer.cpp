@@ -14,6 +14,19 @@ namespace checkpoint {
 
 using codec_detail::run_all;
 
+namespace {
+
+// Throws std::invalid_argument("<who>: <n> bytes are not whole elements of
+// <element_size>") unless they are. REQUIRES: element_size > 0.
+void require_whole_elements(const char* who, uint64_t n, size_t element_size) {
+  if (n % element_size != 0) {
+    throw std::invalid_argument(std::string(who) + ": " + std::to_string(n) +
+                                " bytes are not whole elements of " + std::to_string(element_size));
+  }
+}
+
+}  // namespace
+
 EncodedChunk encode_chunk(const uint8_t* data, uint64_t n, size_t element_size,
                           const std::vector<std::string>& chain, int zstd_level,
                           uint64_t block_size, thread_pool::ThreadPool* pool) {
@@ -22,10 +35,7 @@ EncodedChunk encode_chunk(const uint8_t* data, uint64_t n, size_t element_size,
                                 " must lie in [element size " + std::to_string(element_size) +
                                 ", 1 GiB]");
   }
-  if (n % element_size != 0) {
-    throw std::invalid_argument("encode_chunk: " + std::to_string(n) +
-                                " bytes are not whole elements of " + std::to_string(element_size));
-  }
+  require_whole_elements("encode_chunk", n, element_size);
   const TransformChain transforms = TransformChain::for_encoding(chain, zstd_level);
   const uint64_t bs = block_size - block_size % element_size;
   const size_t count = static_cast<size_t>((n + bs - 1) / bs);
@@ -127,10 +137,7 @@ size_t ChunkWriter::add_chunk(const uint8_t* data, uint64_t n, size_t element_si
                                 " or element size " + std::to_string(element_size) +
                                 " outside [1, 1 GiB]");
   }
-  if (n % element_size != 0) {
-    throw std::invalid_argument("ChunkWriter: " + std::to_string(n) +
-                                " bytes are not whole elements of " + std::to_string(element_size));
-  }
+  require_whole_elements("ChunkWriter", n, element_size);
   const uint64_t bs = std::max<uint64_t>(element_size, block_size - block_size % element_size);
   const uint64_t batch_limit = std::min(options_.batch_bytes, bs);
   const size_t index = chunks_.size();

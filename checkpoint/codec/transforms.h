@@ -15,17 +15,11 @@
 #include <string>
 #include <vector>
 
+#include "checkpoint/errors.h"  // TransformError
 #include "checkpoint/options.h"
 #include "checkpoint/format/types.h"
 
 namespace checkpoint {
-
-// An unknown descriptor, bad options, or input a decoder cannot accept. The
-// message says what was wrong; readers add the file, item and chunk.
-class TransformError : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
 
 class BlockTransform {
  public:

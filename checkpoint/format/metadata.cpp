@@ -8,7 +8,7 @@
 #include "checkpoint/format/byte_order.h"
 #include "checkpoint/format/checksum.h"
 #include "checkpoint/format/metadata_codec.h"
-#include "checkpoint/plan/planner.h"
+#include "checkpoint/format/types.h"  // find_tiling_problem
 #include "checkpoint/format/wire.h"
 
 namespace checkpoint {
@@ -224,10 +224,6 @@ namespace metadata_codec {
 
 namespace {
 
-void put_dims(wire::ByteWriter& w, const std::vector<int64_t>& dims) {
-  for (int64_t v : dims) w.put_zigzag(v);
-}
-
 int32_t get_int32(wire::ByteReader& r, const char* what) {
   const int64_t v = r.get_zigzag(what);
   if (v < std::numeric_limits<int32_t>::min() || v > std::numeric_limits<int32_t>::max()) {
@@ -236,17 +232,11 @@ int32_t get_int32(wire::ByteReader& r, const char* what) {
   return static_cast<int32_t>(v);
 }
 
-std::vector<int64_t> get_dims(wire::ByteReader& r, size_t n, const char* what) {
-  std::vector<int64_t> dims(n);  // n <= kMaxNdim
-  for (auto& v : dims) v = r.get_zigzag(what);
-  return dims;
-}
-
 }  // namespace
 
 void put_chunk(wire::ByteWriter& w, const ChunkMeta& chunk) {
-  put_dims(w, chunk.box.offsets);
-  put_dims(w, chunk.box.sizes);
+  wire::put_dims(w, chunk.box.offsets);
+  wire::put_dims(w, chunk.box.sizes);
   w.put_string(chunk.file);
   w.put_varint(chunk.offset);
   w.put_varint(chunk.length);
@@ -277,11 +267,7 @@ void put_meta_fields(wire::ByteWriter& w, const CheckpointMeta& meta) {
 }
 
 void put_item_shape(wire::ByteWriter& w, const ItemMeta& item) {
-  w.put_string(item.name);
-  w.put_u8(static_cast<uint8_t>(item.kind));
-  w.put_u8(static_cast<uint8_t>(item.dtype));
-  w.put_varint(item.global_shape.size());
-  put_dims(w, item.global_shape);
+  wire::put_item_header(w, item.name, item.kind, item.dtype, item.global_shape);
 }
 
 void get_meta_fields(wire::ByteReader& r, CheckpointMeta& meta) {
@@ -300,21 +286,13 @@ void get_meta_fields(wire::ByteReader& r, CheckpointMeta& meta) {
 }
 
 void get_item_shape(wire::ByteReader& r, ItemMeta& item) {
-  item.name = r.get_string(kMaxNameLength, "item name");
-  const uint8_t kind = r.get_u8("item kind");
-  if (!is_known_item_kind(kind)) r.fail("item kind", "unknown code " + std::to_string(kind));
-  item.kind = static_cast<ItemKind>(kind);
-  const uint8_t dtype = r.get_u8("dtype");
-  if (!is_known_dtype(dtype)) r.fail("dtype", "unknown code " + std::to_string(dtype));
-  item.dtype = static_cast<DType>(dtype);
-  const size_t ndim = r.get_varint_max(kMaxNdim, "rank");
-  item.global_shape = get_dims(r, ndim, "global shape");
+  item.name = std::string(wire::get_item_header(r, &item.kind, &item.dtype, &item.global_shape));
 }
 
 ChunkMeta get_chunk(wire::ByteReader& r, size_t ndim) {
   ChunkMeta chunk;
-  chunk.box.offsets = get_dims(r, ndim, "box offset");
-  chunk.box.sizes = get_dims(r, ndim, "box size");
+  chunk.box.offsets = wire::get_dims(r, ndim, "box offset");
+  chunk.box.sizes = wire::get_dims(r, ndim, "box size");
   chunk.file = r.get_string(kMaxFileNameLength, "file name");
   chunk.offset = r.get_varint("file offset");
   chunk.length = r.get_varint("stored length");

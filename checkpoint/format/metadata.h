@@ -25,6 +25,7 @@
 #include <utility>
 #include <vector>
 
+#include "checkpoint/errors.h"  // FormatError
 #include "checkpoint/format/types.h"
 #include "checkpoint/storage/storage.h"
 
@@ -39,13 +40,6 @@ constexpr uint32_t kOldestFormatVersion = 1;
 constexpr const char* kMetadataFileName = ".metadata";
 // Written first, fsynced, then renamed to kMetadataFileName (the commit).
 constexpr const char* kMetadataTmpFileName = ".metadata.tmp";
-
-// Every decode or validation failure. The message names the source (file
-// path) and, where one is involved, the item and chunk index.
-class FormatError : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
 
 // Blocks bound what a reader must hold in memory to decode part of a chunk.
 // Writers choose the block size (8 MiB by default); readers refuse larger ones.
@@ -198,6 +192,11 @@ struct ItemSection {
 class MetadataReader {
  public:
   MetadataReader(Storage& storage, const std::string& checkpoint_dir);
+  // Reads from `bytes`, a whole metadata file already in memory (e.g. one
+  // rank read it and sent it to the others); `source` names it in errors, as
+  // the path does above. Applies the same size limit. `bytes` must outlive
+  // the reader.
+  MetadataReader(const std::vector<uint8_t>& bytes, std::string source);
 
   // The metadata without chunks: every item has its name, kind, dtype and
   // shape and an empty chunk list; format_version is the version read.
@@ -218,6 +217,8 @@ class MetadataReader {
   uint64_t bytes_read() const { return bytes_read_; }
 
  private:
+  // Decodes the head of a file of `size` bytes (both constructors).
+  void read_head(uint64_t size);
   std::vector<uint8_t> read_range(uint64_t offset, uint64_t length);
   // Indices [first, last] of item `item`'s chunks, read, checked and decoded.
   std::vector<ChunkMeta> read_chunks(size_t item, uint64_t first, uint64_t last);
@@ -226,7 +227,8 @@ class MetadataReader {
   std::vector<std::pair<uint64_t, uint64_t>> index_ranges(size_t item,
                                                           const std::vector<Box>& regions);
 
-  Storage& storage_;
+  Storage* storage_ = nullptr;                // null: read from bytes_
+  const std::vector<uint8_t>* bytes_ = nullptr;
   std::string path_;
   CheckpointMeta head_;
   CheckpointMeta whole_;                // version 1: the whole decoded file

@@ -7,7 +7,7 @@
 
 #include "checkpoint/format/metadata.h"
 #include "checkpoint/format/metadata_codec.h"
-#include "checkpoint/plan/planner.h"
+#include "checkpoint/format/types.h"  // find_tiling_problem
 
 namespace checkpoint {
 
@@ -66,8 +66,19 @@ std::vector<std::pair<uint64_t, uint64_t>> merge_ranges(
 }  // namespace
 
 MetadataReader::MetadataReader(Storage& storage, const std::string& checkpoint_dir)
-    : storage_(storage) {
-  const uint64_t size = stat_committed_metadata(storage, checkpoint_dir, path_);
+    : storage_(&storage) {
+  read_head(stat_committed_metadata(storage, checkpoint_dir, path_));
+}
+
+MetadataReader::MetadataReader(const std::vector<uint8_t>& bytes, std::string source)
+    : bytes_(&bytes), path_(std::move(source)) {
+  if (bytes.size() > kMaxMetadataFileBytes) {
+    throw FormatError(path_ + ": " + std::to_string(bytes.size()) + " bytes is too large for metadata");
+  }
+  read_head(bytes.size());
+}
+
+void MetadataReader::read_head(uint64_t size) {
   std::vector<uint8_t> head = read_range(0, std::min<uint64_t>(size, kV2HeaderBytes));
   const uint32_t version = check_preamble(head.data(), head.size(), path_);
   if (version == 1) {
@@ -93,7 +104,16 @@ uint64_t MetadataReader::chunk_count(size_t item) const {
 
 std::vector<uint8_t> MetadataReader::read_range(uint64_t offset, uint64_t length) {
   std::vector<uint8_t> bytes(static_cast<size_t>(length));
-  if (length > 0) storage_.read_at(path_, offset, bytes.data(), bytes.size());
+  if (length > 0 && storage_ != nullptr) {
+    storage_->read_at(path_, offset, bytes.data(), bytes.size());
+  } else if (length > 0) {
+    // The header checks keep every range inside the file.
+    if (offset > bytes_->size() || length > bytes_->size() - offset) {
+      throw FormatError(path_ + ": a read of " + std::to_string(length) + " bytes at " + std::to_string(offset) +
+                        " runs past the end (" + std::to_string(bytes_->size()) + " bytes)");
+    }
+    std::copy_n(bytes_->data() + offset, bytes.size(), bytes.data());
+  }
   bytes_read_ += length;
   return bytes;
 }

@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "checkpoint/errors.h"  // PlanError (check_tiling)
+
 namespace checkpoint {
 
 // Limits every decoder enforces on untrusted input (and every encoder on what
@@ -86,5 +88,24 @@ std::string shape_to_string(const std::vector<int64_t>& shape);
 std::string box_to_string(const Box& box);
 // "a, b, c", at most `max` names, then ", ... (N more)".
 std::string join_names(const std::vector<std::string>& names, size_t max = 8);
+
+// A reason why boxes do not tile a shape, with the indices of the boxes
+// involved (second is set for overlaps).
+struct TilingProblem {
+  std::string message;
+  std::optional<size_t> first;
+  std::optional<size_t> second;
+};
+
+// Checks that `boxes` tile `global_shape` exactly: every box has the shape's
+// rank and lies in bounds, boxes are pairwise disjoint, and their element
+// counts add up to the shape's. Empty boxes are allowed anywhere in bounds.
+// Returns nullopt when they do. Safe on untrusted input (overflow-checked).
+std::optional<TilingProblem> find_tiling_problem(const std::vector<int64_t>& global_shape,
+                                                 const std::vector<Box>& boxes);
+
+// find_tiling_problem, throwing PlanError("item '<item>': ...") on a problem.
+void check_tiling(const std::vector<int64_t>& global_shape, const std::vector<Box>& boxes,
+                  const std::string& item);
 
 }  // namespace checkpoint

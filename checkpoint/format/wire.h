@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "checkpoint/format/byte_order.h"
+#include "checkpoint/format/types.h"
 
 namespace checkpoint::wire {
 
@@ -137,5 +138,43 @@ class ByteReader {
   size_t size_;
   size_t pos_ = 0;
 };
+
+// Dims (shapes, box offsets and sizes): one zigzag varint each; the count is
+// written by the caller.
+inline void put_dims(ByteWriter& w, const std::vector<int64_t>& dims) {
+  for (int64_t v : dims) w.put_zigzag(v);
+}
+inline std::vector<int64_t> get_dims(ByteReader& r, size_t n, const char* what) {
+  std::vector<int64_t> dims(n);  // n <= kMaxNdim
+  for (auto& v : dims) v = r.get_zigzag(what);
+  return dims;
+}
+
+// An item's header, the same bytes in the metadata (FORMAT.md) and in a
+// local-plan blob: name, kind (u8), dtype (u8), ndim (varint), global shape.
+inline void put_item_header(ByteWriter& w, const std::string& name, ItemKind kind, DType dtype,
+                            const std::vector<int64_t>& global_shape) {
+  w.put_string(name);
+  w.put_u8(static_cast<uint8_t>(kind));
+  w.put_u8(static_cast<uint8_t>(dtype));
+  w.put_varint(global_shape.size());
+  put_dims(w, global_shape);
+}
+// Reads an item header, checking the kind and dtype codes and the rank;
+// returns the name, a view into the reader's input. `global_shape` is
+// resized (its storage reused).
+inline std::string_view get_item_header(ByteReader& r, ItemKind* kind, DType* dtype,
+                                        std::vector<int64_t>* global_shape) {
+  const std::string_view name = r.get_string_view(kMaxNameLength, "item name");
+  const uint8_t kind_code = r.get_u8("item kind");
+  if (!is_known_item_kind(kind_code)) r.fail("item kind", "unknown code " + std::to_string(kind_code));
+  *kind = static_cast<ItemKind>(kind_code);
+  const uint8_t dtype_code = r.get_u8("dtype");
+  if (!is_known_dtype(dtype_code)) r.fail("dtype", "unknown code " + std::to_string(dtype_code));
+  *dtype = static_cast<DType>(dtype_code);
+  global_shape->resize(r.get_varint_max(kMaxNdim, "rank"));
+  for (int64_t& v : *global_shape) v = r.get_zigzag("global shape");
+  return name;
+}
 
 }  // namespace checkpoint::wire

@@ -12,147 +12,10 @@ namespace checkpoint {
 
 namespace {
 
+// "[0, 3]": ranks as shape_to_string writes dims.
 std::string ranks_to_string(const std::vector<int>& ranks) {
-  std::string out = "[";
-  for (size_t i = 0; i < ranks.size(); ++i) {
-    if (i) out += ", ";
-    out += std::to_string(ranks[i]);
-  }
-  return out + "]";
+  return shape_to_string(std::vector<int64_t>(ranks.begin(), ranks.end()));
 }
-
-std::string box_problem(size_t i, const Box& box, const std::string& why) {
-  return "box " + std::to_string(i) + " " + box_to_string(box) + " " + why;
-}
-
-// Picks the dim whose offsets vary most, so the sweep below prunes well for
-// boxes sharded along any one dim.
-size_t choose_sweep_dim(const std::vector<Box>& boxes, const std::vector<size_t>& live,
-                        size_t ndim) {
-  size_t best = 0, best_distinct = 0;
-  for (size_t d = 0; d < ndim; ++d) {
-    std::set<int64_t> offsets;
-    for (size_t i : live) offsets.insert(boxes[i].offsets[d]);
-    if (offsets.size() > best_distinct) best = d, best_distinct = offsets.size();
-  }
-  return best;
-}
-
-std::optional<TilingProblem> find_overlap(const std::vector<Box>& boxes, std::vector<size_t> live,
-                                          size_t ndim) {
-  if (ndim == 0) {
-    if (live.size() > 1) return TilingProblem{"scalar boxes overlap", live[0], live[1]};
-    return std::nullopt;
-  }
-  size_t d = choose_sweep_dim(boxes, live, ndim);
-  std::sort(live.begin(), live.end(), [&](size_t a, size_t b) {
-    return boxes[a].offsets[d] < boxes[b].offsets[d];
-  });
-  std::vector<size_t> active;
-  for (size_t i : live) {
-    const int64_t start = boxes[i].offsets[d];
-    active.erase(std::remove_if(active.begin(), active.end(),
-                                [&](size_t j) {
-                                  return boxes[j].offsets[d] + boxes[j].sizes[d] <= start;
-                                }),
-                 active.end());
-    for (size_t j : active) {
-      if (intersect(boxes[i], boxes[j])) {
-        return TilingProblem{"box " + std::to_string(j) + " " + box_to_string(boxes[j]) +
-                                 " and box " + std::to_string(i) + " " + box_to_string(boxes[i]) +
-                                 " overlap",
-                             j, i};
-      }
-    }
-    active.push_back(i);
-  }
-  return std::nullopt;
-}
-
-// The common case, shown in O(n log n) without allocating per box: the
-// non-empty boxes (in bounds) are whole in every dim but one, and along that
-// dim they follow one another from 0 to its extent. False: not shown (the
-// general check then finds the problem, or that there is none).
-bool is_one_dim_partition(const std::vector<int64_t>& shape, const std::vector<Box>& boxes,
-                          const std::vector<size_t>& live) {
-  const size_t ndim = shape.size();
-  if (ndim == 0 || live.empty()) return false;
-  int split = -1;
-  for (size_t i : live) {
-    for (size_t d = 0; d < ndim; ++d) {
-      if (boxes[i].offsets[d] == 0 && boxes[i].sizes[d] == shape[d]) continue;
-      if (split >= 0 && static_cast<size_t>(split) != d) return false;
-      split = static_cast<int>(d);
-    }
-  }
-  if (split < 0) return live.size() == 1;  // one whole box
-  const size_t d = static_cast<size_t>(split);
-  std::vector<std::pair<int64_t, int64_t>> spans;  // (offset, size) along d
-  spans.reserve(live.size());
-  for (size_t i : live) spans.emplace_back(boxes[i].offsets[d], boxes[i].sizes[d]);
-  std::sort(spans.begin(), spans.end());
-  int64_t next = 0;
-  for (const auto& [offset, size] : spans) {
-    if (offset != next) return false;
-    next += size;
-  }
-  return next == shape[d];
-}
-
-}  // namespace
-
-std::optional<TilingProblem> find_tiling_problem(const std::vector<int64_t>& global_shape,
-                                                 const std::vector<Box>& boxes) {
-  const std::optional<uint64_t> total = checked_numel(global_shape);
-  if (!total) {
-    return TilingProblem{"global shape " + shape_to_string(global_shape) +
-                             " has a negative dim or too many elements",
-                         std::nullopt, std::nullopt};
-  }
-  const size_t ndim = global_shape.size();
-  std::vector<size_t> live;  // boxes holding at least one element
-  for (size_t i = 0; i < boxes.size(); ++i) {
-    const Box& box = boxes[i];
-    if (box.sizes.size() != ndim || box.offsets.size() != ndim) {
-      return TilingProblem{box_problem(i, box, "has rank " + std::to_string(box.sizes.size()) +
-                                                   " but the shape has rank " +
-                                                   std::to_string(ndim)),
-                           i, std::nullopt};
-    }
-    bool empty = false;
-    for (size_t d = 0; d < ndim; ++d) {
-      const int64_t off = box.offsets[d], size = box.sizes[d], dim = global_shape[d];
-      if (off < 0 || size < 0 || off > dim || size > dim - off) {
-        return TilingProblem{box_problem(i, box, "is out of bounds of shape " +
-                                                     shape_to_string(global_shape)),
-                             i, std::nullopt};
-      }
-      empty = empty || size == 0;
-    }
-    if (!empty) live.push_back(i);
-  }
-  if (is_one_dim_partition(global_shape, boxes, live)) return std::nullopt;
-  if (auto overlap = find_overlap(boxes, live, ndim)) return overlap;
-  // In bounds and disjoint, so the sum cannot exceed (or overflow past) total.
-  uint64_t covered = 0;
-  for (size_t i : live) covered += static_cast<uint64_t>(boxes[i].numel());
-  if (covered != *total) {
-    return TilingProblem{"chunks cover " + std::to_string(covered) + " of " +
-                             std::to_string(*total) + " elements of shape " +
-                             shape_to_string(global_shape) + " (a gap)",
-                         std::nullopt, std::nullopt};
-  }
-  return std::nullopt;
-}
-
-void check_tiling(const std::vector<int64_t>& global_shape, const std::vector<Box>& boxes,
-                  const std::string& item) {
-  if (auto problem = find_tiling_problem(global_shape, boxes)) {
-    throw PlanError("item '" + item + "': " + problem->message);
-  }
-}
-
-namespace {
 
 [[noreturn]] void fail_item(const std::string& item, const std::string& why) {
   throw PlanError("item '" + item + "': " + why);
@@ -399,79 +262,83 @@ struct ReplicatedPart {
   size_t holder_set;
 };
 
-}  // namespace
-
-GlobalPlan GlobalPlanner::finish(std::vector<WriteItem>* declarations) {
-  GlobalPlan plan;
-  plan.per_rank.resize(world_);
-  plan.bytes_per_rank.assign(world_, 0);
-  std::vector<std::vector<std::pair<size_t, Box>>> assigned(world_);
+// What finish builds up: each rank's (item index, box) pairs and byte load,
+// and the replicated pieces still waiting for a writer.
+struct Assignment {
+  explicit Assignment(size_t world) : per_rank(world), bytes_per_rank(world, 0) {}
+  std::vector<std::vector<std::pair<size_t, Box>>> per_rank;
+  std::vector<uint64_t> bytes_per_rank;
   std::vector<ReplicatedPart> pieces;
-  std::vector<std::vector<int>> holder_sets;           // distinct holder lists
+  std::vector<std::vector<int>> holder_sets;  // distinct holder lists
   std::map<std::vector<int>, size_t> holder_set_ids;
   size_t region_count = 0;
-  for (size_t i = 0; i < items_.size(); ++i) {
-    Item& item = *items_[i];
-    const WriteItem& first = item.first;
-    std::vector<Region> regions = group_regions(first, item.coords, item.ranks, item.odd);
-    const bool odd = !item.odd.empty();
-    item.coords = {};
-    item.ranks = {};
-    item.odd = {};
-    if (odd || !tiles_as_partition(first.global_shape, regions)) {
-      std::vector<Box> boxes;
-      boxes.reserve(regions.size());
-      for (const Region& r : regions) boxes.push_back(r.box);
-      if (auto problem = find_tiling_problem(first.global_shape, boxes)) {
-        std::string msg = problem->message;
-        for (auto k : {problem->first, problem->second}) {
-          if (k) msg += "; box " + std::to_string(*k) + " is held by ranks " + ranks_to_string(regions[*k].holders);
-        }
-        fail_item(first.name, msg);
-      }
+};
+
+// Throws PlanError naming the item and the holders of the boxes involved when
+// the item's distinct boxes do not tile its shape. `odd`: some box has the
+// wrong rank (the fast partition check does not apply).
+void check_item_tiling(const WriteItem& first, const std::vector<Region>& regions, bool odd) {
+  if (!odd && tiles_as_partition(first.global_shape, regions)) return;
+  std::vector<Box> boxes;
+  boxes.reserve(regions.size());
+  for (const Region& r : regions) boxes.push_back(r.box);
+  if (auto problem = find_tiling_problem(first.global_shape, boxes)) {
+    std::string msg = problem->message;
+    for (auto k : {problem->first, problem->second}) {
+      if (k) msg += "; box " + std::to_string(*k) + " is held by ranks " + ranks_to_string(regions[*k].holders);
     }
-    const uint64_t esize = element_size(first.dtype);
-    for (Region& r : regions) {
-      const size_t region = region_count++;
-      if (first.kind == ItemKind::kTensor && r.box.is_empty()) continue;
-      const uint64_t bytes = static_cast<uint64_t>(r.box.numel()) * esize;
-      if (r.holders.size() == 1) {
-        plan.bytes_per_rank[r.holders[0]] += bytes;
-        assigned[r.holders[0]].emplace_back(i, std::move(r.box));
-        continue;
-      }
-      const bool splittable = first.kind == ItemKind::kTensor && r.box.ndim() >= 1 &&
-                              bytes >= options_.split_min_bytes && r.box.sizes[0] >= 2;
-      size_t parts =
-          splittable ? std::min<size_t>(r.holders.size(), static_cast<size_t>(r.box.sizes[0])) : 1;
-      if (options_.min_piece_bytes > 0) {
-        parts = std::min<size_t>(parts, std::max<uint64_t>(1, bytes / options_.min_piece_bytes));
-      }
-      auto [set_it, fresh] = holder_set_ids.emplace(r.holders, holder_sets.size());
-      if (fresh) holder_sets.push_back(std::move(r.holders));
-      std::vector<Box> split = parts > 1 ? split_rows(r.box, parts) : std::vector<Box>{r.box};
-      for (Box& piece : split) {
-        const uint64_t piece_bytes = static_cast<uint64_t>(piece.numel()) * esize;
-        pieces.push_back(ReplicatedPart{i, region, std::move(piece), piece_bytes, set_it->second});
-      }
+    fail_item(first.name, msg);
+  }
+}
+
+// Item `item`'s regions: one held by a single rank goes to it; a replicated
+// one becomes pieces (dim-0 row ranges when large enough) for its holders.
+void assign_item_regions(size_t item, const WriteItem& first, std::vector<Region>& regions,
+                         const PlanOptions& options, Assignment& out) {
+  const uint64_t esize = element_size(first.dtype);
+  for (Region& r : regions) {
+    const size_t region = out.region_count++;
+    if (first.kind == ItemKind::kTensor && r.box.is_empty()) continue;
+    const uint64_t bytes = static_cast<uint64_t>(r.box.numel()) * esize;
+    if (r.holders.size() == 1) {
+      out.bytes_per_rank[r.holders[0]] += bytes;
+      out.per_rank[r.holders[0]].emplace_back(item, std::move(r.box));
+      continue;
+    }
+    const bool splittable = first.kind == ItemKind::kTensor && r.box.ndim() >= 1 &&
+                            bytes >= options.split_min_bytes && r.box.sizes[0] >= 2;
+    size_t parts =
+        splittable ? std::min<size_t>(r.holders.size(), static_cast<size_t>(r.box.sizes[0])) : 1;
+    if (options.min_piece_bytes > 0) {
+      parts = std::min<size_t>(parts, std::max<uint64_t>(1, bytes / options.min_piece_bytes));
+    }
+    auto [set_it, fresh] = out.holder_set_ids.emplace(r.holders, out.holder_sets.size());
+    if (fresh) out.holder_sets.push_back(std::move(r.holders));
+    std::vector<Box> split = parts > 1 ? split_rows(r.box, parts) : std::vector<Box>{r.box};
+    for (Box& piece : split) {
+      const uint64_t piece_bytes = static_cast<uint64_t>(piece.numel()) * esize;
+      out.pieces.push_back(ReplicatedPart{item, region, std::move(piece), piece_bytes, set_it->second});
     }
   }
-  holder_set_ids.clear();
+}
 
-  // Largest first to the least-loaded holder not yet given a piece of the
-  // same region (ties: lowest rank); the order is total so the plan is a
-  // pure function of the plans. Each distinct holder list keeps its holders
-  // ordered by (load, rank), so a choice costs a few ordered-set steps.
+// Largest first to the least-loaded holder not yet given a piece of the
+// same region (ties: lowest rank); the order is total so the plan is a
+// pure function of the plans. Each distinct holder list keeps its holders
+// ordered by (load, rank), so a choice costs a few ordered-set steps.
+void assign_replicated_pieces(Assignment& out) {
+  out.holder_set_ids.clear();
+  std::vector<ReplicatedPart>& pieces = out.pieces;
   std::sort(pieces.begin(), pieces.end(), [](const ReplicatedPart& a, const ReplicatedPart& b) {
     if (a.bytes != b.bytes) return a.bytes > b.bytes;
     if (a.item != b.item) return a.item < b.item;
     return a.box < b.box;
   });
-  std::vector<std::set<std::pair<uint64_t, int>>> by_load(holder_sets.size());
-  std::vector<std::vector<size_t>> sets_of_rank(world_);
-  for (size_t s = 0; s < holder_sets.size(); ++s) {
-    for (int r : holder_sets[s]) {
-      by_load[s].emplace(plan.bytes_per_rank[r], r);
+  std::vector<std::set<std::pair<uint64_t, int>>> by_load(out.holder_sets.size());
+  std::vector<std::vector<size_t>> sets_of_rank(out.per_rank.size());
+  for (size_t s = 0; s < out.holder_sets.size(); ++s) {
+    for (int r : out.holder_sets[s]) {
+      by_load[s].emplace(out.bytes_per_rank[r], r);
       sets_of_rank[r].push_back(s);
     }
   }
@@ -485,23 +352,44 @@ GlobalPlan GlobalPlanner::finish(std::vector<WriteItem>* declarations) {
       }
     }
     taken.insert(static_cast<uint64_t>(piece.region) << 32 | static_cast<uint32_t>(best));
-    const uint64_t old_load = plan.bytes_per_rank[best];
-    plan.bytes_per_rank[best] += piece.bytes;
+    const uint64_t old_load = out.bytes_per_rank[best];
+    out.bytes_per_rank[best] += piece.bytes;
     for (size_t s : sets_of_rank[best]) {
       by_load[s].erase({old_load, best});
-      by_load[s].emplace(plan.bytes_per_rank[best], best);
+      by_load[s].emplace(out.bytes_per_rank[best], best);
     }
-    assigned[best].emplace_back(piece.item, std::move(piece.box));
+    out.per_rank[best].emplace_back(piece.item, std::move(piece.box));
   }
   pieces = {};
+}
 
-  for (size_t r = 0; r < assigned.size(); ++r) {
-    std::sort(assigned[r].begin(), assigned[r].end());
-    plan.per_rank[r].reserve(assigned[r].size());
-    for (auto& [item, box] : assigned[r]) {
+}  // namespace
+
+GlobalPlan GlobalPlanner::finish(std::vector<WriteItem>* declarations) {
+  Assignment assignment(world_);
+  for (size_t i = 0; i < items_.size(); ++i) {
+    Item& item = *items_[i];
+    std::vector<Region> regions = group_regions(item.first, item.coords, item.ranks, item.odd);
+    const bool odd = !item.odd.empty();
+    item.coords = {};
+    item.ranks = {};
+    item.odd = {};
+    check_item_tiling(item.first, regions, odd);
+    assign_item_regions(i, item.first, regions, options_, assignment);
+  }
+  assign_replicated_pieces(assignment);
+
+  GlobalPlan plan;
+  plan.per_rank.resize(world_);
+  plan.bytes_per_rank = std::move(assignment.bytes_per_rank);
+  for (size_t r = 0; r < assignment.per_rank.size(); ++r) {
+    std::vector<std::pair<size_t, Box>>& boxes = assignment.per_rank[r];
+    std::sort(boxes.begin(), boxes.end());
+    plan.per_rank[r].reserve(boxes.size());
+    for (auto& [item, box] : boxes) {
       plan.per_rank[r].push_back(WriteAssignment{items_[item]->first.name, std::move(box)});
     }
-    assigned[r] = {};
+    boxes = {};
   }
   if (declarations) {
     declarations->clear();
@@ -525,27 +413,17 @@ namespace {
 constexpr uint32_t kLocalPlanTag = 0x504c4b53;    // "SKLP"
 constexpr uint32_t kAssignmentsTag = 0x41574b53;  // "SKWA"
 
-void put_dims(wire::ByteWriter& w, const std::vector<int64_t>& dims) {
-  for (int64_t v : dims) w.put_zigzag(v);
-}
-
-std::vector<int64_t> get_dims(wire::ByteReader& r, size_t n, const char* what) {
-  std::vector<int64_t> dims(n);
-  for (auto& v : dims) v = r.get_zigzag(what);
-  return dims;
-}
-
 void put_box(wire::ByteWriter& w, const Box& box) {
   w.put_varint(box.sizes.size());
-  put_dims(w, box.offsets);
-  put_dims(w, box.sizes);
+  wire::put_dims(w, box.offsets);
+  wire::put_dims(w, box.sizes);
 }
 
 Box get_box(wire::ByteReader& r) {
   const size_t ndim = r.get_varint_max(kMaxNdim, "box rank");
   Box box;
-  box.offsets = get_dims(r, ndim, "box offset");
-  box.sizes = get_dims(r, ndim, "box size");
+  box.offsets = wire::get_dims(r, ndim, "box offset");
+  box.sizes = wire::get_dims(r, ndim, "box size");
   return box;
 }
 
@@ -570,11 +448,7 @@ std::vector<uint8_t> encode_local_plan(const LocalPlan& plan) {
   w.put_zigzag(plan.rank);
   w.put_varint(plan.items.size());
   for (const WriteItem& item : plan.items) {
-    w.put_string(item.name);
-    w.put_u8(static_cast<uint8_t>(item.kind));
-    w.put_u8(static_cast<uint8_t>(item.dtype));
-    w.put_varint(item.global_shape.size());
-    put_dims(w, item.global_shape);
+    wire::put_item_header(w, item.name, item.kind, item.dtype, item.global_shape);
     put_box(w, item.box);
   }
   return w.release();
@@ -589,14 +463,7 @@ LocalPlan decode_local_plan(const uint8_t* data, size_t size) {
     // name length, kind, dtype, ndim, box rank: at least 5 bytes per item
     plan.items.resize(r.get_count(5, "item count"));
     for (WriteItem& item : plan.items) {
-      item.name = r.get_string(kMaxNameLength, "item name");
-      const uint8_t kind = r.get_u8("item kind");
-      if (!is_known_item_kind(kind)) r.fail("item kind", "unknown code " + std::to_string(kind));
-      item.kind = static_cast<ItemKind>(kind);
-      const uint8_t dtype = r.get_u8("dtype");
-      if (!is_known_dtype(dtype)) r.fail("dtype", "unknown code " + std::to_string(dtype));
-      item.dtype = static_cast<DType>(dtype);
-      item.global_shape = get_dims(r, r.get_varint_max(kMaxNdim, "rank"), "global shape");
+      item.name = std::string(wire::get_item_header(r, &item.kind, &item.dtype, &item.global_shape));
       item.box = get_box(r);
     }
     return plan;
@@ -634,14 +501,10 @@ int GlobalPlanner::add_encoded(const uint8_t* data, size_t size) {
     WriteItem slow;
     std::vector<int64_t> shape;
     for (uint64_t n = 0; n < count; ++n) {
-      const std::string_view name = r.get_string_view(kMaxNameLength, "item name");
-      const uint8_t kind = r.get_u8("item kind");
-      if (!is_known_item_kind(kind)) r.fail("item kind", "unknown code " + std::to_string(kind));
-      const uint8_t dtype = r.get_u8("dtype");
-      if (!is_known_dtype(dtype)) r.fail("dtype", "unknown code " + std::to_string(dtype));
-      const size_t ndim = r.get_varint_max(kMaxNdim, "rank");
-      shape.resize(ndim);
-      for (int64_t& v : shape) v = r.get_zigzag("global shape");
+      ItemKind kind;
+      DType dtype;
+      const std::string_view name = wire::get_item_header(r, &kind, &dtype, &shape);
+      const size_t ndim = shape.size();
       const size_t box_ndim = r.get_varint_max(kMaxNdim, "box rank");
       // The common case: the item the previous one was followed by on an
       // earlier rank, declared the same, with a box of its rank: appended
@@ -649,8 +512,7 @@ int GlobalPlanner::add_encoded(const uint8_t* data, size_t size) {
       if (hint_ < items_.size()) {
         Item& item = *items_[hint_];
         const WriteItem& first = item.first;
-        if (first.name == name && static_cast<uint8_t>(first.kind) == kind &&
-            static_cast<uint8_t>(first.dtype) == dtype && first.global_shape == shape &&
+        if (first.name == name && first.kind == kind && first.dtype == dtype && first.global_shape == shape &&
             box_ndim == ndim) {
           for (size_t d = 0; d < 2 * ndim; ++d) {
             item.coords.push_back(r.get_zigzag(d < ndim ? "box offset" : "box size"));
@@ -661,11 +523,11 @@ int GlobalPlanner::add_encoded(const uint8_t* data, size_t size) {
         }
       }
       slow.name.assign(name.data(), name.size());
-      slow.kind = static_cast<ItemKind>(kind);
-      slow.dtype = static_cast<DType>(dtype);
+      slow.kind = kind;
+      slow.dtype = dtype;
       slow.global_shape = shape;
-      slow.box.offsets = get_dims(r, box_ndim, "box offset");
-      slow.box.sizes = get_dims(r, box_ndim, "box size");
+      slow.box.offsets = wire::get_dims(r, box_ndim, "box offset");
+      slow.box.sizes = wire::get_dims(r, box_ndim, "box size");
       add_item(slow, static_cast<int>(rank));
     }
     return static_cast<int>(rank);

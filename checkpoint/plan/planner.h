@@ -19,16 +19,10 @@
 #include <string>
 #include <vector>
 
+#include "checkpoint/errors.h"  // PlanError
 #include "checkpoint/format/types.h"
 
 namespace checkpoint {
-
-// Any inconsistency between ranks' local plans, or a malformed plan blob. The
-// message names the item and the ranks involved.
-class PlanError : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
 
 // One region a rank holds. Ranks holding the same (name, box) hold replicas.
 struct WriteItem {
@@ -123,24 +117,8 @@ class GlobalPlanner {
 // item leave a gap or partially overlap.
 GlobalPlan make_global_plan(const std::vector<LocalPlan>& plans, const PlanOptions& options);
 
-// A reason why boxes do not tile a shape, with the indices of the boxes
-// involved (second is set for overlaps).
-struct TilingProblem {
-  std::string message;
-  std::optional<size_t> first;
-  std::optional<size_t> second;
-};
-
-// Checks that `boxes` tile `global_shape` exactly: every box has the shape's
-// rank and lies in bounds, boxes are pairwise disjoint, and their element
-// counts add up to the shape's. Empty boxes are allowed anywhere in bounds.
-// Returns nullopt when they do. Safe on untrusted input (overflow-checked).
-std::optional<TilingProblem> find_tiling_problem(const std::vector<int64_t>& global_shape,
-                                                 const std::vector<Box>& boxes);
-
-// find_tiling_problem, throwing PlanError("item '<item>': ...") on a problem.
-void check_tiling(const std::vector<int64_t>& global_shape, const std::vector<Box>& boxes,
-                  const std::string& item);
+// find_tiling_problem and check_tiling (box geometry) are declared in
+// format/types.h.
 
 // Byte-blob codecs for plans: save gathers encode_local_plan's blobs at the
 // coordinator and scatters encode_assignments' to each rank. Decoders are bounds-checked and throw

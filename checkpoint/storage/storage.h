@@ -22,22 +22,9 @@
 #include <string>
 #include <vector>
 
+#include "checkpoint/errors.h"  // IoError
+
 namespace checkpoint {
-
-// A failed system call or a file shorter than its reader needs. The message
-// carries the path and strerror; error_number() is the errno (0 when none).
-class IoError : public std::runtime_error {
- public:
-  explicit IoError(const std::string& message, int error_number = 0)
-      : std::runtime_error(message), error_number_(error_number) {}
-  // "<what> <path>: <strerror(error_number)>", e.g. "cannot write /ck/x: No space left on device".
-  static IoError from_errno(const std::string& what, const std::string& path, int error_number);
-
-  int error_number() const { return error_number_; }
-
- private:
-  int error_number_;
-};
 
 // A file being written. Created by Storage::create_file; the destructor
 // closes it (ignoring errors: call close() to see them). Data is durable only

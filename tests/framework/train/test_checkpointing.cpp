@@ -2,6 +2,7 @@
 // layout exactly; resumed runs continue the same training; async and overlap
 // saves commit exactly what a sync save commits.
 #include "checkpoint/load.h"
+#include "checkpoint/save.h"
 #include "checkpoint/format/metadata.h"
 #include "checkpoint/storage/storage.h"
 #include "framework/fsdp/fully_shard.h"
