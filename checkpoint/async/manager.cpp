@@ -414,7 +414,13 @@ void CheckpointManager::record_failure(Job& job) {
     // commit whose directory fsync failed (EIO) may reach the disk all the
     // same, and a failed save must never come back, whole or partial, after
     // a power loss (FORMAT.md "Durability", D4).
-    if (group_.rank() == 0 && !tiered()) {
+    // Only the protocol's own failure, which every rank agreed on: not an
+    // IoError of rank 0's retention after the commit, nor another kind that
+    // errors.h roots under CheckpointError (which were not handled here
+    // before it).
+    const bool agreed = (!is_damage(e) || dynamic_cast<const CheckpointDamagedError*>(&e)) &&
+                        !dynamic_cast<const PlanError*>(&e);
+    if (agreed && group_.rank() == 0 && !tiered()) {
       std::string ignored;  // best effort: the save is failing already
       remove_step_dir(*storage_, job.event.path, &ignored);
     }
