@@ -229,13 +229,7 @@ std::optional<std::string> saved_config(const std::string& step_dir) {
   options.io_threads = 1;
   try {
     checkpoint::load_state_dict(sd, step_dir, options);
-  } catch (const checkpoint::FormatError&) {
-    return std::nullopt;
-  } catch (const checkpoint::ChecksumError&) {
-    return std::nullopt;
-  } catch (const checkpoint::TransformError&) {
-    return std::nullopt;
-  } catch (const checkpoint::IoError&) {
+  } catch (const checkpoint::DamageError&) {  // checkpoint/errors.h: is_damage()
     return std::nullopt;
   }
   const auto& bytes = sd.find_bytes("config")->data;

@@ -11,6 +11,7 @@
 #include <stdexcept>
 #include <utility>
 
+#include "checkpoint/errors.h"
 #include "checkpoint/format/checksum.h"
 #include "checkpoint/format/metadata.h"
 #include "checkpoint/storage/memory.h"
@@ -729,6 +730,56 @@ TEST(MetadataReader, IrregularSplitsAndGridsReturnWhatAFullDecodeWould) {
   const uint64_t head = fresh.bytes_read();
   fresh.chunks_overlapping(1, {Box{{300, 0}, {1, 3}}});
   EXPECT_LT(fresh.bytes_read() - head, 20 * 8 + 2 * 24 + 64);
+}
+
+TEST(MetadataReader, BytesInMemoryReadAsTheSameFileInAStorage) {
+  for (uint32_t version : {1u, 2u}) {
+    const CheckpointMeta meta = strided_meta(64);
+    const std::vector<uint8_t> file = encode_metadata(meta, version);
+    auto storage = storage_with(file);
+    MetadataReader from_storage(*storage, kStepDir);
+    MetadataReader from_bytes(file, "sent by rank 0");
+    EXPECT_EQ(from_bytes.head().format_version, version);
+    ASSERT_EQ(from_bytes.head().items.size(), from_storage.head().items.size());
+    for (size_t i = 0; i < meta.items.size(); ++i) {
+      EXPECT_EQ(from_bytes.chunk_count(i), from_storage.chunk_count(i));
+      const std::vector<Box> all = {full_box(meta.items[i].global_shape)};
+      EXPECT_EQ(from_bytes.chunks_overlapping(i, all), from_storage.chunks_overlapping(i, all));
+      EXPECT_EQ(from_bytes.chunks_overlapping(i, all), meta.items[i].chunks);
+    }
+    // Damage is named by the source given, as a path is.
+    std::vector<uint8_t> cut(file.begin(), file.begin() + static_cast<ptrdiff_t>(file.size() / 2));
+    try {
+      MetadataReader bad(cut, "sent by rank 0");
+      for (size_t i = 0; i < meta.items.size(); ++i) {
+        bad.chunks_overlapping(i, {full_box(meta.items[i].global_shape)});
+      }
+      ADD_FAILURE() << "a truncated metadata blob was read (v" << version << ")";
+    } catch (const FormatError& e) {
+      EXPECT_NE(std::string(e.what()).find("sent by rank 0"), std::string::npos) << e.what();
+    }
+  }
+}
+
+// checkpoint/errors.h: one root, and one classification of damage.
+TEST(CheckpointErrors, EveryKindIsACheckpointErrorAndOnlyTheBytesKindsAreDamage) {
+  const std::vector<std::pair<std::exception_ptr, bool>> kinds = {
+      {std::make_exception_ptr(FormatError("f")), true},
+      {std::make_exception_ptr(ChecksumError("c")), true},
+      {std::make_exception_ptr(TransformError("t")), true},
+      {std::make_exception_ptr(IoError("i", EIO)), true},
+      {std::make_exception_ptr(CheckpointDamagedError("d")), true},
+      {std::make_exception_ptr(PlanError("p")), false},
+      {std::make_exception_ptr(CheckpointError("save failed")), false}};
+  for (const auto& [error, damage] : kinds) {
+    try {
+      std::rethrow_exception(error);
+    } catch (const CheckpointError& e) {
+      EXPECT_EQ(is_damage(e), damage) << e.what();
+    }
+  }
+  EXPECT_FALSE(is_damage(std::runtime_error("a LibTorch error")));
+  EXPECT_FALSE(is_damage(std::invalid_argument("shape")));
 }
 
 TEST(MetadataReader, ReadsVersionOneFilesWhole) {
