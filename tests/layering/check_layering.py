@@ -249,6 +249,27 @@ def self_test(layers):
     return True
 
 
+def doc_matches(doc, lines):
+    """Whether `doc` draws the graph the code has: its code block that starts
+    with the graph's first line equals `lines`."""
+    with open(doc, encoding='utf-8') as f:
+        text = f.read()
+    start = text.find('```\n' + lines[0] + '\n')
+    if start < 0:
+        print('%s: no code block starting with %r: draw the graph there (--graph)' % (doc, lines[0]))
+        return False
+    body = text[start + 4:text.find('```', start + 4)].rstrip('\n').split('\n')
+    if body == lines:
+        return True
+    first = next(i for i in range(max(len(body), len(lines)))
+                 if i >= len(body) or i >= len(lines) or body[i] != lines[i])
+    line = text[:start].count('\n') + 2 + first
+    print('%s:%d: the graph drawn differs from the code\'s (--graph prints it):' % (doc, line))
+    print('  drawn: %s' % (body[first] if first < len(body) else '(nothing)'))
+    print('  code:  %s' % (lines[first] if first < len(lines) else '(nothing)'))
+    return False
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     parser.add_argument('--root', default=os.path.dirname(os.path.dirname(HERE)),
@@ -257,6 +278,8 @@ def main():
     parser.add_argument('--graph', action='store_true', help='print the folder-level graph')
     parser.add_argument('--self-test', action='store_true',
                         help='check the checker on scratch trees first')
+    parser.add_argument('--doc', help='a Markdown file whose code block that starts with the '
+                        "graph's first line must be the graph the code has (docs/architecture.md)")
     args = parser.parse_args()
     layers = Layers(args.layers)
     if args.self_test and not self_test(layers):
@@ -268,6 +291,8 @@ def main():
         print(p)
     if problems:
         print('%d include(s) break the layering of %s' % (len(problems), args.layers))
+        return 1
+    if args.doc and not doc_matches(args.doc, graph_lines(layers, edges)):
         return 1
     print('layering: every include goes down (%d folder edges)' % len(edges))
     return 0
