@@ -4,7 +4,8 @@
 #   1. cmake --install BUILD_DIR --prefix WORK_DIR/prefix
 #   2. the exported targets name neither the source nor the build tree nor
 #      the internal PCH target
-#   3. for each example (checkpoint_basic with find_package(ShardkitCheckpoint);
+#   3. moved headers forward from their old paths; no test seam is installed
+#   4. for each example (checkpoint_basic with find_package(ShardkitCheckpoint);
 #      train_basic, fsdp_custom_model and ddp_cnn with find_package(Shardkit)):
 #      configure it with CMAKE_PREFIX_PATH=prefix only (warnings are errors),
 #      build it, run `<example> --nproc 2`, expect "<example>: OK"
@@ -48,6 +49,31 @@ foreach(f ${targets_files})
       message(FATAL_ERROR "packaging: ${f} refers to '${leak}'; installed targets must not")
     endif()
   endforeach()
+endforeach()
+
+# Headers that moved keep their old installed paths as one-line forwarding
+# headers (CMakeLists.txt, _moved_headers): each must include a header that
+# is installed, and no installed header may include a test-only seam.
+set(moved framework/dist/process_group.h framework/dist/runtime.h
+  checkpoint/storage/checkpoint_dir.h checkpoint/storage/tiers.h framework/train/options.h)
+foreach(old ${moved})
+  if(NOT EXISTS ${prefix}/include/shardkit/${old})
+    message(FATAL_ERROR "packaging: the moved header's old path ${old} is not installed")
+  endif()
+  file(READ ${prefix}/include/shardkit/${old} text)
+  if(NOT text MATCHES "#include \"([^\"]+)\"")
+    message(FATAL_ERROR "packaging: ${old} forwards to nothing:\n${text}")
+  endif()
+  if(NOT EXISTS ${prefix}/include/shardkit/${CMAKE_MATCH_1})
+    message(FATAL_ERROR "packaging: ${old} forwards to ${CMAKE_MATCH_1}, which is not installed")
+  endif()
+endforeach()
+file(GLOB_RECURSE installed_headers ${prefix}/include/shardkit/*.h)
+foreach(h ${installed_headers})
+  get_filename_component(base ${h} NAME)
+  if(base MATCHES "_seam\\.h$")
+    message(FATAL_ERROR "packaging: test-only ${h} is installed")
+  endif()
 endforeach()
 
 # Configures examples/<name> against the prefix alone (warnings are errors),
