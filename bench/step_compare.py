@@ -26,6 +26,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(REPO, "tests", "models"))
+sys.path.insert(0, HERE)
 
 # Both sides get the same BLAS pool: OpenBLAS sizes its pool from this
 # variable when it loads (with torch, below) and llama_ref inherits it. Left
@@ -44,13 +45,8 @@ if BLAS_THREADS != "default":
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 import llama_reference as ref  # noqa: E402
+from llama_sizes import WARMUP, add_size_args, size_from_args, train_sets  # noqa: E402
 
-SIZES = {  # vocab, seq_len, d_model, n_layers, n_heads, n_kv_heads, d_ff, batch
-    "cpu": dict(vocab=2048, seq_len=256, d_model=256, n_layers=4, n_heads=8, n_kv_heads=4, d_ff=688, batch=4),
-    "cuda": dict(vocab=32768, seq_len=2048, d_model=1024, n_layers=8, n_heads=16, n_kv_heads=8, d_ff=2816,
-                 batch=8),
-}
-WARMUP = 2
 
 
 def sdpa_attention_forward(self, x, cos, sin):
@@ -79,28 +75,46 @@ def run_ours(exe, config, sets, out, k):
         sys.exit("llama_ref failed (rc %d): %s\n%s" % (p.returncode, " ".join(cmd), p.stdout[-4000:]))
 
 
-def time_pytorch(run, device, k, use_sdpa):
+def time_pytorch(run, device, k, use_sdpa, both):
+    """Median step time of k steps after WARMUP; with `both`, k steps with
+    deterministic algorithms (as ours by default on CUDA), then k with
+    PyTorch's defaults. Returns (median, times, [nondeterministic median,
+    times], parameters, peak GPU MiB)."""
     res = run["result"]
     pdt = res["mixed_precision"]["param_dtype"]
-    model, args = ref.reference_from_run(run)
+    if device == "cuda" and hasattr(torch.device, "__enter__"):
+        with torch.device(device):  # built on the GPU: a 1B model's CPU init takes long
+            model, args = ref.reference_from_run(run)
+    else:
+        model, args = ref.reference_from_run(run)
     if use_sdpa:
         ref.Attention.forward = sdpa_attention_forward
     model = model.to(device)
     x = run["inputs"][:1].to(device)
     y = run["targets"][:1].to(device)
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    if device == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
     stamps = []
 
     def on_step(i):
         sync()
         stamps.append(time.perf_counter())
+        if both and i == WARMUP + k - 1:
+            torch.use_deterministic_algorithms(False)
 
+    if both:
+        torch.use_deterministic_algorithms(True, warn_only=True)
     sync()
     t0 = time.perf_counter()
     ref.train(model, x, y, res["optim"], int(res["train"]["steps"]), float(res["train"]["grad_clip"]),
-              pdt, n_steps=WARMUP + k, on_step=on_step)
+              pdt, n_steps=WARMUP + k * (2 if both else 1), on_step=on_step)
     times = [b - a for a, b in zip([t0] + stamps[:-1], stamps)][WARMUP:]
-    return statistics.median(times), times, sum(p.numel() for p in model.parameters())
+    peak_mib = torch.cuda.max_memory_allocated() / 1048576.0 if device == "cuda" else None
+    det, nondet = times[:k], times[k:]
+    return (statistics.median(det), det, (statistics.median(nondet), nondet) if both else None,
+            sum(p.numel() for p in model.parameters()), peak_mib)
 
 
 def main():
@@ -119,29 +133,18 @@ def main():
     ap.add_argument("--attention", choices=["auto", "matmul", "sdpa"], default="auto",
                     help="PyTorch side attention: auto = sdpa when ours reports sdpa and torch has it")
     ap.add_argument("--workdir", default=None)
-    for key in SIZES["cpu"]:
-        ap.add_argument("--" + key.replace("_", "-"), type=int, default=None)
+    add_size_args(ap)
     a = ap.parse_args()
 
-    size = dict(SIZES[a.device])
-    for key in size:
-        v = getattr(a, key)
-        if v is not None:
-            size[key] = v
+    size = size_from_args(a)
     pdt = "bf16" if a.device == "cuda" else "fp32"
-    sets = {
-        "model.vocab_size": size["vocab"], "model.seq_len": size["seq_len"], "model.d_model": size["d_model"],
-        "model.n_layers": size["n_layers"], "model.n_heads": size["n_heads"],
-        "model.n_kv_heads": size["n_kv_heads"], "model.d_ff": size["d_ff"], "model.rope_scaling.factor": 0,
-        "model.tie_weights": "false", "model.activation_checkpointing": "none",
-        "train.steps": WARMUP, "train.global_batch_size": size["batch"], "train.micro_batch_size": size["batch"],
-        "train.grad_clip": 1.0, "train.mixed_precision.param_dtype": pdt,
-        "train.mixed_precision.reduce_dtype": "fp32", "train.device": a.device, "train.eval_every": 0,
-        "optim.lr": 3e-4, "optim.min_lr": 3e-5, "optim.warmup_steps": 0, "optim.weight_decay": 0.1,
-        "data.kind": "synthetic", "data.eval_fraction": 0, "checkpoint.interval": 0, "run.seed": 1234,
-    }
+    sets = train_sets(size, a.device, WARMUP)
     if not os.path.exists(a.llama_ref):
         sys.exit("%s not found (build the llama_ref target)" % a.llama_ref)
+    if a.device == "cuda":
+        # The same cuBLAS workspace as ours (dist::use_deterministic_cuda), set
+        # before PyTorch makes its first cuBLAS handle.
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     if a.device == "cuda" and not torch.cuda.is_available():
         sys.exit("--device cuda: torch %s has no CUDA device" % torch.__version__)
     workdir = a.workdir or tempfile.mkdtemp(prefix="step_compare_")
@@ -167,10 +170,19 @@ def main():
         use_sdpa = (a.attention == "sdpa") or (a.attention == "auto" and ours_attention == "sdpa" and have_sdpa)
         if use_sdpa and not have_sdpa:
             sys.exit("--attention sdpa: torch %s has no scaled_dot_product_attention" % torch.__version__)
-        pt_r, pt_times_r, n_params = time_pytorch(run, a.device, a.steps, use_sdpa)
+        both = "step_time_nondeterministic_s" in res
+        pt_r, pt_times_r, pt_nd, n_params, pt_peak = time_pytorch(run, a.device, a.steps, use_sdpa, both)
         ours_r = float(res["step_time_s"])
-        pairs.append({"ours_step_s": ours_r, "pytorch_step_s": pt_r, "ratio": ours_r / pt_r,
-                      "ours_step_times_s": res.get("step_times_s"), "pytorch_step_times_s": pt_times_r})
+        pair = {"ours_step_s": ours_r, "pytorch_step_s": pt_r, "ratio": ours_r / pt_r,
+                "ours_step_times_s": res.get("step_times_s"), "pytorch_step_times_s": pt_times_r,
+                "ours_peak_gpu_mib": res.get("peak_gpu_mib"), "pytorch_peak_gpu_mib": pt_peak}
+        if both:
+            ours_nd = float(res["step_time_nondeterministic_s"])
+            pair.update({"ours_nd_step_s": ours_nd, "pytorch_nd_step_s": pt_nd[0], "nd_ratio": ours_nd / pt_nd[0],
+                         "ours_nd_step_times_s": res.get("step_times_nondeterministic_s"),
+                         "pytorch_nd_step_times_s": pt_nd[1]})
+        pairs.append(pair)
+        del run
     ours_s = statistics.median(p["ours_step_s"] for p in pairs)
     pt_s = statistics.median(p["pytorch_step_s"] for p in pairs)
     ratio = statistics.median(p["ratio"] for p in pairs)
@@ -188,13 +200,33 @@ def main():
         "n_params": n_params, "tokens_per_step": tokens, "timed_steps": a.steps, "warmup_steps": WARMUP,
         "config": dict(size, **{"param_dtype": pdt, "grad_clip": 1.0}),
     }
-    rows = [("ours (llama_ref)", ours_s, ours_tps), ("PyTorch eager", pt_s, pt_tps)]
+    label = " (deterministic)" if both else ""
+    rows = [("ours" + label, ours_s, ours_tps, "ours"), ("PyTorch eager" + label, pt_s, pt_tps, "pytorch")]
+    if both:
+        # Kernels as PyTorch picks them by default: train.deterministic: false.
+        nd = {"ours_step_s": statistics.median(p["ours_nd_step_s"] for p in pairs),
+              "pytorch_step_s": statistics.median(p["pytorch_nd_step_s"] for p in pairs),
+              "step_time_ratio": statistics.median(p["nd_ratio"] for p in pairs)}
+        nd["ours_tokens_per_s"], nd["pytorch_tokens_per_s"] = tokens / nd["ours_step_s"], tokens / nd["pytorch_step_s"]
+        report["nondeterministic"] = nd
+        # What each side does unless told otherwise: ours deterministic, PyTorch not.
+        report["defaults_step_time_ratio"] = statistics.median(p["ours_step_s"] / p["pytorch_nd_step_s"] for p in pairs)
+        rows += [("ours (default kernels)", nd["ours_step_s"], nd["ours_tokens_per_s"], "nd_ours"),
+                 ("PyTorch eager (default)", nd["pytorch_step_s"], nd["pytorch_tokens_per_s"], "nd_pytorch")]
     if a.device == "cuda":
         peak = (a.peak_tflops or 989.0) * 1e12
         name = torch.cuda.get_device_name(0)
+        ours_mem = max((p["ours_peak_gpu_mib"] or 0) for p in pairs)
+        pt_mem = max((p["pytorch_peak_gpu_mib"] or 0) for p in pairs)
         report.update({"gpu": name, "peak_flops": peak,
                        "ours_mfu": 6.0 * n_params * ours_tps / peak,
-                       "pytorch_mfu": 6.0 * n_params * pt_tps / peak})
+                       "pytorch_mfu": 6.0 * n_params * pt_tps / peak,
+                       "ours_peak_gpu_mib": ours_mem, "pytorch_peak_gpu_mib": pt_mem,
+                       "peak_gpu_ratio": ours_mem / pt_mem if pt_mem else None})
+        if both:
+            nd = report["nondeterministic"]
+            nd["ours_mfu"] = 6.0 * n_params * nd["ours_tokens_per_s"] / peak
+            nd["pytorch_mfu"] = 6.0 * n_params * nd["pytorch_tokens_per_s"] / peak
     print("Llama step time, world 1, %s (%s), %d threads, torch %s (ours: torch %s)"
           % (a.device, pdt, threads, torch.__version__, res.get("torch", "?")))
     print("  model: vocab %(vocab)d, seq %(seq_len)d, d_model %(d_model)d, layers %(n_layers)d, heads "
@@ -202,19 +234,28 @@ def main():
           + ", %.2fM params, %d tokens/step" % (n_params / 1e6, tokens))
     print("  attention: ours %s, PyTorch %s; median of %d steps after %d warm-up"
           % (ours_attention, "sdpa" if use_sdpa else "matmul", a.steps, WARMUP))
-    hdr = "  %-18s %12s %14s" % ("", "step (s)", "tokens/s")
+    hdr = "  %-28s %12s %14s" % ("", "step (s)", "tokens/s")
     if a.device == "cuda":
-        hdr += " %8s" % "MFU"
+        hdr += " %8s %14s" % ("MFU", "peak GPU MiB")
     print(hdr)
-    for i, (label, s, tps) in enumerate(rows):
-        line = "  %-18s %12.4f %14.0f" % (label, s, tps)
+    for row_label, s_, tps, side in rows:
+        line = "  %-28s %12.4f %14.0f" % (row_label, s_, tps)
         if a.device == "cuda":
-            line += " %7.1f%%" % (100 * (report["ours_mfu"] if i == 0 else report["pytorch_mfu"]))
+            d = report["nondeterministic"] if side.startswith("nd_") else report
+            side = side[3:] if side.startswith("nd_") else side
+            line += " %7.1f%% %14.0f" % (100 * d[side + "_mfu"], report[side + "_peak_gpu_mib"])
         print(line)
+    if a.device == "cuda":
+        print("  MFU: 6 x parameters x tokens/s over %.0f TFLOP/s (attention's own FLOPs not counted)"
+              % (report["peak_flops"] / 1e12))
     if a.repeats > 1:
         print("  pairs (ours/PyTorch, alternating): " + ", ".join("%.3f" % p["ratio"] for p in pairs))
-    print("  ratio ours/PyTorch step time: %.3f (< 1: ours faster%s)"
-          % (report["step_time_ratio"], "; median of %d pairs" % a.repeats if a.repeats > 1 else ""))
+    if both:
+        print("  ratio ours/PyTorch step time, both on PyTorch's default kernels (train.deterministic: false): "
+              "%.3f; each side's default (ours deterministic): %.3f"
+              % (report["nondeterministic"]["step_time_ratio"], report["defaults_step_time_ratio"]))
+    print("  ratio ours/PyTorch step time%s: %.3f (< 1: ours faster%s)"
+          % (label, report["step_time_ratio"], "; median of %d pairs" % a.repeats if a.repeats > 1 else ""))
     if a.json:
         with open(a.json, "w") as f:
             json.dump(report, f, indent=2)

@@ -99,12 +99,18 @@ void set_current_device(const at::Device& device) {
 #endif
 }
 
-void use_deterministic_cuda() {
+void use_deterministic_cuda(bool on) {
 #ifdef SHARDKIT_CUDA
+  if (!on) {
+    at::globalContext().setDeterministicAlgorithms(false, /*warn_only=*/false);
+    return;
+  }
   // cuBLAS is reproducible only with a fixed workspace configuration.
   setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", /*overwrite=*/0);
   // warn_only: an op without a deterministic kernel warns instead of failing.
   at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/true);
+#else
+  (void)on;
 #endif
 }
 

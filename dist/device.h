@@ -26,8 +26,9 @@ at::Device select_device(const std::string& kind, int local_rank);
 void set_current_device(const at::Device& device);
 // Reproducible CUDA kernels: deterministic algorithms (cuBLAS workspace
 // config set if the user did not). REQUIRES: called before the first cuBLAS
-// call. No-op without CUDA.
-void use_deterministic_cuda();
+// call. false: PyTorch's default kernels again (train.deterministic: false).
+// No-op without CUDA.
+void use_deterministic_cuda(bool on = true);
 // Peak bytes LibTorch's CUDA caching allocator has given to tensors on
 // `device` since the process started; 0 for the CPU or without CUDA.
 double peak_device_memory_bytes(const at::Device& device);

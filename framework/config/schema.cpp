@@ -63,6 +63,10 @@ std::vector<Key> build_schema() {
       {SHARDKIT_CONFIG_FIELD(train.sample_tokens), between(1, 4096), "Tokens each sample generates."},
       {SHARDKIT_CONFIG_FIELD(train.device), one_of({"cpu", "cuda"}),
        "Device the model trains on."},
+      {SHARDKIT_CONFIG_FIELD(train.deterministic), any_value(),
+       "CUDA: deterministic kernels (cuBLAS workspace config, deterministic algorithms), so that "
+       "a resumed run is bit-identical to an uninterrupted one; false: PyTorch's default "
+       "kernels, faster, and resume is then exact only to rounding."},
       {SHARDKIT_CONFIG_FIELD(train.grad_clip), at_least(0),
        "Clip gradients to this global L2 norm; 0: no clipping."},
       {SHARDKIT_CONFIG_FIELD(train.micro_batch_size), at_least(0),

@@ -27,6 +27,9 @@ struct TrainOptions {
   fsdp::MixedPrecisionPolicy mixed_precision;
   int64_t log_every = 10;
   std::string device = "cpu";  // cpu | cuda
+  // CUDA: deterministic kernels, so that a resumed run is bit-identical to an
+  // uninterrupted one; false: PyTorch's default (faster) kernels.
+  bool deterministic = true;
   // Clip gradients to this global L2 norm. 0 turns clipping off.
   double grad_clip = 1.0;
   // Validation loss on the held-out data (data.eval_fraction) every N steps

@@ -453,7 +453,8 @@ void Trainer::State::shard_model() {
   // from the same weights as a CPU run, then moves to the GPU.
   device = rt.device;
   if (device.is_cuda()) {
-    dist::use_deterministic_cuda();  // bit-exact resume needs reproducible kernels
+    // Bit-exact resume needs reproducible kernels (train.deterministic).
+    dist::use_deterministic_cuda(cfg.train.deterministic);
     move_to_device(*user.module, device);
   }
   fsdp::ParallelOptions parallel = cfg.parallel;

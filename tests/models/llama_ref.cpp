@@ -10,11 +10,15 @@
 //                       batches the steps trained on, in order
 // DIR/result.json       per-step losses, grad_norms, lrs, the settings,
 //                       and with --time-steps the median step time of K
-//                       more steps.
+//                       more steps; on a GPU, peak_gpu_mib (the caching
+//                       allocator's peak of allocated bytes), and with
+//                       train.deterministic also step_time_nondeterministic_s
+//                       (K more steps on PyTorch's default kernels).
 #include "checkpoint/interop/export.h"
 #include "checkpoint/save.h"
 #include "framework/config/config.h"
 #include "framework/data/dataset.h"
+#include "dist/device.h"
 #include "dist/torch_compat.h"
 #include "framework/fsdp/fully_shard.h"
 #include "framework/train/state_dict.h"
@@ -87,7 +91,10 @@ nlohmann::json settings(const Config& cfg) {
 
 void run(Config cfg, const fs::path& out, int64_t time_steps) {
   const int64_t compared_steps = cfg.train.steps;
-  cfg.train.steps += time_steps;  // the schedule's total: result.json's train.steps
+  // On CUDA with train.deterministic (the default) the K timed steps run
+  // twice: with deterministic kernels, then with PyTorch's default ones.
+  const bool time_both = cfg.train.device == "cuda" && cfg.train.deterministic;
+  cfg.train.steps += time_steps * (time_both ? 2 : 1);  // the schedule's total: result.json's train.steps
   testing_support::run_runtimes(1, [&](framework::dist::Runtime& rt) {
     std::shared_ptr<models::LayeredModelImpl> model;
     {
@@ -153,13 +160,27 @@ void run(Config cfg, const fs::path& out, int64_t time_steps) {
     result["losses"] = losses;
     result["grad_norms"] = norms;
     result["lrs"] = lrs;
-    if (time_steps > 0) {
+    auto time_k_steps = [&](const std::string& median_key, const std::string& all_key) {
       std::vector<double> times;
       for (int64_t s = 0; s < time_steps; ++s) times.push_back(trainer.train_step().step_time_s);
+      result[all_key] = times;
       std::sort(times.begin(), times.end());
-      result["step_time_s"] = times[times.size() / 2];
-      result["step_times_s"] = times;
+      result[median_key] = times[times.size() / 2];
+    };
+    if (time_steps > 0) {
+      time_k_steps("step_time_s", "step_times_s");
+      result["deterministic"] = cfg.train.device == "cuda" && cfg.train.deterministic;
+      if (time_both) {
+        framework::dist::use_deterministic_cuda(false);
+        time_k_steps("step_time_nondeterministic_s", "step_times_nondeterministic_s");
+      }
       result["tokens_per_step"] = cfg.train.global_batch_size * cfg.model.seq_len;
+    }
+    // The allocator's peak over the whole run (0 on the CPU): the training
+    // steps set it, since nothing before them holds activations.
+    const at::Device device = trainer.model().local_params().front().device();
+    if (device.is_cuda()) {
+      result["peak_gpu_mib"] = framework::dist::peak_device_memory_bytes(device) / 1048576.0;
     }
     std::ofstream(out / "result.json") << result.dump(2) << "\n";
   }, 600.0, cfg.train.device);
