@@ -583,6 +583,10 @@ std::string python_with_torch() {
   return "";
 }
 
+// Every Python run ends: a hung peer fails the test after 5 minutes (the
+// scripts' own gloo timeouts and liveness checks should end it sooner).
+const char* const kPythonTimeout = "timeout -k 10 300 env ";
+
 const char* const kNoPythonDcp =
     "no python3 with torch.distributed.checkpoint.state_dict and DTensor (tried "
     "$SHARDKIT_PYTHON, /usr/bin/python3, python3; Debian 12's torch 1.13 has neither): the "
@@ -596,8 +600,8 @@ TEST(DcpPython, AFreshTorchDcpSaveAtWorldTwoReadsExactlyAtOneAndThreeRanks) {
   const fs::path out = fs::temp_directory_path() / ("shardkit_dcp_py_" + std::to_string(::getpid()));
   fs::remove_all(out);
   fs::remove_all(out.string() + ".expected");
-  const std::string cmd = "USE_LIBUV=0 " + python + " " + kFixtures + "/make_dcp.py " + out.string() +
-                          " > " + out.string() + ".log 2>&1";
+  const std::string cmd = std::string(kPythonTimeout) + "USE_LIBUV=0 " + python + " " + kFixtures +
+                          "/make_dcp.py " + out.string() + " > " + out.string() + ".log 2>&1";
   ASSERT_EQ(std::system(cmd.c_str()), 0) << read_all(out.string() + ".log");
   for (int64_t parts : {1, 3}) expect_every_tensor_exact(out.string(), parts);
   // And training continues from it at world 3 (model, AdamW state, step).
@@ -645,9 +649,9 @@ TEST(DcpPython, PythonDcpLoadReadsOurExportAtOneAndTwoRanks) {
   std::ofstream(expected / "index.json") << index.dump();
   for (int world : {1, 2}) {
     const std::string log = (c.run / ("load" + std::to_string(world) + ".log")).string();
-    const std::string cmd = "USE_LIBUV=0 " + python + " " + kFixtures + "/load_dcp.py " + out + " " +
-                            std::to_string(world) + " --expected " + expected.string() + " > " + log +
-                            " 2>&1";
+    const std::string cmd = std::string(kPythonTimeout) + "USE_LIBUV=0 " + python + " " + kFixtures +
+                            "/load_dcp.py " + out + " " + std::to_string(world) + " --expected " +
+                            expected.string() + " > " + log + " 2>&1";
     EXPECT_EQ(std::system(cmd.c_str()), 0) << "world " << world << ":\n" << read_all(log);
   }
   fs::remove_all(c.run);
@@ -691,8 +695,9 @@ TEST(DcpPython, ATensorParallelCheckpointExportLoadsInTorchDcp) {
   }
   std::ofstream(expected / "index.json") << index.dump();
   const std::string log = (c.run / "load.log").string();
-  const std::string cmd = "USE_LIBUV=0 " + python + " " + kFixtures + "/load_dcp.py " + out +
-                          " 1 --generic --expected " + expected.string() + " > " + log + " 2>&1";
+  const std::string cmd = std::string(kPythonTimeout) + "USE_LIBUV=0 " + python + " " + kFixtures +
+                          "/load_dcp.py " + out + " 1 --generic --expected " + expected.string() + " > " +
+                          log + " 2>&1";
   EXPECT_EQ(std::system(cmd.c_str()), 0) << read_all(log);
   fs::remove_all(c.run);
 }

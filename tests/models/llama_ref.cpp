@@ -129,8 +129,9 @@ void run(Config cfg, const fs::path& out, int64_t time_steps) {
     // The initial weights, through a checkpoint and the safetensors export.
     const fs::path ckpt_dir = out / "init_checkpoint";
     fs::remove_all(ckpt_dir);
-    checkpoint::save_state_dict(framework::train::get_state_dict(trainer.model(), nullptr),
-                                ckpt_dir.string(), *rt.checkpoint, checkpoint::SaveOptions{});
+    checkpoint::StateDict init_state = framework::train::get_state_dict(trainer.model(), nullptr);
+    for (auto& t : init_state.tensors()) t.local = t.local.to(torch::kCPU);  // a CUDA run's too
+    checkpoint::save_state_dict(init_state, ckpt_dir.string(), *rt.checkpoint, checkpoint::SaveOptions{});
     checkpoint::ExportOptions exp;
     exp.only = "model";
     checkpoint::export_checkpoint(ckpt_dir.string(), (out / "init.safetensors").string(), exp);

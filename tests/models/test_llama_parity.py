@@ -25,10 +25,29 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 
+
+def _python_with_torch():
+    """The first of $SHARDKIT_PYTHON and PATH's python3 (as test_dcp.cpp tries
+    them) that is not this interpreter and imports torch, or None: a pip
+    PyTorch lives in its own environment, not in /usr/bin/python3."""
+    names = [os.environ.get("SHARDKIT_PYTHON"), shutil.which("python3")]
+    for exe in names:
+        if not exe or os.path.realpath(exe) == os.path.realpath(sys.executable):
+            continue
+        if subprocess.call([exe, "-c", "import torch"], stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL) == 0:
+            return exe
+    return None
+
+
 try:
     import torch
     import llama_reference as ref
 except Exception as e:  # a missing torch is a failure, not a skip
+    other = _python_with_torch() if isinstance(e, ImportError) else None
+    if other is not None and not os.environ.get("SHARDKIT_PARITY_REEXEC"):
+        os.environ["SHARDKIT_PARITY_REEXEC"] = "1"
+        os.execv(other, [other, os.path.abspath(__file__)] + sys.argv[1:])
     print("FAIL: cannot import torch / the reference (%s: %s); python %s"
           % (type(e).__name__, e, sys.executable))
     sys.exit(1)

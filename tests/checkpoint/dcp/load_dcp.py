@@ -43,10 +43,13 @@ Checksums: sha256 over the raw little-endian bytes of the C-contiguous full
 tensor; "sum" is the float64 sum.  Identical to make_dcp.py's index.json.
 """
 import argparse
+import datetime
 import hashlib
 import json
 import os
+import queue
 import sys
+import time
 import traceback
 import warnings
 
@@ -202,7 +205,9 @@ def finish(result, args):
 
 def worker(rank, world, port, args, q):
     common.setup_env(port)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    # A rank that fails leaves its peer in a collective: gloo's timeout ends
+    # that wait with an error instead of the default 30 minutes.
+    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=120))
     try:
         res = model_mode(rank, world, args)
         if rank == 0:
@@ -234,17 +239,34 @@ def main():
     if args.world == 1:
         sys.exit(finish(model_mode(0, 1, args), args))
     ctx = mp.get_context("spawn")
-    q = ctx.SimpleQueue()
+    q = ctx.Queue()
     port = common.free_port()
     procs = [ctx.Process(target=worker, args=(r, args.world, port, args, q))
              for r in range(args.world)]
     for p in procs:
         p.start()
-    res = q.get()
+    # Rank 0's result, or the first rank that died without one: a worker that
+    # crashes must fail the load, not leave this process waiting forever.
+    res, deadline = None, time.monotonic() + 300
+    while True:
+        try:
+            res = q.get(timeout=1.0)
+            break
+        except queue.Empty:
+            dead = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0)]
+            if dead or time.monotonic() > deadline:
+                for p in procs:
+                    p.terminate()
+                why = ("rank(s) %s exited with %s" % (dead, [procs[r].exitcode for r in dead]) if dead
+                       else "no result after 300 s")
+                print("load failed: " + why, file=sys.stderr)
+                sys.exit(2)
     for p in procs:
-        p.join()
+        p.join(timeout=150)
+        if p.exitcode is None:
+            p.terminate()
     if res is None or any(p.exitcode for p in procs):
-        print("load failed", file=sys.stderr)
+        print("load failed: exit codes %s" % [p.exitcode for p in procs], file=sys.stderr)
         sys.exit(2)
     sys.exit(finish(res, args))
 

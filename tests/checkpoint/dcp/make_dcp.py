@@ -30,6 +30,7 @@ tensor + io.BytesIO items, like torchtitan's TrainState) and "dataloader"
 (world_size + a per-rank dp_rank_<r> bytes item, only written by rank r).
 """
 import argparse
+import datetime
 import json
 import os
 import sys
@@ -47,7 +48,8 @@ import common  # noqa: E402
 
 def worker(rank, world, port, out_dir, flatten_optim, steps, fsdp2, layout):
     common.setup_env(port)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    # A failing rank leaves its peer in a collective: end that wait in 120 s.
+    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=120))
     try:
         _worker(rank, world, out_dir, flatten_optim, steps, fsdp2, layout)
     except Exception:
