@@ -22,7 +22,7 @@ const std::vector<std::string> kAllKeys = {
     "run.dir", "run.seed",
     "train.steps", "train.stop_at", "train.global_batch_size", "train.log_every",
     "train.eval_every", "train.eval_samples", "train.sample_every", "train.sample_prompt",
-    "train.sample_tokens", "train.device", "train.grad_clip",
+    "train.sample_tokens", "train.device", "train.deterministic", "train.grad_clip",
     "train.micro_batch_size", "train.mixed_precision.param_dtype",
     "train.mixed_precision.reduce_dtype",
     "model.kind", "model.vocab_size", "model.seq_len", "model.d_model", "model.n_layers",
@@ -92,6 +92,7 @@ Config non_default_config() {
   c.train.sample_prompt = "Hi there";
   c.train.sample_tokens = 9;
   c.train.device = "cuda";
+  c.train.deterministic = false;
   c.train.grad_clip = 0.25;
   c.train.micro_batch_size = 8;
   c.train.mixed_precision.param_dtype = "bf16";
