@@ -6,7 +6,7 @@ saving at step --interval (and at its last step, untimed). The steps of the
 run without checkpoints are the baseline.
 
   bench/train_ckpt_bench.py [--train build/train] [--device cpu|cuda]
-                            [--modes none,async,overlap] [--interval N] [--steps S]
+                            [--modes none,async,overlap,overlap-chunked] [--interval N] [--steps S]
                             [--json FILE] [--workdir DIR] [--set key=value]...
                             [--d-model N ...]
 
@@ -23,6 +23,12 @@ records (the save at step k-1, if any). Per mode:
   - before_save: iterations 3 .. N, which no save touches, over the same
     iterations without checkpoints: the noise between two runs.
 The target (#36): around_save <= 1.01 in overlap mode.
+
+Modes: none (no saves), sync, async, overlap (checkpoint.device_snapshot
+auto: on a GPU with the memory to spare, the state is first copied in device
+memory), overlap-snapshot (device_snapshot on) and overlap-chunked
+(device_snapshot off: chunks straight from the live state). Each mode's
+"staging" is what the save's event says it did.
 """
 
 import argparse
@@ -36,6 +42,15 @@ import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+# --modes: the checkpoint settings of each.
+MODES = {
+    "none": {},
+    "sync": {"checkpoint.mode": "sync"},
+    "async": {"checkpoint.mode": "async"},
+    "overlap": {"checkpoint.mode": "overlap"},
+    "overlap-snapshot": {"checkpoint.mode": "overlap", "checkpoint.device_snapshot": "on"},
+    "overlap-chunked": {"checkpoint.mode": "overlap", "checkpoint.device_snapshot": "off"},
+}
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 from llama_sizes import add_size_args, n_params, size_from_args, train_sets  # noqa: E402
@@ -47,6 +62,8 @@ def run_train(exe, config, sets, run_dir, log):
         cmd += ["--set", "%s=%s" % (key, v)]
     t0 = time.perf_counter()
     with open(log, "w") as f:
+        f.write("$ %s\n" % " ".join(cmd))
+        f.flush()
         p = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT)
     wall = time.perf_counter() - t0
     if p.returncode != 0:
@@ -81,7 +98,8 @@ def main():
     ap.add_argument("--train", default=os.path.join(REPO, "build", "train"))
     ap.add_argument("--config", default=os.path.join(REPO, "configs", "llama_tiny.yaml"))
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
-    ap.add_argument("--modes", default="none,async,overlap")
+    ap.add_argument("--modes", default="none,async,overlap",
+                    help="comma-separated: none, sync, async, overlap, overlap-snapshot, overlap-chunked")
     ap.add_argument("--interval", type=int, default=20, help="the save's step (checkpoint.interval)")
     ap.add_argument("--steps", type=int, default=None, help="steps per run (default 2 x interval)")
     ap.add_argument("--json", default=None)
@@ -94,6 +112,9 @@ def main():
     modes = [m for m in a.modes.split(",") if m]
     if "none" not in modes:
         modes.insert(0, "none")
+    for m in modes:
+        if m not in MODES:
+            sys.exit("--modes: unknown mode %r (one of %s)" % (m, ", ".join(MODES)))
     if a.interval < 4 or steps <= a.interval:
         sys.exit("--interval must be >= 4 and --steps above it")
     if not os.path.exists(a.train):
@@ -109,7 +130,8 @@ def main():
         sets.update({"train.log_every": 1, "run.dir": run_dir, "checkpoint.resume": "never",
                      "checkpoint.keep_last": 1})
         if mode != "none":
-            sets.update({"checkpoint.interval": a.interval, "checkpoint.mode": mode})
+            sets.update({"checkpoint.interval": a.interval})
+            sets.update(MODES[mode])
         for kv in a.set:
             k, _, v = kv.partition("=")
             sets[k] = v
@@ -138,7 +160,7 @@ def main():
         r_save, _ = ratio(it, base, [n + 1])
         report["modes"][mode] = {
             "blocking_s": ev["blocking_s"] if ev else None, "stage_s": ev["stage_s"] if ev else None,
-            "write_s": ev["write_s"] if ev else None, "plan_s": ev["plan_s"] if ev else None,
+            "write_s": ev["write_s"] if ev else None, "staging": ev.get("staging") if ev else None, "plan_s": ev["plan_s"] if ev else None,
             "bytes": ev["bytes"] if ev else None, "committed": bool(ev and ev["ok"]),
             "save_iteration_s": it.get(n + 1), "save_iteration_over_none": r_save,
             "around_save_over_none": r_around, "around_save_iterations": n_around,

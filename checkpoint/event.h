@@ -15,6 +15,9 @@ struct CheckpointEvent {
   std::string path;
   double blocking_s = 0;  // time the training loop was held
   double stage_s = 0;     // copy into host buffers (0 in sync mode)
+  // Overlap of GPU state: "device snapshot" or "chunked" (from the live
+  // state); "" otherwise.
+  std::string staging;
   double write_s = 0;     // planning + writing + fsync, all ranks
   double commit_s = 0;
   double plan_s = 0;       // part of write_s: planning, or the cached plan's agreement

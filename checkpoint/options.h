@@ -65,6 +65,11 @@ struct CheckpointOptions {
   // Large data-file writes bypass the page cache (O_DIRECT; storage.h,
   // PosixOptions). Used by whoever builds the POSIX storage (the trainer).
   bool direct_io = false;
+  // Overlap mode with state on a GPU: snapshot the state into device memory
+  // (as much again as the state, held for the run) so the optimizer never
+  // waits for the device-to-host copy. auto: when the device has that much
+  // free beyond a 2 GiB margin at the first save | on | off.
+  std::string device_snapshot = "auto";
   CompressionOptions compression;
   LocalTierOptions local;
   DurableTierOptions durable;

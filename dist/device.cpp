@@ -72,6 +72,20 @@ double cuda_device_total_bytes(int local_rank) {
 #endif
 }
 
+double device_free_bytes(const at::Device& device) {
+#ifdef SHARDKIT_CUDA
+  if (device.is_cuda()) {
+    c10::cuda::CUDAGuard guard(device);
+    size_t free = 0;
+    size_t total = 0;
+    check_cuda(cudaMemGetInfo(&free, &total), "cudaMemGetInfo");
+    return static_cast<double>(free);
+  }
+#endif
+  (void)device;
+  return 0;
+}
+
 at::Device select_device(const std::string& kind, int local_rank) {
   if (kind == "cpu") return at::Device(at::kCPU);
   if (kind != "cuda") throw std::invalid_argument("train.device: unknown device '" + kind + "'");

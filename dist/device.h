@@ -37,6 +37,11 @@ double peak_device_memory_bytes(const at::Device& device);
 // context), or 0 without CUDA or devices.
 double cuda_device_total_bytes(int local_rank);
 
+// Device memory that neither LibTorch's caching allocator nor anyone else
+// holds on `device` (cudaMemGetInfo's free bytes); 0 for the CPU or without
+// CUDA. Memory the caching allocator keeps cached for reuse is not counted.
+double device_free_bytes(const at::Device& device);
+
 // Host waits for all work queued on `device` (no-op for CPU).
 void synchronize(const at::Device& device);
 

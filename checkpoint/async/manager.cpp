@@ -54,7 +54,9 @@ struct CheckpointManager::Job {
   bool done = false;            // guarded by mu_
   bool blocking_final = false;  // guarded by mu_
   bool reported = false;        // guarded by mu_
-  bool device_copy_in_flight = false;  // overlap on a GPU: staged by save(), still copying
+  // Overlap on a GPU: save() began the staging (with a device snapshot or
+  // not), the worker copies to the host in chunks.
+  bool device_overlap = false;
   Clock::time_point started;
   std::exception_ptr error;
   TierSave tier;  // with tiers: the save's way through them
@@ -310,10 +312,11 @@ SaveOptions CheckpointManager::save_options(std::shared_ptr<Storage> storage) co
 
 // (background) Overlap mode's staging, which save() left to this thread.
 void CheckpointManager::stage_in_background(Job& job) {
-  if (job.device_copy_in_flight) {
-    // Overlap on a GPU: the copies were enqueued by save(); the compute
-    // stream already waits for them, the host waits here.
-    staging_.wait();
+  if (job.device_overlap) {
+    // Overlap on a GPU: save() ordered the copy stream after the step (and
+    // took the snapshot); here the copies run in chunks, one in flight.
+    staging_.copy_to_host(job.source);
+    job.source = StateDict();
     job.event.stage_s = seconds_since(job.started);
   } else if (mode_ == SaveMode::kOverlap) {
     auto t = Clock::now();
@@ -492,10 +495,24 @@ void CheckpointManager::save(int64_t step, StateDict state, bool final) {
     staging_.wait();
     job->event.stage_s = seconds_since(t);
   } else if (on_device) {
-    // Overlap on a GPU: enqueue the copies on the copy stream and return;
-    // wait_staged() orders the optimizer step after them on the device.
-    job->staged = staging_.stage(state);
-    job->device_copy_in_flight = true;
+    // Overlap on a GPU: the worker copies to the host in chunks. With a
+    // device snapshot the loop may change the state at once; without one
+    // wait_staged() holds it until the copies are done.
+    const bool snapshot = use_device_snapshot(state);
+    try {
+      job->staged = staging_.begin_overlap(state, snapshot);
+    } catch (const std::runtime_error& e) {
+      throw CheckpointError("checkpoint.device_snapshot: " + options_.device_snapshot + ", but " +
+                            e.what() + " (step " + std::to_string(step) +
+                            "; checkpoint.device_snapshot: off stages from the live state)");
+    }
+    job->device_overlap = true;
+    job->event.staging = snapshot ? "device snapshot" : "chunked";
+    if (snapshot) {
+      job->blocking_final = true;  // nothing for wait_staged() to wait for
+    } else {
+      job->source = std::move(state);
+    }
   } else {
     job->source = std::move(state);
   }
@@ -562,6 +579,13 @@ void CheckpointManager::save_tiered_sync(std::shared_ptr<Job> job) {
   worker_ = std::thread([this, job] { persist(job); });
 }
 
+bool CheckpointManager::use_device_snapshot(const StateDict& state) const {
+  const std::string& policy = options_.device_snapshot;
+  if (policy == "on") return true;
+  if (policy == "off") return false;
+  return staging_.snapshot_fits(state);  // auto
+}
+
 void CheckpointManager::wait_staged() {
   std::shared_ptr<Job> job;
   {
@@ -570,15 +594,6 @@ void CheckpointManager::wait_staged() {
   }
   if (!job || mode_ != SaveMode::kOverlap) return;
   auto t = Clock::now();
-  if (job->device_copy_in_flight) {
-    // No host sync: the optimizer's kernels queue behind the copies.
-    std::lock_guard<std::mutex> lock(mu_);
-    if (job->blocking_final) return;
-    staging_.block_compute();
-    job->event.blocking_s += seconds_since(t);
-    job->blocking_final = true;
-    return;
-  }
   std::unique_lock<std::mutex> lock(mu_);
   if (job->blocking_final) return;
   cv_.wait(lock, [&] { return job->staged_done; });

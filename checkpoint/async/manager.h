@@ -15,9 +15,13 @@
 //           loop calls wait_staged() before it changes the state (before the
 //           optimizer step).
 // State on a GPU is staged into one pinned host slab on a dedicated copy
-// stream (checkpoint/async/staging.h): async waits only for that copy; overlap
-// enqueues it and wait_staged() makes the compute stream wait for it on the
-// device, without a host sync. Loading into GPU state goes through the same
+// stream (checkpoint/async/staging.h): async waits only for that copy. Overlap
+// (checkpoint.device_snapshot) first copies the state into a reused device
+// buffer on the compute stream when that fits, and the loop goes on at once;
+// the background thread copies it to the host in chunks, so the step's own
+// small device-to-host reads never wait behind the whole state. Without a
+// snapshot the chunks are read from the live state and wait_staged() waits
+// for the last one. Loading into GPU state goes through the same
 // pinned buffers, host to device.
 // At most one save is in flight; save() first waits for the previous one.
 // A background failure is rethrown by the next save(), wait_staged() or
@@ -159,6 +163,8 @@ class CheckpointManager {
   // Staging memory held for reuse across saves (bytes), and whether it is
   // page-locked.
   uint64_t staging_bytes() const;
+  // Device memory held for overlap's device snapshots (bytes).
+  uint64_t snapshot_bytes() const { return staging_.device_bytes(); }
   bool staging_pinned() const;
 
  private:
@@ -167,6 +173,8 @@ class CheckpointManager {
   // Saving.
   SaveOptions save_options(std::shared_ptr<Storage> storage) const;
   void stage_in_background(Job& job);
+  // Overlap on a GPU: checkpoint.device_snapshot (auto: when it fits).
+  bool use_device_snapshot(const StateDict& state) const;
   void persist(std::shared_ptr<Job> job);
   void write_durable(Job& job);
   void retain_durable(int64_t step);

@@ -210,6 +210,11 @@ std::vector<Key> build_schema() {
        "not evict the job's page cache, and write speed no longer depends on its state "
        "(ckpt_bench measures both ways); file systems that refuse it get page-cache writes. "
        "false: page cache."},
+      {SHARDKIT_CONFIG_FIELD(checkpoint.device_snapshot), one_of({"auto", "on", "off"}),
+       "Overlap mode with state on a GPU: copy the state into device memory first (as much "
+       "again as the state, held for the run), so the optimizer never waits for the copy to the "
+       "host; auto: when the GPU has that much free beyond 2 GiB at the first save; off: copy "
+       "from the live state, and the optimizer step waits for the last chunk."},
       {SHARDKIT_CONFIG_FIELD(checkpoint.local.dir), any_value(),
        "Node-local tier (/dev/shm, local NVMe) saves commit to first; {node} is replaced by the "
        "node's index, {run.dir} by run.dir; empty: one tier (checkpoint.dir)."},

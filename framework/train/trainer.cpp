@@ -347,6 +347,7 @@ void Trainer::State::log_checkpoint_events() {
          << " s | stage " << ev.stage_s << " s | write " << ev.write_s << " s | commit "
          << ev.commit_s << " s | " << std::setprecision(1) << ev.bytes / 1048576.0 << " MiB -> "
          << ev.stored_bytes / 1048576.0 << " MiB";
+    if (!ev.staging.empty()) line << " | staging " << ev.staging;
     if (ckpt->tiered()) {
       line << " | tier " << ev.tier << " | local commit " << std::setprecision(3) << ev.local_commit_s
            << " s | partner " << ev.partner;
@@ -362,6 +363,7 @@ void Trainer::State::log_checkpoint_events() {
                         {"write_s", ev.write_s},   {"commit_s", ev.commit_s}, {"bytes", ev.bytes},
                         {"stored_bytes", ev.stored_bytes}, {"ok", ev.ok},   {"path", ev.path},
                         {"plan_s", ev.plan_s}, {"plan_cached", ev.plan_cached}};
+    if (!ev.staging.empty()) j["staging"] = ev.staging;
     if (ckpt->tiered()) {
       j["tier"] = ev.tier;
       j["local_path"] = ev.local_path;

@@ -35,12 +35,13 @@ class TrainCkptBench(unittest.TestCase):
     def test_every_mode_saves_at_the_interval_and_is_compared_step_for_step(self):
         with tempfile.TemporaryDirectory() as d:
             out = os.path.join(d, "r.json")
-            p = self.run_bench(d, "--interval", "5", "--steps", "9", "--json", out)
+            p = self.run_bench(d, "--interval", "5", "--steps", "9", "--json", out,
+                               "--modes", "none,async,overlap,overlap-chunked")
             self.assertEqual(p.returncode, 0, p.stdout)
             with open(out) as f:
                 r = json.load(f)
             self.assertEqual((r["steps"], r["interval"], r["tokens_per_step"]), (9, 5, 64))
-            self.assertEqual(sorted(r["modes"]), ["async", "overlap"])
+            self.assertEqual(sorted(r["modes"]), ["async", "overlap", "overlap-chunked"])
             for mode, m in r["modes"].items():
                 self.assertTrue(m["committed"], mode)
                 self.assertGreater(m["bytes"], 0, mode)
@@ -58,6 +59,9 @@ class TrainCkptBench(unittest.TestCase):
             self.assertIsNotNone(m, log[-2000:])
             self.assertEqual(r["n_params"], int(m.group(1)))
             self.assertIn("around = iterations 6..9", p.stdout)
+            # overlap-chunked sets checkpoint.device_snapshot: off.
+            with open(os.path.join(d, "overlap-chunked.log")) as f:
+                self.assertIn("checkpoint.device_snapshot=off", f.read())
 
     def test_a_failing_train_is_an_error_naming_the_command(self):
         with tempfile.TemporaryDirectory() as d:

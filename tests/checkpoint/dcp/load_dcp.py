@@ -44,6 +44,7 @@ tensor; "sum" is the float64 sum.  Identical to make_dcp.py's index.json.
 """
 import argparse
 import datetime
+import faulthandler
 import hashlib
 import json
 import os
@@ -203,7 +204,16 @@ def finish(result, args):
     return status
 
 
+def dump_stacks_if_slow():
+    """$SHARDKIT_PY_STACKS_AFTER seconds: then every thread's stack goes to
+    stderr (the process goes on), so a hang names where it waits."""
+    after = os.environ.get("SHARDKIT_PY_STACKS_AFTER")
+    if after:
+        faulthandler.dump_traceback_later(float(after), exit=False)
+
+
 def worker(rank, world, port, args, q):
+    dump_stacks_if_slow()
     common.setup_env(port)
     # A rank that fails leaves its peer in a collective: gloo's timeout ends
     # that wait with an error instead of the default 30 minutes.
@@ -233,6 +243,7 @@ def main():
     ap.add_argument("--out")
     args = ap.parse_args()
     args.dcp_dir = os.path.abspath(args.dcp_dir)
+    dump_stacks_if_slow()
 
     if args.generic:
         sys.exit(finish(generic_mode(args), args))

@@ -39,7 +39,7 @@ const std::vector<std::string> kAllKeys = {
     "checkpoint.dir", "checkpoint.interval", "checkpoint.mode", "checkpoint.keep_last",
     "checkpoint.resume", "checkpoint.resume_fallback", "checkpoint.allow_config_change", "checkpoint.on_error", "checkpoint.save_on_signal",
     "checkpoint.when_busy", "checkpoint.allow_partial", "checkpoint.model_only",
-    "checkpoint.io_threads", "checkpoint.plan_cache", "checkpoint.direct_io", "checkpoint.local.dir", "checkpoint.local.keep_last",
+    "checkpoint.io_threads", "checkpoint.plan_cache", "checkpoint.direct_io", "checkpoint.device_snapshot", "checkpoint.local.dir", "checkpoint.local.keep_last",
     "checkpoint.local.partner", "checkpoint.durable.every", "checkpoint.compression.codec", "checkpoint.compression.level",
     "checkpoint.compression.byte_group", "checkpoint.compression.block_size",
 };
@@ -152,6 +152,7 @@ Config non_default_config() {
   c.checkpoint.io_threads = 16;
   c.checkpoint.plan_cache = false;
   c.checkpoint.direct_io = true;
+  c.checkpoint.device_snapshot = "off";
   c.checkpoint.local.dir = "/dev/shm/run/node{node}";
   c.checkpoint.local.keep_last = 5;
   c.checkpoint.local.partner = false;

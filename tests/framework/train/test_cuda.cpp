@@ -298,13 +298,15 @@ TEST(CudaCheckpoint, AsyncAndOverlapUnderTrainingCommitExactlyWhatSyncCommitsAnd
   // The CPU run's sync checkpoints are the reference: same state, same bytes.
   std::map<std::string, std::string> dirs;
   for (const char* device : {"cpu", "cuda"}) {
-    for (const char* mode : {"sync", "async", "overlap"}) {
-      if (std::string(device) == "cpu" && std::string(mode) != "sync") continue;
+    // overlap: from a device snapshot; overlap_chunked: from the live state.
+    for (std::string mode : {"sync", "async", "overlap", "overlap_chunked"}) {
+      if (std::string(device) == "cpu" && mode != "sync") continue;
       std::string key = std::string(device) + "_" + mode;
       auto cfg = base_config(root + "/" + key, device);
       cfg.train.steps = 12;
       cfg.checkpoint.interval = 4;
-      cfg.checkpoint.mode = mode;
+      cfg.checkpoint.mode = mode == "overlap_chunked" ? "overlap" : mode;
+      cfg.checkpoint.device_snapshot = mode == "overlap" ? "on" : "off";
       // Training runs on while the copy and the write are in flight; a save
       // that read a parameter the optimizer was writing would differ.
       train_run(cfg, 1, 1);
@@ -320,13 +322,79 @@ TEST(CudaCheckpoint, AsyncAndOverlapUnderTrainingCommitExactlyWhatSyncCommitsAnd
     std::string s = "/step_" + std::to_string(step);
     auto sync = read_checkpoint_items(dirs["cuda_sync"] + s);
     ASSERT_GT(sync.size(), 10u);
-    for (const char* mode : {"cuda_async", "cuda_overlap"}) {
+    for (const char* mode : {"cuda_async", "cuda_overlap", "cuda_overlap_chunked"}) {
       auto other = read_checkpoint_items(dirs[mode] + s);
       ASSERT_EQ(other.size(), sync.size()) << mode;
       for (const auto& [name, bytes] : sync) {
         EXPECT_EQ(other.at(name), bytes) << mode << ": item " << name << " differs from cuda_sync";
       }
     }
+  }
+  fs::remove_all(root);
+}
+
+// Overlap stages GPU state in chunks of 64 MiB from the background thread,
+// from a device snapshot or from the live state. With a state of several
+// chunks (and a tensor that spans chunks), each checkpoint must hold the
+// state as it was at its save, although the "optimizer" changes it as soon
+// as wait_staged() returns; the event says which staging ran, and only the
+// snapshot holds device memory.
+TEST(CudaCheckpoint, OverlapStagesChunksFromASnapshotOrTheLiveStateAndSavesTheStateOfItsStep) {
+  SHARDKIT_REQUIRE_CUDA();
+  std::string root = scratch("chunks");
+  for (const char* policy : {"on", "off"}) {
+    SCOPED_TRACE(std::string("device_snapshot ") + policy);
+    run_runtimes(1, [&](framework::dist::Runtime& rt) {
+      torch::manual_seed(5);
+      // 40 M floats (160 MiB, three chunks), 3 M bf16, and small ones.
+      std::vector<torch::Tensor> state = {
+          torch::randn({40 << 20}, torch::kCUDA), torch::randn({3 << 20}, torch::kCUDA).to(torch::kBFloat16),
+          torch::randn({17, 3}, torch::kCUDA), torch::randint(0, 100, {9}, torch::kCUDA).to(torch::kLong)};
+      auto make = [&] {
+        checkpoint::StateDict sd;
+        for (size_t i = 0; i < state.size(); ++i) sd.add_tensor("w" + std::to_string(i), state[i]);
+        return sd;
+      };
+      checkpoint::CheckpointOptions o;
+      o.interval = 1;
+      o.mode = "overlap";
+      o.device_snapshot = policy;
+      o.io_threads = 2;
+      checkpoint::CheckpointManager m(o, root + "/" + policy, *rt.checkpoint, "single");
+      std::vector<std::vector<torch::Tensor>> expected;
+      for (int step = 1; step <= 3; ++step) {
+        std::vector<torch::Tensor> now;
+        for (auto& t : state) now.push_back(t.cpu());
+        expected.push_back(now);
+        m.save(step, make());
+        m.wait_staged();
+        for (auto& t : state) t.add_(1);  // the optimizer step
+      }
+      m.finish();
+      auto events = m.take_events();
+      ASSERT_EQ(events.size(), 3u);
+      for (const auto& ev : events) {
+        EXPECT_TRUE(ev.ok) << ev.error;
+        EXPECT_EQ(ev.staging, std::string(policy) == "on" ? "device snapshot" : "chunked");
+      }
+      if (std::string(policy) == "on") {
+        EXPECT_GE(m.snapshot_bytes(), make().nbytes());
+      } else {
+        EXPECT_EQ(m.snapshot_bytes(), 0u);
+      }
+      for (int step = 1; step <= 3; ++step) {
+        checkpoint::StateDict back;
+        for (size_t i = 0; i < state.size(); ++i) {
+          back.add_tensor("w" + std::to_string(i), torch::empty_like(state[i], torch::kCPU));
+        }
+        checkpoint::load_state_dict(back, root + "/" + policy + "/step_" + std::to_string(step),
+                                    checkpoint::LoadOptions{});
+        for (size_t i = 0; i < state.size(); ++i) {
+          EXPECT_TRUE(torch::equal(back.tensors()[i].local, expected[step - 1][i]))
+              << "step " << step << " tensor " << i;
+        }
+      }
+    });
   }
   fs::remove_all(root);
 }
