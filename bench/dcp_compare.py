@@ -50,7 +50,8 @@ def main():
     shutil.rmtree(args.dir, ignore_errors=True)
     os.makedirs(args.dir)
     # DCP's async path wants a process group with a CPU backend.
-    store_file = os.path.join(args.dir, "store")
+    # Absolute: in file://build-gpu/... the first component would be a host.
+    store_file = os.path.abspath(os.path.join(args.dir, "store"))
     dist.init_process_group("cpu:gloo,cuda:nccl", init_method="file://" + store_file, rank=0, world_size=1)
 
     total = int(args.size_mb * 1048576) // 4

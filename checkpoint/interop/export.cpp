@@ -424,7 +424,12 @@ void export_dcp_items(DcpOut& out, ChunkReader& reader, const CheckpointMeta& me
   }
 }
 
-// optim.param_groups.0.*: torch.save'd Python values, as torch 2.6's AdamW keys them.
+// optim.param_groups.0.*: torch.save'd Python values, as AdamW keys them:
+// torch 2.6's keys, plus decoupled_weight_decay (True), which AdamW's groups
+// have from torch 2.7 on. dcp.load fails on a key the loading optimizer has
+// and the checkpoint lacks ("Missing key in checkpoint state_dict"), and
+// ignores one the checkpoint has and the optimizer lacks, so a checkpoint
+// with both loads in either.
 void export_param_group(DcpOut& out, const DcpParamGroup& g) {
   auto bytes_item = [&](const std::string& name, std::vector<uint8_t> pkl) {
     out.dcp.bytes.push_back({"optim.param_groups.0." + name, out.append(pkl, false, nullptr, 0)});
@@ -453,6 +458,7 @@ void export_param_group(DcpOut& out, const DcpParamGroup& g) {
   bytes_item("capturable", flag(false));
   bytes_item("differentiable", flag(false));
   bytes_item("fused", flag(std::nullopt));
+  bytes_item("decoupled_weight_decay", flag(true));
   PickleWriter names;
   names.op(']');
   names.op('(');

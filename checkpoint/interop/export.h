@@ -83,7 +83,8 @@ struct ExportStats {
 // parameter names, at any world size: model.<name> tensors; for each
 // trainable parameter optim.state.<name>.exp_avg / exp_avg_sq and .step (a
 // 0-d float32 tensor); optim.param_groups.0.{lr, betas, eps, weight_decay,
-// amsgrad, foreach, maximize, capturable, differentiable, fused, params}.
+// amsgrad, foreach, maximize, capturable, differentiable, fused,
+// decoupled_weight_decay (torch 2.7 and later), params}.
 // Each tensor is written as chunks of dim-0 slabs (each a torch.save archive
 // in __0_0.distcp), then .metadata; the directory is written as
 // <out_path>.tmp and renamed. `dtype` must be unset for kDcp. Throws

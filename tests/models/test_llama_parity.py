@@ -29,10 +29,12 @@ sys.path.insert(0, HERE)
 def _python_with_torch():
     """The first of $SHARDKIT_PYTHON and PATH's python3 (as test_dcp.cpp tries
     them) that is not this interpreter and imports torch, or None: a pip
-    PyTorch lives in its own environment, not in /usr/bin/python3."""
+    PyTorch lives in its own environment, not in /usr/bin/python3. Paths are
+    compared as given, not resolved: a virtual environment's python3 is a
+    link to the system's interpreter, with other packages."""
     names = [os.environ.get("SHARDKIT_PYTHON"), shutil.which("python3")]
     for exe in names:
-        if not exe or os.path.realpath(exe) == os.path.realpath(sys.executable):
+        if not exe or os.path.abspath(exe) == os.path.abspath(sys.executable):
             continue
         if subprocess.call([exe, "-c", "import torch"], stdout=subprocess.DEVNULL,
                            stderr=subprocess.DEVNULL) == 0:
