@@ -72,11 +72,13 @@ class HostSlab {
 // staging device state to the host (and back) without stalling the compute
 // stream. For a CPU device every call copies synchronously.
 //
-// Call sequence (training thread): begin() orders the copy stream after the
+// Call sequence: begin() (training thread) orders the copy stream after the
 // work queued so far on the current (compute) stream; copy() enqueues copies;
-// record() marks them. Then either synchronize() (host waits: async mode),
-// or block_current_stream() (the compute stream waits on the device, with no
-// host sync: overlap mode) and later synchronize() from the writer thread.
+// record() marks them; synchronize() waits for the mark on the host, and
+// block_current_stream() makes the calling thread's compute stream wait for
+// it on the device. Async mode does all of it on the training thread;
+// overlap mode's writer thread does copy(), record() and synchronize() per
+// chunk after the training thread's begin() (checkpoint/async/staging.h).
 class CopyStream {
  public:
   explicit CopyStream(at::Device device);
