@@ -43,6 +43,11 @@ std::vector<Key> build_schema() {
        "Run directory: metrics.jsonl, config.yaml and (by default) checkpoints."},
       {SHARDKIT_CONFIG_FIELD(run.seed), at_least(0),
        "Seed of parameter init and synthetic data."},
+      {SHARDKIT_CONFIG_FIELD(run.host_malloc), one_of({"keep", "default"}),
+       "Host memory the process frees: keep: glibc keeps it for reuse (mmap threshold 32 MiB, "
+       "trim threshold 1 GiB), so steps do not fault their buffers in again (resident memory "
+       "stays near its peak); default: glibc's adaptive thresholds. MALLOC_MMAP_THRESHOLD_, "
+       "MALLOC_TRIM_THRESHOLD_ or MALLOC_TOP_PAD_ in the environment win over keep."},
 
       {SHARDKIT_CONFIG_FIELD(train.steps), at_least(1), "Number of optimizer steps."},
       {SHARDKIT_CONFIG_FIELD(train.stop_at), at_least(0),

@@ -10,6 +10,7 @@
 #include "checkpoint/timing.h"
 #include "framework/data/dataset.h"
 #include "dist/device.h"
+#include "dist/host_malloc.h"
 #include "dist/launch_env.h"
 #include "framework/data/sampler.h"
 #include "framework/data/loader.h"
@@ -170,6 +171,7 @@ struct Trainer::State {
   void finish_checkpoints();
 
   State(const config::Config& c, dist::Runtime& r) : cfg(c), rt(r) {}
+  dist::HostMallocOutcome host_malloc = dist::HostMallocOutcome::kDefault;
   ~State() {
     // The hooks tensor parallelism set on the module hold the mesh's groups.
     if (tp_size > 1 && user.module) tp::clear_hooks(*user.module);
@@ -524,6 +526,13 @@ void Trainer::State::print_banner(const std::optional<std::string>& resume_from,
     if (builtin_model) std::cout << "; activation checkpointing " << cfg.model.activation_checkpointing;
     std::cout << std::endl;
   }
+  if (host_malloc == dist::HostMallocOutcome::kEnvironment) {
+    std::cout << "shardkit: run.host_malloc " << cfg.run.host_malloc
+              << " left to MALLOC_* variables in the environment" << std::endl;
+  } else if (host_malloc == dist::HostMallocOutcome::kUnsupported) {
+    std::cout << "shardkit: run.host_malloc " << cfg.run.host_malloc
+              << " not applied: this C library's malloc has no such thresholds" << std::endl;
+  }
   if (builtin_model) {
     std::cout << "shardkit: memory estimate per rank "
               << describe(estimate_memory(cfg, rt.env.world_size)) << std::endl;
@@ -640,6 +649,9 @@ Trainer::Trainer(const config::Config& config, dist::Runtime& runtime, UserModel
                  TrainerHooks hooks)
     : s_(std::make_unique<State>(config, runtime)) {
   State& s = *s_;
+  // Before the model and its buffers are allocated: every later free of a
+  // step's host buffers stays in the process (run.host_malloc).
+  s.host_malloc = dist::apply_host_malloc(s.cfg.run.host_malloc);
   s.hooks = std::move(hooks);
   s.builtin_model = !model.module;
   if (!s.builtin_model) {

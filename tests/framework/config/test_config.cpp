@@ -19,7 +19,7 @@ namespace fs = std::filesystem;
 
 // Every key the option structs expose, as documented in the brief.
 const std::vector<std::string> kAllKeys = {
-    "run.dir", "run.seed",
+    "run.dir", "run.seed", "run.host_malloc",
     "train.steps", "train.stop_at", "train.global_batch_size", "train.log_every",
     "train.eval_every", "train.eval_samples", "train.sample_every", "train.sample_prompt",
     "train.sample_tokens", "train.device", "train.deterministic", "train.grad_clip",
@@ -153,6 +153,7 @@ Config non_default_config() {
   c.checkpoint.plan_cache = false;
   c.checkpoint.direct_io = true;
   c.checkpoint.device_snapshot = "off";
+  c.run.host_malloc = "default";
   c.checkpoint.local.dir = "/dev/shm/run/node{node}";
   c.checkpoint.local.keep_last = 5;
   c.checkpoint.local.partner = false;

@@ -1,0 +1,43 @@
+#include "dist/host_malloc.h"
+
+#include <cstdlib>
+#include <stdexcept>
+
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
+
+namespace framework::dist {
+
+HostMallocOutcome apply_host_malloc(const std::string& mode) {
+  if (mode != "keep" && mode != "default") {
+    throw std::invalid_argument("run.host_malloc: expected keep or default, got \"" + mode + "\"");
+  }
+  if (mode == "default") return HostMallocOutcome::kDefault;
+  // A user who tuned malloc through its environment variables asked for
+  // exactly that; glibc has applied them already.
+  for (const char* name : {"MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_"}) {
+    if (std::getenv(name) != nullptr) return HostMallocOutcome::kEnvironment;
+  }
+#if defined(__GLIBC__)
+  // Both: setting either one turns glibc's adaptive mmap threshold off, and
+  // either one alone measured slower than both (docs/llama.md).
+  const bool mmap_ok = mallopt(M_MMAP_THRESHOLD, static_cast<int>(kKeepMmapThreshold)) == 1;
+  const bool trim_ok = mallopt(M_TRIM_THRESHOLD, static_cast<int>(kKeepTrimThreshold)) == 1;
+  return mmap_ok && trim_ok ? HostMallocOutcome::kKept : HostMallocOutcome::kUnsupported;
+#else
+  return HostMallocOutcome::kUnsupported;
+#endif
+}
+
+const char* to_string(HostMallocOutcome outcome) {
+  switch (outcome) {
+    case HostMallocOutcome::kKept: return "keep";
+    case HostMallocOutcome::kDefault: return "default";
+    case HostMallocOutcome::kEnvironment: return "environment";
+    case HostMallocOutcome::kUnsupported: return "unsupported";
+  }
+  return "unsupported";
+}
+
+}  // namespace framework::dist
