@@ -30,14 +30,4 @@ HostMallocOutcome apply_host_malloc(const std::string& mode) {
 #endif
 }
 
-const char* to_string(HostMallocOutcome outcome) {
-  switch (outcome) {
-    case HostMallocOutcome::kKept: return "keep";
-    case HostMallocOutcome::kDefault: return "default";
-    case HostMallocOutcome::kEnvironment: return "environment";
-    case HostMallocOutcome::kUnsupported: return "unsupported";
-  }
-  return "unsupported";
-}
-
 }  // namespace framework::dist

@@ -40,7 +40,4 @@ inline constexpr std::size_t kKeepTrimThreshold = std::size_t{1} << 30;
 // std::invalid_argument naming run.host_malloc).
 HostMallocOutcome apply_host_malloc(const std::string& mode);
 
-// A word for logs: "keep", "default", "environment", "unsupported".
-const char* to_string(HostMallocOutcome outcome);
-
 }  // namespace framework::dist
