@@ -37,4 +37,13 @@ struct CheckpointEvent {
   std::string error;
 };
 
+// Retention that failed after the checkpoint of `step` committed: that
+// checkpoint is saved and loadable; older checkpoints beyond keep_last (in
+// `tier`: durable or local) may still be on disk. Never a failed save.
+struct RetentionFailure {
+  int64_t step = 0;
+  std::string tier = "durable";  // durable | local
+  std::string error;             // names the path and strerror
+};
+
 }  // namespace checkpoint

@@ -100,11 +100,21 @@ CheckpointManager::~CheckpointManager() {
   wait_retention();
 }
 
-std::string CheckpointManager::wait_retention() {
+void CheckpointManager::wait_retention() {
   if (retention_.joinable()) retention_.join();
-  std::string error;
-  error.swap(retention_error_);
-  return error;
+}
+
+void CheckpointManager::record_retention_failures(std::vector<RetentionFailure> failures) {
+  if (failures.empty()) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& f : failures) retention_failures_.push_back(std::move(f));
+}
+
+std::vector<RetentionFailure> CheckpointManager::take_retention_failures() {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<RetentionFailure> out;
+  out.swap(retention_failures_);
+  return out;
 }
 
 bool CheckpointManager::due(int64_t step, int64_t last_step) const {
@@ -371,20 +381,22 @@ void CheckpointManager::write_durable(Job& job) {
 // (rank 0) Only committed checkpoints older than the newest keep_last go;
 // never the one just written, never one without metadata (it may be in
 // flight). Sync mode: on its own thread, so that the loop waits for the
-// commit only; the next save and finish() wait for it.
+// commit only; the next save and finish() wait for it. A failure leaves the
+// save committed: it is reported apart (take_retention_failures), in every
+// mode, and never fails this save or the next.
 void CheckpointManager::retain_durable(int64_t step) {
-  if (mode_ != SaveMode::kSync) {
-    apply_retention(*storage_, dir_, options_.keep_last, step);
-    return;
-  }
-  retention_ = std::thread([this, step] {
+  auto retain = [this, step] {
     try {
       apply_retention(*storage_, dir_, options_.keep_last, step);
     } catch (const std::exception& e) {
-      retention_error_ = "retention after the checkpoint of step " + std::to_string(step) +
-                         " failed: " + error_text(e);
+      record_retention_failures({RetentionFailure{step, "durable", error_text(e)}});
     }
-  });
+  };
+  if (mode_ != SaveMode::kSync) {
+    retain();
+    return;
+  }
+  retention_ = std::thread(retain);
 }
 
 // (all ranks) The local commit of a tiered save (tiers/protocol.h).
@@ -399,7 +411,13 @@ void CheckpointManager::commit_local(Job& job) {
 void CheckpointManager::persist_tiered(Job& job) {
   if (!job.tier.local_done) commit_local(job);
   job.staged = StateDict();
-  tiers_->finish(job.tier, seam_.get());
+  try {
+    tiers_->finish(job.tier, seam_.get());
+  } catch (...) {
+    record_retention_failures(std::move(job.tier.retention_failures));
+    throw;
+  }
+  record_retention_failures(std::move(job.tier.retention_failures));
 }
 
 // In a catch block: the job failed with the exception in flight.
@@ -417,10 +435,10 @@ void CheckpointManager::record_failure(Job& job) {
     // commit whose directory fsync failed (EIO) may reach the disk all the
     // same, and a failed save must never come back, whole or partial, after
     // a power loss (FORMAT.md "Durability", D4).
-    // Only the protocol's own failure, which every rank agreed on: not an
-    // IoError of rank 0's retention after the commit, nor another kind that
-    // errors.h roots under CheckpointError (which were not handled here
-    // before it).
+    // Only the protocol's own failure, which every rank agreed on, not
+    // another kind that errors.h roots under CheckpointError (which were not
+    // handled here before it). Retention after the commit never gets here:
+    // retain_durable and the tiers record its failures apart.
     const bool agreed = (!is_damage(e) || dynamic_cast<const CheckpointDamagedError*>(&e)) &&
                         !dynamic_cast<const PlanError*>(&e);
     if (agreed && group_.rank() == 0 && !tiered()) {
@@ -480,12 +498,11 @@ std::shared_ptr<CheckpointManager::Job> CheckpointManager::start_job(int64_t ste
 void CheckpointManager::save(int64_t step, StateDict state, bool final) {
   auto t0 = Clock::now();
   wait_in_flight();
-  // A failed retention is reported after this save, which goes ahead.
-  const std::string retention_error = wait_retention();
+  wait_retention();
   std::shared_ptr<Job> job = start_job(step, final, t0);
   const bool on_device = HostStaging::has_device_tensors(state);
   if (mode_ == SaveMode::kSync) {
-    save_sync(job, std::move(state), on_device, retention_error);
+    save_sync(job, std::move(state), on_device);
     return;
   }
   if (mode_ == SaveMode::kAsync) {
@@ -530,8 +547,7 @@ void CheckpointManager::save(int64_t step, StateDict state, bool final) {
 
 // Sync mode: writes and commits before returning (with tiers: the local
 // commit only).
-void CheckpointManager::save_sync(std::shared_ptr<Job> job, StateDict state, bool on_device,
-                                  const std::string& retention_error) {
+void CheckpointManager::save_sync(std::shared_ptr<Job> job, StateDict state, bool on_device) {
   if (on_device) {
     auto t = Clock::now();
     job->staged = staging_.stage(state);
@@ -548,7 +564,6 @@ void CheckpointManager::save_sync(std::shared_ptr<Job> job, StateDict state, boo
   persist(job);
   job->event.blocking_s = seconds_since(job->started);
   wait_in_flight();  // reports the event, rethrows a failure
-  if (!retention_error.empty()) throw CheckpointError(retention_error);
 }
 
 // Sync mode with tiers: the loop waits for the local commit only; partner
@@ -603,8 +618,7 @@ void CheckpointManager::wait_staged() {
 
 void CheckpointManager::finish() {
   wait_in_flight();
-  const std::string error = wait_retention();
-  if (!error.empty()) throw CheckpointError(error);
+  wait_retention();
 }
 
 std::vector<CheckpointEvent> CheckpointManager::take_events() {

@@ -25,7 +25,9 @@
 // pinned buffers, host to device.
 // At most one save is in flight; save() first waits for the previous one.
 // A background failure is rethrown by the next save(), wait_staged() or
-// finish() as a CheckpointError naming the step.
+// finish() as a CheckpointError naming the step. Retention that fails after
+// a commit is not a failed save, in any mode: the save stands, and the
+// failure is reported apart (take_retention_failures).
 //
 // Tiers (checkpoint.local.dir set; docs/checkpoints.md, "Multi-level checkpoints",
 // tiers/local_tier.h; the protocol is tiers/protocol.h): a save commits to
@@ -151,10 +153,16 @@ class CheckpointManager {
   // Overlap mode: blocks until the last save's staging finished. No-op otherwise.
   void wait_staged();
   // Waits for the in-flight save (and sync mode's retention) and rethrows
-  // its failure.
+  // its failure. A failed retention is not a failed save: see
+  // take_retention_failures.
   void finish();
   // Finished saves not yet taken, oldest first.
   std::vector<CheckpointEvent> take_events();
+  // Retention that failed on this rank after a save committed (rank 0's
+  // durable tier; a node leader's local tier), not yet taken, oldest first.
+  // Such a save stands and is reported ok by take_events; what was not
+  // deleted stays on disk until a later retention deletes it.
+  std::vector<RetentionFailure> take_retention_failures();
 
   // Allocates the host staging buffers for `state` now (pinned for GPU
   // state), so that the first save does not pay for the allocation while
@@ -181,12 +189,13 @@ class CheckpointManager {
   void commit_local(Job& job);
   void persist_tiered(Job& job);
   std::shared_ptr<Job> start_job(int64_t step, bool final, std::chrono::steady_clock::time_point t0);
-  void save_sync(std::shared_ptr<Job> job, StateDict state, bool on_device, const std::string& retention_error);
+  void save_sync(std::shared_ptr<Job> job, StateDict state, bool on_device);
   void save_tiered_sync(std::shared_ptr<Job> job);
   void record_failure(Job& job);
   void wait_in_flight();
-  // Sync mode: waits for the background retention; "" or what failed.
-  std::string wait_retention();
+  // Sync mode: waits for the background retention.
+  void wait_retention();
+  void record_retention_failures(std::vector<RetentionFailure> failures);
   // Resuming.
   std::vector<ResumeCandidate> resume_candidates(std::vector<std::string>& notes);
   std::vector<std::string> durable_candidates();
@@ -203,10 +212,10 @@ class CheckpointManager {
   std::thread worker_;
   std::shared_ptr<Job> in_flight_;
   std::thread retention_;        // sync mode: retention after the last commit
-  std::string retention_error_;  // what it failed with (set by that thread)
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::vector<CheckpointEvent> events_;
+  std::vector<RetentionFailure> retention_failures_;  // guarded by mu_
   // Host buffers reused across saves. The training thread stages into it;
   // the worker only waits on it and reads the staged copy (overlap on CPU:
   // the worker stages, while the training thread waits in wait_staged()).

@@ -372,28 +372,28 @@ void TierProtocol::finish(TierSave& save, const test_seam::SaveSeam* seam) {
       flush_error = std::current_exception();
     }
   }
-  const std::string retention_error = apply_retention_of_both(save);
+  apply_retention_of_both(save);
   if (flush_error) std::rethrow_exception(flush_error);
-  if (!retention_error.empty()) {
-    throw std::runtime_error("retention after step " + std::to_string(save.step) + ": " + retention_error);
-  }
 }
 
 // Retention: never the step just saved (the newest in both tiers), never an
-// uncommitted directory; the durable tier only after a flush committed.
-// "" or what failed.
-std::string TierProtocol::apply_retention_of_both(const TierSave& save) {
-  try {
-    if (topology().leader && options_.local.keep_last > 0) {
-      apply_retention(*local_storage_, local_dir_, options_.local.keep_last, save.step);
+// uncommitted directory; the durable tier only after a flush committed. A
+// failure is recorded in `save` (each tier on its own), never thrown: the
+// save itself committed.
+void TierProtocol::apply_retention_of_both(TierSave& save) {
+  auto retain = [&](Storage& storage, const std::string& dir, int64_t keep, const char* tier) {
+    try {
+      apply_retention(storage, dir, keep, save.step);
+    } catch (const std::exception& e) {
+      save.retention_failures.push_back({save.step, tier, error_text(e)});
     }
-    if (group_.rank() == 0 && save.event->flushed && options_.keep_last > 0) {
-      apply_retention(*storage_, dir_, options_.keep_last, save.step);
-    }
-  } catch (const std::exception& e) {
-    return error_text(e);
+  };
+  if (topology().leader && options_.local.keep_last > 0) {
+    retain(*local_storage_, local_dir_, options_.local.keep_last, "local");
   }
-  return "";
+  if (group_.rank() == 0 && save.event->flushed && options_.keep_last > 0) {
+    retain(*storage_, dir_, options_.keep_last, "durable");
+  }
 }
 
 // (all ranks) Each rank's file goes to its partner on the next node, into

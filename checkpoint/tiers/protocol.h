@@ -52,6 +52,10 @@ struct TierSave {
   // for the local write, plan_s, plan_cached, write_s, commit_s, bytes,
   // stored_bytes. REQUIRES: outlives the calls.
   CheckpointEvent* event = nullptr;
+  // Set by finish: retention that failed after this save committed (on this
+  // rank: a node leader's local tier, rank 0's durable tier). The save
+  // stands; the manager reports these apart from the save.
+  std::vector<RetentionFailure> retention_failures;
 };
 
 class TierProtocol {
@@ -117,7 +121,7 @@ class TierProtocol {
   void remove_local_step(const TierSave& save);
   void partner_copy(TierSave& save);
   void flush(TierSave& save);
-  std::string apply_retention_of_both(const TierSave& save);
+  void apply_retention_of_both(TierSave& save);
   std::vector<uint8_t> broadcast_local_metadata(const std::string& step_path, const ResumeCandidate& c,
                                                 const std::string& what);
   framework::dist::Bytes files_missing(const StateDict& state, const std::vector<uint8_t>& metadata,
