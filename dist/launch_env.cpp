@@ -12,6 +12,8 @@ namespace framework::dist {
 namespace {
 
 constexpr int kDefaultMasterPort = 29500;
+// Under SLURM without a port: kSlurmPortBase + the job id's last four digits.
+constexpr int kSlurmPortBase = 15000;
 constexpr const char* kDefaultMasterAddr = "127.0.0.1";
 
 [[noreturn]] void throw_bad_value(const std::string& name,
@@ -148,20 +150,57 @@ void apply(const Placement& p, LaunchEnv& result) {
   result.nodes = p.nodes.value;
 }
 
-int resolve_port(const EnvLookup& env, int config_master_port) {
+// A port per SLURM job, as PyTorch Lightning's SLURMEnvironment derives it:
+// rank 0 serves its store there, and a fixed default would make two jobs
+// whose rank 0 share a node take the same port. Job ids are unique among the
+// cluster's jobs; ids that share their last four digits (a multiple of 10000
+// apart) still collide, and need MASTER_PORT.
+// Only the last four digits are parsed: an id may exceed an int.
+int slurm_job_port(const std::string& job_id) {
+  if (job_id.empty() || job_id.find_first_not_of("0123456789") != std::string::npos) {
+    throw_bad_value("SLURM_JOB_ID", job_id,
+                    "is not a job id (decimal digits), so no port can be "
+                    "derived from it; set MASTER_PORT or dist.master_port");
+  }
+  const size_t digits = std::min<size_t>(job_id.size(), 4);
+  return kSlurmPortBase +
+         parse_non_negative("SLURM_JOB_ID", job_id.substr(job_id.size() - digits));
+}
+
+// MASTER_PORT, else dist.master_port, else (SLURM only) the job's own port,
+// else the default; sets master_port and master_port_source.
+void resolve_port(const EnvLookup& env, int config_master_port,
+                  LaunchEnv& result) {
   if (std::optional<std::string> value = env("MASTER_PORT")) {
     int port = parse_non_negative("MASTER_PORT", *value);
     if (port < 1 || port > 65535) {
       throw_bad_value("MASTER_PORT", *value, "is not a TCP port (1..65535)");
     }
-    return port;
+    result.master_port = port;
+    result.master_port_source = "MASTER_PORT";
+    return;
   }
   if (config_master_port > 65535) {
     throw std::invalid_argument("dist.master_port=" +
                                 std::to_string(config_master_port) +
                                 " is not a TCP port (1..65535)");
   }
-  return config_master_port > 0 ? config_master_port : kDefaultMasterPort;
+  if (config_master_port > 0) {
+    result.master_port = config_master_port;
+    result.master_port_source = "dist.master_port";
+    return;
+  }
+  // torchrun always sets MASTER_PORT; under `srun torchrun` SLURM_JOB_ID
+  // describes the allocation, not this process's rendezvous.
+  if (result.source == LaunchSource::kSlurm) {
+    if (std::optional<std::string> job_id = env("SLURM_JOB_ID")) {
+      result.master_port = slurm_job_port(*job_id);
+      result.master_port_source = "SLURM_JOB_ID=" + *job_id;
+      return;
+    }
+  }
+  result.master_port = kDefaultMasterPort;
+  result.master_port_source.clear();
 }
 
 std::optional<std::string> non_empty(std::optional<std::string> value) {
@@ -348,7 +387,7 @@ LaunchEnv detect_launch_env(const EnvLookup& env,
       result.master_addr = kDefaultMasterAddr;
     }
   }
-  result.master_port = resolve_port(env, config_master_port);
+  resolve_port(env, config_master_port, result);
   result.store_hosted = read_store_hosted(env);
   // torchrun 2.x with c10d rendezvous: the agent's TCPStore, shared by every
   // round of the job (Python compares the value with str(True)).

@@ -22,6 +22,9 @@ struct LaunchEnv {
   int nodes = 1;
   std::string master_addr = "127.0.0.1";
   int master_port = 29500;
+  // Where master_port came from, for the banner: "MASTER_PORT",
+  // "dist.master_port", "SLURM_JOB_ID=<id>", or empty for the default 29500.
+  std::string master_port_source;
   // True when a launcher serves the store at master_addr:master_port for the
   // job's life (kStoreHostedVar=1): every rank then connects as a client.
   // False: rank 0 serves it (torchrun, SLURM, a plain environment).
@@ -57,7 +60,11 @@ EnvLookup process_env();
 // precedence). SLURM: SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID; the master
 // address comes from MASTER_ADDR, else `config_master_addr`, else the first
 // host of SLURM_JOB_NODELIST / SLURM_NODELIST when it is a plain name. Port:
-// MASTER_PORT, else `config_master_port` when > 0, else 29500. With none of
+// MASTER_PORT, else `config_master_port` when > 0, else under SLURM 15000 +
+// the last four digits of SLURM_JOB_ID (15000..24999, as PyTorch Lightning's
+// SLURMEnvironment: two jobs on one node then serve rank 0's store on
+// different ports unless their ids end in the same four digits), else 29500
+// (torchrun and a single process do not read SLURM_JOB_ID). With none of
 // them set: a single process (node 0 of 1, local_world_size 1). Job:
 // store_hosted from SHARDKIT_STORE_HOSTED (0 or 1), or from
 // TORCHELASTIC_USE_AGENT_STORE=True (agent_store); restart_count from
@@ -80,7 +87,8 @@ EnvLookup process_env();
 // "2(x3),1", are not supported). SLURM_NTASKS may be below nodes x
 // local_world_size (the last node runs fewer), never above.
 //
-// Malformed values (non-numbers, signs, zero counts) and inconsistent ones
+// Malformed values (non-numbers, signs, zero counts, a SLURM_JOB_ID that is
+// not decimal digits when the port is derived from it) and inconsistent ones
 // (node >= nodes, local_rank >= local_world_size, more nodes than ranks, a
 // world size that does not match the layout) throw std::invalid_argument
 // naming the variable and its value.

@@ -13,7 +13,8 @@ struct DistOptions {
   // Rendezvous address for SLURM launches (torchrun sets MASTER_ADDR itself).
   // Empty: MASTER_ADDR from the environment, else 127.0.0.1.
   std::string master_addr = "";
-  // 0: MASTER_PORT from the environment, else 29500.
+  // 0: MASTER_PORT from the environment, else under SLURM 15000 + the last
+  // four digits of SLURM_JOB_ID (a port per job), else 29500.
   int master_port = 0;
 };
 

@@ -135,7 +135,8 @@ std::vector<Key> build_schema() {
        "a Megatron path prefix. Required for both."},
       {SHARDKIT_CONFIG_FIELD(data.eval_fraction), from_up_to_excl(0, 0.5),
        "Held out for validation, never trained on: text: this fraction of the file (its tail); "
-       "tokens: the trailing whole documents holding at least this fraction; "
+       "tokens: the trailing whole documents holding at least this fraction, or where that leaves "
+       "no training tokens (one document, as a single llm.c shard) the last tokens of this fraction; "
        "synthetic: > 0 draws validation samples from a separate stream. 0: none."},
       {SHARDKIT_CONFIG_FIELD(data.eval_path), any_value(),
        "tokens: validation shards of their own (file, directory, glob or prefix); then "
@@ -176,7 +177,8 @@ std::vector<Key> build_schema() {
       {SHARDKIT_CONFIG_FIELD(dist.master_addr), any_value(),
        "Rendezvous address; empty: MASTER_ADDR, else 127.0.0.1."},
       {SHARDKIT_CONFIG_FIELD(dist.master_port), between(0, 65535),
-       "Rendezvous port; 0: MASTER_PORT, else 29500."},
+       "Rendezvous port; 0: MASTER_PORT, else under SLURM 15000 + the last 4 digits of "
+       "SLURM_JOB_ID, else 29500."},
 
       {SHARDKIT_CONFIG_FIELD(checkpoint.dir), any_value(),
        "Checkpoint directory; empty: <run.dir>/checkpoints."},

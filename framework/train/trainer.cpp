@@ -226,6 +226,15 @@ std::string utc_timestamp() {
   return out;
 }
 
+// For the banner, where rank 0 serves the job's store and where its port
+// came from: two jobs on one node collide when they pick the same one.
+// Empty when a launcher serves the store or the job has one rank.
+std::string rank0_store(const dist::LaunchEnv& env) {
+  if (env.store_hosted || env.world_size < 2) return "";
+  return ", store " + env.master_addr + ":" + std::to_string(env.master_port) +
+         (env.master_port_source.empty() ? ", default port" : ", port from " + env.master_port_source);
+}
+
 // This process's peak resident set (VmHWM), MiB; 0 where unknown.
 double peak_rss_mib() {
   std::ifstream in("/proc/self/status");
@@ -379,6 +388,18 @@ void Trainer::State::log_checkpoint_events() {
     metrics << j.dump() << "\n";
     metrics.flush();
   }
+  // Not a failed save: that checkpoint committed, only older ones were not
+  // all deleted. Retention runs on rank 0 (durable) and node leaders (local).
+  for (const auto& f : ckpt->take_retention_failures()) {
+    std::cerr << "shardkit: warning: checkpoint step " << f.step << " committed, but retention ("
+              << f.tier << " tier, keep_last) failed on rank " << rt.env.rank << ": " << f.error << std::endl;
+    if (!is_logger) continue;
+    metrics << nlohmann::json({{"event", "retention"}, {"step", f.step}, {"tier", f.tier}, {"ok", false},
+                               {"error", f.error}})
+                   .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)
+            << "\n";
+    metrics.flush();
+  }
 }
 
 // The config's model and data sections as a UserModel: every rank builds
@@ -510,6 +531,7 @@ void Trainer::State::print_banner(const std::optional<std::string>& resume_from,
             << (dist::started_by_local_launcher() ? std::string("train --nproc")
                                                 : dist::to_string(rt.env.source))
             << (rt.env.agent_store ? ", the agent's store" : "")
+            << rank0_store(rt.env)
             << (rt.env.restart_count > 0 ? ", restart " + std::to_string(rt.env.restart_count) : std::string())
             << "), layout " << layout << ", groups train=" << rt.train->backend_name()
             << " ckpt=" << rt.checkpoint->backend_name() << ", device " << device.str()

@@ -80,6 +80,67 @@ TEST(LaunchEnv, SlurmUsesConfigAddressAndPortWhenEnvironmentHasNone) {
   EXPECT_EQ(env.master_port, 31000);
 }
 
+// One SLURM task of a 2-task job `job_id` on node n1, with no port set.
+std::map<std::string, std::string> slurm_job(const std::string& job_id) {
+  return {{"SLURM_PROCID", "0"},
+          {"SLURM_NTASKS", "2"},
+          {"SLURM_LOCALID", "0"},
+          {"SLURM_JOB_NODELIST", "n1"},
+          {"SLURM_JOB_ID", job_id}};
+}
+
+TEST(LaunchEnv, SlurmJobsWithoutAPortGetOneFromTheirJobId) {
+  LaunchEnv env = detect_launch_env(env_of(slurm_job("1234567")));
+  EXPECT_EQ(env.master_port, 19567);
+  EXPECT_EQ(env.master_port_source, "SLURM_JOB_ID=1234567");
+  // Two jobs sharing a node: consecutive ids, different ports.
+  EXPECT_EQ(detect_launch_env(env_of(slurm_job("1234568"))).master_port, 19568);
+  EXPECT_EQ(detect_launch_env(env_of(slurm_job("42"))).master_port, 15042);
+  EXPECT_EQ(detect_launch_env(env_of(slurm_job("10000"))).master_port, 15000);
+  // Ids beyond an int still give a port: only the last four digits count.
+  EXPECT_EQ(detect_launch_env(env_of(slurm_job("4294967295"))).master_port, 22295);
+}
+
+TEST(LaunchEnv, MasterPortWinsOverThePortFromTheSlurmJobId) {
+  std::map<std::string, std::string> vars = slurm_job("1234567");
+  vars["MASTER_PORT"] = "29611";
+  LaunchEnv env = detect_launch_env(env_of(vars), "", 31000);
+  EXPECT_EQ(env.master_port, 29611);
+  EXPECT_EQ(env.master_port_source, "MASTER_PORT");
+}
+
+TEST(LaunchEnv, ConfigPortWinsOverThePortFromTheSlurmJobId) {
+  LaunchEnv env = detect_launch_env(env_of(slurm_job("1234567")), "", 31000);
+  EXPECT_EQ(env.master_port, 31000);
+  EXPECT_EQ(env.master_port_source, "dist.master_port");
+}
+
+TEST(LaunchEnv, TorchrunUnderSlurmIgnoresTheSlurmJobId) {
+  LaunchEnv env = detect_launch_env(env_of({{"RANK", "0"},
+                                            {"WORLD_SIZE", "2"},
+                                            {"SLURM_PROCID", "0"},
+                                            {"SLURM_NTASKS", "1"},
+                                            {"SLURM_JOB_ID", "1234567"}}));
+  EXPECT_EQ(env.source, LaunchSource::kTorchrun);
+  EXPECT_EQ(env.master_port, 29500);
+  EXPECT_EQ(env.master_port_source, "");
+}
+
+TEST(LaunchEnv, MalformedSlurmJobIdIsAnErrorNamingIt) {
+  for (const char* bad : {"12a4", "", "-5", " 123", "1234_5"}) {
+    std::string message = invalid_argument_message(
+        [&] { detect_launch_env(env_of(slurm_job(bad))); });
+    EXPECT_NE(message.find("SLURM_JOB_ID=\"" + std::string(bad) + "\""),
+              std::string::npos)
+        << message;
+    EXPECT_NE(message.find("MASTER_PORT"), std::string::npos) << message;
+  }
+  // Not read when a port is set: nothing to derive.
+  std::map<std::string, std::string> vars = slurm_job("12a4");
+  vars["MASTER_PORT"] = "29611";
+  EXPECT_EQ(detect_launch_env(env_of(vars)).master_port, 29611);
+}
+
 TEST(LaunchEnv, SlurmTakesFirstHostOfPlainNodelist) {
   LaunchEnv env = detect_launch_env(env_of({{"SLURM_PROCID", "1"},
                                             {"SLURM_NTASKS", "2"},

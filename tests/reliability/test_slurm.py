@@ -5,7 +5,8 @@ scancel --signal=TERM saves, exits 75, requeues itself and resumes.
 The cluster is real and on this machine: munged, slurmctld and slurmd from
 Debian 12's slurmd, slurmctld, slurm-client and munge packages (22.05),
 started by scripts/slurm-cluster under a temporary directory (SLURM_CONF
-points there; /etc/slurm is not used), one node of 2 CPUs, no cgroups.
+points there; /etc/slurm is not used), one node declared with 4 CPUs (two
+2-task jobs at once; the machine may have fewer), no cgroups.
 
 1. `srun -N1 -n2 build/train --config configs/llama_tiny.yaml` (20 steps,
    checkpoint every 10): the banner says the ranks saw SLURM, the run
@@ -20,6 +21,12 @@ points there; /etc/slurm is not used), one node of 2 CPUs, no cgroups.
    requeues itself, starts again (SLURM_RESTART_COUNT 1), resumes from the
    checkpoint the signal made and finishes; the job ends COMPLETED with
    Restarts=1 and ExitCode 0:0, and that checkpoint verifies.
+3. Two `srun -N1 -n2 build/train` jobs (3 steps each, own run dirs) at once on
+   the one node, MASTER_PORT unset: rank 0 of each serves its store on
+   15000 + the last four digits of its SLURM_JOB_ID, which the banner shows
+   ("store HOST:PORT, port from SLURM_JOB_ID=ID"); the ports differ, squeue
+   showed both jobs running at one time, and both finish. (Before ports
+   were derived from the job id, both took 29500 and collided.)
 The cluster is stopped in a `finally`.
 
 Skipped (exit 77, "shardkit-skip: slurm: <reason>") only where SLURM cannot
@@ -43,6 +50,7 @@ import time
 
 SLURM_BINARIES = ["munged", "slurmctld", "slurmd", "srun", "sbatch", "scontrol", "scancel", "sinfo", "squeue"]
 STEPS_BATCH = 150
+STEPS_TOGETHER = 3
 
 
 def fail(msg):
@@ -89,6 +97,39 @@ def train_args(build, source, rundir, steps):
     return [os.path.join(build, "train"), "--config", os.path.join(source, "configs", "llama_tiny.yaml"),
             "--set", "run.dir=" + rundir, "--set", f"train.steps={steps}", "--set", "train.log_every=1",
             "--set", "train.eval_every=0", "--set", "checkpoint.interval=10", "--set", "checkpoint.keep_last=0"]
+
+
+def run_together(cmds, logs, timeout, env):
+    """Starts every command at once, each writing stdout and stderr to its log
+    file, and waits for all. Returns the most SLURM jobs that squeue showed
+    running at one time. When one fails, or on a timeout, kills the others
+    (a rank left without its peers would wait for them until dist.timeout_s)
+    and fails showing what they printed."""
+    timeout = bounded(timeout)
+    procs = []
+    for cmd, log in zip(cmds, logs):
+        with open(log, "w") as f:
+            procs.append(subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, start_new_session=True, env=env))
+    deadline, most = time.time() + timeout, 0
+    while any(p.poll() is None for p in procs):
+        failed = [p.returncode for p in procs if p.poll() not in (None, 0)]
+        if failed or time.time() > deadline:
+            for p in procs:
+                if p.poll() is None:
+                    os.killpg(p.pid, signal.SIGKILL)
+            for p in procs:
+                p.wait()
+            why = f"status {failed[0]}" if failed else f"no end after {timeout:.0f} s"
+            fail(f"{why}: {' '.join(cmds[0])} (and {len(cmds) - 1} more at once)\n"
+                 + "\n---\n".join(read(log)[-2500:] for log in logs))
+        q = subprocess.run(["squeue", "-h", "-t", "R", "-o", "%i"], capture_output=True, text=True, env=env,
+                           timeout=10)
+        most = max(most, len(q.stdout.split()))
+        time.sleep(0.5)
+    if any(p.returncode != 0 for p in procs):
+        fail(f"statuses {[p.returncode for p in procs]}: {' '.join(cmds[0])} (and {len(cmds) - 1} more at once)\n"
+             + "\n---\n".join(read(log)[-2500:] for log in logs))
+    return most
 
 
 def job_fields(job, env):
@@ -181,7 +222,7 @@ def main():
             fail(f"srun train, 20 steps: status {a.returncode}\n{out[-4000:]}")
         banner = [l for l in out.splitlines() if "shardkit: world 2" in l]
         print(f"srun: {banner[0].strip() if banner else '(no banner)'} ({time.time() - t0:.1f} s)")
-        if not banner or "(slurm)" not in banner[0]:
+        if not banner or "(slurm, " not in banner[0]:
             fail("the ranks did not see SLURM's environment:\n" + out[-3000:])
         ckpt_check(build, os.path.join(a_dir, "checkpoints"), 20, env)
         env["MASTER_PORT"] = str(free_port())
@@ -257,6 +298,33 @@ def main():
         print(f"requeued (SLURM_RESTART_COUNT=1): {resumed[0].strip()}")
         print(f"job {job}: JobState={j['JobState']} Restarts={j['Restarts']} ExitCode={j['ExitCode']}")
         ckpt_check(build, os.path.join(c_dir, "checkpoints"), step, env)
+
+        # 3. Two srun jobs at once on the one node, MASTER_PORT unset: each
+        # rank 0 serves its store on the port its job id gives.
+        alone = {k: v for k, v in env.items() if k != "MASTER_PORT"}
+        runs = [os.path.join(work, name) for name in ("d", "e")]
+        logs = [os.path.join(work, name + ".out") for name in ("d", "e")]
+        cmds = [srun + train_args(build, source, d, STEPS_TOGETHER) + ["--set", "checkpoint.interval=0"]
+                for d in runs]
+        t0 = time.time()
+        most = run_together(cmds, logs, 240, alone)
+        outs = [read(log) for log in logs]
+        if any(f"finished at step {STEPS_TOGETHER}" not in out for out in outs):
+            fail(f"two sruns at once without MASTER_PORT: not both finished at step {STEPS_TOGETHER}\n"
+                 + "\n---\n".join(o[-3000:] for o in outs))
+        if most < 2:
+            fail(f"the two srun jobs did not run at the same time (squeue showed at most {most} running)")
+        stores = []
+        for out in outs:
+            m = re.search(r"shardkit: world 2 \(slurm, store \S+:(\d+), port from SLURM_JOB_ID=(\d+)\)", out)
+            if not m or int(m.group(1)) != 15000 + int(m.group(2)[-4:]):
+                fail("the banner does not show a port from SLURM_JOB_ID (15000 + its last four digits):\n"
+                     + out[-3000:])
+            stores.append(m.groups())
+        if stores[0][0] == stores[1][0]:
+            fail(f"both jobs served their store on port {stores[0][0]}")
+        print("two sruns at once: " + ", ".join(f"job {j} port {p}" for p, j in stores)
+              + f"; both finished at step {STEPS_TOGETHER} ({time.time() - t0:.1f} s)")
         ok = True
     finally:
         if not ok:
