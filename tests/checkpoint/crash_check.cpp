@@ -14,6 +14,7 @@
 #include "support/multi_rank.h"
 
 #include <torch/torch.h>
+#include <xxhash.h>
 
 #include <algorithm>
 #include <atomic>
@@ -21,10 +22,14 @@
 #include <cstring>
 #include <functional>
 #include <map>
+#include <memory>
 #include <optional>
 #include <random>
 #include <set>
 #include <stdexcept>
+#include <tuple>
+#include <unordered_map>
+#include <unordered_set>
 
 namespace checkpoint::crash {
 
@@ -310,6 +315,12 @@ struct Observation {
   std::string retention_problem;
 };
 
+// Ordered, so that equal observations are kept once (check_saves).
+bool operator<(const Observation& a, const Observation& b) {
+  return std::tie(a.committed, a.damaged, a.latest, a.latest_after_retention, a.retention_problem) <
+         std::tie(b.committed, b.damaged, b.latest, b.latest_after_retention, b.retention_problem);
+}
+
 // The files of a local candidate gathered into one step directory of a
 // fresh memory storage, as restore_local gathers them on the loading ranks;
 // "" when every file was there (a partner copy checked against its XXH3).
@@ -475,34 +486,76 @@ std::string judge(const Observation& obs, const Commits& commits) {
   return "";
 }
 
-// The loss patterns to try at one crash point (Bound).
-std::vector<std::vector<bool>> patterns(size_t n, const Bound& bound, size_t point, bool* exhaustive) {
-  std::vector<std::vector<bool>> out;
-  *exhaustive = n <= static_cast<size_t>(std::max(0, bound.exhaustive_limit));
-  if (*exhaustive) {
-    for (uint64_t mask = 0; mask < (uint64_t{1} << n); ++mask) {
-      std::vector<bool> keep(n);
-      for (size_t j = 0; j < n; ++j) keep[j] = (mask >> j) & 1;
-      out.push_back(std::move(keep));
+// The loss patterns to try at one crash point (Bound), made one at a time:
+// a crash point may have 2^N of them, and only the current one is held.
+class LossPatterns {
+ public:
+  LossPatterns(size_t n, const Bound& bound, size_t point)
+      : n_(n),
+        exhaustive_(n <= static_cast<size_t>(std::max(0, bound.exhaustive_limit))),
+        count_(exhaustive_ ? uint64_t{1} << n : 2 + 2 * uint64_t{n} + std::max(0, bound.samples)),
+        rng_(bound.seed * 1000003 + point) {}
+
+  bool exhaustive() const { return exhaustive_; }
+
+  // Writes the next pattern into `keep` (true: the item is kept); false when
+  // every pattern was made. The order: exhaustive, mask 0, 1, ... (bit j is
+  // item j); else all kept, all lost, item 0 alone lost, item 0 alone kept,
+  // item 1 ..., then the random ones.
+  bool next(std::vector<bool>& keep) {
+    if (made_ == count_) return false;
+    const uint64_t i = made_++;
+    keep.assign(n_, false);
+    if (exhaustive_) {
+      for (size_t j = 0; j < n_; ++j) keep[j] = (i >> j) & 1;
+    } else if (i < 2) {
+      keep.assign(n_, i == 0);
+    } else if (i < 2 + 2 * uint64_t{n_}) {
+      const bool one_lost = (i - 2) % 2 == 0;
+      keep.assign(n_, one_lost);
+      keep[(i - 2) / 2] = !one_lost;
+    } else {
+      for (size_t j = 0; j < n_; ++j) keep[j] = rng_() & 1;
     }
-    return out;
+    return true;
   }
-  out.push_back(std::vector<bool>(n, true));
-  out.push_back(std::vector<bool>(n, false));
-  for (size_t j = 0; j < n; ++j) {
-    std::vector<bool> one_lost(n, true), one_kept(n, false);
-    one_lost[j] = false;
-    one_kept[j] = true;
-    out.push_back(std::move(one_lost));
-    out.push_back(std::move(one_kept));
+
+ private:
+  size_t n_;
+  bool exhaustive_;
+  uint64_t count_;
+  uint64_t made_ = 0;
+  std::mt19937_64 rng_;  // drawn from only by the random patterns, in order
+};
+
+// A crash state's identity: XXH3-128 over its paths and contents, each
+// length-prefixed. Distinct states are counted, and recovery's observations
+// cached, by this rather than by the image: keeping every distinct image
+// took 21.8 GB at scripts/crash-check 16. Two different images share one
+// fingerprint with odds of about 2^-128 a pair (below 2^-80 for 10^7 states).
+struct Fingerprint {
+  uint64_t low = 0, high = 0;
+  bool operator==(const Fingerprint& other) const { return low == other.low && high == other.high; }
+};
+
+struct FingerprintHash {
+  size_t operator()(const Fingerprint& f) const { return static_cast<size_t>(f.low); }
+};
+
+Fingerprint fingerprint(const Image& image) {
+  const std::unique_ptr<XXH3_state_t, XXH_errorcode (*)(XXH3_state_t*)> state(XXH3_createState(),
+                                                                                &XXH3_freeState);
+  TORCH_INTERNAL_ASSERT(state && XXH3_128bits_reset(state.get()) == XXH_OK);
+  const auto add = [&](const void* data, uint64_t size) {
+    XXH3_128bits_update(state.get(), &size, sizeof size);
+    XXH3_128bits_update(state.get(), data, size);
+  };
+  for (const auto& [path, bytes] : image) {
+    add(path.data(), path.size());
+    add(bytes.data(), bytes.size());
   }
-  std::mt19937_64 rng(bound.seed * 1000003 + point);
-  for (int s = 0; s < bound.samples; ++s) {
-    std::vector<bool> keep(n);
-    for (size_t j = 0; j < n; ++j) keep[j] = rng() & 1;
-    out.push_back(std::move(keep));
-  }
-  return out;
+  const XXH128_hash_t digest = XXH3_128bits_digest(state.get());
+  return {digest.low64, digest.high64};
 }
 
 std::string describe_pattern(const std::vector<Op>& log, const std::vector<UncertainItem>& items,
@@ -518,12 +571,16 @@ std::string describe_pattern(const std::vector<Op>& log, const std::vector<Uncer
 }
 
 // Every crash point of `log` and the loss patterns `bound` allows there:
-// `check(k, image)` says what is wrong with recovering from `image`, a crash
-// after the first k operations ("" when nothing). Counts go into `report`.
-using StateCheck = std::function<std::string(size_t k, const Image& image)>;
+// `check(k, image, id)` says what is wrong with recovering from `image`, a
+// crash after the first k operations whose fingerprint is `id` ("" when
+// nothing). Counts go into `report`. Each state is made, checked and freed
+// before the next: memory does not grow with the number of states, only
+// with the distinct ones' fingerprints (16 bytes each).
+using StateCheck = std::function<std::string(size_t k, const Image& image, const Fingerprint& id)>;
 
 void explore(const std::vector<Op>& log, const Bound& bound, const StateCheck& check, Report& report) {
-  std::set<Image> distinct;
+  std::unordered_set<Fingerprint, FingerprintHash> distinct;
+  size_t states_held = 0;
   for (const Op& op : log) report.operations += op.kind != OpKind::kMark;
   for (size_t k = 0; k <= log.size(); ++k) {
     // A mark is not a file-system operation: a crash just before it leaves
@@ -533,12 +590,19 @@ void explore(const std::vector<Op>& log, const Bound& bound, const StateCheck& c
     ++report.crash_points;
     const std::vector<UncertainItem> items = uncertain_items(log, k);
     report.max_uncertain = std::max(report.max_uncertain, items.size());
-    bool exhaustive = false;
-    for (const std::vector<bool>& keep : patterns(items.size(), bound, k, &exhaustive)) {
-      const Image image = crash_image(log, k, items, keep);
-      distinct.insert(image);
+    LossPatterns patterns(items.size(), bound, k);
+    std::vector<bool> keep;
+    while (patterns.next(keep)) {
+      std::string problem;
+      {
+        const Image image = crash_image(log, k, items, keep);
+        report.peak_states_held = std::max(report.peak_states_held, ++states_held);
+        const Fingerprint id = fingerprint(image);
+        distinct.insert(id);
+        problem = check(k, image, id);
+      }  // the image is freed here, before the next state is made
+      --states_held;
       ++report.states;
-      const std::string problem = check(k, image);
       if (problem.empty()) {
         ++report.correct;
         continue;
@@ -556,7 +620,7 @@ void explore(const std::vector<Op>& log, const Bound& bound, const StateCheck& c
                                   describe_pattern(log, items, keep) + ": " + problem);
       }
     }
-    if (exhaustive) ++report.exhaustive_points;
+    if (patterns.exhaustive()) ++report.exhaustive_points;
   }
   report.distinct_states += distinct.size();
 }
@@ -569,14 +633,21 @@ void add_run_violation(Report& report, const std::string& problem) {
 
 // Saves (sync, async, overlap, tiers): recovery by the rules of crash_check.h.
 void check_saves(const Scenario& scenario, const Run& run, int64_t rows, const Bound& bound, Report& report) {
-  std::map<Image, Observation> seen;
-  const StateCheck check = [&](size_t k, const Image& image) {
-    auto it = seen.find(image);
+  // Recovery runs once per distinct state (the same disk, the same
+  // observation). The cache maps a state's fingerprint to one of the few
+  // different observations rather than keeping one per state: each kept
+  // copy's texts sat between the next states' large short-lived buffers,
+  // and the heap grew by about 11 KB per distinct state (2.4 GB in the
+  // deep run's `sync` without file fsyncs).
+  std::set<Observation> observations;
+  std::unordered_map<Fingerprint, const Observation*, FingerprintHash> seen;
+  const StateCheck check = [&](size_t k, const Image& image, const Fingerprint& id) {
+    auto it = seen.find(id);
     if (it == seen.end()) {
-      it = seen.emplace(image, scenario.tiers ? observe_tiers(image, rows)
-                                              : observe(image, scenario.keep_last, rows)).first;
+      Observation obs = scenario.tiers ? observe_tiers(image, rows) : observe(image, scenario.keep_last, rows);
+      it = seen.emplace(id, &*observations.insert(std::move(obs)).first).first;
     }
-    return judge(it->second, commits_before(run.log, k));
+    return judge(*it->second, commits_before(run.log, k));
   };
   explore(run.log, bound, check, report);
   ++report.runs;
@@ -661,7 +732,7 @@ void check_set_aside(Protocol protocol, int64_t rows, const Bound& bound, Report
   const Image damaged = crash_image(log, start, {}, {});
   const std::string step2 = join_path(kDir, step_dir_name(2));
   const auto original = entries_under(damaged, step2);
-  const StateCheck check = [&](size_t k, const Image& image) -> std::string {
+  const StateCheck check = [&](size_t k, const Image& image, const Fingerprint&) -> std::string {
     if (k < start) return "";  // the saves before the damage are the other scenarios' business
     const auto here = entries_under(image, step2);
     const auto aside = entries_under(image, step2 + kSetAsideSuffix);
@@ -727,7 +798,7 @@ void check_export(Protocol protocol, int64_t rows, const Bound& bound, Report& r
     return;
   }
   const std::vector<Op> log = crash->log();
-  const StateCheck check = [&](size_t k, const Image& image) -> std::string {
+  const StateCheck check = [&](size_t k, const Image& image, const Fingerprint&) -> std::string {
     if (k < start) return "";
     for (const Output& o : outputs) {
       const auto here = entries_under(image, o.path);
