@@ -397,6 +397,38 @@ int64_t count_docs(const std::vector<TokenShard>& shards) {
   return n;
 }
 
+// data.eval_fraction's split of the stream.
+struct EvalSplit {
+  int64_t begin = 0;             // the first held-out token
+  int64_t documents = 0;         // document starts at or after begin
+  bool within_document = false;  // begin cuts a document
+};
+
+// Where data.eval_fraction's held-out part starts. Normally the latest
+// document start with at least `want` tokens after it. When only the first
+// document's start has (the data is one document: a single llm.c shard, as
+// `tokenize` writes for one text file, carries no document index), holding
+// out whole documents would leave nothing to train on, so the last `want`
+// tokens are held out instead, cutting a document, as data.kind text holds
+// out its file's tail.
+EvalSplit split_for_eval_fraction(const std::vector<TokenShard>& shards, const std::vector<int64_t>& starts,
+                                  int64_t total, int64_t want) {
+  std::vector<int64_t> bounds;
+  for (size_t i = 0; i < shards.size(); ++i) {
+    for (int64_t d : shards[i].doc_starts) bounds.push_back(starts[i] + d);
+  }
+  EvalSplit out;
+  for (int64_t b : bounds) {
+    if (total - b >= want) out.begin = std::max(out.begin, b);
+  }
+  if (out.begin == 0) {
+    out.begin = total - want;
+    out.within_document = true;
+  }
+  out.documents = std::count_if(bounds.begin(), bounds.end(), [&](int64_t b) { return b >= out.begin; });
+  return out;
+}
+
 std::string formats(const std::vector<TokenShard>& shards) {
   std::set<std::string> f;
   for (const auto& s : shards) f.insert(s.format);
@@ -502,34 +534,25 @@ TokenDataset::TokenDataset(const TokenDatasetOptions& options) : options_(option
            " tokens, fewer than model.seq_len + 1 = " + std::to_string(L + 1));
     }
   } else if (options.eval_fraction > 0) {
-    // The trailing whole documents that hold at least the fraction.
-    std::vector<int64_t> bounds;
-    for (size_t i = 0; i < shards_.size(); ++i) {
-      for (int64_t d : shards_[i].doc_starts) bounds.push_back(shard_starts_[i] + d);
-    }
     const auto want =
         static_cast<int64_t>(std::ceil(options.eval_fraction * static_cast<double>(total_tokens_)));
-    int64_t split = 0;
-    for (int64_t b : bounds) {
-      if (total_tokens_ - b >= want) split = std::max(split, b);
-    }
-    held_out_docs_ = std::count_if(bounds.begin(), bounds.end(), [&](int64_t b) { return b >= split; });
-    std::ostringstream m;
-    m << "data.eval_fraction " << options.eval_fraction << " holds out whole documents from the end of "
-      << "data.path " << in_quotes(options.path) << " (" << total_tokens_ << " tokens in "
-      << bounds.size() << (bounds.size() == 1 ? " document" : " documents")
-      << "; an llm.c shard is one document, Megatron's .idx lists its own): ";
-    if (split == 0) {
-      m << "that leaves no training tokens; give data.path several shards or set data.eval_path";
+    const EvalSplit split = split_for_eval_fraction(shards_, shard_starts_, total_tokens_, want);
+    if (split.begin < L + 1 || total_tokens_ - split.begin < L + 1) {
+      const int64_t docs = count_docs(shards_);
+      std::ostringstream m;
+      m << "data.eval_fraction " << options.eval_fraction << " holds out "
+        << (split.within_document ? "the last " + std::to_string(want) + " tokens"
+                                  : std::string("the trailing whole documents"))
+        << " of data.path " << in_quotes(options.path) << " (" << total_tokens_ << " tokens in " << docs
+        << (docs == 1 ? " document" : " documents") << "): that leaves " << split.begin << " training and "
+        << total_tokens_ - split.begin << " held-out tokens; each part needs model.seq_len + 1 = " << L + 1
+        << " (set data.eval_path, or data.eval_fraction 0 for no validation)";
       fail(m.str());
     }
-    if (split < L + 1 || total_tokens_ - split < L + 1) {
-      m << "the split at token " << split << " leaves " << split << " training and "
-        << total_tokens_ - split << " held-out tokens; each part needs model.seq_len + 1 = " << L + 1;
-      fail(m.str());
-    }
-    train_tokens_ = split;
-    eval_begin_ = split;
+    held_out_docs_ = split.documents;
+    eval_within_document_ = split.within_document;
+    train_tokens_ = split.begin;
+    eval_begin_ = split.begin;
   }
   if (train_tokens_ < L + 1) {
     fail("data.path " + in_quotes(options.path) + " holds " + std::to_string(train_tokens_) +
@@ -594,10 +617,15 @@ std::string TokenDataset::describe() const {
   if (!eval_shards_.empty()) {
     out << "; eval_path '" << options_.eval_path << "' " << eval_tokens() << " tokens";
   } else if (eval_begin_ < total_tokens_) {
-    out << "; last " << held_out_docs_ << " documents held out, " << eval_tokens() << " tokens ("
-        << std::fixed;
+    if (eval_within_document_) {
+      out << "; last " << eval_tokens() << " tokens held out (" << std::fixed;
+    } else {
+      out << "; last " << held_out_docs_ << " documents held out, " << eval_tokens() << " tokens (" << std::fixed;
+    }
     out.precision(1);
-    out << 100.0 * static_cast<double>(eval_tokens()) / static_cast<double>(total_tokens_) << "%)";
+    out << 100.0 * static_cast<double>(eval_tokens()) / static_cast<double>(total_tokens_) << "%"
+        << (eval_within_document_ ? ", within a document: whole documents would leave no training tokens)"
+                                  : ")");
     out.unsetf(std::ios::fixed);
   }
   out << "; seq_len " << options_.seq_len << ", " << windows_ << " windows an epoch, seed "

@@ -18,7 +18,9 @@
 // epoch): sample(i) is a pure function of (seed, i), whatever the world size.
 //
 // Validation: eval_path (a separate set of shards), or eval_fraction held out
-// as the trailing whole documents of the stream, never overlapping training.
+// as the trailing whole documents of the stream, never overlapping training;
+// where whole documents would leave no training tokens (one document, such
+// as a single llm.c shard), the stream's last eval_fraction of tokens.
 //
 // Every error is a DataError naming the file and, for bad bytes, the offset.
 #include "framework/data/dataset.h"
@@ -111,6 +113,7 @@ class TokenDataset : public Dataset {
   int64_t windows_ = 0;
   int64_t read_ = 0, known_ = 0;  // data.check_tokens: files read here, files checked before in this job
   int64_t held_out_docs_ = 0;
+  bool eval_within_document_ = false;  // eval_fraction cut a document (see split_for_eval_fraction)
   std::pair<torch::Tensor, torch::Tensor> window(const std::vector<TokenShard>& shards,
                                                  const std::vector<int64_t>& starts,
                                                  int64_t start) const;

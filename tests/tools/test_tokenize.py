@@ -10,6 +10,9 @@
    with async checkpoints on 2 ranks; kill it (SIGKILL) after a commit;
    resume; generate from the result; export to Hugging Face; generate from
    that directory: the same ids and text.
+4. One text file, tokenized without --eval-fraction, trains with
+   llama_tiny's data.eval_fraction: the file is one document, so its last
+   tokens are held out (whole documents would leave nothing to train on).
 
 Never skipped: spm_train and spm_encode come with Debian's sentencepiece,
 which scripts/bootstrap.sh installs; numpy with python3-torch.
@@ -215,6 +218,22 @@ def walk(build, source, work):
         fail("the Hugging Face export does not carry the SentencePiece model given as --tokenizer")
 
 
+def one_file_then_train(build, source, work):
+    """tokenize one file, then train: data.eval_fraction holds out its tail."""
+    shards = os.path.join(work, "one_file")
+    r = run([build + "/tokenize", "--tokenizer", "bytes", "--out", shards, os.path.join(source, "README.md")])
+    if r.returncode != 0:
+        fail("tokenize one file: " + r.stdout + r.stderr)
+    r = run([build + "/train", "--config", os.path.join(source, "configs", "llama_tiny.yaml"),
+             "--set", "run.dir=" + os.path.join(work, "one_file_run"), "--set", "model.vocab_size=256",
+             "--set", "data.kind=tokens", "--set", "data.path=" + shards, "--set", "train.steps=2",
+             "--set", "train.eval_every=2", "--set", "checkpoint.interval=0"])
+    if r.returncode != 0 or "tokens held out" not in r.stdout or "eval step 2 | val_loss" not in r.stdout:
+        fail("train on one tokenized file with data.eval_fraction: " + (r.stdout + r.stderr)[-3000:])
+    banner = [line for line in r.stdout.splitlines() if "held out" in line][0]
+    print("one file tokenized, then trained: " + banner[banner.index("last "):banner.index("; seq_len")])
+
+
 def text_with_sentencepiece(build, source, work):
     """data.kind text with data.tokenizer a .model: train runs it through tokenize."""
     model = os.path.join(work, "spm_bpe.model")
@@ -241,6 +260,7 @@ def main():
         parity(os.path.abspath(args.build), work, docs)
         bad_input(os.path.abspath(args.build), work)
         walk(os.path.abspath(args.build), os.path.abspath(args.source), work)
+        one_file_then_train(os.path.abspath(args.build), os.path.abspath(args.source), work)
         text_with_sentencepiece(os.path.abspath(args.build), os.path.abspath(args.source), work)
     print("OK")
 

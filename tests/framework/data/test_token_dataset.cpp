@@ -10,6 +10,7 @@
 
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -32,12 +33,12 @@ std::vector<int64_t> read_i64(const std::string& path) {
   return v;
 }
 
-std::vector<int64_t> to_vector(const torch::Tensor& t) {
+std::vector<int64_t> token_vector(const torch::Tensor& t) {
   return std::vector<int64_t>(t.data_ptr<int64_t>(), t.data_ptr<int64_t>() + t.numel());
 }
 
 template <typename Fn>
-std::string error_of(Fn fn) {
+std::string token_error_of(Fn fn) {
   try {
     fn();
   } catch (const DataError& e) {
@@ -149,8 +150,8 @@ TEST_F(TokenShards, AnEpochVisitsEveryWindowOnceInASeededOrder) {
   for (int64_t i : {0L, 1L, 7L, W - 1, W, 3 * W + 5}) {
     const auto [in, tgt] = ds.sample(i);
     const auto window = ds.read(ds.window_start(i), L + 1);
-    EXPECT_EQ(to_vector(in), std::vector<int64_t>(window.begin(), window.end() - 1));
-    EXPECT_EQ(to_vector(tgt), std::vector<int64_t>(window.begin() + 1, window.end()));
+    EXPECT_EQ(token_vector(in), std::vector<int64_t>(window.begin(), window.end() - 1));
+    EXPECT_EQ(token_vector(tgt), std::vector<int64_t>(window.begin() + 1, window.end()));
     EXPECT_TRUE(torch::equal(in, again.sample(i).first));
     differs += ds.window_start(i) != reseeded.window_start(i);
   }
@@ -173,7 +174,7 @@ TEST_F(TokenShards, EvalFractionHoldsOutTrailingWholeDocuments) {
   }
   ASSERT_GT(ds.eval_size(), 0);
   const auto held = ds.read(ds.train_tokens(), 9);
-  EXPECT_EQ(to_vector(ds.eval_sample(0).first), std::vector<int64_t>(held.begin(), held.end() - 1));
+  EXPECT_EQ(token_vector(ds.eval_sample(0).first), std::vector<int64_t>(held.begin(), held.end() - 1));
   EXPECT_NE(ds.describe().find("documents held out"), std::string::npos) << ds.describe();
 
   // Two llm.c shards, one document each: the last shard is held out.
@@ -181,13 +182,36 @@ TEST_F(TokenShards, EvalFractionHoldsOutTrailingWholeDocuments) {
   two.eval_fraction = 0.1;
   TokenDataset by_shard(two);
   EXPECT_EQ(by_shard.train_tokens(), by_shard.shards()[0].tokens);
+}
 
-  // One llm.c shard has no document index: refused, with the way out.
+TEST_F(TokenShards, EvalFractionOfOneDocumentHoldsOutItsLastTokens) {
+  // One llm.c shard has no document index, so it is one document (as
+  // `tokenize` writes one text file): whole documents would leave nothing
+  // to train on, so its last tokens are held out instead.
   auto one = options(dir_ + "/llmc_000.bin", 8);
-  one.eval_fraction = 0.1;
-  const std::string e = error_of([&] { TokenDataset d(one); });
-  EXPECT_NE(e.find("data.eval_fraction"), std::string::npos) << e;
-  EXPECT_NE(e.find("data.eval_path"), std::string::npos) << e;
+  one.eval_fraction = 0.25;
+  TokenDataset tail(one);
+  const int64_t n = tail.shards()[0].tokens;
+  const auto want = static_cast<int64_t>(std::ceil(0.25 * static_cast<double>(n)));
+  EXPECT_EQ(tail.eval_tokens(), want);
+  EXPECT_EQ(tail.train_tokens(), n - want);
+  for (int64_t i = 0; i < tail.windows_per_epoch(); ++i) {
+    EXPECT_LE(tail.window_start(i) + 8, tail.train_tokens() - 1);
+  }
+  ASSERT_GT(tail.eval_size(), 0);
+  const auto last = tail.read(tail.train_tokens(), 9);
+  EXPECT_EQ(token_vector(tail.eval_sample(0).first), std::vector<int64_t>(last.begin(), last.end() - 1));
+  EXPECT_NE(tail.describe().find("last " + std::to_string(want) + " tokens held out"), std::string::npos)
+      << tail.describe();
+  EXPECT_NE(tail.describe().find("within a document"), std::string::npos) << tail.describe();
+
+  // A tail too short for one window: refused, naming the keys and the path.
+  one.eval_fraction = 0.01;
+  const std::string e = token_error_of([&] { TokenDataset d(one); });
+  EXPECT_NE(e.find("data.eval_fraction 0.01 holds out the last"), std::string::npos) << e;
+  EXPECT_NE(e.find("of data.path '" + dir_ + "/llmc_000.bin' (" + std::to_string(n) + " tokens in 1 document)"),
+            std::string::npos) << e;
+  EXPECT_NE(e.find("model.seq_len + 1 = 9 (set data.eval_path, or data.eval_fraction 0"), std::string::npos) << e;
 }
 
 TEST_F(TokenShards, EvalPathIsItsOwnStreamAndMustNotOverlapTraining) {
@@ -196,9 +220,9 @@ TEST_F(TokenShards, EvalPathIsItsOwnStreamAndMustNotOverlapTraining) {
   TokenDataset ds(o);
   EXPECT_EQ(ds.eval_tokens(), open_token_shard(dir_ + "/mega16.bin").tokens);
   const auto want = read_i64(dir_ + "/mega16.expected");
-  EXPECT_EQ(to_vector(ds.eval_sample(1).second), std::vector<int64_t>(want.begin() + 9, want.begin() + 17));
+  EXPECT_EQ(token_vector(ds.eval_sample(1).second), std::vector<int64_t>(want.begin() + 9, want.begin() + 17));
   o.eval_path = dir_ + "/llmc_001.bin";
-  const std::string e = error_of([&] { TokenDataset d(o); });
+  const std::string e = token_error_of([&] { TokenDataset d(o); });
   EXPECT_NE(e.find("also a training shard"), std::string::npos) << e;
 }
 
@@ -209,13 +233,13 @@ TEST_F(TokenShards, BadInputIsOneErrorNamingTheFileAndOffset) {
 
   {  // not a shard at all
     std::ofstream(bad + "/x.bin") << "plain text, not tokens, long enough to hold a header";
-    const std::string e = error_of([&] { TokenDataset d(o); });
+    const std::string e = token_error_of([&] { TokenDataset d(o); });
     EXPECT_NE(e.find("data.path: '" + bad + "/x.bin' is not a token shard: offset 0"), std::string::npos) << e;
   }
   {  // truncated: the header promises more tokens than the file holds
     fs::copy_file(dir_ + "/llmc_000.bin", bad + "/x.bin", fs::copy_options::overwrite_existing);
     fs::resize_file(bad + "/x.bin", fs::file_size(bad + "/x.bin") - 3);
-    const std::string e = error_of([&] { TokenDataset d(o); });
+    const std::string e = token_error_of([&] { TokenDataset d(o); });
     EXPECT_NE(e.find("'" + bad + "/x.bin' is truncated"), std::string::npos) << e;
   }
   {  // a token id the model has no embedding for
@@ -223,7 +247,7 @@ TEST_F(TokenShards, BadInputIsOneErrorNamingTheFileAndOffset) {
     tokens[37] = 900;
     write_llmc16(bad + "/x.bin", tokens);
     o.vocab_size = 512;
-    const std::string e = error_of([&] { TokenDataset d(o); });
+    const std::string e = token_error_of([&] { TokenDataset d(o); });
     EXPECT_NE(e.find("token id 900 at byte offset " + std::to_string(1024 + 37 * 2) + " (token 37)"),
               std::string::npos) << e;
     EXPECT_NE(e.find("model.vocab_size 512"), std::string::npos) << e;
@@ -247,29 +271,29 @@ TEST_F(TokenShards, BadInputIsOneErrorNamingTheFileAndOffset) {
     fs::copy_file(dir_ + "/mega16.idx", bad + "/m.idx", fs::copy_options::overwrite_existing);
     fs::resize_file(bad + "/m.idx", fs::file_size(bad + "/m.idx") - 8);
     o.path = bad + "/m.bin";
-    const std::string e = error_of([&] { TokenDataset d(o); });
+    const std::string e = token_error_of([&] { TokenDataset d(o); });
     EXPECT_NE(e.find("'" + bad + "/m.idx' is truncated"), std::string::npos) << e;
     // ... and its .bin cut short
     fs::copy_file(dir_ + "/mega16.idx", bad + "/m.idx", fs::copy_options::overwrite_existing);
     fs::resize_file(bad + "/m.bin", fs::file_size(bad + "/m.bin") - 2);
-    const std::string f = error_of([&] { TokenDataset d(o); });
+    const std::string f = token_error_of([&] { TokenDataset d(o); });
     EXPECT_NE(f.find("'" + bad + "/m.bin' is truncated"), std::string::npos) << f;
     EXPECT_NE(f.find("m.idx' lists"), std::string::npos) << f;
   }
   {  // an empty glob, an empty directory, a missing file
     o.path = bad + "/nothing_*.bin";
-    EXPECT_NE(error_of([&] { TokenDataset d(o); }).find("data.path: no file matches '" + o.path + "'"),
+    EXPECT_NE(token_error_of([&] { TokenDataset d(o); }).find("data.path: no file matches '" + o.path + "'"),
               std::string::npos);
     fs::create_directories(bad + "/empty");
     o.path = bad + "/empty";
-    EXPECT_NE(error_of([&] { TokenDataset d(o); }).find("holds no .bin token shards"), std::string::npos);
+    EXPECT_NE(token_error_of([&] { TokenDataset d(o); }).find("holds no .bin token shards"), std::string::npos);
     o.path = bad + "/missing.bin";
-    EXPECT_NE(error_of([&] { TokenDataset d(o); }).find("data.path: cannot open"), std::string::npos);
+    EXPECT_NE(token_error_of([&] { TokenDataset d(o); }).find("data.path: cannot open"), std::string::npos);
   }
   {  // fewer tokens than one window
     write_llmc16(bad + "/x.bin", std::vector<uint16_t>(8, 1));
     o.path = bad + "/x.bin";
-    const std::string e = error_of([&] { TokenDataset d(o); });
+    const std::string e = token_error_of([&] { TokenDataset d(o); });
     EXPECT_NE(e.find("fewer than model.seq_len + 1 = 9"), std::string::npos) << e;
   }
 }
