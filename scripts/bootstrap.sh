@@ -7,6 +7,7 @@
 # root (or with sudo available).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+SECONDS=0
 
 packages=(
   cmake ninja-build g++ pkg-config
@@ -41,3 +42,5 @@ if [ ! -f build/build.ninja ]; then
   cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo
 fi
 cmake --build build -j2 --target train
+# scripts/test's summary prints it as the bootstrap phase.
+printf '%s\t%s\n' "$SECONDS" "$(date +%s)" >build/.bootstrap-time

@@ -46,6 +46,11 @@ bool is_known_dtype(uint8_t code) {
   return find_dtype(static_cast<DType>(code)) != nullptr;
 }
 
+bool is_floating_dtype(DType dtype) {
+  return dtype == DType::kFloat32 || dtype == DType::kFloat64 || dtype == DType::kFloat16 ||
+         dtype == DType::kBFloat16;
+}
+
 const char* item_kind_name(ItemKind kind) {
   switch (kind) {
     case ItemKind::kTensor: return "tensor";

@@ -38,6 +38,8 @@ size_t element_size(DType dtype);
 const char* dtype_name(DType dtype);
 // True when `code` is the value of one of the DType enumerators.
 bool is_known_dtype(uint8_t code);
+// float32, float64, float16 or bfloat16.
+bool is_floating_dtype(DType dtype);
 
 // What an item is. Numeric values are part of the file format.
 //   kTensor: a (possibly sharded) tensor.

@@ -32,11 +32,6 @@ namespace {
 // torch.save's archive layout, whatever the file is called.
 constexpr const char* kArchiveName = "archive";
 
-bool is_float(DType d) {
-  return d == DType::kFloat32 || d == DType::kFloat64 || d == DType::kFloat16 ||
-         d == DType::kBFloat16;
-}
-
 float half_to_float(uint16_t h) {
   const uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16;
   uint32_t exp = (h >> 10) & 0x1F;
@@ -184,7 +179,7 @@ std::vector<ExportItem> select_items(const CheckpointMeta& meta, const std::stri
     ExportItem e;
     e.item = &item;
     e.name = item.name.substr(prefix.size());
-    e.dtype = options.dtype && is_float(item.dtype) ? *options.dtype : item.dtype;
+    e.dtype = options.dtype && is_floating_dtype(item.dtype) ? *options.dtype : item.dtype;
     e.nbytes = *checked_numel(item.global_shape) * element_size(e.dtype);
     try {
       (void)nlohmann::json(e.name).dump();
@@ -481,7 +476,7 @@ ExportStats export_dcp(const std::string& step_dir, const std::string& out_dir,
   ChunkReader reader(storage, step_dir, &pool);
   write_dir_atomically(*storage, out_dir, [&](const std::string& tmp) {
     std::unique_ptr<WritableFile> file = storage->create_file(join_path(tmp, kDcpDataName));
-    DcpOut out{*file};
+    DcpOut out{*file, 0, {}, {}};
     export_dcp_items(out, reader, meta, with_optim, options.slab_bytes, stats);
     if (out.params.empty()) throw FormatError(step_dir + ": nothing to export: no model.* tensor items");
     if (with_optim) {
@@ -719,7 +714,7 @@ uint16_t float_to_bfloat16_bits(float value) {
 }
 
 void convert_float_elements(DType from, DType to, const uint8_t* src, uint64_t n, uint8_t* dst) {
-  if (!is_float(from) || (to != DType::kFloat32 && to != DType::kBFloat16)) {
+  if (!is_floating_dtype(from) || (to != DType::kFloat32 && to != DType::kBFloat16)) {
     throw std::invalid_argument(std::string("cannot convert ") + dtype_name(from) + " to " +
                                 dtype_name(to));
   }

@@ -11,15 +11,11 @@ namespace checkpoint {
 
 namespace {
 
-bool is_float(DType d) {
-  return d == DType::kFloat32 || d == DType::kFloat64 || d == DType::kFloat16 || d == DType::kBFloat16;
-}
-
 // Copies tensor `t` of `weights` into `out` as model.<name>, floats as
 // float32, in dim-0 slabs of at most slab_bytes.
 void import_tensor(const WeightsFile& weights, const WeightsTensorInfo& t, uint64_t slab_bytes,
                    ImportWriter& out, HfImportStats& stats) {
-  const DType to = is_float(t.dtype) ? DType::kFloat32 : t.dtype;
+  const DType to = is_floating_dtype(t.dtype) ? DType::kFloat32 : t.dtype;
   if (to != t.dtype) stats.converted.push_back(t.name);
   ItemMeta item;
   item.name = "model." + t.name;

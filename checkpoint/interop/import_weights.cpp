@@ -10,11 +10,6 @@ namespace checkpoint {
 
 namespace {
 
-bool is_float(DType d) {
-  return d == DType::kFloat32 || d == DType::kFloat64 || d == DType::kFloat16 ||
-         d == DType::kBFloat16;
-}
-
 struct ImportJob {
   TensorEntry* entry;
   const WeightsTensorInfo* info;
@@ -57,7 +52,7 @@ ImportStats load_weights_into(StateDict& state, const std::string& path, const s
     if (info->shape != t.global_shape) {
       mismatches.push_back(name + " has shape " + shape_to_string(info->shape) + " in the file, " +
                            shape_to_string(t.global_shape) + " in the model");
-    } else if (want != info->dtype && !(is_float(want) && is_float(info->dtype))) {
+    } else if (want != info->dtype && !(is_floating_dtype(want) && is_floating_dtype(info->dtype))) {
       mismatches.push_back(name + " is " + dtype_name(info->dtype) + " in the file, " +
                            dtype_name(want) + " in the model");
     } else {

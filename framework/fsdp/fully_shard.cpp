@@ -190,8 +190,10 @@ std::vector<int64_t> mesh_shape_for(const ParallelOptions& o, int world) {
                                 ") does not divide the world size " + std::to_string(world));
   }
   if (o.tensor > 1) {
-    std::vector<int64_t> dp = mesh_shape_for(ParallelOptions{o.replicate, o.shard},
-                                             static_cast<int>(world / o.tensor));
+    ParallelOptions data_parallel;
+    data_parallel.replicate = o.replicate;
+    data_parallel.shard = o.shard;
+    std::vector<int64_t> dp = mesh_shape_for(data_parallel, static_cast<int>(world / o.tensor));
     return {dp[0], dp[1], o.tensor};
   }
   if (r == -1) r = world % s == 0 ? world / s : -1;
@@ -399,7 +401,6 @@ void FullyShardedModel::add_param(const std::string& name, const torch::Tensor& 
     slot.local = p.narrow(0, slot.mine.offset, slot.mine.size).clone().set_requires_grad(slot.trainable);
   }
   if (cast) {
-    cast_params_ = true;
     p.set_data(torch::empty(p.sizes(), p.options().dtype(param_dtype_)));
     if (shards == 1) raw_flat(p).copy_(slot.local.reshape({-1}));
   }

@@ -294,7 +294,6 @@ class FullyShardedModel {
   bool mixed_ = false;  // a mixed-precision policy other than fp32/fp32
   torch::ScalarType param_dtype_ = torch::kFloat;
   torch::ScalarType reduce_dtype_ = torch::kFloat;
-  bool cast_params_ = false;  // param_dtype differs from the parameters' own
 };
 
 // fully_shard(module, mesh, options, units): the FSDP2 spelling.

@@ -31,14 +31,14 @@ using Chain = std::vector<std::string>;
 const std::vector<Chain> kChains = {
     {}, {"zstd/1"}, {"bytegroup/1", "zstd/1"}, {"signrot/1", "bytegroup/1", "zstdplanes/1"}};
 
-std::string make_temp_dir(const std::string& tag) {
+std::string chunk_temp_dir(const std::string& tag) {
   std::string templ = ::testing::TempDir() + "/" + tag + "_XXXXXX";
   if (::mkdtemp(templ.data()) == nullptr) throw std::runtime_error("mkdtemp failed for " + templ);
   return templ;
 }
 
 // Records every read_at.
-class CountingStorage : public StorageWrapper {
+class ReadCountingStorage : public StorageWrapper {
  public:
   struct Read {
     std::string path;
@@ -79,8 +79,8 @@ std::vector<uint8_t> tensor_bytes(size_t numel, uint32_t seed) {
 class ChunkIoTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = make_temp_dir("chunk_io");
-    counting_ = std::make_shared<CountingStorage>(posix_storage());
+    dir_ = chunk_temp_dir("chunk_io");
+    counting_ = std::make_shared<ReadCountingStorage>(posix_storage());
   }
   void TearDown() override { posix_storage()->remove_all(dir_); }
 
@@ -135,7 +135,7 @@ class ChunkIoTest : public ::testing::Test {
   }
 
   std::string dir_;
-  std::shared_ptr<CountingStorage> counting_;
+  std::shared_ptr<ReadCountingStorage> counting_;
 };
 
 TEST(EncodeChunk, SplitsIntoWholeElementBlocksWithChecksums) {

@@ -27,7 +27,7 @@ using testing_support::run_ranks;
 
 namespace {
 
-std::string scratch(const std::string& tag) {
+std::string tiers_scratch(const std::string& tag) {
   auto dir = fs::temp_directory_path() / ("shardkit_tiers_" + tag + "_" + std::to_string(::getpid()));
   fs::remove_all(dir);
   fs::create_directories(dir);
@@ -73,14 +73,14 @@ void expect_state(const StateDict& sd, int64_t step, int rank, int world) {
   EXPECT_EQ(sd.bytes()[0].data, want.bytes()[0].data) << "rank " << rank;
 }
 
-struct Layout {
+struct TierLayout {
   std::string root;
   std::string durable() const { return root + "/durable"; }
   std::string pattern() const { return root + "/local/node{node}"; }
   std::string node(int n) const { return local_tier_dir(pattern(), n); }
 };
 
-CheckpointOptions tier_options(const Layout& l, int64_t every, const std::string& mode = "async") {
+CheckpointOptions tier_options(const TierLayout& l, int64_t every, const std::string& mode = "async") {
   CheckpointOptions o;
   o.dir = l.durable();
   o.interval = 1;
@@ -167,7 +167,7 @@ bool has(const std::string& path) { return fs::exists(path); }
 // the other node with a committed .partner.json, every 2nd save and the
 // final one are flushed, byte for byte, and each tier keeps its own newest N.
 TEST(Tiers, SavesCommitLocallyCopyToPartnersAndFlushEveryKth) {
-  Layout l{scratch("save")};
+  TierLayout l{tiers_scratch("save")};
   CheckpointOptions o = tier_options(l, 2);
   o.keep_last = 2;
   o.local.keep_last = 3;
@@ -203,7 +203,9 @@ TEST(Tiers, SavesCommitLocallyCopyToPartnersAndFlushEveryKth) {
     EXPECT_EQ(ev.tier, flushed ? "local+durable" : "local") << ev.step;
     EXPECT_EQ(ev.local_path, l.node(0) + "/step_" + std::to_string(ev.step));
     EXPECT_GT(ev.local_commit_s, 0);
-    if (flushed) EXPECT_GE(ev.exposure_s, ev.flush_s);
+    if (flushed) {
+      EXPECT_GE(ev.exposure_s, ev.flush_s);
+    }
   }
   // Nothing newer than the local tier's step 5 was lost: resume takes it locally.
   const Resumed r = resume_all(o, 4, 5);
@@ -216,7 +218,7 @@ TEST(Tiers, SavesCommitLocallyCopyToPartnersAndFlushEveryKth) {
 // Sync mode waits for the local commit only; the flush follows in the
 // background and finish() waits for it.
 TEST(Tiers, SyncModeReturnsAfterTheLocalCommit) {
-  Layout l{scratch("sync")};
+  TierLayout l{tiers_scratch("sync")};
   const Saved s = save_steps(tier_options(l, 1, "sync"), 4, 1, 2, true);
   for (const std::string& e : s.errors) ASSERT_EQ(e, "");
   EXPECT_EQ(committed(l.durable()), (std::vector<int64_t>{1, 2}));
@@ -231,7 +233,7 @@ TEST(Tiers, SyncModeReturnsAfterTheLocalCommit) {
 // node 0, at 4 ranks and resharded onto 2 ranks (one per node) and onto 1.
 TEST(Tiers, LosingOneNodeResumesFromPartnerCopiesAtAnyWorld) {
   for (int world : {4, 2}) {
-    Layout l{scratch("lose1_" + std::to_string(world))};
+    TierLayout l{tiers_scratch("lose1_" + std::to_string(world))};
     CheckpointOptions o = tier_options(l, 3);
     const Saved s = save_steps(o, 4, 1, 2, false);  // local only: no flush yet
     for (const std::string& e : s.errors) ASSERT_EQ(e, "");
@@ -255,7 +257,7 @@ TEST(Tiers, LosingOneNodeResumesFromPartnerCopiesAtAnyWorld) {
 // Every local directory gone: the last durable checkpoint; a damaged partner
 // copy or no partner copy at all: the durable one too, saying why.
 TEST(Tiers, WithoutACompleteLocalCheckpointResumeTakesTheDurableOne) {
-  Layout l{scratch("durable")};
+  TierLayout l{tiers_scratch("durable")};
   CheckpointOptions o = tier_options(l, 2);
   o.local.keep_last = 0;
   const Saved s = save_steps(o, 4, 1, 3, false);  // step 2 flushed; 1 and 3 local only
@@ -288,7 +290,7 @@ TEST(Tiers, WithoutACompleteLocalCheckpointResumeTakesTheDurableOne) {
 // tier keeps the checkpoint; nothing half-written stays in the durable tier,
 // and resume takes the local copy.
 TEST(Tiers, AFullDurableDiskFailsTheFlushAndTheLocalTierKeepsTheCheckpoint) {
-  Layout l{scratch("fulldisk")};
+  TierLayout l{tiers_scratch("fulldisk")};
   CheckpointOptions o = tier_options(l, 1);
   faults::FaultPlan plan;
   plan.fail_after_bytes = 100;
@@ -332,7 +334,7 @@ class NoPartnerCopies : public StorageWrapper {
 // locally and flushed), the event says why, and no node claims L2; losing a
 // node then resumes from the durable tier.
 TEST(Tiers, APartnerThatCannotStoreItsCopyLeavesNoPartnerClaim) {
-  Layout l{scratch("nopartner")};
+  TierLayout l{tiers_scratch("nopartner")};
   CheckpointOptions o = tier_options(l, 1);
   auto broken = std::make_shared<NoPartnerCopies>(posix_storage());
   const Saved s = save_steps(o, 4, 1, 1, true, posix_storage(), [&](int rank) {
@@ -358,7 +360,7 @@ TEST(Tiers, APartnerThatCannotStoreItsCopyLeavesNoPartnerClaim) {
 // save fails with the group's timeout on every rank, no node claims L2, the
 // local (L1) checkpoint stays committed and loads.
 TEST(Tiers, APartnerThatIsDownFailsTheSaveWithoutAPartnerClaim) {
-  Layout l{scratch("down")};
+  TierLayout l{tiers_scratch("down")};
   CheckpointOptions o = tier_options(l, 1);
   test_seam::SaveSeam seam;
   seam.before_partner = [](int64_t, int rank) {

@@ -22,7 +22,7 @@ namespace reliability {
 
 namespace {
 
-void sleep_s(double s) { std::this_thread::sleep_for(std::chrono::duration<double>(s)); }
+void sleep_seconds(double s) { std::this_thread::sleep_for(std::chrono::duration<double>(s)); }
 
 }  // namespace
 
@@ -108,7 +108,7 @@ int Process::wait_for(double timeout_s, bool* timed_out) {
       status_ = decode_wait_status(st);
       break;
     }
-    sleep_s(0.01);
+    sleep_seconds(0.01);
   }
   return *status_;
 }
@@ -167,7 +167,7 @@ pid_t wait_for_rank_pid(pid_t launcher, int rank, double timeout_s) {
       // Between fork and exec the child still has the launcher's environment.
       if (rank_of(p) == rank) return p;
     }
-    sleep_s(0.005);
+    sleep_seconds(0.005);
   } while (monotonic_s() < deadline);
   return -1;
 }
@@ -188,7 +188,7 @@ int wait_gone_or_kill(const std::vector<pid_t>& pids, double timeout_s) {
     for (pid_t p : pids) any = any || process_alive(p);
     if (!any) return 0;
     if (monotonic_s() > deadline) break;
-    sleep_s(0.02);
+    sleep_seconds(0.02);
   }
   int killed = 0;
   for (pid_t p : pids) {
@@ -198,7 +198,7 @@ int wait_gone_or_kill(const std::vector<pid_t>& pids, double timeout_s) {
     bool any = false;
     for (pid_t p : pids) any = any || process_alive(p);
     if (!any) break;
-    sleep_s(0.01);
+    sleep_seconds(0.01);
   }
   return killed;
 }

@@ -7,6 +7,8 @@
 #include "dist/launch_env.h"
 #include "dist/runtime.h"
 
+#include <torch/torch.h>
+
 #include <chrono>
 #include <exception>
 #include <functional>
@@ -46,6 +48,20 @@ inline framework::dist::LaunchEnv hosted_rank_env(const framework::dist::StoreSe
   env.store_hosted = true;
   env.job_id = job_id;
   return env;
+}
+
+// The ranks of run_ranks and run_runtimes are threads of one process and
+// share LibTorch's process-wide generator. Seed it, and make the draws that
+// must follow the seed, under the returned lock, as the Trainer builds its
+// model (Trainer::State::build_builtin_model): otherwise one rank's draws
+// interleave with another's, and the ranks start from different models or
+// batches. Never hold the lock across a collective (the other ranks would
+// wait for it).
+inline std::unique_lock<std::mutex> seed_global_generator(uint64_t seed) {
+  static std::mutex mu;
+  std::unique_lock<std::mutex> lock(mu);
+  torch::manual_seed(seed);
+  return lock;
 }
 
 inline void run_ranks(int world, const std::function<void(RankContext&)>& fn,

@@ -169,7 +169,7 @@ TEST(FullyShard, UnitsAreNamedByChildrenOrPredicate) {
 }
 
 template <class Fn>
-std::string error_of(Fn&& fn) {
+std::string fsdp_error_of(Fn&& fn) {
   try {
     fn();
   } catch (const std::exception& e) {
@@ -181,15 +181,15 @@ std::string error_of(Fn&& fn) {
 TEST(FullyShard, RefusesWhatItCannotShardNamingIt) {
   run_runtimes(2, [&](framework::dist::Runtime& rt) {
     auto mesh = framework::dtensor::DeviceMesh::create(*rt.rendezvous, {1, 2}, {"replicate", "shard"});
-    EXPECT_NE(error_of([&] { fsdp::fully_shard(make_toy().ptr(), mesh, {}, {"blocks.7"}); })
+    EXPECT_NE(fsdp_error_of([&] { fsdp::fully_shard(make_toy().ptr(), mesh, {}, {"blocks.7"}); })
                   .find("unit 'blocks.7' is not a submodule"),
               std::string::npos);
-    EXPECT_NE(error_of([&] { fsdp::fully_shard(make_toy().ptr(), mesh, {}, {"blocks", "blocks.0"}); })
+    EXPECT_NE(fsdp_error_of([&] { fsdp::fully_shard(make_toy().ptr(), mesh, {}, {"blocks", "blocks.0"}); })
                   .find("overlap"),
               std::string::npos);
     Toy scalar = make_toy();
     scalar->register_parameter("temperature", torch::tensor(1.0));
-    const std::string err = error_of([&] { fsdp::fully_shard(scalar.ptr(), mesh, {}, {}); });
+    const std::string err = fsdp_error_of([&] { fsdp::fully_shard(scalar.ptr(), mesh, {}, {}); });
     EXPECT_NE(err.find("temperature"), std::string::npos) << err;
     EXPECT_NE(err.find("0-d"), std::string::npos) << err;
   });
@@ -202,7 +202,7 @@ TEST(FullyShard, AUnitCalledWithoutRunUnitIsAClearError) {
     auto mesh = framework::dtensor::DeviceMesh::create(*rt.rendezvous, {1, 2}, {"replicate", "shard"});
     Toy toy = make_toy(/*use_run_unit=*/false);
     auto sharded = fsdp::fully_shard(toy.ptr(), mesh, {}, {"blocks.0", "blocks.1"});
-    const std::string err = error_of([&] { sharded->forward([&] { return toy->forward(batch(2)); }); });
+    const std::string err = fsdp_error_of([&] { sharded->forward([&] { return toy->forward(batch(2)); }); });
     EXPECT_NE(err.find("run_unit"), std::string::npos) << err;
     EXPECT_NE(err.find("blocks.0, blocks.1"), std::string::npos) << err;
   });

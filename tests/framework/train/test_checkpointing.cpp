@@ -28,19 +28,19 @@ using testing_support::run_runtimes;
 
 namespace {
 
-struct Layout {
+struct CkptLayout {
   const char* name;
   int world;
   int64_t replicate;
   int64_t shard;
 };
 
-const Layout kLayouts[] = {
+const CkptLayout kLayouts[] = {
     {"fsdp1", 1, 1, 1}, {"fsdp2", 2, 1, 2}, {"fsdp3", 3, 1, 3},
     {"fsdp4", 4, 1, 4}, {"ddp2", 2, 2, 1},  {"hsdp2x2", 4, 2, 2},
 };
 
-std::string scratch(const std::string& tag) {
+std::string ckpt_scratch(const std::string& tag) {
   auto dir = fs::temp_directory_path() / ("shardkit_ckpt_" + tag + "_" + std::to_string(::getpid()));
   fs::remove_all(dir);
   return dir.string();
@@ -65,7 +65,7 @@ framework::config::Config base_config(const std::string& dir) {
   return c;
 }
 
-FullState run_and_gather(const framework::config::Config& cfg, const Layout& l,
+FullState run_and_gather(const framework::config::Config& cfg, const CkptLayout& l,
                          std::vector<double>* losses = nullptr, int64_t* resumed_step = nullptr) {
   auto c = cfg;
   c.parallel.replicate = l.replicate;
@@ -90,7 +90,7 @@ FullState run_and_gather(const framework::config::Config& cfg, const Layout& l,
 }
 
 // The state a trainer holds right after loading `path` (no training).
-FullState load_and_gather(const framework::config::Config& cfg, const Layout& l, const std::string& path) {
+FullState load_and_gather(const framework::config::Config& cfg, const CkptLayout& l, const std::string& path) {
   auto c = cfg;
   c.parallel.replicate = l.replicate;
   c.parallel.shard = l.shard;
@@ -111,8 +111,8 @@ FullState load_and_gather(const framework::config::Config& cfg, const Layout& l,
 }  // namespace
 
 TEST(ReshardMatrix, EverySavingLayoutLoadsExactlyIntoEveryLoadingLayout) {
-  std::string root = scratch("matrix");
-  for (const Layout& saver : kLayouts) {
+  std::string root = ckpt_scratch("matrix");
+  for (const CkptLayout& saver : kLayouts) {
     auto cfg = base_config(root + "/" + saver.name);
     cfg.train.steps = 3;
     cfg.checkpoint.interval = 3;
@@ -121,7 +121,7 @@ TEST(ReshardMatrix, EverySavingLayoutLoadsExactlyIntoEveryLoadingLayout) {
     ASSERT_FALSE(saved.empty());
     std::string path = cfg.checkpoint.dir + "/step_3";
     ASSERT_TRUE(fs::exists(path + "/.metadata")) << path;
-    for (const Layout& loader : kLayouts) {
+    for (const CkptLayout& loader : kLayouts) {
       SCOPED_TRACE(std::string("saved by ") + saver.name + ", loaded by " + loader.name);
       FullState loaded = load_and_gather(cfg, loader, path);
       expect_same_state(saved, loaded, std::string(saver.name) + " -> " + loader.name);
@@ -131,7 +131,7 @@ TEST(ReshardMatrix, EverySavingLayoutLoadsExactlyIntoEveryLoadingLayout) {
 }
 
 TEST(ResumeAcrossWorldSizes, SavedAtTwoResumedAtThreeAndOneContinuesTheLosses) {
-  std::string root = scratch("reshard_resume");
+  std::string root = ckpt_scratch("reshard_resume");
   auto cfg = base_config(root + "/full");
   std::vector<double> reference;
   run_and_gather(cfg, kLayouts[1], &reference);  // FSDP 2, uninterrupted to 20
@@ -145,7 +145,7 @@ TEST(ResumeAcrossWorldSizes, SavedAtTwoResumedAtThreeAndOneContinuesTheLosses) {
   std::string path = stopped.checkpoint.dir + "/step_10";
   ASSERT_TRUE(fs::exists(path + "/.metadata"));
 
-  for (const Layout& l : {kLayouts[2], kLayouts[0], kLayouts[5]}) {
+  for (const CkptLayout& l : {kLayouts[2], kLayouts[0], kLayouts[5]}) {
     SCOPED_TRACE(l.name);
     auto resumed = base_config(root + "/resumed_" + l.name);
     resumed.checkpoint.resume = path;
@@ -163,7 +163,7 @@ TEST(ResumeAcrossWorldSizes, SavedAtTwoResumedAtThreeAndOneContinuesTheLosses) {
 
 
 TEST(AsyncCheckpointing, AsyncAndOverlapCommitExactlyWhatSyncCommits) {
-  std::string root = scratch("modes");
+  std::string root = ckpt_scratch("modes");
   std::map<std::string, std::string> dirs;
   for (const char* mode : {"sync", "async", "overlap"}) {
     auto cfg = base_config(root + "/" + mode);
@@ -193,7 +193,7 @@ TEST(AsyncCheckpointing, AsyncAndOverlapCommitExactlyWhatSyncCommits) {
 // The model is wide enough (d_model 384: 2.3 MiB MLP matrices, 1.2 MiB per
 // rank) for pieces above the 1 MiB direct threshold.
 TEST(DirectIo, CheckpointsWrittenWithDirectIoEqualPageCacheOnesAndLoadExactly) {
-  std::string root = scratch("direct");
+  std::string root = ckpt_scratch("direct");
   std::map<bool, std::string> dirs;
   FullState trained;
   uint64_t direct_bytes = 0;
@@ -230,7 +230,7 @@ TEST(DirectIo, CheckpointsWrittenWithDirectIoEqualPageCacheOnesAndLoadExactly) {
 }
 
 TEST(AsyncCheckpointing, TrainingAndCheckpointCollectivesRunTogetherForManySteps) {
-  std::string root = scratch("busy");
+  std::string root = ckpt_scratch("busy");
   for (const char* mode : {"async", "overlap"}) {
     auto cfg = base_config(root + "/" + mode);
     cfg.train.steps = 40;
@@ -253,7 +253,7 @@ TEST(AsyncCheckpointing, TrainingAndCheckpointCollectivesRunTogetherForManySteps
 // world 2 are saved, then loaded into a fresh model and optimizer at world 3;
 // their full parameters, moments and step counts equal the saved ones.
 TEST(StateDictHelpers, ModelAndOptimizerShardsReshardFromTwoRanksToThree) {
-  const std::string dir = scratch("state_dict_helpers");
+  const std::string dir = ckpt_scratch("state_dict_helpers");
   auto cfg = base_config(dir);
   cfg.train.steps = 3;
   cfg.checkpoint.interval = 0;
@@ -309,7 +309,7 @@ TEST(StateDictHelpers, ModelAndOptimizerShardsReshardFromTwoRanksToThree) {
 // the second one's mesh groups must not meet the first one's in the store
 // (they once did, and its rendezvous failed or hung about half the time).
 TEST(TrainerLifetime, ASecondTrainerOnTheSameRuntimeResumesTheFirstOnesCheckpoint) {
-  const std::string dir = scratch("two_trainers");
+  const std::string dir = ckpt_scratch("two_trainers");
   auto cfg = base_config(dir);
   cfg.train.steps = 2;
   cfg.checkpoint.interval = 2;

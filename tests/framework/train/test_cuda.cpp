@@ -47,7 +47,7 @@ using testing_support::run_train_binary;
 
 namespace {
 
-std::string scratch(const std::string& tag) {
+std::string cuda_scratch(const std::string& tag) {
   auto dir = fs::temp_directory_path() / ("shardkit_cuda_" + tag + "_" + std::to_string(::getpid()));
   fs::remove_all(dir);
   return dir.string();
@@ -73,7 +73,7 @@ framework::config::Config base_config(const std::string& dir, const std::string&
   return c;
 }
 
-struct RunResult {
+struct CudaRun {
   FullState state;
   std::vector<double> losses;
   int64_t start = 0;
@@ -82,11 +82,11 @@ struct RunResult {
 
 // Trains (or only loads, when `train` is false) on `world` ranks of
 // cfg.train.device; rank 0's view.
-RunResult train_run(const framework::config::Config& cfg, int world, int64_t shard, bool train = true) {
+CudaRun train_run(const framework::config::Config& cfg, int world, int64_t shard, bool train = true) {
   auto c = cfg;
   c.parallel.replicate = world / shard;
   c.parallel.shard = shard;
-  RunResult out;
+  CudaRun out;
   std::mutex mu;
   run_runtimes(
       world,
@@ -148,9 +148,9 @@ std::string cli_args(const std::string& dir, const std::string& device, int npro
 
 TEST(CudaTraining, TrainsOnTheGpuAndMatchesCpuTrainingWithinFloatTolerance) {
   SHARDKIT_REQUIRE_CUDA();
-  std::string root = scratch("vs_cpu");
-  RunResult cpu = train_run(base_config(root + "/cpu", "cpu"), 1, 1);
-  RunResult gpu = train_run(base_config(root + "/gpu", "cuda"), 1, 1);
+  std::string root = cuda_scratch("vs_cpu");
+  CudaRun cpu = train_run(base_config(root + "/cpu", "cpu"), 1, 1);
+  CudaRun gpu = train_run(base_config(root + "/gpu", "cuda"), 1, 1);
   EXPECT_FALSE(cpu.on_gpu);
   EXPECT_TRUE(gpu.on_gpu);
   ASSERT_EQ(cpu.losses.size(), 20u);
@@ -164,7 +164,7 @@ TEST(CudaTraining, TrainsOnTheGpuAndMatchesCpuTrainingWithinFloatTolerance) {
 
 TEST(CudaTraining, FsdpAndDdpOnOneGpuMatchASingleRank) {
   SHARDKIT_REQUIRE_CUDA();
-  std::string root = scratch("worlds");
+  std::string root = cuda_scratch("worlds");
   CliResult one = run_train(cli_args(root + "/one", "cuda", 1, 1));
   ASSERT_EQ(one.status, 0) << one.output;
   EXPECT_NE(one.output.find("groups train=nccl"), std::string::npos) << one.output;
@@ -191,7 +191,7 @@ TEST(CudaTraining, FsdpAndDdpOnOneGpuMatchASingleRank) {
 // matches the CPU run, bf16 tracks it, resume is bit-exact.
 TEST(CudaTraining, LlamaInFp32AndBf16MatchesTheCpuAndResumesBitExactly) {
   SHARDKIT_REQUIRE_CUDA();
-  std::string root = scratch("llama");
+  std::string root = cuda_scratch("llama");
   auto llama = [&](const std::string& dir, const std::string& device, const std::string& dtype) {
     auto c = base_config(dir, device);
     c.model.kind = "llama";
@@ -205,9 +205,9 @@ TEST(CudaTraining, LlamaInFp32AndBf16MatchesTheCpuAndResumesBitExactly) {
     c.train.mixed_precision.param_dtype = dtype;
     return c;
   };
-  RunResult cpu = train_run(llama(root + "/cpu", "cpu", "fp32"), 1, 1);
-  RunResult gpu = train_run(llama(root + "/gpu", "cuda", "fp32"), 1, 1);
-  RunResult bf16 = train_run(llama(root + "/bf16", "cuda", "bf16"), 1, 1);
+  CudaRun cpu = train_run(llama(root + "/cpu", "cpu", "fp32"), 1, 1);
+  CudaRun gpu = train_run(llama(root + "/gpu", "cuda", "fp32"), 1, 1);
+  CudaRun bf16 = train_run(llama(root + "/bf16", "cuda", "bf16"), 1, 1);
   EXPECT_TRUE(gpu.on_gpu);
   ASSERT_EQ(gpu.losses.size(), 20u);
   ASSERT_EQ(bf16.losses.size(), 20u);
@@ -221,7 +221,7 @@ TEST(CudaTraining, LlamaInFp32AndBf16MatchesTheCpuAndResumesBitExactly) {
   train_run(stopped, 1, 1);
   stopped.train.stop_at = 0;
   stopped.checkpoint.resume = "auto";
-  RunResult resumed = train_run(stopped, 1, 1);
+  CudaRun resumed = train_run(stopped, 1, 1);
   EXPECT_EQ(resumed.start, 10);
   ASSERT_EQ(resumed.losses.size(), 10u);
   for (size_t i = 0; i < 10; ++i) EXPECT_EQ(resumed.losses[i], bf16.losses[10 + i]) << "step " << 11 + i;
@@ -230,7 +230,7 @@ TEST(CudaTraining, LlamaInFp32AndBf16MatchesTheCpuAndResumesBitExactly) {
 
 TEST(CudaTraining, ResumeOnTheGpuIsBitExact) {
   SHARDKIT_REQUIRE_CUDA();
-  std::string root = scratch("resume");
+  std::string root = cuda_scratch("resume");
   for (auto [nproc, mode] : {std::pair<int, const char*>{1, "async"}, {2, "overlap"}}) {
     SCOPED_TRACE("world " + std::to_string(nproc));
     std::string full = root + "/full" + std::to_string(nproc);
@@ -256,7 +256,7 @@ TEST(CudaTraining, ResumeOnTheGpuIsBitExact) {
 
 TEST(CudaCheckpoint, ReshardsBetweenCudaAndCpuRunsEitherWay) {
   SHARDKIT_REQUIRE_CUDA();
-  std::string root = scratch("reshard");
+  std::string root = cuda_scratch("reshard");
   for (const char* saver : {"cuda", "cpu"}) {
     // Saved by 2 ranks (processes) on `saver`, loaded (no training) by 1 and
     // 3 ranks on either device: every loader holds exactly the same state.
@@ -278,7 +278,7 @@ TEST(CudaCheckpoint, ReshardsBetweenCudaAndCpuRunsEitherWay) {
         std::string what = std::string(saver) + " fsdp2 -> " + device + " fsdp" + std::to_string(world);
         SCOPED_TRACE(what);
         lc.train.device = device;
-        RunResult loaded = train_run(lc, world, world, /*train=*/false);
+        CudaRun loaded = train_run(lc, world, world, /*train=*/false);
         EXPECT_EQ(loaded.start, 3);
         EXPECT_EQ(loaded.on_gpu, std::string(device) == "cuda");
         if (reference.empty()) {
@@ -294,7 +294,7 @@ TEST(CudaCheckpoint, ReshardsBetweenCudaAndCpuRunsEitherWay) {
 
 TEST(CudaCheckpoint, AsyncAndOverlapUnderTrainingCommitExactlyWhatSyncCommitsAndCpuWrites) {
   SHARDKIT_REQUIRE_CUDA();
-  std::string root = scratch("modes");
+  std::string root = cuda_scratch("modes");
   // The CPU run's sync checkpoints are the reference: same state, same bytes.
   std::map<std::string, std::string> dirs;
   for (const char* device : {"cpu", "cuda"}) {
@@ -341,7 +341,7 @@ TEST(CudaCheckpoint, AsyncAndOverlapUnderTrainingCommitExactlyWhatSyncCommitsAnd
 // snapshot holds device memory.
 TEST(CudaCheckpoint, OverlapStagesChunksFromASnapshotOrTheLiveStateAndSavesTheStateOfItsStep) {
   SHARDKIT_REQUIRE_CUDA();
-  std::string root = scratch("chunks");
+  std::string root = cuda_scratch("chunks");
   for (const char* policy : {"on", "off"}) {
     SCOPED_TRACE(std::string("device_snapshot ") + policy);
     run_runtimes(1, [&](framework::dist::Runtime& rt) {
@@ -401,7 +401,7 @@ TEST(CudaCheckpoint, OverlapStagesChunksFromASnapshotOrTheLiveStateAndSavesTheSt
 
 TEST(CudaCheckpoint, TheSameStateOnCudaAndOnCpuIsWrittenByteIdentically) {
   SHARDKIT_REQUIRE_CUDA();
-  std::string root = scratch("bytes");
+  std::string root = cuda_scratch("bytes");
   torch::manual_seed(3);
   std::vector<torch::Tensor> host = {torch::randn({64, 33}), torch::randn({7}).to(torch::kBFloat16),
                                      torch::randint(0, 1000, {5, 5}, torch::kLong),
@@ -434,7 +434,7 @@ TEST(CudaCheckpoint, TheSameStateOnCudaAndOnCpuIsWrittenByteIdentically) {
 
 TEST(CudaCheckpoint, PinnedStagingIsReservedAheadBoundedAndFlatOverFiftySaves) {
   SHARDKIT_REQUIRE_CUDA();
-  std::string root = scratch("pinned");
+  std::string root = cuda_scratch("pinned");
   run_runtimes(1, [&](framework::dist::Runtime& rt) {
     torch::manual_seed(4);
     std::vector<torch::Tensor> state;

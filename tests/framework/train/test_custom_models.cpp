@@ -59,7 +59,7 @@ std::string temp_dir(const std::string& tag) {
   return dir.string();
 }
 
-struct Layout {
+struct ExampleLayout {
   int world;
   int64_t replicate;
   int64_t shard;
@@ -67,7 +67,7 @@ struct Layout {
 
 // Trains `steps` steps (checkpointing every `interval`, 0: never) in `dir`
 // and returns rank 0's losses of the steps this run took.
-std::vector<double> train(Example e, const Layout& l, const std::string& dir, int64_t steps,
+std::vector<double> train(Example e, const ExampleLayout& l, const std::string& dir, int64_t steps,
                           int64_t interval = 0, int64_t stop_at = 0) {
   auto cfg = config_for(e, dir, steps);
   cfg.parallel.replicate = l.replicate;
@@ -87,25 +87,25 @@ std::vector<double> train(Example e, const Layout& l, const std::string& dir, in
   return losses;
 }
 
-constexpr int64_t kSteps = 8;
+constexpr int64_t kExampleSteps = 8;
 
 const std::vector<double>& reference(Example e) {
   static std::map<Example, std::vector<double>> cache;
   auto it = cache.find(e);
   if (it == cache.end()) {
     const std::string dir = temp_dir(name_of(e) + "_ref");
-    it = cache.emplace(e, train(e, {1, 1, 1}, dir, kSteps)).first;
+    it = cache.emplace(e, train(e, {1, 1, 1}, dir, kExampleSteps)).first;
     fs::remove_all(dir);
   }
   return it->second;
 }
 
-void expect_matches_world_one(Example e, const Layout& l, const std::string& what) {
+void expect_matches_world_one(Example e, const ExampleLayout& l, const std::string& what) {
   const std::string dir = temp_dir(name_of(e) + "_" + what);
-  const std::vector<double> got = train(e, l, dir, kSteps);
+  const std::vector<double> got = train(e, l, dir, kExampleSteps);
   fs::remove_all(dir);
   const std::vector<double>& ref = reference(e);
-  ASSERT_EQ(ref.size(), static_cast<size_t>(kSteps));
+  ASSERT_EQ(ref.size(), static_cast<size_t>(kExampleSteps));
   ASSERT_EQ(got.size(), ref.size()) << what;
   for (size_t i = 0; i < ref.size(); ++i) {
     EXPECT_NEAR(got[i], ref[i], 1e-5 * std::abs(ref[i])) << name_of(e) << " " << what
@@ -134,14 +134,14 @@ TEST_P(CustomModel, Hsdp2x2MatchesWorldOne) {
 // one.
 TEST_P(CustomModel, ResumeAtTheSameWorldIsBitExact) {
   const Example e = GetParam();
-  const Layout fsdp2{2, 1, -1};
+  const ExampleLayout fsdp2{2, 1, -1};
   const std::string straight_dir = temp_dir(name_of(e) + "_straight");
-  const std::vector<double> straight = train(e, fsdp2, straight_dir, kSteps, 4);
+  const std::vector<double> straight = train(e, fsdp2, straight_dir, kExampleSteps, 4);
   const std::string dir = temp_dir(name_of(e) + "_resumed");
-  std::vector<double> resumed = train(e, fsdp2, dir, kSteps, 4, /*stop_at=*/4);
+  std::vector<double> resumed = train(e, fsdp2, dir, kExampleSteps, 4, /*stop_at=*/4);
   ASSERT_EQ(resumed.size(), 4u);
   ASSERT_TRUE(fs::exists(fs::path(dir) / "checkpoints" / "step_4" / ".metadata"));
-  const std::vector<double> rest = train(e, fsdp2, dir, kSteps, 4);
+  const std::vector<double> rest = train(e, fsdp2, dir, kExampleSteps, 4);
   ASSERT_EQ(rest.size(), 4u) << "the second run did not resume at step 4";
   resumed.insert(resumed.end(), rest.begin(), rest.end());
   ASSERT_EQ(straight.size(), resumed.size());
@@ -157,8 +157,8 @@ TEST_P(CustomModel, ResumeAtTheSameWorldIsBitExact) {
 TEST_P(CustomModel, CheckpointReshardsFromWorldTwoToThree) {
   const Example e = GetParam();
   const std::string dir = temp_dir(name_of(e) + "_reshard");
-  train(e, {2, 1, -1}, dir, kSteps, 4, /*stop_at=*/4);
-  const std::vector<double> rest = train(e, {3, 1, -1}, dir, kSteps, 4);
+  train(e, {2, 1, -1}, dir, kExampleSteps, 4, /*stop_at=*/4);
+  const std::vector<double> rest = train(e, {3, 1, -1}, dir, kExampleSteps, 4);
   fs::remove_all(dir);
   const std::vector<double>& ref = reference(e);
   ASSERT_EQ(rest.size(), 4u) << "world 3 did not resume at step 4";

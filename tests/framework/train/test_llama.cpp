@@ -54,23 +54,23 @@ framework::config::Config llama_config(const std::string& dir) {
   return c;
 }
 
-std::string scratch(const std::string& tag) {
+std::string llama_scratch(const std::string& tag) {
   auto dir = fs::temp_directory_path() / ("shardkit_llama_" + tag + "_" + std::to_string(::getpid()));
   fs::remove_all(dir);
   return dir.string();
 }
 
-struct RunResult {
+struct LlamaRun {
   std::vector<double> losses;
   std::vector<double> grad_norms;
   std::vector<torch::Tensor> params;  // full tensors after training
   int64_t first_step = 0;
 };
 
-RunResult train(framework::config::Config cfg, int world, int64_t replicate = 1, int64_t shard = -1) {
+LlamaRun train(framework::config::Config cfg, int world, int64_t replicate = 1, int64_t shard = -1) {
   cfg.parallel.replicate = replicate;
   cfg.parallel.shard = shard;
-  RunResult result;
+  LlamaRun result;
   std::mutex mu;
   run_runtimes(world, [&](framework::dist::Runtime& rt) {
     Trainer trainer(cfg, rt);
@@ -95,7 +95,7 @@ RunResult train(framework::config::Config cfg, int world, int64_t replicate = 1,
   return result;
 }
 
-void expect_close(const RunResult& got, const RunResult& ref, double rel, const std::string& what) {
+void expect_close(const LlamaRun& got, const LlamaRun& ref, double rel, const std::string& what) {
   ASSERT_EQ(got.losses.size(), ref.losses.size()) << what;
   for (size_t i = 0; i < ref.losses.size(); ++i) {
     EXPECT_NEAR(got.losses[i], ref.losses[i], rel * std::abs(ref.losses[i])) << what << ": loss of step " << i + 1;
@@ -109,7 +109,7 @@ void expect_close(const RunResult& got, const RunResult& ref, double rel, const 
   }
 }
 
-void expect_identical(const RunResult& got, const RunResult& ref, const std::string& what) {
+void expect_identical(const LlamaRun& got, const LlamaRun& ref, const std::string& what) {
   ASSERT_EQ(got.losses.size(), ref.losses.size()) << what;
   for (size_t i = 0; i < ref.losses.size(); ++i) {
     EXPECT_EQ(got.losses[i], ref.losses[i]) << what << ": loss of step " << i + 1;
@@ -121,8 +121,8 @@ void expect_identical(const RunResult& got, const RunResult& ref, const std::str
   }
 }
 
-const RunResult& single_fp32() {
-  static RunResult r = train(llama_config(scratch("single")), 1);
+const LlamaRun& single_fp32() {
+  static LlamaRun r = train(llama_config(llama_scratch("single")), 1);
   return r;
 }
 
@@ -193,13 +193,13 @@ TEST(LlamaAttention, FusedAndMatmulPathsAgree) {
 }
 
 TEST(LlamaEquivalence, SingleProcessLossFalls) {
-  const RunResult& ref = single_fp32();
+  const LlamaRun& ref = single_fp32();
   ASSERT_EQ(ref.losses.size(), 12u);
   EXPECT_LT(ref.losses.back(), ref.losses.front() - 0.05);
 }
 
 TEST(LlamaEquivalence, FsdpTwoAndThreeDdpTwoAndHsdpMatchOneProcess) {
-  auto cfg = llama_config(scratch("eq"));
+  auto cfg = llama_config(llama_scratch("eq"));
   expect_close(train(cfg, 2), single_fp32(), 1e-5, "FSDP 2");
   expect_close(train(cfg, 3), single_fp32(), 1e-5, "FSDP 3");
   expect_close(train(cfg, 2, 2, 1), single_fp32(), 1e-5, "DDP 2");
@@ -208,11 +208,11 @@ TEST(LlamaEquivalence, FsdpTwoAndThreeDdpTwoAndHsdpMatchOneProcess) {
 }
 
 TEST(LlamaMixedPrecision, Bf16ComputesInBf16KeepsFp32MastersAndTracksFp32) {
-  auto cfg = llama_config(scratch("bf16"));
+  auto cfg = llama_config(llama_scratch("bf16"));
   cfg.train.mixed_precision.param_dtype = "bf16";
-  const RunResult one = train(cfg, 1);
-  const RunResult two = train(cfg, 2);
-  const RunResult& fp32 = single_fp32();
+  const LlamaRun one = train(cfg, 1);
+  const LlamaRun two = train(cfg, 2);
+  const LlamaRun& fp32 = single_fp32();
   ASSERT_EQ(one.losses.size(), fp32.losses.size());
   bool differs = false;
   for (size_t i = 0; i < fp32.losses.size(); ++i) {
@@ -224,7 +224,7 @@ TEST(LlamaMixedPrecision, Bf16ComputesInBf16KeepsFp32MastersAndTracksFp32) {
   EXPECT_TRUE(differs) << "bf16 losses equal fp32 bit for bit: the policy did nothing";
   // reduce_dtype bf16 runs too, and stays close.
   cfg.train.mixed_precision.reduce_dtype = "bf16";
-  const RunResult reduced = train(cfg, 2);
+  const LlamaRun reduced = train(cfg, 2);
   for (size_t i = 0; i < fp32.losses.size(); ++i) {
     EXPECT_NEAR(reduced.losses[i], fp32.losses[i], 2e-2 * fp32.losses[i]) << "step " << i + 1;
   }
@@ -233,9 +233,18 @@ TEST(LlamaMixedPrecision, Bf16ComputesInBf16KeepsFp32MastersAndTracksFp32) {
 
 TEST(LlamaMixedPrecision, GatheredParametersAreBf16AndShardsFp32) {
   auto cfg = llama_config("unused");
+  std::vector<torch::Tensor> batches(2), embeddings(2);
   run_runtimes(2, [&](framework::dist::Runtime& rt) {
-    torch::manual_seed(1);
-    auto model = models::make_model(cfg.model, false);
+    // The ranks share LibTorch's generator: the model's seed and the batch
+    // are drawn under the lock (testing_support::seed_global_generator).
+    std::shared_ptr<models::LayeredModelImpl> model;
+    torch::Tensor tokens;
+    {
+      auto lock = testing_support::seed_global_generator(1);
+      model = models::make_model(cfg.model, false);
+      tokens = torch::randint(16, {2, 16}, torch::kLong);
+    }
+    batches[rt.env.rank] = tokens;
     auto mesh = framework::dtensor::DeviceMesh::create(*rt.rendezvous, {1, 2}, {"replicate", "shard"});
     framework::fsdp::ParallelOptions options;
     options.mixed_precision.param_dtype = "bf16";
@@ -248,7 +257,7 @@ TEST(LlamaMixedPrecision, GatheredParametersAreBf16AndShardsFp32) {
     int64_t elements = 0;
     for (const auto& p : model->parameters()) elements += p.numel();
     EXPECT_EQ(fsdp.memory_stats().full_param_bytes, 2 * elements);
-    torch::Tensor tokens = torch::randint(16, {2, 16}, torch::kLong);
+    embeddings[rt.env.rank] = fsdp.param_dtensor(0).full_tensor();
     torch::Tensor logits = fsdp.forward([&] { return model->forward(tokens); });
     EXPECT_EQ(logits.scalar_type(), torch::kBFloat16);
     logits.to(torch::kFloat).sum().backward();
@@ -258,10 +267,20 @@ TEST(LlamaMixedPrecision, GatheredParametersAreBf16AndShardsFp32) {
       EXPECT_EQ(p.grad().scalar_type(), torch::kFloat);
     }
   });
+  // Each rank initialised its shards from the same seed: the gathered
+  // embedding is the one a world-1 build from seed 1 has, and the ranks drew
+  // the same batch.
+  torch::manual_seed(1);
+  auto eager = models::make_model(cfg.model, true);
+  const torch::Tensor want = eager->named_parameters()[0].value().to(torch::kBFloat16);
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_TRUE(torch::equal(embeddings[r].to(torch::kBFloat16), want)) << "rank " << r;
+    EXPECT_TRUE(torch::equal(batches[r], batches[0])) << "rank " << r;
+  }
 }
 
 TEST(LlamaAccumulation, MicroBatchesMatchOneForwardUnderFsdpAndDdp) {
-  auto cfg = llama_config(scratch("accum"));
+  auto cfg = llama_config(llama_scratch("accum"));
   for (int64_t micro : {1, 2, 3}) {
     cfg.train.micro_batch_size = micro;
     expect_close(train(cfg, 2), single_fp32(), 1e-5, "FSDP 2, micro " + std::to_string(micro));
@@ -275,7 +294,7 @@ TEST(LlamaAccumulation, MicroBatchesMatchOneForwardUnderFsdpAndDdp) {
 }
 
 TEST(LlamaAccumulation, AnIndivisibleMicroBatchIsRefusedNamingTheValues) {
-  auto cfg = llama_config(scratch("indivisible"));
+  auto cfg = llama_config(llama_scratch("indivisible"));
   cfg.train.micro_batch_size = 4;  // 12 / (4 x 2) is not whole
   try {
     run_runtimes(2, [&](framework::dist::Runtime& rt) { Trainer trainer(cfg, rt); });
@@ -290,8 +309,8 @@ TEST(LlamaAccumulation, AnIndivisibleMicroBatchIsRefusedNamingTheValues) {
 }
 
 TEST(LlamaActivationCheckpointing, FullAndSelectiveAreBitIdenticalToNone) {
-  auto cfg = llama_config(scratch("ac"));
-  const RunResult none2 = train(cfg, 2);
+  auto cfg = llama_config(llama_scratch("ac"));
+  const LlamaRun none2 = train(cfg, 2);
   cfg.model.activation_checkpointing = "full";
   expect_identical(train(cfg, 1), single_fp32(), "full, world 1");
   expect_identical(train(cfg, 2), none2, "full, FSDP 2");
@@ -302,7 +321,7 @@ TEST(LlamaActivationCheckpointing, FullAndSelectiveAreBitIdenticalToNone) {
   cfg.train.micro_batch_size = 3;
   cfg.train.mixed_precision.param_dtype = "bf16";
   cfg.model.activation_checkpointing = "none";
-  const RunResult plain = train(cfg, 2);
+  const LlamaRun plain = train(cfg, 2);
   cfg.model.activation_checkpointing = "full";
   expect_identical(train(cfg, 2), plain, "full, FSDP 2, bf16, micro 3");
   fs::remove_all(cfg.run.dir);
@@ -360,18 +379,18 @@ TEST(LlamaActivationCheckpointing, RecomputeReplaysTheRngAndGivesTheSameGradient
 TEST(LlamaResume, BitExactInFp32AndBf16AndAcrossPolicies) {
   for (const char* dtype : {"fp32", "bf16"}) {
     SCOPED_TRACE(dtype);
-    auto cfg = llama_config(scratch(std::string("resume_") + dtype));
+    auto cfg = llama_config(llama_scratch(std::string("resume_") + dtype));
     cfg.train.mixed_precision.param_dtype = dtype;
     cfg.train.micro_batch_size = 2;
     cfg.model.activation_checkpointing = "selective";
-    const RunResult full = train(cfg, 2);
+    const LlamaRun full = train(cfg, 2);
     auto stopped = cfg;
     stopped.run.dir = cfg.run.dir + "_stopped";
     stopped.train.stop_at = 6;
     stopped.checkpoint.interval = 3;
     train(stopped, 2);
     stopped.train.stop_at = 0;
-    const RunResult resumed = train(stopped, 2);
+    const LlamaRun resumed = train(stopped, 2);
     EXPECT_EQ(resumed.first_step, 6);
     ASSERT_EQ(resumed.losses.size(), 6u);
     for (size_t i = 0; i < 6; ++i) {
@@ -385,7 +404,7 @@ TEST(LlamaResume, BitExactInFp32AndBf16AndAcrossPolicies) {
       auto other = cfg;
       other.run.dir = cfg.run.dir + "_reshard" + std::to_string(world) + std::to_string(replicate);
       other.checkpoint.resume = stopped.run.dir + "/checkpoints/step_6";
-      const RunResult r = train(other, world, replicate, shard);
+      const LlamaRun r = train(other, world, replicate, shard);
       ASSERT_EQ(r.losses.size(), 6u);
       const double tol = std::string(dtype) == "fp32" ? 1e-5 : 1e-2;
       for (size_t i = 0; i < 6; ++i) {
@@ -399,7 +418,7 @@ TEST(LlamaResume, BitExactInFp32AndBf16AndAcrossPolicies) {
     switched.run.dir = cfg.run.dir + "_switched";
     switched.train.mixed_precision.param_dtype = std::string(dtype) == "fp32" ? "bf16" : "fp32";
     switched.checkpoint.resume = stopped.run.dir + "/checkpoints/step_6";
-    const RunResult s = train(switched, 2);
+    const LlamaRun s = train(switched, 2);
     EXPECT_EQ(s.first_step, 6);
     ASSERT_EQ(s.losses.size(), 6u);
     for (size_t i = 0; i < 6; ++i) EXPECT_NEAR(s.losses[i], full.losses[6 + i], 3e-2 * full.losses[6 + i]);
@@ -547,7 +566,7 @@ TEST(LlamaFromHuggingFace, EachRankHoldsItsShardsPlusOneConversionBuffer) {
   cfg.model.d_model = 128;
   cfg.model.n_layers = 2;
   cfg.model.d_ff = 352;
-  const std::string dir = scratch("hf_dir");
+  const std::string dir = llama_scratch("hf_dir");
   fs::create_directories(dir);
   torch::manual_seed(8);
   auto eager = models::make_model(cfg.model, true);

@@ -22,19 +22,19 @@ using testing_support::run_runtimes;
 namespace {
 
 constexpr int kWorld = 2;
-constexpr int64_t kSteps = 6;
+constexpr int64_t kStepTestSteps = 6;
 
-std::string temp_run_dir(const std::string& tag) {
+std::string step_run_dir(const std::string& tag) {
   auto dir = fs::temp_directory_path() / ("shardkit_step_" + tag + "_" + std::to_string(::getpid()));
   fs::remove_all(dir);
   return dir.string();
 }
 
-framework::config::Config small_config(const std::string& dir) {
+framework::config::Config step_config(const std::string& dir) {
   framework::config::Config c;
   c.run.dir = dir;
   c.run.seed = 9;
-  c.train.steps = kSteps;
+  c.train.steps = kStepTestSteps;
   c.train.global_batch_size = 8;
   c.train.log_every = 100;
   c.train.grad_clip = 0.5;
@@ -85,19 +85,19 @@ std::vector<StepRecord> with_run(Trainer& t, int expected_status = 0) {
 
 std::vector<StepRecord> with_train_step(Trainer& t) {
   std::vector<StepRecord> records;
-  for (int64_t i = 0; i < kSteps; ++i) records.push_back(t.train_step());
-  EXPECT_EQ(t.step(), kSteps);
+  for (int64_t i = 0; i < kStepTestSteps; ++i) records.push_back(t.train_step());
+  EXPECT_EQ(t.step(), kStepTestSteps);
   EXPECT_EQ(t.history().size(), records.size());
   return records;
 }
 
 const Trained& by_run() {
-  static Trained r = train(small_config(temp_run_dir("run")), [](Trainer& t) { return with_run(t); });
+  static Trained r = train(step_config(step_run_dir("run")), [](Trainer& t) { return with_run(t); });
   return r;
 }
 
 const Trained& by_train_step() {
-  static Trained r = train(small_config(temp_run_dir("train_step")), with_train_step);
+  static Trained r = train(step_config(step_run_dir("train_step")), with_train_step);
   return r;
 }
 
@@ -113,8 +113,8 @@ struct StopSignalRaised {
 TEST(TrainStep, CalledNTimesGivesTheLossesOfRunForNSteps) {
   const Trained& ref = by_run();
   const Trained& got = by_train_step();
-  ASSERT_EQ(ref.records.size(), static_cast<size_t>(kSteps));
-  ASSERT_EQ(got.records.size(), static_cast<size_t>(kSteps));
+  ASSERT_EQ(ref.records.size(), static_cast<size_t>(kStepTestSteps));
+  ASSERT_EQ(got.records.size(), static_cast<size_t>(kStepTestSteps));
   for (size_t i = 0; i < ref.records.size(); ++i) {
     EXPECT_EQ(got.records[i].loss, ref.records[i].loss) << "step " << i + 1;
     EXPECT_EQ(got.records[i].lr, ref.records[i].lr) << "step " << i + 1;
@@ -128,7 +128,7 @@ TEST(TrainStep, CalledNTimesGivesTheLossesOfRunForNSteps) {
 
 TEST(TrainStep, RecordsNumberTheStepsAndCarryTheirMetrics) {
   const auto& records = by_train_step().records;
-  ASSERT_EQ(records.size(), static_cast<size_t>(kSteps));
+  ASSERT_EQ(records.size(), static_cast<size_t>(kStepTestSteps));
   for (size_t i = 0; i < records.size(); ++i) {
     const StepRecord& r = records[i];
     EXPECT_EQ(r.step, static_cast<int64_t>(i) + 1);
@@ -143,7 +143,7 @@ TEST(TrainStep, RecordsNumberTheStepsAndCarryTheirMetrics) {
 }
 
 TEST(TrainStep, PastTrainStepsIsRefused) {
-  auto cfg = small_config(temp_run_dir("past_end"));
+  auto cfg = step_config(step_run_dir("past_end"));
   cfg.train.steps = 1;
   run_runtimes(1, [&](framework::dist::Runtime& rt) {
     Trainer trainer(cfg, rt);
@@ -156,13 +156,13 @@ TEST(TrainStep, PastTrainStepsIsRefused) {
 
 TEST(TrainStep, ReportsAStopSignalAndKeepsTraining) {
   StopSignalRaised raised;
-  auto records = train(small_config(temp_run_dir("stop_step")), with_train_step).records;
-  ASSERT_EQ(records.size(), static_cast<size_t>(kSteps));
+  auto records = train(step_config(step_run_dir("stop_step")), with_train_step).records;
+  ASSERT_EQ(records.size(), static_cast<size_t>(kStepTestSteps));
   for (const auto& r : records) EXPECT_TRUE(r.stop_requested) << "step " << r.step;
 }
 
 TEST(TrainerRun, RecordsWhichStepsItSaved) {
-  auto cfg = small_config(temp_run_dir("saves"));
+  auto cfg = step_config(step_run_dir("saves"));
   cfg.checkpoint.interval = 2;
   cfg.train.steps = 5;
   auto records = train(cfg, [](Trainer& t) { return with_run(t); }).records;
@@ -176,7 +176,7 @@ TEST(TrainerRun, RecordsWhichStepsItSaved) {
 
 TEST(TrainerRun, StopsAfterTheFirstStepOnAStopSignalAndSavesIt) {
   StopSignalRaised raised;
-  auto cfg = small_config(temp_run_dir("stop_run"));
+  auto cfg = step_config(step_run_dir("stop_run"));
   cfg.checkpoint.interval = 100;
   auto records = train(cfg, [](Trainer& t) {
     return with_run(t, framework::train::kExitPreempted);

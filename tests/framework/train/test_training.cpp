@@ -146,15 +146,32 @@ TEST(TrainingDeterminism, SameSeedSameWorldTwiceGivesBitIdenticalLosses) {
   for (size_t i = 0; i < a.params.size(); ++i) EXPECT_TRUE(torch::equal(a.params[i], b.params[i]));
 }
 
+// Every rank of a threads-as-ranks test drew the same tensors: the draws
+// were made under seed_global_generator, not interleaved between ranks.
+void expect_same_on_every_rank(const std::vector<torch::Tensor>& by_rank, const std::string& what) {
+  for (size_t r = 1; r < by_rank.size(); ++r) {
+    EXPECT_TRUE(torch::equal(by_rank[r], by_rank[0])) << what << " of rank " << r << " differs from rank 0's";
+  }
+}
+
 TEST(GradientClipping, ClipsByTheTrueGlobalNormAcrossShards) {
+  std::vector<torch::Tensor> first_params(3), batches(3);
   run_runtimes(3, [&](framework::dist::Runtime& rt) {
     auto cfg = small_config(temp_run_dir("clip_" + std::to_string(rt.env.rank)));
     auto mesh = framework::dtensor::DeviceMesh::create(*rt.rendezvous, {1, 3}, {"replicate", "shard"});
-    torch::manual_seed(3);
-    auto model = models::make_model(cfg.model);
+    std::shared_ptr<models::LayeredModelImpl> model;
+    {
+      auto lock = testing_support::seed_global_generator(3);
+      model = models::make_model(cfg.model);
+    }
+    first_params[rt.env.rank] = model->parameters()[0].detach().clone();
     framework::fsdp::FullyShardedModel fsdp(model, mesh, cfg.parallel, framework::fsdp::children_of(*model, "blocks"));
-    torch::manual_seed(11);
-    auto tokens = torch::randint(0, cfg.model.vocab_size, {2, cfg.model.seq_len}, torch::kLong);
+    torch::Tensor tokens;
+    {
+      auto lock = testing_support::seed_global_generator(11);
+      tokens = torch::randint(0, cfg.model.vocab_size, {2, cfg.model.seq_len}, torch::kLong);
+    }
+    batches[rt.env.rank] = tokens;
     fsdp.forward([&] { return model->forward(tokens); }).pow(2).mean().backward();
     fsdp.finish_backward();
     double sq = 0;
@@ -167,18 +184,27 @@ TEST(GradientClipping, ClipsByTheTrueGlobalNormAcrossShards) {
     EXPECT_NEAR(reported, true_norm, 1e-6 * true_norm);
     EXPECT_NEAR(fsdp.grad_norm(), true_norm / 4, 1e-4 * true_norm);
   });
+  expect_same_on_every_rank(first_params, "the initial first parameter");
+  expect_same_on_every_rank(batches, "the batch");
 }
 
 TEST(FsdpMemory, PeakParamsAndGradsAreShardsPlusRootPlusOneUnit) {
+  std::vector<torch::Tensor> first_params(4), batches(4);
   run_runtimes(4, [&](framework::dist::Runtime& rt) {
     auto cfg = small_config("unused");
     cfg.model.n_layers = 6;
     cfg.model.tie_weights = true;
     auto mesh = framework::dtensor::DeviceMesh::create(*rt.rendezvous, {1, 4}, {"replicate", "shard"});
-    torch::manual_seed(3);
-    auto model = models::make_model(cfg.model);
+    std::shared_ptr<models::LayeredModelImpl> model;
+    torch::Tensor tokens;
+    {
+      auto lock = testing_support::seed_global_generator(3);
+      model = models::make_model(cfg.model);
+      tokens = torch::randint(0, cfg.model.vocab_size, {2, cfg.model.seq_len}, torch::kLong);
+    }
+    first_params[rt.env.rank] = model->parameters()[0].detach().clone();
+    batches[rt.env.rank] = tokens;
     framework::fsdp::FullyShardedModel fsdp(model, mesh, cfg.parallel, framework::fsdp::children_of(*model, "blocks"));
-    auto tokens = torch::randint(0, cfg.model.vocab_size, {2, cfg.model.seq_len}, torch::kLong);
     fsdp.forward([&] { return model->forward(tokens); }).pow(2).mean().backward();
     fsdp.finish_backward();
     const auto& st = fsdp.memory_stats();
@@ -192,4 +218,6 @@ TEST(FsdpMemory, PeakParamsAndGradsAreShardsPlusRootPlusOneUnit) {
     EXPECT_LT(st.peak_gathered_bytes + 2 * st.sharded_param_bytes, 2 * st.full_param_bytes * 3 / 4);
     EXPECT_EQ(st.sharded_param_bytes * 4 >= st.full_param_bytes, true);
   });
+  expect_same_on_every_rank(first_params, "the initial first parameter");
+  expect_same_on_every_rank(batches, "the batch");
 }
