@@ -5,7 +5,17 @@ and thread count (tests/models/llama_reference.py: fp32 master weights, AdamW,
 grad clipping; with --device cuda both sides compute in bf16).
 
   bench/step_compare.py [--device cpu|cuda] [--steps K] [--repeats R] [--blas-threads N|default] [--json FILE]
-                        [--llama-ref PATH] [--d-model N ...]
+                        [--llama-ref PATH] [--d-model N ...] [--pytorch-optimizer auto|fused|foreach|for_loop]
+                        [--ours-set KEY=VALUE ...] [--baseline] [--time-optimizer K] [--profile-trace FILE]
+
+PyTorch's AdamW runs fused=True by default (--pytorch-optimizer auto: fused
+where that torch has it for the device, else foreach); ours runs its own
+defaults (train.optimizer_impl auto, train.fused_kernels true) plus
+--ours-set. --baseline also runs ours with train.optimizer_impl for_loop and
+train.fused_kernels false (what ours ran before either existed) in every
+pair. --time-optimizer K times the AdamW step alone, K times per
+implementation, on both sides. --profile-trace has ours profile 3 more steps
+in the last pair (bench/trace_top.py FILE tabulates it).
 
 Both sides run 2 warm-up steps, then K timed steps; the median is reported.
 With --repeats R the two alternate R times (ours, PyTorch, ours, ...) and the
@@ -66,8 +76,8 @@ def sdpa_attention_forward(self, x, cos, sin):
     return self.o_proj(out.transpose(1, 2).reshape(B, T, a.n_heads * self.hd))
 
 
-def run_ours(exe, config, sets, out, k):
-    cmd = [exe, "--config", config, "--out", out, "--time-steps", str(k)]
+def run_ours(exe, config, sets, out, k, extra_args=()):
+    cmd = [exe, "--config", config, "--out", out, "--time-steps", str(k)] + list(extra_args)
     for key, v in sets.items():
         cmd += ["--set", "%s=%s" % (key, v)]
     p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True)
@@ -75,7 +85,46 @@ def run_ours(exe, config, sets, out, k):
         sys.exit("llama_ref failed (rc %d): %s\n%s" % (p.returncode, " ".join(cmd), p.stdout[-4000:]))
 
 
-def time_pytorch(run, device, k, use_sdpa, both):
+def pytorch_adamw_impl(choice, device):
+    """The AdamW implementation the PyTorch side runs."""
+    if choice != "auto":
+        return choice
+    major, minor = (int(x) for x in torch.__version__.split(".")[:2])
+    has_fused = (major, minor) >= (2, 4) or (device == "cuda" and major >= 2)
+    return "fused" if has_fused else "foreach"
+
+
+def time_pytorch_optimizer(model, device, k):
+    """The AdamW step alone, k times after one that makes the state, per
+    implementation this torch has, on the model's current gradients."""
+    params = [p for p in model.parameters()]
+    for p in params:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    out = {}
+    for impl in ("fused", "foreach", "for_loop"):
+        try:
+            opt = torch.optim.AdamW(params, lr=1e-4, **ref.adamw_kwargs(impl))
+            times = []
+            for i in range(k + 1):
+                sync()
+                t0 = time.perf_counter()
+                opt.step()
+                sync()
+                if i > 0:
+                    times.append(time.perf_counter() - t0)
+            out[impl] = statistics.median(times)
+        except (RuntimeError, TypeError, ValueError) as e:
+            out[impl] = None
+            print("  PyTorch AdamW %s: not timed (%s)" % (impl, str(e).splitlines()[0]))
+        opt = None
+        if device == "cuda":
+            torch.cuda.empty_cache()
+    return out
+
+
+def time_pytorch(run, device, k, use_sdpa, both, optimizer_impl=None, time_optimizer=0):
     """Median step time of k steps after WARMUP; with `both`, k steps with
     deterministic algorithms (as ours by default on CUDA), then k with
     PyTorch's defaults. Returns (median, times, [nondeterministic median,
@@ -109,12 +158,13 @@ def time_pytorch(run, device, k, use_sdpa, both):
     sync()
     t0 = time.perf_counter()
     ref.train(model, x, y, res["optim"], int(res["train"]["steps"]), float(res["train"]["grad_clip"]),
-              pdt, n_steps=WARMUP + k * (2 if both else 1), on_step=on_step)
+              pdt, n_steps=WARMUP + k * (2 if both else 1), on_step=on_step, optimizer_impl=optimizer_impl)
     times = [b - a for a, b in zip([t0] + stamps[:-1], stamps)][WARMUP:]
     peak_mib = torch.cuda.max_memory_allocated() / 1048576.0 if device == "cuda" else None
     det, nondet = times[:k], times[k:]
+    opt_times = time_pytorch_optimizer(model, device, time_optimizer) if time_optimizer > 0 else None
     return (statistics.median(det), det, (statistics.median(nondet), nondet) if both else None,
-            sum(p.numel() for p in model.parameters()), peak_mib)
+            sum(p.numel() for p in model.parameters()), peak_mib, opt_times)
 
 
 def main():
@@ -133,12 +183,24 @@ def main():
     ap.add_argument("--attention", choices=["auto", "matmul", "sdpa"], default="auto",
                     help="PyTorch side attention: auto = sdpa when ours reports sdpa and torch has it")
     ap.add_argument("--workdir", default=None)
+    ap.add_argument("--pytorch-optimizer", default="auto", choices=["auto", "fused", "foreach", "for_loop"],
+                    help="PyTorch side's AdamW (auto: fused where that torch has it, else foreach)")
+    ap.add_argument("--ours-set", action="append", default=[], metavar="KEY=VALUE",
+                    help="a config override for ours (e.g. train.fused_kernels=false)")
+    ap.add_argument("--baseline", action="store_true",
+                    help="also run ours with train.optimizer_impl=for_loop, train.fused_kernels=false")
+    ap.add_argument("--time-optimizer", type=int, default=0, help="time the AdamW step alone K times per impl")
+    ap.add_argument("--profile-trace", default=None, help="ours profiles 3 steps in the last pair, trace here")
     add_size_args(ap)
     a = ap.parse_args()
 
     size = size_from_args(a)
     pdt = "bf16" if a.device == "cuda" else "fp32"
     sets = train_sets(size, a.device, WARMUP)
+    for kv in a.ours_set:
+        key, _, value = kv.partition("=")
+        sets[key] = value
+    pt_impl = pytorch_adamw_impl(a.pytorch_optimizer, a.device)
     if not os.path.exists(a.llama_ref):
         sys.exit("%s not found (build the llama_ref target)" % a.llama_ref)
     if a.device == "cuda":
@@ -159,7 +221,19 @@ def main():
     for r in range(a.repeats):
         shutil.rmtree(out, ignore_errors=True)
         os.makedirs(out)
-        run_ours(a.llama_ref, a.config, sets, out, a.steps)
+        if a.baseline:
+            base_sets = dict(sets, **{"train.optimizer_impl": "for_loop", "train.fused_kernels": "false"})
+            run_ours(a.llama_ref, a.config, base_sets, out, a.steps)
+            with open(os.path.join(out, "result.json")) as f:
+                base_res = json.load(f)
+            shutil.rmtree(out, ignore_errors=True)
+            os.makedirs(out)
+        extra = []
+        if a.time_optimizer > 0:
+            extra += ["--time-optimizer", str(a.time_optimizer)]
+        if a.profile_trace and r == a.repeats - 1:
+            extra += ["--profile-trace", os.path.abspath(a.profile_trace)]
+        run_ours(a.llama_ref, a.config, sets, out, a.steps, extra)
         run = ref.load_run(out)
         res = run["result"]
         threads = int(res.get("threads", torch.get_num_threads()))
@@ -171,11 +245,20 @@ def main():
         if use_sdpa and not have_sdpa:
             sys.exit("--attention sdpa: torch %s has no scaled_dot_product_attention" % torch.__version__)
         both = "step_time_nondeterministic_s" in res
-        pt_r, pt_times_r, pt_nd, n_params, pt_peak = time_pytorch(run, a.device, a.steps, use_sdpa, both)
+        pt_r, pt_times_r, pt_nd, n_params, pt_peak, pt_opt = time_pytorch(
+            run, a.device, a.steps, use_sdpa, both, pt_impl, a.time_optimizer)
         ours_r = float(res["step_time_s"])
         pair = {"ours_step_s": ours_r, "pytorch_step_s": pt_r, "ratio": ours_r / pt_r,
                 "ours_step_times_s": res.get("step_times_s"), "pytorch_step_times_s": pt_times_r,
-                "ours_peak_gpu_mib": res.get("peak_gpu_mib"), "pytorch_peak_gpu_mib": pt_peak}
+                "ours_peak_gpu_mib": res.get("peak_gpu_mib"), "pytorch_peak_gpu_mib": pt_peak,
+                "ours_optimizer_step_s": res.get("optimizer_step_s"), "pytorch_optimizer_step_s": pt_opt,
+                "ours_profile": res.get("profile")}
+        if a.baseline:
+            pair.update({"baseline_step_s": float(base_res["step_time_s"]),
+                         "baseline_ratio": float(base_res["step_time_s"]) / pt_r,
+                         "baseline_peak_gpu_mib": base_res.get("peak_gpu_mib")})
+            if "step_time_nondeterministic_s" in base_res:
+                pair["baseline_nd_step_s"] = float(base_res["step_time_nondeterministic_s"])
         if both:
             ours_nd = float(res["step_time_nondeterministic_s"])
             pair.update({"ours_nd_step_s": ours_nd, "pytorch_nd_step_s": pt_nd[0], "nd_ratio": ours_nd / pt_nd[0],
@@ -198,10 +281,21 @@ def main():
         "ours_torch_version": res.get("torch"), "param_dtype": pdt,
         "attention": {"ours": ours_attention, "pytorch": "sdpa" if use_sdpa else "matmul"},
         "n_params": n_params, "tokens_per_step": tokens, "timed_steps": a.steps, "warmup_steps": WARMUP,
+        "pytorch_optimizer": pt_impl, "ours_optimizer": res.get("optimizer_impl"),
+        "ours_fused_kernels": res.get("fused_kernels"), "ours_sets": a.ours_set,
+        "ours_optimizer_step_s": pairs[-1]["ours_optimizer_step_s"],
+        "pytorch_optimizer_step_s": pairs[-1]["pytorch_optimizer_step_s"], "ours_profile": res.get("profile"),
         "config": dict(size, **{"param_dtype": pdt, "grad_clip": 1.0}),
     }
     label = " (deterministic)" if both else ""
     rows = [("ours" + label, ours_s, ours_tps, "ours"), ("PyTorch eager" + label, pt_s, pt_tps, "pytorch")]
+    if a.baseline:
+        report["baseline_step_s"] = statistics.median(p["baseline_step_s"] for p in pairs)
+        report["baseline_step_time_ratio"] = statistics.median(p["baseline_ratio"] for p in pairs)
+        report["baseline_tokens_per_s"] = tokens / report["baseline_step_s"]
+        report["baseline_peak_gpu_mib"] = max((p["baseline_peak_gpu_mib"] or 0) for p in pairs)
+        rows.insert(1, ("ours, for_loop, unfused" + label, report["baseline_step_s"],
+                        report["baseline_tokens_per_s"], "baseline"))
     if both:
         # Kernels as PyTorch picks them by default: train.deterministic: false.
         nd = {"ours_step_s": statistics.median(p["ours_nd_step_s"] for p in pairs),
@@ -223,6 +317,8 @@ def main():
                        "pytorch_mfu": 6.0 * n_params * pt_tps / peak,
                        "ours_peak_gpu_mib": ours_mem, "pytorch_peak_gpu_mib": pt_mem,
                        "peak_gpu_ratio": ours_mem / pt_mem if pt_mem else None})
+        if a.baseline:
+            report["baseline_mfu"] = 6.0 * n_params * report["baseline_tokens_per_s"] / peak
         if both:
             nd = report["nondeterministic"]
             nd["ours_mfu"] = 6.0 * n_params * nd["ours_tokens_per_s"] / peak
@@ -234,6 +330,8 @@ def main():
           + ", %.2fM params, %d tokens/step" % (n_params / 1e6, tokens))
     print("  attention: ours %s, PyTorch %s; median of %d steps after %d warm-up"
           % (ours_attention, "sdpa" if use_sdpa else "matmul", a.steps, WARMUP))
+    print("  AdamW: ours %s (fused kernels %s), PyTorch %s"
+          % (res.get("optimizer_impl", "?"), res.get("fused_kernels", "?"), pt_impl))
     hdr = "  %-28s %12s %14s" % ("", "step (s)", "tokens/s")
     if a.device == "cuda":
         hdr += " %8s %14s" % ("MFU", "peak GPU MiB")
@@ -248,6 +346,14 @@ def main():
     if a.device == "cuda":
         print("  MFU: 6 x parameters x tokens/s over %.0f TFLOP/s (attention's own FLOPs not counted)"
               % (report["peak_flops"] / 1e12))
+    if a.time_optimizer > 0:
+        def fmt(d):
+            return ", ".join("%s %.2f ms" % (k, 1000 * v) for k, v in (d or {}).items() if v is not None)
+        print("  AdamW step alone (median of %d): ours %s; PyTorch %s"
+              % (a.time_optimizer, fmt(report["ours_optimizer_step_s"]), fmt(report["pytorch_optimizer_step_s"])))
+    if a.baseline:
+        print("  ratio ours/PyTorch step time before (for_loop AdamW, no fused kernels): %.3f"
+              % report["baseline_step_time_ratio"])
     if a.repeats > 1:
         print("  pairs (ours/PyTorch, alternating): " + ", ".join("%.3f" % p["ratio"] for p in pairs))
     if both:

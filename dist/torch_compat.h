@@ -38,6 +38,7 @@
 #include <cstdint>
 #include <limits>
 #include <cstdlib>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -195,6 +196,62 @@ inline at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, con
                                           /*is_causal=*/true);
 #else
   return causal_attention_matmul(q, k, v);
+#endif
+}
+
+
+// AdamW's multi-tensor and fused kernels.
+//
+//   LibTorch 1.13: the _foreach_* ops, no _foreach_lerp_; _fused_adam_ (not
+//                  adamw) on CUDA only.
+//   LibTorch 2.4+: _fused_adamw_ on CPU and CUDA (the CPU kernel came in
+//                  2.4), and _foreach_lerp_, which Python's foreach AdamW uses
+//                  for the first moment.
+inline constexpr bool kHasFusedAdamW =
+    TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4);
+
+// exp_avgs = beta * exp_avgs + (1 - beta) * grads, as the version's Python
+// foreach AdamW computes it: lerp with weight 1 - beta on 2.x, mul then add on
+// 1.13.
+inline void foreach_moving_average_(at::TensorList exp_avgs, at::TensorList grads, double beta) {
+#if TORCH_VERSION_MAJOR >= 2
+  at::_foreach_lerp_(exp_avgs, grads, 1.0 - beta);
+#else
+  at::_foreach_mul_(exp_avgs, beta);
+  at::_foreach_add_(exp_avgs, grads, 1.0 - beta);
+#endif
+}
+
+// torch.optim.AdamW(fused=True)'s kernel: one launch per chunk of tensors
+// updates params, exp_avgs and exp_avg_sqs in place. state_steps: float32
+// scalars on the params' device, already incremented for this step.
+// REQUIRES: kHasFusedAdamW.
+inline void fused_adamw_(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs,
+                         at::TensorList exp_avg_sqs, at::TensorList state_steps, double lr,
+                         double beta1, double beta2, double weight_decay, double eps) {
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
+  at::_fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, /*max_exp_avg_sqs=*/{}, state_steps, lr,
+                    beta1, beta2, weight_decay, eps, /*amsgrad=*/false, /*maximize=*/false);
+#else
+  (void)params, (void)grads, (void)exp_avgs, (void)exp_avg_sqs, (void)state_steps, (void)lr;
+  (void)beta1, (void)beta2, (void)weight_decay, (void)eps;
+  throw std::logic_error("fused AdamW needs LibTorch 2.4 or later; this is " TORCH_VERSION);
+#endif
+}
+
+// RMSNorm as one LibTorch op where the version has it (2.4+: at::rms_norm,
+// which on CUDA from 2.8 on runs a fused kernel, forward and backward), else
+// nothing: the caller composes it. Same math as the composed form: x in fp32,
+// times rsqrt(mean(x^2) + eps), cast back to x's dtype, times weight.
+inline constexpr bool kHasRmsNorm =
+    TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4);
+inline at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
+  return at::rms_norm(x, {x.size(-1)}, weight, eps);
+#else
+  (void)weight, (void)eps;
+  throw std::logic_error("at::rms_norm needs LibTorch 2.4 or later; this is " TORCH_VERSION);
+  return x;
 #endif
 }
 

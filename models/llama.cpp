@@ -3,6 +3,7 @@
 #include "dist/torch_compat.h"
 #include "models/forward_hooks.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <stdexcept>
@@ -39,9 +40,87 @@ RMSNormImpl::RMSNormImpl(int64_t dim, double eps, bool materialize)
     : eps_(eps), weight_(register_parameter("weight", make_param({dim}, materialize))) {}
 
 torch::Tensor RMSNormImpl::forward(const torch::Tensor& x) {
+  if (fused_ && framework::dist::compat::kHasRmsNorm) {
+    return framework::dist::compat::rms_norm(x, weight_, eps_);
+  }
   torch::Tensor xf = x.to(torch::kFloat);
   xf = xf * torch::rsqrt(xf.pow(2).mean(-1, /*keepdim=*/true) + eps_);
   return weight_ * xf.to(x.scalar_type());
+}
+
+void use_fused_kernels(torch::nn::Module& root, bool fused) {
+  for (const std::shared_ptr<torch::nn::Module>& m : root.modules(/*include_self=*/true)) {
+    if (auto* norm = dynamic_cast<RMSNormImpl*>(m.get())) norm->set_fused(fused);
+  }
+}
+
+std::string llama_fused_ops_description() {
+  return std::string(framework::dist::compat::kHasRmsNorm ? "rms_norm (LibTorch's op)"
+                                                          : "rms_norm composed (LibTorch < 2.4)") +
+         ", cross-entropy in row chunks";
+}
+
+namespace {
+
+// Rows per chunk: about 64 MiB of fp32 logits at a time.
+int64_t cross_entropy_chunk_rows(int64_t vocab) {
+  return std::max<int64_t>(1, (int64_t{64} << 20) / (4 * std::max<int64_t>(vocab, 1)));
+}
+
+class FusedCrossEntropySum : public torch::autograd::Function<FusedCrossEntropySum> {
+ public:
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& logits,
+                               const torch::Tensor& targets, int64_t ignore_index) {
+    const int64_t n = logits.size(0);
+    const int64_t rows = cross_entropy_chunk_rows(logits.size(1));
+    torch::Tensor valid = targets != ignore_index;
+    torch::Tensor safe = targets.masked_fill(valid.logical_not(), 0).unsqueeze(1);
+    torch::Tensor lse = torch::empty({n}, logits.options().dtype(torch::kFloat));
+    torch::Tensor total = torch::zeros({}, logits.options().dtype(torch::kFloat));
+    for (int64_t r = 0; r < n; r += rows) {
+      const int64_t len = std::min(rows, n - r);
+      torch::Tensor lf = logits.narrow(0, r, len).to(torch::kFloat);
+      torch::Tensor chunk_lse = torch::logsumexp(lf, 1);
+      lse.narrow(0, r, len).copy_(chunk_lse);
+      torch::Tensor picked = lf.gather(1, safe.narrow(0, r, len)).squeeze(1);
+      total.add_(((chunk_lse - picked) * valid.narrow(0, r, len)).sum());
+    }
+    ctx->save_for_backward({logits, lse, safe, valid});
+    return total;
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grad_outputs) {
+    const auto saved = ctx->get_saved_variables();
+    const torch::Tensor& logits = saved[0];
+    const torch::Tensor& lse = saved[1];
+    const torch::Tensor& safe = saved[2];
+    const torch::Tensor& valid = saved[3];
+    const torch::Tensor scale = grad_outputs[0].to(torch::kFloat);
+    const int64_t n = logits.size(0);
+    const int64_t rows = cross_entropy_chunk_rows(logits.size(1));
+    torch::Tensor grad = torch::empty_like(logits);
+    for (int64_t r = 0; r < n; r += rows) {
+      const int64_t len = std::min(rows, n - r);
+      // d/dlogits of (lse - logit[target]) = softmax - one-hot, per valid row.
+      torch::Tensor g = (logits.narrow(0, r, len).to(torch::kFloat) - lse.narrow(0, r, len).unsqueeze(1)).exp_();
+      g.scatter_add_(1, safe.narrow(0, r, len),
+                     torch::full({len, 1}, -1.0, g.options()));
+      g.mul_((valid.narrow(0, r, len).to(torch::kFloat) * scale).unsqueeze(1));
+      grad.narrow(0, r, len).copy_(g);
+    }
+    return {grad, torch::Tensor(), torch::Tensor()};
+  }
+};
+
+}  // namespace
+
+torch::Tensor fused_cross_entropy_sum(const torch::Tensor& logits, const torch::Tensor& targets,
+                                      int64_t ignore_index) {
+  TORCH_CHECK(logits.dim() == 2 && targets.dim() == 1 && targets.size(0) == logits.size(0),
+              "fused_cross_entropy_sum: logits [N, V] and targets [N], got ", logits.sizes(), " and ",
+              targets.sizes());
+  return FusedCrossEntropySum::apply(logits, targets, ignore_index);
 }
 
 TokenEmbeddingImpl::TokenEmbeddingImpl(int64_t vocab, int64_t dim, bool materialize)

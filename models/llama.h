@@ -39,12 +39,33 @@ class RMSNormImpl : public torch::nn::Module {
  public:
   RMSNormImpl(int64_t dim, double eps, bool materialize);
   torch::Tensor forward(const torch::Tensor& x);
+  // true: LibTorch's one rms_norm op where the version has it (2.4+; a fused
+  // kernel, forward and backward, on CUDA from 2.8), else the composed ops.
+  void set_fused(bool fused) { fused_ = fused; }
 
  private:
   double eps_;
+  bool fused_ = false;
   torch::Tensor weight_;
 };
 TORCH_MODULE(RMSNorm);
+
+// train.fused_kernels: every RMSNorm under `root` uses the fused op (or not).
+void use_fused_kernels(torch::nn::Module& root, bool fused);
+// What use_fused_kernels(root, true) and fused_cross_entropy_sum run in this
+// build, for the banner.
+std::string llama_fused_ops_description();
+
+// sum over rows r with targets[r] != ignore_index of
+// -log_softmax(logits[r])[targets[r]], in fp32, for logits [N, V] of any
+// float dtype: computed in chunks of rows, each converted to fp32 on its own,
+// so the whole batch's fp32 logits (and their log-softmax) never exist. Saves
+// the logits as given and the per-row log-sum-exp [N] for backward, which
+// makes the gradient (softmax - one-hot) chunk by chunk, in fp32, rounded
+// once to the logits' dtype. Same value as cross_entropy(logits.float(),
+// reduction sum) within fp32 rounding.
+torch::Tensor fused_cross_entropy_sum(const torch::Tensor& logits, const torch::Tensor& targets,
+                                      int64_t ignore_index);
 
 // A bias-free projection x @ weight^T; weight [out, in]. Submodule-free.
 class ProjectionImpl : public torch::nn::Module {

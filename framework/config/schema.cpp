@@ -72,6 +72,16 @@ std::vector<Key> build_schema() {
        "CUDA: deterministic kernels (cuBLAS workspace config, deterministic algorithms), so that "
        "a resumed run is bit-identical to an uninterrupted one; false: PyTorch's default "
        "kernels, faster, and resume is then exact only to rounding."},
+      {SHARDKIT_CONFIG_FIELD(train.optimizer_impl), one_of({"auto", "fused", "foreach", "for_loop"}),
+       "AdamW's implementation: fused (torch.optim.AdamW(fused=True)'s kernel, LibTorch 2.4+), "
+       "foreach (multi-tensor ops, as foreach=True), for_loop (LibTorch's C++ AdamW, a few "
+       "kernels per parameter); auto: fused where the build has it, else foreach on CUDA and "
+       "for_loop on the CPU (the faster there on LibTorch 1.13). All keep the "
+       "same state: a checkpoint resumes under any of them. The banner names the one picked."},
+      {SHARDKIT_CONFIG_FIELD(train.fused_kernels), any_value(),
+       "Fused ops in the model where one exists: RMSNorm as LibTorch's rms_norm op (LibTorch "
+       "2.4+; fused on CUDA from 2.8), the loss over the vocabulary in chunks that never hold "
+       "the whole batch's fp32 logits; false: the composed ops (to compare speed in one run)."},
       {SHARDKIT_CONFIG_FIELD(train.grad_clip), at_least(0),
        "Clip gradients to this global L2 norm; 0: no clipping."},
       {SHARDKIT_CONFIG_FIELD(train.micro_batch_size), at_least(0),

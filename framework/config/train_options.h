@@ -33,6 +33,14 @@ struct TrainOptions {
   // CUDA: deterministic kernels, so that a resumed run is bit-identical to an
   // uninterrupted one; false: PyTorch's default (faster) kernels.
   bool deterministic = true;
+  // AdamW's implementation: auto (the fastest this build has: fused on
+  // LibTorch 2.4+, else foreach on CUDA, for_loop on the CPU) | fused |
+  // foreach | for_loop. Same state and checkpoints whichever runs.
+  std::string optimizer_impl = "auto";
+  // The model's fused ops where a kernel exists (llama: LibTorch's RMSNorm op;
+  // the loss over the vocabulary in chunks, without fp32 logits of the whole
+  // batch); false: the composed ops.
+  bool fused_kernels = true;
   // Clip gradients to this global L2 norm. 0 turns clipping off.
   double grad_clip = 1.0;
   // Validation loss on the held-out data (data.eval_fraction) every N steps

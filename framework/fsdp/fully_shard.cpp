@@ -1,5 +1,7 @@
 #include "framework/fsdp/fully_shard.h"
 
+#include <ATen/record_function.h>
+
 #include "models/forward_hooks.h"
 
 #include <torch/csrc/autograd/function_hook.h>
@@ -553,6 +555,7 @@ void FullyShardedModel::broadcast_buffers() {
 
 void FullyShardedModel::gather(Unit& unit) {
   if (unit.gathered) return;
+  RECORD_USER_SCOPE("shardkit::fsdp_gather");  // a profile's phase (docs/gpu.md)
   unit.gathered = true;
   const int64_t shards = mesh_->size(shard_axis_);
   torch::NoGradGuard no_grad;
@@ -644,6 +647,7 @@ torch::ScalarType FullyShardedModel::comm_dtype(torch::ScalarType bucket_dtype) 
 // data-parallel ranks) in reduce_dtype and added, in the shards' dtype, to
 // what earlier backward passes of the step left in the shards' .grad.
 void FullyShardedModel::reduce_grads(Unit& unit) {
+  RECORD_USER_SCOPE("shardkit::fsdp_reduce");
   if (unit.reduced) return;
   unit.reduced = true;
   torch::NoGradGuard no_grad;

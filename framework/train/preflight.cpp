@@ -13,6 +13,7 @@
 #include "framework/data/dataset.h"
 #include "dist/device.h"
 #include "framework/fsdp/fully_shard.h"
+#include "framework/optim/sharded_adamw.h"
 #include "models/layered_model.h"
 
 #include <c10/util/Exception.h>
@@ -486,9 +487,20 @@ std::vector<std::string> resume_changes(const std::string& saved_yaml, const std
   return out;
 }
 
+// train.optimizer_impl names an implementation this LibTorch has (fused:
+// 2.4+), before any rank starts.
+static void check_optimizer(const config::Config& cfg) {
+  try {
+    optim::resolve_adamw_impl(cfg.train.optimizer_impl, torch::kCPU);
+  } catch (const std::invalid_argument& e) {
+    fail(e.what());
+  }
+}
+
 PreflightReport preflight(const config::Config& cfg, int world_size, int local_ranks) {
   PreflightReport report;
   check_directories(cfg);
+  check_optimizer(cfg);
   check_batch(cfg, world_size / static_cast<int>(std::max<int64_t>(1, cfg.parallel.tensor)));
   check_data(cfg);
   report.memory = estimate_memory(cfg, world_size);

@@ -1,4 +1,6 @@
 #include "framework/train/trainer.h"
+
+#include <ATen/record_function.h>
 #include "framework/train/preflight.h"
 #include "framework/train/state_dict.h"
 #include "framework/train/train_seam.h"
@@ -22,6 +24,7 @@
 #include "framework/tokenizer/tokenizer.h"
 #include "models/generate.h"
 #include "models/layered_model.h"
+#include "models/llama.h"
 
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
@@ -423,6 +426,8 @@ void Trainer::State::build_builtin_model() {
   }
   user.module = model;
   user.units = model->unit_names();
+  const bool fused = cfg.train.fused_kernels && cfg.model.kind == "llama";
+  if (fused) models::use_fused_kernels(*model, true);
   if (cfg.model.kind == "llama") {
     user.init = [model](const std::string& name, const torch::Tensor& full) {
       model->init_parameter(name, full);
@@ -443,7 +448,14 @@ void Trainer::State::build_builtin_model() {
       return LossSum{per_token.sum(), (targets != data::kIgnoreIndex).sum()};
     };
   } else {
-    user.loss = [model](const torch::Tensor& inputs, const torch::Tensor& targets) {
+    user.loss = [model, fused](const torch::Tensor& inputs, const torch::Tensor& targets) {
+      if (fused) {
+        // fp32 one chunk of rows at a time (train.fused_kernels).
+        torch::Tensor logits = model->forward(inputs);
+        torch::Tensor sum = models::fused_cross_entropy_sum(
+            logits.reshape({-1, logits.size(-1)}), targets.reshape({-1}), data::kIgnoreIndex);
+        return LossSum{sum, (targets != data::kIgnoreIndex).sum()};
+      }
       // The loss and its softmax in fp32, whatever the compute dtype.
       torch::Tensor logits = model->forward(inputs).to(torch::kFloat);
       const int64_t vocab = logits.size(-1);
@@ -487,7 +499,8 @@ void Trainer::State::shard_model() {
   parallel.tensor_parallel = tp_layout.params;
   fsdp = std::make_unique<fsdp::FullyShardedModel>(user.module, mesh, parallel, user.units,
                                                    user.init);
-  optim = std::make_unique<optim::ShardedAdamW>(*fsdp, cfg.optim, cfg.train.steps);
+  optim = std::make_unique<optim::ShardedAdamW>(*fsdp, cfg.optim, cfg.train.steps,
+                                                optim::resolve_adamw_impl(cfg.train.optimizer_impl, device));
 }
 
 // model.init_from into this rank's shards (each rank reads only their bytes).
@@ -548,6 +561,13 @@ void Trainer::State::print_banner(const std::optional<std::string>& resume_from,
     if (builtin_model) std::cout << "; activation checkpointing " << cfg.model.activation_checkpointing;
     std::cout << std::endl;
   }
+  std::cout << "shardkit: optimizer AdamW " << optim::adamw_impl_name(optim->impl())
+            << " (train.optimizer_impl " << cfg.train.optimizer_impl << ")";
+  if (builtin_model && cfg.model.kind == "llama") {
+    std::cout << "; fused kernels "
+              << (cfg.train.fused_kernels ? models::llama_fused_ops_description() : std::string("off"));
+  }
+  std::cout << std::endl;
   if (host_malloc == dist::HostMallocOutcome::kEnvironment) {
     std::cout << "shardkit: run.host_malloc " << cfg.run.host_malloc
               << " left to MALLOC_* variables in the environment" << std::endl;
@@ -822,23 +842,40 @@ StepRecord Trainer::train_step() {
   if (s.micro_batches > 1) {
     global = s.accumulate_gradients(step);
   } else {
-    const LocalLoss local = s.forward_next_batch();
+    // The step's phases are named for a profiler (llama_ref --profile-trace):
+    // forward, the step's stats (all-reduce and host read), backward, the
+    // gradients' last reductions and clipping, the optimizer.
+    LocalLoss local;
+    {
+      RECORD_USER_SCOPE("shardkit::forward");
+      local = s.forward_next_batch();
+    }
     // One small all-reduce per step, on the training device: global loss
     // sum, global token count, and whether any rank was asked to stop or is
     // still saving. Its result is the one host read of the step.
-    torch::Tensor stats =
-        pack_step_stats(local, stop_signal().load() != 0, s.ckpt->busy(), s.device, s.tp_rank == 0);
-    test_seam::before_step(step, s.rt.env.rank);
-    s.rt.train->all_reduce(stats);
-    global = unpack_step_stats(stats);
+    {
+      RECORD_USER_SCOPE("shardkit::step_stats");
+      torch::Tensor stats =
+          pack_step_stats(local, stop_signal().load() != 0, s.ckpt->busy(), s.device, s.tp_rank == 0);
+      test_seam::before_step(step, s.rt.env.rank);
+      s.rt.train->all_reduce(stats);
+      global = unpack_step_stats(stats);
+    }
     // Normalising by the global token count and summing gradients across
     // ranks gives the gradient of the global mean at any world size.
+    RECORD_USER_SCOPE("shardkit::backward");
     (local.sum / std::max(1.0, global.tokens)).backward();
   }
   const double global_tokens = std::max(1.0, global.tokens);
   StepRecord rec;
-  rec.grad_norm = s.finish_gradients();
-  rec.lr = s.apply_optimizer_step(step);
+  {
+    RECORD_USER_SCOPE("shardkit::finish_gradients");
+    rec.grad_norm = s.finish_gradients();
+  }
+  {
+    RECORD_USER_SCOPE("shardkit::optimizer");
+    rec.lr = s.apply_optimizer_step(step);
+  }
   rec.step = step;
   rec.loss = global.loss_sum / global_tokens;
   rec.stop_requested = global.stop_requested > 0;

@@ -14,6 +14,16 @@
 //                       allocator's peak of allocated bytes), and with
 //                       train.deterministic also step_time_nondeterministic_s
 //                       (K more steps on PyTorch's default kernels).
+//   --profile-trace FILE  P more steps (--profile-steps, default 3) under
+//                       LibTorch's profiler (Kineto: CPU ops and, on a GPU,
+//                       kernels), written as a Chrome trace; the step's
+//                       phases are its shardkit::* scopes (bench/trace_top.py
+//                       tabulates it)
+//   --time-optimizer K  then the AdamW step alone, K times per
+//                       implementation this build has, on the model's last
+//                       gradients: result.json optimizer_step_s {impl: median}
+// The run follows train.optimizer_impl and train.fused_kernels as `train`
+// does (result.json: optimizer_impl, fused_kernels).
 #include "checkpoint/interop/export.h"
 #include "checkpoint/save.h"
 #include "framework/config/config.h"
@@ -21,18 +31,23 @@
 #include "dist/device.h"
 #include "dist/torch_compat.h"
 #include "framework/fsdp/fully_shard.h"
+#include "framework/optim/sharded_adamw.h"
 #include "framework/train/state_dict.h"
 #include "framework/train/trainer.h"
 #include "models/layered_model.h"
 #include "models/llama.h"
 #include "support/multi_rank.h"
 
+#include <ATen/record_function.h>
 #include <CLI/CLI.hpp>
+#include <torch/csrc/autograd/profiler_kineto.h>
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <chrono>
 #include <filesystem>
+#include <set>
 #include <fstream>
 #include <iostream>
 
@@ -89,12 +104,33 @@ nlohmann::json settings(const Config& cfg) {
           {"torch", TORCH_VERSION}};
 }
 
-void run(Config cfg, const fs::path& out, int64_t time_steps) {
+struct Extras {
+  int64_t time_steps = 0;
+  std::string profile_trace;
+  int64_t profile_steps = 3;
+  int64_t time_optimizer = 0;
+};
+
+// LibTorch's profiler (the same API in 1.13 and 2.x): Kineto, CPU ops and,
+// on a GPU, CUDA kernels and copies. Throws where the build has no Kineto.
+void start_profiler(bool cuda) {
+  using torch::profiler::impl::ActivityType;
+  torch::profiler::impl::ProfilerConfig config(torch::profiler::impl::ProfilerState::KINETO);
+  std::set<ActivityType> activities{ActivityType::CPU};
+  if (cuda) activities.insert(ActivityType::CUDA);
+  torch::autograd::profiler::prepareProfiler(config, activities);
+  torch::autograd::profiler::enableProfiler(config, activities);
+}
+
+void run(Config cfg, const fs::path& out, const Extras& extras) {
+  const int64_t time_steps = extras.time_steps;
   const int64_t compared_steps = cfg.train.steps;
   // On CUDA with train.deterministic (the default) the K timed steps run
   // twice: with deterministic kernels, then with PyTorch's default ones.
   const bool time_both = cfg.train.device == "cuda" && cfg.train.deterministic;
-  cfg.train.steps += time_steps * (time_both ? 2 : 1);  // the schedule's total: result.json's train.steps
+  // The schedule's total: result.json's train.steps.
+  cfg.train.steps += time_steps * (time_both ? 2 : 1) +
+                     (extras.profile_trace.empty() ? 0 : extras.profile_steps);
   testing_support::run_runtimes(1, [&](framework::dist::Runtime& rt) {
     std::shared_ptr<models::LayeredModelImpl> model;
     {
@@ -109,10 +145,17 @@ void run(Config cfg, const fs::path& out, int64_t time_steps) {
     user.init = [model](const std::string& name, const torch::Tensor& full) {
       model->init_parameter(name, full);
     };
+    models::use_fused_kernels(*model, cfg.train.fused_kernels);
     user.loss = [&](const torch::Tensor& in, const torch::Tensor& tgt) {
       if (recording) {
         inputs.push_back(in.to(torch::kCPU));
         targets.push_back(tgt.to(torch::kCPU));
+      }
+      if (cfg.train.fused_kernels) {  // as the trainer's built-in llama
+        torch::Tensor logits = model->forward(in);
+        torch::Tensor sum = models::fused_cross_entropy_sum(
+            logits.reshape({-1, logits.size(-1)}), tgt.reshape({-1}), framework::data::kIgnoreIndex);
+        return framework::train::LossSum{sum, (tgt != framework::data::kIgnoreIndex).sum()};
       }
       torch::Tensor logits = model->forward(in).to(torch::kFloat);
       torch::Tensor sum = torch::nn::functional::cross_entropy(
@@ -177,12 +220,59 @@ void run(Config cfg, const fs::path& out, int64_t time_steps) {
       }
       result["tokens_per_step"] = cfg.train.global_batch_size * cfg.model.seq_len;
     }
+    const at::Device dev = trainer.model().local_params().front().device();
+    result["optimizer_impl"] = framework::optim::adamw_impl_name(trainer.optimizer().impl());
+    result["fused_kernels"] = cfg.train.fused_kernels;
     // The allocator's peak over the whole run (0 on the CPU): the training
     // steps set it, since nothing before them holds activations.
-    const at::Device device = trainer.model().local_params().front().device();
-    if (device.is_cuda()) {
-      result["peak_gpu_mib"] = framework::dist::peak_device_memory_bytes(device) / 1048576.0;
+    if (dev.is_cuda()) {
+      result["peak_gpu_mib"] = framework::dist::peak_device_memory_bytes(dev) / 1048576.0;
     }
+    if (!extras.profile_trace.empty()) {
+      // As timed: deterministic kernels unless train.deterministic is false.
+      framework::dist::use_deterministic_cuda(cfg.train.device == "cuda" && cfg.train.deterministic);
+      try {
+        start_profiler(dev.is_cuda());
+        std::vector<double> times;
+        for (int64_t s = 0; s < extras.profile_steps; ++s) {
+          RECORD_USER_SCOPE("shardkit::step");
+          times.push_back(trainer.train_step().step_time_s);
+        }
+        framework::dist::synchronize(dev);
+        torch::autograd::profiler::disableProfiler()->save(extras.profile_trace);
+        result["profile"] = {{"trace", extras.profile_trace}, {"steps", extras.profile_steps},
+                             {"step_times_s", times}};
+      } catch (const c10::Error& e) {
+        // Debian's LibTorch 1.13 is built without Kineto (2.6's and pip's have it).
+        result["profile"] = {{"error", e.what_without_backtrace()}};
+        std::cerr << "llama_ref: profiling failed: " << e.what_without_backtrace() << std::endl;
+      }
+    }
+    if (extras.time_optimizer > 0) {
+      // Each implementation on its own fresh state, on the gradients of the
+      // last step (zeros where a step left none), as the trainer calls it.
+      for (torch::Tensor& p : trainer.model().local_params()) {
+        if (!p.grad().defined()) p.mutable_grad() = torch::zeros_like(p);
+      }
+      nlohmann::json per_impl;
+      for (auto impl : {framework::optim::AdamWImpl::kFused, framework::optim::AdamWImpl::kForeach,
+                        framework::optim::AdamWImpl::kForLoop}) {
+        if (!framework::optim::adamw_impl_available(impl)) continue;
+        framework::optim::ShardedAdamW opt(trainer.model(), cfg.optim, cfg.train.steps, impl);
+        std::vector<double> times;
+        for (int64_t k = 0; k <= extras.time_optimizer; ++k) {  // the first makes the state
+          framework::dist::synchronize(dev);
+          const auto t0 = std::chrono::steady_clock::now();
+          opt.step(k + 1);
+          framework::dist::synchronize(dev);
+          if (k > 0) times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+        }
+        std::sort(times.begin(), times.end());
+        per_impl[framework::optim::adamw_impl_name(impl)] = times[times.size() / 2];
+      }
+      result["optimizer_step_s"] = per_impl;
+    }
+
     std::ofstream(out / "result.json") << result.dump(2) << "\n";
   }, 600.0, cfg.train.device);
 }
@@ -192,12 +282,17 @@ void run(Config cfg, const fs::path& out, int64_t time_steps) {
 int main(int argc, char** argv) {
   std::string config_path, out;
   std::vector<std::string> sets;
-  int64_t time_steps = 0;
+  Extras extras;
   CLI::App app{"llama_ref: a llama run at world 1, written out for a PyTorch reference"};
   app.add_option("--config", config_path, "YAML config (model.kind llama)")->required();
   app.add_option("--set", sets, "override a config key: key.path=value (repeatable)");
   app.add_option("--out", out, "output directory")->required();
-  app.add_option("--time-steps", time_steps, "time this many more steps (step_time_s)");
+  app.add_option("--time-steps", extras.time_steps, "time this many more steps (step_time_s)");
+  app.add_option("--profile-trace", extras.profile_trace,
+                 "profile --profile-steps more steps; write a Chrome trace here");
+  app.add_option("--profile-steps", extras.profile_steps, "steps --profile-trace profiles")->check(CLI::Range(1, 100));
+  app.add_option("--time-optimizer", extras.time_optimizer,
+                 "time the AdamW step alone this many times per implementation (optimizer_step_s)");
   CLI11_PARSE(app, argc, argv);
   try {
     Config cfg = framework::config::load_config(config_path, sets);
@@ -209,7 +304,7 @@ int main(int argc, char** argv) {
     cfg.train.eval_every = 0;
     fs::remove_all(cfg.run.dir);
     fs::create_directories(out);
-    run(cfg, out, time_steps);
+    run(cfg, out, extras);
   } catch (const std::exception& e) {
     std::cerr << "llama_ref: " << e.what() << std::endl;
     return 1;

@@ -301,8 +301,15 @@ def lr_at(step, optim, total_steps):
 _DT = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
+def adamw_kwargs(impl):
+    """torch.optim.AdamW's keyword for an implementation name of
+    train.optimizer_impl: fused, foreach, for_loop; None: torch's default."""
+    return {None: {}, "fused": {"fused": True}, "foreach": {"foreach": True},
+            "for_loop": {"foreach": False}}[impl]
+
+
 def train(model, inputs, targets, optim, total_steps, grad_clip, param_dtype="fp32",
-          n_steps=None, on_step=None):
+          n_steps=None, on_step=None, optimizer_impl=None):
     """Replays shardkit's training: one optimizer step per entry of inputs
     ([steps, B, T]); returns (losses, grad_norms, lrs).
 
@@ -313,7 +320,8 @@ def train(model, inputs, targets, optim, total_steps, grad_clip, param_dtype="fp
     opt = torch.optim.AdamW(params, lr=float(optim["lr"]),
                             betas=(float(optim.get("beta1", 0.9)), float(optim.get("beta2", 0.95))),
                             eps=float(optim.get("eps", 1e-8)),
-                            weight_decay=float(optim.get("weight_decay", 0.0)))
+                            weight_decay=float(optim.get("weight_decay", 0.0)),
+                            **adamw_kwargs(optimizer_impl))
     compute = model
     if dtype != torch.float32:
         import copy

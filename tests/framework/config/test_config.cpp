@@ -22,7 +22,7 @@ const std::vector<std::string> kAllKeys = {
     "run.dir", "run.seed", "run.host_malloc",
     "train.steps", "train.stop_at", "train.global_batch_size", "train.log_every",
     "train.eval_every", "train.eval_samples", "train.sample_every", "train.sample_prompt",
-    "train.sample_tokens", "train.device", "train.deterministic", "train.grad_clip",
+    "train.sample_tokens", "train.device", "train.deterministic", "train.optimizer_impl", "train.fused_kernels", "train.grad_clip",
     "train.micro_batch_size", "train.mixed_precision.param_dtype",
     "train.mixed_precision.reduce_dtype",
     "model.kind", "model.vocab_size", "model.seq_len", "model.d_model", "model.n_layers",
@@ -93,6 +93,8 @@ Config non_default_config() {
   c.train.sample_tokens = 9;
   c.train.device = "cuda";
   c.train.deterministic = false;
+  c.train.optimizer_impl = "foreach";
+  c.train.fused_kernels = false;
   c.train.grad_clip = 0.25;
   c.train.micro_batch_size = 8;
   c.train.mixed_precision.param_dtype = "bf16";

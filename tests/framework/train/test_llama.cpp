@@ -2,6 +2,7 @@
 // bf16 mixed precision, gradient accumulation, activation checkpointing,
 // bit-exact and resharded resume, and a model that is never whole on a rank.
 // (Against PyTorch itself: tests/models/test_llama_parity.py.)
+#include "dist/device.h"
 #include "dist/torch_compat.h"
 #include "framework/dtensor/device_mesh.h"
 #include "models/activation_checkpoint.h"
@@ -15,6 +16,7 @@
 #include "models/llama.h"
 #include "support/counting_allocator.h"
 #include "support/multi_rank.h"
+#include "support/skip.h"
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -668,4 +670,80 @@ TEST(LlamaGeneration, KvCacheGivesTheLogitsOfAFullForwardAndTheSameTokens) {
   EXPECT_EQ(models::generate(*model, cfg.model.seq_len, prompt, 12, sampled), a);
   sampled.seed = 8;
   EXPECT_NE(models::generate(*model, cfg.model.seq_len, prompt, 12, sampled), a);
+}
+
+// train.fused_kernels: the fused ops against the composed LibTorch ops they
+// replace, forward and backward, on the CPU (both legs) and on a GPU
+// (CudaFusedOps, run by scripts/gpu-all). fp32 within 1e-5; bf16 within
+// 1/64 relative plus 1/64 absolute (a few bf16 steps: the fused RMSNorm of
+// LibTorch 2.8+ on CUDA rounds once where the composed ops round twice).
+void expect_fused_ops_match(const torch::Device& device, torch::ScalarType dtype) {
+  const bool bf16 = dtype == torch::kBFloat16;
+  const double tol = bf16 ? 1.0 / 64 : 1e-5;
+  torch::manual_seed(5);
+  auto opts = torch::TensorOptions().dtype(dtype).device(device);
+  // RMSNorm.
+  models::RMSNorm plain(256, 1e-5, true), fused(256, 1e-5, true);
+  {
+    torch::NoGradGuard no_grad;
+    torch::Tensor w = torch::rand({256}) + 0.5;
+    plain->named_parameters()["weight"].copy_(w);
+    fused->named_parameters()["weight"].copy_(w);
+  }
+  plain->to(device, dtype);
+  fused->to(device, dtype);
+  fused->set_fused(true);
+  torch::Tensor x = (torch::randn({4, 33, 256}) * 3).to(opts);
+  torch::Tensor xa = x.clone().requires_grad_(true), xb = x.clone().requires_grad_(true);
+  torch::Tensor ya = plain->forward(xa), yb = fused->forward(xb);
+  torch::Tensor up = torch::randn_like(ya);
+  (ya.to(torch::kFloat) * up.to(torch::kFloat)).sum().backward();
+  (yb.to(torch::kFloat) * up.to(torch::kFloat)).sum().backward();
+  auto close = [&](const torch::Tensor& a, const torch::Tensor& b, const std::string& what, double t) {
+    ASSERT_EQ(a.scalar_type(), b.scalar_type()) << what;
+    const double diff = (a.to(torch::kDouble) - b.to(torch::kDouble)).abs().max().item<double>();
+    const double scale = b.to(torch::kDouble).abs().max().item<double>();
+    EXPECT_LE(diff, t * (1 + scale)) << what << " on " << device << " in " << dtype << ": differs by " << diff
+                                     << " (largest value " << scale << ")";
+  };
+  close(yb, ya, "rms_norm forward", tol);
+  close(xb.grad(), xa.grad(), "rms_norm input gradient", tol);
+  close(fused->named_parameters()["weight"].grad(), plain->named_parameters()["weight"].grad(),
+        "rms_norm weight gradient", bf16 ? 4 * tol : tol);  // a sum over 132 rows
+  // Cross-entropy over the vocabulary, in chunks (3 of 512 rows here: the
+  // chunk is 64 MiB of fp32 rows), some targets ignored.
+  const int64_t vocab = 32768, rows = 1300;
+  torch::Tensor logits = (torch::randn({rows, vocab}) * 4).to(opts);
+  torch::Tensor targets = torch::randint(vocab, {rows}, torch::TensorOptions(torch::kLong));
+  targets.index_put_({torch::arange(0, rows, 7)}, -100);
+  targets = targets.to(device);
+  torch::Tensor la = logits.clone().requires_grad_(true), lb = logits.clone().requires_grad_(true);
+  torch::Tensor ref = torch::nn::functional::cross_entropy(
+      la.to(torch::kFloat), targets,
+      torch::nn::functional::CrossEntropyFuncOptions().ignore_index(-100).reduction(torch::kSum));
+  torch::Tensor got = models::fused_cross_entropy_sum(lb, targets, -100);
+  EXPECT_EQ(got.scalar_type(), torch::kFloat);
+  const double r = ref.item<double>();
+  EXPECT_NEAR(got.item<double>(), r, 1e-5 * std::abs(r)) << "cross-entropy sum on " << device << " in " << dtype;
+  (ref / 977.0).backward();
+  (got / 977.0).backward();
+  close(lb.grad(), la.grad(), "cross-entropy logits gradient", bf16 ? tol : 1e-5);
+  // Nothing differs where both are exact: ignored rows get zero gradient.
+  EXPECT_EQ(lb.grad().index({torch::arange(0, rows, 7).to(device)}).abs().max().item<double>(), 0.0);
+}
+
+TEST(FusedOps, RmsNormAndChunkedCrossEntropyMatchTheComposedOpsOnTheCpu) {
+  expect_fused_ops_match(torch::kCPU, torch::kFloat);
+  expect_fused_ops_match(torch::kCPU, torch::kBFloat16);
+  std::cout << "[ fused    ] rms_norm: "
+            << (framework::dist::compat::kHasRmsNorm ? "LibTorch's op" : "composed (LibTorch < 2.4 has no rms_norm op)")
+            << "\n";
+}
+
+TEST(CudaFusedOps, RmsNormAndChunkedCrossEntropyMatchTheComposedOpsOnTheGpu) {
+  if (!framework::dist::cuda_available()) {
+    SHARDKIT_SKIP("no CUDA device (CPU-only LibTorch build, or no GPU visible)");
+  }
+  expect_fused_ops_match(torch::Device(torch::kCUDA, 0), torch::kFloat);
+  expect_fused_ops_match(torch::Device(torch::kCUDA, 0), torch::kBFloat16);
 }

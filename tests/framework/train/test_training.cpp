@@ -1,14 +1,26 @@
 // Training results do not depend on the world size or the parallel mode:
 // FSDP, DDP and HSDP runs match a single-process run step by step.
 #include "framework/fsdp/fully_shard.h"
+#include "framework/optim/lr_schedule.h"
+#include "framework/optim/sharded_adamw.h"
 #include "models/layered_model.h"
 #include "framework/train/trainer.h"
 #include "support/multi_rank.h"
+#include "support/skip.h"
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
+#include <sys/wait.h>
+
+#include <cstdlib>
+#include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <sstream>
+#include <tuple>
 
 namespace fs = std::filesystem;
 using framework::train::Trainer;
@@ -220,4 +232,240 @@ TEST(FsdpMemory, PeakParamsAndGradsAreShardsPlusRootPlusOneUnit) {
   });
   expect_same_on_every_rank(first_params, "the initial first parameter");
   expect_same_on_every_rank(batches, "the batch");
+}
+
+// AdamW's three implementations (train.optimizer_impl) against each other and
+// against Python's torch.optim.AdamW: the same parameters, the same gradients
+// (drawn here, set on the shards directly), the lr schedule of the trainer,
+// 20 steps.
+namespace {
+
+using framework::optim::AdamWImpl;
+
+struct AdamWTrace {
+  std::vector<torch::Tensor> params, exp_avgs, exp_avg_sqs;
+};
+
+struct AdamWCase {
+  std::vector<torch::Tensor> initial;               // per parameter
+  std::vector<std::vector<torch::Tensor>> grads;    // [step][parameter]
+  std::vector<double> lrs;                          // per step
+  framework::config::Config cfg;
+};
+
+constexpr int kAdamWSteps = 20;
+
+AdamWCase make_adamw_case() {
+  AdamWCase c;
+  c.cfg = small_config(temp_run_dir("adamw_case"));
+  c.cfg.optim.weight_decay = 0.1;
+  auto lock = testing_support::seed_global_generator(21);
+  auto model = models::make_model(c.cfg.model);
+  for (const torch::Tensor& p : model->parameters()) c.initial.push_back(p.detach().clone());
+  for (int s = 0; s < kAdamWSteps; ++s) {
+    std::vector<torch::Tensor> g;
+    // Gradients of varied scale, some entries tiny, as in training.
+    for (const torch::Tensor& p : c.initial) g.push_back(torch::randn_like(p) * std::pow(10.0, -(s % 4)));
+    c.grads.push_back(std::move(g));
+    c.lrs.push_back(framework::optim::lr_at(c.cfg.optim, s + 1, kAdamWSteps));
+  }
+  return c;
+}
+
+// ShardedAdamW(impl) at world 1 from c.initial, kAdamWSteps steps of c.grads.
+AdamWTrace run_sharded_adamw(const AdamWCase& c, AdamWImpl impl) {
+  AdamWTrace trace;
+  run_runtimes(1, [&](framework::dist::Runtime& rt) {
+    auto mesh = framework::dtensor::DeviceMesh::create(*rt.rendezvous, {1, 1}, {"replicate", "shard"});
+    std::shared_ptr<models::LayeredModelImpl> model;
+    {
+      auto lock = testing_support::seed_global_generator(21);
+      model = models::make_model(c.cfg.model);
+    }
+    {
+      torch::NoGradGuard no_grad;
+      auto ps = model->parameters();
+      for (size_t i = 0; i < ps.size(); ++i) ps[i].copy_(c.initial[i]);
+    }
+    framework::fsdp::FullyShardedModel fsdp(model, mesh, c.cfg.parallel,
+                                            framework::fsdp::children_of(*model, "blocks"));
+    framework::optim::ShardedAdamW opt(fsdp, c.cfg.optim, kAdamWSteps, impl);
+    std::vector<torch::Tensor> locals = fsdp.local_params();
+    ASSERT_EQ(locals.size(), c.initial.size());
+    for (int s = 0; s < kAdamWSteps; ++s) {
+      for (size_t i = 0; i < locals.size(); ++i) {
+        locals[i].mutable_grad() = c.grads[s][i].reshape(locals[i].sizes()).clone();
+      }
+      EXPECT_DOUBLE_EQ(opt.step(s + 1), c.lrs[s]);
+    }
+    for (size_t i = 0; i < locals.size(); ++i) {
+      const framework::optim::AdamWParamState st = opt.state(i);
+      EXPECT_EQ(st.step, kAdamWSteps);
+      trace.params.push_back(locals[i].detach().clone().reshape(c.initial[i].sizes()));
+      trace.exp_avgs.push_back(st.exp_avg.local().clone().reshape(c.initial[i].sizes()));
+      trace.exp_avg_sqs.push_back(st.exp_avg_sq.local().clone().reshape(c.initial[i].sizes()));
+    }
+  });
+  return trace;
+}
+
+void expect_traces_within(const AdamWTrace& got, const AdamWTrace& want, double tol, const std::string& what) {
+  ASSERT_EQ(got.params.size(), want.params.size()) << what;
+  double worst = 0;
+  for (size_t i = 0; i < want.params.size(); ++i) {
+    for (const auto& [a, b, name] : {std::tuple(got.params[i], want.params[i], "param"),
+                                     std::tuple(got.exp_avgs[i], want.exp_avgs[i], "exp_avg"),
+                                     std::tuple(got.exp_avg_sqs[i], want.exp_avg_sqs[i], "exp_avg_sq")}) {
+      const double diff = (a - b).abs().max().item<double>();
+      worst = std::max(worst, diff);
+      EXPECT_LE(diff, tol) << what << ": " << name << " of parameter " << i << " differs by " << diff;
+    }
+  }
+  std::cout << "[ adamw    ] " << what << ": largest difference after " << kAdamWSteps << " steps "
+            << worst << "\n";
+}
+
+std::vector<AdamWImpl> adamw_impls_here() {
+  std::vector<AdamWImpl> v{AdamWImpl::kForLoop, AdamWImpl::kForeach};
+  if (framework::optim::adamw_impl_available(AdamWImpl::kFused)) v.push_back(AdamWImpl::kFused);
+  return v;
+}
+
+void write_f32(const fs::path& path, const torch::Tensor& t) {
+  torch::Tensor c = t.to(torch::kFloat).contiguous();
+  std::ofstream f(path, std::ios::binary | std::ios::trunc);
+  f.write(static_cast<const char*>(c.data_ptr()), static_cast<std::streamsize>(c.numel() * 4));
+}
+
+torch::Tensor read_f32(const fs::path& path, at::IntArrayRef shape) {
+  std::ifstream f(path, std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(f)), {});
+  torch::Tensor t = torch::empty(shape, torch::kFloat);
+  EXPECT_EQ(bytes.size(), static_cast<size_t>(t.numel() * 4)) << path;
+  std::memcpy(t.data_ptr(), bytes.data(), std::min<size_t>(bytes.size(), t.numel() * 4));
+  return t;
+}
+
+std::string adamw_file_text(const fs::path& path) {
+  std::ifstream f(path);
+  std::ostringstream text;
+  text << f.rdbuf();
+  return text.str();
+}
+
+// A python3 that can import torch, or "".
+std::string adamw_python() {
+  std::vector<std::string> candidates;
+  if (const char* env = std::getenv("SHARDKIT_PYTHON")) candidates.push_back(env);
+  candidates.push_back("/usr/bin/python3");
+  candidates.push_back("python3");
+  for (const std::string& python : candidates) {
+    const int status = std::system((python + " -c 'import torch' > /dev/null 2>&1").c_str());
+    if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return python;
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST(AdamWImpls, ForeachAndFusedMatchTheForLoopWithinOneMillionth) {
+  const AdamWCase c = make_adamw_case();
+  const AdamWTrace loop = run_sharded_adamw(c, AdamWImpl::kForLoop);
+  // The updates move parameters by ~lr per step: a real fault is far above 1e-6.
+  EXPECT_GT((loop.params[0] - c.initial[0]).abs().max().item<double>(), 1e-3);
+  for (AdamWImpl impl : adamw_impls_here()) {
+    if (impl == AdamWImpl::kForLoop) continue;
+    expect_traces_within(run_sharded_adamw(c, impl), loop, 1e-6,
+                         std::string(framework::optim::adamw_impl_name(impl)) + " vs for_loop");
+  }
+  if (!framework::optim::adamw_impl_available(AdamWImpl::kFused)) {
+    std::cout << "[ adamw    ] fused not compared: LibTorch " << TORCH_VERSION
+              << " has no _fused_adamw_ (2.4 and later have it)\n";
+  }
+}
+
+TEST(AdamWImpls, EachMatchesPyTorchsAdamWOfTheSameImplementationOverTwentySteps) {
+  const std::string python = adamw_python();
+  if (python.empty()) {
+    SHARDKIT_SKIP("no python3 with torch (tried $SHARDKIT_PYTHON, /usr/bin/python3, python3): "
+                  "apt-get install python3-torch to compare against torch.optim.AdamW");
+  }
+  const AdamWCase c = make_adamw_case();
+  const fs::path dir = temp_run_dir("adamw_python");
+  fs::create_directories(dir);
+  nlohmann::json manifest;
+  manifest["shapes"] = nlohmann::json::array();
+  for (size_t i = 0; i < c.initial.size(); ++i) {
+    manifest["shapes"].push_back(c.initial[i].sizes().vec());
+    write_f32(dir / ("param_" + std::to_string(i) + ".bin"), c.initial[i]);
+  }
+  for (int s = 0; s < kAdamWSteps; ++s) {
+    for (size_t i = 0; i < c.initial.size(); ++i) {
+      write_f32(dir / ("grad_" + std::to_string(s) + "_" + std::to_string(i) + ".bin"), c.grads[s][i]);
+    }
+  }
+  manifest["steps"] = kAdamWSteps;
+  manifest["lrs"] = c.lrs;
+  manifest["beta1"] = c.cfg.optim.beta1;
+  manifest["beta2"] = c.cfg.optim.beta2;
+  manifest["eps"] = c.cfg.optim.eps;
+  manifest["weight_decay"] = c.cfg.optim.weight_decay;
+  std::vector<std::string> names;
+  for (AdamWImpl impl : adamw_impls_here()) names.push_back(framework::optim::adamw_impl_name(impl));
+  manifest["impls"] = names;
+  std::ofstream(dir / "manifest.json") << manifest.dump();
+  const std::string cmd = python + " " SHARDKIT_SOURCE_DIR "/tests/tools/adamw_reference.py " + dir.string() +
+                          " > " + (dir / "python.log").string() + " 2>&1";
+  const int status = std::system(cmd.c_str());
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+      << cmd << " failed; its log:\n"
+      << adamw_file_text(dir / "python.log");
+  const nlohmann::json done = nlohmann::json::parse(std::ifstream(dir / "py_done.json"));
+  std::cout << "[ adamw    ] Python torch " << done["torch"].get<std::string>() << "\n";
+  for (const auto& [impl, why] : done["skipped"].items()) {
+    std::cout << "[ adamw    ] " << impl << " not compared: Python's " << why.get<std::string>() << "\n";
+  }
+  // Every implementation this LibTorch has is compared with the same
+  // implementation in Python when that torch has it (torch of the same
+  // version as LibTorch has all of them: both legs install the same).
+  ASSERT_FALSE(done["ran"].empty());
+  for (AdamWImpl impl : adamw_impls_here()) {
+    const std::string name = framework::optim::adamw_impl_name(impl);
+    if (std::find(done["ran"].begin(), done["ran"].end(), name) == done["ran"].end()) continue;
+    AdamWTrace py;
+    for (size_t i = 0; i < c.initial.size(); ++i) {
+      const std::string k = std::to_string(i) + ".bin";
+      py.params.push_back(read_f32(dir / ("py_" + name + "_param_" + k), c.initial[i].sizes()));
+      py.exp_avgs.push_back(read_f32(dir / ("py_" + name + "_exp_avg_" + k), c.initial[i].sizes()));
+      py.exp_avg_sqs.push_back(read_f32(dir / ("py_" + name + "_exp_avg_sq_" + k), c.initial[i].sizes()));
+    }
+    expect_traces_within(run_sharded_adamw(c, impl), py, 1e-6,
+                         name + " vs torch.optim.AdamW(" +
+                             (name == "fused" ? "fused=True" : name == "foreach" ? "foreach=True" : "foreach=False") + ")");
+  }
+  fs::remove_all(dir);
+}
+
+TEST(AdamWImpls, AnUnknownOrUnavailableImplementationIsAConfigError) {
+  const bool fused = framework::optim::adamw_impl_available(AdamWImpl::kFused);
+  EXPECT_EQ(framework::optim::resolve_adamw_impl("auto", torch::kCPU),
+            fused ? AdamWImpl::kFused : AdamWImpl::kForLoop);
+  EXPECT_EQ(framework::optim::resolve_adamw_impl("auto", torch::Device(torch::kCUDA, 0)),
+            fused ? AdamWImpl::kFused : AdamWImpl::kForeach);
+  EXPECT_EQ(framework::optim::resolve_adamw_impl("for_loop", torch::kCPU), AdamWImpl::kForLoop);
+  EXPECT_EQ(framework::optim::resolve_adamw_impl("foreach", torch::kCPU), AdamWImpl::kForeach);
+  try {
+    framework::optim::resolve_adamw_impl("fast", torch::kCPU);
+    ADD_FAILURE() << "no error";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("train.optimizer_impl: 'fast'"), std::string::npos) << e.what();
+  }
+  if (!framework::optim::adamw_impl_available(AdamWImpl::kFused)) {
+    try {
+      framework::optim::resolve_adamw_impl("fused", torch::kCPU);
+      ADD_FAILURE() << "no error";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find("needs LibTorch 2.4"), std::string::npos) << e.what();
+    }
+  }
 }
