@@ -239,8 +239,8 @@ inline void fused_adamw_(at::TensorList params, at::TensorList grads, at::Tensor
 #endif
 }
 
-// RMSNorm as one LibTorch op where the version has it (2.4+: at::rms_norm,
-// which on CUDA from 2.8 on runs a fused kernel, forward and backward), else
+// RMSNorm as one LibTorch op where the version has it (2.4+: at::rms_norm;
+// recent versions dispatch it to a fused CUDA kernel, 2.6 composes it), else
 // nothing: the caller composes it. Same math as the composed form: x in fp32,
 // times rsqrt(mean(x^2) + eps), cast back to x's dtype, times weight.
 inline constexpr bool kHasRmsNorm =

@@ -70,9 +70,9 @@ int64_t cross_entropy_chunk_rows(int64_t vocab) {
 class FusedCrossEntropySum : public torch::autograd::Function<FusedCrossEntropySum> {
  public:
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& logits,
-                               const torch::Tensor& targets, int64_t ignore_index) {
+                               const torch::Tensor& targets, int64_t ignore_index, int64_t rows) {
     const int64_t n = logits.size(0);
-    const int64_t rows = cross_entropy_chunk_rows(logits.size(1));
+    ctx->saved_data["rows"] = rows;
     torch::Tensor valid = targets != ignore_index;
     torch::Tensor safe = targets.masked_fill(valid.logical_not(), 0).unsqueeze(1);
     torch::Tensor lse = torch::empty({n}, logits.options().dtype(torch::kFloat));
@@ -98,7 +98,7 @@ class FusedCrossEntropySum : public torch::autograd::Function<FusedCrossEntropyS
     const torch::Tensor& valid = saved[3];
     const torch::Tensor scale = grad_outputs[0].to(torch::kFloat);
     const int64_t n = logits.size(0);
-    const int64_t rows = cross_entropy_chunk_rows(logits.size(1));
+    const int64_t rows = ctx->saved_data["rows"].toInt();
     torch::Tensor grad = torch::empty_like(logits);
     for (int64_t r = 0; r < n; r += rows) {
       const int64_t len = std::min(rows, n - r);
@@ -109,18 +109,20 @@ class FusedCrossEntropySum : public torch::autograd::Function<FusedCrossEntropyS
       g.mul_((valid.narrow(0, r, len).to(torch::kFloat) * scale).unsqueeze(1));
       grad.narrow(0, r, len).copy_(g);
     }
-    return {grad, torch::Tensor(), torch::Tensor()};
+    return {grad, torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };
 
 }  // namespace
 
 torch::Tensor fused_cross_entropy_sum(const torch::Tensor& logits, const torch::Tensor& targets,
-                                      int64_t ignore_index) {
+                                      int64_t ignore_index, int64_t chunk_rows) {
   TORCH_CHECK(logits.dim() == 2 && targets.dim() == 1 && targets.size(0) == logits.size(0),
               "fused_cross_entropy_sum: logits [N, V] and targets [N], got ", logits.sizes(), " and ",
               targets.sizes());
-  return FusedCrossEntropySum::apply(logits, targets, ignore_index);
+  TORCH_CHECK(chunk_rows >= 0, "fused_cross_entropy_sum: chunk_rows must be >= 0, got ", chunk_rows);
+  return FusedCrossEntropySum::apply(logits, targets, ignore_index,
+                                     chunk_rows > 0 ? chunk_rows : cross_entropy_chunk_rows(logits.size(1)));
 }
 
 TokenEmbeddingImpl::TokenEmbeddingImpl(int64_t vocab, int64_t dim, bool materialize)

@@ -40,7 +40,7 @@ class RMSNormImpl : public torch::nn::Module {
   RMSNormImpl(int64_t dim, double eps, bool materialize);
   torch::Tensor forward(const torch::Tensor& x);
   // true: LibTorch's one rms_norm op where the version has it (2.4+; a fused
-  // kernel, forward and backward, on CUDA from 2.8), else the composed ops.
+  // CUDA kernel in recent versions), else the composed ops.
   void set_fused(bool fused) { fused_ = fused; }
 
  private:
@@ -64,8 +64,9 @@ std::string llama_fused_ops_description();
 // makes the gradient (softmax - one-hot) chunk by chunk, in fp32, rounded
 // once to the logits' dtype. Same value as cross_entropy(logits.float(),
 // reduction sum) within fp32 rounding.
+// chunk_rows: rows per chunk; 0: about 64 MiB of fp32 logits per chunk.
 torch::Tensor fused_cross_entropy_sum(const torch::Tensor& logits, const torch::Tensor& targets,
-                                      int64_t ignore_index);
+                                      int64_t ignore_index, int64_t chunk_rows = 0);
 
 // A bias-free projection x @ weight^T; weight [out, in]. Submodule-free.
 class ProjectionImpl : public torch::nn::Module {

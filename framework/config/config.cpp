@@ -176,6 +176,9 @@ void check_consistency(const Config& cfg, const Origins& origins) {
   if (cfg.parallel.replicate == -1 && cfg.parallel.shard == -1)
     fail(key("parallel.replicate") + " and " + key("parallel.shard") +
          " are both -1; at most one degree can be derived from the world size");
+  if (cfg.profile.every > 0 && cfg.profile.active > cfg.profile.every)
+    fail(key("profile.active") + " must be at most " + key("profile.every") +
+         " (each trace covers the last profile.active steps of every profile.every)");
   if ((cfg.model.kind == "gpt" || cfg.model.kind == "llama") &&
       cfg.model.d_model % cfg.model.n_heads != 0)
     fail(key("model.d_model") + " must be divisible by " + key("model.n_heads") +

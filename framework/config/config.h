@@ -30,6 +30,7 @@ namespace framework::config {
 struct Config {
   framework::train::RunOptions run;
   framework::train::TrainOptions train;
+  framework::train::ProfileOptions profile;
   models::ModelOptions model;
   framework::data::DataOptions data;
   framework::optim::OptimOptions optim;

@@ -79,8 +79,8 @@ std::vector<Key> build_schema() {
        "for_loop on the CPU (the faster there on LibTorch 1.13). All keep the "
        "same state: a checkpoint resumes under any of them. The banner names the one picked."},
       {SHARDKIT_CONFIG_FIELD(train.fused_kernels), any_value(),
-       "Fused ops in the model where one exists: RMSNorm as LibTorch's rms_norm op (LibTorch "
-       "2.4+; fused on CUDA from 2.8), the loss over the vocabulary in chunks that never hold "
+       "Fused ops in the model where one exists: RMSNorm as LibTorch's one rms_norm op (LibTorch "
+       "2.4+; before, the composed ops), the loss over the vocabulary in chunks that never hold "
        "the whole batch's fp32 logits; false: the composed ops (to compare speed in one run)."},
       {SHARDKIT_CONFIG_FIELD(train.grad_clip), at_least(0),
        "Clip gradients to this global L2 norm; 0: no clipping."},
@@ -94,6 +94,17 @@ std::vector<Key> build_schema() {
       {SHARDKIT_CONFIG_FIELD(train.mixed_precision.reduce_dtype), one_of({"fp32", "bf16"}),
        "Dtype gradients are reduce-scattered (all-reduced for DDP) in, before they are added "
        "to the fp32 shard gradients."},
+
+      {SHARDKIT_CONFIG_FIELD(profile.every), at_least(0),
+       "Profiler traces: every N steps, the last profile.active steps of each N are traced by "
+       "LibTorch's profiler (Kineto where the build has it: CPU ops and, on CUDA, kernels and "
+       "copies; else its legacy profiler: CPU ops), one Chrome trace per rank in "
+       "profile.dir/step_<last step>/rank<r>.json; 0: off."},
+      {SHARDKIT_CONFIG_FIELD(profile.active), at_least(1),
+       "Steps each profiler trace covers (the last ones of each profile.every); at most "
+       "profile.every."},
+      {SHARDKIT_CONFIG_FIELD(profile.dir), any_value(),
+       "Where profiler traces go; empty: run.dir/profile."},
 
       {SHARDKIT_CONFIG_FIELD(model.kind), one_of({"gpt", "mlp", "llama"}),
        "Model architecture: gpt, mlp, or llama (Llama 3: RMSNorm, RoPE, grouped-query "

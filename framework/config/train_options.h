@@ -56,4 +56,14 @@ struct TrainOptions {
   int64_t sample_tokens = 64;
 };
 
+// Profiler traces (config section `profile`): every `every` steps, the last
+// `active` steps of the window are traced by LibTorch's profiler, one Chrome
+// trace per rank: DIR/step_<last>/rank<r>.json (DIR: `dir`, default
+// run.dir/profile).
+struct ProfileOptions {
+  int64_t every = 0;  // 0: off
+  int64_t active = 1;
+  std::string dir;    // "": run.dir/profile
+};
+
 }  // namespace framework::train

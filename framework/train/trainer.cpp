@@ -1,4 +1,5 @@
 #include "framework/train/trainer.h"
+#include "framework/train/profiler.h"
 
 #include <ATen/record_function.h>
 #include "framework/train/preflight.h"
@@ -110,6 +111,7 @@ struct Trainer::State {
   bool builtin_model = true;  // model and data from the config's sections
   std::unique_ptr<fsdp::FullyShardedModel> fsdp;
   std::unique_ptr<optim::ShardedAdamW> optim;
+  std::unique_ptr<StepProfiler> profiler;  // profile.every
   std::shared_ptr<data::Dataset> dataset;
   std::unique_ptr<tokenizer::Tokenizer> tokenizer;  // data.tokenizer, loaded at the first sample
   std::unique_ptr<data::DataLoader> loader;
@@ -568,6 +570,11 @@ void Trainer::State::print_banner(const std::optional<std::string>& resume_from,
               << (cfg.train.fused_kernels ? models::llama_fused_ops_description() : std::string("off"));
   }
   std::cout << std::endl;
+  if (profiler->enabled()) {
+    std::cout << "shardkit: profiler traces of the last " << cfg.profile.active << " of every "
+              << cfg.profile.every << " steps (" << StepProfiler::backend() << ") in " << profiler->dir()
+              << std::endl;
+  }
   if (host_malloc == dist::HostMallocOutcome::kEnvironment) {
     std::cout << "shardkit: run.host_malloc " << cfg.run.host_malloc
               << " left to MALLOC_* variables in the environment" << std::endl;
@@ -710,6 +717,8 @@ Trainer::Trainer(const config::Config& config, dist::Runtime& runtime, UserModel
   if (s.builtin_model) s.build_builtin_model();
   s.apply_tensor_parallel();
   s.shard_model();
+  s.profiler = std::make_unique<StepProfiler>(s.cfg.profile, s.cfg.run.dir, runtime.env.rank,
+                                              s.device.is_cuda());
   s.make_loader_and_layout();
   s.resume_source = resume_source(s.cfg);
   if (s.resume_source == ResumeSource::kAutoAfterDcp) {
@@ -773,7 +782,10 @@ int64_t Trainer::State::last_step() const {
 }
 
 LocalLoss Trainer::State::forward_next_batch() {
-  auto [host_inputs, host_targets] = loader->next();
+  auto [host_inputs, host_targets] = [&] {
+    RECORD_USER_SCOPE("shardkit::data");
+    return loader->next();
+  }();
   torch::Tensor inputs = host_inputs.to(device);
   torch::Tensor targets = host_targets.to(device);
   const LossSum loss = fsdp->forward([&] { return user.loss(inputs, targets); });
@@ -1118,10 +1130,27 @@ void Trainer::State::finish_checkpoints() {
 StepRecord Trainer::run_step() {
   State& s = *s_;
   if (!s.span) s.span = RunSpan{s.step + 1, s.last_step(), Clock::now()};
+  s.profiler->before_step(s.step + 1);
   StepRecord rec = train_step();
   s.log_step(rec, *s.span);
-  s.checkpoint_if_due(rec, s.span->last_step);
+  {
+    RECORD_USER_SCOPE("shardkit::checkpoint");
+    s.checkpoint_if_due(rec, s.span->last_step);
+  }
   s.history.back() = rec;  // now with the checkpoint outcome
+  if (s.profiler->enabled()) {
+    const std::string trace = s.profiler->after_step(s.step, s.span->last_step);
+    if (!trace.empty() && s.is_logger) {
+      std::cout << "profile steps " << std::max<int64_t>(1, s.step - s.cfg.profile.active + 1) << "-"
+                << s.step << " (" << StepProfiler::backend() << "): " << fs::path(trace).parent_path().string()
+                << "/rank*.json" << std::endl;
+      s.metrics << nlohmann::json({{"event", "profile"}, {"step", s.step}, {"backend", StepProfiler::backend()},
+                                   {"dir", fs::path(trace).parent_path().string()}})
+                       .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)
+                << "\n";
+      s.metrics.flush();
+    }
+  }
   s.log_checkpoint_events();
   const int64_t every = s.cfg.train.eval_every;
   if (every > 0 && (s.step % every == 0 || s.step == s.cfg.train.steps)) {

@@ -25,6 +25,7 @@ const std::vector<std::string> kAllKeys = {
     "train.sample_tokens", "train.device", "train.deterministic", "train.optimizer_impl", "train.fused_kernels", "train.grad_clip",
     "train.micro_batch_size", "train.mixed_precision.param_dtype",
     "train.mixed_precision.reduce_dtype",
+    "profile.every", "profile.active", "profile.dir",
     "model.kind", "model.vocab_size", "model.seq_len", "model.d_model", "model.n_layers",
     "model.n_heads", "model.n_kv_heads", "model.d_ff", "model.tie_weights", "model.rope_theta",
     "model.norm_eps", "model.rope_scaling.factor", "model.rope_scaling.low_freq_factor",
@@ -95,6 +96,9 @@ Config non_default_config() {
   c.train.deterministic = false;
   c.train.optimizer_impl = "foreach";
   c.train.fused_kernels = false;
+  c.profile.every = 7;
+  c.profile.active = 3;
+  c.profile.dir = "traces";
   c.train.grad_clip = 0.25;
   c.train.micro_batch_size = 8;
   c.train.mixed_precision.param_dtype = "bf16";

@@ -675,8 +675,8 @@ TEST(LlamaGeneration, KvCacheGivesTheLogitsOfAFullForwardAndTheSameTokens) {
 // train.fused_kernels: the fused ops against the composed LibTorch ops they
 // replace, forward and backward, on the CPU (both legs) and on a GPU
 // (CudaFusedOps, run by scripts/gpu-all). fp32 within 1e-5; bf16 within
-// 1/64 relative plus 1/64 absolute (a few bf16 steps: the fused RMSNorm of
-// LibTorch 2.8+ on CUDA rounds once where the composed ops round twice).
+// 1/64 relative plus 1/64 absolute (a few bf16 steps: a fused RMSNorm kernel
+// rounds once where the composed ops round twice).
 void expect_fused_ops_match(const torch::Device& device, torch::ScalarType dtype) {
   const bool bf16 = dtype == torch::kBFloat16;
   const double tol = bf16 ? 1.0 / 64 : 1e-5;
@@ -710,9 +710,10 @@ void expect_fused_ops_match(const torch::Device& device, torch::ScalarType dtype
   close(xb.grad(), xa.grad(), "rms_norm input gradient", tol);
   close(fused->named_parameters()["weight"].grad(), plain->named_parameters()["weight"].grad(),
         "rms_norm weight gradient", bf16 ? 4 * tol : tol);  // a sum over 132 rows
-  // Cross-entropy over the vocabulary, in chunks (3 of 512 rows here: the
-  // chunk is 64 MiB of fp32 rows), some targets ignored.
-  const int64_t vocab = 32768, rows = 1300;
+  // Cross-entropy over the vocabulary, in chunks (3 of 100 rows, the last
+  // one short), some targets ignored; then once more in the trainer's
+  // chunking (64 MiB of fp32 rows: 512 of a 32K vocabulary) below.
+  const int64_t vocab = 4096, rows = 250;
   torch::Tensor logits = (torch::randn({rows, vocab}) * 4).to(opts);
   torch::Tensor targets = torch::randint(vocab, {rows}, torch::TensorOptions(torch::kLong));
   targets.index_put_({torch::arange(0, rows, 7)}, -100);
@@ -721,7 +722,7 @@ void expect_fused_ops_match(const torch::Device& device, torch::ScalarType dtype
   torch::Tensor ref = torch::nn::functional::cross_entropy(
       la.to(torch::kFloat), targets,
       torch::nn::functional::CrossEntropyFuncOptions().ignore_index(-100).reduction(torch::kSum));
-  torch::Tensor got = models::fused_cross_entropy_sum(lb, targets, -100);
+  torch::Tensor got = models::fused_cross_entropy_sum(lb, targets, -100, /*chunk_rows=*/100);
   EXPECT_EQ(got.scalar_type(), torch::kFloat);
   const double r = ref.item<double>();
   EXPECT_NEAR(got.item<double>(), r, 1e-5 * std::abs(r)) << "cross-entropy sum on " << device << " in " << dtype;
@@ -730,6 +731,15 @@ void expect_fused_ops_match(const torch::Device& device, torch::ScalarType dtype
   close(lb.grad(), la.grad(), "cross-entropy logits gradient", bf16 ? tol : 1e-5);
   // Nothing differs where both are exact: ignored rows get zero gradient.
   EXPECT_EQ(lb.grad().index({torch::arange(0, rows, 7).to(device)}).abs().max().item<double>(), 0.0);
+  // The default chunking: one full chunk of a 32K vocabulary and a short one.
+  torch::Tensor big = (torch::randn({600, 32768}) * 4).to(opts);
+  torch::Tensor big_targets = torch::randint(32768, {600}, torch::TensorOptions(torch::kLong)).to(device);
+  const double big_ref = torch::nn::functional::cross_entropy(
+                             big.to(torch::kFloat), big_targets,
+                             torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum))
+                             .item<double>();
+  EXPECT_NEAR(models::fused_cross_entropy_sum(big, big_targets, -100).item<double>(), big_ref,
+              1e-5 * std::abs(big_ref));
 }
 
 TEST(FusedOps, RmsNormAndChunkedCrossEntropyMatchTheComposedOpsOnTheCpu) {

@@ -5,6 +5,8 @@
 #include "framework/optim/sharded_adamw.h"
 #include "models/layered_model.h"
 #include "framework/train/trainer.h"
+#include "framework/train/profiler.h"
+#include "framework/config/config.h"
 #include "support/multi_rank.h"
 #include "support/skip.h"
 
@@ -19,6 +21,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <set>
 #include <sstream>
 #include <tuple>
 
@@ -468,4 +471,69 @@ TEST(AdamWImpls, AnUnknownOrUnavailableImplementationIsAConfigError) {
       EXPECT_NE(std::string(e.what()).find("needs LibTorch 2.4"), std::string::npos) << e.what();
     }
   }
+}
+
+// profile.every / profile.active: a Chrome trace per window and rank, holding
+// LibTorch's operators and the trainer's own ranges, on both legs (Kineto on
+// 2.6, the legacy profiler on 1.13).
+TEST(ProfilerTraces, EveryWindowWritesATraceWithTheTrainersRanges) {
+  auto cfg = small_config(temp_run_dir("profile"));
+  cfg.train.steps = 6;
+  cfg.profile.every = 3;
+  cfg.profile.active = 2;
+  run_runtimes(1, [&](framework::dist::Runtime& rt) {
+    Trainer trainer(cfg, rt);
+    EXPECT_EQ(trainer.run(), 0);
+  });
+  const fs::path dir = fs::path(cfg.run.dir) / "profile";
+  std::vector<std::string> windows;
+  for (const auto& e : fs::directory_iterator(dir)) windows.push_back(e.path().filename().string());
+  std::sort(windows.begin(), windows.end());
+  EXPECT_EQ(windows, (std::vector<std::string>{"step_3", "step_6"}));
+  for (const std::string& w : windows) {
+    const fs::path trace = dir / w / "rank0.json";
+    ASSERT_TRUE(fs::exists(trace)) << trace;
+    nlohmann::json j = nlohmann::json::parse(std::ifstream(trace));  // throws on a malformed trace
+    const nlohmann::json& events = j.is_array() ? j : j.at("traceEvents");
+    std::set<std::string> names;
+    size_t aten = 0;
+    for (const auto& e : events) {
+      if (!e.contains("name") || !e["name"].is_string()) continue;
+      const std::string n = e["name"].get<std::string>();
+      names.insert(n);
+      if (n.rfind("aten::", 0) == 0) ++aten;
+    }
+    for (const char* want : {"shardkit::data", "shardkit::forward", "shardkit::step_stats", "shardkit::backward",
+                             "shardkit::finish_gradients", "shardkit::optimizer", "shardkit::checkpoint"}) {
+      EXPECT_TRUE(names.count(want)) << trace << " lacks " << want;
+    }
+    // Two steps: each range twice at least.
+    size_t optimizer_ranges = 0;
+    for (const auto& e : events) {
+      if (e.contains("name") && e["name"] == "shardkit::optimizer" && e.value("ph", "") != "E") ++optimizer_ranges;
+    }
+    EXPECT_GE(optimizer_ranges, 2u) << trace;
+    EXPECT_GT(aten, 50u) << trace << ": LibTorch's operators are missing";
+  }
+  std::ifstream metrics(fs::path(cfg.run.dir) / "metrics.jsonl");
+  int profile_events = 0;
+  for (std::string line; std::getline(metrics, line);) {
+    if (line.find("\"event\":\"profile\"") != std::string::npos) ++profile_events;
+  }
+  EXPECT_EQ(profile_events, 2);
+  std::cout << "[ profile  ] traced with " << framework::train::StepProfiler::backend() << "\n";
+  fs::remove_all(cfg.run.dir);
+}
+
+TEST(ProfilerTraces, ActiveLongerThanEveryIsAConfigError) {
+  const fs::path yaml = fs::path(temp_run_dir("profile_cfg")) / "c.yaml";
+  fs::create_directories(yaml.parent_path());
+  std::ofstream(yaml) << "profile:\n  every: 2\n  active: 3\n";
+  try {
+    framework::config::load_config(yaml.string(), {});
+    ADD_FAILURE() << "no error";
+  } catch (const framework::config::ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("profile.active"), std::string::npos) << e.what();
+  }
+  fs::remove_all(yaml.parent_path());
 }

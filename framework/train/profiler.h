@@ -1,0 +1,51 @@
+#pragma once
+// Profiler traces of chosen steps (config section `profile`), as torchtitan's
+// profiling.profile_freq: every `every` steps, the last `active` steps are
+// traced by LibTorch's profiler and written as a Chrome trace per rank
+// (DIR/step_<last>/rank<r>.json), which Perfetto, chrome://tracing and
+// bench/trace_top.py read.
+//
+// Kineto where the LibTorch build has it (Debian 13's 2.6, pip's 2.x: CPU
+// operators, and on CUDA kernels, copies and their launches); else LibTorch's
+// legacy profiler (Debian 12's 1.13: CPU operators of the profiling thread).
+// Both record the trainer's own ranges: shardkit::forward, step_stats,
+// backward, finish_gradients, optimizer, fsdp_gather, fsdp_reduce,
+// checkpoint (the save call on the training thread).
+#include "framework/config/train_options.h"
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace framework::train {
+
+class StepProfiler {
+ public:
+  StepProfiler(const ProfileOptions& options, const std::string& run_dir, int rank, bool cuda);
+  ~StepProfiler();
+  StepProfiler(const StepProfiler&) = delete;
+  StepProfiler& operator=(const StepProfiler&) = delete;
+
+  // Starts tracing when `step` opens a window.
+  void before_step(int64_t step);
+  // Stops and writes the trace when `step` closes a window; returns its path
+  // ("" otherwise). `last_step`: the run's last step this time (a window cut
+  // short by the end of the run is written there).
+  std::string after_step(int64_t step, int64_t last_step);
+  bool enabled() const { return options_.every > 0; }
+  // "kineto" or "legacy": what this LibTorch build traces with.
+  static const char* backend();
+  // Where the traces go.
+  const std::string& dir() const { return dir_; }
+
+ private:
+  struct Active;
+  ProfileOptions options_;
+  std::string dir_;
+  int rank_;
+  bool cuda_;
+  int64_t first_step_ = 0;
+  std::unique_ptr<Active> active_;
+};
+
+}  // namespace framework::train
