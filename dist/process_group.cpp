@@ -95,21 +95,77 @@ void Group::check_usable(const char* op) const {
   }
 }
 
-template <class StartFn>
-void Group::run(const char* op, StartFn&& start) {
-  check_usable(op);
-  try {
-    compat::WorkPtr work = start();
-    // The group's own timeout (Options::timeout) bounds this wait; a peer that
-    // died closes its sockets, which fails the wait sooner.
-    work->wait();
-  } catch (const std::exception& e) {
-    std::ostringstream msg;
-    msg << "dist: " << op << " on group '" << name_ << "' (rank " << rank_ << " of " << size()
-        << ", timeout " << timeout_.count() / 1000.0 << " s) failed: " << error_message(e);
-    broken_reason_ = std::string(op) + " failed";
-    throw DistError(msg.str());
+struct Work::State {
+  Group* group = nullptr;
+  const char* op = "";
+  compat::WorkPtr work;
+  std::function<void()> finish;
+};
+
+Work::Work() = default;
+Work::Work(std::unique_ptr<State> state) : state_(std::move(state)) {}
+Work::Work(Work&&) noexcept = default;
+Work& Work::operator=(Work&& other) noexcept {
+  if (this != &other) {
+    if (state_) {
+      try {
+        wait();
+      } catch (...) {
+      }
+    }
+    state_ = std::move(other.state_);
   }
+  return *this;
+}
+
+Work::~Work() {
+  if (!state_) return;
+  try {
+    wait();
+  } catch (...) {
+    // The group is marked broken; its next collective reports it.
+  }
+}
+
+void Work::wait() {
+  if (!state_) return;
+  std::unique_ptr<State> s = std::move(state_);
+  try {
+    // The group's own timeout (Options::timeout) bounds this wait; a peer
+    // that died closes its sockets, which fails the wait sooner.
+    if (s->work) s->work->wait();
+  } catch (const std::exception& e) {
+    s->group->fail(s->op, e);
+  }
+  if (s->finish) s->finish();
+}
+
+void Group::fail(const char* op, const std::exception& e) {
+  std::ostringstream msg;
+  msg << "dist: " << op << " on group '" << name_ << "' (rank " << rank_ << " of " << size()
+      << ", timeout " << timeout_.count() / 1000.0 << " s) failed: " << error_message(e);
+  broken_reason_ = std::string(op) + " failed";
+  throw DistError(msg.str());
+}
+
+template <class StartFn>
+Work Group::start(const char* op, StartFn&& start_fn, std::function<void()> finish) {
+  check_usable(op);
+  auto state = std::make_unique<Work::State>();
+  state->group = this;
+  state->op = op;
+  state->finish = std::move(finish);
+  try {
+    state->work = start_fn();
+  } catch (const std::exception& e) {
+    fail(op, e);
+  }
+  return Work(std::move(state));
+}
+
+template <class StartFn>
+void Group::run(const char* op, StartFn&& start_fn) {
+  start(op, std::forward<StartFn>(start_fn), {}).wait();
 }
 
 // Gloo (1.13's at least) refuses bfloat16 ("Invalid scalar type"). Data
@@ -120,26 +176,32 @@ bool Group::needs_bf16_bits(const at::Tensor& t) const {
   return t.scalar_type() == at::kBFloat16 && !backend_is_cuda();
 }
 
-void Group::all_reduce(at::Tensor& tensor, ReduceOp op) {
+void Group::all_reduce(at::Tensor& tensor, ReduceOp op) { all_reduce_async(tensor, op).wait(); }
+
+Work Group::all_reduce_async(at::Tensor tensor, ReduceOp op) {
   TORCH_CHECK(tensor.is_contiguous(), "all_reduce needs a contiguous tensor");
-  if (size() > 1 && needs_bf16_bits(tensor)) {
-    at::Tensor wide = tensor.to(at::kFloat);
-    all_reduce(wide, op);
-    tensor.copy_(wide);
-    return;
+  const int n = size();
+  if (n == 1) {
+    divide_for_avg(tensor, op, 1);
+    return Work();
   }
-  if (size() > 1) {
-    at::Tensor staged = on_backend_device(tensor, backend_is_cuda());
-    std::vector<at::Tensor> ts{staged};
-    c10d::AllreduceOptions opts;
-    opts.reduceOp = to_c10d(op);
-    run("all_reduce", [&] { return backend_->pg->allreduce(ts, opts); });
-    copy_back(tensor, staged);
-  }
-  divide_for_avg(tensor, op, size());
+  // bf16 on Gloo: summed in fp32 (and divided there for AVG), then rounded.
+  at::Tensor target = needs_bf16_bits(tensor) ? tensor.to(at::kFloat) : tensor;
+  at::Tensor staged = on_backend_device(target, backend_is_cuda());
+  std::vector<at::Tensor> ts{staged};
+  c10d::AllreduceOptions opts;
+  opts.reduceOp = to_c10d(op);
+  return start("all_reduce", [&] { return backend_->pg->allreduce(ts, opts); },
+               [tensor, target, staged, op, n]() mutable {
+                 copy_back(target, staged);
+                 divide_for_avg(target, op, n);
+                 copy_back(tensor, target);
+               });
 }
 
-void Group::all_gather(at::Tensor& out, const at::Tensor& in) {
+void Group::all_gather(at::Tensor& out, const at::Tensor& in) { all_gather_async(out, in).wait(); }
+
+Work Group::all_gather_async(at::Tensor out, const at::Tensor& in) {
   TORCH_CHECK(out.is_contiguous(), "all_gather: output must be contiguous");
   TORCH_CHECK(out.scalar_type() == in.scalar_type(), "all_gather: dtype mismatch ", out.dtype(),
               " vs ", in.dtype());
@@ -148,53 +210,61 @@ void Group::all_gather(at::Tensor& out, const at::Tensor& in) {
   at::Tensor flat_out = out.view({-1});
   if (size() == 1) {
     flat_out.copy_(in.reshape({-1}));
-    return;
+    return Work();
+  }
+  if (in.numel() == 0) return Work();
+  at::Tensor flat_in = in.contiguous().view({-1});
+  if (needs_bf16_bits(in)) {
+    flat_out = flat_out.view(at::kHalf);
+    flat_in = flat_in.view(at::kHalf);
   }
   // Gloo on 1.13 has no _allgather_base: gather into the chunk views of the
   // flat output instead (exact, one copy).
-  if (in.numel() == 0) return;
-  if (needs_bf16_bits(in)) {
-    at::Tensor bits = flat_out.view(at::kHalf);
-    all_gather(bits, in.contiguous().view(at::kHalf));
-    return;
-  }
   at::Tensor staged_out = on_backend_device(flat_out, backend_is_cuda());
   std::vector<std::vector<at::Tensor>> outs{staged_out.chunk(size())};
-  std::vector<at::Tensor> ins{on_backend_device(in.contiguous().view({-1}), backend_is_cuda())};
-  run("all_gather", [&] { return backend_->pg->allgather(outs, ins); });
-  copy_back(flat_out, staged_out);
+  std::vector<at::Tensor> ins{on_backend_device(flat_in, backend_is_cuda())};
+  return start("all_gather", [&] { return backend_->pg->allgather(outs, ins); },
+               [flat_out, staged_out, ins]() mutable { copy_back(flat_out, staged_out); });
 }
 
 void Group::reduce_scatter(at::Tensor& out, const at::Tensor& in, ReduceOp op) {
+  reduce_scatter_async(out, in, op).wait();
+}
+
+Work Group::reduce_scatter_async(at::Tensor out, const at::Tensor& in, ReduceOp op) {
   TORCH_CHECK(out.is_contiguous(), "reduce_scatter: output must be contiguous");
   TORCH_CHECK(out.scalar_type() == in.scalar_type(), "reduce_scatter: dtype mismatch");
   TORCH_CHECK(in.numel() == out.numel() * size(), "reduce_scatter: input has ", in.numel(),
               " elements, expected ", out.numel() * size());
   at::Tensor flat_in = in.contiguous().view({-1});
   at::Tensor flat_out = out.view({-1});
-  if (size() == 1) {
+  const int n = size();
+  if (n == 1) {
     flat_out.copy_(flat_in);
     divide_for_avg(out, op, 1);
-    return;
+    return Work();
   }
-  if (out.numel() == 0) return;
+  if (out.numel() == 0) return Work();
   TORCH_CHECK(op == ReduceOp::kSum || op == ReduceOp::kAvg,
               "reduce_scatter supports SUM and AVG");
   // Gloo has no reduce_scatter on 1.13: all-to-all sends slice j to member j,
   // then each member sums what it received in member order (deterministic).
   at::Tensor staged_in = on_backend_device(flat_in, backend_is_cuda());
   at::Tensor received = at::empty_like(staged_in);
-  std::vector<int64_t> splits(size(), out.numel());
+  std::vector<int64_t> splits(n, out.numel());
   const bool bits = needs_bf16_bits(staged_in);
   at::Tensor wire_in = bits ? staged_in.view(at::kHalf) : staged_in;
   at::Tensor wire_out = bits ? received.view(at::kHalf) : received;
-  run("reduce_scatter", [&] {
-    c10d::AllToAllOptions opts;
-    return backend_->pg->alltoall_base(wire_out, wire_in, splits, splits, opts);
-  });
-  at::Tensor summed = received.view({size(), out.numel()}).sum(/*dim=*/0);
-  flat_out.copy_(summed);
-  divide_for_avg(out, op, size());
+  return start("reduce_scatter",
+               [&] {
+                 c10d::AllToAllOptions opts;
+                 return backend_->pg->alltoall_base(wire_out, wire_in, splits, splits, opts);
+               },
+               [out, flat_out, staged_in, received, op, n]() mutable {
+                 at::Tensor summed = received.view({n, flat_out.numel()}).sum(/*dim=*/0);
+                 flat_out.copy_(summed);
+                 divide_for_avg(out, op, n);
+               });
 }
 
 void Group::broadcast(at::Tensor& tensor, int root) {

@@ -13,6 +13,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -34,6 +35,34 @@ enum class ReduceOp { kSum, kAvg, kMax, kMin };
 std::string error_message(const std::exception& e);
 
 using Bytes = std::vector<uint8_t>;
+
+class Group;
+
+// A collective in flight, from one of Group's *_async forms. wait() returns
+// once it finished and its result is in place (in the tensors the call was
+// given), and turns a failure into the same DistError as the blocking form,
+// breaking the group. Gloo runs the collective on the group's own threads;
+// NCCL on the communicator's stream, and wait() makes the current CUDA
+// stream wait for it (an event, not the host), so the host goes on. A Work
+// that goes out of scope unwaited is waited for then (its error, if any,
+// left in the group). The group must outlive its works; members issue the
+// group's collectives in the same order, and may wait for them in any order.
+class Work {
+ public:
+  Work();  // nothing in flight: wait() returns at once
+  Work(Work&&) noexcept;
+  Work& operator=(Work&&) noexcept;
+  ~Work();
+  void wait();
+  bool pending() const { return state_ != nullptr; }
+
+  struct State;  // process_group.cpp
+
+ private:
+  friend class Group;
+  explicit Work(std::unique_ptr<State> state);
+  std::unique_ptr<State> state_;
+};
 
 class Group {
  public:
@@ -68,6 +97,14 @@ class Group {
   void broadcast(at::Tensor& tensor, int root);
   void barrier();
 
+  // The same collectives, issued and not waited for: the result is in
+  // `tensor` / `out` once the returned Work's wait() returned. The tensors
+  // must not be touched (read or written) until then; the Work keeps them
+  // alive. Results are bit-identical to the blocking forms'.
+  Work all_reduce_async(at::Tensor tensor, ReduceOp op = ReduceOp::kSum);
+  Work all_gather_async(at::Tensor out, const at::Tensor& in);
+  Work reduce_scatter_async(at::Tensor out, const at::Tensor& in, ReduceOp op = ReduceOp::kSum);
+
   // Byte payloads of any length (plans, metadata, small state).
   std::vector<Bytes> all_gather_bytes(const Bytes& mine);
   Bytes broadcast_bytes(const Bytes& payload, int root);
@@ -97,6 +134,13 @@ class Group {
   // turns any failure into a DistError naming the group and `op`.
   template <class StartFn>
   void run(const char* op, StartFn&& start);
+  // Starts a collective and returns its Work; `finish` runs after a
+  // successful wait (copies back out of staging buffers, local sums).
+  template <class StartFn>
+  Work start(const char* op, StartFn&& start, std::function<void()> finish);
+  // Marks the group broken and throws the DistError naming `op` and `e`.
+  [[noreturn]] void fail(const char* op, const std::exception& e);
+  friend class Work;
   void check_usable(const char* op) const;
   bool needs_bf16_bits(const at::Tensor& t) const;
 

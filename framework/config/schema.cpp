@@ -190,6 +190,10 @@ std::vector<Key> build_schema() {
        "UserModel with a plan); replicate x shard is then world / tensor."},
       {SHARDKIT_CONFIG_FIELD(parallel.reshard_after_forward), any_value(),
        "Free gathered parameters after forward, gather again for backward."},
+      {SHARDKIT_CONFIG_FIELD(parallel.prefetch), at_least(0),
+       "Overlap: issue each unit's all-gather this many units ahead (forward order, reversed in "
+       "backward) and keep as many gradient reductions in flight; 0: every collective waited "
+       "for where it is issued. Losses are bit-identical either way."},
 
       {SHARDKIT_CONFIG_FIELD(dist.backend), one_of({"auto", "gloo", "nccl"}),
        "Process group backend; auto: nccl on cuda when built with NCCL, else gloo."},

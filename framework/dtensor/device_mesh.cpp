@@ -34,7 +34,8 @@ int64_t DeviceMesh::rank_of(const std::vector<int64_t>& coordinates,
 std::shared_ptr<DeviceMesh> DeviceMesh::create(framework::dist::Rendezvous& rv,
                                                std::vector<int64_t> shape,
                                                std::vector<std::string> axis_names,
-                                               const std::string& name) {
+                                               const std::string& name, int channels) {
+  TORCH_CHECK(channels >= 1, "DeviceMesh '", name, "': channels must be >= 1, got ", channels);
   TORCH_CHECK(!shape.empty(), "DeviceMesh '", name, "': shape must have at least one axis");
   TORCH_CHECK(axis_names.size() == shape.size(), "DeviceMesh '", name, "': ", axis_names.size(),
               " axis names for ", shape.size(), " axes");
@@ -78,7 +79,13 @@ std::shared_ptr<DeviceMesh> DeviceMesh::create(framework::dist::Rendezvous& rv,
                           " has member index ", group->rank(), ", expected coordinate ",
                           mesh->coordinates_[axis]);
     mesh->groups_.push_back(std::move(group));
+    mesh->extra_.emplace_back();
+    if (mesh->shape_[axis] == 1) continue;
+    for (int c = 1; c < channels; ++c) {
+      mesh->extra_.back().push_back(rv.new_group(group_name + ".c" + std::to_string(c), members));
+    }
   }
+  mesh->channels_ = channels;
   return mesh;
 }
 
@@ -106,6 +113,7 @@ std::shared_ptr<DeviceMesh> DeviceMesh::from_groups(
   mesh->shape_ = std::move(shape);
   mesh->axis_names_ = std::move(axis_names);
   mesh->groups_ = std::move(groups);
+  mesh->extra_.resize(mesh->groups_.size());
   mesh->global_rank_ = static_cast<int>(rank_of(mesh->coordinates_, mesh->shape_));
   int64_t total = 1;
   for (int64_t e : mesh->shape_) total *= e;
@@ -131,7 +139,9 @@ std::shared_ptr<DeviceMesh> DeviceMesh::permuted(const std::vector<int>& order) 
     view->axis_names_.push_back(axis_names_[axis]);
     view->coordinates_.push_back(coordinates_[axis]);
     view->groups_.push_back(groups_[axis]);
+    view->extra_.push_back(extra_[axis]);
   }
+  view->channels_ = channels_;
   view->global_rank_ = global_rank_;
   view->world_size_ = world_size_;
   return view;
@@ -157,6 +167,14 @@ framework::dist::Group& DeviceMesh::group(int axis) {
   TORCH_CHECK(groups_[axis] != nullptr, "DeviceMesh '", name_, "': axis '", axis_names_[axis],
               "' has no group (extent 1, made by from_groups)");
   return *groups_[axis];
+}
+
+framework::dist::Group& DeviceMesh::group(int axis, int channel) {
+  check_axis(axis);
+  TORCH_CHECK(channel >= 0, "DeviceMesh '", name_, "': channel ", channel, " is negative");
+  const auto& extra = extra_[axis];
+  const size_t c = static_cast<size_t>(channel) % (extra.size() + 1);
+  return c == 0 ? group(axis) : *extra[c - 1];
 }
 
 int DeviceMesh::axis_index(const std::string& name) const {

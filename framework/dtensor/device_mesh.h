@@ -27,10 +27,18 @@ class DeviceMesh {
   // REQUIRES: product(shape) == rv.world_size(); every extent >= 1;
   // axis_names has one distinct, non-empty name per axis; all ranks call it
   // in the same order; `name` is unique in the job (it prefixes store keys).
+  //
+  // `channels` > 1 gives every axis of extent > 1 that many groups over the
+  // same members (channel c > 0 named "<group name>.c<c>"): a group runs its
+  // collectives in order, so collectives that must overlap (FSDP's
+  // all-gathers beside its reduce-scatters) go on different channels. Each
+  // extra channel costs, per rank and axis of extent E: Gloo, E - 1 more
+  // connections and the group's 2 worker threads; NCCL, one more
+  // communicator (and stream) with its own buffers.
   static std::shared_ptr<DeviceMesh> create(framework::dist::Rendezvous& rv,
                                             std::vector<int64_t> shape,
                                             std::vector<std::string> axis_names,
-                                            const std::string& name = "mesh");
+                                            const std::string& name = "mesh", int channels = 1);
 
   // A mesh over groups the caller already has (e.g. dist::wrap_c10d_backend
   // of their own c10d backends): groups[axis] is this rank's group along
@@ -68,6 +76,11 @@ class DeviceMesh {
   // coordinate(axis). The mesh owns it; it lives as long as the mesh.
   // Throws for an extent-1 axis made by from_groups without a group.
   framework::dist::Group& group(int axis);
+  // Channel `channel` of `axis` (see create): group(axis) for channel 0, for
+  // an axis of extent 1, and on a mesh made with fewer channels (channel
+  // modulo the count), so callers may always name the channel they want.
+  framework::dist::Group& group(int axis, int channel);
+  int channels() const { return channels_; }
   // The axis called `name`; TORCH_CHECK names it when unknown.
   int axis_index(const std::string& name) const;
   int global_rank() const { return global_rank_; }
@@ -87,6 +100,9 @@ class DeviceMesh {
   std::vector<std::string> axis_names_;
   std::vector<int64_t> coordinates_;
   std::vector<std::shared_ptr<framework::dist::Group>> groups_;  // one per axis
+  // extra_[axis][c - 1]: channel c of the axis (empty for extent 1).
+  std::vector<std::vector<std::shared_ptr<framework::dist::Group>>> extra_;
+  int channels_ = 1;
   int global_rank_ = 0;
   int world_size_ = 1;
 };

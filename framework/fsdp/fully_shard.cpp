@@ -44,6 +44,15 @@ int64_t tensor_bytes(const torch::Tensor& t) {
   return t.numel() * static_cast<int64_t>(t.element_size());
 }
 
+// The mesh channels (DeviceMesh::create's `channels`): all-gathers, and
+// everything else that is not a gradient reduction, on the axis's first
+// group; reduce-scatters and the replicate axis's all-reduces on the second,
+// so that an all-gather never queues behind a reduction in flight. On a
+// mesh with one channel both are the same group.
+constexpr int kGatherChannel = 0;
+constexpr int kReduceChannel = 1;
+constexpr size_t kNotInOrder = static_cast<size_t>(-1);
+
 }  // namespace
 
 struct ParamSlot {
@@ -80,6 +89,7 @@ struct Bucket {
 
 struct FullyShardedModel::Unit {
   std::string name;
+  size_t index = 0;          // in units_
   std::vector<ParamSlot> params;
   std::vector<Bucket> buckets;
   int64_t full_bytes = 0;
@@ -89,6 +99,29 @@ struct FullyShardedModel::Unit {
   bool reduced = false;
   size_t grads_arrived = 0;
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators;  // kept alive
+  // An all-gather issued ahead (prefetch): one per bucket, into gather_recv.
+  bool gathering = false;
+  std::vector<dist::Work> gather_work;
+  std::vector<torch::Tensor> gather_recv;
+};
+
+// One bucket's share of a unit's gradient reduction.
+struct FullyShardedModel::ReducePart {
+  size_t bucket = 0;
+  torch::Tensor send;   // the reduce-scatter's input (FSDP, HSDP), reduce_dtype
+  torch::Tensor mine;   // its output: this rank's rows, reduce_dtype
+  dist::Work rs;
+  torch::Tensor grads;  // this backward's gradients of this rank, in the shards' dtype
+  torch::Tensor wire;   // the replicate axis's all-reduce (DDP, HSDP), reduce_dtype
+  dist::Work ar;
+  bool sync = true;     // the backward that made it synced (set_requires_gradient_sync)
+  bool parked = false;  // left in the bucket's unsynced sum
+};
+
+struct FullyShardedModel::Reduction {
+  Unit* unit = nullptr;
+  std::vector<ReducePart> parts;
+  bool all_reduce = false;  // an all-reduce was issued for one of the parts
 };
 
 namespace {
@@ -156,7 +189,19 @@ UnitScope::UnitScope(const torch::nn::Module& unit) {
     owner_ = it->second.first;
     unit_ = it->second.second;
   }
-  owner_->gather(*owner_->units_[unit_]);
+  FullyShardedModel& m = *owner_;
+  FullyShardedModel::Unit& u = *m.units_[unit_];
+  m.gather(u);
+  if (!m.in_backward_) {
+    // A forward (not activation checkpointing's recompute in backward):
+    // record the order, and issue the next units' all-gathers.
+    if (unit_ < m.seen_.size() && !m.seen_[unit_]) {
+      m.seen_[unit_] = true;
+      m.this_order_.push_back(unit_);
+    }
+    m.prefetch_next(u, /*backward=*/false);
+  }
+  m.log("forward", u);
 }
 
 torch::Tensor UnitScope::output(torch::Tensor out) {
@@ -167,7 +212,7 @@ torch::Tensor UnitScope::output(torch::Tensor out) {
     // before the unit's own backward ops run.
     FullyShardedModel* owner = owner_;
     FullyShardedModel::Unit* unit = owner_->units_[unit_].get();
-    out.register_hook([owner, unit](const torch::Tensor&) { owner->gather(*unit); });
+    out.register_hook([owner, unit](const torch::Tensor&) { owner->before_unit_backward(*unit); });
   }
   return out;
 }
@@ -177,7 +222,10 @@ UnitScope::~UnitScope() {
   const bool training = torch::GradMode::is_enabled();
   // Without an output there is no hook to gather again for backward: keep
   // the parameters until the unit's gradients are reduced.
-  if (!training || (has_output_ && owner_->options_.reshard_after_forward)) {
+  // With prefetch on, the forward's last unit stays gathered: its backward
+  // comes first, right after the loss.
+  const bool keep = owner_->options_.prefetch > 0 && owner_->last_in_order(unit_);
+  if (!training || (has_output_ && owner_->options_.reshard_after_forward && !keep)) {
     owner_->release(*owner_->units_[unit_]);
   }
 }
@@ -360,8 +408,12 @@ std::vector<const torch::nn::Module*> FullyShardedModel::make_units(
     }
     units_.push_back(std::make_unique<Unit>());
     units_.back()->name = name;
+    units_.back()->index = units_.size() - 1;
     unit_modules.push_back(it->second.get());
   }
+  std::vector<size_t> order;
+  for (size_t u = 1; u < units_.size(); ++u) order.push_back(u);
+  set_order(std::move(order));
   return unit_modules;
 }
 
@@ -503,6 +555,20 @@ bool FullyShardedModel::param_trainable(size_t index) const {
   return unit->params[slot].trainable;
 }
 
+void FullyShardedModel::set_order(std::vector<size_t> order) {
+  order_ = std::move(order);
+  pos_.assign(units_.size(), kNotInOrder);
+  for (size_t i = 0; i < order_.size(); ++i) pos_[order_[i]] = i;
+}
+
+bool FullyShardedModel::last_in_order(size_t unit) const {
+  return !order_.empty() && order_.back() == unit;
+}
+
+void FullyShardedModel::log(const char* what, const Unit& unit) {
+  if (log_schedule_) schedule_.push_back(std::string(what) + " " + unit.name);
+}
+
 void FullyShardedModel::begin_forward() {
   const bool ddp = mesh_->size(shard_axis_) == 1;
   for (auto& u : units_) {
@@ -510,17 +576,32 @@ void FullyShardedModel::begin_forward() {
     u->grads_arrived = 0;
     if (ddp) u->gathered = false;  // refreshed from the (updated) masters by gather
   }
+  in_backward_ = false;
+  this_order_.clear();
+  seen_.assign(units_.size(), false);
   if (torch::GradMode::is_enabled() && options_.broadcast_buffers) broadcast_buffers();
+  issue_gather(*units_[0]);
+  // The first units' all-gathers go out behind the root's.
+  for (size_t i = 0; !ddp && i < order_.size() && i < static_cast<size_t>(options_.prefetch); ++i) {
+    issue_gather(*units_[order_[i]]);
+  }
   gather(*units_[0]);
 }
 
 void FullyShardedModel::end_forward() {
+  if (!this_order_.empty() && this_order_ != order_) set_order(this_order_);
   if (torch::GradMode::is_enabled()) return;  // the root is needed for backward
   for (auto& u : units_) release(*u);
 }
 
 void FullyShardedModel::abort_forward() {
-  for (auto& u : units_) release(*u);
+  for (auto& u : units_) {
+    try {
+      release(*u);
+    } catch (...) {
+      // The forward's own error is the one to report.
+    }
+  }
 }
 
 void FullyShardedModel::rethrow_forward_error(const c10::Error& e) {
@@ -555,8 +636,15 @@ void FullyShardedModel::broadcast_buffers() {
 
 void FullyShardedModel::gather(Unit& unit) {
   if (unit.gathered) return;
+  issue_gather(unit);
+  finish_gather(unit);
+}
+
+// Packs this rank's shards of each bucket and issues the bucket's
+// all-gather; finish_gather waits for it and fills the parameters.
+void FullyShardedModel::issue_gather(Unit& unit) {
+  if (unit.gathered || unit.gathering) return;
   RECORD_USER_SCOPE("shardkit::fsdp_gather");  // a profile's phase (docs/gpu.md)
-  unit.gathered = true;
   const int64_t shards = mesh_->size(shard_axis_);
   torch::NoGradGuard no_grad;
   if (shards == 1) {
@@ -565,8 +653,11 @@ void FullyShardedModel::gather(Unit& unit) {
     for (const ParamSlot& p : unit.params) {
       if (!p.local.is_same(p.full)) raw_flat(p.full).copy_(p.local.reshape({-1}));
     }
+    unit.gathered = true;
     return;
   }
+  log("gather.issue", unit);
+  unit.gathering = true;
   for (const Bucket& bucket : unit.buckets) {
     // In the module parameters' dtype (param_dtype): the cast to it happens
     // before the all-gather, which then moves half the bytes for bf16.
@@ -578,24 +669,73 @@ void FullyShardedModel::gather(Unit& unit) {
       send.narrow(0, p.seg_offset, p.mine.size * p.row_numel).copy_(p.local.reshape({-1}));
     }
     torch::Tensor recv = torch::empty({shards * bucket.seg_numel}, dtype);
-    mesh_->group(shard_axis_).all_gather(recv, send);
+    unit.gather_work.push_back(mesh_->group(shard_axis_, kGatherChannel).all_gather_async(recv, send));
+    unit.gather_recv.push_back(recv);
     ++counts_.all_gathers;
-    for (size_t m : bucket.members) {
-      const ParamSlot& p = unit.params[m];
-      alloc_storage(p.full, static_cast<size_t>(tensor_bytes(p.full)));
-      torch::Tensor dst = raw_flat(p.full);
-      for (int64_t r = 0; r < shards; ++r) {
-        dtensor::Span span = chunk_span(p.rows, shards, r);
-        dst.narrow(0, span.offset * p.row_numel, span.size * p.row_numel)
-            .copy_(recv.narrow(0, r * bucket.seg_numel + p.seg_offset, span.size * p.row_numel));
-      }
-    }
   }
   live_bytes_ += unit.full_bytes;
   stats_.peak_gathered_bytes = std::max(stats_.peak_gathered_bytes, live_bytes_);
 }
 
+void FullyShardedModel::finish_gather(Unit& unit) {
+  if (!unit.gathering) return;
+  RECORD_USER_SCOPE("shardkit::fsdp_gather");
+  torch::NoGradGuard no_grad;
+  const int64_t shards = mesh_->size(shard_axis_);
+  std::vector<dist::Work> work = std::move(unit.gather_work);
+  std::vector<torch::Tensor> recv = std::move(unit.gather_recv);
+  unit.gather_work.clear();
+  unit.gather_recv.clear();
+  unit.gathering = false;
+  try {
+    for (size_t b = 0; b < unit.buckets.size(); ++b) {
+      const Bucket& bucket = unit.buckets[b];
+      work[b].wait();
+      for (size_t m : bucket.members) {
+        const ParamSlot& p = unit.params[m];
+        alloc_storage(p.full, static_cast<size_t>(tensor_bytes(p.full)));
+        torch::Tensor dst = raw_flat(p.full);
+        for (int64_t r = 0; r < shards; ++r) {
+          dtensor::Span span = chunk_span(p.rows, shards, r);
+          dst.narrow(0, span.offset * p.row_numel, span.size * p.row_numel)
+              .copy_(recv[b].narrow(0, r * bucket.seg_numel + p.seg_offset, span.size * p.row_numel));
+        }
+      }
+      recv[b] = torch::Tensor();
+    }
+  } catch (...) {
+    for (const ParamSlot& p : unit.params) free_storage(p.full);
+    live_bytes_ -= unit.full_bytes;
+    throw;
+  }
+  unit.gathered = true;
+  log("gather.wait", unit);
+}
+
+void FullyShardedModel::prefetch_next(const Unit& unit, bool backward) {
+  const size_t n = static_cast<size_t>(std::max<int64_t>(options_.prefetch, 0));
+  if (n == 0 || mesh_->size(shard_axis_) == 1 || unit.is_root) return;
+  const size_t p = pos_[unit.index];
+  if (p == kNotInOrder) return;
+  for (size_t j = 1; j <= n; ++j) {
+    if (backward ? j > p : p + j >= order_.size()) break;
+    issue_gather(*units_[order_[backward ? p - j : p + j]]);
+  }
+}
+
+// The hook on a unit's output: its gradient arrived, so the unit's own
+// backward is next. Its parameters are gathered (or its prefetched gather
+// waited for), and the gathers of the units whose backward comes after it
+// go out.
+void FullyShardedModel::before_unit_backward(Unit& unit) {
+  in_backward_ = true;
+  log("backward", unit);
+  gather(unit);
+  prefetch_next(unit, /*backward=*/true);
+}
+
 void FullyShardedModel::release(Unit& unit) {
+  finish_gather(unit);  // a prefetched all-gather that no forward used
   if (!unit.gathered) return;
   // DDP: the parameters stay whole (and up to date) until the next forward.
   if (mesh_->size(shard_axis_) == 1) return;
@@ -613,29 +753,59 @@ void FullyShardedModel::on_grad_accumulated(Unit& unit) {
   if (++unit.grads_arrived == unit.trainable) reduce_grads(unit);
 }
 
-// Adds this backward's gradients `mine` (this rank's, in the shards' dtype;
-// for HSDP already reduce-scattered) to the bucket. Over the replicate axis
-// (DDP, HSDP) they are summed across replicas, in `wire_dtype`, only when
-// this backward syncs: until then they wait in `unsynced`, so each
-// micro-batch's gradients are all-reduced exactly once, whichever backward
-// passes sync. Without replicas (FSDP) there is nothing to wait for.
-void FullyShardedModel::add_replicated(Bucket& bucket, torch::Tensor mine, torch::ScalarType wire_dtype) {
-  if (mesh_->size(replicate_axis_) > 1) {
-    if (bucket.unsynced.defined()) mine.add_(bucket.unsynced);
-    if (!sync_) {
-      bucket.unsynced = mine;
-      return;
-    }
-    bucket.unsynced = torch::Tensor();
-    torch::Tensor wire = mine.to(wire_dtype);
-    mesh_->group(replicate_axis_).all_reduce(wire);
-    ++counts_.all_reduces;
-    if (!wire.is_same(mine)) mine.copy_(wire);
+// This backward's gradients `part.grads` (this rank's, in the shards' dtype;
+// for HSDP already reduce-scattered) over the replicate axis (DDP, HSDP):
+// summed across replicas, in the reduce dtype, only when this backward
+// syncs; until then they wait in `unsynced`, so each micro-batch's
+// gradients are all-reduced exactly once, whichever backward passes sync.
+// Without replicas (FSDP) there is nothing to do.
+void FullyShardedModel::issue_replicated(const Unit& unit, Bucket& bucket, ReducePart& part) {
+  if (mesh_->size(replicate_axis_) == 1) return;
+  if (bucket.unsynced.defined()) part.grads.add_(bucket.unsynced);
+  if (!part.sync) {
+    bucket.unsynced = part.grads;
+    part.parked = true;
+    return;
+  }
+  bucket.unsynced = torch::Tensor();
+  part.wire = part.grads.to(comm_dtype(bucket.dtype));
+  part.ar = mesh_->group(replicate_axis_, kReduceChannel).all_reduce_async(part.wire);
+  ++counts_.all_reduces;
+  (void)unit;
+}
+
+// Adds the reduced gradients to what earlier backward passes of the step
+// left in the bucket, and points the shards' .grad at it.
+void FullyShardedModel::finish_replicated(Unit& unit, Bucket& bucket, ReducePart& part) {
+  if (part.parked) return;
+  if (part.wire.defined()) {
+    part.ar.wait();
+    if (!part.wire.is_same(part.grads)) part.grads.copy_(part.wire);
+    part.wire = torch::Tensor();
   }
   if (bucket.grad_buffer.defined()) {
-    bucket.grad_buffer.add_(mine);  // accumulation: the shards' .grad are views of it
+    bucket.grad_buffer.add_(part.grads);  // accumulation: the shards' .grad are views of it
   } else {
-    bucket.grad_buffer = mine;
+    bucket.grad_buffer = part.grads;
+  }
+  part.grads = torch::Tensor();
+  if (mesh_->size(shard_axis_) == 1) {
+    // DDP: until the step's last backward the sum stays in the buffer: the
+    // parameter is its own shard here, so a .grad view would have the next
+    // backward accumulate into it.
+    if (!part.sync) return;
+    for (size_t m : bucket.members) {
+      ParamSlot& p = unit.params[m];
+      p.local.mutable_grad() =
+          bucket.grad_buffer.narrow(0, p.seg_offset, p.local.numel()).view(p.local.sizes());
+    }
+    bucket.grad_views = true;
+    return;
+  }
+  for (size_t m : bucket.members) {
+    ParamSlot& p = unit.params[m];
+    p.local.mutable_grad() =
+        bucket.grad_buffer.narrow(0, p.seg_offset, p.mine.size * p.row_numel).view(p.local.sizes());
   }
 }
 
@@ -646,16 +816,29 @@ torch::ScalarType FullyShardedModel::comm_dtype(torch::ScalarType bucket_dtype) 
 // This backward's gradients of the unit, reduced (summed over the
 // data-parallel ranks) in reduce_dtype and added, in the shards' dtype, to
 // what earlier backward passes of the step left in the shards' .grad.
+// With prefetch 0 the reduction is complete on return. Otherwise the
+// reduce-scatters (then the replicate axis's all-reduces) stay in flight
+// while the backward goes on: at most `prefetch` of each once this one is
+// issued, the older ones waited for before this one's buffers exist, and
+// all of them by finish_backward.
 void FullyShardedModel::reduce_grads(Unit& unit) {
-  RECORD_USER_SCOPE("shardkit::fsdp_reduce");
   if (unit.reduced) return;
+  RECORD_USER_SCOPE("shardkit::fsdp_reduce");
   unit.reduced = true;
   torch::NoGradGuard no_grad;
   const int64_t shards = mesh_->size(shard_axis_);
-  for (Bucket& bucket : unit.buckets) {
+  const size_t limit = static_cast<size_t>(std::max<int64_t>(options_.prefetch, 1));
+  while (!reducing_.empty() && reducing_.size() >= limit) wait_reduce_scatter();
+  auto rec = std::make_unique<Reduction>();
+  rec->unit = &unit;
+  for (size_t b = 0; b < unit.buckets.size(); ++b) {
+    Bucket& bucket = unit.buckets[b];
     if (!bucket.trainable) continue;
     const auto local_options = unit.params[bucket.members.front()].local.options().requires_grad(false);
     const auto comm = local_options.dtype(comm_dtype(bucket.dtype));
+    ReducePart part;
+    part.bucket = b;
+    part.sync = sync_;
     if (shards == 1) {
       // DDP: one flat all-reduce of the bucket's gradients across replicas,
       // with those of the micro-batches that skipped it. The parameter is its
@@ -674,22 +857,12 @@ void FullyShardedModel::reduce_grads(Unit& unit) {
           flat.narrow(0, p.seg_offset, p.full.numel()).copy_(p.full.grad().reshape({-1}));
         }
       }
-      torch::Tensor mine = flat.to(local_options.dtype());
+      part.grads = flat.to(local_options.dtype());
       for (size_t m : bucket.members) unit.params[m].full.mutable_grad().reset();
-      add_replicated(bucket, mine, comm_dtype(bucket.dtype));
-      // Until the step's last backward the sum stays in the buffer: the
-      // parameter is its own shard here, so a .grad view would have the next
-      // backward accumulate into it.
-      if (!sync_ || !bucket.grad_buffer.defined()) continue;
-      for (size_t m : bucket.members) {
-        ParamSlot& p = unit.params[m];
-        p.local.mutable_grad() =
-            bucket.grad_buffer.narrow(0, p.seg_offset, p.local.numel()).view(p.local.sizes());
-      }
-      bucket.grad_views = true;
+      rec->parts.push_back(std::move(part));
       continue;
     }
-    torch::Tensor send = torch::zeros({shards * bucket.seg_numel}, comm);
+    part.send = torch::zeros({shards * bucket.seg_numel}, comm);
     for (size_t m : bucket.members) {
       const ParamSlot& p = unit.params[m];
       const torch::Tensor& g = p.full.grad();
@@ -697,28 +870,70 @@ void FullyShardedModel::reduce_grads(Unit& unit) {
       torch::Tensor flat = g.reshape({-1});
       for (int64_t r = 0; r < shards; ++r) {
         dtensor::Span span = chunk_span(p.rows, shards, r);
-        send.narrow(0, r * bucket.seg_numel + p.seg_offset, span.size * p.row_numel)
+        part.send.narrow(0, r * bucket.seg_numel + p.seg_offset, span.size * p.row_numel)
             .copy_(flat.narrow(0, span.offset * p.row_numel, span.size * p.row_numel));
       }
     }
-    torch::Tensor mine = torch::empty({bucket.seg_numel}, comm);
-    mesh_->group(shard_axis_).reduce_scatter(mine, send);
+    part.mine = torch::empty({bucket.seg_numel}, comm);
+    part.rs = mesh_->group(shard_axis_, kReduceChannel).reduce_scatter_async(part.mine, part.send);
     ++counts_.reduce_scatters;
+    // The send buffer now holds what the full gradients held.
     for (size_t m : bucket.members) {
       ParamSlot& p = unit.params[m];
       if (p.full.grad().defined()) live_bytes_ -= tensor_bytes(p.full);
       p.full.mutable_grad().reset();
     }
-    // FSDP: the shard gradients; HSDP: and across replicas, once per step.
-    add_replicated(bucket, mine.to(local_options.dtype()), comm_dtype(bucket.dtype));
-    if (!bucket.grad_buffer.defined()) continue;  // nothing synced yet this step
-    for (size_t m : bucket.members) {
-      ParamSlot& p = unit.params[m];
-      p.local.mutable_grad() =
-          bucket.grad_buffer.narrow(0, p.seg_offset, p.mine.size * p.row_numel).view(p.local.sizes());
-    }
+    live_bytes_ += tensor_bytes(part.send);
+    stats_.peak_gathered_bytes = std::max(stats_.peak_gathered_bytes, live_bytes_);
+    rec->parts.push_back(std::move(part));
   }
-  if (shards > 1) release(unit);
+  if (shards > 1) {
+    if (!rec->parts.empty()) log("reduce.issue", unit);
+    release(unit);
+  }
+  reducing_.push_back(std::move(rec));
+  if (shards == 1) wait_reduce_scatter();  // DDP: no reduce-scatter; its all-reduce goes out now
+  if (options_.prefetch <= 0) drain_reductions();
+}
+
+// The oldest reduction's reduce-scatters are waited for; its all-reduces
+// over the replicate axis go out.
+void FullyShardedModel::wait_reduce_scatter() {
+  std::unique_ptr<Reduction> rec = std::move(reducing_.front());
+  reducing_.pop_front();
+  Unit& unit = *rec->unit;
+  const bool scattered = mesh_->size(shard_axis_) > 1;
+  for (ReducePart& part : rec->parts) {
+    if (!scattered) continue;
+    const auto local_dtype = unit.params[unit.buckets[part.bucket].members.front()].local.scalar_type();
+    part.rs.wait();
+    live_bytes_ -= tensor_bytes(part.send);
+    part.send = torch::Tensor();
+    part.grads = part.mine.to(local_dtype);
+    part.mine = torch::Tensor();
+  }
+  if (scattered && !rec->parts.empty()) log("reduce.wait", unit);
+  for (ReducePart& part : rec->parts) {
+    issue_replicated(unit, unit.buckets[part.bucket], part);
+    rec->all_reduce = rec->all_reduce || part.wire.defined();
+  }
+  if (rec->all_reduce) log("allreduce.issue", unit);
+  replicating_.push_back(std::move(rec));
+  const size_t limit = static_cast<size_t>(std::max<int64_t>(options_.prefetch, 0));
+  while (replicating_.size() > limit) wait_all_reduce();
+}
+
+void FullyShardedModel::wait_all_reduce() {
+  std::unique_ptr<Reduction> rec = std::move(replicating_.front());
+  replicating_.pop_front();
+  Unit& unit = *rec->unit;
+  for (ReducePart& part : rec->parts) finish_replicated(unit, unit.buckets[part.bucket], part);
+  if (rec->all_reduce) log("allreduce.wait", unit);
+}
+
+void FullyShardedModel::drain_reductions() {
+  while (!reducing_.empty()) wait_reduce_scatter();
+  while (!replicating_.empty()) wait_all_reduce();
 }
 
 void FullyShardedModel::finish_backward() {
@@ -726,7 +941,9 @@ void FullyShardedModel::finish_backward() {
   // same on every rank, so any catch-up collectives line up.
   for (size_t i = units_.size(); i-- > 1;) reduce_grads(*units_[i]);
   reduce_grads(*units_[0]);
+  drain_reductions();
   for (auto& u : units_) release(*u);
+  in_backward_ = false;
 }
 
 std::vector<torch::Tensor> FullyShardedModel::local_params() const {

@@ -30,8 +30,20 @@
 // the whole model: it needs no change to the model, and gathers every
 // parameter for the forward.
 //
-// Only one unit is ever gathered besides the root, so parameter plus
-// gradient memory per rank is the sharded total plus the largest unit.
+// Overlap (options.prefetch = N, default 1; FSDP2's implicit prefetch):
+// while a unit runs, the all-gathers of the next N units (in the last
+// forward's order; in backward, the reverse) are in flight, and a unit's
+// gradient reduction stays in flight while the next unit's backward runs
+// (at most N; all are done by finish_backward). Collectives run through
+// dist::Group's async forms: reduce-scatters and all-reduces on the mesh's
+// channel 1, all-gathers on channel 0 (DeviceMesh::create's `channels`; one
+// group serves both on a mesh with one channel). Results are bit-identical
+// to N = 0, where each collective is waited for where it is issued.
+//
+// Memory: with N = 0 only one unit is ever gathered besides the root, so
+// parameter plus gradient memory per rank is the sharded total plus the
+// largest unit's parameters and gradients; with N, up to 1 + N units in
+// forward and 2 + 2N in backward (docs/parallelism.md).
 // With shard size 1 (DDP) the local tensor is the module parameter itself
 // and gradients are all-reduced; with replicate > 1 (HSDP) the reduce-scatter
 // is followed by an all-reduce across replicas.
@@ -99,6 +111,7 @@
 
 #include <torch/torch.h>
 
+#include <deque>
 #include <functional>
 #include <memory>
 #include <string>
@@ -244,6 +257,16 @@ class FullyShardedModel {
   // the accumulated gradients stay sharded. Set it back to true before the
   // last backward of the step, which all-reduces the sum.
   void set_requires_gradient_sync(bool sync) { sync_ = sync; }
+
+  // The schedule of collectives, for tests and for seeing the overlap: with
+  // logging on, one entry per event, in the order they happened on this
+  // rank: "gather.issue U", "gather.wait U", "forward U" (the unit's forward
+  // starts), "backward U" (its output's gradient arrived), "reduce.issue U",
+  // "reduce.wait U", "allreduce.issue U", "allreduce.wait U" (U: the unit's
+  // name). Off by default (it grows by a few entries per unit and step).
+  void set_schedule_logging(bool on) { log_schedule_ = on; }
+  const std::vector<std::string>& schedule() const { return schedule_; }
+  void clear_schedule() { schedule_.clear(); }
   const CollectiveCounts& collective_counts() const { return counts_; }
   void reset_collective_counts() { counts_ = CollectiveCounts{}; }
 
@@ -254,6 +277,7 @@ class FullyShardedModel {
   const ParallelOptions& options() const { return options_; }
 
   struct Unit;  // one FSDP unit; defined in fully_shard.cpp
+  struct Reduction;  // one unit's gradient reduction in flight; fully_shard.cpp
 
  private:
   friend class UnitScope;
@@ -271,10 +295,28 @@ class FullyShardedModel {
   void register_units(const std::vector<const torch::nn::Module*>& unit_modules);
   void broadcast_buffers();
   void gather(Unit& unit);
+  void issue_gather(Unit& unit);
+  void finish_gather(Unit& unit);
+  // Issues the all-gathers of the `options_.prefetch` units after `unit` in
+  // forward order (backward: before it), those not gathered yet.
+  void prefetch_next(const Unit& unit, bool backward);
+  void before_unit_backward(Unit& unit);
   void release(Unit& unit);
   void reduce_grads(Unit& unit);
+  void wait_reduce_scatter();
+  void wait_all_reduce();
+  void drain_reductions();
+  void log(const char* what, const Unit& unit);
+  bool last_in_order(size_t unit) const;
+  void set_order(std::vector<size_t> order);
   torch::ScalarType comm_dtype(torch::ScalarType bucket_dtype) const;
-  void add_replicated(Bucket& bucket, torch::Tensor mine, torch::ScalarType wire_dtype);
+  // The replicate axis of one bucket's reduction: issue_replicated sums this
+  // backward's gradients with the unsynced ones and, when this backward
+  // syncs, issues their all-reduce; finish_replicated waits for it and adds
+  // the result to the bucket's .grad buffer (FSDP, HSDP, DDP alike).
+  struct ReducePart;
+  void issue_replicated(const Unit& unit, Bucket& bucket, ReducePart& part);
+  void finish_replicated(Unit& unit, Bucket& bucket, ReducePart& part);
   void on_grad_accumulated(Unit& unit);
 
   std::shared_ptr<torch::nn::Module> module_;
@@ -291,6 +333,17 @@ class FullyShardedModel {
   CollectiveCounts counts_;
   int64_t live_bytes_ = 0;
   bool sync_ = true;
+  // Forward order of the units (indices into units_, the root left out):
+  // the registration order until a forward has run, then the order of the
+  // last forward. pos_[u] is unit u's place in it (npos: not in it).
+  std::vector<size_t> order_, this_order_, pos_;
+  std::vector<bool> seen_;
+  bool in_backward_ = false;
+  // Reductions in flight: their reduce-scatters, then their all-reduces
+  // over the replicate axis, oldest first.
+  std::deque<std::unique_ptr<Reduction>> reducing_, replicating_;
+  bool log_schedule_ = false;
+  std::vector<std::string> schedule_;
   bool mixed_ = false;  // a mixed-precision policy other than fp32/fp32
   torch::ScalarType param_dtype_ = torch::kFloat;
   torch::ScalarType reduce_dtype_ = torch::kFloat;

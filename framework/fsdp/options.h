@@ -38,6 +38,15 @@ struct ParallelOptions {
   // Free each unit's gathered parameters after its forward and gather them
   // again for its backward (less memory, one more all-gather per unit).
   bool reshard_after_forward = true;
+  // Overlap (FSDP2's implicit prefetch): how many units ahead a unit's
+  // all-gather is issued -- in forward order during the forward, in
+  // reverse order during the backward -- and how many gradient reductions
+  // may stay in flight while the backward goes on. 0: every collective runs
+  // where it is needed and is waited for at once (no overlap). Results are
+  // bit-identical either way. The trainer gives the mesh a second channel
+  // (its own process groups) when it is above 0, so all-gathers do not
+  // queue behind reduce-scatters.
+  int64_t prefetch = 1;
   // Training forwards broadcast the module's buffers (e.g. BatchNorm running
   // statistics) from the mesh's first rank, as DDP does. Not a config key.
   bool broadcast_buffers = true;

@@ -382,7 +382,10 @@ MemoryEstimate estimate_memory(const config::Config& cfg, int world_size) {
   m.grads = m.params;
   m.optimizer = 2 * m.params;
   if (shard > 1) {
-    m.gathered = 2 * size.largest_unit / tensor * compute;
+    // Parameters and gradients of the unit in backward; with prefetch N,
+    // N more units gathered ahead and up to N reductions' buffers in flight.
+    const double prefetch = static_cast<double>(std::max<int64_t>(cfg.parallel.prefetch, 0));
+    m.gathered = (2 + 2 * prefetch) * size.largest_unit / tensor * compute;
   } else if (bf16) {
     m.gathered = 2 * size.parameters / tensor * compute;  // DDP: bf16 parameters and gradients beside the masters
   }

@@ -614,12 +614,17 @@ void Trainer::State::build_mesh() {
   const int world = rt.env.world_size;
   const int rank = rt.env.rank;
   mesh_shape = fsdp::mesh_shape_for(cfg.parallel, world);
+  // With prefetch, all-gathers and gradient reductions overlap: each on its
+  // own channel (process groups of their own) of the data-parallel axes.
+  const int channels = cfg.parallel.prefetch > 0 ? 2 : 1;
   if (mesh_shape.size() == 3) {
-    mesh = dtensor::DeviceMesh::create(*rt.rendezvous, mesh_shape, {"replicate", "shard", "tensor"});
+    mesh = dtensor::DeviceMesh::create(*rt.rendezvous, mesh_shape, {"replicate", "shard", "tensor"},
+                                       "mesh", channels);
     tp_size = mesh_shape[2];
     tp_rank = mesh->coordinate(2);
   } else {
-    mesh = dtensor::DeviceMesh::create(*rt.rendezvous, mesh_shape, {"replicate", "shard"});
+    mesh = dtensor::DeviceMesh::create(*rt.rendezvous, mesh_shape, {"replicate", "shard"}, "mesh",
+                                       channels);
   }
   // The tensor axis is innermost: rank = data-parallel rank x tensor + tp_rank.
   dp_size = world / tp_size;

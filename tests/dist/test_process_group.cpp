@@ -108,6 +108,62 @@ TEST_P(CollectivesAcrossWorlds, GatherAndScatterBytesReachOnlyTheirMembers) {
   });
 }
 
+// The *_async forms (what FSDP's prefetch issues): the blocking forms' bits,
+// fp32 and bf16 (Gloo moves bf16 as fp16 bits and sums it in fp32 or
+// after moving), with collectives on two groups over the same ranks in
+// flight at once and waited for in the reverse order.
+TEST_P(CollectivesAcrossWorlds, AsyncFormsGiveTheBlockingBitsWhileInFlightOnTwoGroups) {
+  int world = GetParam();
+  run_ranks(world, [&](RankContext& ctx) {
+    auto gathers = ctx.make_group("gathers");
+    auto reductions = ctx.make_group("reductions");
+    for (auto dtype : {at::kFloat, at::kBFloat16}) {
+      // Values whose sums round differently in different orders.
+      at::Tensor in = (at::arange(6 * world, at::kFloat).sin() * (ctx.rank + 1.37)).to(dtype);
+      at::Tensor mine = in.narrow(0, 0, 6).clone();
+      at::Tensor gathered = at::empty({6 * world}, dtype);
+      at::Tensor scattered = at::empty({6}, dtype);
+      at::Tensor summed = in.clone();
+      at::Tensor averaged = in.clone();
+      framework::dist::Work ag = gathers->all_gather_async(gathered, mine);
+      framework::dist::Work rs = reductions->reduce_scatter_async(scattered, in);
+      framework::dist::Work ar = reductions->all_reduce_async(summed);
+      framework::dist::Work avg = reductions->all_reduce_async(averaged, ReduceOp::kAvg);
+      EXPECT_TRUE(ag.pending() && rs.pending() && ar.pending() && avg.pending());
+      avg.wait();
+      ar.wait();
+      rs.wait();
+      ag.wait();
+      EXPECT_FALSE(ag.pending());
+      ag.wait();  // a second wait is a no-op
+
+      at::Tensor gathered_ref = at::empty({6 * world}, dtype);
+      gathers->all_gather(gathered_ref, mine);
+      at::Tensor scattered_ref = at::empty({6}, dtype);
+      reductions->reduce_scatter(scattered_ref, in);
+      at::Tensor summed_ref = in.clone();
+      reductions->all_reduce(summed_ref);
+      at::Tensor averaged_ref = in.clone();
+      reductions->all_reduce(averaged_ref, ReduceOp::kAvg);
+      const std::string what = std::string(dtype == at::kFloat ? "fp32" : "bf16");
+      EXPECT_TRUE(at::equal(gathered, gathered_ref)) << what;
+      EXPECT_TRUE(at::equal(scattered, scattered_ref)) << what;
+      EXPECT_TRUE(at::equal(summed, summed_ref)) << what;
+      EXPECT_TRUE(at::equal(averaged, averaged_ref)) << what;
+      // And they are the right values: rank r's rows of the sum, in order.
+      at::Tensor total = at::zeros({6 * world}, at::kFloat);
+      for (int r = 0; r < world; ++r) {
+        total += (at::arange(6 * world, at::kFloat).sin() * (r + 1.37)).to(dtype).to(at::kFloat);
+      }
+      EXPECT_TRUE(at::allclose(summed.to(at::kFloat), total, 2e-2, 2e-2)) << what;
+      for (int r = 0; r < world; ++r) {
+        at::Tensor theirs = (at::arange(6, at::kFloat).sin() * (r + 1.37)).to(dtype);
+        EXPECT_TRUE(at::equal(gathered.narrow(0, 6 * r, 6), theirs)) << what << " member " << r;
+      }
+    }
+  });
+}
+
 INSTANTIATE_TEST_SUITE_P(Worlds, CollectivesAcrossWorlds, ::testing::Values(2, 3, 4));
 
 TEST(CheckpointGroup, RunsCollectivesFromABackgroundThreadWhileTrainingGroupIsBusy) {

@@ -36,6 +36,7 @@ const std::vector<std::string> kAllKeys = {
     "optim.lr", "optim.min_lr", "optim.warmup_steps", "optim.weight_decay", "optim.beta1",
     "optim.beta2", "optim.eps",
     "parallel.replicate", "parallel.shard", "parallel.tensor", "parallel.reshard_after_forward",
+    "parallel.prefetch",
     "dist.backend", "dist.timeout_s", "dist.master_addr", "dist.master_port",
     "checkpoint.dir", "checkpoint.interval", "checkpoint.mode", "checkpoint.keep_last",
     "checkpoint.resume", "checkpoint.resume_fallback", "checkpoint.allow_config_change", "checkpoint.on_error", "checkpoint.save_on_signal",
@@ -139,6 +140,7 @@ Config non_default_config() {
   c.parallel.shard = 4;
   c.parallel.tensor = 2;
   c.parallel.reshard_after_forward = false;
+  c.parallel.prefetch = 3;
   c.dist.backend = "nccl";
   c.dist.timeout_s = 30.5;
   c.dist.master_addr = "10.0.0.1";

@@ -260,3 +260,139 @@ TEST(FullyShard, RunsOverTheUsersOwnC10dProcessGroup) {
 }
 
 }  // namespace
+
+// Overlap (parallel.prefetch): the schedule of collectives one step leaves
+// on a rank, read from FullyShardedModel::schedule(). What the CUDA path's
+// streams rely on is this order: a collective is issued (on its channel's
+// group, hence stream) before the compute it overlaps, and waited for only
+// after it.
+namespace {
+
+class ChainImpl : public torch::nn::Module {
+ public:
+  ChainImpl() {
+    layers = register_module("layers", torch::nn::ModuleList());
+    for (int i = 0; i < 4; ++i) layers->push_back(torch::nn::Linear(kDim, kDim));
+  }
+  torch::Tensor forward(torch::Tensor h) {
+    for (const auto& l : *layers) {
+      h = fsdp::run_unit(*l, [&] { return torch::tanh(l->as<torch::nn::Linear>()->forward(h)); });
+    }
+    return h;
+  }
+  torch::nn::ModuleList layers{nullptr};
+};
+TORCH_MODULE(Chain);
+
+struct ScheduleRun {
+  std::vector<std::string> schedule;          // of the second step
+  std::vector<torch::Tensor> grads;           // this rank's shard gradients
+  int64_t peak = 0, unit_bytes = 0;
+};
+
+// Two steps on a {2, 2} HSDP mesh (all-gathers and reduce-scatters over the
+// shard axis, all-reduces over the replicate axis), on rank `rank`.
+ScheduleRun run_chain(framework::dist::Runtime& rt, int64_t prefetch) {
+  auto mesh = framework::dtensor::DeviceMesh::create(*rt.rendezvous, {2, 2}, {"replicate", "shard"},
+                                                     "mesh_p" + std::to_string(prefetch),
+                                                     prefetch > 0 ? 2 : 1);
+  Chain chain{nullptr};  // (a default-constructed holder would draw from the generator unlocked)
+  {
+    static std::mutex mu;  // ranks are threads: one generator
+    std::lock_guard<std::mutex> lock(mu);
+    torch::manual_seed(11);
+    chain = Chain();
+  }
+  fsdp::ParallelOptions options;
+  options.prefetch = prefetch;
+  auto sharded = fsdp::fully_shard(chain.ptr(), mesh, options, fsdp::children_of(*chain, "layers"));
+  ScheduleRun out;
+  for (int step = 0; step < 2; ++step) {
+    sharded->zero_grad();
+    sharded->clear_schedule();
+    sharded->set_schedule_logging(step == 1);
+    sharded->reset_peak_memory();
+    torch::Tensor x = batch(8).chunk(4)[rt.env.rank] * (step + 1);
+    sharded->forward([&] { return chain->forward(x); }).pow(2).sum().backward();
+    sharded->finish_backward();
+  }
+  out.schedule = sharded->schedule();
+  for (const torch::Tensor& p : sharded->local_params()) out.grads.push_back(p.grad().clone());
+  out.peak = sharded->memory_stats().peak_gathered_bytes;
+  out.unit_bytes = sharded->memory_stats().largest_unit_bytes;
+  return out;
+}
+
+// Position of the n-th (0-based) entry equal to `what`; fails the test when absent.
+size_t pos(const std::vector<std::string>& s, const std::string& what, int nth = 0) {
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i] == what && nth-- == 0) return i;
+  }
+  ADD_FAILURE() << "no '" << what << "' in the schedule";
+  return s.size();
+}
+
+std::string unit(int k) { return "layers." + std::to_string(k); }
+
+std::string joined(const std::vector<std::string>& s) {
+  std::string out;
+  for (const std::string& e : s) out += e + "\n";
+  return out;
+}
+
+}  // namespace
+
+TEST(FsdpPrefetch, GathersRunAheadAndReductionsStayInFlightWithBitIdenticalGradients) {
+  run_runtimes(4, [&](framework::dist::Runtime& rt) {
+    const ScheduleRun off = run_chain(rt, 0);
+    const ScheduleRun on = run_chain(rt, 1);
+    const std::vector<std::string>& s = on.schedule;
+    SCOPED_TRACE("prefetch 1 schedule:\n" + joined(s));
+    // Forward: unit k+1's all-gather is issued before unit k runs and
+    // waited for after it started.
+    for (int k = 0; k < 3; ++k) {
+      EXPECT_LT(pos(s, "gather.issue " + unit(k + 1)), pos(s, "forward " + unit(k))) << k;
+      EXPECT_GT(pos(s, "gather.wait " + unit(k + 1)), pos(s, "forward " + unit(k))) << k;
+    }
+    // The forward's last unit stays gathered for its backward, which comes first.
+    EXPECT_EQ(std::count(s.begin(), s.end(), "gather.issue " + unit(3)), 1);
+    // Backward: unit k-1's all-gather goes out before unit k's gradients are
+    // reduced; unit k's reduce-scatter and all-reduce are in flight while
+    // unit k-1's backward runs, and waited for before unit k-1's go out.
+    for (int k = 3; k >= 1; --k) {
+      const size_t backward_prev = pos(s, "backward " + unit(k - 1));
+      EXPECT_LT(pos(s, "gather.issue " + unit(k - 1), 1), pos(s, "reduce.issue " + unit(k))) << k;
+      EXPECT_LT(pos(s, "reduce.issue " + unit(k)), backward_prev) << k;
+      EXPECT_GT(pos(s, "reduce.wait " + unit(k)), backward_prev) << k;
+      EXPECT_LT(pos(s, "reduce.wait " + unit(k)), pos(s, "reduce.issue " + unit(k - 1))) << k;
+      EXPECT_GT(pos(s, "allreduce.wait " + unit(k)), backward_prev) << k;
+    }
+    EXPECT_EQ(s.back(), "allreduce.wait " + unit(0));
+
+    // Prefetch 0: every collective is waited for right where it is issued.
+    const std::vector<std::string>& t = off.schedule;
+    ASSERT_FALSE(t.empty());
+    for (size_t i = 0; i < t.size(); ++i) {
+      for (const char* kind : {"gather", "reduce", "allreduce"}) {
+        const std::string issue = std::string(kind) + ".issue ";
+        if (t[i].rfind(issue, 0) != 0) continue;
+        ASSERT_LT(i + 1, t.size());
+        const std::string wait = std::string(kind) + ".wait " + t[i].substr(issue.size());
+        const bool next = t[i + 1] == wait ||
+                          (kind == std::string("reduce") && i + 2 < t.size() && t[i + 2] == wait);
+        EXPECT_TRUE(next) << "prefetch 0: '" << t[i] << "' not waited for at once:\n" << joined(t);
+      }
+    }
+    // Same collectives, same reduction order: the same bits.
+    ASSERT_EQ(on.grads.size(), off.grads.size());
+    for (size_t i = 0; i < on.grads.size(); ++i) {
+      EXPECT_TRUE(torch::equal(on.grads[i], off.grads[i]))
+          << "parameter " << i << " differs by " << (on.grads[i] - off.grads[i]).abs().max().item<double>();
+    }
+    // Gathered memory: one unit's parameters and gradients without
+    // prefetch; with it, one more gathered ahead and one reduction in flight.
+    EXPECT_LE(off.peak, 2 * off.unit_bytes);
+    EXPECT_LE(on.peak, 4 * on.unit_bytes);
+    EXPECT_GT(on.peak, 2 * on.unit_bytes);
+  });
+}

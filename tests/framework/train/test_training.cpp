@@ -61,10 +61,16 @@ std::string temp_run_dir(const std::string& tag) {
   return dir.string();
 }
 
+RunResult run_config(int world, const framework::config::Config& cfg);
+
 RunResult train(int world, int64_t replicate, int64_t shard, const std::string& tag) {
   auto cfg = small_config(temp_run_dir(tag));
   cfg.parallel.replicate = replicate;
   cfg.parallel.shard = shard;
+  return run_config(world, cfg);
+}
+
+RunResult run_config(int world, const framework::config::Config& cfg) {
   RunResult result;
   std::mutex mu;
   run_runtimes(world, [&](framework::dist::Runtime& rt) {
@@ -159,6 +165,63 @@ TEST(TrainingDeterminism, SameSeedSameWorldTwiceGivesBitIdenticalLosses) {
     EXPECT_EQ(a.losses[i], b.losses[i]) << "step " << i + 1;
   }
   for (size_t i = 0; i < a.params.size(); ++i) EXPECT_TRUE(torch::equal(a.params[i], b.params[i]));
+}
+
+// parallel.prefetch: the same collectives and the same reduction order with
+// and without overlap, so the same bits, in every layout, fp32 and bf16,
+// with activation checkpointing and gradient accumulation.
+TEST(FsdpPrefetch, LossesAndParametersAreBitIdenticalToPrefetchZeroInEveryLayout) {
+  struct Case {
+    const char* name;
+    int world;
+    int64_t replicate, shard, tensor;
+    bool llama;
+    const char* dtype;
+    int64_t micro;
+    const char* checkpointing;
+  };
+  const Case cases[] = {
+      {"fsdp fp32", 2, 1, -1, 1, false, "fp32", 0, "none"},
+      {"fsdp bf16, accumulation, checkpointing", 2, 1, -1, 1, false, "bf16", 3, "full"},
+      {"hsdp 2x2 fp32, accumulation", 4, 2, 2, 1, false, "fp32", 3, "none"},
+      {"ddp bf16, accumulation", 2, -1, 1, 1, false, "bf16", 2, "none"},
+      {"llama tp2 x fsdp2 fp32", 4, 1, -1, 2, true, "fp32", 0, "none"},
+      {"llama tp2 x fsdp2 bf16, checkpointing", 4, 1, -1, 2, true, "bf16", 0, "full"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    RunResult runs[2];
+    for (int prefetch : {0, 1}) {
+      auto cfg = small_config(temp_run_dir(std::string("prefetch") + std::to_string(prefetch)));
+      cfg.train.steps = 6;
+      if (c.llama) {
+        cfg.model.kind = "llama";
+        cfg.model.tie_weights = false;
+        cfg.model.n_heads = 4;
+        cfg.model.n_kv_heads = 2;
+        cfg.model.d_ff = 48;
+      }
+      cfg.parallel.replicate = c.replicate;
+      cfg.parallel.shard = c.shard;
+      cfg.parallel.tensor = c.tensor;
+      cfg.parallel.prefetch = prefetch;
+      cfg.train.mixed_precision.param_dtype = c.dtype;
+      cfg.train.micro_batch_size = c.micro;
+      cfg.model.activation_checkpointing = c.checkpointing;
+      runs[prefetch] = run_config(c.world, cfg);
+      fs::remove_all(cfg.run.dir);
+    }
+    ASSERT_EQ(runs[0].losses.size(), 6u);
+    ASSERT_EQ(runs[1].losses.size(), 6u);
+    for (size_t i = 0; i < runs[0].losses.size(); ++i) {
+      EXPECT_EQ(runs[1].losses[i], runs[0].losses[i]) << "loss of step " << i + 1;
+      EXPECT_EQ(runs[1].grad_norms[i], runs[0].grad_norms[i]) << "grad norm of step " << i + 1;
+    }
+    ASSERT_EQ(runs[1].params.size(), runs[0].params.size());
+    for (size_t i = 0; i < runs[0].params.size(); ++i) {
+      EXPECT_TRUE(torch::equal(runs[1].params[i], runs[0].params[i])) << "parameter " << i;
+    }
+  }
 }
 
 // Every rank of a threads-as-ranks test drew the same tensors: the draws
