@@ -7,6 +7,7 @@
 #include <torch/csrc/autograd/function_hook.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <mutex>
 #include <stdexcept>
@@ -52,6 +53,19 @@ int64_t tensor_bytes(const torch::Tensor& t) {
 constexpr int kGatherChannel = 0;
 constexpr int kReduceChannel = 1;
 constexpr size_t kNotInOrder = static_cast<size_t>(-1);
+
+// work.wait(), adding the seconds it blocked to `total`.
+void timed_wait(dist::Work& work, double& total) {
+  if (!work.pending()) return;
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    work.wait();
+  } catch (...) {
+    total += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    throw;
+  }
+  total += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
 
 }  // namespace
 
@@ -690,7 +704,7 @@ void FullyShardedModel::finish_gather(Unit& unit) {
   try {
     for (size_t b = 0; b < unit.buckets.size(); ++b) {
       const Bucket& bucket = unit.buckets[b];
-      work[b].wait();
+      timed_wait(work[b], comm_wait_s_);
       for (size_t m : bucket.members) {
         const ParamSlot& p = unit.params[m];
         alloc_storage(p.full, static_cast<size_t>(tensor_bytes(p.full)));
@@ -779,7 +793,7 @@ void FullyShardedModel::issue_replicated(const Unit& unit, Bucket& bucket, Reduc
 void FullyShardedModel::finish_replicated(Unit& unit, Bucket& bucket, ReducePart& part) {
   if (part.parked) return;
   if (part.wire.defined()) {
-    part.ar.wait();
+    timed_wait(part.ar, comm_wait_s_);
     if (!part.wire.is_same(part.grads)) part.grads.copy_(part.wire);
     part.wire = torch::Tensor();
   }
@@ -906,7 +920,7 @@ void FullyShardedModel::wait_reduce_scatter() {
   for (ReducePart& part : rec->parts) {
     if (!scattered) continue;
     const auto local_dtype = unit.params[unit.buckets[part.bucket].members.front()].local.scalar_type();
-    part.rs.wait();
+    timed_wait(part.rs, comm_wait_s_);
     live_bytes_ -= tensor_bytes(part.send);
     part.send = torch::Tensor();
     part.grads = part.mine.to(local_dtype);

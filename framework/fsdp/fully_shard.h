@@ -268,6 +268,12 @@ class FullyShardedModel {
   const std::vector<std::string>& schedule() const { return schedule_; }
   void clear_schedule() { schedule_.clear(); }
   const CollectiveCounts& collective_counts() const { return counts_; }
+  // Seconds this rank's training thread has spent waiting for FSDP's
+  // collectives (all-gathers, reduce-scatters, replicate all-reduces) since
+  // the model was built: the communication the compute did not hide. With
+  // prefetch 0 it is the collectives' whole time. On NCCL a wait only
+  // orders the stream, so the host hardly waits: use a profile there.
+  double comm_wait_seconds() const { return comm_wait_s_; }
   void reset_collective_counts() { counts_ = CollectiveCounts{}; }
 
   const MemoryStats& memory_stats() const { return stats_; }
@@ -342,6 +348,7 @@ class FullyShardedModel {
   // Reductions in flight: their reduce-scatters, then their all-reduces
   // over the replicate axis, oldest first.
   std::deque<std::unique_ptr<Reduction>> reducing_, replicating_;
+  double comm_wait_s_ = 0;
   bool log_schedule_ = false;
   std::vector<std::string> schedule_;
   bool mixed_ = false;  // a mixed-precision policy other than fp32/fp32

@@ -855,6 +855,7 @@ StepRecord Trainer::train_step() {
               s.cfg.train.steps, ")");
   const int64_t step = s.step + 1;
   auto t0 = Clock::now();
+  const double waited_before = s.fsdp->comm_wait_seconds();
   StepStats global;
   if (s.micro_batches > 1) {
     global = s.accumulate_gradients(step);
@@ -898,6 +899,7 @@ StepRecord Trainer::train_step() {
   rec.stop_requested = global.stop_requested > 0;
   rec.checkpoint_busy = global.ckpt_busy > 0;
   rec.step_time_s = seconds_since(t0);
+  rec.comm_wait_s = s.fsdp->comm_wait_seconds() - waited_before;
   const int64_t tokens_per_step = s.cfg.train.global_batch_size * s.dataset->seq_len();
   rec.tokens_per_s = static_cast<double>(tokens_per_step) / std::max(rec.step_time_s, 1e-9);
   s.history.push_back(rec);
@@ -931,6 +933,7 @@ void Trainer::State::log_step(const StepRecord& rec, const RunSpan& span) {
                       {"lr", rec.lr},
                       {"tokens_per_s", rec.tokens_per_s},
                       {"step_time_s", rec.step_time_s},
+                      {"comm_wait_s", rec.comm_wait_s},
                       {"grad_norm", rec.grad_norm},
                       {"time", utc_timestamp()},
                       {"wall_s", seconds_since(started)},

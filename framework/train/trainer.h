@@ -47,6 +47,10 @@ struct StepRecord {
   double grad_norm = 0;     // global, before clipping; 0 with train.grad_clip off
   double step_time_s = 0;   // this rank: batch, forward, backward, optimizer
   double tokens_per_s = 0;  // global batch tokens / step_time_s
+  // This rank: time the step waited for FSDP's collectives, the exposed
+  // communication (FullyShardedModel::comm_wait_seconds; near 0 on NCCL,
+  // where waits are on the stream).
+  double comm_wait_s = 0;
   // Agreed by the step's all-reduce.
   bool stop_requested = false;   // a rank had stop_signal() set
   bool checkpoint_busy = false;  // a rank still had a save in flight

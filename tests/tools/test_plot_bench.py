@@ -24,6 +24,7 @@ import unittest
 PLOT_BENCH = None
 SOURCE_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 AC_JSON = os.path.join(SOURCE_DIR, "docs", "data", "ac_bench.json")
+OVERLAP_JSON = os.path.join(SOURCE_DIR, "docs", "data", "fsdp_overlap.json")
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
@@ -273,6 +274,19 @@ class PlotBenchDraws(Case):
         shutil.copy(AC_JSON, path)
         self.assert_png(os.path.join(self.dir, "ac_bench.png"), self.plot("ac", path))
 
+    def test_overlap_bars_and_measured_timeline_from_docs_data(self):
+        out = os.path.join(self.dir, "overlap.png")
+        result = self.plot("overlap", OVERLAP_JSON, "--out", out)
+        self.assert_png(out, result)
+        self.assertIn("fsdp2 fp32", result.stdout)
+
+    def test_overlap_without_timelines(self):
+        with open(OVERLAP_JSON) as f:
+            data = json.load(f)
+        del data["timelines"]
+        path = self.write("fsdp_overlap.json", data)
+        self.assert_png(os.path.join(self.dir, "fsdp_overlap.png"), self.plot("overlap", path))
+
 
 class PlotBenchRefuses(Case):
     def test_missing_file(self):
@@ -317,6 +331,15 @@ class PlotBenchRefuses(Case):
         path = self.write("scale.json", scale_json())
         self.assert_refused(self.plot("checkpoint", ours, "--dcp", path), path,
                             "not bench/dcp_compare.py --json output")
+
+    def test_overlap_row_without_comm_and_scale_json_for_overlap(self):
+        with open(OVERLAP_JSON) as f:
+            data = json.load(f)
+        del data["rows"][1]["comm_s"]
+        path = self.write("fsdp_overlap.json", data)
+        self.assert_refused(self.plot("overlap", path), path, '"rows[1]" lacks comm_s')
+        scale = self.write("scale.json", scale_json())
+        self.assert_refused(self.plot("overlap", scale), scale, "KIND scale's JSON")
 
     def test_mode_without_step_time(self):
         with open(AC_JSON) as f:

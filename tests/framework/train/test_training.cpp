@@ -52,6 +52,7 @@ framework::config::Config small_config(const std::string& dir) {
 struct RunResult {
   std::vector<double> losses;
   std::vector<double> grad_norms;
+  std::vector<double> comm_waits;     // StepRecord::comm_wait_s
   std::vector<torch::Tensor> params;  // full tensors after training
 };
 
@@ -86,6 +87,7 @@ RunResult run_config(int world, const framework::config::Config& cfg) {
       for (const auto& rec : trainer.history()) {
         result.losses.push_back(rec.loss);
         result.grad_norms.push_back(rec.grad_norm);
+        result.comm_waits.push_back(rec.comm_wait_s);
       }
       result.params = full;
     }
@@ -214,6 +216,9 @@ TEST(FsdpPrefetch, LossesAndParametersAreBitIdenticalToPrefetchZeroInEveryLayout
     ASSERT_EQ(runs[0].losses.size(), 6u);
     ASSERT_EQ(runs[1].losses.size(), 6u);
     for (size_t i = 0; i < runs[0].losses.size(); ++i) {
+      // Gloo's waits block the host: every step waited for its collectives.
+      EXPECT_GT(runs[0].comm_waits[i], 0.0) << "comm_wait_s of step " << i + 1;
+      EXPECT_LT(runs[0].comm_waits[i], 60.0) << "comm_wait_s of step " << i + 1;
       EXPECT_EQ(runs[1].losses[i], runs[0].losses[i]) << "loss of step " << i + 1;
       EXPECT_EQ(runs[1].grad_norms[i], runs[0].grad_norms[i]) << "grad norm of step " << i + 1;
     }

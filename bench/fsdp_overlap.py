@@ -1,0 +1,288 @@
+#!/usr/bin/python3
+"""fsdp_overlap: how much of FSDP's communication the compute hides
+(parallel.prefetch), on a network slow enough for it to matter.
+
+  bench/fsdp_overlap.py [--train build/train] [--cases fsdp2,fsdp4,hsdp4]
+                        [--dtypes fp32,bf16] [--steps 8] [--json F]
+                        [--trace-dir D]
+
+Loopback is nearly free, so overlap would show nothing there. Every rank
+runs in one network namespace of its own making whose loopback (MTU 1500)
+carries a `tc tbf` rate limit: all the job's traffic shares that link. Each
+rank is a `build/train` process with torchrun's environment, pinned to a
+core (rank r on core r mod the cores; with 4 ranks on 2 cores, two share a
+core, which is what this machine allows).
+
+Per case (layout, world, dtype) it measures, each the median over steps
+3..steps of rank 0's metrics.jsonl:
+  compute_s         the step of one process on the same per-rank batch (world
+                    1, no communication; its AdamW updates the whole model
+                    where a rank updates its shard), with as many such
+                    processes side by side, pinned as the ranks are, so that
+                    it gets the same share of a core;
+  comm_s            comm_wait_s with prefetch 0: every collective waited for
+                    where it is issued, so the collectives' own time;
+  step_s_prefetch0  and step_s_prefetch1: the sharded step at the chosen rate;
+  exposed_prefetchN (step - compute) / comm, the exposed share of the
+                    communication (about 1 with no overlap);
+  ratio_prefetch1   step_s_prefetch1 / max(compute_s, comm_s);
+  waited_share_prefetch1
+                    comm_wait_s with prefetch 1 over comm_s: the share of the
+                    communication the training thread still waited for. The
+                    rest of exposed_prefetch1 is compute slowed down by the
+                    network stack and Gloo's threads, which share the ranks'
+                    cores here (a NIC would do that work on a real node).
+The link's rate is chosen per case so that comm_s is about compute_s: a
+probe run at --probe-mbit gives the communication time at that rate, and
+the rate scales with it.
+
+Targets (issue #47): ratio_prefetch1 <= 1.15 and exposed_prefetch1 <= 0.25.
+Needs root, iproute2 (ip, tc with tbf) and taskset; without them it says
+so and exits 2. Prints a table, and with --json one JSON object
+(scripts/plot-bench overlap draws it). With --trace-dir, the prefetch 0 and
+1 runs of the first case also write a profiler trace of one step
+(profile.every), whose shardkit::* ranges scripts/plot-bench draws as a
+timeline.
+"""
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+PROG = "fsdp_overlap"
+
+MODEL = {
+    "kind": "llama", "vocab_size": 256, "seq_len": 128, "d_model": 256, "n_layers": 6,
+    "n_heads": 4, "n_kv_heads": 2, "d_ff": 704,
+}
+
+
+def fail(msg, code=2):
+    print(f"{PROG}: {msg}", file=sys.stderr)
+    sys.exit(code)
+
+
+def sh(*cmd):
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
+class Link:
+    """A network namespace whose loopback is the rate-limited link."""
+
+    def __init__(self):
+        self.ns = f"skov{os.getpid()}"
+        sh("ip", "netns", "add", self.ns)
+        sh("ip", "-n", self.ns, "link", "set", "lo", "mtu", "1500")
+        sh("ip", "-n", self.ns, "link", "set", "lo", "up")
+        self.rate = None
+
+    def set_rate(self, mbit):
+        if self.rate is not None:
+            sh("tc", "-n", self.ns, "qdisc", "del", "dev", "lo", "root")
+            self.rate = None
+        if mbit is None:
+            return
+        # A burst of 256 KiB: small against a unit's collective (MiBs), so a
+        # link that idled during compute does not send the next one for free.
+        sh("tc", "-n", self.ns, "qdisc", "add", "dev", "lo", "root", "tbf", "rate",
+           f"{int(mbit)}mbit", "burst", "256kb", "latency", "2000ms")
+        self.rate = mbit
+
+    def close(self):
+        subprocess.run(["ip", "netns", "del", self.ns], stderr=subprocess.DEVNULL)
+
+
+def config_args(args, case, dtype, world, prefetch, run_dir, trace_step=0):
+    layout, _ = case
+    sets = [f"run.dir={run_dir}", f"train.steps={args.steps}", "train.log_every=1",
+            "train.eval_every=0", "checkpoint.interval=0", "data.kind=synthetic",
+            "data.task=copy", "data.eval_fraction=0", f"parallel.prefetch={prefetch}",
+            f"train.mixed_precision.param_dtype={dtype}", "train.mixed_precision.reduce_dtype=fp32"]
+    sets += [f"model.{k}={v}" for k, v in MODEL.items()]
+    per_rank = args.per_rank_batch
+    if world == 1:
+        sets += ["parallel.replicate=1", "parallel.shard=1", f"train.global_batch_size={per_rank}"]
+    elif layout == "hsdp":
+        sets += ["parallel.replicate=2", f"parallel.shard={world // 2}",
+                 f"train.global_batch_size={per_rank * world}"]
+    else:
+        sets += ["parallel.replicate=1", "parallel.shard=-1", f"train.global_batch_size={per_rank * world}"]
+    if trace_step:
+        sets += [f"profile.every={trace_step}", "profile.active=1", f"profile.dir={run_dir}/profile"]
+    out = ["--config", args.config]
+    for s in sets:
+        out += ["--set", s]
+    return out
+
+
+def run_job(args, link, case, dtype, world, prefetch, work, tag, trace_step=0, alone=False):
+    """One job of `world` ranks; alone: `world` single-process jobs side by
+    side instead, pinned as the ranks would be (compute without
+    communication, on the same share of a core)."""
+    run_dir = os.path.join(work, tag)
+    shutil.rmtree(run_dir, ignore_errors=True)
+    os.makedirs(run_dir)
+    port = 20000 + (os.getpid() * 7 + int(time.time() * 1000)) % 20000
+    cores = os.cpu_count() or 1
+    procs = []
+    for r in range(world):
+        size, rank = (1, 0) if alone else (world, r)
+        rank_dir = os.path.join(run_dir, f"alone{r}") if alone and r > 0 else run_dir
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "OMP_NUM_THREADS": "1",
+               "RANK": str(rank), "WORLD_SIZE": str(size), "LOCAL_RANK": str(rank),
+               "LOCAL_WORLD_SIZE": str(size), "MASTER_ADDR": "127.0.0.1",
+               "MASTER_PORT": str(port + r if alone else port)}
+        cmd = ["ip", "netns", "exec", link.ns, "taskset", "-c", str(r % cores), "env"]
+        cmd += [f"{k}={v}" for k, v in env.items()]
+        cmd += [args.train] + config_args(args, case, dtype, size, prefetch, rank_dir, trace_step)
+        log = open(os.path.join(run_dir, f"rank{r}.log"), "w")
+        procs.append((subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT), log))
+    failed = []
+    for r, (p, log) in enumerate(procs):
+        if p.wait() != 0:
+            failed.append(r)
+        log.close()
+    if failed:
+        with open(os.path.join(run_dir, f"rank{failed[0]}.log")) as f:
+            tail = f.read()[-2000:]
+        fail(f"{tag}: rank(s) {failed} failed; rank {failed[0]}'s log ends:\n{tail}", 1)
+    steps = []
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        for line in f:
+            rec = json.loads(line)
+            if "step_time_s" in rec and rec["step"] >= 3:
+                steps.append(rec)
+    if not steps:
+        fail(f"{tag}: no steps from 3 on in metrics.jsonl", 1)
+    return {"step_s": statistics.median(r["step_time_s"] for r in steps),
+            "comm_wait_s": statistics.median(r["comm_wait_s"] for r in steps),
+            "dir": run_dir}
+
+
+def trace_ranges(path):
+    """The shardkit::* ranges of a Chrome trace, as [name, start_ms, dur_ms]."""
+    with open(path) as f:
+        data = json.load(f)
+    events = data["traceEvents"] if isinstance(data, dict) else data
+    out = []
+    for e in events:
+        name = e.get("name", "")
+        if name.startswith("shardkit::") and e.get("ph") == "X":
+            out.append([name, float(e["ts"]) / 1000.0, float(e["dur"]) / 1000.0])
+    if out:
+        t0 = min(r[1] for r in out)
+        out = [[n, round(s - t0, 3), round(d, 3)] for n, s, d in out]
+    return sorted(out, key=lambda r: r[1])
+
+
+def main():
+    here = os.path.dirname(os.path.abspath(__file__))
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n")[0])
+    parser.add_argument("--train", default=os.path.join(here, "..", "build", "train"))
+    parser.add_argument("--config", default=os.path.join(here, "..", "configs", "default.yaml"))
+    parser.add_argument("--cases", default="fsdp2,fsdp4,hsdp4")
+    parser.add_argument("--dtypes", default="fp32,bf16")
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--per-rank-batch", type=int, default=4)
+    parser.add_argument("--probe-mbit", type=float, default=1000)
+    parser.add_argument("--json")
+    parser.add_argument("--trace-dir")
+    args = parser.parse_args()
+    if os.geteuid() != 0:
+        fail("needs root (network namespaces and tc)")
+    for tool in ("ip", "tc", "taskset"):
+        if shutil.which(tool) is None:
+            fail(f"needs {tool}")
+    if not os.access(args.train, os.X_OK):
+        fail(f"{args.train}: not built")
+    if args.steps < 4:
+        fail("--steps must be at least 4 (steps 3.. are timed)")
+    cases = []
+    for c in args.cases.split(","):
+        layout, world = c.rstrip("0123456789"), c[len(c.rstrip("0123456789")):]
+        if layout not in ("fsdp", "hsdp") or not world or int(world) < 2 or (layout == "hsdp" and int(world) % 2):
+            fail(f"--cases: '{c}' is not fsdpN or hsdpN (N >= 2, even for hsdp)")
+        cases.append((layout, int(world)))
+    dtypes = args.dtypes.split(",")
+    for d in dtypes:
+        if d not in ("fp32", "bf16"):
+            fail(f"--dtypes: '{d}' is not fp32 or bf16")
+
+    work = tempfile.mkdtemp(prefix="fsdp_overlap.")
+    link = Link()
+    rows = []
+    timelines = {}
+    try:
+        for case in cases:
+            layout, world = case
+            for dtype in dtypes:
+                name = f"{layout}{world} {dtype}"
+                link.set_rate(None)
+                compute = run_job(args, link, case, dtype, world, 0, work, "compute", alone=True)["step_s"]
+                link.set_rate(args.probe_mbit)
+                probe = run_job(args, link, case, dtype, world, 0, work, "probe")["comm_wait_s"]
+                rate = max(50.0, args.probe_mbit * probe / max(compute, 1e-3))
+                link.set_rate(rate)
+                trace = 5 if args.trace_dir and not timelines else 0
+                p0 = run_job(args, link, case, dtype, world, 0, work, "p0", trace)
+                p1 = run_job(args, link, case, dtype, world, 1, work, "p1", trace)
+                comm = p0["comm_wait_s"]
+                row = {
+                    "case": name, "layout": layout, "world": world, "dtype": dtype,
+                    "rate_mbit": round(rate, 1), "compute_s": compute, "comm_s": comm,
+                    "step_s_prefetch0": p0["step_s"], "step_s_prefetch1": p1["step_s"],
+                    "comm_wait_s_prefetch1": p1["comm_wait_s"],
+                    "waited_share_prefetch1": p1["comm_wait_s"] / comm if comm > 0 else None,
+                    "exposed_prefetch0": (p0["step_s"] - compute) / comm if comm > 0 else None,
+                    "exposed_prefetch1": (p1["step_s"] - compute) / comm if comm > 0 else None,
+                    "ratio_prefetch1": p1["step_s"] / max(compute, comm),
+                }
+                row["met"] = bool(row["ratio_prefetch1"] <= 1.15 and
+                                  row["exposed_prefetch1"] is not None and row["exposed_prefetch1"] <= 0.25)
+                rows.append(row)
+                if trace:
+                    for tag, res in (("prefetch0", p0), ("prefetch1", p1)):
+                        src = os.path.join(res["dir"], "profile", f"step_{trace}", "rank0.json")
+                        if os.path.exists(src):
+                            os.makedirs(args.trace_dir, exist_ok=True)
+                            dst = os.path.join(args.trace_dir, f"fsdp_overlap_{tag}_rank0.json")
+                            shutil.copyfile(src, dst)
+                            timelines[tag] = {"case": name, "step": trace, "ranges": trace_ranges(src)}
+                print(f"{name:10s} rate {rate:7.0f} Mbit/s  compute {compute:.3f}  comm {comm:.3f}  "
+                      f"step p0 {p0['step_s']:.3f}  p1 {p1['step_s']:.3f}", file=sys.stderr)
+    finally:
+        link.close()
+        shutil.rmtree(work, ignore_errors=True)
+
+    head = ["case", "Mbit/s", "compute_s", "comm_s", "step p0", "step p1", "exposed p0",
+            "exposed p1", "waited p1", "p1/max", "met"]
+    print("| " + " | ".join(head) + " |")
+    print("|" + "---|" * len(head))
+    for r in rows:
+        cells = [r["case"], f"{r['rate_mbit']:.0f}", f"{r['compute_s']:.3f}", f"{r['comm_s']:.3f}",
+                 f"{r['step_s_prefetch0']:.3f}", f"{r['step_s_prefetch1']:.3f}",
+                 f"{r['exposed_prefetch0']:.2f}", f"{r['exposed_prefetch1']:.2f}",
+                 f"{r['waited_share_prefetch1']:.2f}",
+                 f"{r['ratio_prefetch1']:.2f}", "yes" if r["met"] else "no"]
+        print("| " + " | ".join(cells) + " |")
+    result = {
+        "benchmark": "fsdp_overlap",
+        "command": "bench/fsdp_overlap.py " + " ".join(sys.argv[1:]),
+        "model": MODEL, "per_rank_batch": args.per_rank_batch, "steps": args.steps,
+        "cores": os.cpu_count(), "targets": {"ratio_prefetch1": 1.15, "exposed_prefetch1": 0.25},
+        "rows": rows, "timelines": timelines,
+    }
+    print(json.dumps(result))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
+            f.write("\n")
+
+
+if __name__ == "__main__":
+    main()
