@@ -30,12 +30,6 @@ bool ends_with(const std::string& s, const std::string& tail) {
 
 }  // namespace
 
-int64_t llama_d_ff(const ModelOptions& o) {
-  if (o.d_ff > 0) return o.d_ff;
-  const int64_t hidden = 8 * o.d_model / 3;
-  return (hidden + 255) / 256 * 256;
-}
-
 RMSNormImpl::RMSNormImpl(int64_t dim, double eps, bool materialize)
     : eps_(eps), weight_(register_parameter("weight", make_param({dim}, materialize))) {}
 

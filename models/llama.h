@@ -197,7 +197,4 @@ class LlamaModelImpl : public LayeredModelImpl {
   RotaryTables rope_;            // cached for the last length, device and dtype
 };
 
-// The d_ff a llama of these options uses (model.d_ff, or its default).
-int64_t llama_d_ff(const ModelOptions& options);
-
 }  // namespace models

@@ -2,6 +2,7 @@
 // Model sizes (config section `model`).
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace models {
 
@@ -42,5 +43,16 @@ struct ModelOptions {
   // empty: random init. Ignored when resuming from a checkpoint.
   std::string init_from;
 };
+
+// The d_ff a llama of these options uses (model.d_ff, or its default).
+int64_t llama_d_ff(const ModelOptions& options);
+
+// The kinds model.kind may name, in the order registered: the built-in gpt,
+// mlp and llama, then each kind register_model_spec (models/model_spec.h)
+// added. The config checks model.kind against it.
+std::vector<std::string> model_kinds();
+// Adds `kind` to model_kinds() (no effect when there). register_model_spec
+// calls it; register before parsing a config that names the kind.
+void register_model_kind(const std::string& kind);
 
 }  // namespace models

@@ -40,6 +40,7 @@
 #include "checkpoint/interop/dcp.h"
 #include "checkpoint/interop/export.h"
 #include "checkpoint/interop/hf.h"
+#include "framework/config/run_items.h"
 #include "checkpoint/format/metadata.h"
 #include "checkpoint/storage/storage.h"
 #include "checkpoint/tiers/local_tier.h"
@@ -835,6 +836,7 @@ int run_export(const std::string& path, const ExportArgs& args) {
   options.only = args.only;
   options.io_threads = args.threads;
   options.tokenizer = args.tokenizer;
+  options.run = framework::config::make_run_adapter();
   const checkpoint::ExportStats stats = checkpoint::export_checkpoint(path, args.out, options);
   std::cout << "exported " << stats.tensors << " tensors (" << human_bytes(stats.data_bytes)
             << ") to " << printable(args.out) << " (" << args.format << ", "
@@ -854,6 +856,7 @@ int run_export(const std::string& path, const ExportArgs& args) {
 int run_import_hf(const std::string& src, const std::string& dst, int threads) {
   checkpoint::HfImportOptions options;
   options.io_threads = threads;
+  options.step_item = framework::config::kStepItem;
   const checkpoint::HfImportStats stats = checkpoint::import_hf_checkpoint(src, dst, options);
   std::cout << "imported " << stats.tensors << " tensors (" << human_bytes(stats.bytes) << " as float32) from "
             << printable(src) << " into " << printable(dst);
@@ -868,6 +871,7 @@ int run_import_dcp(const std::string& src, const std::string& dst,
                    const std::vector<std::string>& maps, int threads) {
   checkpoint::DcpImportOptions options;
   options.io_threads = threads;
+  options.step_item = framework::config::kStepItem;
   for (const std::string& m : maps) {
     const size_t eq = m.find('=');
     if (eq == std::string::npos) {

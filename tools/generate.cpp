@@ -13,6 +13,7 @@
 // --prompt-ids and read --ids. Exit status: 0 done, 2 bad arguments or input
 // (one line naming it), 1 anything else.
 #include "checkpoint/interop/import_weights.h"
+#include "framework/config/run_items.h"
 #include "checkpoint/interop/weights_file.h"
 #include "checkpoint/format/metadata.h"
 #include "checkpoint/load.h"
@@ -58,7 +59,7 @@ std::pair<framework::config::Config, std::shared_ptr<models::LayeredModelImpl>> 
   if (hf) {
     cfg = framework::config::parse_config("model:\n  kind: llama\n", path, {"model.init_from=" + path});
   } else if (const auto meta = checkpoint::read_committed_metadata(*checkpoint::posix_storage(), path);
-             meta.find("config") == nullptr) {
+             meta.find(framework::config::kConfigItem) == nullptr) {
     // A checkpoint made by ckpt import-hf: the config.json it recorded.
     const auto it = meta.info.find("hf_config");
     if (it == meta.info.end()) {
@@ -81,9 +82,9 @@ std::pair<framework::config::Config, std::shared_ptr<models::LayeredModelImpl>> 
     cfg.model.init_from.clear();
   } else {
     checkpoint::StateDict head;
-    head.add_bytes("config", {});
+    head.add_bytes(framework::config::kConfigItem, {});
     checkpoint::LoadOptions only_config;
-    only_config.filter = [](const std::string& n) { return n == "config"; };
+    only_config.filter = [](const std::string& n) { return n == framework::config::kConfigItem; };
     checkpoint::load_state_dict(head, path, only_config);
     const std::vector<uint8_t>& yaml = head.bytes().front().data;
     if (yaml.empty()) throw UsageError("--checkpoint: " + path + " holds no config item (saved by train)");

@@ -345,8 +345,10 @@ DcpImportStats import_dcp_checkpoint(const std::string& src, const std::string& 
       ++stats.tensors;
     }
     stats.step = train_step >= 0 ? train_step : std::max<int64_t>(0, max_optim_step);
-    out.add_int64_item("train.step", stats.step);
-    stats.bytes += 8;
+    if (!options.step_item.empty()) {
+      out.add_int64_item(options.step_item, stats.step);
+      stats.bytes += 8;
+    }
     header.step = stats.step;
     out.commit(std::move(header));
   } catch (...) {

@@ -130,6 +130,10 @@ struct DcpImportOptions {
   int io_threads = 4;
   uint64_t slab_bytes = uint64_t{64} << 20;  // most bytes of one imported chunk
   std::shared_ptr<Storage> storage;          // null: the POSIX file system
+  // The 8-byte integer item that records the imported step for the run
+  // that resumes from it (the trainer's: framework/config/run_items.h);
+  // empty: none.
+  std::string step_item;
 };
 
 struct DcpImportStats {
@@ -144,7 +148,7 @@ struct DcpImportStats {
 // each DCP chunk is copied as one or more chunks of at most slab_bytes
 // (dim-0 slabs), so memory stays bounded whatever the model size, and the
 // result reshards like any checkpoint. Items: the mapped model and AdamW
-// moment tensors, optim.<fqn>.step and train.step as 8-byte integers; the
+// moment tensors, optim.<fqn>.step and options.step_item as 8-byte integers; the
 // metadata (written last, the commit) records the step and
 // info["imported_from"] = "pytorch-dcp". Throws FormatError naming the
 // checkpoint and key for two keys mapping to one name or unreadable input,

@@ -247,53 +247,7 @@ uint64_t append_archive(WritableFile& file, uint64_t at, const std::vector<uint8
   return out.size();
 }
 
-// The "  key: value" lines of a top-level section of the effective config
-// that the trainer saves as the "config" item (YAML, as to_yaml writes it);
-// nested keys as "sub.key", string values without their quotes.
-std::map<std::string, std::string> config_section(const std::string& yaml, const std::string& section) {
-  std::map<std::string, std::string> out;
-  std::istringstream in(yaml);
-  std::string line, sub;
-  bool inside = false;
-  while (std::getline(in, line)) {
-    if (!line.empty() && line[0] != ' ') {
-      inside = line == section + ":";
-      continue;
-    }
-    const size_t colon = line.find(':');
-    if (!inside || colon == std::string::npos) continue;
-    const size_t start = line.find_first_not_of(' ');
-    const std::string key = line.substr(start, colon - start);
-    const size_t value_at = line.find_first_not_of(' ', colon + 1);
-    if (value_at == std::string::npos) {
-      sub = key;  // "  rope_scaling:" opens a nested block
-      continue;
-    }
-    std::string value = line.substr(value_at);
-    if (value.size() >= 2 && value.front() == '"' && value.back() == '"') value = value.substr(1, value.size() - 2);
-    out[start > 2 && !sub.empty() ? sub + "." + key : key] = value;
-    if (start <= 2) sub.clear();
-  }
-  return out;
-}
-
-// optim.{lr, beta1, beta2, eps, weight_decay} from the config item; what is
-// not found keeps `g`'s value.
-DcpParamGroup param_group_from_config(const std::string& yaml, DcpParamGroup g) {
-  for (const auto& [key, value] : config_section(yaml, "optim")) {
-    char* end = nullptr;
-    const double v = std::strtod(value.c_str(), &end);
-    if (end == value.c_str()) continue;
-    if (key == "lr") g.lr = v;
-    if (key == "beta1") g.beta1 = v;
-    if (key == "beta2") g.beta2 = v;
-    if (key == "eps") g.eps = v;
-    if (key == "weight_decay") g.weight_decay = v;
-  }
-  return g;
-}
-
-// The bytes of a bytes item ("config"), or nullopt when there is none.
+// The bytes of a bytes item, or nullopt when there is none.
 std::optional<std::string> read_bytes_item(const CheckpointMeta& meta, ChunkReader& reader,
                                            const std::string& name) {
   const ItemMeta* item = meta.find(name);
@@ -303,6 +257,11 @@ std::optional<std::string> read_bytes_item(const CheckpointMeta& meta, ChunkRead
     reader.read_into(*item, req, bytes.data());
   }
   return std::string(bytes.begin(), bytes.end());
+}
+
+// The run adapter's view of the checkpoint's bytes items.
+RunAdapter::ReadBytesItem bytes_item_reader(const CheckpointMeta& meta, ChunkReader& reader) {
+  return [&meta, &reader](const std::string& name) { return read_bytes_item(meta, reader, name); };
 }
 
 // Writes a directory `out_dir` through <out_dir>.tmp: `fill` writes into
@@ -481,7 +440,7 @@ ExportStats export_dcp(const std::string& step_dir, const std::string& out_dir,
     if (out.params.empty()) throw FormatError(step_dir + ": nothing to export: no model.* tensor items");
     if (with_optim) {
       DcpParamGroup g = options.dcp_param_group;
-      if (const auto yaml = read_bytes_item(meta, reader, "config")) g = param_group_from_config(*yaml, g);
+      if (options.run) g = options.run->optimizer_param_group(bytes_item_reader(meta, reader), g);
       export_param_group(out, g);
     }
     file->sync();
@@ -498,67 +457,21 @@ const char* torch_dtype_name(DType d) {
   return d == DType::kBFloat16 ? "bfloat16" : d == DType::kFloat16 ? "float16" : "float32";
 }
 
-// config.json of a LlamaForCausalLM for the checkpoint's model.
+// config.json of the checkpoint's model: from the run's settings, else the
+// one import_hf_checkpoint recorded.
 std::string hf_config_json(const CheckpointMeta& meta, ChunkReader& reader, const std::string& step_dir,
-                           const std::vector<ExportItem>& items, std::optional<DType> dtype) {
-  auto shape_of = [&](const std::string& name) -> const std::vector<int64_t>& {
-    for (const ExportItem& e : items) {
-      if (e.name == name) return e.item->global_shape;
-    }
-    throw FormatError(step_dir + ": no item model." + name + ", which a Llama has");
-  };
-  const auto yaml = read_bytes_item(meta, reader, "config");
-  if (!yaml) {
-    auto it = meta.info.find("hf_config");
-    if (it == meta.info.end()) {
-      throw FormatError(step_dir + ": no config item (saved by train) and no recorded Hugging Face "
-                        "config.json (ckpt import-hf): the model's options are unknown");
-    }
-    nlohmann::json j = nlohmann::json::parse(it->second);
-    j["torch_dtype"] = torch_dtype_name(dtype ? *dtype : items.front().dtype);
-    return j.dump(2) + "\n";
+                           const std::vector<ExportItem>& items, const ExportOptions& options) {
+  const std::string dtype = torch_dtype_name(options.dtype ? *options.dtype : items.front().dtype);
+  if (options.run) {
+    if (auto json = options.run->hf_config_json(bytes_item_reader(meta, reader), step_dir, dtype)) return *json;
   }
-  std::map<std::string, std::string> m = config_section(*yaml, "model");
-  if (m["kind"] != "llama") {
-    throw FormatError(step_dir + ": model.kind is " + m["kind"] +
-                      "; only llama maps to Hugging Face's LlamaForCausalLM");
+  auto it = meta.info.find("hf_config");
+  if (it == meta.info.end()) {
+    throw FormatError(step_dir + ": no run settings (saved by train) and no recorded Hugging Face "
+                      "config.json (ckpt import-hf): the model's options are unknown");
   }
-  auto integer = [&](const std::string& k) { return std::strtoll(m[k].c_str(), nullptr, 10); };
-  auto real = [&](const std::string& k) { return std::strtod(m[k].c_str(), nullptr); };
-  const std::vector<int64_t>& embed = shape_of("model.embed_tokens.weight");
-  const int64_t heads = integer("n_heads");
-  const int64_t kv = integer("n_kv_heads") > 0 ? integer("n_kv_heads") : heads;
-  int64_t layers = 0;
-  while (meta.find("model.model.layers." + std::to_string(layers) + ".input_layernorm.weight") != nullptr) ++layers;
-  nlohmann::json j;
-  j["architectures"] = {"LlamaForCausalLM"};
-  j["model_type"] = "llama";
-  j["hidden_size"] = embed.at(1);
-  j["intermediate_size"] = shape_of("model.layers.0.mlp.gate_proj.weight").at(0);
-  j["num_hidden_layers"] = layers;
-  j["num_attention_heads"] = heads;
-  j["num_key_value_heads"] = kv;
-  j["head_dim"] = embed.at(1) / heads;
-  j["vocab_size"] = embed.at(0);
-  j["max_position_embeddings"] = integer("seq_len");
-  j["rms_norm_eps"] = real("norm_eps");
-  j["rope_theta"] = real("rope_theta");
-  j["tie_word_embeddings"] = m["tie_weights"] == "true";
-  j["hidden_act"] = "silu";
-  j["attention_bias"] = false;
-  j["mlp_bias"] = false;
-  j["attention_dropout"] = 0.0;
-  j["initializer_range"] = 0.02;
-  if (real("rope_scaling.factor") > 0) {
-    j["rope_scaling"] = {{"rope_type", "llama3"},
-                         {"factor", real("rope_scaling.factor")},
-                         {"low_freq_factor", real("rope_scaling.low_freq_factor")},
-                         {"high_freq_factor", real("rope_scaling.high_freq_factor")},
-                         {"original_max_position_embeddings", integer("rope_scaling.original_max_position")}};
-  } else {
-    j["rope_scaling"] = nullptr;
-  }
-  j["torch_dtype"] = torch_dtype_name(dtype ? *dtype : items.front().dtype);
+  nlohmann::json j = nlohmann::json::parse(it->second);
+  j["torch_dtype"] = dtype;
   return j.dump(2) + "\n";
 }
 
@@ -571,7 +484,7 @@ std::vector<uint8_t> read_whole(Storage& storage, const std::string& path) {
 }
 
 // The tokenizer an HF export ships: options.tokenizer, else the run's
-// data.tokenizer (recorded in `stats` when named but gone).
+// (recorded in `stats` when named but gone).
 std::string export_tokenizer(Storage& storage, const CheckpointMeta& meta, ChunkReader& reader,
                              const ExportOptions& options, ExportStats& stats) {
   if (options.tokenizer == "none") return "";
@@ -581,10 +494,9 @@ std::string export_tokenizer(Storage& storage, const CheckpointMeta& meta, Chunk
     }
     return options.tokenizer;
   }
-  const auto yaml = read_bytes_item(meta, reader, "config");
-  if (!yaml) return "";
-  const std::string named = config_section(*yaml, "data")["tokenizer"];
-  if (named.empty() || named == "bytes") return "";
+  if (!options.run) return "";
+  const std::string named = options.run->tokenizer(bytes_item_reader(meta, reader));
+  if (named.empty()) return "";
   if (!regular_file(storage, named)) {
     stats.tokenizer_missing = named;
     return "";
@@ -636,7 +548,7 @@ ExportStats export_hf(const std::string& step_dir, const std::string& out_dir, c
   const std::vector<ExportItem> items = select_items(meta, step_dir, model_only, stats);
   thread_pool::ThreadPool pool(static_cast<size_t>(std::max(1, options.io_threads)));
   ChunkReader reader(storage, step_dir, &pool);
-  const std::string config = hf_config_json(meta, reader, step_dir, items, options.dtype);
+  const std::string config = hf_config_json(meta, reader, step_dir, items, options);
   stats.tokenizer = export_tokenizer(*storage, meta, reader, options, stats);
 
   const std::vector<std::vector<ExportItem>> shards = hf_shards(items, options.max_shard_bytes);

@@ -12,6 +12,7 @@
 // chunks, still within the slab. The output is written to <out>.tmp, fsynced
 // and renamed to <out>, so a failed export leaves no partial file under <out>.
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -32,6 +33,32 @@ struct DcpParamGroup {
   double beta2 = 0.95;
   double eps = 1e-8;
   double weight_decay = 0.1;
+};
+
+// What checkpoint/ does not know of the run that wrote a checkpoint. To
+// this library the run's settings are bytes items like any other; a run
+// adapter, implemented above it, reads them: the trainer's
+// (framework/config/run_items.h, make_run_adapter: its config item and the
+// model kind's Hugging Face adapter). Exports consult it through
+// ExportOptions::run.
+class RunAdapter {
+ public:
+  virtual ~RunAdapter() = default;
+  // Reads a bytes item of the checkpoint: its bytes, or nullopt when the
+  // checkpoint has no such item.
+  using ReadBytesItem = std::function<std::optional<std::string>(const std::string& name)>;
+  // config.json of the Hugging Face model in the checkpoint at `where`, its
+  // weights as `torch_dtype`; nullopt when the checkpoint records no run
+  // settings. Throws FormatError naming `where` when the run's model has no
+  // Hugging Face counterpart or its settings cannot be read.
+  virtual std::optional<std::string> hf_config_json(const ReadBytesItem& read, const std::string& where,
+                                                    const std::string& torch_dtype) const = 0;
+  // The optimizer settings the run trained with; `fallback` where it
+  // records none.
+  virtual DcpParamGroup optimizer_param_group(const ReadBytesItem& read,
+                                              const DcpParamGroup& fallback) const = 0;
+  // The tokenizer file the run trained with; "" for none (or bytes).
+  virtual std::string tokenizer(const ReadBytesItem& read) const = 0;
 };
 
 struct ExportOptions {
@@ -56,9 +83,13 @@ struct ExportOptions {
   // kHf: the tokenizer to ship beside the model: a Hugging Face
   // tokenizer.json or a SentencePiece .model, copied as tokenizer.json or
   // tokenizer.model with the tokenizer_config.json found beside it (else a
-  // minimal one). Empty: the run's data.tokenizer from the config item, when
+  // minimal one). Empty: the run's tokenizer (RunAdapter::tokenizer), when
   // that file exists; "none": no tokenizer files.
   std::string tokenizer;
+  // The run's settings (kHf: config.json; kDcp: the param group; kHf: the
+  // tokenizer). Null: none are read (kHf then needs the config.json that
+  // import_hf_checkpoint recorded).
+  std::shared_ptr<const RunAdapter> run;
 };
 
 struct ExportStats {
@@ -67,7 +98,7 @@ struct ExportStats {
   uint64_t file_bytes = 0;           // size of the output file
   std::vector<std::string> skipped;  // bytes items, and items outside `only`
   std::string tokenizer;             // kHf: the tokenizer file shipped, or empty
-  std::string tokenizer_missing;     // kHf: the run's data.tokenizer, not found (so not shipped)
+  std::string tokenizer_missing;     // kHf: the run's tokenizer, not found (so not shipped)
 };
 
 // Reads the committed checkpoint `step_dir` and writes `out_path`.
@@ -76,8 +107,8 @@ struct ExportStats {
 // (model.embed_tokens.weight, ..., lm_head.weight) in safetensors shards of
 // at most max_shard_bytes (model.safetensors when one is enough, else
 // model-0000K-of-0000N.safetensors with model.safetensors.index.json), and
-// config.json from the checkpoint's config item (model.kind llama) or, for
-// a checkpoint made by import_hf_checkpoint, the config.json it recorded.
+// config.json from the run's settings (options.run) or, for a checkpoint
+// made by import_hf_checkpoint, the config.json it recorded.
 // kDcp writes a directory `out_path` that PyTorch's dcp.load reads (torch
 // 2.6 and later) into get_state_dict(model, optim) of a model with the same
 // parameter names, at any world size: model.<name> tensors; for each

@@ -68,7 +68,7 @@ HfImportStats import_hf_checkpoint(const std::string& src, const std::string& st
   try {
     ImportWriter out(*storage, step_dir, options.io_threads);
     for (const WeightsTensorInfo& t : weights.tensors()) import_tensor(weights, t, options.slab_bytes, out, stats);
-    out.add_int64_item("train.step", 0);  // a model to start from
+    if (!options.step_item.empty()) out.add_int64_item(options.step_item, 0);  // a model to start from
     header.step = 0;
     out.commit(std::move(header));
   } catch (...) {

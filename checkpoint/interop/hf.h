@@ -16,6 +16,10 @@ struct HfImportOptions {
   int io_threads = 4;
   uint64_t slab_bytes = uint64_t{64} << 20;  // most bytes of one imported chunk
   std::shared_ptr<Storage> storage;          // null: the POSIX file system
+  // The 8-byte integer item that records the step (0) for the run that
+  // starts from the import (the trainer's: framework/config/run_items.h);
+  // empty: none.
+  std::string step_item;
 };
 
 struct HfImportStats {
@@ -28,7 +32,7 @@ struct HfImportStats {
 // (model.safetensors, or the shards model.safetensors.index.json lists)
 // into a committed model-only checkpoint `step_dir` (created; it must not
 // exist): item model.<name> per tensor, floating-point tensors as float32
-// (the trainer's master dtype), and train.step 0. Streaming: at most
+// (the trainer's master dtype), and options.step_item 0. Streaming: at most
 // slab_bytes of a tensor in memory at a time. The metadata records
 // info["imported_from"] = "huggingface", info["source"] and, when `src`
 // has a config.json, info["hf_config"] (its text), from which an export

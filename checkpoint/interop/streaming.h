@@ -52,8 +52,8 @@ class ImportWriter {
   // Adds `data` (row-major elements of `box`) as a chunk of item `index`.
   void add_chunk(size_t index, const Box& box, std::shared_ptr<std::vector<uint8_t>> data,
                  size_t element_size);
-  // Adds `name` as an 8-byte little-endian integer bytes item (train.step,
-  // optim.<fqn>.step).
+  // Adds `name` as an 8-byte little-endian integer bytes item (the step
+  // item, optim.<fqn>.step).
   void add_int64_item(const std::string& name, int64_t value);
   // Writes what remains, fsyncs, and commits `meta` with the items added.
   void commit(CheckpointMeta meta);

@@ -1,5 +1,7 @@
 #include "framework/config/schema.h"
 
+#include "models/options.h"
+
 #include <algorithm>
 #include <charconv>
 #include <cmath>
@@ -106,9 +108,10 @@ std::vector<Key> build_schema() {
       {SHARDKIT_CONFIG_FIELD(profile.dir), any_value(),
        "Where profiler traces go; empty: run.dir/profile."},
 
-      {SHARDKIT_CONFIG_FIELD(model.kind), one_of({"gpt", "mlp", "llama"}),
+      {SHARDKIT_CONFIG_FIELD(model.kind), one_of_at_run_time(models::model_kinds),
        "Model architecture: gpt, mlp, or llama (Llama 3: RMSNorm, RoPE, grouped-query "
-       "attention, SwiGLU; Hugging Face parameter names)."},
+       "attention, SwiGLU; Hugging Face parameter names), or a kind the program registered "
+       "(models::register_model_spec)."},
       {SHARDKIT_CONFIG_FIELD(model.vocab_size), at_least(2), "Vocabulary size."},
       {SHARDKIT_CONFIG_FIELD(model.seq_len), at_least(1), "Context length in tokens."},
       {SHARDKIT_CONFIG_FIELD(model.d_model), at_least(1), "Hidden width."},
@@ -377,7 +380,8 @@ std::optional<std::string> check_constraint(const Key& key, const Value& value) 
   const Constraint& c = key.constraint;
   if (key.type == ValueType::kString) {
     const std::string& s = std::get<std::string>(value);
-    if (!c.choices.empty() && std::find(c.choices.begin(), c.choices.end(), s) == c.choices.end())
+    const std::vector<std::string> choices = c.choices_of ? c.choices_of() : c.choices;
+    if (!choices.empty() && std::find(choices.begin(), choices.end(), s) == choices.end())
       return "expected " + describe_expected(key) + ", got " + quoted(s);
     if (c.non_empty && s.empty()) return "expected " + describe_expected(key) + ", got \"\"";
     return std::nullopt;
@@ -403,6 +407,12 @@ Constraint non_empty() {
 Constraint one_of(std::vector<std::string> choices) {
   Constraint c;
   c.choices = std::move(choices);
+  return c;
+}
+
+Constraint one_of_at_run_time(std::vector<std::string> (*choices_of)()) {
+  Constraint c;
+  c.choices_of = choices_of;
   return c;
 }
 
@@ -524,9 +534,10 @@ std::string describe_expected(const Key& key) {
     case ValueType::kBool: return "true or false";
     case ValueType::kString: break;
   }
-  if (!c.choices.empty()) {
+  const std::vector<std::string> choices = c.choices_of ? c.choices_of() : c.choices;
+  if (!choices.empty()) {
     std::string joined;
-    for (const std::string& choice : c.choices) joined += (joined.empty() ? "" : "|") + choice;
+    for (const std::string& choice : choices) joined += (joined.empty() ? "" : "|") + choice;
     return "one of " + joined;
   }
   return c.non_empty ? "a non-empty string" : "a string";

@@ -21,6 +21,8 @@ using Value = std::variant<int64_t, double, bool, std::string>;
 // Strings: a list of choices, or "non-empty", or anything.
 struct Constraint {
   std::vector<std::string> choices;
+  // Choices known only at run time (model.kind: models::model_kinds()).
+  std::vector<std::string> (*choices_of)() = nullptr;
   bool non_empty = false;
   std::optional<double> min;
   bool min_open = false;
@@ -32,6 +34,7 @@ struct Constraint {
 Constraint any_value();
 Constraint non_empty();
 Constraint one_of(std::vector<std::string> choices);
+Constraint one_of_at_run_time(std::vector<std::string> (*choices_of)());
 Constraint at_least(double min);
 Constraint above(double min);
 Constraint between(double min, double max);           // [min, max]

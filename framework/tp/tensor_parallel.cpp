@@ -3,6 +3,7 @@
 #include "framework/dtensor/chunk.h"
 #include "models/forward_hooks.h"
 #include "models/llama.h"
+#include "models/model_spec.h"
 
 #include <torch/csrc/autograd/custom_function.h>
 
@@ -332,18 +333,6 @@ torch::Tensor gather_last_dim(const torch::Tensor& local, dist::Group& group, in
   return GatherLastDim::apply(local, &group, full);
 }
 
-Plan llama_plan() {
-  return {
-      {"model.embed_tokens", Style::kRowwise},
-      {"model.layers.*.self_attn.q_proj", Style::kColwise},
-      {"model.layers.*.self_attn.k_proj", Style::kColwise},
-      {"model.layers.*.self_attn.v_proj", Style::kColwise},
-      {"model.layers.*.self_attn.o_proj", Style::kRowwise},
-      {"model.layers.*.mlp.gate_proj", Style::kColwise},
-      {"model.layers.*.mlp.up_proj", Style::kColwise},
-      {"model.layers.*.mlp.down_proj", Style::kRowwise},
-      {"lm_head", Style::kColwise},
-  };
-}
+Plan llama_plan() { return models::llama_tp_plan(); }
 
 }  // namespace framework::tp

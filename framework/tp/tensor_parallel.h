@@ -35,6 +35,7 @@
 // the same order).
 #include "framework/dtensor/device_mesh.h"
 #include "framework/fsdp/options.h"
+#include "models/tp_plan.h"
 
 #include <torch/torch.h>
 
@@ -46,21 +47,17 @@
 
 namespace framework::tp {
 
-enum class Style { kColwise, kRowwise, kReplicate };
+// The plan's types are the model's (models/tp_plan.h): a model's spec
+// declares its plan without depending on this library.
+using Style = models::TpStyle;
 
 // "colwise" | "rowwise" | "replicate"; throws std::invalid_argument naming
 // `what` otherwise.
 Style parse_style(const std::string& name, const std::string& what);
 std::string to_string(Style style);
 
-struct PlanEntry {
-  // A submodule's name in named_modules(); "*" stands for one whole name
-  // component: "model.layers.*.self_attn.q_proj".
-  std::string pattern;
-  Style style = Style::kReplicate;
-  bool gather_output = false;  // colwise only: all-gather the output's last dim
-};
-using Plan = std::vector<PlanEntry>;
+using PlanEntry = models::TpPlanEntry;
+using Plan = models::TpPlan;
 
 // What parallelize_module did: every parameter of the module by name, with
 // how it is split (fsdp::ParallelOptions::tensor_parallel takes it).

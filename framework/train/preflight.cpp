@@ -1,4 +1,5 @@
 #include "framework/train/preflight.h"
+#include "framework/config/run_items.h"
 
 #include "checkpoint/codec/chunk_reader.h"
 #include "checkpoint/codec/transforms.h"
@@ -223,17 +224,17 @@ namespace {
 // (resume's fallback deals with that, loudly).
 std::optional<std::string> saved_config(const std::string& step_dir) {
   checkpoint::StateDict sd;
-  sd.add_bytes("config", {});
+  sd.add_bytes(config::kConfigItem, {});
   checkpoint::LoadOptions options;
   options.allow_partial = true;
-  options.filter = [](const std::string& name) { return name == "config"; };
+  options.filter = [](const std::string& name) { return name == config::kConfigItem; };
   options.io_threads = 1;
   try {
     checkpoint::load_state_dict(sd, step_dir, options);
   } catch (const checkpoint::DamageError&) {  // checkpoint/errors.h: is_damage()
     return std::nullopt;
   }
-  const auto& bytes = sd.find_bytes("config")->data;
+  const auto& bytes = sd.find_bytes(config::kConfigItem)->data;
   return std::string(bytes.begin(), bytes.end());
 }
 

@@ -1,4 +1,5 @@
 #include "framework/train/trainer.h"
+#include "framework/config/run_items.h"
 #include "framework/train/profiler.h"
 
 #include <ATen/record_function.h>
@@ -25,7 +26,7 @@
 #include "framework/tokenizer/tokenizer.h"
 #include "models/generate.h"
 #include "models/layered_model.h"
-#include "models/llama.h"
+#include "models/model_spec.h"
 
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
@@ -277,17 +278,17 @@ StepStats unpack_step_stats(const torch::Tensor& reduced) {
 // The LR schedule is a pure function of train.step, so it needs no item.
 checkpoint::StateDict Trainer::State::make_state_dict() {
   checkpoint::StateDict sd = get_state_dict(*fsdp, optim.get());
-  sd.add_bytes("train.step", int64_bytes(step));
-  sd.add_bytes("data.loader", data::encode_loader_state(loader->state()));
+  sd.add_bytes(config::kStepItem, int64_bytes(step));
+  sd.add_bytes(config::kLoaderItem, data::encode_loader_state(loader->state()));
   {
     auto gen = at::detail::getDefaultCPUGenerator();
     std::lock_guard<std::mutex> lock(gen.mutex());
     torch::Tensor rng = gen.get_state();
     const uint8_t* p = rng.data_ptr<uint8_t>();
-    sd.add_bytes("rng.cpu", std::vector<uint8_t>(p, p + rng.numel()));
+    sd.add_bytes(config::kRngItem, std::vector<uint8_t>(p, p + rng.numel()));
   }
   std::string yaml = config::to_yaml(cfg);
-  sd.add_bytes("config", std::vector<uint8_t>(yaml.begin(), yaml.end()));
+  sd.add_bytes(config::kConfigItem, std::vector<uint8_t>(yaml.begin(), yaml.end()));
   return sd;
 }
 
@@ -295,8 +296,8 @@ void Trainer::State::apply_loaded(checkpoint::StateDict& sd, bool model_only) {
   // Model shards were loaded in place.
   if (model_only) return;
   set_optimizer_state(sd, *fsdp, *optim);
-  step = bytes_int64(sd.find_bytes("train.step")->data, "train.step");
-  const std::vector<uint8_t>& saved_position = sd.find_bytes("data.loader")->data;
+  step = bytes_int64(sd.find_bytes(config::kStepItem)->data, config::kStepItem);
+  const std::vector<uint8_t>& saved_position = sd.find_bytes(config::kLoaderItem)->data;
   if (saved_position.empty()) {
     // An imported checkpoint (ckpt import-dcp): the data continue at its
     // step, and the RNG keeps this run's state.
@@ -313,7 +314,7 @@ void Trainer::State::apply_loaded(checkpoint::StateDict& sd, bool model_only) {
     loader_state.global_batch_size = now.global_batch_size;
   }
   loader->load_state(loader_state);
-  const auto& rng = sd.find_bytes("rng.cpu")->data;
+  const auto& rng = sd.find_bytes(config::kRngItem)->data;
   torch::Tensor t = torch::empty({static_cast<int64_t>(rng.size())}, torch::kUInt8);
   std::memcpy(t.data_ptr(), rng.data(), rng.size());
   auto gen = at::detail::getDefaultCPUGenerator();
@@ -407,13 +408,15 @@ void Trainer::State::log_checkpoint_events() {
   }
 }
 
-// The config's model and data sections as a UserModel: every rank builds
-// the same full model from the same seed, each block one FSDP unit, with
-// the token cross-entropy as its loss.
+// The config's model and data sections as a UserModel, from the model
+// kind's spec (models/model_spec.h): every rank builds the same full model
+// from the same seed, each block one FSDP unit, with the spec's loss.
 void Trainer::State::build_builtin_model() {
-  if (cfg.parallel.tensor > 1 && cfg.model.kind != "llama") {
+  const models::ModelSpec& spec = models::find_model_spec(cfg.model.kind);
+  if (cfg.parallel.tensor > 1 && spec.tp_plan.empty()) {
     throw std::invalid_argument("parallel.tensor " + std::to_string(cfg.parallel.tensor) +
-                                " needs model.kind llama (model.kind is " + cfg.model.kind + ")");
+                                " needs model.kind llama (model.kind is " + cfg.model.kind +
+                                ", which has no tensor-parallel plan)");
   }
   std::shared_ptr<models::LayeredModelImpl> model;
   {
@@ -422,53 +425,38 @@ void Trainer::State::build_builtin_model() {
     static std::mutex init_mutex;
     std::lock_guard<std::mutex> lock(init_mutex);
     torch::manual_seed(static_cast<uint64_t>(cfg.run.seed));
-    // A llama is built unmaterialised: shard_model fills in one parameter
-    // at a time, so no rank ever holds the whole model.
-    model = models::make_model(cfg.model, /*materialize=*/cfg.model.kind != "llama");
+    // Built unmaterialised where the kind can be: shard_model fills in one
+    // parameter at a time, so no rank ever holds the whole model.
+    models::validate_model_options(cfg.model);
+    model = spec.build(cfg.model, /*materialize=*/!spec.lazy_init);
   }
   user.module = model;
   user.units = model->unit_names();
-  const bool fused = cfg.train.fused_kernels && cfg.model.kind == "llama";
-  if (fused) models::use_fused_kernels(*model, true);
-  if (cfg.model.kind == "llama") {
+  models::LossContext context;
+  context.ignore_index = data::kIgnoreIndex;
+  context.fused_kernels = cfg.train.fused_kernels && static_cast<bool>(spec.use_fused_kernels);
+  if (context.fused_kernels) spec.use_fused_kernels(*model, true);
+  if (spec.lazy_init) {
     user.init = [model](const std::string& name, const torch::Tensor& full) {
       model->init_parameter(name, full);
     };
   }
   if (cfg.parallel.tensor > 1) {
-    // The output projection is colwise: each rank holds its slice of the
-    // vocabulary's logits, and the cross-entropy is vocabulary-parallel.
+    // The plan splits the output by vocabulary: each rank holds its slice of
+    // the logits, and the cross-entropy is vocabulary-parallel.
     dist::Group* group = &mesh->group(2);
     const int64_t offset =
         dtensor::chunk_span(cfg.model.vocab_size, cfg.parallel.tensor, mesh->coordinate(2)).offset;
-    user.tensor_parallel_plan = tp::llama_plan();
-    user.loss = [model, group, offset](const torch::Tensor& inputs, const torch::Tensor& targets) {
-      torch::Tensor logits = model->forward(inputs).to(torch::kFloat);
-      torch::Tensor per_token = tp::vocab_parallel_cross_entropy(
-          logits.reshape({-1, logits.size(-1)}), targets.reshape({-1}), offset, *group,
-          data::kIgnoreIndex);
-      return LossSum{per_token.sum(), (targets != data::kIgnoreIndex).sum()};
-    };
-  } else {
-    user.loss = [model, fused](const torch::Tensor& inputs, const torch::Tensor& targets) {
-      if (fused) {
-        // fp32 one chunk of rows at a time (train.fused_kernels).
-        torch::Tensor logits = model->forward(inputs);
-        torch::Tensor sum = models::fused_cross_entropy_sum(
-            logits.reshape({-1, logits.size(-1)}), targets.reshape({-1}), data::kIgnoreIndex);
-        return LossSum{sum, (targets != data::kIgnoreIndex).sum()};
-      }
-      // The loss and its softmax in fp32, whatever the compute dtype.
-      torch::Tensor logits = model->forward(inputs).to(torch::kFloat);
-      const int64_t vocab = logits.size(-1);
-      torch::Tensor sum = torch::nn::functional::cross_entropy(
-          logits.reshape({-1, vocab}), targets.reshape({-1}),
-          torch::nn::functional::CrossEntropyFuncOptions()
-              .ignore_index(data::kIgnoreIndex)
-              .reduction(torch::kSum));
-      return LossSum{sum, (targets != data::kIgnoreIndex).sum()};
+    user.tensor_parallel_plan = spec.tp_plan;
+    context.vocab_parallel_cross_entropy = [group, offset](const torch::Tensor& logits,
+                                                           const torch::Tensor& targets) {
+      return tp::vocab_parallel_cross_entropy(logits, targets, offset, *group, data::kIgnoreIndex);
     };
   }
+  user.loss = [model, loss = spec.loss, context](const torch::Tensor& inputs,
+                                                 const torch::Tensor& targets) {
+    return loss(*model, inputs, targets, context);
+  };
   user.dataset = data::make_dataset(cfg.data, cfg.model, static_cast<uint64_t>(cfg.run.seed));
   user.description = cfg.model.kind;
 }
@@ -565,9 +553,12 @@ void Trainer::State::print_banner(const std::optional<std::string>& resume_from,
   }
   std::cout << "shardkit: optimizer AdamW " << optim::adamw_impl_name(optim->impl())
             << " (train.optimizer_impl " << cfg.train.optimizer_impl << ")";
-  if (builtin_model && cfg.model.kind == "llama") {
-    std::cout << "; fused kernels "
-              << (cfg.train.fused_kernels ? models::llama_fused_ops_description() : std::string("off"));
+  if (builtin_model) {
+    const models::ModelSpec& spec = models::find_model_spec(cfg.model.kind);
+    if (spec.fused_kernels_description) {
+      std::cout << "; fused kernels "
+                << (cfg.train.fused_kernels ? spec.fused_kernels_description() : std::string("off"));
+    }
   }
   std::cout << std::endl;
   if (profiler->enabled()) {
@@ -675,7 +666,7 @@ Trainer::State::Resumed Trainer::State::resume_or_initialise() {
     }
   } else {
     checkpoint::StateDict sd = make_state_dict();
-    for (const char* optional : {"data.loader", "rng.cpu"}) sd.find_bytes(optional)->data.clear();
+    for (const char* optional : {config::kLoaderItem, config::kRngItem}) sd.find_bytes(optional)->data.clear();
     if (std::optional<checkpoint::ResumeResult> r = ckpt->resume(sd)) {
       apply_loaded(sd, cfg.checkpoint.model_only);
       out.from = r->path;
@@ -734,7 +725,7 @@ Trainer::Trainer(const config::Config& config, dist::Runtime& runtime, UserModel
   // apply_loaded derives the data position from train.step and keeps the RNG.
   checkpoint::ManagerHooks manager_hooks;
   manager_hooks.optional_items = [](const std::string& name) {
-    return name == "data.loader" || name == "rng.cpu" || name == "config";
+    return name == config::kLoaderItem || name == config::kRngItem || name == config::kConfigItem;
   };
   checkpoint::CheckpointOptions ckpt_options = s.cfg.checkpoint;
   ckpt_options.local.dir = config::local_tier_pattern(s.cfg);

@@ -16,6 +16,7 @@
 #include "dist/local_launcher.h"
 #include "dist/runtime.h"
 #include "framework/tp/tensor_parallel.h"
+#include "models/model_spec.h"
 
 #include <atomic>
 #include <functional>
@@ -71,11 +72,9 @@ struct EvalRecord {
 
 // This rank's loss on its slice of a batch: summed over its items (tokens,
 // samples), and how many items count. The trainer divides by the global
-// count, which makes training independent of the world size.
-struct LossSum {
-  torch::Tensor sum;    // 0-d, differentiable
-  torch::Tensor count;  // 0-d, any dtype
-};
+// count, which makes training independent of the world size. (The loss
+// type of every model's spec: models/model_spec.h.)
+using LossSum = models::LossSum;
 
 // A model that the caller brings instead of the config's model section.
 struct UserModel {

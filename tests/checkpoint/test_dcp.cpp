@@ -6,6 +6,7 @@
 // in <fixture>.expected/. Where a python3 with torch is found (the Debian 13
 // leg), a fresh checkpoint is written by that script too and read the same
 // way; elsewhere that test skips, saying so.
+#include "framework/config/run_items.h"
 #include "checkpoint/codec/chunk_reader.h"
 #include "checkpoint/format/metadata.h"
 #include "checkpoint/interop/export.h"
@@ -398,6 +399,7 @@ TEST(DcpExport, ExportedCheckpointReadsBackExactlyAndResumes) {
   const std::string out = (c.run / "dcp").string();
   ExportOptions options;
   options.format = ExportFormat::kDcp;
+  options.run = framework::config::make_run_adapter();  // the param group of the run
   const ExportStats stats = export_checkpoint(c.step_dir, out, options);
   EXPECT_EQ(stats.tensors, c.expected.size());
   auto storage = posix_storage();
@@ -443,6 +445,7 @@ TEST(DcpImport, ImportedCheckpointVerifiesAndResumesAtThreeRanks) {
   fs::remove_all(run);
   const std::string step_dir = (run / "checkpoints" / "step_2").string();
   DcpImportOptions options;
+  options.step_item = framework::config::kStepItem;  // the trainer resumes at it
   options.slab_bytes = 100;  // several chunks per DCP chunk: the streaming path
   const DcpImportStats stats = import_dcp_checkpoint(dcp, step_dir, options);
   EXPECT_EQ(stats.step, 2);
@@ -633,6 +636,7 @@ TEST(DcpPython, PythonDcpLoadReadsOurExportAtOneAndTwoRanks) {
   const std::string out = (c.run / "dcp").string();
   ExportOptions options;
   options.format = ExportFormat::kDcp;
+  options.run = framework::config::make_run_adapter();  // the param group of the run
   export_checkpoint(c.step_dir, out, options);
   const fs::path expected = c.run / "expected";
   fs::create_directories(expected);
@@ -666,6 +670,7 @@ TEST(DcpPython, ATensorParallelCheckpointExportLoadsInTorchDcp) {
   const std::string out = (c.run / "dcp").string();
   ExportOptions options;
   options.format = ExportFormat::kDcp;
+  options.run = framework::config::make_run_adapter();  // the param group of the run
   export_checkpoint(c.step_dir, out, options);
   auto storage = posix_storage();
   const DcpMetadata meta = read_dcp_metadata(*storage, out);

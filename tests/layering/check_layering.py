@@ -9,6 +9,14 @@ models, checkpoint, framework, tools, train.cpp, bench) and prints, for each
 include that goes up or sideways, or into a folder the table does not name,
 FILE:LINE and the two folders. Exits 1 when it found any, else 0.
 
+It also checks what the includes cannot show: a folder naming what a layer
+above it owns. layers.txt's [unnamed] section lists, per folder, the names
+that must not appear there as string literals: the trainer's checkpoint
+items (the k...Item constants of framework/config/run_items.h) and the
+config keys (SHARDKIT_CONFIG_FIELD in framework/config/schema.cpp) but
+those of checkpoint's own section. checkpoint/ knows nothing of the
+trainer: its exports ask a checkpoint::RunAdapter.
+
 --graph prints the folder-level graph the code has (what each folder
 includes), in the table's order; docs/architecture.md draws the same graph.
 --self-test first checks the checker on a scratch tree with one of each
@@ -23,6 +31,9 @@ import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 INCLUDE = re.compile(r'^\s*#\s*include\s*"([^"]+)"')
+LITERAL = re.compile(r'"((?:[^"\\\n]|\\.)*)"')
+ITEM_CONSTANT = re.compile(r'constexpr\s+const\s+char\s*\*\s*k\w+Item\s*=\s*"([^"]+)"')
+CONFIG_FIELD = re.compile(r'SHARDKIT_CONFIG_FIELD\(([\w.]+)\)')
 SOURCES = ('.h', '.hpp', '.cpp', '.cc')
 
 
@@ -33,6 +44,7 @@ class Layers:
         self.top = {}     # top-level name -> names it may include
         self.order = []   # top-level names, as listed
         self.parts = {}   # folder -> [[part, ...] per level], bottom first
+        self.unnamed = []  # (folder, "items"|"keys", source file, excepted prefix)
         section = None
         with open(path) as f:
             for number, raw in enumerate(f, 1):
@@ -41,8 +53,14 @@ class Layers:
                     continue
                 if line.startswith('['):
                     section = line.strip('[]')
-                    if section != 'top':
+                    if section not in ('top', 'unnamed'):
                         self.parts[section] = []
+                    continue
+                if section == 'unnamed':
+                    folder, _, rest = line.partition(':')
+                    words = rest.split()
+                    self.unnamed.append((folder.strip(), words[0], words[1],
+                                         words[2] if len(words) > 2 else None))
                     continue
                 if section == 'top':
                     name, _, uses = line.partition(':')
@@ -169,6 +187,56 @@ def scan(root, layers):
     return problems, edges
 
 
+def forbidden_names(root, layers):
+    """{folder: {name: where it comes from}} from the [unnamed] rules."""
+    out = {}
+    for folder, kind, source, excepted in layers.unnamed:
+        path = os.path.join(root, source)
+        if not os.path.isfile(path):
+            continue  # a scratch tree without it
+        with open(path, errors='replace') as f:
+            text = f.read()
+        pattern = ITEM_CONSTANT if kind == 'items' else CONFIG_FIELD
+        for name in pattern.findall(text):
+            if excepted and name.startswith(excepted):
+                continue
+            out.setdefault(folder, {})[name] = source
+    return out
+
+
+def code_literals(line):
+    """The string literals of a line of C++, not those in a // comment."""
+    out = []
+    at = 0
+    while True:
+        quote, comment = line.find('"', at), line.find('//', at)
+        if quote < 0 or (0 <= comment < quote):
+            return out
+        m = LITERAL.match(line, quote)
+        if not m:
+            return out
+        out.append(m.group(1))
+        at = m.end()
+
+
+def scan_names(root, layers):
+    """Problems: string literals under a folder that name what a layer above
+    owns ([unnamed])."""
+    problems = []
+    forbidden = forbidden_names(root, layers)
+    for path in source_files(root, layers):
+        names = forbidden.get(path.split('/')[0])
+        if not names:
+            continue
+        with open(os.path.join(root, path), errors='replace') as f:
+            for number, line in enumerate(f, 1):
+                for literal in code_literals(line):
+                    if literal in names:
+                        problems.append('%s:%d: names "%s", which %s owns (tests/layering/layers.txt [unnamed])' % (
+                            path, number, literal, names[literal]))
+    return problems
+
+
 def graph_lines(layers, edges):
     """The folder-level graph, top-level folders first, then each folder's
     parts bottom first: "name -> what it includes" ("!" marks an include
@@ -214,6 +282,9 @@ BAD_TREE = {
     'checkpoint/errors.cpp': '#include "checkpoint/errors.h"\n',    # same part
     'checkpoint/newpart/n.h': '',                                   # unplaced
     'tools/t.cpp': '#include "framework/train/t.h"\n#include <vector>\n#include "zlib.h"\n',
+    'framework/config/run_items.h': 'inline constexpr const char* kStepItem = "train.step";\n',
+    'framework/config/schema.cpp': '{SHARDKIT_CONFIG_FIELD(model.kind)}, {SHARDKIT_CONFIG_FIELD(checkpoint.mode)}\n',
+    'checkpoint/interop/x.cpp': 'a("train.step");\nb("model.kind");\nc("checkpoint.mode");  // "train.step"\n',
 }
 EXPECTED = [
     'models/m.h:1: models includes framework/fsdp',
@@ -222,6 +293,8 @@ EXPECTED = [
     'framework/tp/p.h:1: framework/tp includes framework/optim',
     'checkpoint/storage/s.h:1: checkpoint/storage includes checkpoint/format',
     'checkpoint/newpart/n.h: checkpoint/newpart/ is a folder',
+    'checkpoint/interop/x.cpp:1: names "train.step"',
+    'checkpoint/interop/x.cpp:2: names "model.kind"',
 ]
 
 
@@ -232,6 +305,7 @@ def self_test(layers):
             with open(os.path.join(root, path), 'w') as f:
                 f.write(text)
         problems, _ = scan(root, layers)
+        problems += scan_names(root, layers)
         missing = [e for e in EXPECTED if not any(p.startswith(e) for p in problems)]
         extra = [p for p in problems if not any(p.startswith(e) for e in EXPECTED)]
         if missing or extra:
@@ -239,9 +313,10 @@ def self_test(layers):
             return False
         os.remove(os.path.join(root, 'checkpoint/newpart/n.h'))
         for path in ('models/m.h', 'dist/d.h', 'framework/config/c.h', 'framework/tp/p.h',
-                     'checkpoint/storage/s.h'):
+                     'checkpoint/storage/s.h', 'checkpoint/interop/x.cpp'):
             open(os.path.join(root, path), 'w').close()
         problems, _ = scan(root, layers)
+        problems += scan_names(root, layers)
         if problems:
             print('self-test FAILED: a clean tree gave %s' % problems)
             return False
@@ -285,12 +360,13 @@ def main():
     if args.self_test and not self_test(layers):
         return 1
     problems, edges = scan(args.root, layers)
+    problems += scan_names(args.root, layers)
     if args.graph:
         print('\n'.join(graph_lines(layers, edges)))
     for p in problems:
         print(p)
     if problems:
-        print('%d include(s) break the layering of %s' % (len(problems), args.layers))
+        print('%d include(s) or name(s) break the layering of %s' % (len(problems), args.layers))
         return 1
     if args.doc and not doc_matches(args.doc, graph_lines(layers, edges)):
         return 1

@@ -4,6 +4,7 @@
 #include "framework/optim/lr_schedule.h"
 #include "framework/optim/sharded_adamw.h"
 #include "models/layered_model.h"
+#include "models/model_spec.h"
 #include "framework/train/trainer.h"
 #include "framework/train/profiler.h"
 #include "framework/config/config.h"
@@ -604,4 +605,139 @@ TEST(ProfilerTraces, ActiveLongerThanEveryIsAConfigError) {
     EXPECT_NE(std::string(e.what()).find("profile.active"), std::string::npos) << e.what();
   }
   fs::remove_all(yaml.parent_path());
+}
+
+// ---------------------------------------------------------------- model specs
+
+namespace {
+
+// A model kind of the test's own, not one of the built-ins: token embedding,
+// residual tanh(linear) blocks, a linear head.
+class TanhStackImpl : public models::LayeredModelImpl {
+ public:
+  explicit TanhStackImpl(const models::ModelOptions& o) {
+    embed_ = register_module("embed", torch::nn::Embedding(o.vocab_size, o.d_model));
+    blocks_ = register_module("blocks", torch::nn::ModuleList());
+    for (int64_t i = 0; i < o.n_layers; ++i) blocks_->push_back(torch::nn::Linear(o.d_model, o.d_model));
+    head_ = register_module("head", torch::nn::Linear(o.d_model, o.vocab_size));
+  }
+  torch::Tensor embed(const torch::Tensor& tokens) override { return embed_(tokens); }
+  int64_t num_blocks() const override { return static_cast<int64_t>(blocks_->size()); }
+  std::shared_ptr<torch::nn::Module> block(int64_t i) override { return blocks_[static_cast<size_t>(i)]; }
+  torch::Tensor block_forward(int64_t i, const torch::Tensor& h) override {
+    return h + torch::tanh(blocks_[static_cast<size_t>(i)]->as<torch::nn::Linear>()->forward(h));
+  }
+  torch::Tensor head(const torch::Tensor& h) override { return head_(h); }
+
+ private:
+  torch::nn::Embedding embed_{nullptr};
+  torch::nn::ModuleList blocks_{nullptr};
+  torch::nn::Linear head_{nullptr};
+};
+
+void register_tanh_stack() {
+  models::ModelSpec spec;
+  spec.kind = "tanh_stack";
+  spec.description = "a test's own model";
+  spec.build = [](const models::ModelOptions& o, bool) {
+    return std::static_pointer_cast<models::LayeredModelImpl>(std::make_shared<TanhStackImpl>(o));
+  };
+  spec.size = [](const models::ModelOptions& o) {
+    const double d = static_cast<double>(o.d_model), v = static_cast<double>(o.vocab_size);
+    models::ModelSize s;
+    s.parameters = v * d + static_cast<double>(o.n_layers) * (d * d + d) + d * v + v;
+    s.largest_unit = std::max(d * d + d, 2 * v * d + v);
+    s.largest_parameter = v * d;
+    return s;
+  };
+  models::register_model_spec(spec);
+}
+
+}  // namespace
+
+// Adding a model adds a spec and touches nothing in framework/train or
+// checkpoint/: a kind registered here is named by a parsed config, trains
+// through the Trainer with its own FSDP units (its blocks), and FSDP at
+// world 2 matches world 1 as the built-in kinds do.
+TEST(ModelSpecs, AKindRegisteredByTheProgramTrainsFromItsConfigAtAnyWorldSize) {
+  const std::string yaml = "model:\n  kind: tanh_stack\n  vocab_size: 16\n  seq_len: 16\n  d_model: 32\n  n_layers: 3\n";
+  std::string before;
+  try {
+    framework::config::parse_config(yaml, "tiny.yaml");
+  } catch (const std::exception& e) {
+    before = e.what();
+  }
+  EXPECT_NE(before.find("model.kind"), std::string::npos) << before;
+  EXPECT_NE(before.find("one of gpt|mlp|llama"), std::string::npos) << before;
+
+  register_tanh_stack();
+  framework::config::Config cfg = framework::config::parse_config(yaml, "tiny.yaml");
+  cfg.run.dir = temp_run_dir("tanh_stack_1");
+  cfg.run.seed = 7;
+  cfg.train.steps = 12;
+  cfg.train.global_batch_size = 12;
+  cfg.checkpoint.interval = 0;
+  const RunResult one = run_config(1, cfg);
+  cfg.run.dir = temp_run_dir("tanh_stack_2");
+  std::vector<std::string> units;
+  run_runtimes(2, [&](framework::dist::Runtime& rt) {
+    Trainer trainer(cfg, rt);
+    if (rt.env.rank == 0) units = trainer.model().unit_names();
+  });
+  EXPECT_EQ(units, (std::vector<std::string>{"root", "blocks.0", "blocks.1", "blocks.2"}));
+  const RunResult two = run_config(2, cfg);
+  ASSERT_EQ(one.losses.size(), 12u);
+  ASSERT_EQ(two.losses.size(), 12u);
+  EXPECT_LT(one.losses.back(), one.losses.front());
+  for (size_t i = 0; i < one.losses.size(); ++i) {
+    EXPECT_NEAR(two.losses[i], one.losses[i], 1e-5 * std::abs(one.losses[i])) << "step " << i + 1;
+  }
+
+  // No tensor-parallel plan: parallel.tensor 2 is refused, naming the kind.
+  cfg.parallel.tensor = 2;
+  cfg.run.dir = temp_run_dir("tanh_stack_tp");
+  std::string refused;
+  run_runtimes(2, [&](framework::dist::Runtime& rt) {
+    try {
+      Trainer trainer(cfg, rt);
+    } catch (const std::invalid_argument& e) {
+      if (rt.env.rank == 0) refused = e.what();
+    }
+  });
+  EXPECT_NE(refused.find("model.kind is tanh_stack, which has no tensor-parallel plan"), std::string::npos)
+      << refused;
+  fs::remove_all(cfg.run.dir);
+  EXPECT_THROW(models::find_model_spec("no_such_kind"), std::invalid_argument);
+}
+
+// The built-in llama's spec: its FLOPs per token are 6 x the parameters of
+// the built model that multiply (all but the embedding) plus attention's
+// 12 x layers x d_model x seq_len; its Hugging Face adapter writes the
+// config.json that PyTorch's LlamaConfig fields name.
+TEST(ModelSpecs, LlamaFlopsAndHuggingFaceConfigComeFromTheBuiltModel) {
+  models::ModelOptions o;
+  o.kind = "llama";
+  o.vocab_size = 64;
+  o.seq_len = 32;
+  o.d_model = 48;
+  o.n_layers = 2;
+  o.n_heads = 4;
+  o.n_kv_heads = 2;
+  o.tie_weights = false;
+  const models::ModelSpec& spec = models::find_model_spec("llama");
+  auto model = models::make_model(o);
+  double params = 0;
+  for (const auto& p : model->parameters()) params += static_cast<double>(p.numel());
+  EXPECT_EQ(spec.size(o).parameters, params);
+  const double embedding = 64.0 * 48.0;
+  EXPECT_DOUBLE_EQ(spec.flops_per_token(o), 6 * (params - embedding) + 12.0 * 2 * 48 * 32);
+  ASSERT_TRUE(spec.hf.has_value());
+  const nlohmann::json j = nlohmann::json::parse(spec.hf->config_json(o, "bfloat16"));
+  EXPECT_EQ(j["architectures"], nlohmann::json({"LlamaForCausalLM"}));
+  EXPECT_EQ(j["hidden_size"], 48);
+  EXPECT_EQ(j["num_key_value_heads"], 2);
+  EXPECT_EQ(j["intermediate_size"], models::llama_d_ff(o));
+  EXPECT_EQ(j["torch_dtype"], "bfloat16");
+  EXPECT_FALSE(models::find_model_spec("gpt").hf.has_value());
+  EXPECT_TRUE(models::find_model_spec("gpt").tp_plan.empty());
 }

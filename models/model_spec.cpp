@@ -1,0 +1,302 @@
+#include "models/model_spec.h"
+
+#include "models/layers.h"
+#include "models/llama.h"
+#include "models/stacked_model.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <algorithm>
+#include <map>
+#include <mutex>
+#include <stdexcept>
+
+namespace models {
+
+LossSum token_cross_entropy(LayeredModelImpl& model, const torch::Tensor& inputs,
+                            const torch::Tensor& targets, const LossContext& context) {
+  const torch::Tensor counted = (targets != context.ignore_index).sum();
+  if (context.vocab_parallel_cross_entropy) {
+    torch::Tensor logits = model.forward(inputs).to(torch::kFloat);
+    torch::Tensor per_token = context.vocab_parallel_cross_entropy(
+        logits.reshape({-1, logits.size(-1)}), targets.reshape({-1}));
+    return {per_token.sum(), counted};
+  }
+  if (context.fused_kernels) {
+    // fp32 one chunk of rows at a time (train.fused_kernels).
+    torch::Tensor logits = model.forward(inputs);
+    return {fused_cross_entropy_sum(logits.reshape({-1, logits.size(-1)}), targets.reshape({-1}),
+                                    context.ignore_index),
+            counted};
+  }
+  // The loss and its softmax in fp32, whatever the compute dtype.
+  torch::Tensor logits = model.forward(inputs).to(torch::kFloat);
+  torch::Tensor sum = torch::nn::functional::cross_entropy(
+      logits.reshape({-1, logits.size(-1)}), targets.reshape({-1}),
+      torch::nn::functional::CrossEntropyFuncOptions()
+          .ignore_index(context.ignore_index)
+          .reduction(torch::kSum));
+  return {sum, counted};
+}
+
+TpPlan llama_tp_plan() {
+  return {
+      {"model.embed_tokens", TpStyle::kRowwise},
+      {"model.layers.*.self_attn.q_proj", TpStyle::kColwise},
+      {"model.layers.*.self_attn.k_proj", TpStyle::kColwise},
+      {"model.layers.*.self_attn.v_proj", TpStyle::kColwise},
+      {"model.layers.*.self_attn.o_proj", TpStyle::kRowwise},
+      {"model.layers.*.mlp.gate_proj", TpStyle::kColwise},
+      {"model.layers.*.mlp.up_proj", TpStyle::kColwise},
+      {"model.layers.*.mlp.down_proj", TpStyle::kRowwise},
+      {"lm_head", TpStyle::kColwise},
+  };
+}
+
+namespace {
+
+// ---------------------------------------------------------------- every kind
+
+void validate_common(const ModelOptions& o) {
+  TORCH_CHECK(o.vocab_size > 0, "model.vocab_size must be positive, got ", o.vocab_size);
+  TORCH_CHECK(o.seq_len > 0, "model.seq_len must be positive, got ", o.seq_len);
+  TORCH_CHECK(o.d_model > 0, "model.d_model must be positive, got ", o.d_model);
+  TORCH_CHECK(o.n_layers > 0, "model.n_layers must be positive, got ", o.n_layers);
+  TORCH_CHECK(o.d_ff >= 0, "model.d_ff must be >= 0 (0 means 4 * d_model), got ", o.d_ff);
+}
+
+void validate_heads(const ModelOptions& o) {
+  TORCH_CHECK(o.n_heads > 0, "model.n_heads must be positive, got ", o.n_heads);
+  TORCH_CHECK(o.d_model % o.n_heads == 0, "model.d_model (", o.d_model,
+              ") must be divisible by model.n_heads (", o.n_heads, ")");
+}
+
+// 6 x the parameters that multiply + 12 x layers x d_model x seq_len
+// (attention's scores and weighted sum, forward and backward): PaLM's
+// estimate, as torchtitan counts it. `lookup`: embedding parameters that
+// are looked up, not multiplied (a tied output projection multiplies them).
+double palm_flops_per_token(const ModelOptions& o, double parameters, double lookup,
+                            bool attention) {
+  const double matmul = parameters - lookup;
+  const double attn = attention ? 12.0 * static_cast<double>(o.n_layers) *
+                                      static_cast<double>(o.d_model) * static_cast<double>(o.seq_len)
+                                : 0.0;
+  return 6.0 * matmul + attn;
+}
+
+// ---------------------------------------------------------------- gpt, mlp
+
+std::shared_ptr<LayeredModelImpl> build_stacked(const ModelOptions& options, bool gpt) {
+  const int64_t d_ff = options.d_ff > 0 ? options.d_ff : 4 * options.d_model;
+  std::vector<std::shared_ptr<ResidualBlockImpl>> blocks;
+  for (int64_t i = 0; i < options.n_layers; ++i) {
+    if (gpt) {
+      blocks.push_back(std::make_shared<GptBlockImpl>(options.d_model, options.n_heads, d_ff));
+    } else {
+      blocks.push_back(std::make_shared<MlpBlockImpl>(options.d_model, d_ff));
+    }
+  }
+  auto model = std::make_shared<StackedModelImpl>(options, std::move(blocks));
+  init_gpt2_style(*model);
+  model->set_activation_checkpointing(options.activation_checkpointing,
+                                      options.activation_checkpointing_every);
+  return model;
+}
+
+ModelSize stacked_size(const ModelOptions& o, bool gpt) {
+  const double d = static_cast<double>(o.d_model);
+  const double f = o.d_ff > 0 ? static_cast<double>(o.d_ff) : 4 * d;
+  const double v = static_cast<double>(o.vocab_size);
+  const double s = static_cast<double>(o.seq_len);
+  const double layer_norm = 2 * d;
+  const double feed_forward = (d * f + f) + (f * d + d);
+  double block = 0;
+  double block_acts = 0;  // per token
+  if (gpt) {
+    const double attention = (d * 3 * d + 3 * d) + (d * d + d);
+    block = 2 * layer_norm + attention + feed_forward;
+    // norms, qkv, scores and softmax (per head, per key), attention out,
+    // projections, the feed-forward's hidden and activation, residuals
+    block_acts = 10 * d + 2 * f + 2 * static_cast<double>(o.n_heads) * s;
+  } else {
+    block = layer_norm + feed_forward;
+    block_acts = 4 * d + 2 * f;
+  }
+  const double rest = v * d + s * d + layer_norm + (o.tie_weights ? 0 : d * v);
+  ModelSize size;
+  size.parameters = rest + static_cast<double>(o.n_layers) * block;
+  size.largest_unit = std::max(rest, block);
+  size.largest_parameter = std::max(v * d, d * f);
+  size.block_activation_floats_per_sample = s * block_acts;
+  // logits and their log-softmax, embeddings and final norm, per token
+  size.activation_floats_per_sample =
+      s * (static_cast<double>(o.n_layers) * block_acts + 2 * v + 3 * d);
+  return size;
+}
+
+ModelSpec stacked_spec(bool gpt) {
+  ModelSpec spec;
+  spec.kind = gpt ? "gpt" : "mlp";
+  spec.description = gpt ? "GPT-2 style: learned positions, LayerNorm, multi-head attention, GELU MLP"
+                         : "residual MLP blocks (no attention), learned positions";
+  spec.validate = [gpt](const ModelOptions& o) {
+    validate_common(o);
+    if (gpt) validate_heads(o);
+  };
+  spec.build = [gpt](const ModelOptions& o, bool) { return build_stacked(o, gpt); };
+  spec.size = [gpt](const ModelOptions& o) { return stacked_size(o, gpt); };
+  spec.flops_per_token = [gpt](const ModelOptions& o) {
+    const double d = static_cast<double>(o.d_model);
+    // Token and position embeddings are looked up; a tied output projection
+    // multiplies the token embedding.
+    const double lookup = static_cast<double>(o.seq_len) * d +
+                          (o.tie_weights ? 0.0 : static_cast<double>(o.vocab_size) * d);
+    return palm_flops_per_token(o, stacked_size(o, gpt).parameters, lookup, gpt);
+  };
+  return spec;
+}
+
+// ---------------------------------------------------------------- llama
+
+void validate_llama(const ModelOptions& o) {
+  validate_common(o);
+  validate_heads(o);
+  const int64_t kv = o.n_kv_heads > 0 ? o.n_kv_heads : o.n_heads;
+  TORCH_CHECK(o.n_kv_heads >= 0, "model.n_kv_heads must be >= 0, got ", o.n_kv_heads);
+  TORCH_CHECK(o.n_heads % kv == 0, "model.n_heads (", o.n_heads,
+              ") must be divisible by model.n_kv_heads (", kv, ")");
+  TORCH_CHECK((o.d_model / o.n_heads) % 2 == 0, "model.d_model / model.n_heads (",
+              o.d_model / o.n_heads, ") must be even for rotary embeddings");
+  TORCH_CHECK(o.rope_theta > 0, "model.rope_theta must be positive, got ", o.rope_theta);
+  TORCH_CHECK(o.norm_eps > 0, "model.norm_eps must be positive, got ", o.norm_eps);
+}
+
+std::shared_ptr<LayeredModelImpl> build_llama(const ModelOptions& options, bool materialize) {
+  uint64_t seed = 0;
+  {
+    auto gen = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    seed = gen.get<at::CPUGeneratorImpl>()->random64();
+  }
+  auto model = std::make_shared<LlamaModelImpl>(options, seed, materialize);
+  model->set_activation_checkpointing(options.activation_checkpointing,
+                                      options.activation_checkpointing_every);
+  return model;
+}
+
+ModelSize llama_size(const ModelOptions& o) {
+  const double d = static_cast<double>(o.d_model);
+  const double v = static_cast<double>(o.vocab_size);
+  const double s = static_cast<double>(o.seq_len);
+  const double hd = d / static_cast<double>(o.n_heads);
+  const double kv = static_cast<double>(o.n_kv_heads > 0 ? o.n_kv_heads : o.n_heads) * hd;
+  const double ff = static_cast<double>(llama_d_ff(o));
+  const double block = 2 * d + (d * d + 2 * d * kv + d * d) + 3 * d * ff;
+  // norms, q k v (rotated and repeated), scores and softmax (per head, per
+  // key; the matmul path), attention out, projections, the SwiGLU's gate,
+  // up, activation and product, residuals
+  const double block_acts = 12 * d + 4 * ff + 2 * static_cast<double>(o.n_heads) * s;
+  const double rest = v * d + d + (o.tie_weights ? 0 : d * v);
+  ModelSize size;
+  size.parameters = rest + static_cast<double>(o.n_layers) * block;
+  size.largest_unit = std::max(rest, block);
+  size.largest_parameter = std::max(v * d, d * ff);
+  size.activation_floats_per_sample = s * (static_cast<double>(o.n_layers) * block_acts + 2 * v + 3 * d);
+  size.block_activation_floats_per_sample = s * block_acts;
+  return size;
+}
+
+ModelSpec llama_spec() {
+  ModelSpec spec;
+  spec.kind = "llama";
+  spec.description = "Llama 3: RMSNorm, RoPE, grouped-query attention, SwiGLU; Hugging Face names";
+  spec.validate = validate_llama;
+  spec.build = build_llama;
+  spec.lazy_init = true;
+  spec.size = llama_size;
+  spec.flops_per_token = [](const ModelOptions& o) {
+    const double embedding = static_cast<double>(o.vocab_size) * static_cast<double>(o.d_model);
+    return palm_flops_per_token(o, llama_size(o).parameters, o.tie_weights ? 0.0 : embedding, true);
+  };
+  spec.tp_plan = llama_tp_plan();
+  spec.use_fused_kernels = [](LayeredModelImpl& model, bool on) { models::use_fused_kernels(model, on); };
+  spec.fused_kernels_description = llama_fused_ops_description;
+  if (const HfAdapter* hf = find_hf_adapter("llama")) spec.hf = *hf;
+  return spec;
+}
+
+// ---------------------------------------------------------------- registry
+
+struct SpecRegistry {
+  std::mutex mutex;
+  std::map<std::string, ModelSpec> specs;
+  SpecRegistry() {
+    for (ModelSpec spec : {stacked_spec(true), stacked_spec(false), llama_spec()}) {
+      specs.emplace(spec.kind, std::move(spec));
+    }
+  }
+};
+
+SpecRegistry& spec_registry() {
+  static SpecRegistry r;  // built on first use: no static-initialisation order
+  return r;
+}
+
+}  // namespace
+
+void register_model_spec(ModelSpec spec) {
+  if (spec.kind.empty() || !spec.build || !spec.size || !spec.loss) {
+    throw std::invalid_argument("register_model_spec: a spec needs its kind, build, size and loss (kind '" +
+                                spec.kind + "')");
+  }
+  register_model_kind(spec.kind);
+  if (spec.hf) register_hf_adapter(spec.kind, *spec.hf);
+  SpecRegistry& r = spec_registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  r.specs[spec.kind] = std::move(spec);
+}
+
+bool has_model_spec(const std::string& kind) {
+  SpecRegistry& r = spec_registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  return r.specs.count(kind) != 0;
+}
+
+const ModelSpec& find_model_spec(const std::string& kind) {
+  SpecRegistry& r = spec_registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  auto it = r.specs.find(kind);
+  if (it != r.specs.end()) return it->second;
+  std::string known;
+  for (const auto& [name, spec] : r.specs) known += (known.empty() ? "" : ", ") + name;
+  throw std::invalid_argument("model.kind '" + kind + "' is not a registered model (" + known + ")");
+}
+
+std::vector<std::string> registered_model_kinds() {
+  SpecRegistry& r = spec_registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  std::vector<std::string> out;
+  for (const auto& [name, spec] : r.specs) out.push_back(name);
+  return out;
+}
+
+// ---------------------------------------------------------------- layered_model.h
+
+void validate_model_options(const ModelOptions& o) {
+  const ModelSpec* spec = nullptr;
+  try {
+    spec = &find_model_spec(o.kind);
+  } catch (const std::invalid_argument& e) {
+    TORCH_CHECK(false, e.what());
+  }
+  if (spec->validate) spec->validate(o);
+}
+
+std::shared_ptr<LayeredModelImpl> make_model(const ModelOptions& options, bool materialize) {
+  validate_model_options(options);
+  return find_model_spec(options.kind).build(options, materialize);
+}
+
+ModelSize model_size(const ModelOptions& o) { return find_model_spec(o.kind).size(o); }
+
+}  // namespace models

@@ -1,0 +1,23 @@
+#pragma once
+// Tensor parallelism as a model declares it: which submodules are split and
+// how (torchtitan's parallelize_module plan; Hugging Face's
+// base_model_tp_plan). Plain data: framework/tp applies a plan
+// (tp::parallelize_module) and names these types tp::Style, tp::PlanEntry
+// and tp::Plan. A model's spec (models/model_spec.h) holds its plan.
+#include <string>
+#include <vector>
+
+namespace models {
+
+enum class TpStyle { kColwise, kRowwise, kReplicate };
+
+struct TpPlanEntry {
+  // A submodule's name in named_modules(); "*" stands for one whole name
+  // component: "model.layers.*.self_attn.q_proj".
+  std::string pattern;
+  TpStyle style = TpStyle::kReplicate;
+  bool gather_output = false;  // colwise only: all-gather the output's last dim
+};
+using TpPlan = std::vector<TpPlanEntry>;
+
+}  // namespace models
