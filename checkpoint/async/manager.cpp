@@ -121,6 +121,45 @@ bool CheckpointManager::due(int64_t step, int64_t last_step) const {
   return options_.interval > 0 && (step % options_.interval == 0 || step == last_step);
 }
 
+bool CheckpointManager::stages(bool state_on_device) const {
+  return enabled() && (mode_ != SaveMode::kSync || state_on_device);
+}
+
+DueSave CheckpointManager::save_if_due(int64_t step, int64_t last_step, bool stop_requested,
+                                       bool busy_anywhere, const std::function<StateDict()>& state) {
+  DueSave out;
+  const bool final_save = stop_requested && options_.save_on_signal && enabled();
+  if (!due(step, last_step) && !final_save) return out;
+  if (parse_when_busy(options_.when_busy) == WhenBusy::kSkip && busy_anywhere && !final_save &&
+      step != last_step) {
+    out.skipped = true;
+    return out;
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  const bool final = final_save || step == last_step;
+  try {
+    save(step, state(), final);
+  } catch (const CheckpointError& e) {
+    // The previous (background) save failed, or this sync save did.
+    if (options_.on_error != "warn") throw;
+    out.warning = e.what();
+    if (!busy() && mode_ != SaveMode::kSync) save(step, state(), final);
+  }
+  out.started = true;
+  out.blocking_s = seconds_since(t0);
+  return out;
+}
+
+std::string CheckpointManager::finish_or_warn() {
+  try {
+    finish();
+  } catch (const CheckpointError& e) {
+    if (options_.on_error != "warn") throw;
+    return e.what();
+  }
+  return "";
+}
+
 bool CheckpointManager::busy() const {
   std::lock_guard<std::mutex> lock(mu_);
   return in_flight_ && !in_flight_->done;

@@ -92,6 +92,15 @@ struct SkippedCheckpoint {
   std::string error;
 };
 
+// What CheckpointManager::save_if_due did after a step.
+struct DueSave {
+  bool started = false;   // save() was called for the step
+  bool skipped = false;   // due, but a save was still in flight (when_busy: skip)
+  double blocking_s = 0;  // how long the save held the caller
+  // checkpoint.on_error warn: the failure that did not stop training ("" none).
+  std::string warning;
+};
+
 struct ResumeResult {
   std::string path;  // the checkpoint loaded (local tier: this rank's node's copy)
   std::string tier = "durable";  // local | durable
@@ -119,6 +128,24 @@ class CheckpointManager {
   bool due(int64_t step, int64_t last_step) const;
   // True while a save is in flight on this rank.
   bool busy() const;
+  // Whether saves stage into host buffers (async and overlap modes, or
+  // state on a device): reserve_staging() then saves the first save's wait.
+  bool stages(bool state_on_device) const;
+
+  // (all ranks) The checkpoint policy a training loop runs after each step:
+  // saves `state()` when due (every interval steps and at last_step) or on a
+  // stop (stop_requested, with save_on_signal); a final save (last_step, a
+  // stop) is flushed to every tier. With when_busy skip a due save is
+  // skipped while one is still in flight anywhere (`busy_anywhere`: the
+  // ranks' agreed flag, so all skip together), but never a final one. A
+  // failed save throws with on_error fail; with warn its message is
+  // returned in DueSave::warning and, in async modes, this step's save is
+  // started after all.
+  DueSave save_if_due(int64_t step, int64_t last_step, bool stop_requested, bool busy_anywhere,
+                      const std::function<StateDict()>& state);
+  // finish(), but with on_error warn a failure is returned ("" none)
+  // instead of thrown.
+  std::string finish_or_warn();
 
   // (all ranks) checkpoint.resume resolved by rank 0 and broadcast, so every
   // rank loads the same checkpoint. nullopt: start fresh.

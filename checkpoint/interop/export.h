@@ -102,13 +102,13 @@ struct ExportStats {
 };
 
 // Reads the committed checkpoint `step_dir` and writes `out_path`.
-// kHf writes a Hugging Face LlamaForCausalLM directory `out_path` (as
-// <out_path>.tmp, renamed): the model's tensors under their own names
-// (model.embed_tokens.weight, ..., lm_head.weight) in safetensors shards of
-// at most max_shard_bytes (model.safetensors when one is enough, else
+// kHf writes a Hugging Face model directory `out_path` (as <out_path>.tmp,
+// renamed): the model's tensors under their own names in safetensors shards
+// of at most max_shard_bytes (model.safetensors when one is enough, else
 // model-0000K-of-0000N.safetensors with model.safetensors.index.json), and
-// config.json from the run's settings (options.run) or, for a checkpoint
-// made by import_hf_checkpoint, the config.json it recorded.
+// config.json from the run's settings (options.run: the built-in llama's is
+// LlamaForCausalLM's) or, for a checkpoint made by import_hf_checkpoint, the
+// config.json it recorded.
 // kDcp writes a directory `out_path` that PyTorch's dcp.load reads (torch
 // 2.6 and later) into get_state_dict(model, optim) of a model with the same
 // parameter names, at any world size: model.<name> tensors; for each

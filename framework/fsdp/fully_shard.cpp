@@ -773,7 +773,7 @@ void FullyShardedModel::on_grad_accumulated(Unit& unit) {
 // syncs; until then they wait in `unsynced`, so each micro-batch's
 // gradients are all-reduced exactly once, whichever backward passes sync.
 // Without replicas (FSDP) there is nothing to do.
-void FullyShardedModel::issue_replicated(const Unit& unit, Bucket& bucket, ReducePart& part) {
+void FullyShardedModel::issue_replicated(Bucket& bucket, ReducePart& part) {
   if (mesh_->size(replicate_axis_) == 1) return;
   if (bucket.unsynced.defined()) part.grads.add_(bucket.unsynced);
   if (!part.sync) {
@@ -785,7 +785,6 @@ void FullyShardedModel::issue_replicated(const Unit& unit, Bucket& bucket, Reduc
   part.wire = part.grads.to(comm_dtype(bucket.dtype));
   part.ar = mesh_->group(replicate_axis_, kReduceChannel).all_reduce_async(part.wire);
   ++counts_.all_reduces;
-  (void)unit;
 }
 
 // Adds the reduced gradients to what earlier backward passes of the step
@@ -840,74 +839,85 @@ void FullyShardedModel::reduce_grads(Unit& unit) {
   RECORD_USER_SCOPE("shardkit::fsdp_reduce");
   unit.reduced = true;
   torch::NoGradGuard no_grad;
-  const int64_t shards = mesh_->size(shard_axis_);
+  const bool ddp = mesh_->size(shard_axis_) == 1;
   const size_t limit = static_cast<size_t>(std::max<int64_t>(options_.prefetch, 1));
   while (!reducing_.empty() && reducing_.size() >= limit) wait_reduce_scatter();
   auto rec = std::make_unique<Reduction>();
   rec->unit = &unit;
   for (size_t b = 0; b < unit.buckets.size(); ++b) {
-    Bucket& bucket = unit.buckets[b];
-    if (!bucket.trainable) continue;
-    const auto local_options = unit.params[bucket.members.front()].local.options().requires_grad(false);
-    const auto comm = local_options.dtype(comm_dtype(bucket.dtype));
+    if (!unit.buckets[b].trainable) continue;
     ReducePart part;
     part.bucket = b;
     part.sync = sync_;
-    if (shards == 1) {
-      // DDP: one flat all-reduce of the bucket's gradients across replicas,
-      // with those of the micro-batches that skipped it. The parameter is its
-      // own shard, so once its .grad views the reduced sum, a further
-      // backward would add to that sum in place and have it summed again.
-      if (bucket.grad_views) {
-        throw std::logic_error(
-            "fully_shard (DDP): a backward after this step's gradients were already synced would "
-            "count them twice: call set_requires_gradient_sync(false) before every backward of a "
-            "step but the last, and zero_grad() before the next step");
-      }
-      torch::Tensor flat = torch::zeros({bucket.seg_numel}, comm);
-      for (size_t m : bucket.members) {
-        const ParamSlot& p = unit.params[m];
-        if (p.full.grad().defined()) {
-          flat.narrow(0, p.seg_offset, p.full.numel()).copy_(p.full.grad().reshape({-1}));
-        }
-      }
-      part.grads = flat.to(local_options.dtype());
-      for (size_t m : bucket.members) unit.params[m].full.mutable_grad().reset();
-      rec->parts.push_back(std::move(part));
-      continue;
+    if (ddp) {
+      take_replicated_grads(unit, unit.buckets[b], part);
+    } else {
+      issue_reduce_scatter(unit, unit.buckets[b], part);
     }
-    part.send = torch::zeros({shards * bucket.seg_numel}, comm);
-    for (size_t m : bucket.members) {
-      const ParamSlot& p = unit.params[m];
-      const torch::Tensor& g = p.full.grad();
-      if (!g.defined()) continue;  // unused parameter: contributes zeros
-      torch::Tensor flat = g.reshape({-1});
-      for (int64_t r = 0; r < shards; ++r) {
-        dtensor::Span span = chunk_span(p.rows, shards, r);
-        part.send.narrow(0, r * bucket.seg_numel + p.seg_offset, span.size * p.row_numel)
-            .copy_(flat.narrow(0, span.offset * p.row_numel, span.size * p.row_numel));
-      }
-    }
-    part.mine = torch::empty({bucket.seg_numel}, comm);
-    part.rs = mesh_->group(shard_axis_, kReduceChannel).reduce_scatter_async(part.mine, part.send);
-    ++counts_.reduce_scatters;
-    // The send buffer now holds what the full gradients held.
-    for (size_t m : bucket.members) {
-      ParamSlot& p = unit.params[m];
-      if (p.full.grad().defined()) live_bytes_ -= tensor_bytes(p.full);
-      p.full.mutable_grad().reset();
-    }
-    live_bytes_ += tensor_bytes(part.send);
-    stats_.peak_gathered_bytes = std::max(stats_.peak_gathered_bytes, live_bytes_);
     rec->parts.push_back(std::move(part));
   }
-  if (shards > 1) {
+  if (!ddp) {
     if (!rec->parts.empty()) log("reduce.issue", unit);
     release(unit);
   }
   reducing_.push_back(std::move(rec));
-  if (shards == 1) wait_reduce_scatter();  // DDP: no reduce-scatter; its all-reduce goes out now
+  if (ddp) wait_reduce_scatter();  // DDP: no reduce-scatter; its all-reduce goes out now
   if (options_.prefetch <= 0) drain_reductions();
+}
+
+// DDP: the bucket's gradients as one flat tensor, for one all-reduce
+// across replicas with those of the micro-batches that skipped it. The
+// parameter is its own shard, so once its .grad views the reduced sum, a
+// further backward would add to that sum in place and have it summed again.
+void FullyShardedModel::take_replicated_grads(Unit& unit, Bucket& bucket, ReducePart& part) {
+  if (bucket.grad_views) {
+    throw std::logic_error(
+        "fully_shard (DDP): a backward after this step's gradients were already synced would "
+        "count them twice: call set_requires_gradient_sync(false) before every backward of a "
+        "step but the last, and zero_grad() before the next step");
+  }
+  const auto local_options = unit.params[bucket.members.front()].local.options().requires_grad(false);
+  torch::Tensor flat = torch::zeros({bucket.seg_numel}, local_options.dtype(comm_dtype(bucket.dtype)));
+  for (size_t m : bucket.members) {
+    const ParamSlot& p = unit.params[m];
+    if (p.full.grad().defined()) {
+      flat.narrow(0, p.seg_offset, p.full.numel()).copy_(p.full.grad().reshape({-1}));
+    }
+  }
+  part.grads = flat.to(local_options.dtype());
+  for (size_t m : bucket.members) unit.params[m].full.mutable_grad().reset();
+}
+
+// FSDP, HSDP: the bucket's full gradients packed rank by rank into one send
+// buffer, and its reduce-scatter over the shard axis issued on the
+// reduction channel; the full gradients are freed.
+void FullyShardedModel::issue_reduce_scatter(Unit& unit, Bucket& bucket, ReducePart& part) {
+  const int64_t shards = mesh_->size(shard_axis_);
+  const auto comm = unit.params[bucket.members.front()].local.options().requires_grad(false).dtype(
+      comm_dtype(bucket.dtype));
+  part.send = torch::zeros({shards * bucket.seg_numel}, comm);
+  for (size_t m : bucket.members) {
+    const ParamSlot& p = unit.params[m];
+    const torch::Tensor& g = p.full.grad();
+    if (!g.defined()) continue;  // unused parameter: contributes zeros
+    torch::Tensor flat = g.reshape({-1});
+    for (int64_t r = 0; r < shards; ++r) {
+      dtensor::Span span = chunk_span(p.rows, shards, r);
+      part.send.narrow(0, r * bucket.seg_numel + p.seg_offset, span.size * p.row_numel)
+          .copy_(flat.narrow(0, span.offset * p.row_numel, span.size * p.row_numel));
+    }
+  }
+  part.mine = torch::empty({bucket.seg_numel}, comm);
+  part.rs = mesh_->group(shard_axis_, kReduceChannel).reduce_scatter_async(part.mine, part.send);
+  ++counts_.reduce_scatters;
+  // The send buffer now holds what the full gradients held.
+  for (size_t m : bucket.members) {
+    ParamSlot& p = unit.params[m];
+    if (p.full.grad().defined()) live_bytes_ -= tensor_bytes(p.full);
+    p.full.mutable_grad().reset();
+  }
+  live_bytes_ += tensor_bytes(part.send);
+  stats_.peak_gathered_bytes = std::max(stats_.peak_gathered_bytes, live_bytes_);
 }
 
 // The oldest reduction's reduce-scatters are waited for; its all-reduces
@@ -928,7 +938,7 @@ void FullyShardedModel::wait_reduce_scatter() {
   }
   if (scattered && !rec->parts.empty()) log("reduce.wait", unit);
   for (ReducePart& part : rec->parts) {
-    issue_replicated(unit, unit.buckets[part.bucket], part);
+    issue_replicated(unit.buckets[part.bucket], part);
     rec->all_reduce = rec->all_reduce || part.wire.defined();
   }
   if (rec->all_reduce) log("allreduce.issue", unit);

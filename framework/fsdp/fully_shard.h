@@ -321,7 +321,11 @@ class FullyShardedModel {
   // syncs, issues their all-reduce; finish_replicated waits for it and adds
   // the result to the bucket's .grad buffer (FSDP, HSDP, DDP alike).
   struct ReducePart;
-  void issue_replicated(const Unit& unit, Bucket& bucket, ReducePart& part);
+  // A bucket's part of reduce_grads: DDP's flat gradients (take_replicated_grads),
+  // or FSDP/HSDP's packed send buffer and its reduce-scatter issued.
+  void take_replicated_grads(Unit& unit, Bucket& bucket, ReducePart& part);
+  void issue_reduce_scatter(Unit& unit, Bucket& bucket, ReducePart& part);
+  void issue_replicated(Bucket& bucket, ReducePart& part);
   void finish_replicated(Unit& unit, Bucket& bucket, ReducePart& part);
   void on_grad_accumulated(Unit& unit);
 

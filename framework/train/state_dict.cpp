@@ -1,6 +1,11 @@
 #include "framework/train/state_dict.h"
 
 #include "checkpoint/format/byte_order.h"
+#include "framework/config/run_items.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <cstring>
+#include <mutex>
 
 #include <stdexcept>
 #include <vector>
@@ -62,6 +67,54 @@ void set_optimizer_state(checkpoint::StateDict& sd, fsdp::FullyShardedModel& mod
     }
     optimizer.set_state(i, count, m->local, v->local);
   }
+}
+
+checkpoint::StateDict get_run_state_dict(fsdp::FullyShardedModel& model, optim::ShardedAdamW& optimizer,
+                                         const data::DataLoader& loader, int64_t step,
+                                         const config::Config& config) {
+  checkpoint::StateDict sd = get_state_dict(model, &optimizer);
+  sd.add_bytes(config::kStepItem, int64_bytes(step));
+  sd.add_bytes(config::kLoaderItem, data::encode_loader_state(loader.state()));
+  {
+    auto gen = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    torch::Tensor rng = gen.get_state();
+    const uint8_t* p = rng.data_ptr<uint8_t>();
+    sd.add_bytes(config::kRngItem, std::vector<uint8_t>(p, p + rng.numel()));
+  }
+  const std::string yaml = config::to_yaml(config);
+  sd.add_bytes(config::kConfigItem, std::vector<uint8_t>(yaml.begin(), yaml.end()));
+  return sd;
+}
+
+int64_t set_run_state(checkpoint::StateDict& sd, fsdp::FullyShardedModel& model,
+                      optim::ShardedAdamW& optimizer, data::DataLoader& loader, bool allow_config_change) {
+  set_optimizer_state(sd, model, optimizer);
+  const int64_t step = bytes_int64(sd.find_bytes(config::kStepItem)->data, config::kStepItem);
+  const std::vector<uint8_t>& saved_position = sd.find_bytes(config::kLoaderItem)->data;
+  if (saved_position.empty()) {
+    // An imported checkpoint (ckpt import-dcp): the data continue at its
+    // step, and the RNG keeps this run's state.
+    data::LoaderState position = loader.state();
+    position.next_step = step;
+    loader.load_state(position);
+    return step;
+  }
+  data::LoaderState loader_state = data::decode_loader_state(saved_position);
+  if (allow_config_change) {
+    // The user resumed across a run.seed or batch change: keep the position.
+    const data::LoaderState now = loader.state();
+    loader_state.seed = now.seed;
+    loader_state.global_batch_size = now.global_batch_size;
+  }
+  loader.load_state(loader_state);
+  const auto& rng = sd.find_bytes(config::kRngItem)->data;
+  torch::Tensor t = torch::empty({static_cast<int64_t>(rng.size())}, torch::kUInt8);
+  std::memcpy(t.data_ptr(), rng.data(), rng.size());
+  auto gen = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  gen.set_state(t);
+  return step;
 }
 
 }  // namespace framework::train

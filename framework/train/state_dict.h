@@ -19,6 +19,8 @@
 //
 // Thread safety: none; the model and optimizer must not step meanwhile.
 #include "checkpoint/state_dict.h"
+#include "framework/config/config.h"
+#include "framework/data/loader.h"
 #include "framework/fsdp/fully_shard.h"
 #include "framework/optim/sharded_adamw.h"
 
@@ -44,6 +46,24 @@ checkpoint::StateDict get_state_dict(fsdp::FullyShardedModel& model,
 // std::runtime_error naming the item when one is missing or malformed.
 void set_optimizer_state(checkpoint::StateDict& sd, fsdp::FullyShardedModel& model,
                          optim::ShardedAdamW& optimizer, const StateDictNames& names = {});
+
+// Everything a resumed run needs, as named items: get_state_dict(model,
+// &optimizer), and the trainer's own items (framework/config/run_items.h):
+// the step, the loader's position, LibTorch's CPU generator state and the
+// effective config (to_yaml). The LR schedule is a pure function of the
+// step, so it needs no item.
+checkpoint::StateDict get_run_state_dict(fsdp::FullyShardedModel& model, optim::ShardedAdamW& optimizer,
+                                         const data::DataLoader& loader, int64_t step,
+                                         const config::Config& config);
+
+// After a load into get_run_state_dict's items: hands the optimizer its
+// state, the loader its position and the CPU generator its state, and
+// returns the step. A checkpoint imported from PyTorch DCP (an empty
+// loader item) continues the data at its step and keeps the generator.
+// `allow_config_change` (checkpoint.allow_config_change): the loader keeps
+// its own seed and batch size.
+int64_t set_run_state(checkpoint::StateDict& sd, fsdp::FullyShardedModel& model,
+                      optim::ShardedAdamW& optimizer, data::DataLoader& loader, bool allow_config_change);
 
 // An int64 as the 8-byte little-endian bytes item the state dict uses
 // (optimizer steps, train.step), and back: throws std::runtime_error naming

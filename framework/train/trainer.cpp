@@ -1,55 +1,36 @@
-#include "framework/train/trainer.h"
-#include "framework/config/run_items.h"
-#include "framework/train/profiler.h"
+// The Trainer's loop (trainer_state.h): a step, the policy after it
+// (logging, checkpoints, evaluation, samples), run(). The wiring is
+// trainer_setup.cpp; the checkpoint policy is the manager's
+// (CheckpointManager::save_if_due).
+#include "framework/train/trainer_state.h"
 
 #include <ATen/record_function.h>
-#include "framework/train/preflight.h"
+#include "checkpoint/timing.h"
+#include "dist/device.h"
+#include "framework/data/sampler.h"
 #include "framework/train/state_dict.h"
 #include "framework/train/train_seam.h"
-
-#include "checkpoint/interop/import_dcp.h"
-#include "checkpoint/interop/import_weights.h"
-#include "checkpoint/async/manager.h"
-#include "checkpoint/format/byte_order.h"
-#include "checkpoint/timing.h"
-#include "framework/data/dataset.h"
-#include "dist/device.h"
-#include "dist/host_malloc.h"
-#include "dist/launch_env.h"
-#include "framework/data/sampler.h"
-#include "framework/data/loader.h"
-#include "framework/dtensor/chunk.h"
-#include "framework/dtensor/device_mesh.h"
-#include "framework/fsdp/fully_shard.h"
-#include "framework/optim/sharded_adamw.h"
-#include "framework/tp/tensor_parallel.h"
-#include "framework/tokenizer/tokenizer.h"
 #include "models/generate.h"
 #include "models/layered_model.h"
-#include "models/model_spec.h"
 
-#include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
 #include <algorithm>
-#include <chrono>
-#include <ctime>
 #include <cstdlib>
-#include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <iomanip>
 #include <iostream>
-#include <mutex>
-#include <optional>
-#include <cstring>
-#include <sstream>
+#include <string>
 
 namespace framework::train {
 
 namespace fs = std::filesystem;
-using Clock = std::chrono::steady_clock;
 using checkpoint::seconds_since;
+using detail::Clock;
+using detail::LocalLoss;
+using detail::RunSpan;
+using detail::StepStats;
+using detail::kStepStatsSlots;
 
 namespace test_seam {
 
@@ -68,178 +49,6 @@ void before_step(int64_t step, int rank) {
 }  // namespace test_seam
 
 namespace {
-
-// This rank's cross-entropy summed over its tokens, and how many of its
-// targets count (not ignore_index); both still on the training device.
-struct LocalLoss {
-  torch::Tensor sum;
-  torch::Tensor tokens;
-};
-
-// What run() needs to decide when to log and to estimate the time left.
-struct RunSpan {
-  int64_t first_step;  // the first step this run() takes
-  int64_t last_step;   // train.steps, or train.stop_at when it comes first
-  Clock::time_point start;
-};
-
-// The step's one all-reduce, a sum over ranks. Packed into a double tensor
-// in the order of the fields by pack_step_stats.
-struct StepStats {
-  double loss_sum = 0;        // cross-entropy summed over the global batch
-  double tokens = 0;          // targets that count, global batch
-  double stop_requested = 0;  // ranks that got a stop signal
-  double ckpt_busy = 0;       // ranks with a save still in flight
-};
-constexpr int64_t kStepStatsSlots = 4;
-static_assert(sizeof(StepStats) == kStepStatsSlots * sizeof(double), "one slot per field");
-
-}  // namespace
-
-struct Trainer::State {
-  config::Config cfg;
-  dist::Runtime& rt;
-  torch::Device device{torch::kCPU};  // where the model, optimizer and batches live
-  std::vector<int64_t> mesh_shape;
-  std::shared_ptr<dtensor::DeviceMesh> mesh;
-  // Tensor parallelism (parallel.tensor > 1): the mesh's innermost axis.
-  // The ranks of a TP group train on the same batch and hold the same loss:
-  // only the first (tp_rank 0) counts it in the step's sums.
-  int64_t tp_size = 1, tp_rank = 0;
-  int64_t dp_size = 1, dp_rank = 0;  // data-parallel: replicate x shard
-  tp::TensorParallelLayout tp_layout;
-  UserModel user;          // the model, units, loss and data (built-in: from the config)
-  bool builtin_model = true;  // model and data from the config's sections
-  std::unique_ptr<fsdp::FullyShardedModel> fsdp;
-  std::unique_ptr<optim::ShardedAdamW> optim;
-  std::unique_ptr<StepProfiler> profiler;  // profile.every
-  std::shared_ptr<data::Dataset> dataset;
-  std::unique_ptr<tokenizer::Tokenizer> tokenizer;  // data.tokenizer, loaded at the first sample
-  std::unique_ptr<data::DataLoader> loader;
-  int64_t step = 0;
-  std::vector<StepRecord> history;
-  std::ofstream metrics;
-  bool is_logger = false;
-  std::unique_ptr<checkpoint::CheckpointManager> ckpt;
-  TrainerHooks hooks;
-  checkpoint::SaveMode save_mode = checkpoint::SaveMode::kSync;  // checkpoint.mode, parsed once
-  checkpoint::WhenBusy when_busy = checkpoint::WhenBusy::kWait;  // checkpoint.when_busy
-  Clock::time_point started = Clock::now();  // this process's run: wall_s in metrics.jsonl
-  std::string layout;                        // "fsdp replicate=1 shard=2"
-  int64_t saves_failed = 0;                  // this run, kept going by on_error: warn
-  std::optional<checkpoint::CheckpointEvent> last_save;
-  std::optional<RunSpan> span;  // of the run() (or run_step() calls) in progress
-  ResumeSource resume_source = ResumeSource::kConfig;
-  std::string resume_tier;  // tiers: local | durable, and why
-  std::string resume_reason;
-  std::vector<std::string> resume_notes;
-
-  void build_mesh();
-  void check_batch_split();
-  void build_builtin_model();
-  void apply_tensor_parallel();
-  void shard_model();
-  void load_initial_weights();
-  void make_loader_and_layout();
-  // What the constructor resumed from (from: nothing, a fresh start).
-  struct Resumed {
-    std::optional<std::string> from;
-    checkpoint::LoadStats stats;
-    std::vector<checkpoint::SkippedCheckpoint> skipped;
-  };
-  Resumed resume_or_initialise();
-  void open_metrics();
-  void log_skipped_checkpoints(const std::vector<checkpoint::SkippedCheckpoint>& skipped);
-  void print_banner(const std::optional<std::string>& resume_from,
-                    const checkpoint::LoadStats& resumed);
-  checkpoint::StateDict make_state_dict();
-  void apply_loaded(checkpoint::StateDict& sd, bool model_only);
-  checkpoint::DcpLoadStats load_dcp(const std::string& dir);
-  void save_checkpoint(int64_t step, bool final = false);
-  void log_checkpoint_events();
-
-  int64_t last_step() const;
-  int64_t param_count() const;  // elements of all parameters, unsharded
-  LocalLoss forward_next_batch();
-  StepStats accumulate_gradients(int64_t to_step);
-  int64_t micro_batches = 1;  // per step and rank (train.micro_batch_size)
-  double finish_gradients();
-  double apply_optimizer_step(int64_t to_step);
-  void log_step(const StepRecord& rec, const RunSpan& span);
-  void log_eval(const EvalRecord& rec);
-  void write_start_record(const std::optional<std::string>& resume_from,
-                          const checkpoint::LoadStats& resumed);
-  void write_end_record(bool stopped_by_signal);
-  std::vector<double> peak_rss_mib_of_ranks();
-  std::vector<double> peak_gpu_mib_of_ranks();
-  std::vector<double> gather_per_rank(double mine);
-  void checkpoint_if_due(StepRecord& rec, int64_t last);
-  void finish_checkpoints();
-
-  State(const config::Config& c, dist::Runtime& r) : cfg(c), rt(r) {}
-  dist::HostMallocOutcome host_malloc = dist::HostMallocOutcome::kDefault;
-  ~State() {
-    // The hooks tensor parallelism set on the module hold the mesh's groups.
-    if (tp_size > 1 && user.module) tp::clear_hooks(*user.module);
-  }
-};
-
-namespace {
-
-// module.to(device), except that parameters without storage (a model
-// built unmaterialised) stay so: they become empty tensors of the device,
-// so that FullyShardedModel materialises them there.
-void move_to_device(torch::nn::Module& module, torch::Device device) {
-  bool unmaterialised = false;
-  for (const auto& p : module.parameters()) unmaterialised |= p.numel() > 0 && p.storage().nbytes() == 0;
-  if (!unmaterialised) {
-    module.to(device);
-    return;
-  }
-  torch::NoGradGuard no_grad;
-  for (auto& p : module.parameters()) {
-    const bool empty = p.numel() > 0 && p.storage().nbytes() == 0;
-    p.set_data(empty ? torch::empty(p.sizes(), p.options().device(device)) : p.to(device));
-    if (empty) {
-      c10::StorageImpl* impl = p.storage().unsafeGetStorageImpl();
-      impl->set_data_ptr_noswap(at::DataPtr(nullptr, p.device()));
-      impl->set_nbytes(0);
-    }
-  }
-  for (auto& b : module.buffers()) b.set_data(b.to(device));
-}
-
-std::string format_duration(double seconds) {
-  auto s = static_cast<int64_t>(seconds + 0.5);
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), "%02lld:%02lld:%02lld", static_cast<long long>(s / 3600),
-                static_cast<long long>(s / 60 % 60), static_cast<long long>(s % 60));
-  return buf;
-}
-
-// "2026-11-23T01:02:03.456Z"
-std::string utc_timestamp() {
-  const auto now = std::chrono::system_clock::now();
-  const std::time_t t = std::chrono::system_clock::to_time_t(now);
-  const auto ms =
-      std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch()).count() % 1000;
-  std::tm tm{};
-  gmtime_r(&t, &tm);
-  char buf[40];
-  std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%S", &tm);
-  char out[48];
-  std::snprintf(out, sizeof(out), "%s.%03dZ", buf, static_cast<int>(ms));
-  return out;
-}
-
-// For the banner, where rank 0 serves the job's store and where its port
-// came from: two jobs on one node collide when they pick the same one.
-// Empty when a launcher serves the store or the job has one rank.
-std::string rank0_store(const dist::LaunchEnv& env) {
-  if (env.store_hosted || env.world_size < 2) return "";
-  return ", store " + env.master_addr + ":" + std::to_string(env.master_port) +
-         (env.master_port_source.empty() ? ", default port" : ", port from " + env.master_port_source);
-}
 
 // This process's peak resident set (VmHWM), MiB; 0 where unknown.
 double peak_rss_mib() {
@@ -273,503 +82,9 @@ StepStats unpack_step_stats(const torch::Tensor& reduced) {
 
 }  // namespace
 
-// Everything a resumed run needs, as named items. Tensors are this rank's
-// shards (no copies); the optimizer moments have their parameter's layout.
-// The LR schedule is a pure function of train.step, so it needs no item.
+// Everything a resumed run needs, as named items (state_dict.h).
 checkpoint::StateDict Trainer::State::make_state_dict() {
-  checkpoint::StateDict sd = get_state_dict(*fsdp, optim.get());
-  sd.add_bytes(config::kStepItem, int64_bytes(step));
-  sd.add_bytes(config::kLoaderItem, data::encode_loader_state(loader->state()));
-  {
-    auto gen = at::detail::getDefaultCPUGenerator();
-    std::lock_guard<std::mutex> lock(gen.mutex());
-    torch::Tensor rng = gen.get_state();
-    const uint8_t* p = rng.data_ptr<uint8_t>();
-    sd.add_bytes(config::kRngItem, std::vector<uint8_t>(p, p + rng.numel()));
-  }
-  std::string yaml = config::to_yaml(cfg);
-  sd.add_bytes(config::kConfigItem, std::vector<uint8_t>(yaml.begin(), yaml.end()));
-  return sd;
-}
-
-void Trainer::State::apply_loaded(checkpoint::StateDict& sd, bool model_only) {
-  // Model shards were loaded in place.
-  if (model_only) return;
-  set_optimizer_state(sd, *fsdp, *optim);
-  step = bytes_int64(sd.find_bytes(config::kStepItem)->data, config::kStepItem);
-  const std::vector<uint8_t>& saved_position = sd.find_bytes(config::kLoaderItem)->data;
-  if (saved_position.empty()) {
-    // An imported checkpoint (ckpt import-dcp): the data continue at its
-    // step, and the RNG keeps this run's state.
-    data::LoaderState position = loader->state();
-    position.next_step = step;
-    loader->load_state(position);
-    return;
-  }
-  data::LoaderState loader_state = data::decode_loader_state(saved_position);
-  if (cfg.checkpoint.allow_config_change) {
-    // The user resumed across a run.seed or batch change: keep the position.
-    const data::LoaderState now = loader->state();
-    loader_state.seed = now.seed;
-    loader_state.global_batch_size = now.global_batch_size;
-  }
-  loader->load_state(loader_state);
-  const auto& rng = sd.find_bytes(config::kRngItem)->data;
-  torch::Tensor t = torch::empty({static_cast<int64_t>(rng.size())}, torch::kUInt8);
-  std::memcpy(t.data_ptr(), rng.data(), rng.size());
-  auto gen = at::detail::getDefaultCPUGenerator();
-  std::lock_guard<std::mutex> lock(gen.mutex());
-  gen.set_state(t);
-}
-
-// checkpoint.resume naming a PyTorch DCP directory: every rank reads its
-// shards of the model and the AdamW moments and steps (import_dcp.h); the
-// training step is train_state.step or the AdamW step; the loader continues
-// at that step; the RNG state is not carried (DCP does not save LibTorch's).
-checkpoint::DcpLoadStats Trainer::State::load_dcp(const std::string& dir) {
-  checkpoint::StateDict sd = get_state_dict(*fsdp, optim.get());
-  checkpoint::DcpLoadOptions options;
-  options.storage = hooks.storage;
-  const checkpoint::DcpLoadStats st = checkpoint::load_dcp_into(sd, dir, options);
-  if (!cfg.checkpoint.model_only) {
-    set_optimizer_state(sd, *fsdp, *optim);
-    step = std::max<int64_t>(0, st.step);
-    data::LoaderState position = loader->state();
-    position.next_step = step;
-    loader->load_state(position);
-  }
-  return st;
-}
-
-void Trainer::State::save_checkpoint(int64_t at_step, bool final) {
-  try {
-    ckpt->save(at_step, make_state_dict(), final);
-  } catch (const checkpoint::CheckpointError& e) {
-    // The previous (background) save failed, or this sync save did.
-    if (cfg.checkpoint.on_error != "warn") throw;
-    if (is_logger) std::cerr << "shardkit: warning: " << e.what() << std::endl;
-    if (ckpt->busy() || save_mode == checkpoint::SaveMode::kSync) return;
-    ckpt->save(at_step, make_state_dict(), final);
-  }
-}
-
-void Trainer::State::log_checkpoint_events() {
-  for (const auto& ev : ckpt->take_events()) {
-    saves_failed += ev.ok ? 0 : 1;
-    last_save = ev;
-    if (!is_logger) continue;
-    std::ostringstream line;
-    line << std::fixed << std::setprecision(3) << "checkpoint step " << ev.step << " (" << ev.mode
-         << ") " << (ev.ok ? "committed " : "FAILED ") << ev.path << " | blocking " << ev.blocking_s
-         << " s | stage " << ev.stage_s << " s | write " << ev.write_s << " s | commit "
-         << ev.commit_s << " s | " << std::setprecision(1) << ev.bytes / 1048576.0 << " MiB -> "
-         << ev.stored_bytes / 1048576.0 << " MiB";
-    if (!ev.staging.empty()) line << " | staging " << ev.staging;
-    if (ckpt->tiered()) {
-      line << " | tier " << ev.tier << " | local commit " << std::setprecision(3) << ev.local_commit_s
-           << " s | partner " << ev.partner;
-      if (ev.flushed) line << " | durable +" << ev.exposure_s << " s";
-    }
-    std::cout << line.str() << std::endl;
-    if (ckpt->tiered() && ev.partner.rfind("failed", 0) == 0) {
-      std::cerr << "shardkit: warning: checkpoint step " << ev.step
-                << " has no partner copies (L1 only): " << ev.partner << std::endl;
-    }
-    nlohmann::json j = {{"event", "checkpoint"}, {"step", ev.step},         {"mode", ev.mode},
-                        {"blocking_s", ev.blocking_s}, {"stage_s", ev.stage_s},
-                        {"write_s", ev.write_s},   {"commit_s", ev.commit_s}, {"bytes", ev.bytes},
-                        {"stored_bytes", ev.stored_bytes}, {"ok", ev.ok},   {"path", ev.path},
-                        {"plan_s", ev.plan_s}, {"plan_cached", ev.plan_cached}};
-    if (!ev.staging.empty()) j["staging"] = ev.staging;
-    if (ckpt->tiered()) {
-      j["tier"] = ev.tier;
-      j["local_path"] = ev.local_path;
-      j["local_commit_s"] = ev.local_commit_s;
-      j["partner"] = ev.partner;
-      j["flushed"] = ev.flushed;
-      j["flush_s"] = ev.flush_s;
-      j["exposure_s"] = ev.exposure_s;
-    }
-    if (!ev.ok) j["error"] = ev.error;
-    metrics << j.dump() << "\n";
-    metrics.flush();
-  }
-  // Not a failed save: that checkpoint committed, only older ones were not
-  // all deleted. Retention runs on rank 0 (durable) and node leaders (local).
-  for (const auto& f : ckpt->take_retention_failures()) {
-    std::cerr << "shardkit: warning: checkpoint step " << f.step << " committed, but retention ("
-              << f.tier << " tier, keep_last) failed on rank " << rt.env.rank << ": " << f.error << std::endl;
-    if (!is_logger) continue;
-    metrics << nlohmann::json({{"event", "retention"}, {"step", f.step}, {"tier", f.tier}, {"ok", false},
-                               {"error", f.error}})
-                   .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)
-            << "\n";
-    metrics.flush();
-  }
-}
-
-// The config's model and data sections as a UserModel, from the model
-// kind's spec (models/model_spec.h): every rank builds the same full model
-// from the same seed, each block one FSDP unit, with the spec's loss.
-void Trainer::State::build_builtin_model() {
-  const models::ModelSpec& spec = models::find_model_spec(cfg.model.kind);
-  if (cfg.parallel.tensor > 1 && spec.tp_plan.empty()) {
-    throw std::invalid_argument("parallel.tensor " + std::to_string(cfg.parallel.tensor) +
-                                " needs model.kind llama (model.kind is " + cfg.model.kind +
-                                ", which has no tensor-parallel plan)");
-  }
-  std::shared_ptr<models::LayeredModelImpl> model;
-  {
-    // LibTorch's init functions draw from the process-wide generator; ranks
-    // that share a process (tests) must not interleave here.
-    static std::mutex init_mutex;
-    std::lock_guard<std::mutex> lock(init_mutex);
-    torch::manual_seed(static_cast<uint64_t>(cfg.run.seed));
-    // Built unmaterialised where the kind can be: shard_model fills in one
-    // parameter at a time, so no rank ever holds the whole model.
-    models::validate_model_options(cfg.model);
-    model = spec.build(cfg.model, /*materialize=*/!spec.lazy_init);
-  }
-  user.module = model;
-  user.units = model->unit_names();
-  models::LossContext context;
-  context.ignore_index = data::kIgnoreIndex;
-  context.fused_kernels = cfg.train.fused_kernels && static_cast<bool>(spec.use_fused_kernels);
-  if (context.fused_kernels) spec.use_fused_kernels(*model, true);
-  if (spec.lazy_init) {
-    user.init = [model](const std::string& name, const torch::Tensor& full) {
-      model->init_parameter(name, full);
-    };
-  }
-  if (cfg.parallel.tensor > 1) {
-    // The plan splits the output by vocabulary: each rank holds its slice of
-    // the logits, and the cross-entropy is vocabulary-parallel.
-    dist::Group* group = &mesh->group(2);
-    const int64_t offset =
-        dtensor::chunk_span(cfg.model.vocab_size, cfg.parallel.tensor, mesh->coordinate(2)).offset;
-    user.tensor_parallel_plan = spec.tp_plan;
-    context.vocab_parallel_cross_entropy = [group, offset](const torch::Tensor& logits,
-                                                           const torch::Tensor& targets) {
-      return tp::vocab_parallel_cross_entropy(logits, targets, offset, *group, data::kIgnoreIndex);
-    };
-  }
-  user.loss = [model, loss = spec.loss, context](const torch::Tensor& inputs,
-                                                 const torch::Tensor& targets) {
-    return loss(*model, inputs, targets, context);
-  };
-  user.dataset = data::make_dataset(cfg.data, cfg.model, static_cast<uint64_t>(cfg.run.seed));
-  user.description = cfg.model.kind;
-}
-
-// parallel.tensor > 1: the model's plan splits its weights over the mesh's
-// tensor axis before FSDP shards each part over the data-parallel axes.
-void Trainer::State::apply_tensor_parallel() {
-  if (tp_size == 1) return;
-  if (user.tensor_parallel_plan.empty()) {
-    throw std::invalid_argument("parallel.tensor " + std::to_string(tp_size) +
-                                ": this model has no tensor-parallel plan (UserModel::tensor_parallel_plan)");
-  }
-  tp_layout = tp::parallelize_module(*user.module, mesh, 2, user.tensor_parallel_plan);
-  if (user.init) user.init = tp::sharded_init(tp_layout, user.init);
-}
-
-// Each rank keeps its shards of the same full model: results do not depend
-// on the world size. REQUIRES: mesh, user.module.
-void Trainer::State::shard_model() {
-  // The model is initialised on the CPU either way, so a CUDA run starts
-  // from the same weights as a CPU run, then moves to the GPU.
-  device = rt.device;
-  if (device.is_cuda()) {
-    // Bit-exact resume needs reproducible kernels (train.deterministic).
-    dist::use_deterministic_cuda(cfg.train.deterministic);
-    move_to_device(*user.module, device);
-  }
-  fsdp::ParallelOptions parallel = cfg.parallel;
-  parallel.mixed_precision = cfg.train.mixed_precision;
-  parallel.tensor_parallel = tp_layout.params;
-  fsdp = std::make_unique<fsdp::FullyShardedModel>(user.module, mesh, parallel, user.units,
-                                                   user.init);
-  optim = std::make_unique<optim::ShardedAdamW>(*fsdp, cfg.optim, cfg.train.steps,
-                                                optim::resolve_adamw_impl(cfg.train.optimizer_impl, device));
-}
-
-// model.init_from into this rank's shards (each rank reads only their bytes).
-void Trainer::State::load_initial_weights() {
-  checkpoint::StateDict sd = get_state_dict(*fsdp, nullptr);
-  torch::NoGradGuard no_grad;
-  checkpoint::load_weights_into(sd, cfg.model.init_from, "model.", false);
-}
-
-// Rank 0: run.dir with the effective config, and metrics.jsonl to append to.
-void Trainer::State::open_metrics() {
-  fs::create_directories(cfg.run.dir);
-  config::write_effective_config(cfg, cfg.run.dir);
-  fs::path metrics_path = fs::path(cfg.run.dir) / "metrics.jsonl";
-  metrics.open(metrics_path, std::ios::app);
-  if (!metrics) {
-    throw std::runtime_error("cannot open " + metrics_path.string() + " for appending");
-  }
-}
-
-// Rank 0: what runs where, and where the weights came from.
-// Loudly, on stderr and in metrics.jsonl: each damaged checkpoint resume
-// set aside, and why.
-void Trainer::State::log_skipped_checkpoints(
-    const std::vector<checkpoint::SkippedCheckpoint>& skipped) {
-  for (const checkpoint::SkippedCheckpoint& c : skipped) {
-    std::cerr << "shardkit: WARNING: checkpoint " << c.path << " failed to load and was skipped"
-              << (c.moved_to.empty() ? "" : " (moved to " + c.moved_to + ")") << ": " << c.error
-              << std::endl;
-    nlohmann::json j = {{"event", "resume_skipped"}, {"path", c.path}, {"moved_to", c.moved_to},
-                        {"error", c.error}};
-    metrics << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
-  }
-  metrics.flush();
-}
-
-void Trainer::State::print_banner(const std::optional<std::string>& resume_from,
-                                  const checkpoint::LoadStats& resumed) {
-  const auto& st = fsdp->memory_stats();
-  std::cout << "shardkit: world " << rt.env.world_size << " ("
-            << (dist::started_by_local_launcher() ? std::string("train --nproc")
-                                                : dist::to_string(rt.env.source))
-            << (rt.env.agent_store ? ", the agent's store" : "")
-            << rank0_store(rt.env)
-            << (rt.env.restart_count > 0 ? ", restart " + std::to_string(rt.env.restart_count) : std::string())
-            << "), layout " << layout << ", groups train=" << rt.train->backend_name()
-            << " ckpt=" << rt.checkpoint->backend_name() << ", device " << device.str()
-            << ", LibTorch " << dist::torch_version() << "\n"
-            << "shardkit: model " << user.description << " " << param_count() << " params, "
-            << fsdp->unit_names().size() << " units, " << std::fixed << std::setprecision(2)
-            << st.sharded_param_bytes / 1048576.0 << std::defaultfloat << " MiB on this rank; data " << dataset->describe() << std::endl;
-  const auto& mp = cfg.train.mixed_precision;
-  if (mp.param_dtype != "fp32" || mp.reduce_dtype != "fp32" || micro_batches > 1 ||
-      cfg.model.activation_checkpointing != "none") {
-    std::cout << "shardkit: compute " << mp.param_dtype << ", gradients reduced in " << mp.reduce_dtype
-              << ", master weights and AdamW fp32; " << micro_batches << " micro-batch"
-              << (micro_batches > 1 ? "es" : "") << " per step and rank";
-    if (builtin_model) std::cout << "; activation checkpointing " << cfg.model.activation_checkpointing;
-    std::cout << std::endl;
-  }
-  std::cout << "shardkit: optimizer AdamW " << optim::adamw_impl_name(optim->impl())
-            << " (train.optimizer_impl " << cfg.train.optimizer_impl << ")";
-  if (builtin_model) {
-    const models::ModelSpec& spec = models::find_model_spec(cfg.model.kind);
-    if (spec.fused_kernels_description) {
-      std::cout << "; fused kernels "
-                << (cfg.train.fused_kernels ? spec.fused_kernels_description() : std::string("off"));
-    }
-  }
-  std::cout << std::endl;
-  if (profiler->enabled()) {
-    std::cout << "shardkit: profiler traces of the last " << cfg.profile.active << " of every "
-              << cfg.profile.every << " steps (" << StepProfiler::backend() << ") in " << profiler->dir()
-              << std::endl;
-  }
-  if (host_malloc == dist::HostMallocOutcome::kEnvironment) {
-    std::cout << "shardkit: run.host_malloc " << cfg.run.host_malloc
-              << " left to MALLOC_* variables in the environment" << std::endl;
-  } else if (host_malloc == dist::HostMallocOutcome::kUnsupported) {
-    std::cout << "shardkit: run.host_malloc " << cfg.run.host_malloc
-              << " not applied: this C library's malloc has no such thresholds" << std::endl;
-  }
-  if (builtin_model) {
-    std::cout << "shardkit: memory estimate per rank "
-              << describe(estimate_memory(cfg, rt.env.world_size)) << std::endl;
-  }
-  if (!resume_from && !cfg.model.init_from.empty()) {
-    std::cout << "shardkit: model initialised from " << cfg.model.init_from << std::endl;
-  }
-  if (resume_from) {
-    std::cout << "shardkit: resumed from " << *resume_from << " (step " << resumed.step;
-    if (resumed.saved_world_size > 0) {
-      std::cout << ", saved by " << resumed.saved_world_size << " ranks, " << resumed.saved_layout;
-    }
-    std::cout << ")" << (cfg.checkpoint.model_only ? ", model only" : "")
-              << "; continuing after step " << step << std::endl;
-    if (!resume_tier.empty()) {
-      std::cout << "shardkit: resume tier: " << resume_tier << " (" << resume_reason << ")" << std::endl;
-      for (const std::string& note : resume_notes) std::cout << "shardkit: resume: " << note << std::endl;
-    }
-  }
-}
-
-std::atomic<int>& Trainer::stop_signal() {
-  static std::atomic<int> signal{0};
-  return signal;
-}
-
-// The device mesh ({replicate, shard}, or {replicate, shard, tensor} with
-// parallel.tensor > 1) and this rank's place in it.
-void Trainer::State::build_mesh() {
-  const int world = rt.env.world_size;
-  const int rank = rt.env.rank;
-  mesh_shape = fsdp::mesh_shape_for(cfg.parallel, world);
-  // With prefetch, all-gathers and gradient reductions overlap: each on its
-  // own channel (process groups of their own) of the data-parallel axes.
-  const int channels = cfg.parallel.prefetch > 0 ? 2 : 1;
-  if (mesh_shape.size() == 3) {
-    mesh = dtensor::DeviceMesh::create(*rt.rendezvous, mesh_shape, {"replicate", "shard", "tensor"},
-                                       "mesh", channels);
-    tp_size = mesh_shape[2];
-    tp_rank = mesh->coordinate(2);
-  } else {
-    mesh = dtensor::DeviceMesh::create(*rt.rendezvous, mesh_shape, {"replicate", "shard"}, "mesh",
-                                       channels);
-  }
-  // The tensor axis is innermost: rank = data-parallel rank x tensor + tp_rank.
-  dp_size = world / tp_size;
-  dp_rank = rank / tp_size;
-}
-
-// The global batch over the data-parallel ranks, in micro-batches.
-void Trainer::State::check_batch_split() {
-  const int64_t micro = cfg.train.micro_batch_size;
-  const int64_t dp = dp_size;
-  if (cfg.train.global_batch_size % dp != 0 ||
-      (micro > 0 && cfg.train.global_batch_size % (micro * dp) != 0)) {
-    throw std::invalid_argument(
-        "train.global_batch_size (" + std::to_string(cfg.train.global_batch_size) +
-        ") must be divisible by train.micro_batch_size (" + std::to_string(micro) +
-        ") x data-parallel ranks (" + std::to_string(dp) + ")");
-  }
-  if (micro > 0) micro_batches = cfg.train.global_batch_size / dp / micro;
-}
-
-// This data-parallel rank's loader over the dataset, and the layout's name.
-void Trainer::State::make_loader_and_layout() {
-  dataset = user.dataset;
-  loader = std::make_unique<data::DataLoader>(dataset, cfg.train.global_batch_size,
-                                              static_cast<uint64_t>(cfg.run.seed),
-                                              static_cast<int>(dp_rank), static_cast<int>(dp_size));
-  std::ostringstream text;
-  text << fsdp::layout_name(mesh_shape) << " replicate=" << mesh_shape[0]
-       << " shard=" << mesh_shape[1];
-  if (tp_size > 1) text << " tensor=" << tp_size;
-  layout = text.str();
-}
-
-// Resumes from a PyTorch DCP directory or this run's newest checkpoint;
-// else, with model.init_from, loads the initial weights.
-Trainer::State::Resumed Trainer::State::resume_or_initialise() {
-  Resumed out;
-  if (resume_source == ResumeSource::kDcp) {
-    const std::string resume = cfg.checkpoint.resume;
-    // A PyTorch DCP checkpoint (torchtitan, FSDP2): model and AdamW state,
-    // resharded to this world; the data position follows its step.
-    const checkpoint::DcpLoadStats st = load_dcp(resume);
-    out.from = resume + " (PyTorch DCP)";
-    out.stats.step = step;
-    if (is_logger && !st.missing.empty()) {
-      std::cerr << "shardkit: warning: " << resume << " has no " << checkpoint::join_names(st.missing)
-                << "; those start fresh" << std::endl;
-    }
-  } else {
-    checkpoint::StateDict sd = make_state_dict();
-    for (const char* optional : {config::kLoaderItem, config::kRngItem}) sd.find_bytes(optional)->data.clear();
-    if (std::optional<checkpoint::ResumeResult> r = ckpt->resume(sd)) {
-      apply_loaded(sd, cfg.checkpoint.model_only);
-      out.from = r->path;
-      out.stats = r->stats;
-      out.skipped = std::move(r->skipped);
-      if (ckpt->tiered()) {
-        resume_tier = r->tier;
-        resume_reason = r->reason;
-        resume_notes = r->notes;
-      }
-    }
-  }
-  if (!out.from && !cfg.model.init_from.empty()) {
-    // Full, unsharded weights from elsewhere: each rank reads only the byte
-    // ranges of its own shards. Ignored when resuming (the checkpoint wins).
-    load_initial_weights();
-  }
-  return out;
-}
-
-Trainer::Trainer(const config::Config& config, dist::Runtime& runtime, TrainerHooks hooks)
-    : Trainer(config, runtime, UserModel{}, std::move(hooks)) {}
-
-Trainer::Trainer(const config::Config& config, dist::Runtime& runtime, UserModel model,
-                 TrainerHooks hooks)
-    : s_(std::make_unique<State>(config, runtime)) {
-  State& s = *s_;
-  // Before the model and its buffers are allocated: every later free of a
-  // step's host buffers stays in the process (run.host_malloc).
-  s.host_malloc = dist::apply_host_malloc(s.cfg.run.host_malloc);
-  s.hooks = std::move(hooks);
-  s.builtin_model = !model.module;
-  if (!s.builtin_model) {
-    if (!model.loss || !model.dataset) {
-      throw std::invalid_argument("Trainer: a UserModel needs its loss and dataset set");
-    }
-    s.user = std::move(model);
-  }
-  s.save_mode = checkpoint::parse_save_mode(s.cfg.checkpoint.mode);
-  s.when_busy = checkpoint::parse_when_busy(s.cfg.checkpoint.when_busy);
-  s.is_logger = runtime.env.rank == 0;
-  s.build_mesh();
-  s.check_batch_split();
-  if (s.builtin_model) s.build_builtin_model();
-  s.apply_tensor_parallel();
-  s.shard_model();
-  s.profiler = std::make_unique<StepProfiler>(s.cfg.profile, s.cfg.run.dir, runtime.env.rank,
-                                              s.device.is_cuda());
-  s.make_loader_and_layout();
-  s.resume_source = resume_source(s.cfg);
-  if (s.resume_source == ResumeSource::kAutoAfterDcp) {
-    // The DCP directory was the run's initial load; it has its own now.
-    s.cfg.checkpoint.resume = "auto";
-  }
-  // What a checkpoint imported from PyTorch DCP (ckpt import-dcp) lacks:
-  // apply_loaded derives the data position from train.step and keeps the RNG.
-  checkpoint::ManagerHooks manager_hooks;
-  manager_hooks.optional_items = [](const std::string& name) {
-    return name == config::kLoaderItem || name == config::kRngItem || name == config::kConfigItem;
-  };
-  checkpoint::CheckpointOptions ckpt_options = s.cfg.checkpoint;
-  ckpt_options.local.dir = config::local_tier_pattern(s.cfg);
-  checkpoint::PosixOptions posix;
-  posix.direct_io = s.cfg.checkpoint.direct_io;
-  s.ckpt = std::make_unique<checkpoint::CheckpointManager>(
-      ckpt_options, (fs::path(s.cfg.run.dir) / "checkpoints").string(), *runtime.checkpoint,
-      s.layout, s.hooks.storage ? s.hooks.storage : checkpoint::posix_storage(posix),
-      manager_hooks);
-  // The local tier is never behind the test hooks' storage (that one stands
-  // for the durable file system), unless they provide one for it.
-  s.ckpt->set_placement({runtime.env.node, s.hooks.local_storage ? s.hooks.local_storage
-                                                                 : checkpoint::posix_storage(posix)});
-  if (s.ckpt->enabled() && (s.save_mode != checkpoint::SaveMode::kSync || s.device.is_cuda())) {
-    // Host (pinned, for GPU state) staging buffers now, not at the first
-    // save while the training loop waits.
-    s.ckpt->reserve_staging(s.make_state_dict());
-  }
-  const State::Resumed resumed = s.resume_or_initialise();
-
-  if (s.is_logger) {
-    s.open_metrics();
-    s.write_start_record(resumed.from, resumed.stats);
-    s.log_skipped_checkpoints(resumed.skipped);
-    s.print_banner(resumed.from, resumed.stats);
-  }
-}
-
-Trainer::~Trainer() = default;
-
-int64_t Trainer::step() const { return s_->step; }
-fsdp::FullyShardedModel& Trainer::model() { return *s_->fsdp; }
-optim::ShardedAdamW& Trainer::optimizer() { return *s_->optim; }
-const std::vector<StepRecord>& Trainer::history() const { return s_->history; }
-
-int64_t Trainer::State::param_count() const {
-  int64_t params = 0;
-  for (size_t i = 0; i < fsdp->param_names().size(); ++i) {
-    const dtensor::DTensor p = fsdp->param_dtensor(i);
-    int64_t n = 1;
-    for (int64_t d : p.global_shape()) n *= d;
-    params += n;
-  }
-  return params;
+  return get_run_state_dict(*fsdp, *optim, *loader, step, cfg);
 }
 
 int64_t Trainer::State::last_step() const {
@@ -904,42 +219,16 @@ void Trainer::State::log_step(const StepRecord& rec, const RunSpan& span) {
   const int64_t at = rec.step;
   bool log_now = at % cfg.train.log_every == 0 || at == span.last_step || at == span.first_step;
   if (!log_now) return;
-  const std::vector<double> rss = peak_rss_mib_of_ranks();
-  const std::vector<double> gpu =
-      device.is_cuda() ? peak_gpu_mib_of_ranks() : std::vector<double>{};
+  StepProgress progress;
+  progress.peak_rss_mib = gather_per_rank(peak_rss_mib());
+  if (device.is_cuda()) {
+    progress.peak_gpu_mib = gather_per_rank(dist::peak_device_memory_bytes(device) / 1048576.0);
+  }
   if (!is_logger) return;
-  double per_step = seconds_since(span.start) / static_cast<double>(at - span.first_step + 1);
-  std::ostringstream line;
-  line << "step " << at << "/" << cfg.train.steps << " | loss " << std::fixed
-       << std::setprecision(4) << rec.loss << " | lr " << std::scientific << std::setprecision(2)
-       << rec.lr << std::fixed << " | grad_norm " << std::setprecision(3) << rec.grad_norm << " | "
-       << std::setprecision(0) << rec.tokens_per_s << " tok/s | " << std::setprecision(3)
-       << rec.step_time_s << " s/step | rss " << std::setprecision(0)
-       << *std::max_element(rss.begin(), rss.end()) << " MiB | elapsed "
-       << format_duration(seconds_since(started)) << " | ETA "
-       << format_duration(per_step * static_cast<double>(span.last_step - at));
-  std::cout << line.str() << std::endl;
-  nlohmann::json j = {{"step", at},
-                      {"loss", rec.loss},
-                      {"lr", rec.lr},
-                      {"tokens_per_s", rec.tokens_per_s},
-                      {"step_time_s", rec.step_time_s},
-                      {"comm_wait_s", rec.comm_wait_s},
-                      {"grad_norm", rec.grad_norm},
-                      {"time", utc_timestamp()},
-                      {"wall_s", seconds_since(started)},
-                      {"peak_rss_mib", rss}};
-  if (device.is_cuda()) j["peak_gpu_mib"] = gpu;
-  metrics << j.dump() << "\n";
-  metrics.flush();
-}
-
-std::vector<double> Trainer::State::peak_rss_mib_of_ranks() {
-  return gather_per_rank(peak_rss_mib());
-}
-
-std::vector<double> Trainer::State::peak_gpu_mib_of_ranks() {
-  return gather_per_rank(dist::peak_device_memory_bytes(device) / 1048576.0);
+  progress.first_step = span.first_step;
+  progress.last_step = span.last_step;
+  progress.run_s = seconds_since(span.start);
+  log->step(rec, progress);
 }
 
 // One value per rank, indexed by rank (a small all-reduce, every rank).
@@ -953,58 +242,57 @@ std::vector<double> Trainer::State::gather_per_rank(double mine) {
   return std::vector<double>(rss.data_ptr<double>(), rss.data_ptr<double>() + world);
 }
 
-void Trainer::State::log_eval(const EvalRecord& rec) {
-  if (!is_logger) return;
-  std::ostringstream line;
-  line << "eval step " << rec.step << " | val_loss " << std::fixed << std::setprecision(4)
-       << rec.loss << " | " << rec.samples << " held-out samples | " << std::setprecision(3)
-       << rec.seconds << " s";
-  std::cout << line.str() << std::endl;
-  nlohmann::json j = {{"event", "eval"},         {"step", rec.step},
-                      {"val_loss", rec.loss},    {"val_tokens", rec.tokens},
-                      {"samples", rec.samples},  {"eval_s", rec.seconds},
-                      {"time", utc_timestamp()}, {"wall_s", seconds_since(started)}};
-  metrics << j.dump() << "\n";
-  metrics.flush();
-}
-
-// Rank 0: where this run segment starts, so that a reader of metrics.jsonl
-// tells a fresh run from a resume and knows the world and layout of each.
-void Trainer::State::write_start_record(const std::optional<std::string>& resume_from,
-                                        const checkpoint::LoadStats& resumed) {
-  nlohmann::json j = {{"event", "start"},
-                      {"time", utc_timestamp()},
-                      {"step", step},
-                      {"resumed_from", resume_from ? nlohmann::json(*resume_from) : nlohmann::json()},
-                      {"world", rt.env.world_size},
-                      {"layout", layout},
-                      {"device", device.str()},
-                      {"params", param_count()},
-                      {"memory_estimate_mib",
-                       builtin_model ? nlohmann::json(estimate_memory(cfg, rt.env.world_size).total() / 1048576.0)
-                                     : nlohmann::json()},
-                      {"libtorch", dist::torch_version()}};
-  if (resume_from) {
-    j["resumed_step"] = resumed.step;
-    j["saved_world"] = resumed.saved_world_size;
-    j["saved_layout"] = resumed.saved_layout;
-    if (!resume_tier.empty()) {
-      j["resumed_tier"] = resume_tier;
-      j["resume_reason"] = resume_reason;
-    }
+// Each finished save: counted (on_error: warn keeps going past failures)
+// and, on rank 0, logged. A retention that failed is not a failed save: that
+// checkpoint committed, only older ones were not all deleted. Retention runs
+// on rank 0 (durable) and node leaders (local), so every rank warns of its own.
+void Trainer::State::log_checkpoint_events() {
+  for (const auto& ev : ckpt->take_events()) {
+    saves_failed += ev.ok ? 0 : 1;
+    last_save = ev;
+    if (is_logger) log->checkpoint(ev, ckpt->tiered());
   }
-  metrics << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
-  metrics.flush();
+  for (const auto& f : ckpt->take_retention_failures()) {
+    std::cerr << "shardkit: warning: checkpoint step " << f.step << " committed, but retention ("
+              << f.tier << " tier, keep_last) failed on rank " << rt.env.rank << ": " << f.error << std::endl;
+    if (is_logger) log->retention_failure(f);
+  }
 }
 
-void Trainer::State::write_end_record(bool stopped_by_signal) {
-  nlohmann::json j = {{"event", "end"},
-                      {"time", utc_timestamp()},
-                      {"step", step},
-                      {"status", stopped_by_signal ? "stopped" : "finished"},
-                      {"wall_s", seconds_since(started)}};
-  metrics << j.dump() << "\n";
-  metrics.flush();
+// Saves when the manager's policy says so (checkpoint.interval, the last
+// step, a stop signal, when_busy, on_error); records what it did in `rec`.
+void Trainer::State::checkpoint_if_due(StepRecord& rec, int64_t last) {
+  // Every rank saw the same busy flag in the step's all-reduce, so all
+  // ranks skip together or save together.
+  const checkpoint::DueSave done = ckpt->save_if_due(rec.step, last, rec.stop_requested, rec.checkpoint_busy,
+                                                     [this] { return make_state_dict(); });
+  if (!done.warning.empty() && is_logger) std::cerr << "shardkit: warning: " << done.warning << std::endl;
+  if (done.skipped && is_logger) log->checkpoint_skipped(rec.step);
+  rec.checkpoint_skipped = done.skipped;
+  rec.checkpoint_started = done.started;
+  rec.checkpoint_blocking_s = done.blocking_s;
+}
+
+// A clean exit (done, stop_at, signal) commits the in-flight save first.
+void Trainer::State::finish_checkpoints() {
+  std::string warning;
+  try {
+    warning = ckpt->finish_or_warn();
+  } catch (const checkpoint::CheckpointError&) {
+    log_checkpoint_events();
+    throw;
+  }
+  log_checkpoint_events();
+  if (!warning.empty() && is_logger) std::cerr << "shardkit: warning: " << warning << std::endl;
+}
+
+// profile.every: a trace of the window that ended with this step.
+void Trainer::State::after_step_profile() {
+  if (!profiler->enabled()) return;
+  const std::string trace = profiler->after_step(step, span->last_step);
+  if (trace.empty() || !is_logger) return;
+  log->profile(std::max<int64_t>(1, step - cfg.profile.active + 1), step, StepProfiler::backend(),
+               fs::path(trace).parent_path().string());
 }
 
 std::string Trainer::sample() {
@@ -1092,40 +380,6 @@ EvalRecord Trainer::evaluate() {
   return rec;
 }
 
-// Saves every checkpoint.interval steps, at the last step, and after a stop
-// signal (checkpoint.save_on_signal); records what it did in `rec`.
-void Trainer::State::checkpoint_if_due(StepRecord& rec, int64_t last) {
-  const bool final_save = rec.stop_requested && cfg.checkpoint.save_on_signal && ckpt->enabled();
-  if (!ckpt->due(rec.step, last) && !final_save) return;
-  // Every rank saw the same busy flag in the step's all-reduce, so all
-  // ranks skip together or save together.
-  if (when_busy == checkpoint::WhenBusy::kSkip && rec.checkpoint_busy && !final_save &&
-      rec.step != last) {
-    rec.checkpoint_skipped = true;
-    if (is_logger) {
-      std::cout << "checkpoint step " << rec.step << " skipped: previous save still in flight"
-                << std::endl;
-    }
-    return;
-  }
-  auto t0 = Clock::now();
-  save_checkpoint(rec.step, final_save || rec.step == last);
-  rec.checkpoint_started = true;
-  rec.checkpoint_blocking_s = seconds_since(t0);
-}
-
-// A clean exit (done, stop_at, signal) commits the in-flight save first.
-void Trainer::State::finish_checkpoints() {
-  try {
-    ckpt->finish();
-  } catch (const checkpoint::CheckpointError& e) {
-    log_checkpoint_events();
-    if (cfg.checkpoint.on_error != "warn") throw;
-    if (is_logger) std::cerr << "shardkit: warning: " << e.what() << std::endl;
-  }
-  log_checkpoint_events();
-}
-
 StepRecord Trainer::run_step() {
   State& s = *s_;
   if (!s.span) s.span = RunSpan{s.step + 1, s.last_step(), Clock::now()};
@@ -1137,39 +391,17 @@ StepRecord Trainer::run_step() {
     s.checkpoint_if_due(rec, s.span->last_step);
   }
   s.history.back() = rec;  // now with the checkpoint outcome
-  if (s.profiler->enabled()) {
-    const std::string trace = s.profiler->after_step(s.step, s.span->last_step);
-    if (!trace.empty() && s.is_logger) {
-      std::cout << "profile steps " << std::max<int64_t>(1, s.step - s.cfg.profile.active + 1) << "-"
-                << s.step << " (" << StepProfiler::backend() << "): " << fs::path(trace).parent_path().string()
-                << "/rank*.json" << std::endl;
-      s.metrics << nlohmann::json({{"event", "profile"}, {"step", s.step}, {"backend", StepProfiler::backend()},
-                                   {"dir", fs::path(trace).parent_path().string()}})
-                       .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)
-                << "\n";
-      s.metrics.flush();
-    }
-  }
+  s.after_step_profile();
   s.log_checkpoint_events();
   const int64_t every = s.cfg.train.eval_every;
   if (every > 0 && (s.step % every == 0 || s.step == s.cfg.train.steps)) {
-    s.log_eval(evaluate());
+    const EvalRecord eval = evaluate();
+    if (s.is_logger) s.log->eval(eval);
   }
   const int64_t sample_every = s.cfg.train.sample_every;
   if (sample_every > 0 && (s.step % sample_every == 0 || s.step == s.cfg.train.steps)) {
     const std::string text = sample();
-    if (s.is_logger) {
-      std::string shown = s.cfg.train.sample_prompt + text;
-      for (char& c : shown) {
-        if (c == '\n' || c == '\r' || c == '\t') c = ' ';  // one line in the log
-      }
-      std::cout << "sample step " << s.step << " | " << shown << std::endl;
-      s.metrics << nlohmann::json({{"event", "sample"}, {"step", s.step}, {"prompt", s.cfg.train.sample_prompt},
-                                   {"text", text}})
-                       .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)
-                << "\n";
-      s.metrics.flush();
-    }
+    if (s.is_logger) s.log->sample(s.step, s.cfg.train.sample_prompt, text);
   }
   return rec;
 }
@@ -1188,7 +420,7 @@ int Trainer::run() {
   // failed has not saved where it ended, and says so in its status.
   const bool last_save_failed = s.last_save && !s.last_save->ok;
   if (s.is_logger) {
-    s.write_end_record(stopped_by_signal);
+    s.log->end(s.step, stopped_by_signal);
     std::cout << "shardkit: " << (stopped_by_signal ? "stopped by signal" : "finished")
               << " at step " << s.step << std::endl;
     if (last_save_failed) {

@@ -1,0 +1,210 @@
+#include "framework/train/metrics_log.h"
+
+#include "checkpoint/timing.h"
+#include "dist/runtime.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <ctime>
+#include <filesystem>
+#include <iomanip>
+#include <iostream>
+#include <sstream>
+#include <stdexcept>
+
+namespace framework::train {
+
+namespace fs = std::filesystem;
+using checkpoint::seconds_since;
+
+namespace {
+
+std::string format_duration(double seconds) {
+  auto s = static_cast<int64_t>(seconds + 0.5);
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%02lld:%02lld:%02lld", static_cast<long long>(s / 3600),
+                static_cast<long long>(s / 60 % 60), static_cast<long long>(s % 60));
+  return buf;
+}
+
+// "2026-11-23T01:02:03.456Z"
+std::string utc_timestamp() {
+  const auto now = std::chrono::system_clock::now();
+  const std::time_t t = std::chrono::system_clock::to_time_t(now);
+  const auto ms =
+      std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch()).count() % 1000;
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[40];
+  std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%S", &tm);
+  char out[48];
+  std::snprintf(out, sizeof(out), "%s.%03dZ", buf, static_cast<int>(ms));
+  return out;
+}
+
+}  // namespace
+
+MetricsLog::MetricsLog(const config::Config& cfg, std::chrono::steady_clock::time_point started)
+    : cfg_(cfg), started_(started) {
+  fs::create_directories(cfg.run.dir);
+  config::write_effective_config(cfg, cfg.run.dir);
+  const fs::path path = fs::path(cfg.run.dir) / "metrics.jsonl";
+  out_.open(path, std::ios::app);
+  if (!out_) throw std::runtime_error("cannot open " + path.string() + " for appending");
+}
+
+// Text that is not UTF-8 (a path, a sample's bytes) is written with U+FFFD.
+void MetricsLog::write(const nlohmann::json& record) {
+  out_ << record.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+  out_.flush();
+}
+
+// Where this run segment starts, so that a reader of metrics.jsonl tells a
+// fresh run from a resume and knows the world and layout of each.
+void MetricsLog::start(const RunStart& s) {
+  nlohmann::json j = {{"event", "start"},
+                      {"time", utc_timestamp()},
+                      {"step", s.step},
+                      {"resumed_from", s.resumed_from ? nlohmann::json(*s.resumed_from) : nlohmann::json()},
+                      {"world", s.world},
+                      {"layout", s.layout},
+                      {"device", s.device},
+                      {"params", s.params},
+                      {"memory_estimate_mib",
+                       s.memory_estimate_mib ? nlohmann::json(*s.memory_estimate_mib) : nlohmann::json()},
+                      {"libtorch", dist::torch_version()}};
+  if (s.resumed_from) {
+    j["resumed_step"] = s.resumed.step;
+    j["saved_world"] = s.resumed.saved_world_size;
+    j["saved_layout"] = s.resumed.saved_layout;
+    if (!s.resume_tier.empty()) {
+      j["resumed_tier"] = s.resume_tier;
+      j["resume_reason"] = s.resume_reason;
+    }
+  }
+  write(j);
+}
+
+// Loudly, on stderr and in metrics.jsonl: each damaged checkpoint resume
+// set aside, and why.
+void MetricsLog::resume_skipped(const std::vector<checkpoint::SkippedCheckpoint>& skipped) {
+  for (const checkpoint::SkippedCheckpoint& c : skipped) {
+    std::cerr << "shardkit: WARNING: checkpoint " << c.path << " failed to load and was skipped"
+              << (c.moved_to.empty() ? "" : " (moved to " + c.moved_to + ")") << ": " << c.error
+              << std::endl;
+    write({{"event", "resume_skipped"}, {"path", c.path}, {"moved_to", c.moved_to}, {"error", c.error}});
+  }
+}
+
+void MetricsLog::step(const StepRecord& rec, const StepProgress& p) {
+  const double per_step = p.run_s / static_cast<double>(rec.step - p.first_step + 1);
+  std::ostringstream line;
+  line << "step " << rec.step << "/" << cfg_.train.steps << " | loss " << std::fixed
+       << std::setprecision(4) << rec.loss << " | lr " << std::scientific << std::setprecision(2)
+       << rec.lr << std::fixed << " | grad_norm " << std::setprecision(3) << rec.grad_norm << " | "
+       << std::setprecision(0) << rec.tokens_per_s << " tok/s | " << std::setprecision(3)
+       << rec.step_time_s << " s/step | rss " << std::setprecision(0)
+       << *std::max_element(p.peak_rss_mib.begin(), p.peak_rss_mib.end()) << " MiB | elapsed "
+       << format_duration(seconds_since(started_)) << " | ETA "
+       << format_duration(per_step * static_cast<double>(p.last_step - rec.step));
+  std::cout << line.str() << std::endl;
+  nlohmann::json j = {{"step", rec.step},
+                      {"loss", rec.loss},
+                      {"lr", rec.lr},
+                      {"tokens_per_s", rec.tokens_per_s},
+                      {"step_time_s", rec.step_time_s},
+                      {"comm_wait_s", rec.comm_wait_s},
+                      {"grad_norm", rec.grad_norm},
+                      {"time", utc_timestamp()},
+                      {"wall_s", seconds_since(started_)},
+                      {"peak_rss_mib", p.peak_rss_mib}};
+  if (!p.peak_gpu_mib.empty()) j["peak_gpu_mib"] = p.peak_gpu_mib;
+  write(j);
+}
+
+void MetricsLog::eval(const EvalRecord& rec) {
+  std::ostringstream line;
+  line << "eval step " << rec.step << " | val_loss " << std::fixed << std::setprecision(4)
+       << rec.loss << " | " << rec.samples << " held-out samples | " << std::setprecision(3)
+       << rec.seconds << " s";
+  std::cout << line.str() << std::endl;
+  write({{"event", "eval"},         {"step", rec.step},
+         {"val_loss", rec.loss},    {"val_tokens", rec.tokens},
+         {"samples", rec.samples},  {"eval_s", rec.seconds},
+         {"time", utc_timestamp()}, {"wall_s", seconds_since(started_)}});
+}
+
+void MetricsLog::checkpoint(const checkpoint::CheckpointEvent& ev, bool tiered) {
+  std::ostringstream line;
+  line << std::fixed << std::setprecision(3) << "checkpoint step " << ev.step << " (" << ev.mode
+       << ") " << (ev.ok ? "committed " : "FAILED ") << ev.path << " | blocking " << ev.blocking_s
+       << " s | stage " << ev.stage_s << " s | write " << ev.write_s << " s | commit "
+       << ev.commit_s << " s | " << std::setprecision(1) << ev.bytes / 1048576.0 << " MiB -> "
+       << ev.stored_bytes / 1048576.0 << " MiB";
+  if (!ev.staging.empty()) line << " | staging " << ev.staging;
+  if (tiered) {
+    line << " | tier " << ev.tier << " | local commit " << std::setprecision(3) << ev.local_commit_s
+         << " s | partner " << ev.partner;
+    if (ev.flushed) line << " | durable +" << ev.exposure_s << " s";
+  }
+  std::cout << line.str() << std::endl;
+  if (tiered && ev.partner.rfind("failed", 0) == 0) {
+    std::cerr << "shardkit: warning: checkpoint step " << ev.step
+              << " has no partner copies (L1 only): " << ev.partner << std::endl;
+  }
+  nlohmann::json j = {{"event", "checkpoint"}, {"step", ev.step},         {"mode", ev.mode},
+                      {"blocking_s", ev.blocking_s}, {"stage_s", ev.stage_s},
+                      {"write_s", ev.write_s},   {"commit_s", ev.commit_s}, {"bytes", ev.bytes},
+                      {"stored_bytes", ev.stored_bytes}, {"ok", ev.ok},   {"path", ev.path},
+                      {"plan_s", ev.plan_s}, {"plan_cached", ev.plan_cached}};
+  if (!ev.staging.empty()) j["staging"] = ev.staging;
+  if (tiered) {
+    j["tier"] = ev.tier;
+    j["local_path"] = ev.local_path;
+    j["local_commit_s"] = ev.local_commit_s;
+    j["partner"] = ev.partner;
+    j["flushed"] = ev.flushed;
+    j["flush_s"] = ev.flush_s;
+    j["exposure_s"] = ev.exposure_s;
+  }
+  if (!ev.ok) j["error"] = ev.error;
+  out_ << j.dump() << "\n";
+  out_.flush();
+}
+
+void MetricsLog::checkpoint_skipped(int64_t step) {
+  std::cout << "checkpoint step " << step << " skipped: previous save still in flight" << std::endl;
+}
+
+void MetricsLog::retention_failure(const checkpoint::RetentionFailure& f) {
+  write({{"event", "retention"}, {"step", f.step}, {"tier", f.tier}, {"ok", false}, {"error", f.error}});
+}
+
+void MetricsLog::profile(int64_t first_step, int64_t step, const std::string& backend,
+                         const std::string& dir) {
+  std::cout << "profile steps " << first_step << "-" << step << " (" << backend << "): " << dir
+            << "/rank*.json" << std::endl;
+  write({{"event", "profile"}, {"step", step}, {"backend", backend}, {"dir", dir}});
+}
+
+void MetricsLog::sample(int64_t step, const std::string& prompt, const std::string& text) {
+  std::string shown = prompt + text;
+  for (char& c : shown) {
+    if (c == '\n' || c == '\r' || c == '\t') c = ' ';  // one line in the log
+  }
+  std::cout << "sample step " << step << " | " << shown << std::endl;
+  write({{"event", "sample"}, {"step", step}, {"prompt", prompt}, {"text", text}});
+}
+
+void MetricsLog::end(int64_t step, bool stopped_by_signal) {
+  out_ << nlohmann::json({{"event", "end"},
+                          {"time", utc_timestamp()},
+                          {"step", step},
+                          {"status", stopped_by_signal ? "stopped" : "finished"},
+                          {"wall_s", seconds_since(started_)}})
+              .dump()
+       << "\n";
+  out_.flush();
+}
+
+}  // namespace framework::train

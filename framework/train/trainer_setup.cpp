@@ -1,0 +1,446 @@
+// The Trainer's wiring (trainer_state.h): mesh, the model from its kind's
+// spec, tensor parallelism, FSDP, optimizer, data, the checkpoint manager,
+// resume, and the banner. The loop is trainer.cpp.
+#include "framework/train/trainer_state.h"
+
+#include "checkpoint/interop/import_dcp.h"
+#include "checkpoint/interop/import_weights.h"
+#include "dist/device.h"
+#include "dist/launch_env.h"
+#include "framework/config/run_items.h"
+#include "framework/dtensor/chunk.h"
+#include "framework/train/state_dict.h"
+#include "models/layered_model.h"
+#include "models/model_spec.h"
+
+#include <torch/torch.h>
+
+#include <filesystem>
+#include <iomanip>
+#include <iostream>
+#include <mutex>
+#include <sstream>
+
+namespace framework::train {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+// module.to(device), except that parameters without storage (a model
+// built unmaterialised) stay so: they become empty tensors of the device,
+// so that FullyShardedModel materialises them there.
+void move_to_device(torch::nn::Module& module, torch::Device device) {
+  bool unmaterialised = false;
+  for (const auto& p : module.parameters()) unmaterialised |= p.numel() > 0 && p.storage().nbytes() == 0;
+  if (!unmaterialised) {
+    module.to(device);
+    return;
+  }
+  torch::NoGradGuard no_grad;
+  for (auto& p : module.parameters()) {
+    const bool empty = p.numel() > 0 && p.storage().nbytes() == 0;
+    p.set_data(empty ? torch::empty(p.sizes(), p.options().device(device)) : p.to(device));
+    if (empty) {
+      c10::StorageImpl* impl = p.storage().unsafeGetStorageImpl();
+      impl->set_data_ptr_noswap(at::DataPtr(nullptr, p.device()));
+      impl->set_nbytes(0);
+    }
+  }
+  for (auto& b : module.buffers()) b.set_data(b.to(device));
+}
+
+// For the banner, where rank 0 serves the job's store and where its port
+// came from: two jobs on one node collide when they pick the same one.
+// Empty when a launcher serves the store or the job has one rank.
+std::string rank0_store(const dist::LaunchEnv& env) {
+  if (env.store_hosted || env.world_size < 2) return "";
+  return ", store " + env.master_addr + ":" + std::to_string(env.master_port) +
+         (env.master_port_source.empty() ? ", default port" : ", port from " + env.master_port_source);
+}
+
+}  // namespace
+
+// The device mesh ({replicate, shard}, or {replicate, shard, tensor} with
+// parallel.tensor > 1) and this rank's place in it.
+void Trainer::State::build_mesh() {
+  const int world = rt.env.world_size;
+  const int rank = rt.env.rank;
+  mesh_shape = fsdp::mesh_shape_for(cfg.parallel, world);
+  // With prefetch, all-gathers and gradient reductions overlap: each on its
+  // own channel (process groups of their own) of the data-parallel axes.
+  const int channels = cfg.parallel.prefetch > 0 ? 2 : 1;
+  if (mesh_shape.size() == 3) {
+    mesh = dtensor::DeviceMesh::create(*rt.rendezvous, mesh_shape, {"replicate", "shard", "tensor"},
+                                       "mesh", channels);
+    tp_size = mesh_shape[2];
+    tp_rank = mesh->coordinate(2);
+  } else {
+    mesh = dtensor::DeviceMesh::create(*rt.rendezvous, mesh_shape, {"replicate", "shard"}, "mesh",
+                                       channels);
+  }
+  // The tensor axis is innermost: rank = data-parallel rank x tensor + tp_rank.
+  dp_size = world / tp_size;
+  dp_rank = rank / tp_size;
+}
+
+// The global batch over the data-parallel ranks, in micro-batches.
+void Trainer::State::check_batch_split() {
+  const int64_t micro = cfg.train.micro_batch_size;
+  const int64_t dp = dp_size;
+  if (cfg.train.global_batch_size % dp != 0 ||
+      (micro > 0 && cfg.train.global_batch_size % (micro * dp) != 0)) {
+    throw std::invalid_argument(
+        "train.global_batch_size (" + std::to_string(cfg.train.global_batch_size) +
+        ") must be divisible by train.micro_batch_size (" + std::to_string(micro) +
+        ") x data-parallel ranks (" + std::to_string(dp) + ")");
+  }
+  if (micro > 0) micro_batches = cfg.train.global_batch_size / dp / micro;
+}
+
+// This data-parallel rank's loader over the dataset, and the layout's name.
+void Trainer::State::make_loader_and_layout() {
+  dataset = user.dataset;
+  loader = std::make_unique<data::DataLoader>(dataset, cfg.train.global_batch_size,
+                                              static_cast<uint64_t>(cfg.run.seed),
+                                              static_cast<int>(dp_rank), static_cast<int>(dp_size));
+  std::ostringstream text;
+  text << fsdp::layout_name(mesh_shape) << " replicate=" << mesh_shape[0]
+       << " shard=" << mesh_shape[1];
+  if (tp_size > 1) text << " tensor=" << tp_size;
+  layout = text.str();
+}
+
+// The config's model and data sections as a UserModel, from the model
+// kind's spec (models/model_spec.h): every rank builds the same full model
+// from the same seed, each block one FSDP unit, with the spec's loss.
+void Trainer::State::build_builtin_model() {
+  const models::ModelSpec& spec = models::find_model_spec(cfg.model.kind);
+  if (cfg.parallel.tensor > 1 && spec.tp_plan.empty()) {
+    throw std::invalid_argument("parallel.tensor " + std::to_string(cfg.parallel.tensor) +
+                                " needs model.kind llama (model.kind is " + cfg.model.kind +
+                                ", which has no tensor-parallel plan)");
+  }
+  std::shared_ptr<models::LayeredModelImpl> model;
+  {
+    // LibTorch's init functions draw from the process-wide generator; ranks
+    // that share a process (tests) must not interleave here.
+    static std::mutex init_mutex;
+    std::lock_guard<std::mutex> lock(init_mutex);
+    torch::manual_seed(static_cast<uint64_t>(cfg.run.seed));
+    // Built unmaterialised where the kind can be: shard_model fills in one
+    // parameter at a time, so no rank ever holds the whole model.
+    models::validate_model_options(cfg.model);
+    model = spec.build(cfg.model, /*materialize=*/!spec.lazy_init);
+  }
+  user.module = model;
+  user.units = model->unit_names();
+  models::LossContext context;
+  context.ignore_index = data::kIgnoreIndex;
+  context.fused_kernels = cfg.train.fused_kernels && static_cast<bool>(spec.use_fused_kernels);
+  if (context.fused_kernels) spec.use_fused_kernels(*model, true);
+  if (spec.lazy_init) {
+    user.init = [model](const std::string& name, const torch::Tensor& full) {
+      model->init_parameter(name, full);
+    };
+  }
+  if (cfg.parallel.tensor > 1) {
+    // The plan splits the output by vocabulary: each rank holds its slice of
+    // the logits, and the cross-entropy is vocabulary-parallel.
+    dist::Group* group = &mesh->group(2);
+    const int64_t offset =
+        dtensor::chunk_span(cfg.model.vocab_size, cfg.parallel.tensor, mesh->coordinate(2)).offset;
+    user.tensor_parallel_plan = spec.tp_plan;
+    context.vocab_parallel_cross_entropy = [group, offset](const torch::Tensor& logits,
+                                                           const torch::Tensor& targets) {
+      return tp::vocab_parallel_cross_entropy(logits, targets, offset, *group, data::kIgnoreIndex);
+    };
+  }
+  user.loss = [model, loss = spec.loss, context](const torch::Tensor& inputs,
+                                                 const torch::Tensor& targets) {
+    return loss(*model, inputs, targets, context);
+  };
+  user.dataset = data::make_dataset(cfg.data, cfg.model, static_cast<uint64_t>(cfg.run.seed));
+  user.description = cfg.model.kind;
+}
+
+// parallel.tensor > 1: the model's plan splits its weights over the mesh's
+// tensor axis before FSDP shards each part over the data-parallel axes.
+void Trainer::State::apply_tensor_parallel() {
+  if (tp_size == 1) return;
+  if (user.tensor_parallel_plan.empty()) {
+    throw std::invalid_argument("parallel.tensor " + std::to_string(tp_size) +
+                                ": this model has no tensor-parallel plan (UserModel::tensor_parallel_plan)");
+  }
+  tp_layout = tp::parallelize_module(*user.module, mesh, 2, user.tensor_parallel_plan);
+  if (user.init) user.init = tp::sharded_init(tp_layout, user.init);
+}
+
+// Each rank keeps its shards of the same full model: results do not depend
+// on the world size. REQUIRES: mesh, user.module.
+void Trainer::State::shard_model() {
+  // The model is initialised on the CPU either way, so a CUDA run starts
+  // from the same weights as a CPU run, then moves to the GPU.
+  device = rt.device;
+  if (device.is_cuda()) {
+    // Bit-exact resume needs reproducible kernels (train.deterministic).
+    dist::use_deterministic_cuda(cfg.train.deterministic);
+    move_to_device(*user.module, device);
+  }
+  fsdp::ParallelOptions parallel = cfg.parallel;
+  parallel.mixed_precision = cfg.train.mixed_precision;
+  parallel.tensor_parallel = tp_layout.params;
+  fsdp = std::make_unique<fsdp::FullyShardedModel>(user.module, mesh, parallel, user.units,
+                                                   user.init);
+  optim = std::make_unique<optim::ShardedAdamW>(*fsdp, cfg.optim, cfg.train.steps,
+                                                optim::resolve_adamw_impl(cfg.train.optimizer_impl, device));
+}
+
+// model.init_from into this rank's shards (each rank reads only their bytes).
+void Trainer::State::load_initial_weights() {
+  checkpoint::StateDict sd = get_state_dict(*fsdp, nullptr);
+  torch::NoGradGuard no_grad;
+  checkpoint::load_weights_into(sd, cfg.model.init_from, "model.", false);
+}
+
+// checkpoint.resume naming a PyTorch DCP directory: every rank reads its
+// shards of the model and the AdamW moments and steps (import_dcp.h); the
+// training step is train_state.step or the AdamW step; the loader continues
+// at that step; the RNG state is not carried (DCP does not save LibTorch's).
+checkpoint::DcpLoadStats Trainer::State::load_dcp(const std::string& dir) {
+  checkpoint::StateDict sd = get_state_dict(*fsdp, optim.get());
+  checkpoint::DcpLoadOptions options;
+  options.storage = hooks.storage;
+  const checkpoint::DcpLoadStats st = checkpoint::load_dcp_into(sd, dir, options);
+  if (!cfg.checkpoint.model_only) {
+    set_optimizer_state(sd, *fsdp, *optim);
+    step = std::max<int64_t>(0, st.step);
+    data::LoaderState position = loader->state();
+    position.next_step = step;
+    loader->load_state(position);
+  }
+  return st;
+}
+
+// Resumes from a PyTorch DCP directory or this run's newest checkpoint;
+// else, with model.init_from, loads the initial weights.
+Trainer::State::Resumed Trainer::State::resume_or_initialise() {
+  Resumed out;
+  if (resume_source == ResumeSource::kDcp) {
+    const std::string resume = cfg.checkpoint.resume;
+    // A PyTorch DCP checkpoint (torchtitan, FSDP2): model and AdamW state,
+    // resharded to this world; the data position follows its step.
+    const checkpoint::DcpLoadStats st = load_dcp(resume);
+    out.from = resume + " (PyTorch DCP)";
+    out.stats.step = step;
+    if (is_logger && !st.missing.empty()) {
+      std::cerr << "shardkit: warning: " << resume << " has no " << checkpoint::join_names(st.missing)
+                << "; those start fresh" << std::endl;
+    }
+  } else {
+    checkpoint::StateDict sd = make_state_dict();
+    for (const char* optional : {config::kLoaderItem, config::kRngItem}) sd.find_bytes(optional)->data.clear();
+    if (std::optional<checkpoint::ResumeResult> r = ckpt->resume(sd)) {
+      // Model shards were loaded in place.
+      if (!cfg.checkpoint.model_only) {
+        step = set_run_state(sd, *fsdp, *optim, *loader, cfg.checkpoint.allow_config_change);
+      }
+      out.from = r->path;
+      out.stats = r->stats;
+      out.skipped = std::move(r->skipped);
+      if (ckpt->tiered()) {
+        resume_tier = r->tier;
+        resume_reason = r->reason;
+        resume_notes = r->notes;
+      }
+    }
+  }
+  if (!out.from && !cfg.model.init_from.empty()) {
+    // Full, unsharded weights from elsewhere: each rank reads only the byte
+    // ranges of its own shards. Ignored when resuming (the checkpoint wins).
+    load_initial_weights();
+  }
+  return out;
+}
+
+// The checkpoint manager over the checkpoint group, on POSIX (or the
+// hooks' storage), with the local tier's placement.
+void Trainer::State::make_checkpoint_manager() {
+  // What a checkpoint imported from PyTorch DCP (ckpt import-dcp) lacks:
+  // set_run_state derives the data position from the step and keeps the RNG.
+  checkpoint::ManagerHooks manager_hooks;
+  manager_hooks.optional_items = [](const std::string& name) {
+    return name == config::kLoaderItem || name == config::kRngItem || name == config::kConfigItem;
+  };
+  checkpoint::CheckpointOptions ckpt_options = cfg.checkpoint;
+  ckpt_options.local.dir = config::local_tier_pattern(cfg);
+  checkpoint::PosixOptions posix;
+  posix.direct_io = cfg.checkpoint.direct_io;
+  ckpt = std::make_unique<checkpoint::CheckpointManager>(
+      ckpt_options, (fs::path(cfg.run.dir) / "checkpoints").string(), *rt.checkpoint, layout,
+      hooks.storage ? hooks.storage : checkpoint::posix_storage(posix), manager_hooks);
+  // The local tier is never behind the test hooks' storage (that one stands
+  // for the durable file system), unless they provide one for it.
+  ckpt->set_placement({rt.env.node, hooks.local_storage ? hooks.local_storage : checkpoint::posix_storage(posix)});
+  if (ckpt->stages(device.is_cuda())) {
+    // Host (pinned, for GPU state) staging buffers now, not at the first
+    // save while the training loop waits.
+    ckpt->reserve_staging(make_state_dict());
+  }
+}
+
+// Rank 0: metrics.jsonl's start record, the resume's warnings, the banner.
+void Trainer::State::start_log(const Resumed& resumed) {
+  log = std::make_unique<MetricsLog>(cfg, started);
+  RunStart start;
+  start.step = step;
+  start.resumed_from = resumed.from;
+  start.resumed = resumed.stats;
+  start.resume_tier = resume_tier;
+  start.resume_reason = resume_reason;
+  start.world = rt.env.world_size;
+  start.layout = layout;
+  start.device = device.str();
+  start.params = param_count();
+  if (builtin_model) start.memory_estimate_mib = estimate_memory(cfg, rt.env.world_size).total() / 1048576.0;
+  log->start(start);
+  log->resume_skipped(resumed.skipped);
+  print_banner(resumed.from, resumed.stats);
+}
+
+void Trainer::State::print_banner(const std::optional<std::string>& resume_from,
+                                  const checkpoint::LoadStats& resumed) {
+  const auto& st = fsdp->memory_stats();
+  std::cout << "shardkit: world " << rt.env.world_size << " ("
+            << (dist::started_by_local_launcher() ? std::string("train --nproc")
+                                                : dist::to_string(rt.env.source))
+            << (rt.env.agent_store ? ", the agent's store" : "")
+            << rank0_store(rt.env)
+            << (rt.env.restart_count > 0 ? ", restart " + std::to_string(rt.env.restart_count) : std::string())
+            << "), layout " << layout << ", groups train=" << rt.train->backend_name()
+            << " ckpt=" << rt.checkpoint->backend_name() << ", device " << device.str()
+            << ", LibTorch " << dist::torch_version() << "\n"
+            << "shardkit: model " << user.description << " " << param_count() << " params, "
+            << fsdp->unit_names().size() << " units, " << std::fixed << std::setprecision(2)
+            << st.sharded_param_bytes / 1048576.0 << std::defaultfloat << " MiB on this rank; data " << dataset->describe() << std::endl;
+  print_run_lines();
+  if (builtin_model) {
+    std::cout << "shardkit: memory estimate per rank "
+              << describe(estimate_memory(cfg, rt.env.world_size)) << std::endl;
+  }
+  if (!resume_from && !cfg.model.init_from.empty()) {
+    std::cout << "shardkit: model initialised from " << cfg.model.init_from << std::endl;
+  }
+  if (resume_from) {
+    std::cout << "shardkit: resumed from " << *resume_from << " (step " << resumed.step;
+    if (resumed.saved_world_size > 0) {
+      std::cout << ", saved by " << resumed.saved_world_size << " ranks, " << resumed.saved_layout;
+    }
+    std::cout << ")" << (cfg.checkpoint.model_only ? ", model only" : "")
+              << "; continuing after step " << step << std::endl;
+    if (!resume_tier.empty()) {
+      std::cout << "shardkit: resume tier: " << resume_tier << " (" << resume_reason << ")" << std::endl;
+      for (const std::string& note : resume_notes) std::cout << "shardkit: resume: " << note << std::endl;
+    }
+  }
+}
+
+// The banner's lines on how the run computes: precision, micro-batches,
+// activation checkpointing, the optimizer and kernels, the profiler and
+// run.host_malloc.
+void Trainer::State::print_run_lines() {
+  const auto& mp = cfg.train.mixed_precision;
+  if (mp.param_dtype != "fp32" || mp.reduce_dtype != "fp32" || micro_batches > 1 ||
+      cfg.model.activation_checkpointing != "none") {
+    std::cout << "shardkit: compute " << mp.param_dtype << ", gradients reduced in " << mp.reduce_dtype
+              << ", master weights and AdamW fp32; " << micro_batches << " micro-batch"
+              << (micro_batches > 1 ? "es" : "") << " per step and rank";
+    if (builtin_model) std::cout << "; activation checkpointing " << cfg.model.activation_checkpointing;
+    std::cout << std::endl;
+  }
+  std::cout << "shardkit: optimizer AdamW " << optim::adamw_impl_name(optim->impl())
+            << " (train.optimizer_impl " << cfg.train.optimizer_impl << ")";
+  if (builtin_model) {
+    const models::ModelSpec& spec = models::find_model_spec(cfg.model.kind);
+    if (spec.fused_kernels_description) {
+      std::cout << "; fused kernels "
+                << (cfg.train.fused_kernels ? spec.fused_kernels_description() : std::string("off"));
+    }
+  }
+  std::cout << std::endl;
+  if (profiler->enabled()) {
+    std::cout << "shardkit: profiler traces of the last " << cfg.profile.active << " of every "
+              << cfg.profile.every << " steps (" << StepProfiler::backend() << ") in " << profiler->dir()
+              << std::endl;
+  }
+  if (host_malloc == dist::HostMallocOutcome::kEnvironment) {
+    std::cout << "shardkit: run.host_malloc " << cfg.run.host_malloc
+              << " left to MALLOC_* variables in the environment" << std::endl;
+  } else if (host_malloc == dist::HostMallocOutcome::kUnsupported) {
+    std::cout << "shardkit: run.host_malloc " << cfg.run.host_malloc
+              << " not applied: this C library's malloc has no such thresholds" << std::endl;
+  }
+}
+
+int64_t Trainer::State::param_count() const {
+  int64_t params = 0;
+  for (size_t i = 0; i < fsdp->param_names().size(); ++i) {
+    const dtensor::DTensor p = fsdp->param_dtensor(i);
+    int64_t n = 1;
+    for (int64_t d : p.global_shape()) n *= d;
+    params += n;
+  }
+  return params;
+}
+
+std::atomic<int>& Trainer::stop_signal() {
+  static std::atomic<int> signal{0};
+  return signal;
+}
+
+Trainer::Trainer(const config::Config& config, dist::Runtime& runtime, TrainerHooks hooks)
+    : Trainer(config, runtime, UserModel{}, std::move(hooks)) {}
+
+Trainer::Trainer(const config::Config& config, dist::Runtime& runtime, UserModel model,
+                 TrainerHooks hooks)
+    : s_(std::make_unique<State>(config, runtime)) {
+  State& s = *s_;
+  // Before the model and its buffers are allocated: every later free of a
+  // step's host buffers stays in the process (run.host_malloc).
+  s.host_malloc = dist::apply_host_malloc(s.cfg.run.host_malloc);
+  s.hooks = std::move(hooks);
+  s.builtin_model = !model.module;
+  if (!s.builtin_model) {
+    if (!model.loss || !model.dataset) {
+      throw std::invalid_argument("Trainer: a UserModel needs its loss and dataset set");
+    }
+    s.user = std::move(model);
+  }
+  s.is_logger = runtime.env.rank == 0;
+  s.build_mesh();
+  s.check_batch_split();
+  if (s.builtin_model) s.build_builtin_model();
+  s.apply_tensor_parallel();
+  s.shard_model();
+  s.profiler = std::make_unique<StepProfiler>(s.cfg.profile, s.cfg.run.dir, runtime.env.rank,
+                                              s.device.is_cuda());
+  s.make_loader_and_layout();
+  s.resume_source = resume_source(s.cfg);
+  if (s.resume_source == ResumeSource::kAutoAfterDcp) {
+    // The DCP directory was the run's initial load; it has its own now.
+    s.cfg.checkpoint.resume = "auto";
+  }
+  s.make_checkpoint_manager();
+  const State::Resumed resumed = s.resume_or_initialise();
+
+  if (s.is_logger) s.start_log(resumed);
+}
+
+Trainer::~Trainer() = default;
+
+int64_t Trainer::step() const { return s_->step; }
+fsdp::FullyShardedModel& Trainer::model() { return *s_->fsdp; }
+optim::ShardedAdamW& Trainer::optimizer() { return *s_->optim; }
+const std::vector<StepRecord>& Trainer::history() const { return s_->history; }
+
+}  // namespace framework::train

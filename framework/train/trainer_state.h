@@ -1,0 +1,157 @@
+#pragma once
+// Trainer::State: what a Trainer holds, shared by the files that implement
+// it. Internal (not installed):
+//   trainer.cpp        the loop: train_step, run_step, run, evaluate, sample
+//   trainer_setup.cpp  the wiring: mesh, model (from the kind's spec), FSDP,
+//                      optimizer, data, the checkpoint manager, resume, banner
+//   metrics_log.h      rank 0's console lines and metrics.jsonl
+//   state_dict.h       the state-dict items a checkpoint holds
+// The checkpoint policy (when a save is due, when_busy, on_error) is the
+// manager's (CheckpointManager::save_if_due).
+#include "framework/train/trainer.h"
+
+#include "checkpoint/async/manager.h"
+#include "checkpoint/interop/import_dcp.h"
+#include "dist/host_malloc.h"
+#include "framework/data/dataset.h"
+#include "framework/data/loader.h"
+#include "framework/dtensor/device_mesh.h"
+#include "framework/fsdp/fully_shard.h"
+#include "framework/optim/sharded_adamw.h"
+#include "framework/tokenizer/tokenizer.h"
+#include "framework/tp/tensor_parallel.h"
+#include "framework/train/metrics_log.h"
+#include "framework/train/preflight.h"
+#include "framework/train/profiler.h"
+
+#include <torch/torch.h>
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace framework::train {
+
+namespace detail {
+
+using Clock = std::chrono::steady_clock;
+
+// This rank's cross-entropy summed over its tokens, and how many of its
+// targets count (not ignore_index); both still on the training device.
+struct LocalLoss {
+  torch::Tensor sum;
+  torch::Tensor tokens;
+};
+
+// What run() needs to decide when to log and to estimate the time left.
+struct RunSpan {
+  int64_t first_step;  // the first step this run() takes
+  int64_t last_step;   // train.steps, or train.stop_at when it comes first
+  Clock::time_point start;
+};
+
+// The step's one all-reduce, a sum over ranks. Packed into a double tensor
+// in the order of the fields by pack_step_stats.
+struct StepStats {
+  double loss_sum = 0;        // cross-entropy summed over the global batch
+  double tokens = 0;          // targets that count, global batch
+  double stop_requested = 0;  // ranks that got a stop signal
+  double ckpt_busy = 0;       // ranks with a save still in flight
+};
+constexpr int64_t kStepStatsSlots = 4;
+static_assert(sizeof(StepStats) == kStepStatsSlots * sizeof(double), "one slot per field");
+
+}  // namespace detail
+
+struct Trainer::State {
+  config::Config cfg;
+  dist::Runtime& rt;
+  TrainerHooks hooks;
+  bool is_logger = false;     // rank 0: the console and metrics.jsonl
+  bool builtin_model = true;  // model and data from the config's sections (the kind's spec)
+  dist::HostMallocOutcome host_malloc = dist::HostMallocOutcome::kDefault;
+  detail::Clock::time_point started = detail::Clock::now();  // this process's run: wall_s
+
+  // The mesh ({replicate, shard} or {replicate, shard, tensor}) and this
+  // rank's place in it. The ranks of a TP group train on the same batch and
+  // hold the same loss: only the first (tp_rank 0) counts it in the sums.
+  torch::Device device{torch::kCPU};  // where the model, optimizer and batches live
+  std::vector<int64_t> mesh_shape;
+  std::shared_ptr<dtensor::DeviceMesh> mesh;
+  int64_t tp_size = 1, tp_rank = 0;
+  int64_t dp_size = 1, dp_rank = 0;  // data-parallel: replicate x shard
+  std::string layout;                // "fsdp replicate=1 shard=2"
+
+  // The model and what trains it.
+  UserModel user;  // the model, units, loss and data (built-in: from the kind's spec)
+  tp::TensorParallelLayout tp_layout;
+  std::unique_ptr<fsdp::FullyShardedModel> fsdp;
+  std::unique_ptr<optim::ShardedAdamW> optim;
+  std::shared_ptr<data::Dataset> dataset;
+  std::unique_ptr<data::DataLoader> loader;
+  std::unique_ptr<tokenizer::Tokenizer> tokenizer;  // data.tokenizer, loaded at the first sample
+  int64_t micro_batches = 1;  // per step and rank (train.micro_batch_size)
+
+  // Progress.
+  int64_t step = 0;
+  std::vector<StepRecord> history;
+  std::optional<detail::RunSpan> span;  // of the run() (or run_step() calls) in progress
+  std::unique_ptr<StepProfiler> profiler;  // profile.every
+  std::unique_ptr<MetricsLog> log;         // rank 0 only
+
+  // Checkpoints.
+  std::unique_ptr<checkpoint::CheckpointManager> ckpt;
+  ResumeSource resume_source = ResumeSource::kConfig;
+  std::string resume_tier;  // tiers: local | durable, and why
+  std::string resume_reason;
+  std::vector<std::string> resume_notes;
+  int64_t saves_failed = 0;  // this run, kept going by on_error: warn
+  std::optional<checkpoint::CheckpointEvent> last_save;
+
+  State(const config::Config& c, dist::Runtime& r) : cfg(c), rt(r) {}
+  ~State() {
+    // The hooks tensor parallelism set on the module hold the mesh's groups.
+    if (tp_size > 1 && user.module) tp::clear_hooks(*user.module);
+  }
+
+  // Setup (trainer_setup.cpp), in the constructor's order.
+  void build_mesh();
+  void check_batch_split();
+  void build_builtin_model();
+  void apply_tensor_parallel();
+  void shard_model();
+  void make_loader_and_layout();
+  void make_checkpoint_manager();
+  // What the constructor resumed from (from: nothing, a fresh start).
+  struct Resumed {
+    std::optional<std::string> from;
+    checkpoint::LoadStats stats;
+    std::vector<checkpoint::SkippedCheckpoint> skipped;
+  };
+  Resumed resume_or_initialise();
+  checkpoint::DcpLoadStats load_dcp(const std::string& dir);
+  void load_initial_weights();
+  void start_log(const Resumed& resumed);
+  void print_banner(const std::optional<std::string>& resume_from, const checkpoint::LoadStats& resumed);
+  void print_run_lines();
+  int64_t param_count() const;  // elements of all parameters, unsharded
+
+  // The loop (trainer.cpp).
+  checkpoint::StateDict make_state_dict();
+  int64_t last_step() const;
+  detail::LocalLoss forward_next_batch();
+  detail::StepStats accumulate_gradients(int64_t to_step);
+  double finish_gradients();
+  double apply_optimizer_step(int64_t to_step);
+  void log_step(const StepRecord& rec, const detail::RunSpan& span);
+  void log_checkpoint_events();
+  void after_step_profile();
+  std::vector<double> gather_per_rank(double mine);
+  void checkpoint_if_due(StepRecord& rec, int64_t last);
+  void finish_checkpoints();
+};
+
+}  // namespace framework::train
