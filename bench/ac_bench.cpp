@@ -64,7 +64,7 @@ Row measure(const framework::config::Config& base, const std::string& mode, int 
   // Step time: the real trainer (FSDP wrapper at world 1, AdamW).
   cfg.train.steps = steps + 1;
   std::vector<double> times;
-  testing_support::run_runtimes(1, [&](framework::dist::Runtime& rt) {
+  testing_support::run_runtimes(1, [&](comm::Runtime& rt) {
     framework::train::Trainer trainer(cfg, rt);
     trainer.train_step();  // warm-up: allocates AdamW's state
     for (int i = 0; i < steps; ++i) times.push_back(trainer.train_step().step_time_s);

@@ -180,9 +180,9 @@ double median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-double max_over(framework::dist::Group& group, double v) {
+double max_over(comm::Group& group, double v) {
   torch::Tensor t = torch::tensor({v}, torch::kDouble);
-  group.all_reduce(t, framework::dist::ReduceOp::kMax);
+  group.all_reduce(t, comm::ReduceOp::kMax);
   return t.item<double>();
 }
 
@@ -374,7 +374,7 @@ void sample_whole_chunk(const NamedTensors& set, NamedTensors& targets, const st
 // save_state_dict with the variant's compression into `vdir`, then
 // load_state_dict into `targets`.
 void sample_checkpoint(const NamedTensors& set, NamedTensors& targets, const std::string& vdir, const Variant& v,
-                       framework::dist::Group& group, const CompressionStudyOptions& options,
+                       comm::Group& group, const CompressionStudyOptions& options,
                        VariantSamples& out) {
   checkpoint::StateDict sd;
   for (const auto& [n, tt] : set) sd.add_tensor(n, tt);
@@ -437,7 +437,7 @@ nlohmann::json variant_row(const Variant& v, const VariantSamples& x, uint64_t l
 }  // namespace
 
 nlohmann::json run_compression_study(const std::string& set_name, const NamedTensors& tensors,
-                                     bool tile, framework::dist::Group& group,
+                                     bool tile, comm::Group& group,
                                      const CompressionStudyOptions& options) {
   int copies = 1;
   NamedTensors set = tile ? tile_set(tensors, options.min_set_bytes, &copies) : tensors;

@@ -7,7 +7,7 @@
 #include "checkpoint/storage/paced.h"
 #include "checkpoint/storage/storage.h"
 #include "checkpoint/timing.h"
-#include "dist/process_group.h"
+#include "comm/process_group.h"
 
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
@@ -51,7 +51,7 @@ checkpoint::CheckpointOptions manager_options(const std::string& mode, const std
 double median(std::vector<double> v);
 
 // Largest value of `v` over the members of `group` (all call it).
-double max_over(framework::dist::Group& group, double v);
+double max_over(comm::Group& group, double v);
 
 // A named set of whole tensors (a model's weights, a safetensors file).
 using NamedTensors = std::vector<std::pair<std::string, torch::Tensor>>;
@@ -81,7 +81,7 @@ struct CompressionStudyOptions {
 // samples. Tensors are tiled into independent copies until the set holds `min_set_bytes`
 // (`tile` false: as given). `group` is a one-rank checkpoint group.
 nlohmann::json run_compression_study(const std::string& set_name, const NamedTensors& tensors,
-                                     bool tile, framework::dist::Group& group,
+                                     bool tile, comm::Group& group,
                                      const CompressionStudyOptions& options);
 
 // Writes a small safetensors file (F32, BF16, F16, I64), reads it back and

@@ -24,10 +24,10 @@
 #include "checkpoint/save.h"
 #include "checkpoint/state_dict.h"
 #include "framework/config/config.h"
-#include "dist/cpu_threads.h"
-#include "dist/launch_env.h"
-#include "dist/local_launcher.h"
-#include "dist/runtime.h"
+#include "comm/cpu_threads.h"
+#include "comm/launch_env.h"
+#include "comm/local_launcher.h"
+#include "comm/runtime.h"
 #include "framework/fsdp/fully_shard.h"
 #include "framework/train/trainer.h"
 #include "models/layered_model.h"
@@ -56,7 +56,6 @@
 namespace {
 
 namespace fs = std::filesystem;
-namespace dist = framework::dist;
 using bench::Clock;
 using bench::seconds_since;
 
@@ -212,7 +211,7 @@ struct CompressionSets {
 
 struct Bench {
   Args args;
-  dist::Runtime& rt;
+  comm::Runtime& rt;
   int rank = 0;
   int world = 1;
   std::string dir;
@@ -226,16 +225,16 @@ struct Bench {
   nlohmann::json out = nlohmann::json::object();
   std::vector<std::string> notes;
   // Rank 0 serves the stores of fresh_runtime(); they outlive those runtimes.
-  std::vector<std::unique_ptr<dist::StoreServer>> fresh_stores;
+  std::vector<std::unique_ptr<comm::StoreServer>> fresh_stores;
   int fresh_count = 0;
 
-  Bench(Args a, dist::Runtime& r) : args(std::move(a)), rt(r) {
+  Bench(Args a, comm::Runtime& r) : args(std::move(a)), rt(r) {
     rank = rt.env.rank;
     world = rt.env.world_size;
     dir = args.dir;
   }
 
-  dist::Group& bench_group() { return *rt.train; }  // never used by a manager
+  comm::Group& bench_group() { return *rt.train; }  // never used by a manager
   void barrier() { bench_group().barrier(); }
   double max_over(double v) { return bench::max_over(bench_group(), v); }
   std::string path(const std::string& sub) const { return (fs::path(dir) / sub).string(); }
@@ -265,7 +264,7 @@ struct Bench {
   checkpoint::StateDict into_targets();
   void training_overhead();
   std::vector<double> trainer_step_times(const std::string& label, bool overlap_saves, int64_t steps);
-  std::unique_ptr<dist::Runtime> fresh_runtime();
+  std::unique_ptr<comm::Runtime> fresh_runtime();
   void compression();
   void train_compression_input(int64_t steps, const std::string& ck_dir);
   void read_trained_sets(const std::string& ck_dir, CompressionSets& sets);
@@ -742,25 +741,25 @@ void Bench::tiers() {
 // A runtime of its own for each Trainer: every Trainer creates its mesh
 // groups under the same names, which must not meet an earlier run's keys in
 // the rendezvous store.
-std::unique_ptr<dist::Runtime> Bench::fresh_runtime() {
+std::unique_ptr<comm::Runtime> Bench::fresh_runtime() {
   // Same on every rank, and not the job's own id.
   const std::string job_id =
       (rt.env.job_id.empty() ? std::string("ckpt_bench") : rt.env.job_id) + ".fresh" +
       std::to_string(fresh_count++);
   torch::Tensor port = torch::zeros({1}, torch::kInt64);
   if (rank == 0) {
-    fresh_stores.push_back(dist::host_tcp_store(rt.env.master_addr, 0, job_id));
+    fresh_stores.push_back(comm::host_tcp_store(rt.env.master_addr, 0, job_id));
     port[0] = fresh_stores.back()->port();
   }
   bench_group().broadcast(port, 0);
-  dist::LaunchEnv env = rt.env;
+  comm::LaunchEnv env = rt.env;
   env.master_port = static_cast<int>(port.item<int64_t>());
   env.store_hosted = true;
   env.job_id = job_id;
-  dist::DistOptions dopt;
+  comm::DistOptions dopt;
   dopt.backend = "gloo";
   dopt.timeout_s = 600;
-  return dist::init_runtime(env, dopt, "cpu");
+  return comm::init_runtime(env, dopt, "cpu");
 }
 
 std::vector<double> Bench::trainer_step_times(const std::string& label, bool overlap_saves, int64_t steps) {
@@ -864,7 +863,7 @@ bench::NamedTensors initial_weights(const std::string& config_path) {
 }
 
 // The three sets (and --input) through the study with `options`.
-nlohmann::json study_sets(const CompressionSets& sets, const std::string& input, dist::Group& solo,
+nlohmann::json study_sets(const CompressionSets& sets, const std::string& input, comm::Group& solo,
                           const bench::CompressionStudyOptions& options) {
   nlohmann::json comp = nlohmann::json::object();
   comp["trained_fp32"] = bench::run_compression_study("trained_fp32", sets.trained, true, solo, options);
@@ -1232,12 +1231,12 @@ bool try_proc_drop_caches() {
 }
 
 int run_rank(const Args& args) {
-  dist::LaunchEnv env = dist::detect_launch_env(dist::process_env());
-  dist::share_cpu_threads_among_local_ranks(env);  // LibTorch's and OpenBLAS's pools
-  dist::DistOptions dopt;
+  comm::LaunchEnv env = comm::detect_launch_env(comm::process_env());
+  comm::share_cpu_threads_among_local_ranks(env);  // LibTorch's and OpenBLAS's pools
+  comm::DistOptions dopt;
   dopt.backend = "gloo";
   dopt.timeout_s = 600;
-  auto rt = dist::init_runtime(env, dopt, "cpu");
+  auto rt = comm::init_runtime(env, dopt, "cpu");
   Bench b(args, *rt);
   if (b.rank == 0) {
     clean_dir(b.dir);
@@ -1335,14 +1334,14 @@ int main(int argc, char** argv) {
   if (device == "cuda") {
     return run_cuda(app, args);
   }
-  if (args.nproc > 1 && !framework::dist::started_by_local_launcher()) {
-    dist::LocalLaunchOptions launch;
+  if (args.nproc > 1 && !comm::started_by_local_launcher()) {
+    comm::LocalLaunchOptions launch;
     launch.nproc = args.nproc;
     launch.nodes = args.nodes;
-    launch.argv = framework::dist::argv_without_nproc(argc, argv);
-    launch.store_server = dist::host_tcp_store;
+    launch.argv = comm::argv_without_nproc(argc, argv);
+    launch.store_server = comm::host_tcp_store;
     try {
-      return dist::run_local_launcher(launch);
+      return comm::run_local_launcher(launch);
     } catch (const std::invalid_argument& e) {
       std::cerr << "ckpt_bench: " << e.what() << std::endl;
       return 2;

@@ -3,9 +3,9 @@
 
 #include "checkpoint/load.h"
 #include "checkpoint/async/manager.h"
-#include "dist/device.h"
-#include "dist/launch_env.h"
-#include "dist/runtime.h"
+#include "comm/device.h"
+#include "comm/launch_env.h"
+#include "comm/runtime.h"
 
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
@@ -27,7 +27,6 @@ namespace bench {
 namespace {
 
 namespace fs = std::filesystem;
-namespace dist = framework::dist;
 
 // The upper median (this benchmark's reports have always used it; bench::median
 // averages the middle two); 0 for none.
@@ -70,15 +69,15 @@ std::string raw_parallel_write(const std::string& file, const uint8_t* data, uin
 }
 
 // One process that serves its own rendezvous store on a free port.
-std::unique_ptr<dist::Runtime> single_process_runtime() {
-  dist::LaunchEnv env;
-  env.job_id = dist::new_job_id();
-  auto store = dist::host_tcp_store(env.master_addr, 0, env.job_id);
+std::unique_ptr<comm::Runtime> single_process_runtime() {
+  comm::LaunchEnv env;
+  env.job_id = comm::new_job_id();
+  auto store = comm::host_tcp_store(env.master_addr, 0, env.job_id);
   env.master_port = store->port();
   env.store_hosted = true;
-  dist::DistOptions dopt;
+  comm::DistOptions dopt;
   dopt.timeout_s = 600;
-  return dist::init_runtime(env, dopt, "cuda");
+  return comm::init_runtime(env, dopt, "cuda");
 }
 
 // fp32 tensors of tensor_mb (the last one takes the rest), like a model's
@@ -93,12 +92,12 @@ std::vector<torch::Tensor> make_gpu_state(const CudaBenchArgs& args, const torch
   for (int64_t left = total; left > 0; left -= per) {
     state.push_back(torch::randn({std::min(per, left)}, torch::TensorOptions().device(device)));
   }
-  dist::synchronize(device);
+  comm::synchronize(device);
   return state;
 }
 
 // Every tensor of `state` copied into `slab`, back to back.
-void copy_into(dist::HostSlab& slab, const std::vector<torch::Tensor>& state, bool non_blocking) {
+void copy_into(comm::HostSlab& slab, const std::vector<torch::Tensor>& state, bool non_blocking) {
   size_t off = 0;
   for (const auto& s : state) {
     slab.view(off, s.sizes(), s.scalar_type()).copy_(s, non_blocking);
@@ -109,14 +108,14 @@ void copy_into(dist::HostSlab& slab, const std::vector<torch::Tensor>& state, bo
 // What one run shares: the GPU state, the runtime and the results.
 struct CudaRun {
   const CudaBenchArgs& args;
-  dist::Runtime& rt;
+  comm::Runtime& rt;
   torch::Device device;
   std::string root;
   std::vector<torch::Tensor> state;
   uint64_t bytes = 0;
   nlohmann::json out;
 
-  CudaRun(const CudaBenchArgs& a, dist::Runtime& r, std::string scratch)
+  CudaRun(const CudaBenchArgs& a, comm::Runtime& r, std::string scratch)
       : args(a), rt(r), device(r.device), root(std::move(scratch)) {}
 
   checkpoint::CheckpointOptions options(const std::string& mode, const std::string& sub) const {
@@ -126,12 +125,12 @@ struct CudaRun {
 
 // 1. The bare copy of the same bytes into preallocated pinned host memory.
 void time_bare_pinned_copy(CudaRun& r) {
-  dist::HostSlab slab(r.bytes, /*pinned=*/true);
+  comm::HostSlab slab(r.bytes, /*pinned=*/true);
   std::vector<double> times;
   for (int t = 0; t <= r.args.trials; ++t) {
     auto t0 = Clock::now();
     copy_into(slab, r.state, /*non_blocking=*/true);
-    dist::synchronize(r.device);
+    comm::synchronize(r.device);
     if (t > 0) times.push_back(seconds_since(t0));  // the first run warms up
   }
   r.out["bare_pinned_copy_s"] = upper_median(times);
@@ -195,7 +194,7 @@ void time_overlap_saves(CudaRun& r) {
 // The disk's own speed for the state's bytes from a pinned buffer, through
 // the page cache and with O_DIRECT: one sample of each into `cached` and
 // `direct`, or the error in out["raw_write_errors"].
-void time_raw_writes(CudaRun& r, const dist::HostSlab& slab, std::vector<double>& cached,
+void time_raw_writes(CudaRun& r, const comm::HostSlab& slab, std::vector<double>& cached,
                      std::vector<double>& direct_times) {
   for (const bool direct : {false, true}) {
     const std::string file = r.root + (direct ? "/raw.direct" : "/raw.cached");
@@ -226,7 +225,7 @@ std::string time_sync_saves(CudaRun& r) {
   checkpoint::CheckpointManager md(cod, cod.dir, *r.rt.checkpoint, "single", checkpoint::posix_storage(po));
   md.reserve_staging(make_state_dict(r.state));
   std::vector<double> times, direct_times, raw, raw_direct;
-  dist::HostSlab slab(r.bytes, /*pinned=*/true);
+  comm::HostSlab slab(r.bytes, /*pinned=*/true);
   copy_into(slab, r.state, /*non_blocking=*/false);
   for (int t = 0; t < r.args.trials; ++t) {
     // finish() (untimed) waits for the background retention, so that
@@ -263,7 +262,7 @@ void time_load_to_gpu(CudaRun& r, const std::string& sync_dir) {
     checkpoint::StateDict sd = make_state_dict(target);
     auto s0 = Clock::now();
     m.load(sd, sync_dir);
-    dist::synchronize(r.device);
+    comm::synchronize(r.device);
     times.push_back(seconds_since(s0));
   }
   r.out["load_to_gpu_s"] = upper_median(times);
@@ -310,7 +309,7 @@ void print_table(CudaRun& r) {
 }  // namespace
 
 int run_cuda_bench(const CudaBenchArgs& args) {
-  if (!dist::cuda_available()) {
+  if (!comm::cuda_available()) {
     std::cerr << "ckpt_bench: --device cuda needs a CUDA build and a GPU (none here)" << std::endl;
     return 2;
   }

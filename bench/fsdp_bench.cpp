@@ -9,8 +9,8 @@
 // in FullyShardedModel::memory_stats). World 1 is the unsharded baseline:
 // the whole model's parameters and gradients. Target (issue): about the
 // sharded total plus the largest unit.
-#include "dist/launch_env.h"
-#include "dist/runtime.h"
+#include "comm/launch_env.h"
+#include "comm/runtime.h"
 #include "framework/dtensor/device_mesh.h"
 #include "framework/fsdp/fully_shard.h"
 #include "models/layered_model.h"
@@ -37,22 +37,22 @@ double mib(int64_t b) { return static_cast<double>(b) / 1048576.0; }
 
 Row measure(int world, const models::ModelOptions& mo) {
   // This thread serves the ranks' store, as `train --nproc` does.
-  const std::string job_id = framework::dist::new_job_id();
-  auto store = framework::dist::host_tcp_store("127.0.0.1", 0, job_id);
+  const std::string job_id = comm::new_job_id();
+  auto store = comm::host_tcp_store("127.0.0.1", 0, job_id);
   Row row;
   row.world = world;
   std::mutex mu;
   std::vector<std::thread> threads;
   for (int r = 0; r < world; ++r) {
     threads.emplace_back([&, r] {
-      framework::dist::LaunchEnv env;
+      comm::LaunchEnv env;
       env.rank = r;
       env.world_size = world;
       env.master_port = store->port();
       env.store_hosted = true;
       env.job_id = job_id;
-      framework::dist::DistOptions dopt;
-      auto rt = framework::dist::init_runtime(env, dopt, "cpu");
+      comm::DistOptions dopt;
+      auto rt = comm::init_runtime(env, dopt, "cpu");
       auto mesh = framework::dtensor::DeviceMesh::create(*rt->rendezvous, {1, world},
                                                          {"replicate", "shard"});
       std::shared_ptr<models::LayeredModelImpl> model;

@@ -204,7 +204,7 @@ def main():
     if not os.path.exists(a.llama_ref):
         sys.exit("%s not found (build the llama_ref target)" % a.llama_ref)
     if a.device == "cuda":
-        # The same cuBLAS workspace as ours (dist::use_deterministic_cuda), set
+        # The same cuBLAS workspace as ours (comm::use_deterministic_cuda), set
         # before PyTorch makes its first cuBLAS handle.
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     if a.device == "cuda" and not torch.cuda.is_available():

@@ -15,8 +15,8 @@
 //     per sample of the rank's batch.
 // Prints a table and, with --json FILE, one JSON array.
 //   build/tp_bench [--d-model 512 --layers 4 --vocab 16384 --seq-len 256 --batch 8] [--json F]
-#include "dist/launch_env.h"
-#include "dist/runtime.h"
+#include "comm/launch_env.h"
+#include "comm/runtime.h"
 #include "framework/dtensor/chunk.h"
 #include "framework/dtensor/device_mesh.h"
 #include "framework/fsdp/fully_shard.h"
@@ -57,7 +57,6 @@ int64_t bytes_of(const torch::Tensor& t) {
   return t.defined() ? t.numel() * static_cast<int64_t>(t.element_size()) : 0;
 }
 
-namespace dist = framework::dist;
 
 // What the rank threads of one layout share.
 struct Shared {
@@ -67,18 +66,18 @@ struct Shared {
 };
 
 // Rank `r` of `world` threads on the store at `port`.
-std::unique_ptr<dist::Runtime> thread_rank_runtime(int r, int world, int port, const std::string& job_id) {
-  dist::LaunchEnv env;
+std::unique_ptr<comm::Runtime> thread_rank_runtime(int r, int world, int port, const std::string& job_id) {
+  comm::LaunchEnv env;
   env.rank = r;
   env.world_size = world;
   env.master_port = port;
   env.store_hosted = true;
   env.job_id = job_id;
-  return dist::init_runtime(env, dist::DistOptions{}, "cpu");
+  return comm::init_runtime(env, comm::DistOptions{}, "cpu");
 }
 
 // {replicate 1, shard dp, tensor tp}, or {replicate 1, shard dp} without TP.
-std::shared_ptr<framework::dtensor::DeviceMesh> make_mesh(dist::Runtime& rt, const Layout& l) {
+std::shared_ptr<framework::dtensor::DeviceMesh> make_mesh(comm::Runtime& rt, const Layout& l) {
   const int64_t dp = l.world / l.tensor;
   if (l.tensor > 1) {
     return framework::dtensor::DeviceMesh::create(*rt.rendezvous, {1, dp, l.tensor},
@@ -191,8 +190,8 @@ void run_rank(int r, const Layout& l, const models::ModelOptions& mo, int64_t gl
 // One layout: its ranks as threads of this process on real Gloo groups.
 Row measure(const Layout& l, const models::ModelOptions& mo, int64_t global_batch,
             testing_support::CountingCpuAllocator& alloc) {
-  const std::string job_id = dist::new_job_id();
-  auto store = dist::host_tcp_store("127.0.0.1", 0, job_id);
+  const std::string job_id = comm::new_job_id();
+  auto store = comm::host_tcp_store("127.0.0.1", 0, job_id);
   Shared shared;
   shared.row.layout = l.name;
   shared.row.world = l.world;

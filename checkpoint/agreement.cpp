@@ -4,7 +4,7 @@
 
 namespace checkpoint {
 
-using framework::dist::Bytes;
+using comm::Bytes;
 
 Bytes tagged_ok(Bytes payload) {
   payload.insert(payload.begin(), uint8_t{1});

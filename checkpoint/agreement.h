@@ -8,25 +8,25 @@
 #include <string>
 #include <vector>
 
-#include "dist/process_group.h"
+#include "comm/process_group.h"
 
 namespace checkpoint {
 
 // A success message carrying payload.
-framework::dist::Bytes tagged_ok(framework::dist::Bytes payload);
+comm::Bytes tagged_ok(comm::Bytes payload);
 // A failure message carrying the error text.
-framework::dist::Bytes tagged_error(const std::string& message);
+comm::Bytes tagged_error(const std::string& message);
 // tagged_error(error) when error is non-empty, else tagged_ok(payload's bytes).
-framework::dist::Bytes tagged_result(const std::string& error, const std::string& payload);
+comm::Bytes tagged_result(const std::string& error, const std::string& payload);
 
 // Whether a received message reports success (an empty one does not).
-bool tagged_succeeded(const framework::dist::Bytes& message);
+bool tagged_succeeded(const comm::Bytes& message);
 // What follows the status byte: the payload or the error text ("" if empty).
-std::string tagged_text(const framework::dist::Bytes& message);
+std::string tagged_text(const comm::Bytes& message);
 
 // The failures among the all-gathered messages (index = rank), as
 // "rank 1: <error>; rank 3: <error>" ("no reply" for an empty message);
 // "" when every rank succeeded.
-std::string describe_rank_failures(const std::vector<framework::dist::Bytes>& messages);
+std::string describe_rank_failures(const std::vector<comm::Bytes>& messages);
 
 }  // namespace checkpoint

@@ -27,7 +27,7 @@ namespace checkpoint {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-using framework::dist::Bytes;
+using comm::Bytes;
 
 // The bytes of `sub` (inside the held box), contiguous. Splits along dim 0 of
 // a contiguous tensor need no copy.
@@ -354,10 +354,10 @@ uint64_t new_plan_id() {
 
 // Whether every rank may save with its cached plan: one all-reduce (MIN) of
 // [this rank fits, plan id, -plan id]; true iff all fit and all ids agree.
-bool cached_plan_agreed(framework::dist::Group& group, bool fits, uint64_t plan_id) {
+bool cached_plan_agreed(comm::Group& group, bool fits, uint64_t plan_id) {
   const int64_t id = fits ? static_cast<int64_t>(plan_id) : 0;
   at::Tensor agree = torch::tensor({int64_t{fits ? 1 : 0}, id, -id}, torch::kLong);
-  group.all_reduce(agree, framework::dist::ReduceOp::kMin);
+  group.all_reduce(agree, comm::ReduceOp::kMin);
   const int64_t* v = agree.data_ptr<int64_t>();
   return v[0] == 1 && v[1] == -v[2] && v[1] != 0;
 }
@@ -393,7 +393,7 @@ Bytes make_local_plan_blob(const StateDict& state, const std::string& step_dir, 
 // Step 2 in full: the coordinator plans from every rank's blob and scatters
 // each rank its assignments. Refills `cache` (when given); `kept` is the
 // coordinator's plan (rank 0 only).
-std::vector<WriteAssignment> plan_with_coordinator(framework::dist::Group& group, Bytes blob,
+std::vector<WriteAssignment> plan_with_coordinator(comm::Group& group, Bytes blob,
                                                    const std::string& error, uint64_t structure,
                                                    const std::string& step_dir, const SaveOptions& options,
                                                    SavePlanCache* cache,
@@ -426,7 +426,7 @@ std::vector<WriteAssignment> plan_with_coordinator(framework::dist::Group& group
 
 // Step 2: the plan, cached when every rank's structure is unchanged, else
 // from the coordinator (plan_with_coordinator).
-std::vector<WriteAssignment> agree_on_plan(framework::dist::Group& group, Bytes blob, const std::string& error,
+std::vector<WriteAssignment> agree_on_plan(comm::Group& group, Bytes blob, const std::string& error,
                                            const std::string& step_dir, const SaveOptions& options,
                                            SaveStats& stats, std::shared_ptr<const CoordinatorPlan>* kept) {
   SavePlanCache* cache = options.plan_cache.get();
@@ -496,7 +496,7 @@ void read_verdict(const Bytes& verdict, const SaveOptions& options, SaveStats& s
 }  // namespace
 
 SaveStats save_state_dict(const StateDict& state, const std::string& step_dir,
-                          framework::dist::Group& group, const SaveOptions& options) {
+                          comm::Group& group, const SaveOptions& options) {
   require_host_tensors(state, "save_state_dict");
   SaveStats stats;
   const int rank = group.rank();

@@ -21,7 +21,7 @@
 #include "checkpoint/plan/planner.h"
 #include "checkpoint/state_dict.h"
 #include "checkpoint/storage/storage.h"
-#include "dist/process_group.h"
+#include "comm/process_group.h"
 
 #include <map>
 #include <memory>
@@ -95,6 +95,6 @@ struct SaveStats {
 // change until this returns.
 // Thread safety: `group` must not be used by another thread meanwhile.
 SaveStats save_state_dict(const StateDict& state, const std::string& step_dir,
-                          framework::dist::Group& group, const SaveOptions& options);
+                          comm::Group& group, const SaveOptions& options);
 
 }  // namespace checkpoint

@@ -46,9 +46,9 @@
 //           CheckpointOptions: threads per process that encode, write, read
 //           and decode blocks.
 //
-// Process groups without the trainer (dist/runtime.h):
-//   LaunchEnv env = framework::dist::detect_launch_env(framework::dist::process_env());
-//   auto rt = framework::dist::init_runtime(env, framework::dist::DistOptions{}, "cpu");
+// Process groups without the trainer (comm/runtime.h):
+//   LaunchEnv env = comm::detect_launch_env(comm::process_env());
+//   auto rt = comm::init_runtime(env, comm::DistOptions{}, "cpu");
 //   // rt->checkpoint: a Gloo group over all ranks, for save_state_dict or a
 //   // CheckpointManager; rt->train: a second group for anything else.
 // detect_launch_env reads torchrun (RANK, WORLD_SIZE, MASTER_ADDR, ...) or
@@ -66,7 +66,7 @@
 // Errors: CheckpointError (save.h) for the save and load protocols;
 // FormatError (metadata.h), ChecksumError (chunk_io.h), IoError (storage.h)
 // and TransformError (transforms.h) name the checkpoint, item, chunk and file;
-// framework::dist::DistError for a collective that timed out or lost a peer.
+// comm::DistError for a collective that timed out or lost a peer.
 //
 // Example: examples/checkpoint_basic/main.cpp.
 
@@ -91,7 +91,7 @@
 #include "checkpoint/codec/transforms.h"
 #include "checkpoint/format/types.h"
 #include "checkpoint/interop/weights_file.h"
-#include "dist/launch_env.h"
-#include "dist/local_launcher.h"
-#include "dist/process_group.h"
-#include "dist/runtime.h"
+#include "comm/launch_env.h"
+#include "comm/local_launcher.h"
+#include "comm/process_group.h"
+#include "comm/runtime.h"

@@ -1,6 +1,6 @@
 #include "models/llama.h"
 
-#include "dist/torch_compat.h"
+#include "comm/torch_compat.h"
 #include "models/forward_hooks.h"
 
 #include <algorithm>
@@ -34,8 +34,8 @@ RMSNormImpl::RMSNormImpl(int64_t dim, double eps, bool materialize)
     : eps_(eps), weight_(register_parameter("weight", make_param({dim}, materialize))) {}
 
 torch::Tensor RMSNormImpl::forward(const torch::Tensor& x) {
-  if (fused_ && framework::dist::compat::kHasRmsNorm) {
-    return framework::dist::compat::rms_norm(x, weight_, eps_);
+  if (fused_ && comm::compat::kHasRmsNorm) {
+    return comm::compat::rms_norm(x, weight_, eps_);
   }
   torch::Tensor xf = x.to(torch::kFloat);
   xf = xf * torch::rsqrt(xf.pow(2).mean(-1, /*keepdim=*/true) + eps_);
@@ -49,7 +49,7 @@ void use_fused_kernels(torch::nn::Module& root, bool fused) {
 }
 
 std::string llama_fused_ops_description() {
-  return std::string(framework::dist::compat::kHasRmsNorm ? "rms_norm (LibTorch's op)"
+  return std::string(comm::compat::kHasRmsNorm ? "rms_norm (LibTorch's op)"
                                                           : "rms_norm composed (LibTorch < 2.4)") +
          ", cross-entropy in row chunks";
 }
@@ -194,7 +194,7 @@ torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x, const RotaryTa
     k = repeat(k);
     v = repeat(v);
   }
-  torch::Tensor out = framework::dist::compat::causal_attention(q, k, v);  // [B, H, T, hd]
+  torch::Tensor out = comm::compat::causal_attention(q, k, v);  // [B, H, T, hd]
   return o_proj_->forward(out.transpose(1, 2).reshape({batch, len, local_heads * head_dim_}));
 }
 

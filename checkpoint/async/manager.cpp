@@ -63,7 +63,7 @@ struct CheckpointManager::Job {
 };
 
 CheckpointManager::CheckpointManager(CheckpointOptions options, std::string default_dir,
-                                     framework::dist::Group& group, std::string layout,
+                                     comm::Group& group, std::string layout,
                                      std::shared_ptr<Storage> storage, ManagerHooks hooks)
     : options_(std::move(options)),
       dir_(options_.dir.empty() ? std::move(default_dir) : options_.dir),

@@ -116,7 +116,7 @@ class CheckpointManager {
   // the metadata. Every byte (saves, loads, discovery, retention) goes
   // through `storage`. REQUIRES: `group` outlives the manager.
   CheckpointManager(CheckpointOptions options, std::string default_dir,
-                    framework::dist::Group& group, std::string layout,
+                    comm::Group& group, std::string layout,
                     std::shared_ptr<Storage> storage = posix_storage(), ManagerHooks hooks = {});
   // Waits for an in-flight save; swallows its error (call finish() first).
   ~CheckpointManager();
@@ -232,7 +232,7 @@ class CheckpointManager {
 
   CheckpointOptions options_;
   std::string dir_;
-  framework::dist::Group& group_;
+  comm::Group& group_;
   std::string layout_;
   SaveMode mode_;
   std::shared_ptr<SavePlanCache> plan_cache_;  // null: checkpoint.plan_cache false

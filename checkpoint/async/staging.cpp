@@ -37,7 +37,7 @@ bool HostStaging::has_device_tensors(const StateDict& state) {
 
 bool HostStaging::matches(const StateDict& state) const {
   if (!slab_ || slots_.size() != state.tensors().size()) return false;
-  if (slab_->pinned() != (has_device_tensors(state) && framework::dist::cuda_available())) {
+  if (slab_->pinned() != (has_device_tensors(state) && comm::cuda_available())) {
     return false;
   }
   for (size_t i = 0; i < slots_.size(); ++i) {
@@ -66,22 +66,22 @@ void HostStaging::reserve(const StateDict& state) {
   }
   slab_.reset();  // free the old slab before pinning a new one
   snapshot_ = torch::Tensor();
-  slab_ = std::make_unique<framework::dist::HostSlab>(total, has_device_tensors(state));
+  slab_ = std::make_unique<comm::HostSlab>(total, has_device_tensors(state));
   for (Slot& s : slots_) s.host = slab_->view(s.offset, s.sizes, s.dtype);
 }
 
-framework::dist::CopyStream& HostStaging::stream_for(const StateDict& state) {
+comm::CopyStream& HostStaging::stream_for(const StateDict& state) {
   at::Device device = device_of(state);
   if (!stream_ || stream_->device() != device) {
     if (stream_) stream_->synchronize();
-    stream_ = std::make_unique<framework::dist::CopyStream>(device);
+    stream_ = std::make_unique<comm::CopyStream>(device);
   }
   return *stream_;
 }
 
 StateDict HostStaging::stage(const StateDict& state) {
   reserve(state);
-  framework::dist::CopyStream& stream = stream_for(state);
+  comm::CopyStream& stream = stream_for(state);
   // The copies read the state as the compute stream leaves it.
   stream.begin();
   StateDict out;
@@ -101,7 +101,7 @@ void HostStaging::wait() {
 }
 
 void HostStaging::to_device(StateDict& state, const StateDict& host) {
-  framework::dist::CopyStream& stream = stream_for(state);
+  comm::CopyStream& stream = stream_for(state);
   stream.begin();
   for (size_t i = 0; i < state.tensors().size(); ++i) {
     torch::Tensor dst = state.tensors()[i].local.detach();
@@ -122,13 +122,13 @@ bool HostStaging::snapshot_fits(const StateDict& state) const {
   if (matches(state) && snapshot_.defined()) return true;
   uint64_t need = 0;
   for (const auto& t : state.tensors()) need += align_up(tensor_bytes(t.local));
-  return framework::dist::device_free_bytes(device_of(state)) >=
+  return comm::device_free_bytes(device_of(state)) >=
          static_cast<double>(need) + kSnapshotMarginBytes;
 }
 
 StateDict HostStaging::begin_overlap(const StateDict& state, bool snapshot) {
   reserve(state);
-  framework::dist::CopyStream& stream = stream_for(state);
+  comm::CopyStream& stream = stream_for(state);
   snapshot_taken_ = snapshot;
   if (snapshot) {
     const at::Device device = device_of(state);
@@ -165,7 +165,7 @@ StateDict HostStaging::begin_overlap(const StateDict& state, bool snapshot) {
 }
 
 void HostStaging::copy_to_host(const StateDict& state) {
-  framework::dist::CopyStream& stream = *stream_;
+  comm::CopyStream& stream = *stream_;
   // One chunk in flight: enqueue, mark, wait.
   auto chunk = [&](torch::Tensor dst, const torch::Tensor& src) {
     stream.copy(dst, src);

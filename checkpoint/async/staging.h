@@ -24,7 +24,7 @@
 // optimizer may change the state at once; without one the state must stay
 // unchanged until copy_to_host() returned.
 #include "checkpoint/state_dict.h"
-#include "dist/device.h"
+#include "comm/device.h"
 
 #include <memory>
 #include <string>
@@ -83,11 +83,11 @@ class HostStaging {
     torch::Tensor host;  // view into slab_
   };
   bool matches(const StateDict& state) const;
-  framework::dist::CopyStream& stream_for(const StateDict& state);
+  comm::CopyStream& stream_for(const StateDict& state);
 
-  std::unique_ptr<framework::dist::HostSlab> slab_;
+  std::unique_ptr<comm::HostSlab> slab_;
   std::vector<Slot> slots_;
-  std::unique_ptr<framework::dist::CopyStream> stream_;
+  std::unique_ptr<comm::CopyStream> stream_;
   torch::Tensor snapshot_;  // bytes on the device, laid out as slab_; undefined: none
   bool snapshot_taken_ = false;  // the last begin_overlap() took a snapshot
 };

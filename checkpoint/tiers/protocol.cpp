@@ -21,7 +21,7 @@ namespace checkpoint {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-using framework::dist::Bytes;
+using comm::Bytes;
 
 // Piece size of file transfers between ranks (partner copies, restores).
 constexpr size_t kPieceBytes = 8 << 20;
@@ -63,7 +63,7 @@ struct TransferEnds {
 // The pieces of a transfer, both ways at once. A local failure does not stop
 // the exchange (the peer would wait for the bytes): the sender then sends
 // zeros. Returns the XXH3 of what was sent and of what was received.
-std::pair<uint64_t, uint64_t> exchange_pieces(framework::dist::Group& group, const TransferEnds& e,
+std::pair<uint64_t, uint64_t> exchange_pieces(comm::Group& group, const TransferEnds& e,
                                               WritableFile* file, TransferResult& out) {
   const bool sending = e.to >= 0, receiving = e.from >= 0;
   std::vector<uint8_t> sbuf(sending ? std::min<uint64_t>(e.send_n, kPieceBytes) : 0);
@@ -135,7 +135,7 @@ void finish_receive(const TransferEnds& e, const Bytes& trailer_in, std::unique_
 // it read, and expect_xxh3 when given). A local failure does not stop the
 // exchange: the sender says so in the trailer. Throws only DistError (the
 // group is broken then).
-TransferResult transfer_file(framework::dist::Group& group, const TransferEnds& e) {
+TransferResult transfer_file(comm::Group& group, const TransferEnds& e) {
   TransferResult out;
   const bool sending = e.to >= 0, receiving = e.from >= 0;
   std::unique_ptr<WritableFile> file;
@@ -182,7 +182,7 @@ uint64_t copy_file(Storage& src, const std::string& from, Storage& dst, const st
 }
 
 // Every rank's message, or throws CheckpointError(prefix + the failures).
-std::vector<Bytes> agree(framework::dist::Group& group, const std::string& error,
+std::vector<Bytes> agree(comm::Group& group, const std::string& error,
                          const Bytes& payload, const std::string& prefix) {
   std::vector<Bytes> all =
       group.all_gather_bytes(error.empty() ? tagged_ok(payload) : tagged_error(error));
@@ -194,7 +194,7 @@ std::vector<Bytes> agree(framework::dist::Group& group, const std::string& error
 }  // namespace
 
 TierProtocol::TierProtocol(const CheckpointOptions& options, std::string durable_dir,
-                           std::shared_ptr<Storage> durable, framework::dist::Group& group, int node,
+                           std::shared_ptr<Storage> durable, comm::Group& group, int node,
                            std::shared_ptr<Storage> local)
     : options_(options),
       dir_(std::move(durable_dir)),

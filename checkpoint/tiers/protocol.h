@@ -20,7 +20,7 @@
 #include "checkpoint/state_dict.h"
 #include "checkpoint/storage/storage.h"
 #include "checkpoint/tiers/local_tier.h"
-#include "dist/process_group.h"
+#include "comm/process_group.h"
 
 #include <chrono>
 #include <cstdint>
@@ -64,7 +64,7 @@ class TierProtocol {
   // options.local.dir for `node` on `local`. REQUIRES: `group` (the
   // checkpoint group) outlives the protocol.
   TierProtocol(const CheckpointOptions& options, std::string durable_dir,
-               std::shared_ptr<Storage> durable, framework::dist::Group& group, int node,
+               std::shared_ptr<Storage> durable, comm::Group& group, int node,
                std::shared_ptr<Storage> local);
 
   // This rank's node's local tier directory, and its step_<N> there.
@@ -124,17 +124,17 @@ class TierProtocol {
   void apply_retention_of_both(TierSave& save);
   std::vector<uint8_t> broadcast_local_metadata(const std::string& step_path, const ResumeCandidate& c,
                                                 const std::string& what);
-  framework::dist::Bytes files_missing(const StateDict& state, const std::vector<uint8_t>& metadata,
+  comm::Bytes files_missing(const StateDict& state, const std::vector<uint8_t>& metadata,
                             const std::string& step_path, const ResumeCandidate& c);
-  std::string plan_moves(const std::vector<framework::dist::Bytes>& wants, const ResumeCandidate& c);
-  std::vector<Move> agree_moves(const std::vector<framework::dist::Bytes>& wants, const ResumeCandidate& c,
+  std::string plan_moves(const std::vector<comm::Bytes>& wants, const ResumeCandidate& c);
+  std::vector<Move> agree_moves(const std::vector<comm::Bytes>& wants, const ResumeCandidate& c,
                                 const std::string& what);
   std::string run_moves(const std::vector<Move>& moves, const std::string& step_path);
 
   CheckpointOptions options_;
   std::string dir_;
   std::shared_ptr<Storage> storage_;
-  framework::dist::Group& group_;
+  comm::Group& group_;
   int node_;
   std::string local_dir_;
   std::shared_ptr<Storage> local_storage_;

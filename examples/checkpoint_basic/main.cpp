@@ -15,7 +15,7 @@
 // and verifies both. Prints "checkpoint_basic: OK" when every rank got back
 // what was saved.
 #include "checkpoint/shardkit_checkpoint.h"
-#include "dist/self_launch.h"
+#include "comm/self_launch.h"
 
 #include <torch/torch.h>
 
@@ -31,7 +31,7 @@
 #include <vector>
 
 namespace ck = checkpoint;
-namespace fd = framework::dist;
+namespace fd = comm;
 
 namespace {
 

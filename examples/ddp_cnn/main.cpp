@@ -18,10 +18,10 @@
 
 #include "framework/config/config.h"
 #include "framework/data/dataset.h"
-#include "dist/launch_env.h"
-#include "dist/local_launcher.h"
-#include "dist/runtime.h"
-#include "dist/self_launch.h"
+#include "comm/launch_env.h"
+#include "comm/local_launcher.h"
+#include "comm/runtime.h"
+#include "comm/self_launch.h"
 #include "framework/train/trainer.h"
 
 #include <torch/torch.h>
@@ -33,7 +33,7 @@
 #include <stdexcept>
 #include <string>
 
-namespace fd = framework::dist;
+namespace fd = comm;
 namespace ft = framework::train;
 
 namespace {

@@ -16,10 +16,10 @@
 //      that they are this rank's part of the full parameters.
 // Prints "train_basic: OK" when every rank agrees.
 #include "framework/config/config.h"
-#include "dist/launch_env.h"
-#include "dist/local_launcher.h"
-#include "dist/runtime.h"
-#include "dist/self_launch.h"
+#include "comm/launch_env.h"
+#include "comm/local_launcher.h"
+#include "comm/runtime.h"
+#include "comm/self_launch.h"
 #include "framework/train/state_dict.h"
 #include "framework/train/trainer.h"
 
@@ -32,7 +32,7 @@
 #include <stdexcept>
 #include <string>
 
-namespace fd = framework::dist;
+namespace fd = comm;
 namespace ft = framework::train;
 
 namespace {

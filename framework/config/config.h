@@ -19,7 +19,7 @@
 
 #include "checkpoint/options.h"
 #include "framework/data/options.h"
-#include "dist/options.h"
+#include "comm/options.h"
 #include "framework/fsdp/options.h"
 #include "framework/optim/options.h"
 #include "framework/config/train_options.h"
@@ -35,7 +35,7 @@ struct Config {
   framework::data::DataOptions data;
   framework::optim::OptimOptions optim;
   framework::fsdp::ParallelOptions parallel;
-  framework::dist::DistOptions dist;
+  comm::DistOptions dist;
   checkpoint::CheckpointOptions checkpoint;
 };
 

@@ -14,7 +14,7 @@ struct RunOptions {
   std::string dir = "runs/default";  // metrics.jsonl, config.yaml, checkpoints
   int64_t seed = 1234;
   // glibc malloc: "keep" keeps freed host memory for reuse (fixed mmap and
-  // trim thresholds, dist/host_malloc.h); "default": glibc's own.
+  // trim thresholds, comm/host_malloc.h); "default": glibc's own.
   std::string host_malloc = "keep";
 };
 

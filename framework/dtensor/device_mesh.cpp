@@ -31,7 +31,7 @@ int64_t DeviceMesh::rank_of(const std::vector<int64_t>& coordinates,
   return rank;
 }
 
-std::shared_ptr<DeviceMesh> DeviceMesh::create(framework::dist::Rendezvous& rv,
+std::shared_ptr<DeviceMesh> DeviceMesh::create(comm::Rendezvous& rv,
                                                std::vector<int64_t> shape,
                                                std::vector<std::string> axis_names,
                                                const std::string& name, int channels) {
@@ -91,7 +91,7 @@ std::shared_ptr<DeviceMesh> DeviceMesh::create(framework::dist::Rendezvous& rv,
 
 std::shared_ptr<DeviceMesh> DeviceMesh::from_groups(
     std::vector<int64_t> shape, std::vector<std::string> axis_names,
-    std::vector<std::shared_ptr<framework::dist::Group>> groups, const std::string& name) {
+    std::vector<std::shared_ptr<comm::Group>> groups, const std::string& name) {
   if (shape.size() != axis_names.size() || shape.size() != groups.size() || shape.empty()) {
     throw std::invalid_argument("DeviceMesh::from_groups('" + name +
                                 "'): shape, axis_names and groups differ in length");
@@ -162,14 +162,14 @@ int64_t DeviceMesh::coordinate(int axis) const {
   return coordinates_[axis];
 }
 
-framework::dist::Group& DeviceMesh::group(int axis) {
+comm::Group& DeviceMesh::group(int axis) {
   check_axis(axis);
   TORCH_CHECK(groups_[axis] != nullptr, "DeviceMesh '", name_, "': axis '", axis_names_[axis],
               "' has no group (extent 1, made by from_groups)");
   return *groups_[axis];
 }
 
-framework::dist::Group& DeviceMesh::group(int axis, int channel) {
+comm::Group& DeviceMesh::group(int axis, int channel) {
   check_axis(axis);
   TORCH_CHECK(channel >= 0, "DeviceMesh '", name_, "': channel ", channel, " is negative");
   const auto& extra = extra_[axis];

@@ -6,10 +6,10 @@
 // ranks sharing r.
 //
 // Call sequence: (all ranks, same order) DeviceMesh::create. Afterwards each
-// axis group is an ordinary framework::dist::Group: its members must call
+// axis group is an ordinary comm::Group: its members must call
 // collectives in the same order, from one thread at a time.
-#include "dist/process_group.h"
-#include "dist/runtime.h"
+#include "comm/process_group.h"
+#include "comm/runtime.h"
 
 #include <cstdint>
 #include <memory>
@@ -35,12 +35,12 @@ class DeviceMesh {
   // extra channel costs, per rank and axis of extent E: Gloo, E - 1 more
   // connections and the group's 2 worker threads; NCCL, one more
   // communicator (and stream) with its own buffers.
-  static std::shared_ptr<DeviceMesh> create(framework::dist::Rendezvous& rv,
+  static std::shared_ptr<DeviceMesh> create(comm::Rendezvous& rv,
                                             std::vector<int64_t> shape,
                                             std::vector<std::string> axis_names,
                                             const std::string& name = "mesh", int channels = 1);
 
-  // A mesh over groups the caller already has (e.g. dist::wrap_c10d_backend
+  // A mesh over groups the caller already has (e.g. comm::wrap_c10d_backend
   // of their own c10d backends): groups[axis] is this rank's group along
   // that axis, its size the axis's extent and its rank this rank's
   // coordinate. An axis of extent 1 may pass nullptr (no collective runs on
@@ -48,7 +48,7 @@ class DeviceMesh {
   // not fit the shape.
   static std::shared_ptr<DeviceMesh> from_groups(
       std::vector<int64_t> shape, std::vector<std::string> axis_names,
-      std::vector<std::shared_ptr<framework::dist::Group>> groups, const std::string& name = "mesh");
+      std::vector<std::shared_ptr<comm::Group>> groups, const std::string& name = "mesh");
 
   // The same ranks and groups with the axes in `order` (a permutation of
   // 0..ndim-1): axis i of the view is axis order[i] of this mesh. Placements
@@ -75,11 +75,11 @@ class DeviceMesh {
   // This rank's group along `axis`: size() == size(axis), rank() ==
   // coordinate(axis). The mesh owns it; it lives as long as the mesh.
   // Throws for an extent-1 axis made by from_groups without a group.
-  framework::dist::Group& group(int axis);
+  comm::Group& group(int axis);
   // Channel `channel` of `axis` (see create): group(axis) for channel 0, for
   // an axis of extent 1, and on a mesh made with fewer channels (channel
   // modulo the count), so callers may always name the channel they want.
-  framework::dist::Group& group(int axis, int channel);
+  comm::Group& group(int axis, int channel);
   int channels() const { return channels_; }
   // The axis called `name`; TORCH_CHECK names it when unknown.
   int axis_index(const std::string& name) const;
@@ -99,9 +99,9 @@ class DeviceMesh {
   std::vector<int64_t> shape_;
   std::vector<std::string> axis_names_;
   std::vector<int64_t> coordinates_;
-  std::vector<std::shared_ptr<framework::dist::Group>> groups_;  // one per axis
+  std::vector<std::shared_ptr<comm::Group>> groups_;  // one per axis
   // extra_[axis][c - 1]: channel c of the axis (empty for extent 1).
-  std::vector<std::vector<std::shared_ptr<framework::dist::Group>>> extra_;
+  std::vector<std::vector<std::shared_ptr<comm::Group>>> extra_;
   int channels_ = 1;
   int global_rank_ = 0;
   int world_size_ = 1;

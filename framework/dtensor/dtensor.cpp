@@ -70,7 +70,7 @@ at::Tensor as_bits(const at::Tensor& t) {
 // the shards held along `group`. Shards are padded to the chunk capacity so
 // every member sends the same number of elements; since shard i starts at
 // i*capacity, the first parent_size gathered rows are the rebuilt dim.
-at::Tensor gather_along(const at::Tensor& local, framework::dist::Group& group, int64_t dim,
+at::Tensor gather_along(const at::Tensor& local, comm::Group& group, int64_t dim,
                         int64_t parent_size) {
   const int64_t capacity = chunk_capacity(parent_size, group.size());
   at::Tensor front = local.movedim(dim, 0);

@@ -55,7 +55,7 @@ constexpr int kReduceChannel = 1;
 constexpr size_t kNotInOrder = static_cast<size_t>(-1);
 
 // work.wait(), adding the seconds it blocked to `total`.
-void timed_wait(dist::Work& work, double& total) {
+void timed_wait(comm::Work& work, double& total) {
   if (!work.pending()) return;
   const auto t0 = std::chrono::steady_clock::now();
   try {
@@ -115,7 +115,7 @@ struct FullyShardedModel::Unit {
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators;  // kept alive
   // An all-gather issued ahead (prefetch): one per bucket, into gather_recv.
   bool gathering = false;
-  std::vector<dist::Work> gather_work;
+  std::vector<comm::Work> gather_work;
   std::vector<torch::Tensor> gather_recv;
 };
 
@@ -124,10 +124,10 @@ struct FullyShardedModel::ReducePart {
   size_t bucket = 0;
   torch::Tensor send;   // the reduce-scatter's input (FSDP, HSDP), reduce_dtype
   torch::Tensor mine;   // its output: this rank's rows, reduce_dtype
-  dist::Work rs;
+  comm::Work rs;
   torch::Tensor grads;  // this backward's gradients of this rank, in the shards' dtype
   torch::Tensor wire;   // the replicate axis's all-reduce (DDP, HSDP), reduce_dtype
-  dist::Work ar;
+  comm::Work ar;
   bool sync = true;     // the backward that made it synced (set_requires_gradient_sync)
   bool parked = false;  // left in the bucket's unsynced sum
 };
@@ -696,7 +696,7 @@ void FullyShardedModel::finish_gather(Unit& unit) {
   RECORD_USER_SCOPE("shardkit::fsdp_gather");
   torch::NoGradGuard no_grad;
   const int64_t shards = mesh_->size(shard_axis_);
-  std::vector<dist::Work> work = std::move(unit.gather_work);
+  std::vector<comm::Work> work = std::move(unit.gather_work);
   std::vector<torch::Tensor> recv = std::move(unit.gather_recv);
   unit.gather_work.clear();
   unit.gather_recv.clear();

@@ -35,7 +35,7 @@
 // forward's order; in backward, the reverse) are in flight, and a unit's
 // gradient reduction stays in flight while the next unit's backward runs
 // (at most N; all are done by finish_backward). Collectives run through
-// dist::Group's async forms: reduce-scatters and all-reduces on the mesh's
+// comm::Group's async forms: reduce-scatters and all-reduces on the mesh's
 // channel 1, all-gathers on channel 0 (DeviceMesh::create's `channels`; one
 // group serves both on a mesh with one channel). Results are bit-identical
 // to N = 0, where each collective is waited for where it is issued.

@@ -1,4 +1,4 @@
-#include "dist/torch_compat.h"
+#include "comm/torch_compat.h"
 #include "framework/optim/lr_schedule.h"
 #include "framework/optim/sharded_adamw.h"
 
@@ -30,7 +30,7 @@ const char* adamw_impl_name(AdamWImpl impl) {
 }
 
 bool adamw_impl_available(AdamWImpl impl) {
-  return impl != AdamWImpl::kFused || dist::compat::kHasFusedAdamW;
+  return impl != AdamWImpl::kFused || comm::compat::kHasFusedAdamW;
 }
 
 AdamWImpl resolve_adamw_impl(const std::string& name, const torch::Device& device) {
@@ -43,8 +43,8 @@ AdamWImpl resolve_adamw_impl(const std::string& name, const torch::Device& devic
     if (!adamw_impl_available(impl)) {
       throw std::invalid_argument("train.optimizer_impl: " + name +
                                   " needs LibTorch 2.4 or later (_fused_adamw_); this build has " +
-                                  std::to_string(dist::compat::kTorchMajor) + "." +
-                                  std::to_string(dist::compat::kTorchMinor) +
+                                  std::to_string(comm::compat::kTorchMajor) + "." +
+                                  std::to_string(comm::compat::kTorchMinor) +
                                   ": use foreach, for_loop or auto");
     }
     return impl;
@@ -92,7 +92,7 @@ torch::optim::AdamWParamState& ShardedAdamW::state_for_update(size_t index) {
   state->exp_avg(torch::zeros_like(p, torch::MemoryFormat::Preserve));
   state->exp_avg_sq(torch::zeros_like(p, torch::MemoryFormat::Preserve));
   auto* raw = state.get();
-  adamw_->state()[dist::compat::optimizer_state_key(p)] = std::move(state);
+  adamw_->state()[comm::compat::optimizer_state_key(p)] = std::move(state);
   return *raw;
 }
 
@@ -138,13 +138,13 @@ void ShardedAdamW::step_multi_tensor(double lr) {
   for (Group& grp : groups) {
     if (impl_ == AdamWImpl::kFused) {
       at::_foreach_add_(grp.steps, 1);
-      dist::compat::fused_adamw_(grp.params, grp.grads, grp.exp_avgs, grp.exp_avg_sqs, grp.steps, lr,
+      comm::compat::fused_adamw_(grp.params, grp.grads, grp.exp_avgs, grp.exp_avg_sqs, grp.steps, lr,
                                  beta1, beta2, options_.weight_decay, options_.eps);
       continue;
     }
     // torch.optim.AdamW(foreach=True), capturable=False, step for step.
     if (options_.weight_decay != 0) at::_foreach_mul_(grp.params, 1.0 - lr * options_.weight_decay);
-    dist::compat::foreach_moving_average_(grp.exp_avgs, grp.grads, beta1);
+    comm::compat::foreach_moving_average_(grp.exp_avgs, grp.grads, beta1);
     at::_foreach_mul_(grp.exp_avg_sqs, beta2);
     at::_foreach_addcmul_(grp.exp_avg_sqs, grp.grads, grp.grads, 1.0 - beta2);
     std::vector<at::Scalar> step_sizes, bias_correction2_sqrt;
@@ -165,7 +165,7 @@ void ShardedAdamW::step_multi_tensor(double lr) {
 
 torch::optim::AdamWParamState* ShardedAdamW::find_state(size_t index) {
   auto& states = adamw_->state();
-  auto it = states.find(dist::compat::optimizer_state_key(params_.at(index)));
+  auto it = states.find(comm::compat::optimizer_state_key(params_.at(index)));
   if (it == states.end()) return nullptr;
   return static_cast<torch::optim::AdamWParamState*>(it->second.get());
 }
@@ -190,7 +190,7 @@ void ShardedAdamW::set_state(size_t index, int64_t step, const torch::Tensor& ex
   state->step(step);
   state->exp_avg(exp_avg.detach().clone().to(p.dtype()));
   state->exp_avg_sq(exp_avg_sq.detach().clone().to(p.dtype()));
-  adamw_->state()[dist::compat::optimizer_state_key(p)] = std::move(state);
+  adamw_->state()[comm::compat::optimizer_state_key(p)] = std::move(state);
   step_tensors_.at(index) = torch::Tensor();
 }
 

@@ -17,15 +17,15 @@ using torch::autograd::variable_list;
 
 namespace {
 
-dist::Group& group_of(AutogradContext* ctx) {
-  return *reinterpret_cast<dist::Group*>(ctx->saved_data["group"].toInt());
+comm::Group& group_of(AutogradContext* ctx) {
+  return *reinterpret_cast<comm::Group*>(ctx->saved_data["group"].toInt());
 }
 
-void remember_group(AutogradContext* ctx, dist::Group& group) {
+void remember_group(AutogradContext* ctx, comm::Group& group) {
   ctx->saved_data["group"] = reinterpret_cast<int64_t>(&group);
 }
 
-torch::Tensor all_reduced(const torch::Tensor& t, dist::Group& group) {
+torch::Tensor all_reduced(const torch::Tensor& t, comm::Group& group) {
   torch::Tensor out = t.contiguous().clone();
   group.all_reduce(out);
   return out;
@@ -34,7 +34,7 @@ torch::Tensor all_reduced(const torch::Tensor& t, dist::Group& group) {
 // Forward: the input as it is; backward: the gradient summed over the TP
 // group (Megatron's "f", in front of a column-parallel projection).
 struct CopyToTensorParallel : torch::autograd::Function<CopyToTensorParallel> {
-  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, dist::Group* group) {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, comm::Group* group) {
     remember_group(ctx, *group);
     return x;
   }
@@ -46,7 +46,7 @@ struct CopyToTensorParallel : torch::autograd::Function<CopyToTensorParallel> {
 // Forward: the partial results summed over the TP group; backward: the
 // gradient as it is (Megatron's "g", behind a row-parallel projection).
 struct ReduceFromTensorParallel : torch::autograd::Function<ReduceFromTensorParallel> {
-  static torch::Tensor forward(AutogradContext*, const torch::Tensor& x, dist::Group* group) {
+  static torch::Tensor forward(AutogradContext*, const torch::Tensor& x, comm::Group* group) {
     return all_reduced(x, *group);
   }
   static variable_list backward(AutogradContext*, variable_list grad) {
@@ -57,7 +57,7 @@ struct ReduceFromTensorParallel : torch::autograd::Function<ReduceFromTensorPara
 // Forward: the whole last dim, gathered by the chunk rule; backward: this
 // rank's slice of the gradient.
 struct GatherLastDim : torch::autograd::Function<GatherLastDim> {
-  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, dist::Group* group,
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, comm::Group* group,
                                int64_t full) {
     const int64_t parts = group->size();
     const int64_t cap = dtensor::chunk_capacity(full, parts);
@@ -93,12 +93,12 @@ struct GatherLastDim : torch::autograd::Function<GatherLastDim> {
 struct VocabParallelCrossEntropy : torch::autograd::Function<VocabParallelCrossEntropy> {
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& logits,
                                const torch::Tensor& targets, int64_t vocab_offset,
-                               dist::Group* group, int64_t ignore_index) {
+                               comm::Group* group, int64_t ignore_index) {
     const int64_t local_vocab = logits.size(1);
     torch::Tensor max = logits.numel() > 0 ? std::get<0>(logits.max(1))
                                            : torch::full({logits.size(0)}, -INFINITY, logits.options());
     max = max.contiguous();
-    group->all_reduce(max, dist::ReduceOp::kMax);
+    group->all_reduce(max, comm::ReduceOp::kMax);
     torch::Tensor shifted = logits - max.unsqueeze(1);
     torch::Tensor exp = shifted.exp();
     torch::Tensor sum_exp = exp.sum(1).contiguous();
@@ -194,7 +194,7 @@ namespace {
 // lives as long as the hook.
 models::ForwardHook make_tp_hook(const PlanEntry& entry, bool embedding, dtensor::Span span,
                                  int64_t rows, std::shared_ptr<dtensor::DeviceMesh> mesh,
-                                 dist::Group* group) {
+                                 comm::Group* group) {
   if (entry.style == Style::kColwise) {
     const bool gather = entry.gather_output;
     return [mesh, group, gather, rows](const torch::Tensor& x, const models::ModuleFn& inner) {
@@ -221,7 +221,7 @@ models::ForwardHook make_tp_hook(const PlanEntry& entry, bool embedding, dtensor
 // std::invalid_argument naming entry and module when `m` cannot be split.
 void split_module(torch::nn::Module& m, const std::string& name, const PlanEntry& entry,
                   const std::string& what, const std::shared_ptr<dtensor::DeviceMesh>& mesh,
-                  dist::Group* group, TensorParallelLayout& layout) {
+                  comm::Group* group, TensorParallelLayout& layout) {
   if (dynamic_cast<torch::nn::LinearImpl*>(&m) != nullptr ||
       dynamic_cast<torch::nn::EmbeddingImpl*>(&m) != nullptr) {
     throw std::invalid_argument(what + ": module '" + name +
@@ -265,7 +265,7 @@ TensorParallelLayout parallelize_module(torch::nn::Module& module,
   TensorParallelLayout layout;
   layout.size = mesh->size(axis);
   layout.rank = mesh->coordinate(axis);
-  dist::Group* group = layout.size > 1 ? &mesh->group(axis) : nullptr;
+  comm::Group* group = layout.size > 1 ? &mesh->group(axis) : nullptr;
   for (const auto& item : module.named_parameters()) {
     layout.params[item.key()] = {-1, item.value().sizes().vec()};
   }
@@ -321,7 +321,7 @@ FullInit sharded_init(const TensorParallelLayout& layout, FullInit full_init) {
 }
 
 torch::Tensor vocab_parallel_cross_entropy(const torch::Tensor& logits, const torch::Tensor& targets,
-                                           int64_t vocab_offset, dist::Group& group,
+                                           int64_t vocab_offset, comm::Group& group,
                                            int64_t ignore_index) {
   TORCH_CHECK(logits.dim() == 2 && targets.dim() == 1 && logits.size(0) == targets.size(0),
               "vocab_parallel_cross_entropy: logits [N, V_local] and targets [N], got ",
@@ -329,7 +329,7 @@ torch::Tensor vocab_parallel_cross_entropy(const torch::Tensor& logits, const to
   return VocabParallelCrossEntropy::apply(logits, targets, vocab_offset, &group, ignore_index);
 }
 
-torch::Tensor gather_last_dim(const torch::Tensor& local, dist::Group& group, int64_t full) {
+torch::Tensor gather_last_dim(const torch::Tensor& local, comm::Group& group, int64_t full) {
   return GatherLastDim::apply(local, &group, full);
 }
 

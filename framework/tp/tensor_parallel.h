@@ -31,7 +31,7 @@
 //
 // Thread safety: parallelize_module from the thread that owns the mesh,
 // before any forward; the forwards then communicate over the mesh's tensor
-// group, with the rules of every dist::Group (all its members call them in
+// group, with the rules of every comm::Group (all its members call them in
 // the same order).
 #include "framework/dtensor/device_mesh.h"
 #include "framework/fsdp/options.h"
@@ -101,13 +101,13 @@ torch::Tensor local_part(const TensorParallelLayout& layout, const std::string& 
 // fp32. Three all-reduces of N values each (max, sum of exps, target
 // logit) in forward, none in backward.
 torch::Tensor vocab_parallel_cross_entropy(const torch::Tensor& logits, const torch::Tensor& targets,
-                                           int64_t vocab_offset, dist::Group& group,
+                                           int64_t vocab_offset, comm::Group& group,
                                            int64_t ignore_index);
 
 // The whole of `local`'s last dim, split over `group` by the chunk rule into
 // `full` columns (e.g. the logits of a colwise output projection, for
 // sampling). Differentiable: the gradient of each rank's slice goes back.
-torch::Tensor gather_last_dim(const torch::Tensor& local, dist::Group& group, int64_t full);
+torch::Tensor gather_last_dim(const torch::Tensor& local, comm::Group& group, int64_t full);
 
 // The built-in llama's plan (torchtitan's): embed_tokens rowwise (by
 // vocabulary), q/k/v and gate/up colwise, o and down rowwise, lm_head

@@ -1,7 +1,7 @@
 #include "framework/train/metrics_log.h"
 
 #include "checkpoint/timing.h"
-#include "dist/runtime.h"
+#include "comm/runtime.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -72,7 +72,7 @@ void MetricsLog::start(const RunStart& s) {
                       {"params", s.params},
                       {"memory_estimate_mib",
                        s.memory_estimate_mib ? nlohmann::json(*s.memory_estimate_mib) : nlohmann::json()},
-                      {"libtorch", dist::torch_version()}};
+                      {"libtorch", comm::torch_version()}};
   if (s.resumed_from) {
     j["resumed_step"] = s.resumed.step;
     j["saved_world"] = s.resumed.saved_world_size;

@@ -9,10 +9,10 @@
 #include "checkpoint/load.h"
 #include "checkpoint/layout/checkpoint_dir.h"
 #include "checkpoint/tiers/local_tier.h"
-#include "dist/launch_env.h"
+#include "comm/launch_env.h"
 #include "framework/tokenizer/tokenizer.h"
 #include "framework/data/dataset.h"
-#include "dist/device.h"
+#include "comm/device.h"
 #include "framework/fsdp/fully_shard.h"
 #include "framework/optim/sharded_adamw.h"
 #include "models/layered_model.h"
@@ -166,7 +166,7 @@ void check_init_from(const config::Config& cfg) {
 void check_memory(const config::Config& cfg, const MemoryEstimate& m, int local_ranks) {
   if (cfg.train.device == "cuda") {
     // Everything but the host staging lives on the rank's GPU.
-    const double device_bytes = dist::cuda_device_total_bytes(0);
+    const double device_bytes = comm::cuda_device_total_bytes(0);
     const double need = m.total() - m.staging;
     if (device_bytes > 0 && need > device_bytes) {
       std::ostringstream msg;
@@ -269,7 +269,7 @@ std::vector<std::string> auto_resume_candidates(const config::Config& cfg,
     const std::string pattern = config::local_tier_pattern(cfg);
     int node = 0;
     try {
-      node = dist::detect_launch_env(dist::process_env()).node;
+      node = comm::detect_launch_env(comm::process_env()).node;
     } catch (const std::exception&) {
       // The rank reports a malformed environment itself.
     }

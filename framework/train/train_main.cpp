@@ -1,9 +1,9 @@
-#include "dist/device.h"
+#include "comm/device.h"
 #include "framework/config/config.h"
-#include "dist/cpu_threads.h"
-#include "dist/launch_env.h"
-#include "dist/local_launcher.h"
-#include "dist/runtime.h"
+#include "comm/cpu_threads.h"
+#include "comm/launch_env.h"
+#include "comm/local_launcher.h"
+#include "comm/runtime.h"
 #include "framework/fsdp/fully_shard.h"
 #include "framework/data/token_dataset.h"
 #include "framework/train/preflight.h"
@@ -118,12 +118,12 @@ int run_preflight(const framework::config::Config& cfg, int world, int local_ran
 // train --dry-run: the model's size and the memory estimate per rank for
 // the job's world, from the config alone (nothing is allocated, no rank
 // starts). The world: --nproc, else the launcher's (WORLD_SIZE, as a rank
-// reads it: dist/launch_env.h), else 1.
+// reads it: comm/launch_env.h), else 1.
 int dry_run(const framework::config::Config& cfg, int nproc) {
   int world = nproc;
   if (world <= 0) {
     try {
-      world = framework::dist::detect_launch_env(framework::dist::process_env()).world_size;
+      world = comm::detect_launch_env(comm::process_env()).world_size;
     } catch (const std::invalid_argument& e) {
       std::cerr << "train: " << e.what() << std::endl;
       return 2;
@@ -162,17 +162,17 @@ int dry_run(const framework::config::Config& cfg, int nproc) {
 // This rank's place in the job (env), its device, and whether the config's
 // parallel layout fits the world. Returns 0, or 2 (a user mistake, printed).
 int place_rank(const Args& args, const framework::config::Config& cfg,
-               framework::dist::LaunchEnv& env) {
-  namespace dist = framework::dist;
+               comm::LaunchEnv& env) {
+  namespace dist = comm;
   try {
-    env = dist::detect_launch_env(dist::process_env(), cfg.dist.master_addr, cfg.dist.master_port);
+    env = comm::detect_launch_env(comm::process_env(), cfg.dist.master_addr, cfg.dist.master_port);
   } catch (const std::invalid_argument& e) {
     std::cerr << "train: " << e.what() << std::endl;
     return 2;
   }
   try {
     // LOCAL_RANK picks the GPU; refused as a config error when there is none.
-    dist::select_device(cfg.train.device, env.local_rank);
+    comm::select_device(cfg.train.device, env.local_rank);
   } catch (const std::invalid_argument& e) {
     std::cerr << "train: " << args.config_path << ": " << e.what() << std::endl;
     return 2;
@@ -191,7 +191,7 @@ int place_rank(const Args& args, const framework::config::Config& cfg,
 // (rank 0; each node's first rank its local tier) into `locks`, and the
 // preflight. Returns 0, or the exit status (2: a user mistake).
 int check_and_lock_unlaunched(const framework::config::Config& cfg,
-                              const framework::dist::LaunchEnv& env, bool speak,
+                              const comm::LaunchEnv& env, bool speak,
                               std::vector<std::unique_ptr<RunDirLock>>& locks) {
   try {
     check_directories(cfg);
@@ -226,17 +226,17 @@ int check_and_lock_unlaunched(const framework::config::Config& cfg,
 }
 
 int run_rank(const Args& args, const framework::config::Config& cfg, const TrainerHooks& hooks) {
-  namespace dist = framework::dist;
-  dist::LaunchEnv env;
+  namespace dist = comm;
+  comm::LaunchEnv env;
   if (const int status = place_rank(args, cfg, env); status != 0) return status;
   // Like torchrun's OMP_NUM_THREADS: ranks on one machine share its cores.
   // Sizes OpenBLAS's pool too: it would otherwise take every core per rank.
-  dist::share_cpu_threads_among_local_ranks(env);
+  comm::share_cpu_threads_among_local_ranks(env);
   std::signal(SIGTERM, on_stop_signal);
   std::signal(SIGINT, on_stop_signal);
   // Ranks the local launcher started run under its lock; otherwise rank 0
   // takes it (torchrun, SLURM, a single process).
-  const bool launched = dist::started_by_local_launcher();
+  const bool launched = comm::started_by_local_launcher();
   // A rank's output goes through its launcher. If the launcher dies (SIGKILL),
   // the rank gets SIGTERM to save and exit, and must not die of SIGPIPE at
   // its next log line: output to a dead launcher is dropped instead.
@@ -252,7 +252,7 @@ int run_rank(const Args& args, const framework::config::Config& cfg, const Train
     if (const int status = check_and_lock_unlaunched(cfg, env, speak, locks); status != 0) return status;
   }
   try {
-    auto runtime = dist::init_runtime(env, cfg.dist, cfg.train.device);
+    auto runtime = comm::init_runtime(env, cfg.dist, cfg.train.device);
     framework::train::Trainer trainer(cfg, *runtime, hooks);
     return trainer.run();
   } catch (const std::exception& e) {
@@ -306,11 +306,11 @@ int parse_command_line(int argc, char** argv, Args& args) {
 // then starts the ranks and returns their status.
 int launch_local_ranks(int argc, char** argv, const Args& args, const LaunchShape& shape,
                        const framework::config::Config& cfg) {
-  framework::dist::LocalLaunchOptions launch;
+  comm::LocalLaunchOptions launch;
   launch.nproc = shape.nproc;
   launch.nodes = shape.nodes;
-  launch.argv = framework::dist::argv_without_nproc(argc, argv);
-  launch.store_server = framework::dist::host_tcp_store;
+  launch.argv = comm::argv_without_nproc(argc, argv);
+  launch.store_server = comm::host_tcp_store;
   try {
     framework::fsdp::mesh_shape_for(cfg.parallel, shape.nproc);
   } catch (const std::invalid_argument& e) {
@@ -351,7 +351,7 @@ int launch_local_ranks(int argc, char** argv, const Args& args, const LaunchShap
     if (!verified.empty() && verified.size() < (size_t{96} << 10)) {
       ::setenv(framework::data::kCheckedTokensEnv, verified.c_str(), 1);
     }
-    const int status = framework::dist::run_local_launcher(launch);
+    const int status = comm::run_local_launcher(launch);
     if (status == 2) {  // a rank refused the config
       for (const auto& lock : locks) lock->remove_if_unused();
     }
@@ -373,7 +373,7 @@ int train_main(int argc, char** argv, const TrainerHooks& hooks) {
 
   // Inside a launched rank the launch flags are spent (and stripped).
   LaunchShape shape;
-  if (!framework::dist::started_by_local_launcher()) {
+  if (!comm::started_by_local_launcher()) {
     try {
       shape = resolve_launch_shape(args);
     } catch (const std::invalid_argument& e) {

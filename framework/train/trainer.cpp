@@ -6,7 +6,7 @@
 
 #include <ATen/record_function.h>
 #include "checkpoint/timing.h"
-#include "dist/device.h"
+#include "comm/device.h"
 #include "framework/data/sampler.h"
 #include "framework/train/state_dict.h"
 #include "framework/train/train_seam.h"
@@ -222,7 +222,7 @@ void Trainer::State::log_step(const StepRecord& rec, const RunSpan& span) {
   StepProgress progress;
   progress.peak_rss_mib = gather_per_rank(peak_rss_mib());
   if (device.is_cuda()) {
-    progress.peak_gpu_mib = gather_per_rank(dist::peak_device_memory_bytes(device) / 1048576.0);
+    progress.peak_gpu_mib = gather_per_rank(comm::peak_device_memory_bytes(device) / 1048576.0);
   }
   if (!is_logger) return;
   progress.first_step = span.first_step;

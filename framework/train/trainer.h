@@ -13,8 +13,8 @@
 #include "framework/config/config.h"
 #include "checkpoint/async/manager.h"
 #include "checkpoint/storage/storage.h"
-#include "dist/local_launcher.h"
-#include "dist/runtime.h"
+#include "comm/local_launcher.h"
+#include "comm/runtime.h"
 #include "framework/tp/tensor_parallel.h"
 #include "models/model_spec.h"
 
@@ -38,7 +38,7 @@ namespace framework::train {
 
 // Exit status of a run stopped by SIGTERM/SIGINT after its final save: the
 // job was preempted and should be resumed.
-inline constexpr int kExitPreempted = dist::kExitResumable;
+inline constexpr int kExitPreempted = comm::kExitResumable;
 
 // One training step. All fields but the timings are the same on every rank.
 struct StepRecord {
@@ -119,10 +119,10 @@ class Trainer {
  public:
   // REQUIRES: runtime outlives the trainer; every rank constructs it with the
   // same config.
-  Trainer(const config::Config& config, dist::Runtime& runtime, TrainerHooks hooks = {});
+  Trainer(const config::Config& config, comm::Runtime& runtime, TrainerHooks hooks = {});
   // Trains `model` instead of the config's model and data sections.
   // REQUIRES: model.module, model.loss and model.dataset set.
-  Trainer(const config::Config& config, dist::Runtime& runtime, UserModel model,
+  Trainer(const config::Config& config, comm::Runtime& runtime, UserModel model,
           TrainerHooks hooks = {});
   ~Trainer();
 

@@ -5,8 +5,8 @@
 
 #include "checkpoint/interop/import_dcp.h"
 #include "checkpoint/interop/import_weights.h"
-#include "dist/device.h"
-#include "dist/launch_env.h"
+#include "comm/device.h"
+#include "comm/launch_env.h"
 #include "framework/config/run_items.h"
 #include "framework/dtensor/chunk.h"
 #include "framework/train/state_dict.h"
@@ -53,7 +53,7 @@ void move_to_device(torch::nn::Module& module, torch::Device device) {
 // For the banner, where rank 0 serves the job's store and where its port
 // came from: two jobs on one node collide when they pick the same one.
 // Empty when a launcher serves the store or the job has one rank.
-std::string rank0_store(const dist::LaunchEnv& env) {
+std::string rank0_store(const comm::LaunchEnv& env) {
   if (env.store_hosted || env.world_size < 2) return "";
   return ", store " + env.master_addr + ":" + std::to_string(env.master_port) +
          (env.master_port_source.empty() ? ", default port" : ", port from " + env.master_port_source);
@@ -147,7 +147,7 @@ void Trainer::State::build_builtin_model() {
   if (cfg.parallel.tensor > 1) {
     // The plan splits the output by vocabulary: each rank holds its slice of
     // the logits, and the cross-entropy is vocabulary-parallel.
-    dist::Group* group = &mesh->group(2);
+    comm::Group* group = &mesh->group(2);
     const int64_t offset =
         dtensor::chunk_span(cfg.model.vocab_size, cfg.parallel.tensor, mesh->coordinate(2)).offset;
     user.tensor_parallel_plan = spec.tp_plan;
@@ -184,7 +184,7 @@ void Trainer::State::shard_model() {
   device = rt.device;
   if (device.is_cuda()) {
     // Bit-exact resume needs reproducible kernels (train.deterministic).
-    dist::use_deterministic_cuda(cfg.train.deterministic);
+    comm::use_deterministic_cuda(cfg.train.deterministic);
     move_to_device(*user.module, device);
   }
   fsdp::ParallelOptions parallel = cfg.parallel;
@@ -312,14 +312,14 @@ void Trainer::State::print_banner(const std::optional<std::string>& resume_from,
                                   const checkpoint::LoadStats& resumed) {
   const auto& st = fsdp->memory_stats();
   std::cout << "shardkit: world " << rt.env.world_size << " ("
-            << (dist::started_by_local_launcher() ? std::string("train --nproc")
-                                                : dist::to_string(rt.env.source))
+            << (comm::started_by_local_launcher() ? std::string("train --nproc")
+                                                : comm::to_string(rt.env.source))
             << (rt.env.agent_store ? ", the agent's store" : "")
             << rank0_store(rt.env)
             << (rt.env.restart_count > 0 ? ", restart " + std::to_string(rt.env.restart_count) : std::string())
             << "), layout " << layout << ", groups train=" << rt.train->backend_name()
             << " ckpt=" << rt.checkpoint->backend_name() << ", device " << device.str()
-            << ", LibTorch " << dist::torch_version() << "\n"
+            << ", LibTorch " << comm::torch_version() << "\n"
             << "shardkit: model " << user.description << " " << param_count() << " params, "
             << fsdp->unit_names().size() << " units, " << std::fixed << std::setprecision(2)
             << st.sharded_param_bytes / 1048576.0 << std::defaultfloat << " MiB on this rank; data " << dataset->describe() << std::endl;
@@ -373,10 +373,10 @@ void Trainer::State::print_run_lines() {
               << cfg.profile.every << " steps (" << StepProfiler::backend() << ") in " << profiler->dir()
               << std::endl;
   }
-  if (host_malloc == dist::HostMallocOutcome::kEnvironment) {
+  if (host_malloc == comm::HostMallocOutcome::kEnvironment) {
     std::cout << "shardkit: run.host_malloc " << cfg.run.host_malloc
               << " left to MALLOC_* variables in the environment" << std::endl;
-  } else if (host_malloc == dist::HostMallocOutcome::kUnsupported) {
+  } else if (host_malloc == comm::HostMallocOutcome::kUnsupported) {
     std::cout << "shardkit: run.host_malloc " << cfg.run.host_malloc
               << " not applied: this C library's malloc has no such thresholds" << std::endl;
   }
@@ -398,16 +398,16 @@ std::atomic<int>& Trainer::stop_signal() {
   return signal;
 }
 
-Trainer::Trainer(const config::Config& config, dist::Runtime& runtime, TrainerHooks hooks)
+Trainer::Trainer(const config::Config& config, comm::Runtime& runtime, TrainerHooks hooks)
     : Trainer(config, runtime, UserModel{}, std::move(hooks)) {}
 
-Trainer::Trainer(const config::Config& config, dist::Runtime& runtime, UserModel model,
+Trainer::Trainer(const config::Config& config, comm::Runtime& runtime, UserModel model,
                  TrainerHooks hooks)
     : s_(std::make_unique<State>(config, runtime)) {
   State& s = *s_;
   // Before the model and its buffers are allocated: every later free of a
   // step's host buffers stays in the process (run.host_malloc).
-  s.host_malloc = dist::apply_host_malloc(s.cfg.run.host_malloc);
+  s.host_malloc = comm::apply_host_malloc(s.cfg.run.host_malloc);
   s.hooks = std::move(hooks);
   s.builtin_model = !model.module;
   if (!s.builtin_model) {

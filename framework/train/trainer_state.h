@@ -12,7 +12,7 @@
 
 #include "checkpoint/async/manager.h"
 #include "checkpoint/interop/import_dcp.h"
-#include "dist/host_malloc.h"
+#include "comm/host_malloc.h"
 #include "framework/data/dataset.h"
 #include "framework/data/loader.h"
 #include "framework/dtensor/device_mesh.h"
@@ -68,11 +68,11 @@ static_assert(sizeof(StepStats) == kStepStatsSlots * sizeof(double), "one slot p
 
 struct Trainer::State {
   config::Config cfg;
-  dist::Runtime& rt;
+  comm::Runtime& rt;
   TrainerHooks hooks;
   bool is_logger = false;     // rank 0: the console and metrics.jsonl
   bool builtin_model = true;  // model and data from the config's sections (the kind's spec)
-  dist::HostMallocOutcome host_malloc = dist::HostMallocOutcome::kDefault;
+  comm::HostMallocOutcome host_malloc = comm::HostMallocOutcome::kDefault;
   detail::Clock::time_point started = detail::Clock::now();  // this process's run: wall_s
 
   // The mesh ({replicate, shard} or {replicate, shard, tensor}) and this
@@ -111,7 +111,7 @@ struct Trainer::State {
   int64_t saves_failed = 0;  // this run, kept going by on_error: warn
   std::optional<checkpoint::CheckpointEvent> last_save;
 
-  State(const config::Config& c, dist::Runtime& r) : cfg(c), rt(r) {}
+  State(const config::Config& c, comm::Runtime& r) : cfg(c), rt(r) {}
   ~State() {
     // The hooks tensor parallelism set on the module hold the mesh's groups.
     if (tp_size > 1 && user.module) tp::clear_hooks(*user.module);

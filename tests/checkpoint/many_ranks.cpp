@@ -15,9 +15,9 @@
 // naming the rank and what was wrong.
 #include "checkpoint/shardkit_checkpoint.h"
 #include "checkpoint/format/metadata.h"
-#include "dist/launch_env.h"
-#include "dist/runtime.h"
-#include "dist/self_launch.h"
+#include "comm/launch_env.h"
+#include "comm/runtime.h"
+#include "comm/self_launch.h"
 
 #include <torch/torch.h>
 
@@ -33,7 +33,7 @@
 #include <vector>
 
 namespace ck = checkpoint;
-namespace fd = framework::dist;
+namespace fd = comm;
 
 namespace {
 

@@ -214,7 +214,7 @@ TEST(DcpRead, ModelInitFromADcpDirectoryReshardsToThreeRanksAndTrains) {
   cfg.train.global_batch_size = 6;
   cfg.checkpoint.interval = 0;
   cfg.model.init_from = dcp;
-  testing_support::run_runtimes(3, [&](framework::dist::Runtime& rt) {
+  testing_support::run_runtimes(3, [&](comm::Runtime& rt) {
     Tiny model;
     framework::train::UserModel user;
     user.module = model.ptr();
@@ -276,7 +276,7 @@ TEST(DcpRead, ResumeFromADcpDirectoryCarriesModelAndAdamWToThreeRanks) {
   cfg.checkpoint.interval = 4;
   cfg.checkpoint.resume = dcp;
   EXPECT_EQ(framework::train::resume_source(cfg), framework::train::ResumeSource::kDcp);
-  testing_support::run_runtimes(3, [&](framework::dist::Runtime& rt) {
+  testing_support::run_runtimes(3, [&](comm::Runtime& rt) {
     framework::train::Trainer trainer(cfg, rt, tiny_user_model());
     EXPECT_EQ(trainer.step(), 2) << "AdamW's step in the DCP checkpoint";
     auto& sharded = trainer.model();
@@ -298,7 +298,7 @@ TEST(DcpRead, ResumeFromADcpDirectoryCarriesModelAndAdamWToThreeRanks) {
   });
   ASSERT_TRUE(fs::exists(run / "checkpoints" / "step_4" / ".metadata"));
   EXPECT_EQ(framework::train::resume_source(cfg), framework::train::ResumeSource::kAutoAfterDcp);
-  testing_support::run_runtimes(3, [&](framework::dist::Runtime& rt) {
+  testing_support::run_runtimes(3, [&](comm::Runtime& rt) {
     framework::train::Trainer restarted(cfg, rt, tiny_user_model());
     EXPECT_EQ(restarted.step(), 4) << "a restart resumes the run's own checkpoint";
   });
@@ -325,7 +325,7 @@ TinyCheckpoint make_tiny_checkpoint(const std::string& tag) {
   cfg.checkpoint.interval = 4;
   cfg.checkpoint.resume = kFixtures + "/torch26_world2";
   std::mutex mu;
-  testing_support::run_runtimes(3, [&](framework::dist::Runtime& rt) {
+  testing_support::run_runtimes(3, [&](comm::Runtime& rt) {
     framework::train::Trainer trainer(cfg, rt, tiny_user_model());
     EXPECT_EQ(trainer.run(), 0);
     auto& sharded = trainer.model();
@@ -373,7 +373,7 @@ TinyCheckpoint make_tensor_parallel_checkpoint(const std::string& tag) {
   cfg.model.d_ff = 48;
   cfg.parallel.tensor = 2;
   std::mutex mu;
-  testing_support::run_runtimes(4, [&](framework::dist::Runtime& rt) {
+  testing_support::run_runtimes(4, [&](comm::Runtime& rt) {
     framework::train::Trainer trainer(cfg, rt);
     EXPECT_EQ(trainer.run(), 0);
     auto& sharded = trainer.model();
@@ -422,7 +422,7 @@ TEST(DcpExport, ExportedCheckpointReadsBackExactlyAndResumes) {
   cfg.train.global_batch_size = 6;
   cfg.checkpoint.interval = 0;
   cfg.checkpoint.resume = out;
-  testing_support::run_runtimes(2, [&](framework::dist::Runtime& rt) {
+  testing_support::run_runtimes(2, [&](comm::Runtime& rt) {
     framework::train::Trainer trainer(cfg, rt, tiny_user_model());
     EXPECT_EQ(trainer.step(), 4);
     for (size_t i = 0; i < trainer.model().param_names().size(); ++i) {
@@ -462,7 +462,7 @@ TEST(DcpImport, ImportedCheckpointVerifiesAndResumesAtThreeRanks) {
   cfg.train.steps = 3;
   cfg.train.global_batch_size = 6;
   cfg.checkpoint.interval = 0;
-  testing_support::run_runtimes(3, [&](framework::dist::Runtime& rt) {
+  testing_support::run_runtimes(3, [&](comm::Runtime& rt) {
     framework::train::Trainer trainer(cfg, rt, tiny_user_model());
     EXPECT_EQ(trainer.step(), 2);
     for (size_t i = 0; i < trainer.model().param_names().size(); ++i) {
@@ -614,7 +614,7 @@ TEST(DcpPython, AFreshTorchDcpSaveAtWorldTwoReadsExactlyAtOneAndThreeRanks) {
   cfg.train.global_batch_size = 6;
   cfg.checkpoint.interval = 0;
   cfg.checkpoint.resume = out.string();
-  testing_support::run_runtimes(3, [&](framework::dist::Runtime& rt) {
+  testing_support::run_runtimes(3, [&](comm::Runtime& rt) {
     framework::train::Trainer trainer(cfg, rt, tiny_user_model());
     EXPECT_EQ(trainer.step(), 2);
     EXPECT_TRUE(std::isfinite(trainer.train_step().loss));

@@ -128,7 +128,7 @@ class InteropTest : public ::testing::Test {
     fs::create_directories(*root_);
     ckpt_ = new std::string((*root_ / "step_5").string());
     const std::vector<GlobalTensor> globals = global_tensors();
-    testing_support::run_runtimes(2, [&](framework::dist::Runtime& rt) {
+    testing_support::run_runtimes(2, [&](comm::Runtime& rt) {
       const int rank = rt.env.rank;
       StateDict sd;
       for (const GlobalTensor& g : globals) {

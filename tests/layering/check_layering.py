@@ -4,7 +4,7 @@
   check_layering.py [--root DIR] [--layers FILE] [--graph] [--self-test]
 
 Reads the layers from tests/layering/layers.txt (the one place they are
-written down), scans every #include "..." line of the product code (dist,
+written down), scans every #include "..." line of the product code (comm,
 models, checkpoint, framework, tools, train.cpp, bench) and prints, for each
 include that goes up or sideways, or into a folder the table does not name,
 FILE:LINE and the two folders. Exits 1 when it found any, else 0.
@@ -269,9 +269,9 @@ def graph_lines(layers, edges):
 
 BAD_TREE = {
     'models/m.h': '#include "framework/fsdp/f.h"\n',            # up, across folders
-    'dist/d.h': '#include "models/m.h"\n',                      # not below it
+    'comm/d.h': '#include "models/m.h"\n',                      # not below it
     'framework/fsdp/f.h': '#include "framework/dtensor/t.h"\n',  # fine
-    'framework/dtensor/t.h': '#include "dist/d.h"\n',           # fine
+    'framework/dtensor/t.h': '#include "comm/d.h"\n',           # fine
     'framework/config/c.h': '#include "framework/train/t.h"\n',  # up, inside
     'framework/train/t.h': '#include "framework/config/c.h"\n',  # fine
     'framework/tp/p.h': '#include "framework/optim/o.h"\n',      # sideways
@@ -288,7 +288,7 @@ BAD_TREE = {
 }
 EXPECTED = [
     'models/m.h:1: models includes framework/fsdp',
-    'dist/d.h:1: dist includes models',
+    'comm/d.h:1: comm includes models',
     'framework/config/c.h:1: framework/config includes framework/train',
     'framework/tp/p.h:1: framework/tp includes framework/optim',
     'checkpoint/storage/s.h:1: checkpoint/storage includes checkpoint/format',
@@ -312,7 +312,7 @@ def self_test(layers):
             print('self-test FAILED: missing %s, unexpected %s' % (missing, extra))
             return False
         os.remove(os.path.join(root, 'checkpoint/newpart/n.h'))
-        for path in ('models/m.h', 'dist/d.h', 'framework/config/c.h', 'framework/tp/p.h',
+        for path in ('models/m.h', 'comm/d.h', 'framework/config/c.h', 'framework/tp/p.h',
                      'checkpoint/storage/s.h', 'checkpoint/interop/x.cpp'):
             open(os.path.join(root, path), 'w').close()
         problems, _ = scan(root, layers)

@@ -28,8 +28,8 @@
 #include "checkpoint/save.h"
 #include "framework/config/config.h"
 #include "framework/data/dataset.h"
-#include "dist/device.h"
-#include "dist/torch_compat.h"
+#include "comm/device.h"
+#include "comm/torch_compat.h"
 #include "framework/fsdp/fully_shard.h"
 #include "framework/optim/sharded_adamw.h"
 #include "framework/train/state_dict.h"
@@ -98,7 +98,7 @@ nlohmann::json settings(const Config& cfg) {
           {"mixed_precision",
            {{"param_dtype", cfg.train.mixed_precision.param_dtype},
             {"reduce_dtype", cfg.train.mixed_precision.reduce_dtype}}},
-          {"attention", framework::dist::compat::kFusedAttention ? "sdpa" : "matmul"},
+          {"attention", comm::compat::kFusedAttention ? "sdpa" : "matmul"},
           {"threads", at::get_num_threads()},
           {"device", cfg.train.device},
           {"torch", TORCH_VERSION}};
@@ -131,7 +131,7 @@ void run(Config cfg, const fs::path& out, const Extras& extras) {
   // The schedule's total: result.json's train.steps.
   cfg.train.steps += time_steps * (time_both ? 2 : 1) +
                      (extras.profile_trace.empty() ? 0 : extras.profile_steps);
-  testing_support::run_runtimes(1, [&](framework::dist::Runtime& rt) {
+  testing_support::run_runtimes(1, [&](comm::Runtime& rt) {
     std::shared_ptr<models::LayeredModelImpl> model;
     {
       torch::manual_seed(static_cast<uint64_t>(cfg.run.seed));
@@ -215,7 +215,7 @@ void run(Config cfg, const fs::path& out, const Extras& extras) {
       time_k_steps("step_time_s", "step_times_s");
       result["deterministic"] = cfg.train.device == "cuda" && cfg.train.deterministic;
       if (time_both) {
-        framework::dist::use_deterministic_cuda(false);
+        comm::use_deterministic_cuda(false);
         time_k_steps("step_time_nondeterministic_s", "step_times_nondeterministic_s");
       }
       result["tokens_per_step"] = cfg.train.global_batch_size * cfg.model.seq_len;
@@ -226,11 +226,11 @@ void run(Config cfg, const fs::path& out, const Extras& extras) {
     // The allocator's peak over the whole run (0 on the CPU): the training
     // steps set it, since nothing before them holds activations.
     if (dev.is_cuda()) {
-      result["peak_gpu_mib"] = framework::dist::peak_device_memory_bytes(dev) / 1048576.0;
+      result["peak_gpu_mib"] = comm::peak_device_memory_bytes(dev) / 1048576.0;
     }
     if (!extras.profile_trace.empty()) {
       // As timed: deterministic kernels unless train.deterministic is false.
-      framework::dist::use_deterministic_cuda(cfg.train.device == "cuda" && cfg.train.deterministic);
+      comm::use_deterministic_cuda(cfg.train.device == "cuda" && cfg.train.deterministic);
       try {
         start_profiler(dev.is_cuda());
         std::vector<double> times;
@@ -238,7 +238,7 @@ void run(Config cfg, const fs::path& out, const Extras& extras) {
           RECORD_USER_SCOPE("shardkit::step");
           times.push_back(trainer.train_step().step_time_s);
         }
-        framework::dist::synchronize(dev);
+        comm::synchronize(dev);
         torch::autograd::profiler::disableProfiler()->save(extras.profile_trace);
         result["profile"] = {{"trace", extras.profile_trace}, {"steps", extras.profile_steps},
                              {"step_times_s", times}};
@@ -261,10 +261,10 @@ void run(Config cfg, const fs::path& out, const Extras& extras) {
         framework::optim::ShardedAdamW opt(trainer.model(), cfg.optim, cfg.train.steps, impl);
         std::vector<double> times;
         for (int64_t k = 0; k <= extras.time_optimizer; ++k) {  // the first makes the state
-          framework::dist::synchronize(dev);
+          comm::synchronize(dev);
           const auto t0 = std::chrono::steady_clock::now();
           opt.step(k + 1);
-          framework::dist::synchronize(dev);
+          comm::synchronize(dev);
           if (k > 0) times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
         }
         std::sort(times.begin(), times.end());

@@ -3,7 +3,7 @@
 // head tying, init) that shape tests cannot see.
 #include "framework/data/loader.h"
 #include "framework/data/synthetic_dataset.h"
-#include "dist/cpu_threads.h"
+#include "comm/cpu_threads.h"
 #include "models/layered_model.h"
 
 #include <gtest/gtest.h>
@@ -18,7 +18,7 @@ namespace {
 TEST(GptLearning, LossOnReverseTaskDropsBelowHalfOfTheFirstStep) {
   // One thread in LibTorch's pool and OpenBLAS's: ctest -j2 runs two tests on
   // 2 cores, and a BLAS thread waiting for a descheduled peer stalls a step.
-  framework::dist::set_cpu_threads(1);
+  comm::set_cpu_threads(1);
   ModelOptions o;  // defaults: gpt, vocab 32, seq_len 32, d_model 64, 2 layers, 4 heads, tied
   torch::manual_seed(0);
   auto model = make_model(o);

@@ -4,8 +4,8 @@
 // --nproc` does, so that tests running in parallel never race for a port. The
 // first exception thrown by any rank is rethrown (with its rank) after all
 // threads end.
-#include "dist/launch_env.h"
-#include "dist/runtime.h"
+#include "comm/launch_env.h"
+#include "comm/runtime.h"
 
 #include <torch/torch.h>
 
@@ -23,9 +23,9 @@ namespace testing_support {
 struct RankContext {
   int rank;
   int world;
-  framework::dist::Rendezvous& rendezvous;
+  comm::Rendezvous& rendezvous;
   // All ranks, named "train" (a fresh group per call to make_group).
-  std::shared_ptr<framework::dist::Group> make_group(const std::string& name) {
+  std::shared_ptr<comm::Group> make_group(const std::string& name) {
     std::vector<int> all(world);
     for (int r = 0; r < world; ++r) all[r] = r;
     return rendezvous.new_group(name, all);
@@ -34,11 +34,11 @@ struct RankContext {
 
 // What rank `rank` of a job of `world` ranks on `server` knows: the launch
 // environment `train --nproc` gives a rank.
-inline framework::dist::LaunchEnv hosted_rank_env(const framework::dist::StoreServer& server,
+inline comm::LaunchEnv hosted_rank_env(const comm::StoreServer& server,
                                                   const std::string& job_id, int rank,
                                                   int world) {
-  framework::dist::LaunchEnv env;
-  env.source = framework::dist::LaunchSource::kTorchrun;
+  comm::LaunchEnv env;
+  env.source = comm::LaunchSource::kTorchrun;
   env.rank = rank;
   env.world_size = world;
   env.local_rank = rank;
@@ -66,8 +66,8 @@ inline std::unique_lock<std::mutex> seed_global_generator(uint64_t seed) {
 
 inline void run_ranks(int world, const std::function<void(RankContext&)>& fn,
                       double timeout_s = 30.0) {
-  const std::string job_id = framework::dist::new_job_id();
-  auto server = framework::dist::host_tcp_store("127.0.0.1", 0, job_id);
+  const std::string job_id = comm::new_job_id();
+  auto server = comm::host_tcp_store("127.0.0.1", 0, job_id);
   std::vector<std::thread> threads;
   std::mutex mu;
   std::exception_ptr first;
@@ -75,7 +75,7 @@ inline void run_ranks(int world, const std::function<void(RankContext&)>& fn,
   for (int r = 0; r < world; ++r) {
     threads.emplace_back([&, r] {
       try {
-        framework::dist::Rendezvous rv(
+        comm::Rendezvous rv(
             hosted_rank_env(*server, job_id, r, world),
             std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000)));
         RankContext ctx{r, world, rv};
@@ -103,14 +103,14 @@ inline void run_ranks(int world, const std::function<void(RankContext&)>& fn,
 
 namespace testing_support {
 
-// Like run_ranks, but each rank gets a full framework::dist::Runtime (store,
+// Like run_ranks, but each rank gets a full comm::Runtime (store,
 // "train" and "ckpt" groups) from init_runtime, as `train` builds it.
 // `device` is train.device ("cpu" | "cuda"); every rank of a CUDA run shares
 // GPU 0 (LOCAL_RANK % device count), over a Gloo training group beyond world 1.
-inline void run_runtimes(int world, const std::function<void(framework::dist::Runtime&)>& fn,
+inline void run_runtimes(int world, const std::function<void(comm::Runtime&)>& fn,
                          double timeout_s = 60.0, const std::string& device = "cpu") {
-  const std::string job_id = framework::dist::new_job_id();
-  auto server = framework::dist::host_tcp_store("127.0.0.1", 0, job_id);
+  const std::string job_id = comm::new_job_id();
+  auto server = comm::host_tcp_store("127.0.0.1", 0, job_id);
   std::vector<std::thread> threads;
   std::mutex mu;
   std::exception_ptr first;
@@ -118,10 +118,10 @@ inline void run_runtimes(int world, const std::function<void(framework::dist::Ru
   for (int r = 0; r < world; ++r) {
     threads.emplace_back([&, r] {
       try {
-        framework::dist::LaunchEnv env = hosted_rank_env(*server, job_id, r, world);
-        framework::dist::DistOptions options;
+        comm::LaunchEnv env = hosted_rank_env(*server, job_id, r, world);
+        comm::DistOptions options;
         options.timeout_s = timeout_s;
-        auto rt = framework::dist::init_runtime(env, options, device);
+        auto rt = comm::init_runtime(env, options, device);
         fn(*rt);
       } catch (...) {
         std::lock_guard<std::mutex> lock(mu);

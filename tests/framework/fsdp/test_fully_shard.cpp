@@ -4,7 +4,7 @@
 // root and a unit, and a buffer. Every gradient matches the same module
 // run unsharded on the whole batch, under FSDP, HSDP and DDP over real Gloo
 // groups; what cannot be sharded is refused by name.
-#include "dist/torch_compat.h"  // the c10d headers, with Gloo enabled
+#include "comm/torch_compat.h"  // the c10d headers, with Gloo enabled
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include "framework/dtensor/device_mesh.h"
 #include "framework/fsdp/fully_shard.h"
@@ -92,7 +92,7 @@ torch::Tensor batch(int64_t rows) {
 // ranks by FSDP, must be those of the unsharded model on the whole batch.
 void expect_gradients_match_unsharded(int world, std::vector<int64_t> mesh_shape,
                                       std::vector<std::string> units) {
-  run_runtimes(world, [&](framework::dist::Runtime& rt) {
+  run_runtimes(world, [&](comm::Runtime& rt) {
     Toy ref = make_toy();
     (ref->forward(batch(12)).pow(2).sum()).backward();
     std::map<std::string, torch::Tensor> ref_grads;
@@ -179,7 +179,7 @@ std::string fsdp_error_of(Fn&& fn) {
 }
 
 TEST(FullyShard, RefusesWhatItCannotShardNamingIt) {
-  run_runtimes(2, [&](framework::dist::Runtime& rt) {
+  run_runtimes(2, [&](comm::Runtime& rt) {
     auto mesh = framework::dtensor::DeviceMesh::create(*rt.rendezvous, {1, 2}, {"replicate", "shard"});
     EXPECT_NE(fsdp_error_of([&] { fsdp::fully_shard(make_toy().ptr(), mesh, {}, {"blocks.7"}); })
                   .find("unit 'blocks.7' is not a submodule"),
@@ -198,7 +198,7 @@ TEST(FullyShard, RefusesWhatItCannotShardNamingIt) {
 // A forward that calls a unit without run_unit reads parameters that are
 // not there: one error naming the units and the fix, no crash.
 TEST(FullyShard, AUnitCalledWithoutRunUnitIsAClearError) {
-  run_runtimes(2, [&](framework::dist::Runtime& rt) {
+  run_runtimes(2, [&](comm::Runtime& rt) {
     auto mesh = framework::dtensor::DeviceMesh::create(*rt.rendezvous, {1, 2}, {"replicate", "shard"});
     Toy toy = make_toy(/*use_run_unit=*/false);
     auto sharded = fsdp::fully_shard(toy.ptr(), mesh, {}, {"blocks.0", "blocks.1"});
@@ -223,7 +223,7 @@ TEST(FullyShard, RunsOverTheUsersOwnC10dProcessGroup) {
         opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
         auto pg = c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, kWorld, opts);
 
-        auto group = framework::dist::wrap_c10d_backend(pg, "users_group");
+        auto group = comm::wrap_c10d_backend(pg, "users_group");
         EXPECT_EQ(group->rank(), rank);
         EXPECT_EQ(group->backend_name(), "gloo");
         auto mesh = framework::dtensor::DeviceMesh::from_groups({1, kWorld}, {"replicate", "shard"},
@@ -256,7 +256,7 @@ TEST(FullyShard, RunsOverTheUsersOwnC10dProcessGroup) {
 
   // What is not a c10d backend is refused by name.
   auto not_a_group = c10::make_intrusive<c10d::HashStore>();
-  EXPECT_THROW(framework::dist::wrap_c10d_backend(not_a_group, "bad"), std::invalid_argument);
+  EXPECT_THROW(comm::wrap_c10d_backend(not_a_group, "bad"), std::invalid_argument);
 }
 
 }  // namespace
@@ -292,7 +292,7 @@ struct ScheduleRun {
 
 // Two steps on a {2, 2} HSDP mesh (all-gathers and reduce-scatters over the
 // shard axis, all-reduces over the replicate axis), on rank `rank`.
-ScheduleRun run_chain(framework::dist::Runtime& rt, int64_t prefetch) {
+ScheduleRun run_chain(comm::Runtime& rt, int64_t prefetch) {
   auto mesh = framework::dtensor::DeviceMesh::create(*rt.rendezvous, {2, 2}, {"replicate", "shard"},
                                                      "mesh_p" + std::to_string(prefetch),
                                                      prefetch > 0 ? 2 : 1);
@@ -343,7 +343,7 @@ std::string joined(const std::vector<std::string>& s) {
 }  // namespace
 
 TEST(FsdpPrefetch, GathersRunAheadAndReductionsStayInFlightWithBitIdenticalGradients) {
-  run_runtimes(4, [&](framework::dist::Runtime& rt) {
+  run_runtimes(4, [&](comm::Runtime& rt) {
     const ScheduleRun off = run_chain(rt, 0);
     const ScheduleRun on = run_chain(rt, 1);
     const std::vector<std::string>& s = on.schedule;

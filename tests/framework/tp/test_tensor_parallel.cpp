@@ -84,7 +84,7 @@ RunResult train(framework::config::Config cfg, const Layout& l) {
   cfg.parallel.tensor = l.tensor;
   RunResult result;
   std::mutex mu;
-  run_runtimes(l.world, [&](framework::dist::Runtime& rt) {
+  run_runtimes(l.world, [&](comm::Runtime& rt) {
     Trainer trainer(cfg, rt);
     EXPECT_EQ(trainer.run(), 0);
     auto& model = trainer.model();
@@ -238,7 +238,7 @@ TEST(TensorParallel, AUserModelsOwnPlanMatchesOneProcess) {
     cfg.parallel.tensor = l.tensor;
     RunResult result;
     std::mutex mu;
-    run_runtimes(l.world, [&](framework::dist::Runtime& rt) {
+    run_runtimes(l.world, [&](comm::Runtime& rt) {
       framework::train::UserModel user;
       std::shared_ptr<models::LayeredModelImpl> model;
       {
@@ -298,7 +298,7 @@ TEST(TensorParallel, VocabParallelCrossEntropyMatchesTorch) {
       ref_logits, targets,
       torch::nn::functional::CrossEntropyFuncOptions().ignore_index(-100).reduction(torch::kNone));
   (ref * weights).sum().backward();
-  run_runtimes(3, [&](framework::dist::Runtime& rt) {
+  run_runtimes(3, [&](comm::Runtime& rt) {
     auto mesh = framework::dtensor::DeviceMesh::create(*rt.rendezvous, {3}, {"tensor"}, "ce");
     const framework::dtensor::Span span = framework::dtensor::chunk_span(vocab, 3, mesh->coordinate(0));
     torch::Tensor mine = logits.narrow(1, span.offset, span.size).clone().set_requires_grad(true);
@@ -328,7 +328,7 @@ TEST(TensorParallel, PlanOnYourOwnModuleMatchesTheWholeModule) {
   torch::Tensor x = torch::randn({5, 6}, torch::kFloat);
   torch::Tensor want = whole->forward(x);
   want.sum().backward();
-  run_runtimes(2, [&](framework::dist::Runtime& rt) {
+  run_runtimes(2, [&](comm::Runtime& rt) {
     auto mesh = framework::dtensor::DeviceMesh::create(*rt.rendezvous, {2}, {"tensor"}, "mlp");
     auto mine = std::make_shared<Mlp>();
     {
@@ -356,7 +356,7 @@ TEST(TensorParallel, PlanOnYourOwnModuleMatchesTheWholeModule) {
 }
 
 TEST(TensorParallel, PlansThatCannotWorkAreRefusedByName) {
-  run_runtimes(2, [&](framework::dist::Runtime& rt) {
+  run_runtimes(2, [&](comm::Runtime& rt) {
     auto mesh = framework::dtensor::DeviceMesh::create(*rt.rendezvous, {2}, {"tensor"}, "bad");
     auto expect_error = [&](torch::nn::Module& m, framework::tp::Plan plan, const std::string& needle) {
       try {

@@ -72,7 +72,7 @@ FullState run_and_gather(const framework::config::Config& cfg, const CkptLayout&
   c.parallel.shard = l.shard;
   FullState result;
   std::mutex mu;
-  run_runtimes(l.world, [&](framework::dist::Runtime& rt) {
+  run_runtimes(l.world, [&](comm::Runtime& rt) {
     Trainer t(c, rt);
     int64_t start = t.step();
     EXPECT_EQ(t.run(), 0);
@@ -97,7 +97,7 @@ FullState load_and_gather(const framework::config::Config& cfg, const CkptLayout
   c.checkpoint.resume = path;
   FullState result;
   std::mutex mu;
-  run_runtimes(l.world, [&](framework::dist::Runtime& rt) {
+  run_runtimes(l.world, [&](comm::Runtime& rt) {
     Trainer t(c, rt);
     FullState full = gather_full_state(t);
     if (rt.env.rank == 0) {
@@ -264,7 +264,7 @@ TEST(StateDictHelpers, ModelAndOptimizerShardsReshardFromTwoRanksToThree) {
   {
     auto c = cfg;
     c.parallel.shard = 2;
-    run_runtimes(2, [&](framework::dist::Runtime& rt) {
+    run_runtimes(2, [&](comm::Runtime& rt) {
       Trainer t(c, rt);
       ASSERT_EQ(t.run(), 0);
       checkpoint::StateDict sd = framework::train::get_state_dict(t.model(), &t.optimizer());
@@ -288,7 +288,7 @@ TEST(StateDictHelpers, ModelAndOptimizerShardsReshardFromTwoRanksToThree) {
     auto c = cfg;
     c.parallel.shard = 3;
     c.run.seed = 99;  // other initial weights: the load must replace them
-    run_runtimes(3, [&](framework::dist::Runtime& rt) {
+    run_runtimes(3, [&](comm::Runtime& rt) {
       Trainer t(c, rt);  // fresh: step 0, zero moments
       checkpoint::StateDict sd = framework::train::get_state_dict(t.model(), &t.optimizer());
       checkpoint::LoadOptions lo;
@@ -315,7 +315,7 @@ TEST(TrainerLifetime, ASecondTrainerOnTheSameRuntimeResumesTheFirstOnesCheckpoin
   cfg.checkpoint.interval = 2;
   cfg.checkpoint.resume = "auto";
   cfg.parallel.shard = 2;
-  run_runtimes(2, [&](framework::dist::Runtime& rt) {
+  run_runtimes(2, [&](comm::Runtime& rt) {
     for (int round = 0; round < 4; ++round) {
       Trainer t(cfg, rt);
       EXPECT_EQ(t.step(), round == 0 ? 0 : 2) << "round " << round;

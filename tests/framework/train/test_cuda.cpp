@@ -7,7 +7,7 @@
 #include "checkpoint/load.h"
 #include "checkpoint/async/manager.h"
 #include "checkpoint/format/metadata.h"
-#include "dist/device.h"
+#include "comm/device.h"
 #include "framework/fsdp/fully_shard.h"
 #include "framework/optim/sharded_adamw.h"
 #include "framework/train/trainer.h"
@@ -40,7 +40,7 @@ using testing_support::run_train_binary;
 
 #define SHARDKIT_REQUIRE_CUDA()                                                   \
   do {                                                                            \
-    if (!framework::dist::cuda_available()) {                                     \
+    if (!comm::cuda_available()) {                                     \
       SHARDKIT_SKIP("no CUDA device (CPU-only LibTorch build, or no GPU visible)"); \
     }                                                                             \
   } while (0)
@@ -90,7 +90,7 @@ CudaRun train_run(const framework::config::Config& cfg, int world, int64_t shard
   std::mutex mu;
   run_runtimes(
       world,
-      [&](framework::dist::Runtime& rt) {
+      [&](comm::Runtime& rt) {
         Trainer t(c, rt);
         int64_t start = t.step();
         if (train) {
@@ -344,7 +344,7 @@ TEST(CudaCheckpoint, OverlapStagesChunksFromASnapshotOrTheLiveStateAndSavesTheSt
   std::string root = cuda_scratch("chunks");
   for (const char* policy : {"on", "off"}) {
     SCOPED_TRACE(std::string("device_snapshot ") + policy);
-    run_runtimes(1, [&](framework::dist::Runtime& rt) {
+    run_runtimes(1, [&](comm::Runtime& rt) {
       torch::manual_seed(5);
       // 40 M floats (160 MiB, three chunks), 3 M bf16, and small ones.
       std::vector<torch::Tensor> state = {
@@ -408,7 +408,7 @@ TEST(CudaCheckpoint, TheSameStateOnCudaAndOnCpuIsWrittenByteIdentically) {
                                      torch::randn({300}).to(torch::kHalf)};
   for (const char* mode : {"sync", "async", "overlap"}) {
     for (const char* device : {"cpu", "cuda"}) {
-      run_runtimes(1, [&](framework::dist::Runtime& rt) {
+      run_runtimes(1, [&](comm::Runtime& rt) {
         checkpoint::CheckpointOptions o;
         o.interval = 1;
         o.mode = mode;
@@ -435,7 +435,7 @@ TEST(CudaCheckpoint, TheSameStateOnCudaAndOnCpuIsWrittenByteIdentically) {
 TEST(CudaCheckpoint, PinnedStagingIsReservedAheadBoundedAndFlatOverFiftySaves) {
   SHARDKIT_REQUIRE_CUDA();
   std::string root = cuda_scratch("pinned");
-  run_runtimes(1, [&](framework::dist::Runtime& rt) {
+  run_runtimes(1, [&](comm::Runtime& rt) {
     torch::manual_seed(4);
     std::vector<torch::Tensor> state;
     for (int i = 0; i < 20; ++i) state.push_back(torch::randn({1000 + 37 * i}, torch::kCUDA));

@@ -76,7 +76,7 @@ std::vector<double> train(Example e, const ExampleLayout& l, const std::string& 
   cfg.train.stop_at = stop_at;
   std::vector<double> losses;
   std::mutex mu;
-  run_runtimes(l.world, [&](framework::dist::Runtime& rt) {
+  run_runtimes(l.world, [&](comm::Runtime& rt) {
     Trainer trainer(cfg, rt, make_model(e, cfg.run.seed));
     EXPECT_EQ(trainer.run(), 0);
     if (rt.env.rank == 0) {
@@ -176,7 +176,7 @@ INSTANTIATE_TEST_SUITE_P(Examples, CustomModel, ::testing::Values(Example::kLlam
 // The example model's parameter names follow the module's own, tied
 // weights once, and the CNN's BatchNorm statistics are checkpoint items.
 TEST(CustomModelState, NamesFollowTheModuleAndTiedWeightsAppearOnce) {
-  run_runtimes(2, [&](framework::dist::Runtime& rt) {
+  run_runtimes(2, [&](comm::Runtime& rt) {
     auto cfg = config_for(Example::kLlama, temp_dir("names_" + std::to_string(rt.env.rank)), 1);
     Trainer trainer(cfg, rt, make_model(Example::kLlama, 3));
     const std::vector<std::string> names = trainer.model().param_names();

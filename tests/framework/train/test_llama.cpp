@@ -2,8 +2,8 @@
 // bf16 mixed precision, gradient accumulation, activation checkpointing,
 // bit-exact and resharded resume, and a model that is never whole on a rank.
 // (Against PyTorch itself: tests/models/test_llama_parity.py.)
-#include "dist/device.h"
-#include "dist/torch_compat.h"
+#include "comm/device.h"
+#include "comm/torch_compat.h"
 #include "framework/dtensor/device_mesh.h"
 #include "models/activation_checkpoint.h"
 #include "framework/fsdp/fully_shard.h"
@@ -74,7 +74,7 @@ LlamaRun train(framework::config::Config cfg, int world, int64_t replicate = 1, 
   cfg.parallel.shard = shard;
   LlamaRun result;
   std::mutex mu;
-  run_runtimes(world, [&](framework::dist::Runtime& rt) {
+  run_runtimes(world, [&](comm::Runtime& rt) {
     Trainer trainer(cfg, rt);
     const int64_t first = trainer.step();
     EXPECT_EQ(trainer.run(), 0);
@@ -180,14 +180,14 @@ TEST(LlamaAttention, FusedAndMatmulPathsAgree) {
   auto q = torch::randn({2, 4, 16, 8});
   auto k = torch::randn({2, 4, 16, 8});
   auto v = torch::randn({2, 4, 16, 8});
-  auto fused = framework::dist::compat::causal_attention(q, k, v);
-  auto plain = framework::dist::compat::causal_attention_matmul(q, k, v);
+  auto fused = comm::compat::causal_attention(q, k, v);
+  auto plain = comm::compat::causal_attention_matmul(q, k, v);
   std::cout << "attention path on this LibTorch: "
-            << (framework::dist::compat::kFusedAttention ? "scaled_dot_product_attention" : "matmul")
+            << (comm::compat::kFusedAttention ? "scaled_dot_product_attention" : "matmul")
             << ", max difference to matmul " << (fused - plain).abs().max().item<double>() << std::endl;
   EXPECT_TRUE(torch::allclose(fused, plain, 1e-5, 1e-5));
   // bf16: the same within bf16 rounding.
-  auto fused16 = framework::dist::compat::causal_attention(q.to(torch::kBFloat16), k.to(torch::kBFloat16),
+  auto fused16 = comm::compat::causal_attention(q.to(torch::kBFloat16), k.to(torch::kBFloat16),
                                                            v.to(torch::kBFloat16));
   EXPECT_TRUE(torch::allclose(fused16.to(torch::kFloat), plain, 3e-2, 3e-2));
   // Causal: the first position attends to itself only.
@@ -236,7 +236,7 @@ TEST(LlamaMixedPrecision, Bf16ComputesInBf16KeepsFp32MastersAndTracksFp32) {
 TEST(LlamaMixedPrecision, GatheredParametersAreBf16AndShardsFp32) {
   auto cfg = llama_config("unused");
   std::vector<torch::Tensor> batches(2), embeddings(2);
-  run_runtimes(2, [&](framework::dist::Runtime& rt) {
+  run_runtimes(2, [&](comm::Runtime& rt) {
     // The ranks share LibTorch's generator: the model's seed and the batch
     // are drawn under the lock (testing_support::seed_global_generator).
     std::shared_ptr<models::LayeredModelImpl> model;
@@ -299,7 +299,7 @@ TEST(LlamaAccumulation, AnIndivisibleMicroBatchIsRefusedNamingTheValues) {
   auto cfg = llama_config(llama_scratch("indivisible"));
   cfg.train.micro_batch_size = 4;  // 12 / (4 x 2) is not whole
   try {
-    run_runtimes(2, [&](framework::dist::Runtime& rt) { Trainer trainer(cfg, rt); });
+    run_runtimes(2, [&](comm::Runtime& rt) { Trainer trainer(cfg, rt); });
     FAIL() << "expected an error";
   } catch (const std::exception& e) {
     const std::string what = e.what();
@@ -448,7 +448,7 @@ TEST(LlamaNeverWhole, PeakMemoryWhileBuildingIsShardsPlusOneParameter) {
   std::atomic<int64_t> shards{0};
   std::atomic<int64_t> peak_built{0};
   std::vector<torch::Tensor> values(world);
-  run_runtimes(world, [&](framework::dist::Runtime& rt) {
+  run_runtimes(world, [&](comm::Runtime& rt) {
     auto mesh = framework::dtensor::DeviceMesh::create(*rt.rendezvous, {1, world}, {"replicate", "shard"});
     mesh->group(1).barrier();
     if (rt.env.rank == 0) counter->reset_peak();
@@ -491,7 +491,7 @@ TEST(LlamaAccumulation, HsdpAndDdpAllReduceOncePerStepAndMatchSyncingEveryMicroB
   auto cfg = llama_config("unused");
   for (auto [replicate, shard] : {std::pair<int64_t, int64_t>{2, 2}, std::pair<int64_t, int64_t>{4, 1}}) {
     SCOPED_TRACE("mesh " + std::to_string(replicate) + "x" + std::to_string(shard));
-    run_runtimes(4, [&, replicate = replicate, shard = shard](framework::dist::Runtime& rt) {
+    run_runtimes(4, [&, replicate = replicate, shard = shard](comm::Runtime& rt) {
       auto mesh = framework::dtensor::DeviceMesh::create(*rt.rendezvous, {replicate, shard},
                                                          {"replicate", "shard"});
       // The ranks are threads of this process and share LibTorch's global
@@ -586,7 +586,7 @@ TEST(LlamaFromHuggingFace, EachRankHoldsItsShardsPlusOneConversionBuffer) {
   static auto* counter = new testing_support::CountingCpuAllocator();
   std::vector<int64_t> added(world, 0), largest_buffer(world, 0);
   std::vector<std::map<std::string, torch::Tensor>> full(world);
-  run_runtimes(world, [&](framework::dist::Runtime& rt) {
+  run_runtimes(world, [&](comm::Runtime& rt) {
     auto mesh = framework::dtensor::DeviceMesh::create(*rt.rendezvous, {1, world}, {"replicate", "shard"});
     std::shared_ptr<models::LayeredModelImpl> model;
     {
@@ -746,12 +746,12 @@ TEST(FusedOps, RmsNormAndChunkedCrossEntropyMatchTheComposedOpsOnTheCpu) {
   expect_fused_ops_match(torch::kCPU, torch::kFloat);
   expect_fused_ops_match(torch::kCPU, torch::kBFloat16);
   std::cout << "[ fused    ] rms_norm: "
-            << (framework::dist::compat::kHasRmsNorm ? "LibTorch's op" : "composed (LibTorch < 2.4 has no rms_norm op)")
+            << (comm::compat::kHasRmsNorm ? "LibTorch's op" : "composed (LibTorch < 2.4 has no rms_norm op)")
             << "\n";
 }
 
 TEST(CudaFusedOps, RmsNormAndChunkedCrossEntropyMatchTheComposedOpsOnTheGpu) {
-  if (!framework::dist::cuda_available()) {
+  if (!comm::cuda_available()) {
     SHARDKIT_SKIP("no CUDA device (CPU-only LibTorch build, or no GPU visible)");
   }
   expect_fused_ops_match(torch::Device(torch::kCUDA, 0), torch::kFloat);

@@ -2,7 +2,7 @@
 #include "checkpoint/interop/export.h"
 #include "checkpoint/interop/weights_file.h"
 #include "checkpoint/format/types.h"
-#include "dist/device.h"
+#include "comm/device.h"
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -93,7 +93,7 @@ TEST(TrainCli, ConfigErrorsExitWithStatusTwoNamingTheKey) {
   EXPECT_EQ(r.status, 2) << r.output;
   EXPECT_NE(r.output.find("did you mean checkpoint.interval?"), std::string::npos) << r.output;
   EXPECT_FALSE(fs::exists(dir));
-  if (!framework::dist::cuda_available()) {
+  if (!comm::cuda_available()) {
     // Without a usable GPU, cuda is refused as a config error, before anything is written.
     Result d = run(common(dir) + " --set train.device=cuda");
     EXPECT_EQ(d.status, 2) << d.output;

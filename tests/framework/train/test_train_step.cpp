@@ -60,7 +60,7 @@ Trained train(const framework::config::Config& cfg,
               const std::function<std::vector<StepRecord>(Trainer&)>& drive) {
   Trained out;
   std::mutex mu;
-  run_runtimes(kWorld, [&](framework::dist::Runtime& rt) {
+  run_runtimes(kWorld, [&](comm::Runtime& rt) {
     Trainer trainer(cfg, rt);
     std::vector<StepRecord> records = drive(trainer);
     auto& model = trainer.model();
@@ -145,7 +145,7 @@ TEST(TrainStep, RecordsNumberTheStepsAndCarryTheirMetrics) {
 TEST(TrainStep, PastTrainStepsIsRefused) {
   auto cfg = step_config(step_run_dir("past_end"));
   cfg.train.steps = 1;
-  run_runtimes(1, [&](framework::dist::Runtime& rt) {
+  run_runtimes(1, [&](comm::Runtime& rt) {
     Trainer trainer(cfg, rt);
     trainer.train_step();
     EXPECT_THROW(trainer.train_step(), c10::Error);

@@ -75,7 +75,7 @@ RunResult train(int world, int64_t replicate, int64_t shard, const std::string& 
 RunResult run_config(int world, const framework::config::Config& cfg) {
   RunResult result;
   std::mutex mu;
-  run_runtimes(world, [&](framework::dist::Runtime& rt) {
+  run_runtimes(world, [&](comm::Runtime& rt) {
     Trainer trainer(cfg, rt);
     EXPECT_EQ(trainer.run(), 0);
     auto& model = trainer.model();
@@ -240,7 +240,7 @@ void expect_same_on_every_rank(const std::vector<torch::Tensor>& by_rank, const 
 
 TEST(GradientClipping, ClipsByTheTrueGlobalNormAcrossShards) {
   std::vector<torch::Tensor> first_params(3), batches(3);
-  run_runtimes(3, [&](framework::dist::Runtime& rt) {
+  run_runtimes(3, [&](comm::Runtime& rt) {
     auto cfg = small_config(temp_run_dir("clip_" + std::to_string(rt.env.rank)));
     auto mesh = framework::dtensor::DeviceMesh::create(*rt.rendezvous, {1, 3}, {"replicate", "shard"});
     std::shared_ptr<models::LayeredModelImpl> model;
@@ -274,7 +274,7 @@ TEST(GradientClipping, ClipsByTheTrueGlobalNormAcrossShards) {
 
 TEST(FsdpMemory, PeakParamsAndGradsAreShardsPlusRootPlusOneUnit) {
   std::vector<torch::Tensor> first_params(4), batches(4);
-  run_runtimes(4, [&](framework::dist::Runtime& rt) {
+  run_runtimes(4, [&](comm::Runtime& rt) {
     auto cfg = small_config("unused");
     cfg.model.n_layers = 6;
     cfg.model.tie_weights = true;
@@ -347,7 +347,7 @@ AdamWCase make_adamw_case() {
 // ShardedAdamW(impl) at world 1 from c.initial, kAdamWSteps steps of c.grads.
 AdamWTrace run_sharded_adamw(const AdamWCase& c, AdamWImpl impl) {
   AdamWTrace trace;
-  run_runtimes(1, [&](framework::dist::Runtime& rt) {
+  run_runtimes(1, [&](comm::Runtime& rt) {
     auto mesh = framework::dtensor::DeviceMesh::create(*rt.rendezvous, {1, 1}, {"replicate", "shard"});
     std::shared_ptr<models::LayeredModelImpl> model;
     {
@@ -550,7 +550,7 @@ TEST(ProfilerTraces, EveryWindowWritesATraceWithTheTrainersRanges) {
   cfg.train.steps = 6;
   cfg.profile.every = 3;
   cfg.profile.active = 2;
-  run_runtimes(1, [&](framework::dist::Runtime& rt) {
+  run_runtimes(1, [&](comm::Runtime& rt) {
     Trainer trainer(cfg, rt);
     EXPECT_EQ(trainer.run(), 0);
   });
@@ -680,7 +680,7 @@ TEST(ModelSpecs, AKindRegisteredByTheProgramTrainsFromItsConfigAtAnyWorldSize) {
   const RunResult one = run_config(1, cfg);
   cfg.run.dir = temp_run_dir("tanh_stack_2");
   std::vector<std::string> units;
-  run_runtimes(2, [&](framework::dist::Runtime& rt) {
+  run_runtimes(2, [&](comm::Runtime& rt) {
     Trainer trainer(cfg, rt);
     if (rt.env.rank == 0) units = trainer.model().unit_names();
   });
@@ -697,7 +697,7 @@ TEST(ModelSpecs, AKindRegisteredByTheProgramTrainsFromItsConfigAtAnyWorldSize) {
   cfg.parallel.tensor = 2;
   cfg.run.dir = temp_run_dir("tanh_stack_tp");
   std::string refused;
-  run_runtimes(2, [&](framework::dist::Runtime& rt) {
+  run_runtimes(2, [&](comm::Runtime& rt) {
     try {
       Trainer trainer(cfg, rt);
     } catch (const std::invalid_argument& e) {

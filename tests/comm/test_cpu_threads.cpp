@@ -1,7 +1,7 @@
 // A rank's CPU thread pools (LibTorch's and, on OpenBLAS, the BLAS's) are
 // sized to its share of the machine's cores. Each TEST runs in its own process
 // (gtest_discover_tests), so changing the process-wide pools here is safe.
-#include "dist/cpu_threads.h"
+#include "comm/cpu_threads.h"
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -12,7 +12,7 @@
 #include <string>
 #include <thread>
 
-namespace framework::dist {
+namespace comm {
 namespace {
 
 EnvLookup env_of(const std::map<std::string, std::string>& vars) {
@@ -73,4 +73,4 @@ TEST(CpuThreads, ARankAloneOnItsNodeLeavesThePoolsAlone) {
 }
 
 }  // namespace
-}  // namespace framework::dist
+}  // namespace comm

@@ -1,6 +1,6 @@
-#include "dist/local_launcher.h"
+#include "comm/local_launcher.h"
 
-#include "dist/launch_env.h"
+#include "comm/launch_env.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -27,7 +27,7 @@
 #include <string>
 #include <thread>
 
-namespace framework::dist {
+namespace comm {
 namespace {
 
 namespace fs = std::filesystem;
@@ -619,4 +619,4 @@ TEST_F(LocalLauncherTest, InvalidOptionsAreRejectedBeforeAnythingStarts) {
 }
 
 }  // namespace
-}  // namespace framework::dist
+}  // namespace comm

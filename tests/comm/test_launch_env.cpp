@@ -1,4 +1,4 @@
-#include "dist/launch_env.h"
+#include "comm/launch_env.h"
 
 #include <gtest/gtest.h>
 
@@ -6,7 +6,7 @@
 #include <stdexcept>
 #include <string>
 
-namespace framework::dist {
+namespace comm {
 namespace {
 
 EnvLookup env_of(std::map<std::string, std::string> vars) {
@@ -451,4 +451,4 @@ TEST(LaunchEnv, ProcessEnvReadsTheRealEnvironment) {
 }
 
 }  // namespace
-}  // namespace framework::dist
+}  // namespace comm

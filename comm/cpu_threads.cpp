@@ -1,4 +1,4 @@
-#include "dist/cpu_threads.h"
+#include "comm/cpu_threads.h"
 
 #include <torch/torch.h>
 
@@ -8,7 +8,7 @@
 #include <cstdlib>
 #include <thread>
 
-namespace framework::dist {
+namespace comm {
 namespace {
 
 // OpenBLAS's own API (cblas.h), looked up rather than linked so that the same
@@ -52,4 +52,4 @@ int share_cpu_threads_among_local_ranks(const LaunchEnv& env) {
   return threads;
 }
 
-}  // namespace framework::dist
+}  // namespace comm

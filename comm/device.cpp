@@ -1,4 +1,4 @@
-#include "dist/device.h"
+#include "comm/device.h"
 
 #include <torch/cuda.h>
 
@@ -15,7 +15,7 @@
 #include <cuda_runtime_api.h>
 #endif
 
-namespace framework::dist {
+namespace comm {
 
 #ifdef SHARDKIT_CUDA
 namespace {
@@ -263,4 +263,4 @@ bool CopyStream::query() {
   return true;
 }
 
-}  // namespace framework::dist
+}  // namespace comm

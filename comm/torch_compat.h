@@ -5,7 +5,7 @@
 // Gloo/NCCL backends, what their base class is, how TCPStore options are
 // spelled, how a backend is constructed, and how torch::optim keys its
 // per-parameter state. Only .cpp files include it; the rest of the project
-// sees framework::dist::Group and the helpers at the bottom.
+// sees comm::Group and the helpers at the bottom.
 //
 //   LibTorch 1.13: ProcessGroupGloo derives from c10d::ProcessGroup.
 //   LibTorch 2.x : ProcessGroupGloo derives from c10d::Backend; ProcessGroup
@@ -30,8 +30,8 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
 
-#include "dist/process_group.h"
-#include "dist/runtime.h"
+#include "comm/process_group.h"
+#include "comm/runtime.h"
 
 #include <chrono>
 #include <cmath>
@@ -42,7 +42,7 @@
 #include <string>
 #include <vector>
 
-namespace framework::dist::compat {
+namespace comm::compat {
 
 #if TORCH_VERSION_MAJOR >= 2
 using BackendBase = c10d::Backend;
@@ -255,9 +255,9 @@ inline at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double
 #endif
 }
 
-}  // namespace framework::dist::compat
+}  // namespace comm::compat
 
-namespace framework::dist {
+namespace comm {
 
 struct Group::Backend {
   compat::BackendPtr pg;
@@ -268,4 +268,4 @@ struct Rendezvous::Store {
   compat::StorePtr store;
 };
 
-}  // namespace framework::dist
+}  // namespace comm

@@ -1,15 +1,15 @@
-#include "dist/self_launch.h"
+#include "comm/self_launch.h"
 
-#include "dist/launch_env.h"
-#include "dist/local_launcher.h"
-#include "dist/runtime.h"
+#include "comm/launch_env.h"
+#include "comm/local_launcher.h"
+#include "comm/runtime.h"
 
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
 #include <stdexcept>
 
-namespace framework::dist {
+namespace comm {
 
 int self_launching_main(int argc, char** argv, const std::string& name,
                         const std::function<int(const std::string& dir)>& run_rank,
@@ -54,4 +54,4 @@ int self_launching_main(int argc, char** argv, const std::string& name,
   }
 }
 
-}  // namespace framework::dist
+}  // namespace comm

@@ -1,13 +1,13 @@
-#include "dist/process_group.h"
+#include "comm/process_group.h"
 
-#include "dist/torch_compat.h"
+#include "comm/torch_compat.h"
 
 #include <algorithm>
 #include <cstring>
 #include <sstream>
 #include <stdexcept>
 
-namespace framework::dist {
+namespace comm {
 
 namespace {
 
@@ -434,4 +434,4 @@ void Group::send_recv(const void* send, size_t send_n, int to, void* recv, size_
   if (receiving) copy_back(in_host, in[0]);
 }
 
-}  // namespace framework::dist
+}  // namespace comm

@@ -1,4 +1,4 @@
-#include "dist/host_malloc.h"
+#include "comm/host_malloc.h"
 
 #include <cstdlib>
 #include <stdexcept>
@@ -7,7 +7,7 @@
 #include <malloc.h>
 #endif
 
-namespace framework::dist {
+namespace comm {
 
 HostMallocOutcome apply_host_malloc(const std::string& mode) {
   if (mode != "keep" && mode != "default") {
@@ -30,4 +30,4 @@ HostMallocOutcome apply_host_malloc(const std::string& mode) {
 #endif
 }
 
-}  // namespace framework::dist
+}  // namespace comm

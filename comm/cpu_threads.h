@@ -9,9 +9,9 @@
 // would run 4 busy BLAS threads. Both pools get the same share.
 //
 // Not thread-safe: call once per process, before training starts.
-#include "dist/launch_env.h"
+#include "comm/launch_env.h"
 
-namespace framework::dist {
+namespace comm {
 
 // Threads for one of `local_world` ranks sharing `cores` cores: at least 1.
 int cpu_threads_per_rank(int cores, int local_world);
@@ -33,4 +33,4 @@ int openblas_threads();
 // it. Returns 0 and changes nothing for a rank alone on its node.
 int share_cpu_threads_among_local_ranks(const LaunchEnv& env);
 
-}  // namespace framework::dist
+}  // namespace comm

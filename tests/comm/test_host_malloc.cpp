@@ -1,7 +1,7 @@
 // run.host_malloc: glibc's thresholds, observed through malloc's own
 // statistics and the process's page faults. Each test is its own process
 // (gtest_discover_tests), so one test's mallopt does not reach another.
-#include "dist/host_malloc.h"
+#include "comm/host_malloc.h"
 
 #include <gtest/gtest.h>
 
@@ -14,7 +14,7 @@
 #include <malloc.h>
 #endif
 
-namespace framework::dist {
+namespace comm {
 namespace {
 
 // Writes every page through a volatile pointer: a memset before free is a
@@ -92,4 +92,4 @@ TEST(HostMalloc, MallocVariablesInTheEnvironmentWinOverKeep) {
 #endif
 
 }  // namespace
-}  // namespace framework::dist
+}  // namespace comm

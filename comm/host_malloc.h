@@ -19,7 +19,7 @@
 #include <cstddef>
 #include <string>
 
-namespace framework::dist {
+namespace comm {
 
 // What apply_host_malloc did.
 enum class HostMallocOutcome {
@@ -40,4 +40,4 @@ inline constexpr std::size_t kKeepTrimThreshold = std::size_t{1} << 30;
 // std::invalid_argument naming run.host_malloc).
 HostMallocOutcome apply_host_malloc(const std::string& mode);
 
-}  // namespace framework::dist
+}  // namespace comm

@@ -1,5 +1,5 @@
 // Collectives over real Gloo groups, 2-4 ranks as threads on loopback.
-#include "dist/process_group.h"
+#include "comm/process_group.h"
 #include "support/multi_rank.h"
 
 #include <gtest/gtest.h>
@@ -7,9 +7,9 @@
 
 #include <atomic>
 
-using framework::dist::DistError;
-using framework::dist::Group;
-using framework::dist::ReduceOp;
+using comm::DistError;
+using comm::Group;
+using comm::ReduceOp;
 using testing_support::RankContext;
 using testing_support::run_ranks;
 
@@ -68,14 +68,14 @@ TEST_P(CollectivesAcrossWorlds, BroadcastAndBytePayloadsReachEveryRank) {
     at::Tensor t = ctx.rank == 1 ? at::full({4}, 7, at::kInt) : at::zeros({4}, at::kInt);
     g->broadcast(t, 1);
     EXPECT_EQ(t.sum().item<int>(), 28);
-    framework::dist::Bytes mine(static_cast<size_t>(ctx.rank * 3), static_cast<uint8_t>(ctx.rank));
+    comm::Bytes mine(static_cast<size_t>(ctx.rank * 3), static_cast<uint8_t>(ctx.rank));
     auto all = g->all_gather_bytes(mine);
     ASSERT_EQ(static_cast<int>(all.size()), world);
     for (int r = 0; r < world; ++r) {
-      EXPECT_EQ(all[r], framework::dist::Bytes(static_cast<size_t>(r * 3), static_cast<uint8_t>(r)));
+      EXPECT_EQ(all[r], comm::Bytes(static_cast<size_t>(r * 3), static_cast<uint8_t>(r)));
     }
-    framework::dist::Bytes payload = {1, 2, 3, 250};
-    auto got = g->broadcast_bytes(ctx.rank == 0 ? payload : framework::dist::Bytes{}, 0);
+    comm::Bytes payload = {1, 2, 3, 250};
+    auto got = g->broadcast_bytes(ctx.rank == 0 ? payload : comm::Bytes{}, 0);
     EXPECT_EQ(got, payload);
     g->barrier();
   });
@@ -87,7 +87,7 @@ TEST_P(CollectivesAcrossWorlds, GatherAndScatterBytesReachOnlyTheirMembers) {
   int world = GetParam();
   const int root = world - 1;
   auto payload = [](int r) {
-    return framework::dist::Bytes(static_cast<size_t>(r == 1 ? 0 : 5 + r * 7),
+    return comm::Bytes(static_cast<size_t>(r == 1 ? 0 : 5 + r * 7),
                                   static_cast<uint8_t>(40 + r));
   };
   run_ranks(world, [&](RankContext& ctx) {
@@ -99,7 +99,7 @@ TEST_P(CollectivesAcrossWorlds, GatherAndScatterBytesReachOnlyTheirMembers) {
     } else {
       EXPECT_TRUE(gathered.empty());
     }
-    std::vector<framework::dist::Bytes> out;
+    std::vector<comm::Bytes> out;
     if (ctx.rank == root) {
       for (int r = 0; r < world; ++r) out.push_back(payload(world - 1 - r));
     }
@@ -125,10 +125,10 @@ TEST_P(CollectivesAcrossWorlds, AsyncFormsGiveTheBlockingBitsWhileInFlightOnTwoG
       at::Tensor scattered = at::empty({6}, dtype);
       at::Tensor summed = in.clone();
       at::Tensor averaged = in.clone();
-      framework::dist::Work ag = gathers->all_gather_async(gathered, mine);
-      framework::dist::Work rs = reductions->reduce_scatter_async(scattered, in);
-      framework::dist::Work ar = reductions->all_reduce_async(summed);
-      framework::dist::Work avg = reductions->all_reduce_async(averaged, ReduceOp::kAvg);
+      comm::Work ag = gathers->all_gather_async(gathered, mine);
+      comm::Work rs = reductions->reduce_scatter_async(scattered, in);
+      comm::Work ar = reductions->all_reduce_async(summed);
+      comm::Work avg = reductions->all_reduce_async(averaged, ReduceOp::kAvg);
       EXPECT_TRUE(ag.pending() && rs.pending() && ar.pending() && avg.pending());
       avg.wait();
       ar.wait();

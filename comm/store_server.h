@@ -7,7 +7,7 @@
 #include <memory>
 #include <string>
 
-namespace framework::dist {
+namespace comm {
 
 class StoreServer {
  public:
@@ -23,4 +23,4 @@ class StoreServer {
 using StoreServerFactory = std::function<std::unique_ptr<StoreServer>(
     const std::string& addr, int port, const std::string& job_id)>;
 
-}  // namespace framework::dist
+}  // namespace comm

@@ -5,7 +5,7 @@
 #include <optional>
 #include <string>
 
-namespace framework::dist {
+namespace comm {
 
 enum class LaunchSource { kSingleProcess, kTorchrun, kSlurm };
 
@@ -98,4 +98,4 @@ LaunchEnv detect_launch_env(const EnvLookup& env,
 
 std::string to_string(LaunchSource s);
 
-}  // namespace framework::dist
+}  // namespace comm

@@ -1,7 +1,7 @@
-#include "dist/runtime.h"
+#include "comm/runtime.h"
 
-#include "dist/device.h"
-#include "dist/torch_compat.h"
+#include "comm/device.h"
+#include "comm/torch_compat.h"
 
 #include <algorithm>
 #include <cstdlib>
@@ -9,7 +9,7 @@
 #include <sstream>
 #include <string>
 
-namespace framework::dist {
+namespace comm {
 
 namespace {
 
@@ -207,4 +207,4 @@ bool built_with_cuda() {
 #endif
 }
 
-}  // namespace framework::dist
+}  // namespace comm

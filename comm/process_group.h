@@ -1,5 +1,5 @@
 #pragma once
-// framework::dist::Group: the project's process group. It wraps one c10d
+// comm::Group: the project's process group. It wraps one c10d
 // backend (Gloo, or NCCL in CUDA builds), names itself in every error, turns
 // a dead or stuck peer into a DistError after the group timeout, and provides
 // the collectives Gloo lacks on LibTorch 1.13 (flat all-gather,
@@ -19,7 +19,7 @@
 #include <string>
 #include <vector>
 
-namespace framework::dist {
+namespace comm {
 
 // A collective failed: timeout, dead peer, or an earlier failure left the
 // group unusable. The message names the group, the operation and the rank.
@@ -166,4 +166,4 @@ std::shared_ptr<Group> wrap_c10d_backend(c10::intrusive_ptr<c10::intrusive_ptr_t
                                          std::string name, std::vector<int> global_ranks = {},
                                          std::chrono::milliseconds timeout = std::chrono::minutes(30));
 
-}  // namespace framework::dist
+}  // namespace comm

@@ -2,12 +2,12 @@
 // The built-in local launcher behind `train --nproc N` (like `torchrun
 // --standalone`): runs N copies of a program on this machine as ranks
 // 0..N-1. Torch-free.
-#include "dist/store_server.h"
+#include "comm/store_server.h"
 
 #include <string>
 #include <vector>
 
-namespace framework::dist {
+namespace comm {
 
 // A rank's exit status that means "stopped by a signal after its final
 // save; run the same command to resume" (framework/train: kExitPreempted).
@@ -25,7 +25,7 @@ struct LocalLaunchOptions {
   std::string master_addr = "127.0.0.1";
   int master_port = 0;           // 0: the store server takes any free port
   // REQUIRED: serves the job's rendezvous store (host_tcp_store in runtime.h
-  // for ranks that use framework::dist). Called once, before any rank starts;
+  // for ranks that use comm). Called once, before any rank starts;
   // the server lives until every rank has exited, so no rank binds a port and
   // no other job can take the port between choosing and binding it.
   StoreServerFactory store_server;
@@ -58,4 +58,4 @@ int run_local_launcher(const LocalLaunchOptions& options);
 // "--nproc N", "--nodes N", "--nproc-per-node N" and their "--flag=N" forms.
 std::vector<std::string> argv_without_nproc(int argc, char** argv);
 
-}  // namespace framework::dist
+}  // namespace comm

@@ -13,7 +13,7 @@
 #include <cstddef>
 #include <string>
 
-namespace framework::dist {
+namespace comm {
 
 bool cuda_available();  // built with CUDA and at least one device present
 int cuda_device_count();
@@ -102,4 +102,4 @@ class CopyStream {
   Impl* impl_ = nullptr;
 };
 
-}  // namespace framework::dist
+}  // namespace comm

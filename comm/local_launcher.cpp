@@ -1,6 +1,6 @@
-#include "dist/local_launcher.h"
+#include "comm/local_launcher.h"
 
-#include "dist/launch_env.h"
+#include "comm/launch_env.h"
 
 #include <filesystem>
 
@@ -30,7 +30,7 @@
 
 extern char** environ;
 
-namespace framework::dist {
+namespace comm {
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -601,7 +601,7 @@ void check_options(const LocalLaunchOptions& options) {
   if (!options.store_server) {
     throw std::invalid_argument(
         "launcher: no store server (LocalLaunchOptions::store_server; "
-        "framework::dist::host_tcp_store serves c10d's TCPStore)");
+        "comm::host_tcp_store serves c10d's TCPStore)");
   }
   if (options.master_port < 0 || options.master_port > 65535) {
     throw std::invalid_argument("launcher: master_port=" +
@@ -756,4 +756,4 @@ std::vector<std::string> argv_without_nproc(int argc, char** argv) {
   return out;
 }
 
-}  // namespace framework::dist
+}  // namespace comm

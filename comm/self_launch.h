@@ -2,7 +2,7 @@
 // The main() of a program that is its own launcher, as the examples are:
 //
 //   int main(int argc, char** argv) {
-//     return framework::dist::self_launching_main(argc, argv, "my_tool", run_rank);
+//     return comm::self_launching_main(argc, argv, "my_tool", run_rank);
 //   }
 //
 // Arguments: [--nproc N] [--dir DIR]. Started by torchrun, SLURM or a
@@ -16,10 +16,10 @@
 #include <functional>
 #include <string>
 
-namespace framework::dist {
+namespace comm {
 
 int self_launching_main(int argc, char** argv, const std::string& name,
                         const std::function<int(const std::string& dir)>& run_rank,
                         int default_nproc = 2);
 
-}  // namespace framework::dist
+}  // namespace comm

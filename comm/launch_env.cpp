@@ -1,4 +1,4 @@
-#include "dist/launch_env.h"
+#include "comm/launch_env.h"
 
 #include <algorithm>
 #include <cinttypes>
@@ -8,7 +8,7 @@
 #include <random>
 #include <stdexcept>
 
-namespace framework::dist {
+namespace comm {
 namespace {
 
 constexpr int kDefaultMasterPort = 29500;
@@ -414,4 +414,4 @@ std::string to_string(LaunchSource s) {
   return "unknown";
 }
 
-}  // namespace framework::dist
+}  // namespace comm

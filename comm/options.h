@@ -2,7 +2,7 @@
 // Options of the distributed runtime (config section `dist`).
 #include <string>
 
-namespace framework::dist {
+namespace comm {
 
 struct DistOptions {
   // auto: nccl when train.device is cuda and the build has NCCL, else gloo.
@@ -18,4 +18,4 @@ struct DistOptions {
   int master_port = 0;
 };
 
-}  // namespace framework::dist
+}  // namespace comm

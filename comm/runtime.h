@@ -4,17 +4,17 @@
 //
 // Call sequence (all ranks, same order): init_runtime; then new_group for any
 // sub-groups (mesh axes) in the same order on every rank.
-#include "dist/launch_env.h"
-#include "dist/options.h"
-#include "dist/process_group.h"
-#include "dist/store_server.h"
+#include "comm/launch_env.h"
+#include "comm/options.h"
+#include "comm/process_group.h"
+#include "comm/store_server.h"
 
 #include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
-namespace framework::dist {
+namespace comm {
 
 // This rank's connection to the job's c10d TCPStore at
 // env.master_addr:env.master_port.
@@ -98,4 +98,4 @@ std::unique_ptr<StoreServer> host_tcp_store(const std::string& addr, int port,
 std::string torch_version();
 bool built_with_cuda();
 
-}  // namespace framework::dist
+}  // namespace comm

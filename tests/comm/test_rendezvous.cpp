@@ -1,9 +1,9 @@
 // Rendezvous over real c10d TCPStores on loopback: who serves the store, and
 // how a rank refuses a store that belongs to another job.
-#include "dist/launch_env.h"
-#include "dist/local_launcher.h"
-#include "dist/process_group.h"
-#include "dist/runtime.h"
+#include "comm/launch_env.h"
+#include "comm/local_launcher.h"
+#include "comm/process_group.h"
+#include "comm/runtime.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -24,7 +24,7 @@
 #include <thread>
 #include <vector>
 
-namespace framework::dist {
+namespace comm {
 namespace {
 
 constexpr std::chrono::milliseconds kTimeout{10000};
@@ -210,4 +210,4 @@ TEST(RankZeroServes, OnAnyFreePortWhenItIsTheOnlyRank) {
 }
 
 }  // namespace
-}  // namespace framework::dist
+}  // namespace comm
