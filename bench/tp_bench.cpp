@@ -74,7 +74,7 @@ std::unique_ptr<dist::Runtime> thread_rank_runtime(int r, int world, int port, c
   env.master_port = port;
   env.store_hosted = true;
   env.job_id = job_id;
-  return dist::init_runtime(env, dist::DistOptions{}, "cpu");
+  return dist::init_runtime(env, dist::DistOptions{}, dist::DeviceKind::kCpu);
 }
 
 // {replicate 1, shard dp, tensor tp}, or {replicate 1, shard dp} without TP.

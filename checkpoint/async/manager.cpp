@@ -69,7 +69,6 @@ CheckpointManager::CheckpointManager(CheckpointOptions options, std::string defa
       dir_(options_.dir.empty() ? std::move(default_dir) : options_.dir),
       group_(group),
       layout_(std::move(layout)),
-      mode_(parse_save_mode(options_.mode)),
       plan_cache_(options_.plan_cache ? std::make_shared<SavePlanCache>() : nullptr),
       storage_(std::move(storage)),
       hooks_(std::move(hooks)) {
@@ -149,7 +148,7 @@ std::vector<std::string> CheckpointManager::durable_candidates() {
   std::string error, list;
   if (group_.rank() == 0) {
     try {
-      if (options_.resume == "auto" && options_.resume_fallback) {
+      if (resume_request(options_.resume) == ResumeRequest::kAuto && options_.resume_fallback) {
         const std::vector<CheckpointEntry> entries = list_checkpoints(*storage_, dir_);
         for (auto it = entries.rbegin(); it != entries.rend(); ++it) {
           if (it->committed) list += it->path + "\n";
@@ -176,7 +175,7 @@ std::vector<std::string> CheckpointManager::durable_candidates() {
 // durable tier's.
 std::vector<ResumeCandidate> CheckpointManager::resume_candidates(std::vector<std::string>& notes) {
   std::vector<ResumeCandidate> candidates;
-  if (tiers_ && options_.resume == "auto") {
+  if (tiers_ && resume_request(options_.resume) == ResumeRequest::kAuto) {
     TierChoice choice = tiers_->choose_resume();
     candidates = std::move(choice.candidates);
     notes = std::move(choice.notes);
@@ -208,7 +207,7 @@ std::string CheckpointManager::set_aside(const std::string& path) {
 }
 
 std::optional<ResumeResult> CheckpointManager::resume(StateDict& state) {
-  const bool with_tiers = tiers_ && options_.resume == "auto";
+  const bool with_tiers = tiers_ && resume_request(options_.resume) == ResumeRequest::kAuto;
   ResumeResult result;
   const std::vector<ResumeCandidate> candidates = resume_candidates(result.notes);
   for (const ResumeCandidate& c : candidates) {
@@ -314,7 +313,7 @@ SaveOptions CheckpointManager::save_options(std::shared_ptr<Storage> storage) co
   so.layout = layout_;
   so.compression = options_.compression;
   so.io_threads = options_.io_threads;
-  so.info = {{"mode", options_.mode}};
+  so.info = {{"mode", to_string(options_.mode)}};
   so.storage = std::move(storage);
   so.plan_cache = plan_cache_;
   return so;
@@ -328,7 +327,7 @@ void CheckpointManager::stage_in_background(Job& job) {
     staging_.copy_to_host(job.source);
     job.source = StateDict();
     job.event.stage_s = seconds_since(job.started);
-  } else if (mode_ == SaveMode::kOverlap) {
+  } else if (options_.mode == SaveMode::kOverlap) {
     auto t = Clock::now();
     job.staged = staging_.stage(job.source);
     job.source = StateDict();
@@ -392,7 +391,7 @@ void CheckpointManager::retain_durable(int64_t step) {
       record_retention_failures({RetentionFailure{step, "durable", error_text(e)}});
     }
   };
-  if (mode_ != SaveMode::kSync) {
+  if (options_.mode != SaveMode::kSync) {
     retain();
     return;
   }
@@ -476,7 +475,7 @@ std::shared_ptr<CheckpointManager::Job> CheckpointManager::start_job(int64_t ste
   auto job = std::make_shared<Job>();
   job->step = step;
   job->event.step = step;
-  job->event.mode = options_.mode;
+  job->event.mode = to_string(options_.mode);
   job->event.path = join_path(dir_, step_dir_name(step));
   job->started = t0;
   if (tiers_) {
@@ -501,11 +500,11 @@ void CheckpointManager::save(int64_t step, StateDict state, bool final) {
   wait_retention();
   std::shared_ptr<Job> job = start_job(step, final, t0);
   const bool on_device = HostStaging::has_device_tensors(state);
-  if (mode_ == SaveMode::kSync) {
+  if (options_.mode == SaveMode::kSync) {
     save_sync(job, std::move(state), on_device);
     return;
   }
-  if (mode_ == SaveMode::kAsync) {
+  if (options_.mode == SaveMode::kAsync) {
     // The only part the loop waits for: a copy into the reused buffers.
     auto t = Clock::now();
     job->staged = staging_.stage(state);
@@ -519,7 +518,7 @@ void CheckpointManager::save(int64_t step, StateDict state, bool final) {
     try {
       job->staged = staging_.begin_overlap(state, snapshot);
     } catch (const std::runtime_error& e) {
-      throw CheckpointError("checkpoint.device_snapshot: " + options_.device_snapshot + ", but " +
+      throw CheckpointError("checkpoint.device_snapshot: " + std::string(to_string(options_.device_snapshot)) + ", but " +
                             e.what() + " (step " + std::to_string(step) +
                             "; checkpoint.device_snapshot: off stages from the live state)");
     }
@@ -539,7 +538,7 @@ void CheckpointManager::save(int64_t step, StateDict state, bool final) {
   }
   worker_ = std::thread([this, job] { persist(job); });
   job->event.blocking_s = seconds_since(t0);
-  if (mode_ == SaveMode::kAsync) {
+  if (options_.mode == SaveMode::kAsync) {
     std::lock_guard<std::mutex> lock(mu_);
     job->blocking_final = true;
   }
@@ -595,10 +594,12 @@ void CheckpointManager::save_tiered_sync(std::shared_ptr<Job> job) {
 }
 
 bool CheckpointManager::use_device_snapshot(const StateDict& state) const {
-  const std::string& policy = options_.device_snapshot;
-  if (policy == "on") return true;
-  if (policy == "off") return false;
-  return staging_.snapshot_fits(state);  // auto
+  switch (options_.device_snapshot) {
+    case DeviceSnapshot::kOn: return true;
+    case DeviceSnapshot::kOff: return false;
+    case DeviceSnapshot::kAuto: break;
+  }
+  return staging_.snapshot_fits(state);
 }
 
 void CheckpointManager::wait_staged() {
@@ -607,7 +608,7 @@ void CheckpointManager::wait_staged() {
     std::lock_guard<std::mutex> lock(mu_);
     job = in_flight_;
   }
-  if (!job || mode_ != SaveMode::kOverlap) return;
+  if (!job || options_.mode != SaveMode::kOverlap) return;
   auto t = Clock::now();
   std::unique_lock<std::mutex> lock(mu_);
   if (job->blocking_final) return;

@@ -207,7 +207,6 @@ class CheckpointManager {
   std::string dir_;
   framework::dist::Group& group_;
   std::string layout_;
-  SaveMode mode_;
   std::shared_ptr<SavePlanCache> plan_cache_;  // null: checkpoint.plan_cache false
   std::thread worker_;
   std::shared_ptr<Job> in_flight_;

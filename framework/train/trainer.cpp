@@ -121,8 +121,6 @@ struct Trainer::State {
   bool is_logger = false;
   std::unique_ptr<checkpoint::CheckpointManager> ckpt;
   TrainerHooks hooks;
-  checkpoint::SaveMode save_mode = checkpoint::SaveMode::kSync;  // checkpoint.mode, parsed once
-  checkpoint::WhenBusy when_busy = checkpoint::WhenBusy::kWait;  // checkpoint.when_busy
   Clock::time_point started = Clock::now();  // this process's run: wall_s in metrics.jsonl
   std::string layout;                        // "fsdp replicate=1 shard=2"
   int64_t saves_failed = 0;                  // this run, kept going by on_error: warn
@@ -184,29 +182,6 @@ struct Trainer::State {
 };
 
 namespace {
-
-// module.to(device), except that parameters without storage (a model
-// built unmaterialised) stay so: they become empty tensors of the device,
-// so that FullyShardedModel materialises them there.
-void move_to_device(torch::nn::Module& module, torch::Device device) {
-  bool unmaterialised = false;
-  for (const auto& p : module.parameters()) unmaterialised |= p.numel() > 0 && p.storage().nbytes() == 0;
-  if (!unmaterialised) {
-    module.to(device);
-    return;
-  }
-  torch::NoGradGuard no_grad;
-  for (auto& p : module.parameters()) {
-    const bool empty = p.numel() > 0 && p.storage().nbytes() == 0;
-    p.set_data(empty ? torch::empty(p.sizes(), p.options().device(device)) : p.to(device));
-    if (empty) {
-      c10::StorageImpl* impl = p.storage().unsafeGetStorageImpl();
-      impl->set_data_ptr_noswap(at::DataPtr(nullptr, p.device()));
-      impl->set_nbytes(0);
-    }
-  }
-  for (auto& b : module.buffers()) b.set_data(b.to(device));
-}
 
 std::string format_duration(double seconds) {
   auto s = static_cast<int64_t>(seconds + 0.5);
@@ -345,9 +320,9 @@ void Trainer::State::save_checkpoint(int64_t at_step, bool final) {
     ckpt->save(at_step, make_state_dict(), final);
   } catch (const checkpoint::CheckpointError& e) {
     // The previous (background) save failed, or this sync save did.
-    if (cfg.checkpoint.on_error != "warn") throw;
+    if (cfg.checkpoint.on_error != checkpoint::OnError::kWarn) throw;
     if (is_logger) std::cerr << "shardkit: warning: " << e.what() << std::endl;
-    if (ckpt->busy() || save_mode == checkpoint::SaveMode::kSync) return;
+    if (ckpt->busy() || cfg.checkpoint.mode == checkpoint::SaveMode::kSync) return;
     ckpt->save(at_step, make_state_dict(), final);
   }
 }
@@ -411,10 +386,7 @@ void Trainer::State::log_checkpoint_events() {
 // the same full model from the same seed, each block one FSDP unit, with
 // the token cross-entropy as its loss.
 void Trainer::State::build_builtin_model() {
-  if (cfg.parallel.tensor > 1 && cfg.model.kind != "llama") {
-    throw std::invalid_argument("parallel.tensor " + std::to_string(cfg.parallel.tensor) +
-                                " needs model.kind llama (model.kind is " + cfg.model.kind + ")");
-  }
+  check_tensor_parallel_model(cfg);
   std::shared_ptr<models::LayeredModelImpl> model;
   {
     // LibTorch's init functions draw from the process-wide generator; ranks
@@ -494,7 +466,7 @@ void Trainer::State::shard_model() {
   if (device.is_cuda()) {
     // Bit-exact resume needs reproducible kernels (train.deterministic).
     dist::use_deterministic_cuda(cfg.train.deterministic);
-    move_to_device(*user.module, device);
+    fsdp::move_to_device(*user.module, device);
   }
   fsdp::ParallelOptions parallel = cfg.parallel;
   parallel.mixed_precision = cfg.train.mixed_precision;
@@ -555,16 +527,17 @@ void Trainer::State::print_banner(const std::optional<std::string>& resume_from,
             << fsdp->unit_names().size() << " units, " << std::fixed << std::setprecision(2)
             << st.sharded_param_bytes / 1048576.0 << std::defaultfloat << " MiB on this rank; data " << dataset->describe() << std::endl;
   const auto& mp = cfg.train.mixed_precision;
-  if (mp.param_dtype != "fp32" || mp.reduce_dtype != "fp32" || micro_batches > 1 ||
-      cfg.model.activation_checkpointing != "none") {
-    std::cout << "shardkit: compute " << mp.param_dtype << ", gradients reduced in " << mp.reduce_dtype
+  if (mp.param_dtype != fsdp::PrecisionDtype::kFp32 || mp.reduce_dtype != fsdp::PrecisionDtype::kFp32 ||
+      micro_batches > 1 || cfg.model.activation_checkpointing != models::ActivationCheckpointing::kNone) {
+    std::cout << "shardkit: compute " << to_string(mp.param_dtype) << ", gradients reduced in "
+              << to_string(mp.reduce_dtype)
               << ", master weights and AdamW fp32; " << micro_batches << " micro-batch"
               << (micro_batches > 1 ? "es" : "") << " per step and rank";
-    if (builtin_model) std::cout << "; activation checkpointing " << cfg.model.activation_checkpointing;
+    if (builtin_model) std::cout << "; activation checkpointing " << to_string(cfg.model.activation_checkpointing);
     std::cout << std::endl;
   }
   std::cout << "shardkit: optimizer AdamW " << optim::adamw_impl_name(optim->impl())
-            << " (train.optimizer_impl " << cfg.train.optimizer_impl << ")";
+            << " (train.optimizer_impl " << to_string(cfg.train.optimizer_impl) << ")";
   if (builtin_model && cfg.model.kind == "llama") {
     std::cout << "; fused kernels "
               << (cfg.train.fused_kernels ? models::llama_fused_ops_description() : std::string("off"));
@@ -576,10 +549,10 @@ void Trainer::State::print_banner(const std::optional<std::string>& resume_from,
               << std::endl;
   }
   if (host_malloc == dist::HostMallocOutcome::kEnvironment) {
-    std::cout << "shardkit: run.host_malloc " << cfg.run.host_malloc
+    std::cout << "shardkit: run.host_malloc " << to_string(cfg.run.host_malloc)
               << " left to MALLOC_* variables in the environment" << std::endl;
   } else if (host_malloc == dist::HostMallocOutcome::kUnsupported) {
-    std::cout << "shardkit: run.host_malloc " << cfg.run.host_malloc
+    std::cout << "shardkit: run.host_malloc " << to_string(cfg.run.host_malloc)
               << " not applied: this C library's malloc has no such thresholds" << std::endl;
   }
   if (builtin_model) {
@@ -633,16 +606,9 @@ void Trainer::State::build_mesh() {
 
 // The global batch over the data-parallel ranks, in micro-batches.
 void Trainer::State::check_batch_split() {
+  check_batch(cfg, static_cast<int>(dp_size));
   const int64_t micro = cfg.train.micro_batch_size;
-  const int64_t dp = dp_size;
-  if (cfg.train.global_batch_size % dp != 0 ||
-      (micro > 0 && cfg.train.global_batch_size % (micro * dp) != 0)) {
-    throw std::invalid_argument(
-        "train.global_batch_size (" + std::to_string(cfg.train.global_batch_size) +
-        ") must be divisible by train.micro_batch_size (" + std::to_string(micro) +
-        ") x data-parallel ranks (" + std::to_string(dp) + ")");
-  }
-  if (micro > 0) micro_batches = cfg.train.global_batch_size / dp / micro;
+  if (micro > 0) micro_batches = cfg.train.global_batch_size / dp_size / micro;
 }
 
 // This data-parallel rank's loader over the dataset, and the layout's name.
@@ -714,8 +680,6 @@ Trainer::Trainer(const config::Config& config, dist::Runtime& runtime, UserModel
     }
     s.user = std::move(model);
   }
-  s.save_mode = checkpoint::parse_save_mode(s.cfg.checkpoint.mode);
-  s.when_busy = checkpoint::parse_when_busy(s.cfg.checkpoint.when_busy);
   s.is_logger = runtime.env.rank == 0;
   s.build_mesh();
   s.check_batch_split();
@@ -748,7 +712,7 @@ Trainer::Trainer(const config::Config& config, dist::Runtime& runtime, UserModel
   // for the durable file system), unless they provide one for it.
   s.ckpt->set_placement({runtime.env.node, s.hooks.local_storage ? s.hooks.local_storage
                                                                  : checkpoint::posix_storage(posix)});
-  if (s.ckpt->enabled() && (s.save_mode != checkpoint::SaveMode::kSync || s.device.is_cuda())) {
+  if (s.ckpt->enabled() && (s.cfg.checkpoint.mode != checkpoint::SaveMode::kSync || s.device.is_cuda())) {
     // Host (pinned, for GPU state) staging buffers now, not at the first
     // save while the training loop waits.
     s.ckpt->reserve_staging(s.make_state_dict());
@@ -1108,7 +1072,7 @@ void Trainer::State::checkpoint_if_due(StepRecord& rec, int64_t last) {
   if (!ckpt->due(rec.step, last) && !final_save) return;
   // Every rank saw the same busy flag in the step's all-reduce, so all
   // ranks skip together or save together.
-  if (when_busy == checkpoint::WhenBusy::kSkip && rec.checkpoint_busy && !final_save &&
+  if (cfg.checkpoint.when_busy == checkpoint::WhenBusy::kSkip && rec.checkpoint_busy && !final_save &&
       rec.step != last) {
     rec.checkpoint_skipped = true;
     if (is_logger) {
@@ -1129,7 +1093,7 @@ void Trainer::State::finish_checkpoints() {
     ckpt->finish();
   } catch (const checkpoint::CheckpointError& e) {
     log_checkpoint_events();
-    if (cfg.checkpoint.on_error != "warn") throw;
+    if (cfg.checkpoint.on_error != checkpoint::OnError::kWarn) throw;
     if (is_logger) std::cerr << "shardkit: warning: " << e.what() << std::endl;
   }
   log_checkpoint_events();
