@@ -37,12 +37,14 @@ struct Row {
 
 double mib(double bytes) { return bytes / 1048576.0; }
 
-Row measure(const framework::config::Config& base, const std::string& mode, int steps,
+Row measure(const framework::config::Config& base, models::ActivationCheckpointing mode, int steps,
             testing_support::CountingCpuAllocator& counter) {
   framework::config::Config cfg = base;
   cfg.model.activation_checkpointing = mode;
   Row row;
-  row.mode = mode == "selective" ? "selective/" + std::to_string(cfg.model.activation_checkpointing_every) : mode;
+  row.mode = to_string(mode);
+  if (mode == models::ActivationCheckpointing::kSelective)
+    row.mode += "/" + std::to_string(cfg.model.activation_checkpointing_every);
   {
     // Memory: the plain module (no FSDP, nothing sharded), one batch.
     torch::manual_seed(1);
@@ -107,12 +109,15 @@ int main(int argc, char** argv) {
   cfg.train.global_batch_size = batch;
   cfg.train.log_every = 1000;
   cfg.checkpoint.interval = 0;
-  cfg.data.kind = "synthetic";
-  cfg.data.task = "copy";
+  cfg.data.kind = framework::data::DataKind::kSynthetic;
+  cfg.data.task = framework::data::SyntheticTask::kCopy;
 
   static auto* counter = new testing_support::CountingCpuAllocator();
   std::vector<Row> rows;
-  for (const char* mode : {"none", "selective", "full"}) rows.push_back(measure(cfg, mode, steps, *counter));
+  for (models::ActivationCheckpointing mode :
+       {models::ActivationCheckpointing::kNone, models::ActivationCheckpointing::kSelective,
+        models::ActivationCheckpointing::kFull})
+    rows.push_back(measure(cfg, mode, steps, *counter));
   std::filesystem::remove_all(cfg.run.dir);
 
   const auto size = models::model_size(cfg.model);

@@ -162,7 +162,7 @@ void fsync_path(const std::string& path) {
   fd.sync();
 }
 
-checkpoint::CheckpointOptions manager_options(const std::string& mode, const std::string& dir, int io_threads) {
+checkpoint::CheckpointOptions manager_options(checkpoint::SaveMode mode, const std::string& dir, int io_threads) {
   checkpoint::CheckpointOptions co;
   co.interval = 1;
   co.keep_last = 1;
@@ -253,24 +253,28 @@ void self_test_safetensors(const std::string& dir) {
 
 namespace {
 
+using checkpoint::ByteGroup;
+using checkpoint::Codec;
+
 struct Variant {
   std::string name;
-  std::string codec;       // none | zstd | whole_chunk
-  std::string byte_group;  // on | off
+  bool whole_chunk;  // one zstd frame per chunk, one thread (not a checkpoint codec)
+  checkpoint::Codec codec;
+  checkpoint::ByteGroup byte_group;
   int level;
 };
 
 const std::vector<Variant>& variants() {
   static const std::vector<Variant> v = {
-      {"none", "none", "off", 0},
-      {"zstd", "zstd", "off", 1},
-      {"zstd", "zstd", "off", 3},
-      {"zstd", "zstd", "off", 9},
+      {"none", false, Codec::kNone, ByteGroup::kOff, 0},
+      {"zstd", false, Codec::kZstd, ByteGroup::kOff, 1},
+      {"zstd", false, Codec::kZstd, ByteGroup::kOff, 3},
+      {"zstd", false, Codec::kZstd, ByteGroup::kOff, 9},
       // byte_group on: float grouping, signrot/1 + bytegroup/1 + zstdplanes/1
-      {"floatgroup+zstd", "zstd", "on", 1},
-      {"floatgroup+zstd", "zstd", "on", 3},
-      {"floatgroup+zstd", "zstd", "on", 9},
-      {"zstd_whole_chunk_1thread", "whole_chunk", "off", 3}};
+      {"floatgroup+zstd", false, Codec::kZstd, ByteGroup::kOn, 1},
+      {"floatgroup+zstd", false, Codec::kZstd, ByteGroup::kOn, 3},
+      {"floatgroup+zstd", false, Codec::kZstd, ByteGroup::kOn, 9},
+      {"zstd_whole_chunk_1thread", true, Codec::kZstd, ByteGroup::kOff, 3}};
   return v;
 }
 
@@ -412,7 +416,7 @@ void check_loaded_exact(const NamedTensors& set, const NamedTensors& targets, co
 nlohmann::json variant_row(const Variant& v, const VariantSamples& x, uint64_t logical, size_t tensors,
                            int copies, int io_threads) {
   const double mb = static_cast<double>(logical) / 1e6;
-  const int threads = v.codec == "whole_chunk" ? 1 : io_threads;
+  const int threads = v.whole_chunk ? 1 : io_threads;
   const double save_s = median(x.save_s);
   const double load_s = median(x.load_s);
   return {{"name", v.name},
@@ -466,7 +470,7 @@ nlohmann::json run_compression_study(const std::string& set_name, const NamedTen
       fs::remove_all(vdir);
       fs::create_directories(vdir);
       for (auto& [n, tt] : targets) tt.zero_();
-      if (v.codec == "whole_chunk") {
+      if (v.whole_chunk) {
         sample_whole_chunk(set, targets, vdir, v.level, samples[vi]);
       } else {
         sample_checkpoint(set, targets, vdir, v, group, options, samples[vi]);

@@ -45,7 +45,7 @@ void fsync_path(const std::string& path);
 // Options of a CheckpointManager that a benchmark drives itself: `mode`
 // (sync, async, overlap) into `dir`, a save every step, only the newest kept,
 // never resumed.
-checkpoint::CheckpointOptions manager_options(const std::string& mode, const std::string& dir, int io_threads);
+checkpoint::CheckpointOptions manager_options(checkpoint::SaveMode mode, const std::string& dir, int io_threads);
 
 // Median of `v` (not empty).
 double median(std::vector<double> v);

@@ -671,12 +671,12 @@ void Bench::trial(int t, checkpoint::CheckpointManager& async_mgr,
 void Bench::checkpoint_section() {
   std::ostringstream layout;
   layout << "fsdp replicate=1 shard=" << world;
-  checkpoint::CheckpointOptions co = bench::manager_options("async", path("async"), args.io_threads);
+  checkpoint::CheckpointOptions co = bench::manager_options(checkpoint::SaveMode::kAsync, path("async"), args.io_threads);
   auto async_mgr = std::make_unique<checkpoint::CheckpointManager>(co, co.dir, *rt.checkpoint, layout.str());
   memory_run(*async_mgr);
 
   for (const auto& t : locals) targets.push_back(torch::zeros_like(t));
-  co = bench::manager_options("overlap", path("overlap"), args.io_threads);
+  co = bench::manager_options(checkpoint::SaveMode::kOverlap, path("overlap"), args.io_threads);
   auto overlap_mgr = std::make_unique<checkpoint::CheckpointManager>(co, co.dir, *rt.checkpoint, layout.str());
   // Compute that outlasts staging: twice the async staging time.
   const double compute_s = std::max(0.05, 2 * out["async_stage_s"].get<double>());
@@ -703,9 +703,9 @@ void Bench::tiers() {
   auto paced = checkpoint::paced_storage(checkpoint::posix_storage(), args.paced_mbps);
   std::ostringstream layout;
   layout << "fsdp replicate=1 shard=" << world;
-  for (const std::string mode : {"sync", "async"}) {
+  for (const checkpoint::SaveMode mode : {checkpoint::SaveMode::kSync, checkpoint::SaveMode::kAsync}) {
     for (const bool tiered : {false, true}) {
-      const std::string name = "tiers_" + mode + (tiered ? "_tiered_" : "_single_");
+      const std::string name = "tiers_" + std::string(to_string(mode)) + (tiered ? "_tiered_" : "_single_");
       checkpoint::CheckpointOptions co = bench::manager_options(mode, path("tiers/" + name + "durable"), args.io_threads);
       if (tiered) {
         co.local.dir = path("tiers/" + name + "local/node{node}");
@@ -713,7 +713,7 @@ void Bench::tiers() {
       }
       checkpoint::CheckpointManager mgr(co, co.dir, *rt.checkpoint, layout.str(), paced);
       mgr.set_placement({rt.env.node, checkpoint::posix_storage()});
-      if (mode == "async") mgr.reserve_staging(state);
+      if (mode == checkpoint::SaveMode::kAsync) mgr.reserve_staging(state);
       for (int t = -1; t < args.trials; ++t) {
         barrier();
         auto t0 = Clock::now();
@@ -757,9 +757,9 @@ std::unique_ptr<comm::Runtime> Bench::fresh_runtime() {
   env.store_hosted = true;
   env.job_id = job_id;
   comm::DistOptions dopt;
-  dopt.backend = "gloo";
+  dopt.backend = comm::Backend::kGloo;
   dopt.timeout_s = 600;
-  return comm::init_runtime(env, dopt, "cpu");
+  return comm::init_runtime(env, dopt, comm::DeviceKind::kCpu);
 }
 
 std::vector<double> Bench::trainer_step_times(const std::string& label, bool overlap_saves, int64_t steps) {
@@ -1234,9 +1234,9 @@ int run_rank(const Args& args) {
   comm::LaunchEnv env = comm::detect_launch_env(comm::process_env());
   comm::share_cpu_threads_among_local_ranks(env);  // LibTorch's and OpenBLAS's pools
   comm::DistOptions dopt;
-  dopt.backend = "gloo";
+  dopt.backend = comm::Backend::kGloo;
   dopt.timeout_s = 600;
-  auto rt = comm::init_runtime(env, dopt, "cpu");
+  auto rt = comm::init_runtime(env, dopt, comm::DeviceKind::kCpu);
   Bench b(args, *rt);
   if (b.rank == 0) {
     clean_dir(b.dir);
@@ -1331,7 +1331,7 @@ int main(int argc, char** argv) {
     int rc = app.exit(e);
     return rc == 0 ? 0 : 2;
   }
-  if (device == "cuda") {
+  if (comm::parse_device_kind(device) == comm::DeviceKind::kCuda) {
     return run_cuda(app, args);
   }
   if (args.nproc > 1 && !comm::started_by_local_launcher()) {

@@ -77,7 +77,7 @@ std::unique_ptr<comm::Runtime> single_process_runtime() {
   env.store_hosted = true;
   comm::DistOptions dopt;
   dopt.timeout_s = 600;
-  return comm::init_runtime(env, dopt, "cuda");
+  return comm::init_runtime(env, dopt, comm::DeviceKind::kCuda);
 }
 
 // fp32 tensors of tensor_mb (the last one takes the rest), like a model's
@@ -118,7 +118,7 @@ struct CudaRun {
   CudaRun(const CudaBenchArgs& a, comm::Runtime& r, std::string scratch)
       : args(a), rt(r), device(r.device), root(std::move(scratch)) {}
 
-  checkpoint::CheckpointOptions options(const std::string& mode, const std::string& sub) const {
+  checkpoint::CheckpointOptions options(checkpoint::SaveMode mode, const std::string& sub) const {
     return manager_options(mode, root + "/" + sub, args.io_threads);
   }
 };
@@ -139,7 +139,7 @@ void time_bare_pinned_copy(CudaRun& r) {
 // 2. Async: reserve (as the trainer does when checkpointing is configured),
 // then saves; the loop waits only for the copy.
 void time_async_saves(CudaRun& r) {
-  const checkpoint::CheckpointOptions co = r.options("async", "async");
+  const checkpoint::CheckpointOptions co = r.options(checkpoint::SaveMode::kAsync, "async");
   checkpoint::CheckpointManager m(co, co.dir, *r.rt.checkpoint, "single");
   auto t0 = Clock::now();
   m.reserve_staging(make_state_dict(r.state));
@@ -167,7 +167,7 @@ void time_async_saves(CudaRun& r) {
 // host in chunks; without a snapshot wait_staged() waits for the last chunk.
 // overlap_staging says which ran.
 void time_overlap_saves(CudaRun& r) {
-  const checkpoint::CheckpointOptions co = r.options("overlap", "overlap");
+  const checkpoint::CheckpointOptions co = r.options(checkpoint::SaveMode::kOverlap, "overlap");
   checkpoint::CheckpointManager m(co, co.dir, *r.rt.checkpoint, "single");
   m.reserve_staging(make_state_dict(r.state));
   std::vector<double> blocking, stage_s;
@@ -216,12 +216,12 @@ void time_raw_writes(CudaRun& r, const comm::HostSlab& slab, std::vector<double>
 // pwrite + fsync through the page cache, and O_DIRECT + fsync. Returns the
 // page-cache run's last checkpoint.
 std::string time_sync_saves(CudaRun& r) {
-  const checkpoint::CheckpointOptions co = r.options("sync", "sync");
+  const checkpoint::CheckpointOptions co = r.options(checkpoint::SaveMode::kSync, "sync");
   checkpoint::CheckpointManager m(co, co.dir, *r.rt.checkpoint, "single");
   m.reserve_staging(make_state_dict(r.state));
   checkpoint::PosixOptions po;
   po.direct_io = true;
-  const checkpoint::CheckpointOptions cod = r.options("sync", "sync_direct");
+  const checkpoint::CheckpointOptions cod = r.options(checkpoint::SaveMode::kSync, "sync_direct");
   checkpoint::CheckpointManager md(cod, cod.dir, *r.rt.checkpoint, "single", checkpoint::posix_storage(po));
   md.reserve_staging(make_state_dict(r.state));
   std::vector<double> times, direct_times, raw, raw_direct;
@@ -254,7 +254,7 @@ std::string time_sync_saves(CudaRun& r) {
 void time_load_to_gpu(CudaRun& r, const std::string& sync_dir) {
   std::vector<torch::Tensor> target;
   for (const auto& s : r.state) target.push_back(torch::zeros_like(s));
-  const checkpoint::CheckpointOptions co = r.options("sync", "sync");
+  const checkpoint::CheckpointOptions co = r.options(checkpoint::SaveMode::kSync, "sync");
   checkpoint::CheckpointManager m(co, co.dir, *r.rt.checkpoint, "single");
   m.reserve_staging(make_state_dict(target));
   std::vector<double> times;

@@ -52,7 +52,7 @@ Row measure(int world, const models::ModelOptions& mo) {
       env.store_hosted = true;
       env.job_id = job_id;
       comm::DistOptions dopt;
-      auto rt = comm::init_runtime(env, dopt, "cpu");
+      auto rt = comm::init_runtime(env, dopt, comm::DeviceKind::kCpu);
       auto mesh = framework::dtensor::DeviceMesh::create(*rt->rendezvous, {1, world},
                                                          {"replicate", "shard"});
       std::shared_ptr<models::LayeredModelImpl> model;

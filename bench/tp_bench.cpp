@@ -73,7 +73,7 @@ std::unique_ptr<comm::Runtime> thread_rank_runtime(int r, int world, int port, c
   env.master_port = port;
   env.store_hosted = true;
   env.job_id = job_id;
-  return comm::init_runtime(env, comm::DistOptions{}, "cpu");
+  return comm::init_runtime(env, comm::DistOptions{}, comm::DeviceKind::kCpu);
 }
 
 // {replicate 1, shard dp, tensor tp}, or {replicate 1, shard dp} without TP.

@@ -1,28 +1,74 @@
 #pragma once
 // Checkpoint options (config section `checkpoint`). Torch-free.
 #include <cstdint>
-#include <stdexcept>
 #include <string>
+
+#include "comm/enum_text.h"
 
 namespace checkpoint {
 
-struct CompressionOptions {
-  std::string codec = "none";      // none | zstd
-  int level = 3;                   // zstd level, 1..19
-  std::string byte_group = "auto"; // auto | on | off (auto: on for floats)
-  int64_t block_size = 8 << 20;    // bytes per independently coded block
-};
+// The enum-like keys of this section, each parsed once (by the config loader,
+// or by whoever fills CheckpointOptions from text) with parse_<name>, and
+// written back with to_string (the config's YAML spellings); each k<Name>s
+// array lists the values in the order the allowed values are named
+// (comm/enum_text.h).
 
-// checkpoint.mode, parsed once (manager.h describes the modes).
+// checkpoint.compression.codec.
+enum class Codec { kNone, kZstd };
+// checkpoint.compression.byte_group: group bytes by significance before
+// compressing; auto: for floats.
+enum class ByteGroup { kAuto, kOn, kOff };
+// checkpoint.mode (manager.h describes the modes).
 enum class SaveMode { kSync, kAsync, kOverlap };
+// checkpoint.on_error: a failed save stops training (fail) or is logged (warn).
+enum class OnError { kFail, kWarn };
 // checkpoint.when_busy: what a due save does while the previous one is still
 // in flight.
 enum class WhenBusy { kWait, kSkip };
+// checkpoint.device_snapshot (CheckpointOptions::device_snapshot).
+enum class DeviceSnapshot { kAuto, kOn, kOff };
 
-// "sync" | "async" | "overlap"; throws std::invalid_argument naming the value.
+inline constexpr Codec kCodecs[] = {Codec::kNone, Codec::kZstd};
+inline constexpr ByteGroup kByteGroups[] = {ByteGroup::kAuto, ByteGroup::kOn, ByteGroup::kOff};
+inline constexpr SaveMode kSaveModes[] = {SaveMode::kSync, SaveMode::kAsync, SaveMode::kOverlap};
+inline constexpr OnError kOnErrors[] = {OnError::kFail, OnError::kWarn};
+inline constexpr WhenBusy kWhenBusys[] = {WhenBusy::kWait, WhenBusy::kSkip};
+inline constexpr DeviceSnapshot kDeviceSnapshots[] = {DeviceSnapshot::kAuto, DeviceSnapshot::kOn,
+                                                      DeviceSnapshot::kOff};
+
+// "none" | "zstd", ...: the YAML spelling.
+const char* to_string(Codec codec);
+const char* to_string(ByteGroup byte_group);
+const char* to_string(SaveMode mode);
+const char* to_string(OnError on_error);
+const char* to_string(WhenBusy when_busy);
+const char* to_string(DeviceSnapshot device_snapshot);
+
+// Each throws std::invalid_argument naming the key, the value and the
+// allowed values, e.g. "checkpoint.mode 'x' is not one of sync, async, overlap".
+Codec parse_codec(const std::string& codec);
+ByteGroup parse_byte_group(const std::string& byte_group);
 SaveMode parse_save_mode(const std::string& mode);
-// "wait" | "skip"; throws std::invalid_argument naming the value.
+OnError parse_on_error(const std::string& on_error);
 WhenBusy parse_when_busy(const std::string& when_busy);
+DeviceSnapshot parse_device_snapshot(const std::string& device_snapshot);
+
+struct CompressionOptions {
+  Codec codec = Codec::kNone;
+  int level = 3;                          // zstd level, 1..19
+  ByteGroup byte_group = ByteGroup::kAuto;  // auto: on for floats
+  int64_t block_size = 8 << 20;           // bytes per independently coded block
+};
+
+// checkpoint.resume: auto | never | a checkpoint's path. It stays a string
+// (a path is one of its values); what it asks for is read here, once.
+enum class ResumeRequest { kAuto, kNever, kPath };
+
+inline ResumeRequest resume_request(const std::string& resume) {
+  if (resume == "auto") return ResumeRequest::kAuto;
+  if (resume == "never") return ResumeRequest::kNever;
+  return ResumeRequest::kPath;
+}
 
 // checkpoint.local: the node-local tier (docs/checkpoints.md, "Multi-level checkpoints").
 struct LocalTierOptions {
@@ -44,7 +90,7 @@ struct DurableTierOptions {
 struct CheckpointOptions {
   std::string dir = "";        // empty: <run.dir>/checkpoints
   int64_t interval = 0;        // save every N steps (and at the last); 0: off
-  std::string mode = "sync";   // sync | async | overlap
+  SaveMode mode = SaveMode::kSync;
   int64_t keep_last = 0;       // keep the newest N committed; 0: keep all
   std::string resume = "auto"; // auto | never | <path to a checkpoint>
   // resume auto: a committed checkpoint that fails to load (damaged) is set
@@ -53,9 +99,9 @@ struct CheckpointOptions {
   // Resume a checkpoint saved under another model, data, seed or batch
   // configuration (the trainer refuses by default, naming the keys).
   bool allow_config_change = false;
-  std::string on_error = "fail";     // fail | warn
+  OnError on_error = OnError::kFail;
   bool save_on_signal = true;        // SIGTERM triggers a final save
-  std::string when_busy = "wait";    // wait | skip (a save still in flight)
+  WhenBusy when_busy = WhenBusy::kWait;  // a save still in flight
   bool allow_partial = false;        // load: tolerate missing/unexpected items
   bool model_only = false;           // load: model weights only
   int io_threads = 4;
@@ -69,23 +115,81 @@ struct CheckpointOptions {
   // (as much again as the state, held for the run) so the optimizer never
   // waits for the device-to-host copy. auto: when the device has that much
   // free beyond a 2 GiB margin at the first save | on | off.
-  std::string device_snapshot = "auto";
+  DeviceSnapshot device_snapshot = DeviceSnapshot::kAuto;
   CompressionOptions compression;
   LocalTierOptions local;
   DurableTierOptions durable;
 };
 
-inline SaveMode parse_save_mode(const std::string& mode) {
-  if (mode == "sync") return SaveMode::kSync;
-  if (mode == "async") return SaveMode::kAsync;
-  if (mode == "overlap") return SaveMode::kOverlap;
-  throw std::invalid_argument("checkpoint.mode '" + mode + "' is not one of sync, async, overlap");
+inline const char* to_string(Codec codec) {
+  switch (codec) {
+    case Codec::kNone: return "none";
+    case Codec::kZstd: return "zstd";
+  }
+  return "?";
 }
 
+inline const char* to_string(ByteGroup byte_group) {
+  switch (byte_group) {
+    case ByteGroup::kAuto: return "auto";
+    case ByteGroup::kOn: return "on";
+    case ByteGroup::kOff: return "off";
+  }
+  return "?";
+}
+
+inline const char* to_string(SaveMode mode) {
+  switch (mode) {
+    case SaveMode::kSync: return "sync";
+    case SaveMode::kAsync: return "async";
+    case SaveMode::kOverlap: return "overlap";
+  }
+  return "?";
+}
+
+inline const char* to_string(OnError on_error) {
+  switch (on_error) {
+    case OnError::kFail: return "fail";
+    case OnError::kWarn: return "warn";
+  }
+  return "?";
+}
+
+inline const char* to_string(WhenBusy when_busy) {
+  switch (when_busy) {
+    case WhenBusy::kWait: return "wait";
+    case WhenBusy::kSkip: return "skip";
+  }
+  return "?";
+}
+
+inline const char* to_string(DeviceSnapshot device_snapshot) {
+  switch (device_snapshot) {
+    case DeviceSnapshot::kAuto: return "auto";
+    case DeviceSnapshot::kOn: return "on";
+    case DeviceSnapshot::kOff: return "off";
+  }
+  return "?";
+}
+
+inline Codec parse_codec(const std::string& codec) {
+  return comm::parse_enum("checkpoint.compression.codec", codec, kCodecs);
+}
+inline ByteGroup parse_byte_group(const std::string& byte_group) {
+  return comm::parse_enum("checkpoint.compression.byte_group", byte_group, kByteGroups);
+}
+inline SaveMode parse_save_mode(const std::string& mode) {
+  return comm::parse_enum("checkpoint.mode", mode, kSaveModes);
+}
+inline OnError parse_on_error(const std::string& on_error) {
+  return comm::parse_enum("checkpoint.on_error", on_error, kOnErrors);
+}
 inline WhenBusy parse_when_busy(const std::string& when_busy) {
-  if (when_busy == "wait") return WhenBusy::kWait;
-  if (when_busy == "skip") return WhenBusy::kSkip;
-  throw std::invalid_argument("checkpoint.when_busy '" + when_busy + "' is not one of wait, skip");
+  return comm::parse_enum("checkpoint.when_busy", when_busy, kWhenBusys);
+}
+inline DeviceSnapshot parse_device_snapshot(const std::string& device_snapshot) {
+  return comm::parse_enum("checkpoint.device_snapshot", device_snapshot,
+                                    kDeviceSnapshots);
 }
 
 }  // namespace checkpoint

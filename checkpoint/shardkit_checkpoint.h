@@ -14,12 +14,12 @@
 //   save    save_state_dict (save.h)
 //           (all ranks of the group) Collective; returns after the commit.
 //           Any rank failing makes every rank throw CheckpointError.
-//   async   CheckpointManager (manager.h), CheckpointOptions::mode "async":
+//   async   CheckpointManager (manager.h), CheckpointOptions::mode kAsync:
 //           (all ranks) save(step, state) copies the state into reused host
 //           buffers and returns; a background thread writes and commits into
 //           <dir>/step_<step>. (all ranks) finish() waits and rethrows a
 //           failure. The manager owns its group while a save is in flight.
-//           Mode "overlap" returns even earlier (see wait_staged()).
+//           Mode kOverlap returns even earlier (see wait_staged()).
 //   load    load_state_dict (load.h)
 //           (any rank, any process) No communication. Fills every entry of the
 //           state from the checkpoint, whatever the world size and split it
@@ -40,7 +40,7 @@
 //           such a file or a DCP directory's model. load_dcp_into
 //           (import_dcp.h): model and optimizer state from a PyTorch DCP
 //           checkpoint (dcp.h reads its metadata). Any process.
-//   options CompressionOptions (options.h): codec "none" | "zstd", level,
+//   options CompressionOptions (options.h): codec kNone | kZstd, level,
 //           byte grouping, block size; recorded per chunk, so loading needs no
 //           options. io_threads in SaveOptions, LoadOptions, ExportOptions and
 //           CheckpointOptions: threads per process that encode, write, read
@@ -48,7 +48,8 @@
 //
 // Process groups without the trainer (comm/runtime.h):
 //   LaunchEnv env = comm::detect_launch_env(comm::process_env());
-//   auto rt = comm::init_runtime(env, comm::DistOptions{}, "cpu");
+//   auto rt = comm::init_runtime(env, comm::DistOptions{},
+//                                           comm::DeviceKind::kCpu);
 //   // rt->checkpoint: a Gloo group over all ranks, for save_state_dict or a
 //   // CheckpointManager; rt->train: a second group for anything else.
 // detect_launch_env reads torchrun (RANK, WORLD_SIZE, MASTER_ADDR, ...) or

@@ -86,9 +86,8 @@ double device_free_bytes(const at::Device& device) {
   return 0;
 }
 
-at::Device select_device(const std::string& kind, int local_rank) {
-  if (kind == "cpu") return at::Device(at::kCPU);
-  if (kind != "cuda") throw std::invalid_argument("train.device: unknown device '" + kind + "'");
+at::Device select_device(DeviceKind kind, int local_rank) {
+  if (kind == DeviceKind::kCpu) return at::Device(at::kCPU);
 #ifndef SHARDKIT_CUDA
   (void)local_rank;
   throw std::invalid_argument(

@@ -13,15 +13,17 @@
 #include <cstddef>
 #include <string>
 
+#include "comm/options.h"
+
 namespace comm {
 
 bool cuda_available();  // built with CUDA and at least one device present
 int cuda_device_count();
-// The device of this process for train.device ("cpu" | "cuda"): CUDA device
+// The device of this process for train.device: CUDA device
 // local_rank % count, made current for this thread and the process's later
 // CUDA work. Throws std::invalid_argument naming train.device when CUDA is
 // asked for but unavailable (no CUDA build, or no device).
-at::Device select_device(const std::string& kind, int local_rank);
+at::Device select_device(DeviceKind kind, int local_rank);
 // Makes `device` current on the calling thread (no-op for CPU).
 void set_current_device(const at::Device& device);
 // Reproducible CUDA kernels: deterministic algorithms (cuBLAS workspace

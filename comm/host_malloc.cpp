@@ -1,7 +1,6 @@
 #include "comm/host_malloc.h"
 
 #include <cstdlib>
-#include <stdexcept>
 
 #if defined(__GLIBC__)
 #include <malloc.h>
@@ -9,11 +8,8 @@
 
 namespace comm {
 
-HostMallocOutcome apply_host_malloc(const std::string& mode) {
-  if (mode != "keep" && mode != "default") {
-    throw std::invalid_argument("run.host_malloc: expected keep or default, got \"" + mode + "\"");
-  }
-  if (mode == "default") return HostMallocOutcome::kDefault;
+HostMallocOutcome apply_host_malloc(HostMalloc mode) {
+  if (mode == HostMalloc::kDefault) return HostMallocOutcome::kDefault;
   // A user who tuned malloc through its environment variables asked for
   // exactly that; glibc has applied them already.
   for (const char* name : {"MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_"}) {

@@ -9,7 +9,7 @@
 // above 128 KiB; the next step then faults every page in again. Under
 // LibTorch 2.6 on the CPU that was about 20,000 minor faults per step of the
 // tiny llama and most of a 2.6-3.1x step-time gap to PyTorch eager
-// (docs/llama.md). "keep" fixes the thresholds, which keeps freed memory in
+// (docs/llama.md). keep fixes the thresholds, which keeps freed memory in
 // the process for reuse: the resident set stays near its peak instead of
 // shrinking between steps.
 //
@@ -17,27 +17,26 @@
 // process, before training starts. Only glibc has these knobs: elsewhere
 // nothing changes.
 #include <cstddef>
-#include <string>
+
+#include "comm/options.h"
 
 namespace comm {
 
 // What apply_host_malloc did.
 enum class HostMallocOutcome {
-  kKept,         // thresholds set ("keep")
-  kDefault,      // glibc's defaults left alone ("default")
+  kKept,         // thresholds set (keep)
+  kDefault,      // glibc's defaults left alone (default)
   kEnvironment,  // MALLOC_MMAP_THRESHOLD_ / MALLOC_TRIM_THRESHOLD_ /
                  // MALLOC_TOP_PAD_ set by the user: theirs win, nothing changed
   kUnsupported,  // not glibc, or mallopt refused: nothing changed
 };
 
-// The thresholds "keep" sets: blocks below kKeepMmapThreshold come from the
+// The thresholds keep sets: blocks below kKeepMmapThreshold come from the
 // heap, and the heap is trimmed only when more than kKeepTrimThreshold is
 // free at its top.
 inline constexpr std::size_t kKeepMmapThreshold = std::size_t{32} << 20;
 inline constexpr std::size_t kKeepTrimThreshold = std::size_t{1} << 30;
 
-// mode: "keep" | "default" (the config schema checks it; anything else is
-// std::invalid_argument naming run.host_malloc).
-HostMallocOutcome apply_host_malloc(const std::string& mode);
+HostMallocOutcome apply_host_malloc(HostMalloc mode);
 
 }  // namespace comm

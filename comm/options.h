@@ -1,12 +1,64 @@
 #pragma once
-// Options of the distributed runtime (config section `dist`).
+// Options of the distributed runtime (config section `dist`), and the enums of
+// the keys whose values the runtime acts on (train.device, run.host_malloc).
+// Each is parsed once, by its parse_<name> (std::invalid_argument naming the
+// key and the allowed values), and written back with to_string.
 #include <string>
+
+#include "comm/enum_text.h"
 
 namespace comm {
 
+// dist.backend. auto: nccl when train.device is cuda and the build has NCCL,
+// else gloo.
+enum class Backend { kAuto, kGloo, kNccl };
+// train.device.
+enum class DeviceKind { kCpu, kCuda };
+// run.host_malloc (host_malloc.h): keep freed host memory for reuse, or
+// glibc's defaults.
+enum class HostMalloc { kKeep, kDefault };
+
+inline constexpr Backend kBackends[] = {Backend::kAuto, Backend::kGloo, Backend::kNccl};
+inline constexpr DeviceKind kDeviceKinds[] = {DeviceKind::kCpu, DeviceKind::kCuda};
+inline constexpr HostMalloc kHostMallocs[] = {HostMalloc::kKeep, HostMalloc::kDefault};
+
+inline const char* to_string(Backend backend) {
+  switch (backend) {
+    case Backend::kAuto: return "auto";
+    case Backend::kGloo: return "gloo";
+    case Backend::kNccl: return "nccl";
+  }
+  return "?";
+}
+
+inline const char* to_string(DeviceKind device) {
+  switch (device) {
+    case DeviceKind::kCpu: return "cpu";
+    case DeviceKind::kCuda: return "cuda";
+  }
+  return "?";
+}
+
+inline const char* to_string(HostMalloc host_malloc) {
+  switch (host_malloc) {
+    case HostMalloc::kKeep: return "keep";
+    case HostMalloc::kDefault: return "default";
+  }
+  return "?";
+}
+
+inline Backend parse_backend(const std::string& backend) {
+  return parse_enum("dist.backend", backend, kBackends);
+}
+inline DeviceKind parse_device_kind(const std::string& device) {
+  return parse_enum("train.device", device, kDeviceKinds);
+}
+inline HostMalloc parse_host_malloc(const std::string& host_malloc) {
+  return parse_enum("run.host_malloc", host_malloc, kHostMallocs);
+}
+
 struct DistOptions {
-  // auto: nccl when train.device is cuda and the build has NCCL, else gloo.
-  std::string backend = "auto";  // auto | gloo | nccl
+  Backend backend = Backend::kAuto;
   // Every collective on every group fails after this many seconds instead of
   // hanging on a dead or stuck peer.
   double timeout_s = 120.0;

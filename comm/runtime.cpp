@@ -116,27 +116,27 @@ void Rendezvous::check_job_id(const std::string& expected, bool store_hosted) {
 Rendezvous::~Rendezvous() = default;
 
 std::shared_ptr<Group> Rendezvous::new_group(const std::string& name, const std::vector<int>& ranks,
-                                             const std::string& backend) {
+                                             Backend backend) {
   int my_index = -1;
   for (size_t i = 0; i < ranks.size(); ++i) {
     if (ranks[i] == rank_) my_index = static_cast<int>(i);
   }
   TORCH_CHECK(my_index >= 0, "new_group('", name, "'): rank ", rank_, " is not a member");
   auto impl = std::make_unique<Group::Backend>();
-  impl->kind = backend;
+  impl->kind = to_string(backend);
   const int generation = groups_made_[name]++;
   auto store = compat::make_prefix_store(name + "/" + std::to_string(generation) + "/", store_->store);
   try {
-    if (backend == "gloo") {
+    if (backend == Backend::kGloo) {
       impl->pg = compat::make_gloo_backend(store, my_index, static_cast<int>(ranks.size()),
                                            timeout_, addr_);
 #ifdef SHARDKIT_CUDA
-    } else if (backend == "nccl") {
+    } else if (backend == Backend::kNccl) {
       impl->pg = compat::make_nccl_backend(store, my_index, static_cast<int>(ranks.size()),
                                            timeout_);
 #endif
     } else {
-      throw std::invalid_argument("unsupported backend '" + backend + "'");
+      throw std::invalid_argument("unsupported backend '" + std::string(to_string(backend)) + "'");
     }
     // As PyTorch's new_group does (_store_based_barrier): Gloo's connect ends
     // without a handshake, so a member that returned and dropped the group at
@@ -145,44 +145,44 @@ std::shared_ptr<Group> Rendezvous::new_group(const std::string& name, const std:
     wait_for_all(store, "created", static_cast<int64_t>(ranks.size()));
   } catch (const std::exception& e) {
     std::ostringstream msg;
-    msg << "dist: creating group '" << name << "' (" << backend << ", " << ranks.size()
+    msg << "dist: creating group '" << name << "' (" << to_string(backend) << ", " << ranks.size()
         << " ranks) failed on rank " << rank_ << ": " << error_message(e);
     throw DistError(msg.str());
   }
   return std::make_shared<Group>(name, my_index, ranks, std::move(impl), timeout_);
 }
 
-std::string resolve_backend(const DistOptions& options, const std::string& device) {
-  const std::string& b = options.backend;
-  if (b == "gloo") return "gloo";
-  if (b == "nccl" || (b == "auto" && device == "cuda")) {
+Backend resolve_backend(const DistOptions& options, DeviceKind device) {
+  const Backend b = options.backend;
+  if (b == Backend::kGloo) return Backend::kGloo;
+  if (b == Backend::kNccl || (b == Backend::kAuto && device == DeviceKind::kCuda)) {
     if (!built_with_cuda()) {
-      if (b == "auto") return "gloo";
+      if (b == Backend::kAuto) return Backend::kGloo;
       throw std::invalid_argument(
           "dist.backend: nccl requested, but this build has no CUDA/NCCL (LibTorch " +
           torch_version() + " without CUDA); use gloo");
     }
-    return "nccl";
+    return Backend::kNccl;
   }
-  return "gloo";
+  return Backend::kGloo;
 }
 
 std::unique_ptr<Runtime> init_runtime(const LaunchEnv& env, const DistOptions& options,
-                                      const std::string& device) {
+                                      DeviceKind device) {
   auto rt = std::make_unique<Runtime>();
   rt->env = env;
   rt->device = select_device(device, env.local_rank);
-  std::string train_backend = resolve_backend(options, device);
-  if (train_backend == "nccl" && env.world_size > 1) {
+  Backend train_backend = resolve_backend(options, device);
+  if (train_backend == Backend::kNccl && env.world_size > 1) {
     const int local_world = env.local_world_size;  // ranks on this node (launch_env.h)
     if (local_world > cuda_device_count()) {
-      if (options.backend == "nccl") {
+      if (options.backend == Backend::kNccl) {
         throw std::invalid_argument(
             "dist.backend: nccl needs one GPU per rank, but " + std::to_string(local_world) +
             " local ranks share " + std::to_string(cuda_device_count()) +
             " GPU(s); use gloo or auto (Gloo stages CUDA tensors through the host)");
       }
-      train_backend = "gloo";
+      train_backend = Backend::kGloo;
     }
   }
   auto timeout = std::chrono::milliseconds(static_cast<int64_t>(options.timeout_s * 1000.0));
@@ -191,7 +191,7 @@ std::unique_ptr<Runtime> init_runtime(const LaunchEnv& env, const DistOptions& o
   for (int r = 0; r < env.world_size; ++r) all[r] = r;
   // Same order on every rank: construction blocks until all members join.
   rt->train = rt->rendezvous->new_group("train", all, train_backend);
-  rt->checkpoint = rt->rendezvous->new_group("ckpt", all, "gloo");
+  rt->checkpoint = rt->rendezvous->new_group("ckpt", all, Backend::kGloo);
   return rt;
 }
 

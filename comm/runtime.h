@@ -49,8 +49,9 @@ class Rendezvous {
   // must not meet the first ones' addresses in the store). Only members call
   // it; blocks until all members join. REQUIRES: every member creates its
   // groups in the same order.
+  // REQUIRES: backend is kGloo or kNccl (resolve_backend).
   std::shared_ptr<Group> new_group(const std::string& name, const std::vector<int>& ranks,
-                                   const std::string& backend = "gloo");
+                                   Backend backend = Backend::kGloo);
 
  private:
   // Throws DistError unless the store's job id is `expected`.
@@ -73,18 +74,19 @@ struct Runtime {
   std::shared_ptr<Group> checkpoint;  // checkpoint collectives, always Gloo
 };
 
-// Resolves dist.backend ("auto" -> nccl for cuda when built with it, else
-// gloo); throws std::invalid_argument for nccl in a build without CUDA.
-std::string resolve_backend(const DistOptions& options, const std::string& device);
+// Resolves dist.backend (auto -> nccl for cuda when built with it, else
+// gloo): kGloo or kNccl; throws std::invalid_argument for nccl in a build
+// without CUDA.
+Backend resolve_backend(const DistOptions& options, DeviceKind device);
 
-// (all ranks) Selects the device (`device`: "cpu" | "cuda", see
+// (all ranks) Selects the device (`device`, see
 // select_device), then the rendezvous plus the "train" and "ckpt" groups
 // over all ranks. Blocks until every rank arrived (DistError after
 // options.timeout_s). With dist.backend auto on CUDA, the training group is
 // NCCL when every local rank has a GPU of its own, else Gloo (several ranks
 // on one GPU; NCCL refuses that), which stages CUDA tensors through the host.
 std::unique_ptr<Runtime> init_runtime(const LaunchEnv& env, const DistOptions& options,
-                                      const std::string& device);
+                                      DeviceKind device);
 
 // Serves a c10d TCPStore on addr:port (0: any free port) for ranks that all
 // connect as clients (LaunchEnv::store_hosted), with `job_id` recorded for

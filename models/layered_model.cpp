@@ -33,17 +33,19 @@ std::vector<std::string> LayeredModelImpl::unit_names() const {
   return out;
 }
 
-void LayeredModelImpl::set_activation_checkpointing(const std::string& mode, int64_t every) {
-  TORCH_CHECK(mode == "none" || mode == "full" || mode == "selective",
-              "model.activation_checkpointing must be none, full or selective, got '", mode, "'");
+void LayeredModelImpl::set_activation_checkpointing(ActivationCheckpointing mode, int64_t every) {
   TORCH_CHECK(every >= 1, "model.activation_checkpointing_every must be >= 1, got ", every);
   checkpointing_ = mode;
   checkpoint_every_ = every;
 }
 
 bool LayeredModelImpl::block_checkpointed(int64_t i) const {
-  if (checkpointing_ == "full") return true;
-  return checkpointing_ == "selective" && i % checkpoint_every_ == 0;
+  switch (checkpointing_) {
+    case ActivationCheckpointing::kNone: return false;
+    case ActivationCheckpointing::kFull: return true;
+    case ActivationCheckpointing::kSelective: return i % checkpoint_every_ == 0;
+  }
+  return false;
 }
 
 }  // namespace models

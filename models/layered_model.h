@@ -40,12 +40,12 @@ class LayeredModelImpl : public torch::nn::Module {
   // ModuleList "blocks"; llama: "model.layers.N").
   virtual std::vector<std::string> unit_names() const;
 
-  // mode none | full | selective (blocks 0, every, 2 * every, ...).
-  void set_activation_checkpointing(const std::string& mode, int64_t every);
+  // selective: blocks 0, every, 2 * every, ...
+  void set_activation_checkpointing(ActivationCheckpointing mode, int64_t every);
   bool block_checkpointed(int64_t i) const;
 
  private:
-  std::string checkpointing_ = "none";
+  ActivationCheckpointing checkpointing_ = ActivationCheckpointing::kNone;
   int64_t checkpoint_every_ = 1;
 };
 

@@ -1,10 +1,42 @@
 #pragma once
 // Model sizes (config section `model`).
 #include <cstdint>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
 namespace models {
+
+// model.activation_checkpointing: keep only each checkpointed block's input
+// for backward and run its forward again there. none | full (every block) |
+// selective (every N-th block, N = activation_checkpointing_every).
+enum class ActivationCheckpointing { kNone, kFull, kSelective };
+
+inline constexpr ActivationCheckpointing kActivationCheckpointings[] = {
+    ActivationCheckpointing::kNone, ActivationCheckpointing::kFull,
+    ActivationCheckpointing::kSelective};
+
+inline const char* to_string(ActivationCheckpointing mode) {
+  switch (mode) {
+    case ActivationCheckpointing::kNone: return "none";
+    case ActivationCheckpointing::kFull: return "full";
+    case ActivationCheckpointing::kSelective: return "selective";
+  }
+  return "?";
+}
+
+// Throws std::invalid_argument naming the key and the allowed values (as
+// comm/enum_text.h's parse_enum words it; models/ includes no comm/ header
+// but torch_compat.h).
+inline ActivationCheckpointing parse_activation_checkpointing(const std::string& mode) {
+  std::string allowed;
+  for (ActivationCheckpointing value : kActivationCheckpointings) {
+    if (mode == to_string(value)) return value;
+    allowed += (allowed.empty() ? "" : ", ") + std::string(to_string(value));
+  }
+  throw std::invalid_argument("model.activation_checkpointing '" + mode + "' is not one of " +
+                              allowed);
+}
 
 // Llama 3.1's frequency scaling of the rotary embedding (Hugging Face's
 // rope_scaling {"rope_type": "llama3", ...}). factor 0: off.
@@ -34,10 +66,7 @@ struct ModelOptions {
   double rope_theta = 10000.0;
   double norm_eps = 1e-5;
   RopeScalingOptions rope_scaling;
-  // Keep only each checkpointed block's input for backward and run its
-  // forward again there: none | full (every block) | selective (every N-th
-  // block, N = activation_checkpointing_every).
-  std::string activation_checkpointing = "none";
+  ActivationCheckpointing activation_checkpointing = ActivationCheckpointing::kNone;
   int64_t activation_checkpointing_every = 2;
   // A safetensors or torch.save file of full (unsharded) weights to start from;
   // empty: random init. Ignored when resuming from a checkpoint.

@@ -69,7 +69,6 @@ CheckpointManager::CheckpointManager(CheckpointOptions options, std::string defa
       dir_(options_.dir.empty() ? std::move(default_dir) : options_.dir),
       group_(group),
       layout_(std::move(layout)),
-      mode_(parse_save_mode(options_.mode)),
       plan_cache_(options_.plan_cache ? std::make_shared<SavePlanCache>() : nullptr),
       storage_(std::move(storage)),
       hooks_(std::move(hooks)) {
@@ -122,7 +121,7 @@ bool CheckpointManager::due(int64_t step, int64_t last_step) const {
 }
 
 bool CheckpointManager::stages(bool state_on_device) const {
-  return enabled() && (mode_ != SaveMode::kSync || state_on_device);
+  return enabled() && (options_.mode != SaveMode::kSync || state_on_device);
 }
 
 DueSave CheckpointManager::save_if_due(int64_t step, int64_t last_step, bool stop_requested,
@@ -130,7 +129,7 @@ DueSave CheckpointManager::save_if_due(int64_t step, int64_t last_step, bool sto
   DueSave out;
   const bool final_save = stop_requested && options_.save_on_signal && enabled();
   if (!due(step, last_step) && !final_save) return out;
-  if (parse_when_busy(options_.when_busy) == WhenBusy::kSkip && busy_anywhere && !final_save &&
+  if (options_.when_busy == WhenBusy::kSkip && busy_anywhere && !final_save &&
       step != last_step) {
     out.skipped = true;
     return out;
@@ -141,9 +140,9 @@ DueSave CheckpointManager::save_if_due(int64_t step, int64_t last_step, bool sto
     save(step, state(), final);
   } catch (const CheckpointError& e) {
     // The previous (background) save failed, or this sync save did.
-    if (options_.on_error != "warn") throw;
+    if (options_.on_error != OnError::kWarn) throw;
     out.warning = e.what();
-    if (!busy() && mode_ != SaveMode::kSync) save(step, state(), final);
+    if (!busy() && options_.mode != SaveMode::kSync) save(step, state(), final);
   }
   out.started = true;
   out.blocking_s = seconds_since(t0);
@@ -154,7 +153,7 @@ std::string CheckpointManager::finish_or_warn() {
   try {
     finish();
   } catch (const CheckpointError& e) {
-    if (options_.on_error != "warn") throw;
+    if (options_.on_error != OnError::kWarn) throw;
     return e.what();
   }
   return "";
@@ -188,7 +187,7 @@ std::vector<std::string> CheckpointManager::durable_candidates() {
   std::string error, list;
   if (group_.rank() == 0) {
     try {
-      if (options_.resume == "auto" && options_.resume_fallback) {
+      if (resume_request(options_.resume) == ResumeRequest::kAuto && options_.resume_fallback) {
         const std::vector<CheckpointEntry> entries = list_checkpoints(*storage_, dir_);
         for (auto it = entries.rbegin(); it != entries.rend(); ++it) {
           if (it->committed) list += it->path + "\n";
@@ -215,7 +214,7 @@ std::vector<std::string> CheckpointManager::durable_candidates() {
 // durable tier's.
 std::vector<ResumeCandidate> CheckpointManager::resume_candidates(std::vector<std::string>& notes) {
   std::vector<ResumeCandidate> candidates;
-  if (tiers_ && options_.resume == "auto") {
+  if (tiers_ && resume_request(options_.resume) == ResumeRequest::kAuto) {
     TierChoice choice = tiers_->choose_resume();
     candidates = std::move(choice.candidates);
     notes = std::move(choice.notes);
@@ -247,7 +246,7 @@ std::string CheckpointManager::set_aside(const std::string& path) {
 }
 
 std::optional<ResumeResult> CheckpointManager::resume(StateDict& state) {
-  const bool with_tiers = tiers_ && options_.resume == "auto";
+  const bool with_tiers = tiers_ && resume_request(options_.resume) == ResumeRequest::kAuto;
   ResumeResult result;
   const std::vector<ResumeCandidate> candidates = resume_candidates(result.notes);
   for (const ResumeCandidate& c : candidates) {
@@ -353,7 +352,7 @@ SaveOptions CheckpointManager::save_options(std::shared_ptr<Storage> storage) co
   so.layout = layout_;
   so.compression = options_.compression;
   so.io_threads = options_.io_threads;
-  so.info = {{"mode", options_.mode}};
+  so.info = {{"mode", to_string(options_.mode)}};
   so.storage = std::move(storage);
   so.plan_cache = plan_cache_;
   return so;
@@ -367,7 +366,7 @@ void CheckpointManager::stage_in_background(Job& job) {
     staging_.copy_to_host(job.source);
     job.source = StateDict();
     job.event.stage_s = seconds_since(job.started);
-  } else if (mode_ == SaveMode::kOverlap) {
+  } else if (options_.mode == SaveMode::kOverlap) {
     auto t = Clock::now();
     job.staged = staging_.stage(job.source);
     job.source = StateDict();
@@ -431,7 +430,7 @@ void CheckpointManager::retain_durable(int64_t step) {
       record_retention_failures({RetentionFailure{step, "durable", error_text(e)}});
     }
   };
-  if (mode_ != SaveMode::kSync) {
+  if (options_.mode != SaveMode::kSync) {
     retain();
     return;
   }
@@ -515,7 +514,7 @@ std::shared_ptr<CheckpointManager::Job> CheckpointManager::start_job(int64_t ste
   auto job = std::make_shared<Job>();
   job->step = step;
   job->event.step = step;
-  job->event.mode = options_.mode;
+  job->event.mode = to_string(options_.mode);
   job->event.path = join_path(dir_, step_dir_name(step));
   job->started = t0;
   if (tiers_) {
@@ -540,11 +539,11 @@ void CheckpointManager::save(int64_t step, StateDict state, bool final) {
   wait_retention();
   std::shared_ptr<Job> job = start_job(step, final, t0);
   const bool on_device = HostStaging::has_device_tensors(state);
-  if (mode_ == SaveMode::kSync) {
+  if (options_.mode == SaveMode::kSync) {
     save_sync(job, std::move(state), on_device);
     return;
   }
-  if (mode_ == SaveMode::kAsync) {
+  if (options_.mode == SaveMode::kAsync) {
     // The only part the loop waits for: a copy into the reused buffers.
     auto t = Clock::now();
     job->staged = staging_.stage(state);
@@ -558,7 +557,7 @@ void CheckpointManager::save(int64_t step, StateDict state, bool final) {
     try {
       job->staged = staging_.begin_overlap(state, snapshot);
     } catch (const std::runtime_error& e) {
-      throw CheckpointError("checkpoint.device_snapshot: " + options_.device_snapshot + ", but " +
+      throw CheckpointError("checkpoint.device_snapshot: " + std::string(to_string(options_.device_snapshot)) + ", but " +
                             e.what() + " (step " + std::to_string(step) +
                             "; checkpoint.device_snapshot: off stages from the live state)");
     }
@@ -578,7 +577,7 @@ void CheckpointManager::save(int64_t step, StateDict state, bool final) {
   }
   worker_ = std::thread([this, job] { persist(job); });
   job->event.blocking_s = seconds_since(t0);
-  if (mode_ == SaveMode::kAsync) {
+  if (options_.mode == SaveMode::kAsync) {
     std::lock_guard<std::mutex> lock(mu_);
     job->blocking_final = true;
   }
@@ -634,10 +633,12 @@ void CheckpointManager::save_tiered_sync(std::shared_ptr<Job> job) {
 }
 
 bool CheckpointManager::use_device_snapshot(const StateDict& state) const {
-  const std::string& policy = options_.device_snapshot;
-  if (policy == "on") return true;
-  if (policy == "off") return false;
-  return staging_.snapshot_fits(state);  // auto
+  switch (options_.device_snapshot) {
+    case DeviceSnapshot::kOn: return true;
+    case DeviceSnapshot::kOff: return false;
+    case DeviceSnapshot::kAuto: break;
+  }
+  return staging_.snapshot_fits(state);
 }
 
 void CheckpointManager::wait_staged() {
@@ -646,7 +647,7 @@ void CheckpointManager::wait_staged() {
     std::lock_guard<std::mutex> lock(mu_);
     job = in_flight_;
   }
-  if (!job || mode_ != SaveMode::kOverlap) return;
+  if (!job || options_.mode != SaveMode::kOverlap) return;
   auto t = Clock::now();
   std::unique_lock<std::mutex> lock(mu_);
   if (job->blocking_final) return;

@@ -234,7 +234,6 @@ class CheckpointManager {
   std::string dir_;
   comm::Group& group_;
   std::string layout_;
-  SaveMode mode_;
   std::shared_ptr<SavePlanCache> plan_cache_;  // null: checkpoint.plan_cache false
   std::thread worker_;
   std::shared_ptr<Job> in_flight_;

@@ -87,18 +87,14 @@ std::unique_ptr<BlockTransform> make_zstd_planes(int level) {
 }
 
 std::vector<std::string> transform_chain_for(const CompressionOptions& c, DType dtype) {
-  if (c.codec == "none") return {};
-  if (c.codec != "zstd") {
-    throw TransformError("compression.codec '" + c.codec + "' is not one of none, zstd");
-  }
+  if (c.codec == Codec::kNone) return {};
   bool group = false;
-  if (c.byte_group == "on") {
-    group = true;
-  } else if (c.byte_group == "auto") {
-    group = dtype == DType::kFloat32 || dtype == DType::kBFloat16 || dtype == DType::kFloat16;
-  } else if (c.byte_group != "off") {
-    throw TransformError("compression.byte_group '" + c.byte_group +
-                         "' is not one of auto, on, off");
+  switch (c.byte_group) {
+    case ByteGroup::kOn: group = true; break;
+    case ByteGroup::kOff: group = false; break;
+    case ByteGroup::kAuto:
+      group = dtype == DType::kFloat32 || dtype == DType::kBFloat16 || dtype == DType::kFloat16;
+      break;
   }
   if (group) return {kSignRotDescriptor, kByteGroupDescriptor, kZstdPlanesDescriptor};
   return {kZstdDescriptor};

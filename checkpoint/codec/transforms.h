@@ -71,12 +71,11 @@ std::unique_ptr<BlockTransform> make_zstd(int level);
 std::unique_ptr<BlockTransform> make_zstd_planes(int level);
 
 // The descriptors a writer applies to chunks of `dtype` under `c`:
-//   codec "none" -> {}
-//   codec "zstd" -> {"zstd/1"}, or float grouping {"signrot/1", "bytegroup/1",
-//                   "zstdplanes/1"} when byte_group is "on", or "auto" and
-//                   dtype is float32/bfloat16/float16.
+//   codec none -> {}
+//   codec zstd -> {"zstd/1"}, or float grouping {"signrot/1", "bytegroup/1",
+//                 "zstdplanes/1"} when byte_group is on, or auto and
+//                 dtype is float32/bfloat16/float16.
 // Chunks written by older builds as {"bytegroup/1", "zstd/1"} stay readable.
-// Throws TransformError naming the field for an unknown codec or byte_group.
 std::vector<std::string> transform_chain_for(const CompressionOptions& c, DType dtype);
 
 // A resolved list of transforms applied in order; empty = identity. The

@@ -7,6 +7,7 @@
 #include <cerrno>
 
 #include "checkpoint/format/metadata.h"
+#include "checkpoint/options.h"
 #include "checkpoint/storage/storage.h"
 
 namespace checkpoint {
@@ -315,8 +316,9 @@ void apply_retention(Storage& storage, const std::string& checkpoint_dir, int64_
 
 std::optional<std::string> resolve_resume(Storage& storage, const std::string& resume,
                                           const std::string& checkpoint_dir) {
-  if (resume == "never") return std::nullopt;
-  if (resume == "auto") {
+  const ResumeRequest request = resume_request(resume);
+  if (request == ResumeRequest::kNever) return std::nullopt;
+  if (request == ResumeRequest::kAuto) {
     const std::optional<CheckpointEntry> latest = latest_committed(storage, checkpoint_dir);
     if (!latest) return std::nullopt;
     return latest->path;

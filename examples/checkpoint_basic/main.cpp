@@ -107,7 +107,7 @@ int run_rank(const std::string& dir) {
   const fd::LaunchEnv env = fd::detect_launch_env(fd::process_env());
   fd::DistOptions dist;
   dist.timeout_s = 60;  // a dead peer fails collectives after 60 s instead of hanging
-  const std::unique_ptr<fd::Runtime> runtime = fd::init_runtime(env, dist, "cpu");
+  const std::unique_ptr<fd::Runtime> runtime = fd::init_runtime(env, dist, fd::DeviceKind::kCpu);
   fd::Group& group = *runtime->checkpoint;
   const int rank = group.rank();
   const int world = group.size();
@@ -118,7 +118,7 @@ int run_rank(const std::string& dir) {
   ck::StateDict state = make_state(tensors, rank, world, /*by_columns=*/false, /*zeros=*/false);
   ck::SaveOptions save;
   save.step = 1;
-  save.compression.codec = "zstd";
+  save.compression.codec = checkpoint::Codec::kZstd;
   save.io_threads = 2;
   const std::string sync_dir = dir + "/sync";
   ck::save_state_dict(state, sync_dir, group, save);
@@ -128,7 +128,7 @@ int run_rank(const std::string& dir) {
   //    (which nothing else may use until finish() returns).
   ck::CheckpointOptions options;
   options.dir = dir + "/async";
-  options.mode = "async";
+  options.mode = checkpoint::SaveMode::kAsync;
   options.io_threads = 2;
   {
     ck::CheckpointManager manager(options, "", group, "dim-0 shards");

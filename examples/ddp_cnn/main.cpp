@@ -49,7 +49,7 @@ framework::config::Config make_config(const std::string& dir, int64_t steps) {
   c.parallel.replicate = -1;  // DDP: every rank holds the whole model
   c.parallel.shard = 1;
   c.checkpoint.interval = 3;
-  c.checkpoint.mode = "async";
+  c.checkpoint.mode = checkpoint::SaveMode::kAsync;
   c.checkpoint.io_threads = 2;
   c.dist.timeout_s = 60;
   return c;
@@ -58,7 +58,7 @@ framework::config::Config make_config(const std::string& dir, int64_t steps) {
 int run_rank(const std::string& dir) {
   const fd::LaunchEnv env = fd::detect_launch_env(fd::process_env());
   const std::unique_ptr<fd::Runtime> runtime =
-      fd::init_runtime(env, make_config(dir, 6).dist, "cpu");
+      fd::init_runtime(env, make_config(dir, 6).dist, fd::DeviceKind::kCpu);
   int bad = 0;
   double first_loss = 0, last_loss = 0;
   torch::Tensor stem_mean;

@@ -47,7 +47,7 @@ framework::config::Config make_config(const std::string& dir, int64_t steps) {
   c.train.global_batch_size = 8;
   c.train.log_every = 2;
   c.checkpoint.interval = 3;
-  c.checkpoint.mode = "async";
+  c.checkpoint.mode = checkpoint::SaveMode::kAsync;
   c.checkpoint.io_threads = 2;
   c.dist.timeout_s = 60;
   return c;  // parallel: FSDP over all ranks (replicate 1, shard -1)
@@ -56,7 +56,7 @@ framework::config::Config make_config(const std::string& dir, int64_t steps) {
 int run_rank(const std::string& dir) {
   const fd::LaunchEnv env = fd::detect_launch_env(fd::process_env());
   const std::unique_ptr<fd::Runtime> runtime =
-      fd::init_runtime(env, make_config(dir, 6).dist, "cpu");
+      fd::init_runtime(env, make_config(dir, 6).dist, fd::DeviceKind::kCpu);
   int bad = 0;
   double first_loss = 0, last_loss = 0;
   {

@@ -50,7 +50,7 @@ framework::config::Config make_config(const std::string& dir) {
   c.model.n_layers = 1;
   c.model.seq_len = 16;
   c.checkpoint.interval = 3;
-  c.checkpoint.mode = "async";
+  c.checkpoint.mode = checkpoint::SaveMode::kAsync;
   c.checkpoint.io_threads = 2;
   c.dist.timeout_s = 60;
   return c;
@@ -59,7 +59,7 @@ framework::config::Config make_config(const std::string& dir) {
 int run_rank(const std::string& dir) {
   const fd::LaunchEnv env = fd::detect_launch_env(fd::process_env());
   const framework::config::Config cfg = make_config(dir);
-  const std::unique_ptr<fd::Runtime> runtime = fd::init_runtime(env, cfg.dist, "cpu");
+  const std::unique_ptr<fd::Runtime> runtime = fd::init_runtime(env, cfg.dist, fd::DeviceKind::kCpu);
   int bad = 0;
   {
     ft::Trainer trainer(cfg, *runtime);

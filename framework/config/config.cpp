@@ -208,20 +208,20 @@ void check_consistency(const Config& cfg, const Origins& origins) {
     fail(key("train.micro_batch_size") + " must not exceed " + key("train.global_batch_size"));
   if (cfg.optim.min_lr > cfg.optim.lr)
     fail(key("optim.min_lr") + " must not exceed " + key("optim.lr"));
-  if (cfg.data.kind == "text" && cfg.data.path.empty())
+  if (cfg.data.kind == data::DataKind::kText && cfg.data.path.empty())
     fail(key("data.path") + " must name a text file when " + key("data.kind") + " is text");
-  if (cfg.data.kind == "tokens" && cfg.data.path.empty())
+  if (cfg.data.kind == data::DataKind::kTokens && cfg.data.path.empty())
     fail(key("data.path") + " must name token shards (a file, a directory or a glob) when " +
          key("data.kind") + " is tokens");
-  if (cfg.data.kind != "tokens" && !cfg.data.eval_path.empty())
+  if (cfg.data.kind != data::DataKind::kTokens && !cfg.data.eval_path.empty())
     fail(key("data.eval_path") + " is read only when " + key("data.kind") + " is tokens");
-  if (cfg.data.kind == "text" && (cfg.data.tokenizer.empty() || cfg.data.tokenizer == "bytes") &&
+  if (cfg.data.kind == data::DataKind::kText && (cfg.data.tokenizer.empty() || cfg.data.tokenizer == "bytes") &&
       cfg.model.vocab_size != 256)
     fail(key("model.vocab_size") + " must be 256 when " + key("data.kind") +
          " is text without " + key("data.tokenizer") + " (the text dataset reads bytes)");
   if (cfg.train.eval_every > 0 && cfg.data.eval_fraction <= 0 && cfg.data.eval_path.empty())
     fail(key("train.eval_every") + " needs held-out data: set " + key("data.eval_fraction") +
-         " above 0" + (cfg.data.kind == "tokens" ? " or " + key("data.eval_path") : std::string()));
+         " above 0" + (cfg.data.kind == data::DataKind::kTokens ? " or " + key("data.eval_path") : std::string()));
   if (cfg.train.sample_every > 0 && cfg.model.vocab_size != 256 &&
       (cfg.data.tokenizer.empty() || cfg.data.tokenizer == "bytes"))
     fail(key("train.sample_every") + " prints text with " + key("data.tokenizer") +

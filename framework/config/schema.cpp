@@ -39,13 +39,37 @@ constexpr ValueType value_type_of() {
       [](const Config& c) { return to_value(c.field); },           \
       [](Config& c, const Value& v) { from_value(v, c.field); }
 
+// The same for a field of an enum type: YAML text through to_string and
+// `parse` (the enum's one parse function; one_of_enum gives its constraint,
+// which the loader checks first, so `parse` never throws here).
+#define SHARDKIT_CONFIG_ENUM(field, parse)                                     \
+  #field, ValueType::kString,                                                  \
+      [](const Config& c) { return Value(std::string(to_string(c.field))); },  \
+      [](Config& c, const Value& v) { c.field = parse(std::get<std::string>(v)); }
+
+// The allowed values of an enum key: the spellings of `values`, in order.
+template <typename Enum, size_t N>
+Constraint one_of_enum(const Enum (&values)[N]) {
+  std::vector<std::string> choices;
+  for (Enum value : values) choices.push_back(to_string(value));
+  return one_of(std::move(choices));
+}
+
+fsdp::PrecisionDtype parse_param_dtype(const std::string& text) {
+  return fsdp::parse_precision_dtype(text, "train.mixed_precision.param_dtype");
+}
+
+fsdp::PrecisionDtype parse_reduce_dtype(const std::string& text) {
+  return fsdp::parse_precision_dtype(text, "train.mixed_precision.reduce_dtype");
+}
+
 std::vector<Key> build_schema() {
   return {
       {SHARDKIT_CONFIG_FIELD(run.dir), non_empty(),
        "Run directory: metrics.jsonl, config.yaml and (by default) checkpoints."},
       {SHARDKIT_CONFIG_FIELD(run.seed), at_least(0),
        "Seed of parameter init and synthetic data."},
-      {SHARDKIT_CONFIG_FIELD(run.host_malloc), one_of({"keep", "default"}),
+      {SHARDKIT_CONFIG_ENUM(run.host_malloc, comm::parse_host_malloc), one_of_enum(comm::kHostMallocs),
        "Host memory the process frees: keep: glibc keeps it for reuse (mmap threshold 32 MiB, "
        "trim threshold 1 GiB), so steps do not fault their buffers in again (resident memory "
        "stays near its peak); default: glibc's adaptive thresholds. MALLOC_MMAP_THRESHOLD_, "
@@ -68,13 +92,13 @@ std::vector<Key> build_schema() {
        "model."},
       {SHARDKIT_CONFIG_FIELD(train.sample_prompt), any_value(), "The text train.sample_every continues."},
       {SHARDKIT_CONFIG_FIELD(train.sample_tokens), between(1, 4096), "Tokens each sample generates."},
-      {SHARDKIT_CONFIG_FIELD(train.device), one_of({"cpu", "cuda"}),
+      {SHARDKIT_CONFIG_ENUM(train.device, comm::parse_device_kind), one_of_enum(comm::kDeviceKinds),
        "Device the model trains on."},
       {SHARDKIT_CONFIG_FIELD(train.deterministic), any_value(),
        "CUDA: deterministic kernels (cuBLAS workspace config, deterministic algorithms), so that "
        "a resumed run is bit-identical to an uninterrupted one; false: PyTorch's default "
        "kernels, faster, and resume is then exact only to rounding."},
-      {SHARDKIT_CONFIG_FIELD(train.optimizer_impl), one_of({"auto", "fused", "foreach", "for_loop"}),
+      {SHARDKIT_CONFIG_ENUM(train.optimizer_impl, optim::parse_optimizer_impl), one_of_enum(optim::kOptimizerImpls),
        "AdamW's implementation: fused (torch.optim.AdamW(fused=True)'s kernel, LibTorch 2.4+), "
        "foreach (multi-tensor ops, as foreach=True), for_loop (LibTorch's C++ AdamW, a few "
        "kernels per parameter); auto: fused where the build has it, else foreach on CUDA and "
@@ -90,10 +114,10 @@ std::vector<Key> build_schema() {
        "Sequences per rank per forward: a step accumulates the gradients of "
        "global_batch_size / (micro_batch_size x data-parallel ranks) micro-batches; 0: the "
        "rank's whole share in one forward."},
-      {SHARDKIT_CONFIG_FIELD(train.mixed_precision.param_dtype), one_of({"fp32", "bf16"}),
+      {SHARDKIT_CONFIG_ENUM(train.mixed_precision.param_dtype, parse_param_dtype), one_of_enum(fsdp::kPrecisionDtypes),
        "Dtype units are all-gathered and computed in; the sharded (master) parameters and "
        "AdamW stay fp32."},
-      {SHARDKIT_CONFIG_FIELD(train.mixed_precision.reduce_dtype), one_of({"fp32", "bf16"}),
+      {SHARDKIT_CONFIG_ENUM(train.mixed_precision.reduce_dtype, parse_reduce_dtype), one_of_enum(fsdp::kPrecisionDtypes),
        "Dtype gradients are reduce-scattered (all-reduced for DDP) in, before they are added "
        "to the fp32 shard gradients."},
 
@@ -138,7 +162,7 @@ std::vector<Key> build_schema() {
        "llama: rope_scaling high_freq_factor; must exceed low_freq_factor."},
       {SHARDKIT_CONFIG_FIELD(model.rope_scaling.original_max_position), at_least(1),
        "llama: rope_scaling original_max_position_embeddings."},
-      {SHARDKIT_CONFIG_FIELD(model.activation_checkpointing), one_of({"none", "full", "selective"}),
+      {SHARDKIT_CONFIG_ENUM(model.activation_checkpointing, models::parse_activation_checkpointing), one_of_enum(models::kActivationCheckpointings),
        "Keep only a block's input for backward and recompute its forward there: none, full "
        "(every block), selective (every N-th block, N = "
        "model.activation_checkpointing_every)."},
@@ -149,10 +173,10 @@ std::vector<Key> build_schema() {
        "DCP checkpoint, or a Hugging Face Llama directory (config.json gives the model keys; "
        "safetensors, sharded or not); ignored when resuming from a checkpoint."},
 
-      {SHARDKIT_CONFIG_FIELD(data.kind), one_of({"synthetic", "text", "tokens"}),
+      {SHARDKIT_CONFIG_ENUM(data.kind, data::parse_data_kind), one_of_enum(data::kDataKinds),
        "Dataset: synthetic tasks, a text file (its bytes, or the ids of data.tokenizer), or "
        "pre-tokenized shards (llm.c .bin, Megatron .bin + .idx)."},
-      {SHARDKIT_CONFIG_FIELD(data.task), one_of({"copy", "reverse", "add"}),
+      {SHARDKIT_CONFIG_ENUM(data.task, data::parse_synthetic_task), one_of_enum(data::kSyntheticTasks),
        "Synthetic task (data.kind synthetic)."},
       {SHARDKIT_CONFIG_FIELD(data.path), any_value(),
        "text: the text file; tokens: the shards, as a file, a directory of .bin files, a glob or "
@@ -198,7 +222,7 @@ std::vector<Key> build_schema() {
        "backward) and keep as many gradient reductions in flight; 0: every collective waited "
        "for where it is issued. Losses are bit-identical either way."},
 
-      {SHARDKIT_CONFIG_FIELD(dist.backend), one_of({"auto", "gloo", "nccl"}),
+      {SHARDKIT_CONFIG_ENUM(dist.backend, comm::parse_backend), one_of_enum(comm::kBackends),
        "Process group backend; auto: nccl on cuda when built with NCCL, else gloo."},
       {SHARDKIT_CONFIG_FIELD(dist.timeout_s), above(0),
        "Collectives fail after this many seconds instead of hanging."},
@@ -212,7 +236,7 @@ std::vector<Key> build_schema() {
        "Checkpoint directory; empty: <run.dir>/checkpoints."},
       {SHARDKIT_CONFIG_FIELD(checkpoint.interval), at_least(0),
        "Save every N steps and at the last; 0: off."},
-      {SHARDKIT_CONFIG_FIELD(checkpoint.mode), one_of({"sync", "async", "overlap"}),
+      {SHARDKIT_CONFIG_ENUM(checkpoint.mode, checkpoint::parse_save_mode), one_of_enum(checkpoint::kSaveModes),
        "sync: block; async: stage to host then write in background; overlap: also stage in "
        "background."},
       {SHARDKIT_CONFIG_FIELD(checkpoint.keep_last), at_least(0),
@@ -225,11 +249,11 @@ std::vector<Key> build_schema() {
       {SHARDKIT_CONFIG_FIELD(checkpoint.allow_config_change), any_value(),
        "resume even though the checkpoint was saved with other model, data, run.seed or "
        "train.global_batch_size values (they are listed); false: refuse to resume."},
-      {SHARDKIT_CONFIG_FIELD(checkpoint.on_error), one_of({"fail", "warn"}),
+      {SHARDKIT_CONFIG_ENUM(checkpoint.on_error, checkpoint::parse_on_error), one_of_enum(checkpoint::kOnErrors),
        "A failed save stops training (fail) or is logged (warn)."},
       {SHARDKIT_CONFIG_FIELD(checkpoint.save_on_signal), any_value(),
        "SIGTERM triggers a final save before exit."},
-      {SHARDKIT_CONFIG_FIELD(checkpoint.when_busy), one_of({"wait", "skip"}),
+      {SHARDKIT_CONFIG_ENUM(checkpoint.when_busy, checkpoint::parse_when_busy), one_of_enum(checkpoint::kWhenBusys),
        "When a save is due while the last one is still in flight."},
       {SHARDKIT_CONFIG_FIELD(checkpoint.allow_partial), any_value(),
        "Load: tolerate missing or unexpected items."},
@@ -245,7 +269,7 @@ std::vector<Key> build_schema() {
        "not evict the job's page cache, and write speed no longer depends on its state "
        "(ckpt_bench measures both ways); file systems that refuse it get page-cache writes. "
        "false: page cache."},
-      {SHARDKIT_CONFIG_FIELD(checkpoint.device_snapshot), one_of({"auto", "on", "off"}),
+      {SHARDKIT_CONFIG_ENUM(checkpoint.device_snapshot, checkpoint::parse_device_snapshot), one_of_enum(checkpoint::kDeviceSnapshots),
        "Overlap mode with state on a GPU: copy the state into device memory first (as much "
        "again as the state, held for the run), so the optimizer never waits for the copy to the "
        "host; auto: when the GPU has that much free beyond 2 GiB at the first save; off: copy "
@@ -261,10 +285,10 @@ std::vector<Key> build_schema() {
       {SHARDKIT_CONFIG_FIELD(checkpoint.durable.every), at_least(1),
        "With a local tier: flush every k-th local checkpoint (and the last) to checkpoint.dir "
        "in the background; 1: all."},
-      {SHARDKIT_CONFIG_FIELD(checkpoint.compression.codec), one_of({"none", "zstd"}),
+      {SHARDKIT_CONFIG_ENUM(checkpoint.compression.codec, checkpoint::parse_codec), one_of_enum(checkpoint::kCodecs),
        "Compression of tensor data."},
       {SHARDKIT_CONFIG_FIELD(checkpoint.compression.level), between(1, 19), "zstd level."},
-      {SHARDKIT_CONFIG_FIELD(checkpoint.compression.byte_group), one_of({"auto", "on", "off"}),
+      {SHARDKIT_CONFIG_ENUM(checkpoint.compression.byte_group, checkpoint::parse_byte_group), one_of_enum(checkpoint::kByteGroups),
        "Group bytes by significance before compressing; auto: on for floats."},
       {SHARDKIT_CONFIG_FIELD(checkpoint.compression.block_size), between(4096, 1 << 30),
        "Bytes per independently coded block."},
@@ -272,6 +296,7 @@ std::vector<Key> build_schema() {
 }
 
 #undef SHARDKIT_CONFIG_FIELD
+#undef SHARDKIT_CONFIG_ENUM
 
 // Optimal string alignment distance: edits, with a swap of neighbours as one.
 size_t edit_distance(const std::string& a, const std::string& b) {

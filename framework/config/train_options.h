@@ -3,7 +3,9 @@
 // owned by framework/train (namespace framework::train) but kept here: the
 // Config holds them, and framework/config builds on nothing of train/
 // (was framework/train/options.h).
+#include "comm/options.h"
 #include "framework/fsdp/options.h"
+#include "framework/optim/options.h"
 
 #include <cstdint>
 #include <string>
@@ -13,9 +15,9 @@ namespace framework::train {
 struct RunOptions {
   std::string dir = "runs/default";  // metrics.jsonl, config.yaml, checkpoints
   int64_t seed = 1234;
-  // glibc malloc: "keep" keeps freed host memory for reuse (fixed mmap and
-  // trim thresholds, comm/host_malloc.h); "default": glibc's own.
-  std::string host_malloc = "keep";
+  // glibc malloc: keep keeps freed host memory for reuse (fixed mmap and
+  // trim thresholds, comm/host_malloc.h); default: glibc's own.
+  comm::HostMalloc host_malloc = comm::HostMalloc::kKeep;
 };
 
 struct TrainOptions {
@@ -29,14 +31,14 @@ struct TrainOptions {
   // bf16 compute with fp32 master weights (FSDP2's MixedPrecisionPolicy).
   fsdp::MixedPrecisionPolicy mixed_precision;
   int64_t log_every = 10;
-  std::string device = "cpu";  // cpu | cuda
+  comm::DeviceKind device = comm::DeviceKind::kCpu;
   // CUDA: deterministic kernels, so that a resumed run is bit-identical to an
   // uninterrupted one; false: PyTorch's default (faster) kernels.
   bool deterministic = true;
   // AdamW's implementation: auto (the fastest this build has: fused on
   // LibTorch 2.4+, else foreach on CUDA, for_loop on the CPU) | fused |
   // foreach | for_loop. Same state and checkpoints whichever runs.
-  std::string optimizer_impl = "auto";
+  optim::OptimizerImpl optimizer_impl = optim::OptimizerImpl::kAuto;
   // The model's fused ops where a kernel exists (llama: LibTorch's RMSNorm op;
   // the loss over the vocabulary in chunks, without fp32 logits of the whole
   // batch); false: the composed ops.

@@ -22,31 +22,32 @@ std::pair<torch::Tensor, torch::Tensor> Dataset::eval_sample(int64_t j) const {
 
 std::unique_ptr<Dataset> make_dataset(const DataOptions& data, const models::ModelOptions& model,
                                       uint64_t seed) {
-  if (data.kind == "synthetic") {
-    return std::make_unique<SyntheticDataset>(parse_synthetic_task(data.task), model.vocab_size,
-                                              model.seq_len, seed, 0, data.eval_fraction > 0);
+  switch (data.kind) {
+    case DataKind::kSynthetic:
+      return std::make_unique<SyntheticDataset>(data.task, model.vocab_size, model.seq_len, seed, 0,
+                                                data.eval_fraction > 0);
+    case DataKind::kText: {
+      TORCH_CHECK(!data.path.empty(), "data.path must name a text file for data.kind text");
+      const bool bytes = data.tokenizer.empty() || data.tokenizer == "bytes";
+      TORCH_CHECK(!bytes || model.vocab_size == TextDataset::kVocabSize,
+                  "model.vocab_size must be 256 for data.kind text without data.tokenizer (byte-level), got ",
+                  model.vocab_size);
+      return std::make_unique<TextDataset>(data.path, model.seq_len, seed, data.eval_fraction,
+                                           data.tokenizer, model.vocab_size);
+    }
+    case DataKind::kTokens: {
+      TokenDatasetOptions o;
+      o.path = data.path;
+      o.eval_path = data.eval_path;
+      o.eval_fraction = data.eval_fraction;
+      o.seq_len = model.seq_len;
+      o.vocab_size = model.vocab_size;
+      o.seed = seed;
+      o.check_tokens = data.check_tokens;
+      return std::make_unique<TokenDataset>(o);
+    }
   }
-  if (data.kind == "text") {
-    TORCH_CHECK(!data.path.empty(), "data.path must name a text file for data.kind text");
-    const bool bytes = data.tokenizer.empty() || data.tokenizer == "bytes";
-    TORCH_CHECK(!bytes || model.vocab_size == TextDataset::kVocabSize,
-                "model.vocab_size must be 256 for data.kind text without data.tokenizer (byte-level), got ",
-                model.vocab_size);
-    return std::make_unique<TextDataset>(data.path, model.seq_len, seed, data.eval_fraction, data.tokenizer,
-                                         model.vocab_size);
-  }
-  if (data.kind == "tokens") {
-    TokenDatasetOptions o;
-    o.path = data.path;
-    o.eval_path = data.eval_path;
-    o.eval_fraction = data.eval_fraction;
-    o.seq_len = model.seq_len;
-    o.vocab_size = model.vocab_size;
-    o.seed = seed;
-    o.check_tokens = data.check_tokens;
-    return std::make_unique<TokenDataset>(o);
-  }
-  TORCH_CHECK(false, "data.kind must be synthetic, text or tokens, got '", data.kind, "'");
+  TORCH_INTERNAL_ASSERT(false, "data.kind ", static_cast<int>(data.kind), " is not a DataKind");
 }
 
 }  // namespace framework::data

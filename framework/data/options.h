@@ -2,11 +2,48 @@
 // Dataset choice (config section `data`).
 #include <string>
 
+#include "comm/enum_text.h"
+
 namespace framework::data {
 
+// data.kind: synthetic tasks, a text file, or pre-tokenized shards.
+enum class DataKind { kSynthetic, kText, kTokens };
+// data.task: the synthetic task (synthetic_dataset.h).
+enum class SyntheticTask { kCopy, kReverse, kAdd };
+
+inline constexpr DataKind kDataKinds[] = {DataKind::kSynthetic, DataKind::kText, DataKind::kTokens};
+inline constexpr SyntheticTask kSyntheticTasks[] = {SyntheticTask::kCopy, SyntheticTask::kReverse,
+                                                    SyntheticTask::kAdd};
+
+inline const char* to_string(DataKind kind) {
+  switch (kind) {
+    case DataKind::kSynthetic: return "synthetic";
+    case DataKind::kText: return "text";
+    case DataKind::kTokens: return "tokens";
+  }
+  return "?";
+}
+
+inline const char* to_string(SyntheticTask task) {
+  switch (task) {
+    case SyntheticTask::kCopy: return "copy";
+    case SyntheticTask::kReverse: return "reverse";
+    case SyntheticTask::kAdd: return "add";
+  }
+  return "?";
+}
+
+// Each throws std::invalid_argument naming the key and the allowed values.
+inline DataKind parse_data_kind(const std::string& kind) {
+  return comm::parse_enum("data.kind", kind, kDataKinds);
+}
+inline SyntheticTask parse_synthetic_task(const std::string& task) {
+  return comm::parse_enum("data.task", task, kSyntheticTasks);
+}
+
 struct DataOptions {
-  std::string kind = "synthetic";  // synthetic | text | tokens
-  std::string task = "reverse";    // synthetic task: copy | reverse | add
+  DataKind kind = DataKind::kSynthetic;
+  SyntheticTask task = SyntheticTask::kReverse;  // data.kind synthetic
   // text: the text file. tokens: the shards, a file, a directory, a glob or
   // a Megatron path prefix (framework/data/token_dataset.h).
   std::string path = "";

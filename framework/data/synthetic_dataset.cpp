@@ -28,15 +28,6 @@ class SplitMix64 {
   uint64_t state_;
 };
 
-const char* task_name(SyntheticTask task) {
-  switch (task) {
-    case SyntheticTask::kCopy: return "copy";
-    case SyntheticTask::kReverse: return "reverse";
-    case SyntheticTask::kAdd: return "add";
-  }
-  return "?";
-}
-
 // The most digits whose full sequence fits in seq_len + 1 tokens.
 int64_t max_digits(SyntheticTask task, int64_t seq_len) {
   if (task == SyntheticTask::kAdd) return (seq_len - 2) / 3;  // n + 1 + n + 1 + (n + 1)
@@ -45,22 +36,15 @@ int64_t max_digits(SyntheticTask task, int64_t seq_len) {
 
 }  // namespace
 
-SyntheticTask parse_synthetic_task(const std::string& name) {
-  if (name == "copy") return SyntheticTask::kCopy;
-  if (name == "reverse") return SyntheticTask::kReverse;
-  if (name == "add") return SyntheticTask::kAdd;
-  TORCH_CHECK(false, "data.task must be copy, reverse or add, got '", name, "'");
-}
-
 SyntheticDataset::SyntheticDataset(SyntheticTask task, int64_t vocab_size, int64_t seq_len,
                                    uint64_t seed, int64_t num_digits, bool eval)
     : task_(task), vocab_size_(vocab_size), seq_len_(seq_len), seed_(seed), eval_(eval) {
-  TORCH_CHECK(vocab_size >= 4, "model.vocab_size must be >= 4 for synthetic task ", task_name(task),
+  TORCH_CHECK(vocab_size >= 4, "model.vocab_size must be >= 4 for synthetic task ", to_string(task),
               " (two special tokens + at least base-2 digits), got ", vocab_size);
   const int64_t most = max_digits(task, seq_len);
   TORCH_CHECK(most >= 1, "model.seq_len ", seq_len, " is too short for synthetic task ",
-              task_name(task));
-  TORCH_CHECK(num_digits >= 0 && num_digits <= most, "synthetic task ", task_name(task), " with model.seq_len ",
+              to_string(task));
+  TORCH_CHECK(num_digits >= 0 && num_digits <= most, "synthetic task ", to_string(task), " with model.seq_len ",
               seq_len, " fits at most ", most, " digits, asked for ", num_digits);
   num_digits_ = num_digits == 0 ? most : num_digits;
 }
@@ -133,7 +117,7 @@ std::pair<torch::Tensor, torch::Tensor> SyntheticDataset::eval_sample(int64_t j)
 
 std::string SyntheticDataset::describe() const {
   std::ostringstream out;
-  out << "synthetic " << task_name(task_) << " (" << num_digits_ << " digits, base " << base()
+  out << "synthetic " << to_string(task_) << " (" << num_digits_ << " digits, base " << base()
       << ", seq_len " << seq_len_ << ", seed " << seed_ << ")";
   return out.str();
 }

@@ -10,15 +10,11 @@
 // targets = seq[1:T+1] with every target that is not an answer digit set to
 // kIgnoreIndex, so the loss is only on f(x).
 #include "framework/data/dataset.h"
+#include "framework/data/options.h"
 
 #include <vector>
 
 namespace framework::data {
-
-enum class SyntheticTask { kCopy, kReverse, kAdd };
-
-// Parses "copy" | "reverse" | "add"; errors name data.task.
-SyntheticTask parse_synthetic_task(const std::string& name);
 
 class SyntheticDataset : public Dataset {
  public:

@@ -29,6 +29,9 @@ void free_storage(const torch::Tensor& t) {
   impl->set_nbytes(0);
 }
 
+// A parameter of a model built unmaterialised: its shape, no bytes yet.
+bool unmaterialised(const torch::Tensor& p) { return p.numel() > 0 && p.storage().nbytes() == 0; }
+
 void alloc_storage(const torch::Tensor& t, size_t nbytes) {
   c10::StorageImpl* impl = t.storage().unsafeGetStorageImpl();
   impl->set_data_ptr_noswap(impl->allocator()->allocate(nbytes));
@@ -272,10 +275,31 @@ std::vector<int64_t> mesh_shape_for(const ParallelOptions& o, int world) {
   return {r, s};
 }
 
-torch::ScalarType parse_dtype(const std::string& name, const std::string& key) {
-  if (name == "fp32") return torch::kFloat;
-  if (name == "bf16") return torch::kBFloat16;
-  throw std::invalid_argument(key + " must be fp32 or bf16, got '" + name + "'");
+void move_to_device(torch::nn::Module& module, torch::Device device) {
+  bool any_unmaterialised = false;
+  for (const auto& p : module.parameters()) any_unmaterialised |= unmaterialised(p);
+  if (!any_unmaterialised) {
+    module.to(device);
+    return;
+  }
+  torch::NoGradGuard no_grad;
+  for (auto& p : module.parameters()) {
+    if (unmaterialised(p)) {
+      p.set_data(torch::empty(p.sizes(), p.options().device(device)));
+      free_storage(p);
+    } else {
+      p.set_data(p.to(device));
+    }
+  }
+  for (auto& b : module.buffers()) b.set_data(b.to(device));
+}
+
+torch::ScalarType to_scalar_type(PrecisionDtype dtype) {
+  switch (dtype) {
+    case PrecisionDtype::kFp32: return torch::kFloat;
+    case PrecisionDtype::kBf16: return torch::kBFloat16;
+  }
+  return torch::kFloat;
 }
 
 std::string layout_name(const std::vector<int64_t>& shape) {
@@ -324,14 +348,14 @@ void check_shardable(const std::string& name, const torch::Tensor& p, bool have_
     throw std::invalid_argument("fully_shard: parameter " + name +
                                 " is 0-d; give it shape [1] to shard it");
   }
-  const bool unmaterialised = p.numel() > 0 && p.storage().nbytes() == 0;
-  if (unmaterialised && !have_init) {
+  const bool no_storage = unmaterialised(p);
+  if (no_storage && !have_init) {
     throw std::invalid_argument("fully_shard: parameter " + name +
                                 " has no storage (a model built unmaterialised) and no "
                                 "initialiser was given");
   }
   if (!p.is_contiguous() || p.storage_offset() != 0 ||
-      (!unmaterialised && p.storage().nbytes() != static_cast<size_t>(tensor_bytes(p)))) {
+      (!no_storage && p.storage().nbytes() != static_cast<size_t>(tensor_bytes(p)))) {
     throw std::invalid_argument("fully_shard: parameter " + name +
                                 " does not own a dense storage of its own (a view?)");
   }
@@ -389,10 +413,8 @@ void FullyShardedModel::set_mesh_and_precision() {
   } else {
     param_mesh_ = mesh_;
   }
-  param_dtype_ =
-      parse_dtype(options_.mixed_precision.param_dtype, "train.mixed_precision.param_dtype");
-  reduce_dtype_ =
-      parse_dtype(options_.mixed_precision.reduce_dtype, "train.mixed_precision.reduce_dtype");
+  param_dtype_ = to_scalar_type(options_.mixed_precision.param_dtype);
+  reduce_dtype_ = to_scalar_type(options_.mixed_precision.reduce_dtype);
   mixed_ = param_dtype_ != torch::kFloat || reduce_dtype_ != torch::kFloat;
 }
 
@@ -455,7 +477,7 @@ void FullyShardedModel::add_param(const std::string& name, const torch::Tensor& 
   }
   slot.row_numel = slot.rows == 0 ? 0 : p.numel() / slot.rows;
   slot.mine = chunk_span(slot.rows, shards, mesh_->coordinate(shard_axis_));
-  if (p.numel() > 0 && p.storage().nbytes() == 0) {
+  if (unmaterialised(p)) {
     // Materialise this one parameter: it is sliced and freed below.
     alloc_storage(p, static_cast<size_t>(tensor_bytes(p)));
     init(name, p);

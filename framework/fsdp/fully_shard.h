@@ -377,8 +377,12 @@ std::vector<int64_t> mesh_shape_for(const ParallelOptions& options, int world);
 // "ddp+tp", "hsdp+tp".
 std::string layout_name(const std::vector<int64_t>& mesh_shape);
 
-// "fp32" -> kFloat, "bf16" -> kBFloat16; throws std::invalid_argument
-// naming `key` for anything else.
-torch::ScalarType parse_dtype(const std::string& name, const std::string& key);
+// module.to(device), except that parameters without storage (a model built
+// unmaterialised) stay so: they become tensors of `device` without bytes,
+// which the FullyShardedModel then materialises there one at a time.
+void move_to_device(torch::nn::Module& module, torch::Device device);
+
+// fp32 -> kFloat, bf16 -> kBFloat16.
+torch::ScalarType to_scalar_type(PrecisionDtype dtype);
 
 }  // namespace framework::fsdp

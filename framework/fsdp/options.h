@@ -5,16 +5,37 @@
 #include <unordered_map>
 #include <vector>
 
+#include "comm/enum_text.h"
+
 namespace framework::fsdp {
+
+// A dtype of train.mixed_precision (param_dtype, reduce_dtype).
+enum class PrecisionDtype { kFp32, kBf16 };
+
+inline constexpr PrecisionDtype kPrecisionDtypes[] = {PrecisionDtype::kFp32, PrecisionDtype::kBf16};
+
+inline const char* to_string(PrecisionDtype dtype) {
+  switch (dtype) {
+    case PrecisionDtype::kFp32: return "fp32";
+    case PrecisionDtype::kBf16: return "bf16";
+  }
+  return "?";
+}
+
+// "fp32" | "bf16"; throws std::invalid_argument naming `key` (e.g.
+// "train.mixed_precision.param_dtype") and the allowed values.
+inline PrecisionDtype parse_precision_dtype(const std::string& dtype, const char* key) {
+  return comm::parse_enum(key, dtype, kPrecisionDtypes);
+}
 
 // FSDP2's MixedPrecisionPolicy (config keys train.mixed_precision.*). The
 // sharded parameters the optimizer updates keep their own dtype (fp32
 // master weights); a unit all-gathers and computes in param_dtype and
 // reduce-scatters its gradients in reduce_dtype, then converts them into
-// the shards' dtype. "fp32" or "bf16"; fp32 leaves a parameter as it is.
+// the shards' dtype. fp32 leaves a parameter as it is.
 struct MixedPrecisionPolicy {
-  std::string param_dtype = "fp32";
-  std::string reduce_dtype = "fp32";
+  PrecisionDtype param_dtype = PrecisionDtype::kFp32;
+  PrecisionDtype reduce_dtype = PrecisionDtype::kFp32;
 };
 
 // How tensor parallelism (framework/tp) split one parameter of the module:

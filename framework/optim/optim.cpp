@@ -33,24 +33,24 @@ bool adamw_impl_available(AdamWImpl impl) {
   return impl != AdamWImpl::kFused || comm::compat::kHasFusedAdamW;
 }
 
-AdamWImpl resolve_adamw_impl(const std::string& name, const torch::Device& device) {
-  if (name == "auto") {
-    if (adamw_impl_available(AdamWImpl::kFused)) return AdamWImpl::kFused;
-    return device.is_cuda() ? AdamWImpl::kForeach : AdamWImpl::kForLoop;
+AdamWImpl resolve_adamw_impl(OptimizerImpl choice, const torch::Device& device) {
+  AdamWImpl impl = AdamWImpl::kForLoop;
+  switch (choice) {
+    case OptimizerImpl::kAuto:
+      if (adamw_impl_available(AdamWImpl::kFused)) return AdamWImpl::kFused;
+      return device.is_cuda() ? AdamWImpl::kForeach : AdamWImpl::kForLoop;
+    case OptimizerImpl::kFused: impl = AdamWImpl::kFused; break;
+    case OptimizerImpl::kForeach: impl = AdamWImpl::kForeach; break;
+    case OptimizerImpl::kForLoop: impl = AdamWImpl::kForLoop; break;
   }
-  for (AdamWImpl impl : {AdamWImpl::kFused, AdamWImpl::kForeach, AdamWImpl::kForLoop}) {
-    if (name != adamw_impl_name(impl)) continue;
-    if (!adamw_impl_available(impl)) {
-      throw std::invalid_argument("train.optimizer_impl: " + name +
-                                  " needs LibTorch 2.4 or later (_fused_adamw_); this build has " +
-                                  std::to_string(comm::compat::kTorchMajor) + "." +
-                                  std::to_string(comm::compat::kTorchMinor) +
-                                  ": use foreach, for_loop or auto");
-    }
-    return impl;
+  if (!adamw_impl_available(impl)) {
+    throw std::invalid_argument("train.optimizer_impl: " + std::string(to_string(choice)) +
+                                " needs LibTorch 2.4 or later (_fused_adamw_); this build has " +
+                                std::to_string(comm::compat::kTorchMajor) + "." +
+                                std::to_string(comm::compat::kTorchMinor) +
+                                ": use foreach, for_loop or auto");
   }
-  throw std::invalid_argument("train.optimizer_impl: '" + name +
-                              "' is not one of auto, fused, foreach, for_loop");
+  return impl;
 }
 
 ShardedAdamW::ShardedAdamW(fsdp::FullyShardedModel& model, OptimOptions options,

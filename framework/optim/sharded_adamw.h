@@ -33,13 +33,13 @@ enum class AdamWImpl { kForLoop, kForeach, kFused };
 const char* adamw_impl_name(AdamWImpl impl);
 // Whether this build of LibTorch has the implementation (fused: 2.4+).
 bool adamw_impl_available(AdamWImpl impl);
-// train.optimizer_impl: auto | fused | foreach | for_loop. auto is the
-// fastest this build has on `device`: fused where LibTorch has it (2.4+),
-// else foreach on CUDA and for_loop on the CPU (1.13's CPU _foreach_ ops are
-// per-tensor loops with extra temporaries: 12% slower than the for-loop on
-// the CPU llama of bench/step_compare.py). Throws std::invalid_argument
-// naming the key for an unknown name or an implementation this build lacks.
-AdamWImpl resolve_adamw_impl(const std::string& name, const torch::Device& device);
+// train.optimizer_impl. auto is the fastest this build has on `device`:
+// fused where LibTorch has it (2.4+), else foreach on CUDA and for_loop on
+// the CPU (1.13's CPU _foreach_ ops are per-tensor loops with extra
+// temporaries: 12% slower than the for-loop on the CPU llama of
+// bench/step_compare.py). Throws std::invalid_argument naming the key for an
+// implementation this build lacks.
+AdamWImpl resolve_adamw_impl(OptimizerImpl choice, const torch::Device& device);
 
 class ShardedAdamW {
  public:

@@ -1,4 +1,5 @@
 #include "framework/train/preflight.h"
+#include "models/model_spec.h"
 #include "framework/config/run_items.h"
 
 #include "checkpoint/codec/chunk_reader.h"
@@ -80,7 +81,7 @@ void check_writable_dir(const std::string& key, const std::string& dir) {
 }
 
 void check_data(const config::Config& cfg) {
-  if (cfg.data.kind == "text") {
+  if (cfg.data.kind == data::DataKind::kText) {
     const std::string& path = cfg.data.path;
     struct stat st {};
     if (::stat(path.c_str(), &st) != 0)
@@ -95,7 +96,7 @@ void check_data(const config::Config& cfg) {
            " bytes; model.seq_len " + std::to_string(cfg.model.seq_len) + " needs at least " +
            std::to_string(need));
   }
-  if (cfg.data.kind == "text" && cfg.data.eval_fraction > 0) {
+  if (cfg.data.kind == data::DataKind::kText && cfg.data.eval_fraction > 0) {
     struct stat st {};
     ::stat(cfg.data.path.c_str(), &st);
     const auto size = static_cast<int64_t>(st.st_size);
@@ -108,9 +109,9 @@ void check_data(const config::Config& cfg) {
            " held-out bytes; each part needs at least model.seq_len + 1 = " + std::to_string(need));
   }
   const bool tokenizer = !cfg.data.tokenizer.empty() && cfg.data.tokenizer != "bytes";
-  if (tokenizer && cfg.data.kind == "synthetic")
+  if (tokenizer && cfg.data.kind == data::DataKind::kSynthetic)
     fail("data.tokenizer is read only when data.kind is text or tokens");
-  if (tokenizer && cfg.data.kind == "tokens") {
+  if (tokenizer && cfg.data.kind == data::DataKind::kTokens) {
     try {  // the shards' tokenizer: it must load and fit the model
       const auto tok = tokenizer::load_tokenizer(cfg.data.tokenizer);
       if (tok->vocab_size() > cfg.model.vocab_size)
@@ -120,7 +121,7 @@ void check_data(const config::Config& cfg) {
       fail(std::string("data.tokenizer: ") + e.what());
     }
   }
-  if (cfg.data.kind != "text" || tokenizer) {
+  if (cfg.data.kind != data::DataKind::kText || tokenizer) {
     try {
       // Synthetic data is generated from the seed: cheap to build here.
       // Token shards are mapped and their headers checked, and with
@@ -164,7 +165,7 @@ void check_init_from(const config::Config& cfg) {
 }
 
 void check_memory(const config::Config& cfg, const MemoryEstimate& m, int local_ranks) {
-  if (cfg.train.device == "cuda") {
+  if (cfg.train.device == comm::DeviceKind::kCuda) {
     // Everything but the host staging lives on the rank's GPU.
     const double device_bytes = comm::cuda_device_total_bytes(0);
     const double need = m.total() - m.staging;
@@ -211,7 +212,8 @@ std::string checkpoint_dir_of(const config::Config& cfg) {
 ResumeSource resume_source(const config::Config& cfg) {
   const std::string& resume = cfg.checkpoint.resume;
   checkpoint::Storage& storage = *checkpoint::posix_storage();
-  if (resume == "auto" || resume == "never" || !checkpoint::is_dcp_checkpoint(storage, resume)) {
+  if (checkpoint::resume_request(resume) != checkpoint::ResumeRequest::kPath ||
+      !checkpoint::is_dcp_checkpoint(storage, resume)) {
     return ResumeSource::kConfig;
   }
   return checkpoint::latest_committed(storage, checkpoint_dir_of(cfg)) ? ResumeSource::kAutoAfterDcp
@@ -325,7 +327,8 @@ void check_resume(const config::Config& cfg, PreflightReport& report) {
   const std::string dir = checkpoint_dir_of(cfg);
   checkpoint::Storage& storage = *checkpoint::posix_storage();
   std::vector<std::string> candidates;
-  if (ck.resume == "never") {
+  const checkpoint::ResumeRequest request = checkpoint::resume_request(ck.resume);
+  if (request == checkpoint::ResumeRequest::kNever) {
     refuse_earlier_checkpoints(storage, dir);
     return;
   }
@@ -339,7 +342,7 @@ void check_resume(const config::Config& cfg, PreflightReport& report) {
     report.resume_from = ck.resume;
     return;
   }
-  if (ck.resume == "auto" || source == ResumeSource::kAutoAfterDcp) {
+  if (request == checkpoint::ResumeRequest::kAuto || source == ResumeSource::kAutoAfterDcp) {
     candidates = auto_resume_candidates(cfg, storage, dir);
   } else {
     try {
@@ -352,7 +355,7 @@ void check_resume(const config::Config& cfg, PreflightReport& report) {
   for (const std::string& path : candidates) {
     std::optional<std::string> yaml = saved_config(path);
     if (!yaml) {
-      if (ck.resume == "auto" && ck.resume_fallback) continue;  // resume sets it aside
+      if (request == checkpoint::ResumeRequest::kAuto && ck.resume_fallback) continue;  // resume sets it aside
       return;  // resume fails naming the damage
     }
     check_saved_config(cfg, path, *yaml, report);
@@ -375,7 +378,7 @@ MemoryEstimate estimate_memory(const config::Config& cfg, int world_size) {
   constexpr double kFloat = 4;
   // Module parameters, their gradients and activations are in param_dtype;
   // shards, shard gradients and AdamW in fp32; the loss in fp32.
-  const bool bf16 = cfg.train.mixed_precision.param_dtype == "bf16";
+  const bool bf16 = cfg.train.mixed_precision.param_dtype == fsdp::PrecisionDtype::kBf16;
   const double compute = bf16 ? 2 : kFloat;
   // Tensor parallelism splits nearly every parameter (all but the norms)
   // over the tensor axis before FSDP shards each part.
@@ -403,14 +406,18 @@ MemoryEstimate estimate_memory(const config::Config& cfg, int world_size) {
   const double head = size.activation_floats_per_sample - layers * block;
   const double input = static_cast<double>(cfg.model.seq_len * cfg.model.d_model);
   double checkpointed = 0;
-  if (cfg.model.activation_checkpointing == "full") checkpointed = layers;
-  if (cfg.model.activation_checkpointing == "selective") {
-    checkpointed = std::ceil(layers / static_cast<double>(cfg.model.activation_checkpointing_every));
+  switch (cfg.model.activation_checkpointing) {
+    case models::ActivationCheckpointing::kNone: break;
+    case models::ActivationCheckpointing::kFull: checkpointed = layers; break;
+    case models::ActivationCheckpointing::kSelective:
+      checkpointed = std::ceil(layers / static_cast<double>(cfg.model.activation_checkpointing_every));
+      break;
   }
   const double blocks = (layers - checkpointed) * block + checkpointed * input +
                         (checkpointed > 0 ? block : 0);
   m.activations = micro * (blocks * compute + head * kFloat);
-  const bool staged = cfg.checkpoint.interval > 0 && cfg.checkpoint.mode != "sync";
+  const bool staged =
+      cfg.checkpoint.interval > 0 && cfg.checkpoint.mode != checkpoint::SaveMode::kSync;
   m.staging = staged ? m.params + m.optimizer : 0;
   return m;
 }
@@ -427,6 +434,13 @@ void check_batch(const config::Config& cfg, int world_size) {
          ") must be divisible by train.micro_batch_size (" + std::to_string(micro) +
          ") x data-parallel ranks (" + std::to_string(world_size) + ")");
   }
+}
+
+void check_tensor_parallel_model(const config::Config& cfg) {
+  if (cfg.parallel.tensor <= 1) return;
+  if (!models::find_model_spec(cfg.model.kind).tp_plan.empty()) return;
+  fail("parallel.tensor " + std::to_string(cfg.parallel.tensor) + " needs model.kind llama (model.kind is " +
+       cfg.model.kind + ", which has no tensor-parallel plan)");
 }
 
 std::string describe(const MemoryEstimate& m) {

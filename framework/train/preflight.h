@@ -52,9 +52,17 @@ struct MemoryEstimate {
 
 MemoryEstimate estimate_memory(const config::Config& cfg, int world_size);
 
-// train.global_batch_size against the data-parallel ranks and
-// train.micro_batch_size. Throws PreflightError naming the three values.
+// train.global_batch_size against the data-parallel ranks (`world_size`)
+// and train.micro_batch_size. Throws PreflightError naming the values. The
+// train command's dry run and preflight call it before any rank starts, the
+// Trainer when it builds its mesh.
 void check_batch(const config::Config& cfg, int world_size);
+
+// parallel.tensor above 1 with the config's model: its kind's spec must
+// have a tensor-parallel plan (models::ModelSpec::tp_plan; of the built-in
+// kinds, llama's). Throws PreflightError naming both keys. The dry run and
+// the Trainer (building the config's model) call it.
+void check_tensor_parallel_model(const config::Config& cfg);
 
 // "412.3 MiB (params 10.0 MiB, grads 10.0 MiB, optimizer 20.0 MiB, ...)"
 std::string describe(const MemoryEstimate& m);

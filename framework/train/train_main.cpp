@@ -132,10 +132,7 @@ int dry_run(const framework::config::Config& cfg, int nproc) {
   std::vector<int64_t> mesh;
   try {
     mesh = framework::fsdp::mesh_shape_for(cfg.parallel, world);
-    if (cfg.parallel.tensor > 1 && cfg.model.kind != "llama") {
-      throw std::invalid_argument("parallel.tensor " + std::to_string(cfg.parallel.tensor) +
-                                  " needs model.kind llama (model.kind is " + cfg.model.kind + ")");
-    }
+    framework::train::check_tensor_parallel_model(cfg);
     framework::train::check_batch(cfg, world / static_cast<int>(cfg.parallel.tensor));
   } catch (const std::exception& e) {
     std::cerr << "train: " << e.what() << std::endl;
@@ -150,9 +147,9 @@ int dry_run(const framework::config::Config& cfg, int nproc) {
   std::printf("train: dry run: world %d, layout %s replicate=%lld shard=%lld%s, param_dtype %s, "
               "reduce_dtype %s, activation checkpointing %s, micro_batch_size %lld\n",
               world, framework::fsdp::layout_name(mesh).c_str(), static_cast<long long>(mesh[0]),
-              static_cast<long long>(mesh[1]), tensor.c_str(), cfg.train.mixed_precision.param_dtype.c_str(),
-              cfg.train.mixed_precision.reduce_dtype.c_str(),
-              cfg.model.activation_checkpointing.c_str(),
+              static_cast<long long>(mesh[1]), tensor.c_str(), to_string(cfg.train.mixed_precision.param_dtype),
+              to_string(cfg.train.mixed_precision.reduce_dtype),
+              to_string(cfg.model.activation_checkpointing),
               static_cast<long long>(cfg.train.micro_batch_size));
   std::cout << "train: dry run: memory estimate per rank " << framework::train::describe(m)
             << std::endl;

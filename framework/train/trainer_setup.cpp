@@ -27,29 +27,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// module.to(device), except that parameters without storage (a model
-// built unmaterialised) stay so: they become empty tensors of the device,
-// so that FullyShardedModel materialises them there.
-void move_to_device(torch::nn::Module& module, torch::Device device) {
-  bool unmaterialised = false;
-  for (const auto& p : module.parameters()) unmaterialised |= p.numel() > 0 && p.storage().nbytes() == 0;
-  if (!unmaterialised) {
-    module.to(device);
-    return;
-  }
-  torch::NoGradGuard no_grad;
-  for (auto& p : module.parameters()) {
-    const bool empty = p.numel() > 0 && p.storage().nbytes() == 0;
-    p.set_data(empty ? torch::empty(p.sizes(), p.options().device(device)) : p.to(device));
-    if (empty) {
-      c10::StorageImpl* impl = p.storage().unsafeGetStorageImpl();
-      impl->set_data_ptr_noswap(at::DataPtr(nullptr, p.device()));
-      impl->set_nbytes(0);
-    }
-  }
-  for (auto& b : module.buffers()) b.set_data(b.to(device));
-}
-
 // For the banner, where rank 0 serves the job's store and where its port
 // came from: two jobs on one node collide when they pick the same one.
 // Empty when a launcher serves the store or the job has one rank.
@@ -86,16 +63,9 @@ void Trainer::State::build_mesh() {
 
 // The global batch over the data-parallel ranks, in micro-batches.
 void Trainer::State::check_batch_split() {
+  check_batch(cfg, static_cast<int>(dp_size));
   const int64_t micro = cfg.train.micro_batch_size;
-  const int64_t dp = dp_size;
-  if (cfg.train.global_batch_size % dp != 0 ||
-      (micro > 0 && cfg.train.global_batch_size % (micro * dp) != 0)) {
-    throw std::invalid_argument(
-        "train.global_batch_size (" + std::to_string(cfg.train.global_batch_size) +
-        ") must be divisible by train.micro_batch_size (" + std::to_string(micro) +
-        ") x data-parallel ranks (" + std::to_string(dp) + ")");
-  }
-  if (micro > 0) micro_batches = cfg.train.global_batch_size / dp / micro;
+  if (micro > 0) micro_batches = cfg.train.global_batch_size / dp_size / micro;
 }
 
 // This data-parallel rank's loader over the dataset, and the layout's name.
@@ -116,11 +86,7 @@ void Trainer::State::make_loader_and_layout() {
 // from the same seed, each block one FSDP unit, with the spec's loss.
 void Trainer::State::build_builtin_model() {
   const models::ModelSpec& spec = models::find_model_spec(cfg.model.kind);
-  if (cfg.parallel.tensor > 1 && spec.tp_plan.empty()) {
-    throw std::invalid_argument("parallel.tensor " + std::to_string(cfg.parallel.tensor) +
-                                " needs model.kind llama (model.kind is " + cfg.model.kind +
-                                ", which has no tensor-parallel plan)");
-  }
+  check_tensor_parallel_model(cfg);
   std::shared_ptr<models::LayeredModelImpl> model;
   {
     // LibTorch's init functions draw from the process-wide generator; ranks
@@ -185,7 +151,7 @@ void Trainer::State::shard_model() {
   if (device.is_cuda()) {
     // Bit-exact resume needs reproducible kernels (train.deterministic).
     comm::use_deterministic_cuda(cfg.train.deterministic);
-    move_to_device(*user.module, device);
+    fsdp::move_to_device(*user.module, device);
   }
   fsdp::ParallelOptions parallel = cfg.parallel;
   parallel.mixed_precision = cfg.train.mixed_precision;
@@ -350,16 +316,17 @@ void Trainer::State::print_banner(const std::optional<std::string>& resume_from,
 // run.host_malloc.
 void Trainer::State::print_run_lines() {
   const auto& mp = cfg.train.mixed_precision;
-  if (mp.param_dtype != "fp32" || mp.reduce_dtype != "fp32" || micro_batches > 1 ||
-      cfg.model.activation_checkpointing != "none") {
-    std::cout << "shardkit: compute " << mp.param_dtype << ", gradients reduced in " << mp.reduce_dtype
+  if (mp.param_dtype != fsdp::PrecisionDtype::kFp32 || mp.reduce_dtype != fsdp::PrecisionDtype::kFp32 ||
+      micro_batches > 1 || cfg.model.activation_checkpointing != models::ActivationCheckpointing::kNone) {
+    std::cout << "shardkit: compute " << to_string(mp.param_dtype) << ", gradients reduced in "
+              << to_string(mp.reduce_dtype)
               << ", master weights and AdamW fp32; " << micro_batches << " micro-batch"
               << (micro_batches > 1 ? "es" : "") << " per step and rank";
-    if (builtin_model) std::cout << "; activation checkpointing " << cfg.model.activation_checkpointing;
+    if (builtin_model) std::cout << "; activation checkpointing " << to_string(cfg.model.activation_checkpointing);
     std::cout << std::endl;
   }
   std::cout << "shardkit: optimizer AdamW " << optim::adamw_impl_name(optim->impl())
-            << " (train.optimizer_impl " << cfg.train.optimizer_impl << ")";
+            << " (train.optimizer_impl " << to_string(cfg.train.optimizer_impl) << ")";
   if (builtin_model) {
     const models::ModelSpec& spec = models::find_model_spec(cfg.model.kind);
     if (spec.fused_kernels_description) {
@@ -374,10 +341,10 @@ void Trainer::State::print_run_lines() {
               << std::endl;
   }
   if (host_malloc == comm::HostMallocOutcome::kEnvironment) {
-    std::cout << "shardkit: run.host_malloc " << cfg.run.host_malloc
+    std::cout << "shardkit: run.host_malloc " << to_string(cfg.run.host_malloc)
               << " left to MALLOC_* variables in the environment" << std::endl;
   } else if (host_malloc == comm::HostMallocOutcome::kUnsupported) {
-    std::cout << "shardkit: run.host_malloc " << cfg.run.host_malloc
+    std::cout << "shardkit: run.host_malloc " << to_string(cfg.run.host_malloc)
               << " not applied: this C library's malloc has no such thresholds" << std::endl;
   }
 }

@@ -197,7 +197,7 @@ Scenario scenario_by_name(const std::string& name) {
 CompressionOptions compression(bool zstd) {
   CompressionOptions c;
   if (zstd) {
-    c.codec = "zstd";
+    c.codec = checkpoint::Codec::kZstd;
     c.block_size = 4096;  // several coded blocks per chunk
   }
   return c;
@@ -216,7 +216,7 @@ CheckpointOptions manager_options(const Scenario& s) {
   CheckpointOptions options;
   options.dir = kDir;
   options.interval = 1;
-  options.mode = s.mode;
+  options.mode = parse_save_mode(s.mode);  // a manager scenario: sync | async | overlap
   options.keep_last = s.keep_last;
   options.io_threads = 2;
   options.compression = compression(s.zstd);

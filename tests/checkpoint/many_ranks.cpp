@@ -171,7 +171,7 @@ int run_rank(const std::string& dir) {
   const fd::LaunchEnv env = fd::detect_launch_env(fd::process_env());
   fd::DistOptions dist;
   dist.timeout_s = 300;  // 64 processes on 2 cores: slow, never stuck
-  const std::unique_ptr<fd::Runtime> runtime = fd::init_runtime(env, dist, "cpu");
+  const std::unique_ptr<fd::Runtime> runtime = fd::init_runtime(env, dist, fd::DeviceKind::kCpu);
   fd::Group& group = *runtime->checkpoint;
   torch::set_num_threads(1);
   const bool saved = std::filesystem::exists(dir + "/step_2/.metadata");

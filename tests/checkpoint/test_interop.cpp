@@ -146,7 +146,7 @@ class InteropTest : public ::testing::Test {
       sd.add_bytes("rng", {1, 2, 3});
       SaveOptions options;
       options.step = 5;
-      options.compression.codec = "zstd";
+      options.compression.codec = checkpoint::Codec::kZstd;
       options.compression.block_size = 64;  // several blocks per chunk
       save_state_dict(sd, *ckpt_, *rt.checkpoint, options);
     });

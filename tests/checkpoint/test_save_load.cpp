@@ -144,7 +144,7 @@ TEST(SaveLoad, ManagerRetentionAndResumeRunOnTheMemoryStorage) {
   options.dir = "/memory/ckpt";
   options.interval = 1;
   options.keep_last = 2;
-  options.mode = "async";
+  options.mode = checkpoint::SaveMode::kAsync;
   run_ranks(2, [&](RankContext& ctx) {
     auto g = ctx.make_group("ckpt");
     CheckpointManager manager(options, "", *g, "test", memory);
@@ -209,7 +209,7 @@ TEST(SaveLoad, SyncSaveReturnsAtTheCommitWhileRetentionDeletesInTheBackground) {
   options.dir = "/memory/ckpt";
   options.interval = 1;
   options.keep_last = 1;
-  options.mode = "sync";
+  options.mode = checkpoint::SaveMode::kSync;
   auto steps_in = [&] {
     std::vector<int64_t> steps;
     for (const CheckpointEntry& e : list_checkpoints(*gated, "/memory/ckpt")) steps.push_back(e.step);
@@ -259,7 +259,7 @@ TEST(SaveLoad, AFailedRetentionLeavesTheSaveCommittedAndIsReportedApartInEveryMo
     options.dir = "/memory/ckpt_" + mode;
     options.interval = 1;
     options.keep_last = 1;
-    options.mode = mode;
+    options.mode = parse_save_mode(mode);
     std::vector<std::string> errors(2);
     std::vector<std::vector<CheckpointEvent>> events(2);
     std::vector<std::vector<RetentionFailure>> failures(2);
@@ -530,7 +530,7 @@ TEST(SaveLoad, CompressedCheckpointReshardsLikeAnUncompressedOne) {
   run_ranks(2, [&](RankContext& ctx) {
     auto g = ctx.make_group("ckpt");
     SaveOptions so;
-    so.compression.codec = "zstd";
+    so.compression.codec = checkpoint::Codec::kZstd;
     so.compression.block_size = 24;
     save_state_dict(rank_state(ctx.rank, 2), root + "/z", *g, so);
   });

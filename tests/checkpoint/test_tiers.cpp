@@ -84,7 +84,7 @@ CheckpointOptions tier_options(const TierLayout& l, int64_t every, const std::st
   CheckpointOptions o;
   o.dir = l.durable();
   o.interval = 1;
-  o.mode = mode;
+  o.mode = parse_save_mode(mode);
   o.local.dir = l.pattern();
   o.local.keep_last = 2;
   o.durable.every = every;

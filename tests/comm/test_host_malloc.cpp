@@ -32,7 +32,7 @@ long minor_faults() {
 
 TEST(HostMalloc, AnUnknownModeIsAnErrorNamingTheKey) {
   try {
-    apply_host_malloc("hold");
+    parse_host_malloc("hold");
     FAIL() << "no error";
   } catch (const std::invalid_argument& e) {
     EXPECT_NE(std::string(e.what()).find("run.host_malloc"), std::string::npos) << e.what();
@@ -44,7 +44,7 @@ TEST(HostMalloc, AnUnknownModeIsAnErrorNamingTheKey) {
 constexpr std::size_t kBlock = std::size_t{16} << 20;  // above glibc's 128 KiB default
 
 TEST(HostMalloc, KeepServesLargeBlocksFromTheHeapAndReusesThemWithoutFaults) {
-  ASSERT_EQ(apply_host_malloc("keep"), HostMallocOutcome::kKept);
+  ASSERT_EQ(apply_host_malloc(HostMalloc::kKeep), HostMallocOutcome::kKept);
   const std::size_t mmapped_before = mallinfo2().hblkhd;
   auto* a = static_cast<char*>(std::malloc(kBlock));
   ASSERT_NE(a, nullptr);
@@ -66,7 +66,7 @@ TEST(HostMalloc, KeepServesLargeBlocksFromTheHeapAndReusesThemWithoutFaults) {
 }
 
 TEST(HostMalloc, DefaultLeavesGlibcsThresholds) {
-  ASSERT_EQ(apply_host_malloc("default"), HostMallocOutcome::kDefault);
+  ASSERT_EQ(apply_host_malloc(HostMalloc::kDefault), HostMallocOutcome::kDefault);
   // glibc's own threshold (128 KiB at start) maps a 16 MiB block by itself.
   const std::size_t mmapped_before = mallinfo2().hblkhd;
   void* a = std::malloc(kBlock);
@@ -79,7 +79,7 @@ TEST(HostMalloc, MallocVariablesInTheEnvironmentWinOverKeep) {
   for (const char* name : {"MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_"}) {
     SCOPED_TRACE(name);
     ASSERT_EQ(setenv(name, "65536", 1), 0);
-    EXPECT_EQ(apply_host_malloc("keep"), HostMallocOutcome::kEnvironment);
+    EXPECT_EQ(apply_host_malloc(HostMalloc::kKeep), HostMallocOutcome::kEnvironment);
     ASSERT_EQ(unsetenv(name), 0);
   }
   // Nothing was set: a 16 MiB block is still mapped on its own.

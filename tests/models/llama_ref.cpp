@@ -127,7 +127,7 @@ void run(Config cfg, const fs::path& out, const Extras& extras) {
   const int64_t compared_steps = cfg.train.steps;
   // On CUDA with train.deterministic (the default) the K timed steps run
   // twice: with deterministic kernels, then with PyTorch's default ones.
-  const bool time_both = cfg.train.device == "cuda" && cfg.train.deterministic;
+  const bool time_both = cfg.train.device == comm::DeviceKind::kCuda && cfg.train.deterministic;
   // The schedule's total: result.json's train.steps.
   cfg.train.steps += time_steps * (time_both ? 2 : 1) +
                      (extras.profile_trace.empty() ? 0 : extras.profile_steps);
@@ -213,7 +213,7 @@ void run(Config cfg, const fs::path& out, const Extras& extras) {
     };
     if (time_steps > 0) {
       time_k_steps("step_time_s", "step_times_s");
-      result["deterministic"] = cfg.train.device == "cuda" && cfg.train.deterministic;
+      result["deterministic"] = cfg.train.device == comm::DeviceKind::kCuda && cfg.train.deterministic;
       if (time_both) {
         comm::use_deterministic_cuda(false);
         time_k_steps("step_time_nondeterministic_s", "step_times_nondeterministic_s");
@@ -230,7 +230,7 @@ void run(Config cfg, const fs::path& out, const Extras& extras) {
     }
     if (!extras.profile_trace.empty()) {
       // As timed: deterministic kernels unless train.deterministic is false.
-      comm::use_deterministic_cuda(cfg.train.device == "cuda" && cfg.train.deterministic);
+      comm::use_deterministic_cuda(cfg.train.device == comm::DeviceKind::kCuda && cfg.train.deterministic);
       try {
         start_profiler(dev.is_cuda());
         std::vector<double> times;

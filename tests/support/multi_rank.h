@@ -105,10 +105,11 @@ namespace testing_support {
 
 // Like run_ranks, but each rank gets a full comm::Runtime (store,
 // "train" and "ckpt" groups) from init_runtime, as `train` builds it.
-// `device` is train.device ("cpu" | "cuda"); every rank of a CUDA run shares
+// `device` is train.device; every rank of a CUDA run shares
 // GPU 0 (LOCAL_RANK % device count), over a Gloo training group beyond world 1.
 inline void run_runtimes(int world, const std::function<void(comm::Runtime&)>& fn,
-                         double timeout_s = 60.0, const std::string& device = "cpu") {
+                         double timeout_s = 60.0,
+                         comm::DeviceKind device = comm::DeviceKind::kCpu) {
   const std::string job_id = comm::new_job_id();
   auto server = comm::host_tcp_store("127.0.0.1", 0, job_id);
   std::vector<std::thread> threads;

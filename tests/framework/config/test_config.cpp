@@ -93,17 +93,17 @@ Config non_default_config() {
   c.train.sample_every = 7;
   c.train.sample_prompt = "Hi there";
   c.train.sample_tokens = 9;
-  c.train.device = "cuda";
+  c.train.device = comm::DeviceKind::kCuda;
   c.train.deterministic = false;
-  c.train.optimizer_impl = "foreach";
+  c.train.optimizer_impl = framework::optim::OptimizerImpl::kForeach;
   c.train.fused_kernels = false;
   c.profile.every = 7;
   c.profile.active = 3;
   c.profile.dir = "traces";
   c.train.grad_clip = 0.25;
   c.train.micro_batch_size = 8;
-  c.train.mixed_precision.param_dtype = "bf16";
-  c.train.mixed_precision.reduce_dtype = "bf16";
+  c.train.mixed_precision.param_dtype = framework::fsdp::PrecisionDtype::kBf16;
+  c.train.mixed_precision.reduce_dtype = framework::fsdp::PrecisionDtype::kBf16;
   c.model.kind = "mlp";
   c.model.n_kv_heads = 3;
   c.model.rope_theta = 500000.0;
@@ -112,7 +112,7 @@ Config non_default_config() {
   c.model.rope_scaling.low_freq_factor = 2.0;
   c.model.rope_scaling.high_freq_factor = 5.0;
   c.model.rope_scaling.original_max_position = 1024;
-  c.model.activation_checkpointing = "selective";
+  c.model.activation_checkpointing = models::ActivationCheckpointing::kSelective;
   c.model.activation_checkpointing_every = 3;
   c.model.vocab_size = 256;
   c.model.seq_len = 128;
@@ -122,8 +122,8 @@ Config non_default_config() {
   c.model.d_ff = 300;
   c.model.tie_weights = false;
   c.model.init_from = "weights/init.safetensors";
-  c.data.kind = "tokens";
-  c.data.task = "add";
+  c.data.kind = framework::data::DataKind::kTokens;
+  c.data.task = framework::data::SyntheticTask::kAdd;
   c.data.path = "data/train_*.bin";
   c.data.eval_fraction = 0.25;
   c.data.eval_path = "data/val.bin";
@@ -141,34 +141,34 @@ Config non_default_config() {
   c.parallel.tensor = 2;
   c.parallel.reshard_after_forward = false;
   c.parallel.prefetch = 3;
-  c.dist.backend = "nccl";
+  c.dist.backend = comm::Backend::kNccl;
   c.dist.timeout_s = 30.5;
   c.dist.master_addr = "10.0.0.1";
   c.dist.master_port = 29501;
   c.checkpoint.dir = "/tmp/ckpt";
   c.checkpoint.interval = 25;
-  c.checkpoint.mode = "overlap";
+  c.checkpoint.mode = checkpoint::SaveMode::kOverlap;
   c.checkpoint.keep_last = 3;
   c.checkpoint.resume = "never";
   c.checkpoint.resume_fallback = false;
   c.checkpoint.allow_config_change = true;
-  c.checkpoint.on_error = "warn";
+  c.checkpoint.on_error = checkpoint::OnError::kWarn;
   c.checkpoint.save_on_signal = false;
-  c.checkpoint.when_busy = "skip";
+  c.checkpoint.when_busy = checkpoint::WhenBusy::kSkip;
   c.checkpoint.allow_partial = true;
   c.checkpoint.model_only = true;
   c.checkpoint.io_threads = 16;
   c.checkpoint.plan_cache = false;
   c.checkpoint.direct_io = true;
-  c.checkpoint.device_snapshot = "off";
-  c.run.host_malloc = "default";
+  c.checkpoint.device_snapshot = checkpoint::DeviceSnapshot::kOff;
+  c.run.host_malloc = comm::HostMalloc::kDefault;
   c.checkpoint.local.dir = "/dev/shm/run/node{node}";
   c.checkpoint.local.keep_last = 5;
   c.checkpoint.local.partner = false;
   c.checkpoint.durable.every = 3;
-  c.checkpoint.compression.codec = "zstd";
+  c.checkpoint.compression.codec = checkpoint::Codec::kZstd;
   c.checkpoint.compression.level = 19;
-  c.checkpoint.compression.byte_group = "off";
+  c.checkpoint.compression.byte_group = checkpoint::ByteGroup::kOff;
   c.checkpoint.compression.block_size = 1 << 20;
   return c;
 }
@@ -331,12 +331,12 @@ TEST(Config, ValuesInTheFileReachTheStructs) {
       "x.yaml");
   EXPECT_EQ(cfg.train.steps, 50);
   EXPECT_EQ(cfg.train.grad_clip, 0.0);
-  EXPECT_EQ(cfg.train.device, "cuda");
+  EXPECT_EQ(cfg.train.device, comm::DeviceKind::kCuda);
   EXPECT_FALSE(cfg.model.tie_weights);
   EXPECT_DOUBLE_EQ(cfg.optim.lr, 1e-2);
   EXPECT_EQ(cfg.dist.master_port, 1234);
   EXPECT_EQ(cfg.checkpoint.resume, "/tmp/ckpt/step_40");
-  EXPECT_EQ(cfg.checkpoint.compression.codec, "zstd");
+  EXPECT_EQ(cfg.checkpoint.compression.codec, checkpoint::Codec::kZstd);
   EXPECT_EQ(cfg.checkpoint.compression.level, 9);
   EXPECT_EQ(cfg.run.seed, Config{}.run.seed);
 }
@@ -366,7 +366,7 @@ TEST(Config, RepositoryConfigsSelectTheirLayouts) {
   Config def = load("default.yaml");
   EXPECT_EQ(def.parallel.replicate, 1);
   EXPECT_EQ(def.parallel.shard, -1);
-  EXPECT_EQ(def.checkpoint.mode, "async");
+  EXPECT_EQ(def.checkpoint.mode, checkpoint::SaveMode::kAsync);
   EXPECT_EQ(def.checkpoint.interval, 50);
   Config ddp = load("ddp.yaml");
   EXPECT_EQ(ddp.parallel.replicate, -1);
@@ -375,7 +375,7 @@ TEST(Config, RepositoryConfigsSelectTheirLayouts) {
   EXPECT_EQ(hsdp.parallel.replicate, 2);
   EXPECT_EQ(hsdp.parallel.shard, 2);
   Config text = load("text.yaml");
-  EXPECT_EQ(text.data.kind, "text");
+  EXPECT_EQ(text.data.kind, framework::data::DataKind::kText);
   EXPECT_EQ(text.data.path, "README.md");
   EXPECT_EQ(text.model.vocab_size, 256);
 }
@@ -395,11 +395,101 @@ TEST(Config, SetOverridesWinOverTheFile) {
                              "checkpoint.compression.block_size=65536", "optim.lr=0.01",
                              "model.tie_weights=false", "data.path=some file.txt"});
   EXPECT_EQ(cfg.train.steps, 70);
-  EXPECT_EQ(cfg.checkpoint.mode, "overlap");
+  EXPECT_EQ(cfg.checkpoint.mode, checkpoint::SaveMode::kOverlap);
   EXPECT_EQ(cfg.checkpoint.compression.block_size, 65536);
   EXPECT_DOUBLE_EQ(cfg.optim.lr, 0.01);
   EXPECT_FALSE(cfg.model.tie_weights);
   EXPECT_EQ(cfg.data.path, "some file.txt");
+}
+
+// Every key whose values are a closed set (an enum in its options struct),
+// with its spellings in the order the schema lists them.
+const std::vector<std::pair<std::string, std::vector<std::string>>> kEnumKeys = {
+    {"run.host_malloc", {"keep", "default"}},
+    {"train.device", {"cpu", "cuda"}},
+    {"train.optimizer_impl", {"auto", "fused", "foreach", "for_loop"}},
+    {"train.mixed_precision.param_dtype", {"fp32", "bf16"}},
+    {"train.mixed_precision.reduce_dtype", {"fp32", "bf16"}},
+    {"model.activation_checkpointing", {"none", "full", "selective"}},
+    {"data.kind", {"synthetic", "text", "tokens"}},
+    {"data.task", {"copy", "reverse", "add"}},
+    {"dist.backend", {"auto", "gloo", "nccl"}},
+    {"checkpoint.mode", {"sync", "async", "overlap"}},
+    {"checkpoint.on_error", {"fail", "warn"}},
+    {"checkpoint.when_busy", {"wait", "skip"}},
+    {"checkpoint.device_snapshot", {"auto", "on", "off"}},
+    {"checkpoint.compression.codec", {"none", "zstd"}},
+    {"checkpoint.compression.byte_group", {"auto", "on", "off"}},
+};
+
+TEST(Config, EveryEnumKeyReadsAndWritesEachOfItsSpellings) {
+  for (const auto& [key, values] : kEnumKeys) {
+    for (const std::string& value : values) {
+      SCOPED_TRACE(key + "=" + value);
+      // data.kind text and tokens need a path; text without a tokenizer reads bytes.
+      const Config cfg =
+          parse_config("", "x.yaml", {"data.path=x", "model.vocab_size=256", key + "=" + value});
+      const std::string yaml = to_yaml(cfg);
+      const std::string leaf = key.substr(key.rfind('.') + 1);
+      EXPECT_NE(yaml.find("  " + leaf + ": \"" + value + "\"\n"), std::string::npos) << yaml;
+      EXPECT_EQ(parse_config(yaml, "effective.yaml"), cfg);
+    }
+  }
+}
+
+TEST(Config, AnEnumKeyRefusesOtherValuesListingItsSpellings) {
+  for (const auto& [key, values] : kEnumKeys) {
+    std::string allowed;
+    for (const std::string& value : values) allowed += (allowed.empty() ? "" : "|") + value;
+    EXPECT_EQ(parse_error("", {key + "=bogus"}),
+              "--set " + key + "=bogus: expected one of " + allowed + ", got \"bogus\"");
+  }
+}
+
+// The one parse function of each enum (for code that fills the options from
+// text itself, as the tests do) words its error as the key, the value and
+// the allowed values.
+TEST(Config, EnumParseFunctionsNameTheKeyAndTheAllowedValues) {
+  auto message = [](const std::function<void()>& parse) {
+    try {
+      parse();
+    } catch (const std::invalid_argument& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_EQ(message([] { comm::parse_host_malloc("x"); }),
+            "run.host_malloc 'x' is not one of keep, default");
+  EXPECT_EQ(message([] { comm::parse_device_kind("x"); }),
+            "train.device 'x' is not one of cpu, cuda");
+  EXPECT_EQ(message([] { framework::optim::parse_optimizer_impl("x"); }),
+            "train.optimizer_impl 'x' is not one of auto, fused, foreach, for_loop");
+  EXPECT_EQ(message([] {
+              framework::fsdp::parse_precision_dtype("x", "train.mixed_precision.reduce_dtype");
+            }),
+            "train.mixed_precision.reduce_dtype 'x' is not one of fp32, bf16");
+  EXPECT_EQ(message([] { models::parse_activation_checkpointing("x"); }),
+            "model.activation_checkpointing 'x' is not one of none, full, selective");
+  EXPECT_EQ(message([] { framework::data::parse_data_kind("x"); }),
+            "data.kind 'x' is not one of synthetic, text, tokens");
+  EXPECT_EQ(message([] { framework::data::parse_synthetic_task("x"); }),
+            "data.task 'x' is not one of copy, reverse, add");
+  EXPECT_EQ(message([] { comm::parse_backend("x"); }),
+            "dist.backend 'x' is not one of auto, gloo, nccl");
+  EXPECT_EQ(message([] { checkpoint::parse_save_mode("x"); }),
+            "checkpoint.mode 'x' is not one of sync, async, overlap");
+  EXPECT_EQ(message([] { checkpoint::parse_on_error("x"); }),
+            "checkpoint.on_error 'x' is not one of fail, warn");
+  EXPECT_EQ(message([] { checkpoint::parse_when_busy("x"); }),
+            "checkpoint.when_busy 'x' is not one of wait, skip");
+  EXPECT_EQ(message([] { checkpoint::parse_device_snapshot("x"); }),
+            "checkpoint.device_snapshot 'x' is not one of auto, on, off");
+  EXPECT_EQ(message([] { checkpoint::parse_codec("x"); }),
+            "checkpoint.compression.codec 'x' is not one of none, zstd");
+  EXPECT_EQ(message([] { checkpoint::parse_byte_group("x"); }),
+            "checkpoint.compression.byte_group 'x' is not one of auto, on, off");
+  EXPECT_EQ(checkpoint::parse_save_mode(to_string(checkpoint::SaveMode::kOverlap)),
+            checkpoint::SaveMode::kOverlap);
 }
 
 TEST(Config, LaterSetOverridesWinOverEarlierOnes) {

@@ -34,6 +34,8 @@ std::string error_of(Fn fn) {
     fn();
   } catch (const c10::Error& e) {
     return e.what_without_backtrace();
+  } catch (const std::invalid_argument& e) {
+    return e.what();
   }
   return "";
 }
@@ -162,16 +164,10 @@ TEST(SyntheticDataset, TooSmallVocabOrSequenceIsRejectedNamingTheOption) {
 }
 
 TEST(MakeDataset, UnknownKindOrTaskIsRejectedNamingTheOption) {
-  DataOptions bad_kind;
-  bad_kind.kind = "images";
-  EXPECT_NE(error_of([&] { make_dataset(bad_kind, model_options(32, 32), 0); }).find("data.kind"),
-            std::string::npos);
-  DataOptions bad_task;
-  bad_task.task = "sort";
-  EXPECT_NE(error_of([&] { make_dataset(bad_task, model_options(32, 32), 0); }).find("data.task"),
-            std::string::npos);
+  EXPECT_NE(error_of([] { parse_data_kind("images"); }).find("data.kind 'images'"), std::string::npos);
+  EXPECT_NE(error_of([] { parse_synthetic_task("sort"); }).find("data.task 'sort'"), std::string::npos);
   DataOptions add;
-  add.task = "add";
+  add.task = framework::data::SyntheticTask::kAdd;
   auto ds = make_dataset(add, model_options(32, 32), 0);
   EXPECT_EQ(ds->seq_len(), 32);
   EXPECT_EQ(ds->vocab_size(), 32);
@@ -183,7 +179,7 @@ TEST(TextDataset, SamplesAreWindowsWhoseTargetsAreTheNextBytes) {
   for (int i = 0; i < 40; ++i) text += "the quick brown fox " + std::to_string(i) + "\n";
   TempFile file(text);
   DataOptions data;
-  data.kind = "text";
+  data.kind = framework::data::DataKind::kText;
   data.path = file.path();
   auto ds = make_dataset(data, model_options(256, 16), 9);
   EXPECT_EQ(ds->vocab_size(), 256);
@@ -271,7 +267,7 @@ TEST(TextDataset, ShortFileErrorNamesThePathAndSizes) {
 TEST(TextDataset, VocabOtherThan256IsRejectedNamingModelVocabSize) {
   TempFile file(std::string(100, 'x'));
   DataOptions data;
-  data.kind = "text";
+  data.kind = framework::data::DataKind::kText;
   data.path = file.path();
   auto message = error_of([&] { make_dataset(data, model_options(32, 16), 0); });
   EXPECT_NE(message.find("model.vocab_size"), std::string::npos) << message;

@@ -300,7 +300,7 @@ TEST_F(TokenShards, BadInputIsOneErrorNamingTheFileAndOffset) {
 
 TEST_F(TokenShards, MakeDatasetBuildsTokensFromTheConfig) {
   DataOptions d;
-  d.kind = "tokens";
+  d.kind = framework::data::DataKind::kTokens;
   d.path = dir_ + "/llmc_*.bin";
   d.eval_fraction = 0.1;
   models::ModelOptions m;

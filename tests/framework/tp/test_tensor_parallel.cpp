@@ -48,7 +48,7 @@ framework::config::Config tp_config(const std::string& dir) {
   c.model.d_ff = 96;
   c.optim.warmup_steps = 3;
   c.checkpoint.interval = 0;
-  c.checkpoint.mode = "sync";
+  c.checkpoint.mode = checkpoint::SaveMode::kSync;
   return c;
 }
 

@@ -116,7 +116,7 @@ TEST(ReshardMatrix, EverySavingLayoutLoadsExactlyIntoEveryLoadingLayout) {
     auto cfg = base_config(root + "/" + saver.name);
     cfg.train.steps = 3;
     cfg.checkpoint.interval = 3;
-    cfg.checkpoint.mode = "sync";
+    cfg.checkpoint.mode = checkpoint::SaveMode::kSync;
     FullState saved = run_and_gather(cfg, saver);
     ASSERT_FALSE(saved.empty());
     std::string path = cfg.checkpoint.dir + "/step_3";
@@ -140,7 +140,7 @@ TEST(ResumeAcrossWorldSizes, SavedAtTwoResumedAtThreeAndOneContinuesTheLosses) {
   auto stopped = base_config(root + "/stopped");
   stopped.train.stop_at = 10;
   stopped.checkpoint.interval = 10;
-  stopped.checkpoint.mode = "async";
+  stopped.checkpoint.mode = checkpoint::SaveMode::kAsync;
   run_and_gather(stopped, kLayouts[1]);
   std::string path = stopped.checkpoint.dir + "/step_10";
   ASSERT_TRUE(fs::exists(path + "/.metadata"));
@@ -169,7 +169,7 @@ TEST(AsyncCheckpointing, AsyncAndOverlapCommitExactlyWhatSyncCommits) {
     auto cfg = base_config(root + "/" + mode);
     cfg.train.steps = 12;
     cfg.checkpoint.interval = 4;
-    cfg.checkpoint.mode = mode;
+    cfg.checkpoint.mode = checkpoint::parse_save_mode(mode);
     run_and_gather(cfg, kLayouts[1]);
     dirs[mode] = cfg.checkpoint.dir;
   }
@@ -202,7 +202,7 @@ TEST(DirectIo, CheckpointsWrittenWithDirectIoEqualPageCacheOnesAndLoadExactly) {
     cfg.model.d_model = 384;
     cfg.train.steps = 6;
     cfg.checkpoint.interval = 3;
-    cfg.checkpoint.mode = "async";
+    cfg.checkpoint.mode = checkpoint::SaveMode::kAsync;
     cfg.checkpoint.direct_io = direct;
     const checkpoint::PosixWriteCounters before = checkpoint::posix_write_counters();
     FullState end = run_and_gather(cfg, kLayouts[1]);
@@ -235,7 +235,7 @@ TEST(AsyncCheckpointing, TrainingAndCheckpointCollectivesRunTogetherForManySteps
     auto cfg = base_config(root + "/" + mode);
     cfg.train.steps = 40;
     cfg.checkpoint.interval = 1;  // a save in flight during almost every step
-    cfg.checkpoint.mode = mode;
+    cfg.checkpoint.mode = checkpoint::parse_save_mode(mode);
     cfg.checkpoint.keep_last = 2;
     run_and_gather(cfg, kLayouts[3]);  // 4 ranks
     int committed = 0;
@@ -340,14 +340,14 @@ TEST(OptimizerImpls, ACheckpointWrittenUnderOneImplementationResumesUnderEvery) 
   std::map<std::string, std::map<std::string, std::vector<uint8_t>>> items;
   for (const std::string& impl : impls) {
     auto cfg = base_config(root + "/full_" + impl);
-    cfg.train.optimizer_impl = impl;
+    cfg.train.optimizer_impl = framework::optim::parse_optimizer_impl(impl);
     full_state[impl] = run_and_gather(cfg, kLayouts[1], &full_losses[impl]);
     ASSERT_EQ(full_losses[impl].size(), 20u);
     auto stopped = base_config(root + "/stopped_" + impl);
-    stopped.train.optimizer_impl = impl;
+    stopped.train.optimizer_impl = framework::optim::parse_optimizer_impl(impl);
     stopped.train.stop_at = 10;
     stopped.checkpoint.interval = 10;
-    stopped.checkpoint.mode = "sync";
+    stopped.checkpoint.mode = checkpoint::SaveMode::kSync;
     run_and_gather(stopped, kLayouts[1]);
     ASSERT_TRUE(fs::exists(stopped.checkpoint.dir + "/step_10/.metadata"));
     items[impl] = read_checkpoint_items(stopped.checkpoint.dir + "/step_10");
@@ -366,7 +366,7 @@ TEST(OptimizerImpls, ACheckpointWrittenUnderOneImplementationResumesUnderEvery) 
     for (const std::string& reader : impls) {
       SCOPED_TRACE("written under " + writer + ", resumed under " + reader);
       auto resumed = base_config(root + "/resumed_" + writer + "_" + reader);
-      resumed.train.optimizer_impl = reader;
+      resumed.train.optimizer_impl = framework::optim::parse_optimizer_impl(reader);
       resumed.checkpoint.resume = root + "/stopped_" + writer + "/checkpoints/step_10";
       std::vector<double> losses;
       int64_t start = -1;

@@ -57,7 +57,7 @@ framework::config::Config base_config(const std::string& dir, const std::string&
   framework::config::Config c;
   c.run.dir = dir;
   c.run.seed = 7;
-  c.train.device = device;
+  c.train.device = comm::parse_device_kind(device);
   c.train.steps = 20;
   c.train.global_batch_size = 12;
   c.train.log_every = 100;
@@ -200,9 +200,10 @@ TEST(CudaTraining, LlamaInFp32AndBf16MatchesTheCpuAndResumesBitExactly) {
     c.model.n_heads = 4;
     c.model.n_kv_heads = 2;
     c.model.d_ff = 48;
-    c.model.activation_checkpointing = "full";
+    c.model.activation_checkpointing = models::ActivationCheckpointing::kFull;
     c.train.micro_batch_size = 6;
-    c.train.mixed_precision.param_dtype = dtype;
+    c.train.mixed_precision.param_dtype =
+        framework::fsdp::parse_precision_dtype(dtype, "train.mixed_precision.param_dtype");
     return c;
   };
   CudaRun cpu = train_run(llama(root + "/cpu", "cpu", "fp32"), 1, 1);
@@ -277,7 +278,7 @@ TEST(CudaCheckpoint, ReshardsBetweenCudaAndCpuRunsEitherWay) {
       for (int world : {1, 3}) {
         std::string what = std::string(saver) + " fsdp2 -> " + device + " fsdp" + std::to_string(world);
         SCOPED_TRACE(what);
-        lc.train.device = device;
+        lc.train.device = comm::parse_device_kind(device);
         CudaRun loaded = train_run(lc, world, world, /*train=*/false);
         EXPECT_EQ(loaded.start, 3);
         EXPECT_EQ(loaded.on_gpu, std::string(device) == "cuda");
@@ -305,8 +306,9 @@ TEST(CudaCheckpoint, AsyncAndOverlapUnderTrainingCommitExactlyWhatSyncCommitsAnd
       auto cfg = base_config(root + "/" + key, device);
       cfg.train.steps = 12;
       cfg.checkpoint.interval = 4;
-      cfg.checkpoint.mode = mode == "overlap_chunked" ? "overlap" : mode;
-      cfg.checkpoint.device_snapshot = mode == "overlap" ? "on" : "off";
+      cfg.checkpoint.mode = checkpoint::parse_save_mode(mode == "overlap_chunked" ? "overlap" : mode);
+      cfg.checkpoint.device_snapshot =
+          mode == "overlap" ? checkpoint::DeviceSnapshot::kOn : checkpoint::DeviceSnapshot::kOff;
       // Training runs on while the copy and the write are in flight; a save
       // that read a parameter the optimizer was writing would differ.
       train_run(cfg, 1, 1);
@@ -357,8 +359,8 @@ TEST(CudaCheckpoint, OverlapStagesChunksFromASnapshotOrTheLiveStateAndSavesTheSt
       };
       checkpoint::CheckpointOptions o;
       o.interval = 1;
-      o.mode = "overlap";
-      o.device_snapshot = policy;
+      o.mode = checkpoint::SaveMode::kOverlap;
+      o.device_snapshot = checkpoint::parse_device_snapshot(policy);
       o.io_threads = 2;
       checkpoint::CheckpointManager m(o, root + "/" + policy, *rt.checkpoint, "single");
       std::vector<std::vector<torch::Tensor>> expected;
@@ -411,9 +413,9 @@ TEST(CudaCheckpoint, TheSameStateOnCudaAndOnCpuIsWrittenByteIdentically) {
       run_runtimes(1, [&](comm::Runtime& rt) {
         checkpoint::CheckpointOptions o;
         o.interval = 1;
-        o.mode = mode;
+        o.mode = checkpoint::parse_save_mode(mode);
         o.io_threads = 2;
-        o.compression.codec = "zstd";
+        o.compression.codec = checkpoint::Codec::kZstd;
         checkpoint::CheckpointManager m(o, root + "/" + mode + "_" + device, *rt.checkpoint, "single");
         checkpoint::StateDict sd;
         for (size_t i = 0; i < host.size(); ++i) {
@@ -446,7 +448,7 @@ TEST(CudaCheckpoint, PinnedStagingIsReservedAheadBoundedAndFlatOverFiftySaves) {
     };
     checkpoint::CheckpointOptions o;
     o.interval = 1;
-    o.mode = "async";
+    o.mode = checkpoint::SaveMode::kAsync;
     o.keep_last = 2;
     o.io_threads = 2;
     checkpoint::CheckpointManager m(o, root, *rt.checkpoint, "single");

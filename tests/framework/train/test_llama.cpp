@@ -52,7 +52,7 @@ framework::config::Config llama_config(const std::string& dir) {
   c.model.d_ff = 48;
   c.optim.warmup_steps = 3;
   c.checkpoint.interval = 0;
-  c.checkpoint.mode = "sync";
+  c.checkpoint.mode = checkpoint::SaveMode::kSync;
   return c;
 }
 
@@ -211,7 +211,7 @@ TEST(LlamaEquivalence, FsdpTwoAndThreeDdpTwoAndHsdpMatchOneProcess) {
 
 TEST(LlamaMixedPrecision, Bf16ComputesInBf16KeepsFp32MastersAndTracksFp32) {
   auto cfg = llama_config(llama_scratch("bf16"));
-  cfg.train.mixed_precision.param_dtype = "bf16";
+  cfg.train.mixed_precision.param_dtype = framework::fsdp::PrecisionDtype::kBf16;
   const LlamaRun one = train(cfg, 1);
   const LlamaRun two = train(cfg, 2);
   const LlamaRun& fp32 = single_fp32();
@@ -225,7 +225,7 @@ TEST(LlamaMixedPrecision, Bf16ComputesInBf16KeepsFp32MastersAndTracksFp32) {
   }
   EXPECT_TRUE(differs) << "bf16 losses equal fp32 bit for bit: the policy did nothing";
   // reduce_dtype bf16 runs too, and stays close.
-  cfg.train.mixed_precision.reduce_dtype = "bf16";
+  cfg.train.mixed_precision.reduce_dtype = framework::fsdp::PrecisionDtype::kBf16;
   const LlamaRun reduced = train(cfg, 2);
   for (size_t i = 0; i < fp32.losses.size(); ++i) {
     EXPECT_NEAR(reduced.losses[i], fp32.losses[i], 2e-2 * fp32.losses[i]) << "step " << i + 1;
@@ -249,7 +249,7 @@ TEST(LlamaMixedPrecision, GatheredParametersAreBf16AndShardsFp32) {
     batches[rt.env.rank] = tokens;
     auto mesh = framework::dtensor::DeviceMesh::create(*rt.rendezvous, {1, 2}, {"replicate", "shard"});
     framework::fsdp::ParallelOptions options;
-    options.mixed_precision.param_dtype = "bf16";
+    options.mixed_precision.param_dtype = framework::fsdp::PrecisionDtype::kBf16;
     framework::fsdp::FullyShardedModel fsdp(
         model, mesh, options, model->unit_names(),
         [model](const std::string& n, const torch::Tensor& t) { model->init_parameter(n, t); });
@@ -313,18 +313,18 @@ TEST(LlamaAccumulation, AnIndivisibleMicroBatchIsRefusedNamingTheValues) {
 TEST(LlamaActivationCheckpointing, FullAndSelectiveAreBitIdenticalToNone) {
   auto cfg = llama_config(llama_scratch("ac"));
   const LlamaRun none2 = train(cfg, 2);
-  cfg.model.activation_checkpointing = "full";
+  cfg.model.activation_checkpointing = models::ActivationCheckpointing::kFull;
   expect_identical(train(cfg, 1), single_fp32(), "full, world 1");
   expect_identical(train(cfg, 2), none2, "full, FSDP 2");
-  cfg.model.activation_checkpointing = "selective";
+  cfg.model.activation_checkpointing = models::ActivationCheckpointing::kSelective;
   cfg.model.activation_checkpointing_every = 2;
   expect_identical(train(cfg, 2), none2, "selective every 2, FSDP 2");
   // With accumulation and bf16 too: identical to the same run without it.
   cfg.train.micro_batch_size = 3;
-  cfg.train.mixed_precision.param_dtype = "bf16";
-  cfg.model.activation_checkpointing = "none";
+  cfg.train.mixed_precision.param_dtype = framework::fsdp::PrecisionDtype::kBf16;
+  cfg.model.activation_checkpointing = models::ActivationCheckpointing::kNone;
   const LlamaRun plain = train(cfg, 2);
-  cfg.model.activation_checkpointing = "full";
+  cfg.model.activation_checkpointing = models::ActivationCheckpointing::kFull;
   expect_identical(train(cfg, 2), plain, "full, FSDP 2, bf16, micro 3");
   fs::remove_all(cfg.run.dir);
 }
@@ -338,7 +338,7 @@ TEST(LlamaActivationCheckpointing, TheForwardKeepsOnlyTheBlockInputs) {
   static auto* counter = new testing_support::CountingCpuAllocator();
   std::map<std::string, int64_t> kept;
   for (const char* mode : {"none", "full"}) {
-    cfg.model.activation_checkpointing = mode;
+    cfg.model.activation_checkpointing = models::parse_activation_checkpointing(mode);
     torch::manual_seed(4);
     auto model = models::make_model(cfg.model);
     torch::Tensor tokens = torch::randint(16, {4, 64}, torch::kLong);
@@ -382,9 +382,10 @@ TEST(LlamaResume, BitExactInFp32AndBf16AndAcrossPolicies) {
   for (const char* dtype : {"fp32", "bf16"}) {
     SCOPED_TRACE(dtype);
     auto cfg = llama_config(llama_scratch(std::string("resume_") + dtype));
-    cfg.train.mixed_precision.param_dtype = dtype;
+    cfg.train.mixed_precision.param_dtype =
+        framework::fsdp::parse_precision_dtype(dtype, "train.mixed_precision.param_dtype");
     cfg.train.micro_batch_size = 2;
-    cfg.model.activation_checkpointing = "selective";
+    cfg.model.activation_checkpointing = models::ActivationCheckpointing::kSelective;
     const LlamaRun full = train(cfg, 2);
     auto stopped = cfg;
     stopped.run.dir = cfg.run.dir + "_stopped";
@@ -418,7 +419,9 @@ TEST(LlamaResume, BitExactInFp32AndBf16AndAcrossPolicies) {
     // The other policy resumes the same checkpoint (it holds fp32 masters).
     auto switched = cfg;
     switched.run.dir = cfg.run.dir + "_switched";
-    switched.train.mixed_precision.param_dtype = std::string(dtype) == "fp32" ? "bf16" : "fp32";
+    switched.train.mixed_precision.param_dtype = std::string(dtype) == "fp32"
+                                                      ? framework::fsdp::PrecisionDtype::kBf16
+                                                      : framework::fsdp::PrecisionDtype::kFp32;
     switched.checkpoint.resume = stopped.run.dir + "/checkpoints/step_6";
     const LlamaRun s = train(switched, 2);
     EXPECT_EQ(s.first_step, 6);

@@ -5,6 +5,7 @@
 #include "framework/optim/sharded_adamw.h"
 #include "models/layered_model.h"
 #include "models/model_spec.h"
+#include "framework/train/preflight.h"
 #include "framework/train/trainer.h"
 #include "framework/train/profiler.h"
 #include "framework/config/config.h"
@@ -208,9 +209,10 @@ TEST(FsdpPrefetch, LossesAndParametersAreBitIdenticalToPrefetchZeroInEveryLayout
       cfg.parallel.shard = c.shard;
       cfg.parallel.tensor = c.tensor;
       cfg.parallel.prefetch = prefetch;
-      cfg.train.mixed_precision.param_dtype = c.dtype;
+      cfg.train.mixed_precision.param_dtype =
+          framework::fsdp::parse_precision_dtype(c.dtype, "train.mixed_precision.param_dtype");
       cfg.train.micro_batch_size = c.micro;
-      cfg.model.activation_checkpointing = c.checkpointing;
+      cfg.model.activation_checkpointing = models::parse_activation_checkpointing(c.checkpointing);
       runs[prefetch] = run_config(c.world, cfg);
       fs::remove_all(cfg.run.dir);
     }
@@ -520,21 +522,23 @@ TEST(AdamWImpls, EachMatchesPyTorchsAdamWOfTheSameImplementationOverTwentySteps)
 
 TEST(AdamWImpls, AnUnknownOrUnavailableImplementationIsAConfigError) {
   const bool fused = framework::optim::adamw_impl_available(AdamWImpl::kFused);
-  EXPECT_EQ(framework::optim::resolve_adamw_impl("auto", torch::kCPU),
+  EXPECT_EQ(framework::optim::resolve_adamw_impl(framework::optim::OptimizerImpl::kAuto, torch::kCPU),
             fused ? AdamWImpl::kFused : AdamWImpl::kForLoop);
-  EXPECT_EQ(framework::optim::resolve_adamw_impl("auto", torch::Device(torch::kCUDA, 0)),
+  EXPECT_EQ(framework::optim::resolve_adamw_impl(framework::optim::OptimizerImpl::kAuto, torch::Device(torch::kCUDA, 0)),
             fused ? AdamWImpl::kFused : AdamWImpl::kForeach);
-  EXPECT_EQ(framework::optim::resolve_adamw_impl("for_loop", torch::kCPU), AdamWImpl::kForLoop);
-  EXPECT_EQ(framework::optim::resolve_adamw_impl("foreach", torch::kCPU), AdamWImpl::kForeach);
+  EXPECT_EQ(framework::optim::resolve_adamw_impl(framework::optim::OptimizerImpl::kForLoop, torch::kCPU), AdamWImpl::kForLoop);
+  EXPECT_EQ(framework::optim::resolve_adamw_impl(framework::optim::OptimizerImpl::kForeach, torch::kCPU), AdamWImpl::kForeach);
   try {
-    framework::optim::resolve_adamw_impl("fast", torch::kCPU);
+    framework::optim::parse_optimizer_impl("fast");
     ADD_FAILURE() << "no error";
   } catch (const std::invalid_argument& e) {
-    EXPECT_NE(std::string(e.what()).find("train.optimizer_impl: 'fast'"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("train.optimizer_impl 'fast' is not one of auto, fused, foreach, for_loop"),
+              std::string::npos)
+        << e.what();
   }
   if (!framework::optim::adamw_impl_available(AdamWImpl::kFused)) {
     try {
-      framework::optim::resolve_adamw_impl("fused", torch::kCPU);
+      framework::optim::resolve_adamw_impl(framework::optim::OptimizerImpl::kFused, torch::kCPU);
       ADD_FAILURE() << "no error";
     } catch (const std::invalid_argument& e) {
       EXPECT_NE(std::string(e.what()).find("needs LibTorch 2.4"), std::string::npos) << e.what();
@@ -700,7 +704,7 @@ TEST(ModelSpecs, AKindRegisteredByTheProgramTrainsFromItsConfigAtAnyWorldSize) {
   run_runtimes(2, [&](comm::Runtime& rt) {
     try {
       Trainer trainer(cfg, rt);
-    } catch (const std::invalid_argument& e) {
+    } catch (const framework::train::PreflightError& e) {
       if (rt.env.rank == 0) refused = e.what();
     }
   });
