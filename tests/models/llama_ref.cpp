@@ -76,7 +76,7 @@ nlohmann::json settings(const Config& cfg) {
             {"rope_theta", m.rope_theta},
             {"norm_eps", m.norm_eps},
             {"tie_weights", m.tie_weights},
-            {"activation_checkpointing", m.activation_checkpointing},
+            {"activation_checkpointing", to_string(m.activation_checkpointing)},
             {"rope_scaling",
              {{"factor", m.rope_scaling.factor},
               {"low_freq_factor", m.rope_scaling.low_freq_factor},
@@ -96,11 +96,11 @@ nlohmann::json settings(const Config& cfg) {
             {"micro_batch_size", cfg.train.micro_batch_size},
             {"grad_clip", cfg.train.grad_clip}}},
           {"mixed_precision",
-           {{"param_dtype", cfg.train.mixed_precision.param_dtype},
-            {"reduce_dtype", cfg.train.mixed_precision.reduce_dtype}}},
+           {{"param_dtype", to_string(cfg.train.mixed_precision.param_dtype)},
+            {"reduce_dtype", to_string(cfg.train.mixed_precision.reduce_dtype)}}},
           {"attention", comm::compat::kFusedAttention ? "sdpa" : "matmul"},
           {"threads", at::get_num_threads()},
-          {"device", cfg.train.device},
+          {"device", to_string(cfg.train.device)},
           {"torch", TORCH_VERSION}};
 }
 

@@ -728,7 +728,8 @@ TEST(ModelSpecs, LlamaFlopsAndHuggingFaceConfigComeFromTheBuiltModel) {
   o.n_heads = 4;
   o.n_kv_heads = 2;
   o.tie_weights = false;
-  const models::ModelSpec& spec = models::find_model_spec("llama");
+  const std::string kind = "llama";  // a named string: the spec outlives the call
+  const models::ModelSpec& spec = models::find_model_spec(kind);
   auto model = models::make_model(o);
   double params = 0;
   for (const auto& p : model->parameters()) params += static_cast<double>(p.numel());
