@@ -12,6 +12,7 @@
 #include "checkpoint/timing.h"
 
 #include <chrono>
+#include <map>
 #include <mutex>
 
 namespace checkpoint {
@@ -20,26 +21,30 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// set_default_save_seam's seam (test-only; null in a product).
-std::mutex default_seam_mu;
-std::shared_ptr<const test_seam::SaveSeam> default_seam;
+// The test seams (save_seam.h; none in a product): set_default_save_seam's,
+// and each manager's own, by manager, so that manager.h carries none of it.
+std::mutex seams_mu;
+std::shared_ptr<const test_seam::SaveSeam> default_seam;               // guarded by seams_mu
+std::map<const CheckpointManager*, std::shared_ptr<const test_seam::SaveSeam>> seams;  // same
+
+// The seam of `manager`; null (nothing to call) but in tests.
+std::shared_ptr<const test_seam::SaveSeam> seam_of(const CheckpointManager* manager) {
+  std::lock_guard<std::mutex> lock(seams_mu);
+  auto it = seams.find(manager);
+  return it == seams.end() ? nullptr : it->second;
+}
 
 }  // namespace
 
 namespace test_seam {
 
-struct SeamAccess {
-  static void set(CheckpointManager& manager, std::shared_ptr<const SaveSeam> seam) {
-    manager.seam_ = std::move(seam);
-  }
-};
-
 void set_save_seam(CheckpointManager& manager, SaveSeam seam) {
-  SeamAccess::set(manager, std::make_shared<const SaveSeam>(std::move(seam)));
+  std::lock_guard<std::mutex> lock(seams_mu);
+  seams[&manager] = std::make_shared<const SaveSeam>(std::move(seam));
 }
 
 void set_default_save_seam(SaveSeam seam) {
-  std::lock_guard<std::mutex> lock(default_seam_mu);
+  std::lock_guard<std::mutex> lock(seams_mu);
   default_seam = std::make_shared<const SaveSeam>(std::move(seam));
 }
 
@@ -73,8 +78,8 @@ CheckpointManager::CheckpointManager(CheckpointOptions options, std::string defa
       storage_(std::move(storage)),
       hooks_(std::move(hooks)) {
   {
-    std::lock_guard<std::mutex> lock(default_seam_mu);
-    seam_ = default_seam;
+    std::lock_guard<std::mutex> lock(seams_mu);
+    if (default_seam) seams[this] = default_seam;
   }
   set_placement(TierPlacement{});
 }
@@ -97,6 +102,8 @@ CheckpointManager::~CheckpointManager() {
     // The caller chose not to call finish(); the error was theirs to see.
   }
   wait_retention();
+  std::lock_guard<std::mutex> lock(seams_mu);
+  seams.erase(this);
 }
 
 void CheckpointManager::wait_retention() {
@@ -162,22 +169,6 @@ std::string CheckpointManager::finish_or_warn() {
 bool CheckpointManager::busy() const {
   std::lock_guard<std::mutex> lock(mu_);
   return in_flight_ && !in_flight_->done;
-}
-
-std::optional<std::string> CheckpointManager::resume_path() {
-  std::string error, path;
-  if (group_.rank() == 0) {
-    try {
-      path = resolve_resume(*storage_, options_.resume, dir_).value_or("");
-    } catch (const std::exception& e) {
-      error = error_text(e);
-    }
-  }
-  auto reply = group_.broadcast_bytes(tagged_result(error, path), 0);
-  std::string text = tagged_text(reply);
-  if (!tagged_succeeded(reply)) throw CheckpointError("checkpoint.resume: " + text);
-  if (text.empty()) return std::nullopt;
-  return text;
 }
 
 // (rank 0, then broadcast) What resume tries without tiers, in order: the
@@ -403,7 +394,8 @@ void CheckpointManager::persist(std::shared_ptr<Job> job) {
 // (all ranks) Without tiers: plan, write and commit in checkpoint.dir, then
 // retention.
 void CheckpointManager::write_durable(Job& job) {
-  if (seam_ && seam_->before_write) seam_->before_write(job.step, group_.rank());
+  const std::shared_ptr<const test_seam::SaveSeam> seam = seam_of(this);
+  if (seam && seam->before_write) seam->before_write(job.step, group_.rank());
   SaveOptions so = save_options(storage_);
   so.step = job.step;
   SaveStats st = save_state_dict(job.staged, job.event.path, group_, so);
@@ -441,7 +433,7 @@ void CheckpointManager::retain_durable(int64_t step) {
 void CheckpointManager::commit_local(Job& job) {
   SaveOptions so = save_options(local_storage_);
   so.step = job.step;
-  tiers_->commit_local(job.tier, job.staged, std::move(so), seam_.get());
+  tiers_->commit_local(job.tier, job.staged, std::move(so), seam_of(this).get());
 }
 
 // (all ranks, background) A tiered save: the local commit unless save() made
@@ -450,7 +442,7 @@ void CheckpointManager::persist_tiered(Job& job) {
   if (!job.tier.local_done) commit_local(job);
   job.staged = StateDict();
   try {
-    tiers_->finish(job.tier, seam_.get());
+    tiers_->finish(job.tier, seam_of(this).get());
   } catch (...) {
     record_retention_failures(std::move(job.tier.retention_failures));
     throw;
@@ -557,7 +549,8 @@ void CheckpointManager::save(int64_t step, StateDict state, bool final) {
     try {
       job->staged = staging_.begin_overlap(state, snapshot);
     } catch (const std::runtime_error& e) {
-      throw CheckpointError("checkpoint.device_snapshot: " + std::string(to_string(options_.device_snapshot)) + ", but " +
+      throw CheckpointError("checkpoint.device_snapshot: " +
+                            std::string(to_string(options_.device_snapshot)) + ", but " +
                             e.what() + " (step " + std::to_string(step) +
                             "; checkpoint.device_snapshot: off stages from the live state)");
     }

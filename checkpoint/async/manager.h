@@ -39,8 +39,10 @@
 // tier holds complete, preferring the local tier, and says which and why.
 //
 // Thread safety: all public methods from the training thread. The checkpoint
-// group is used only by this manager: by the calling thread in resume_path()
-// and agree(), by the background thread while a save is in flight.
+// group is used only by this manager: by the calling thread in resume(),
+// load() and a sync save's write, by the background thread while a save is
+// in flight (save() and finish() wait for that save first; REQUIRES: no save
+// in flight when resume() or load() is called).
 #include "checkpoint/event.h"
 #include "checkpoint/load.h"
 #include "checkpoint/options.h"
@@ -62,10 +64,6 @@
 namespace checkpoint {
 
 class TierProtocol;  // tiers/protocol.h
-namespace test_seam {
-struct SaveSeam;  // save_seam.h (test-only, not installed)
-struct SeamAccess;
-}  // namespace test_seam
 
 // What a caller may plug into the manager. (Test-only save points, e.g. the
 // reliability tests' hung peer, are set through checkpoint/save_seam.h,
@@ -147,9 +145,6 @@ class CheckpointManager {
   // instead of thrown.
   std::string finish_or_warn();
 
-  // (all ranks) checkpoint.resume resolved by rank 0 and broadcast, so every
-  // rank loads the same checkpoint. nullopt: start fresh.
-  std::optional<std::string> resume_path();
   // (all ranks) Resolves checkpoint.resume and loads it into `state`.
   // nullopt: nothing to resume (start fresh). With resume "auto" and
   // resume_fallback, a committed checkpoint that fails to load on any rank
@@ -203,7 +198,6 @@ class CheckpointManager {
   bool staging_pinned() const;
 
  private:
-  friend struct test_seam::SeamAccess;
   struct Job;
   // Saving.
   SaveOptions save_options(std::shared_ptr<Storage> storage) const;
@@ -248,7 +242,6 @@ class CheckpointManager {
   HostStaging staging_;
   std::shared_ptr<Storage> storage_;
   ManagerHooks hooks_;
-  std::shared_ptr<const test_seam::SaveSeam> seam_;  // null but in tests
   // Tiers.
   TierPlacement placement_;
   std::string local_dir_;

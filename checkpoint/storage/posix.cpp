@@ -1,6 +1,7 @@
 // The local file system: open/pread/pwrite/fsync, with a small cache of read
 // descriptors (storage.h: posix_storage).
 #include "checkpoint/storage/storage.h"
+#include "checkpoint/storage/posix_counters.h"
 
 #include <dirent.h>
 #include <fcntl.h>

@@ -158,14 +158,6 @@ std::shared_ptr<Storage> posix_storage();
 // A storage with these options; posix_storage() when they are the defaults.
 std::shared_ptr<Storage> posix_storage(const PosixOptions& options);
 
-// Bytes written with O_DIRECT and through the page cache by POSIX storages
-// in this process, since it started (for benchmarks and tests).
-struct PosixWriteCounters {
-  uint64_t direct_bytes = 0;
-  uint64_t buffered_bytes = 0;
-};
-PosixWriteCounters posix_write_counters();
-
 // "<dir>/<name>", or `name` when dir is empty.
 std::string join_path(const std::string& dir, const std::string& name);
 // The directory part of `path`: "." when it has none, "/" for "/x".

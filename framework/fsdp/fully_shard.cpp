@@ -707,7 +707,6 @@ void FullyShardedModel::issue_gather(Unit& unit) {
     torch::Tensor recv = torch::empty({shards * bucket.seg_numel}, dtype);
     unit.gather_work.push_back(mesh_->group(shard_axis_, kGatherChannel).all_gather_async(recv, send));
     unit.gather_recv.push_back(recv);
-    ++counts_.all_gathers;
   }
   live_bytes_ += unit.full_bytes;
   stats_.peak_gathered_bytes = std::max(stats_.peak_gathered_bytes, live_bytes_);
@@ -806,7 +805,6 @@ void FullyShardedModel::issue_replicated(Bucket& bucket, ReducePart& part) {
   bucket.unsynced = torch::Tensor();
   part.wire = part.grads.to(comm_dtype(bucket.dtype));
   part.ar = mesh_->group(replicate_axis_, kReduceChannel).all_reduce_async(part.wire);
-  ++counts_.all_reduces;
 }
 
 // Adds the reduced gradients to what earlier backward passes of the step
@@ -931,7 +929,6 @@ void FullyShardedModel::issue_reduce_scatter(Unit& unit, Bucket& bucket, ReduceP
   }
   part.mine = torch::empty({bucket.seg_numel}, comm);
   part.rs = mesh_->group(shard_axis_, kReduceChannel).reduce_scatter_async(part.mine, part.send);
-  ++counts_.reduce_scatters;
   // The send buffer now holds what the full gradients held.
   for (size_t m : bucket.members) {
     ParamSlot& p = unit.params[m];

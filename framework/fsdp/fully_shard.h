@@ -126,16 +126,6 @@ struct MemoryStats {
   int64_t peak_gathered_bytes = 0;   // peak of gathered params + full grads
 };
 
-// Collectives this model has issued since it was built (or since
-// reset_collective_counts), one per bucket and call: what the trainer's
-// choices cost in communication, and how a test sees that a micro-batch
-// skipped one. Gradient-norm all-reduces are not counted.
-struct CollectiveCounts {
-  int64_t all_gathers = 0;      // parameters, over the shard axis
-  int64_t reduce_scatters = 0;  // gradients, over the shard axis
-  int64_t all_reduces = 0;      // gradients, over the replicate axis (DDP, HSDP)
-};
-
 class FullyShardedModel;
 struct Bucket;     // parameters gathered and reduced together; fully_shard.cpp
 struct ParamSlot;  // one parameter of a unit; fully_shard.cpp
@@ -267,14 +257,12 @@ class FullyShardedModel {
   void set_schedule_logging(bool on) { log_schedule_ = on; }
   const std::vector<std::string>& schedule() const { return schedule_; }
   void clear_schedule() { schedule_.clear(); }
-  const CollectiveCounts& collective_counts() const { return counts_; }
   // Seconds this rank's training thread has spent waiting for FSDP's
   // collectives (all-gathers, reduce-scatters, replicate all-reduces) since
   // the model was built: the communication the compute did not hide. With
   // prefetch 0 it is the collectives' whole time. On NCCL a wait only
   // orders the stream, so the host hardly waits: use a profile there.
   double comm_wait_seconds() const { return comm_wait_s_; }
-  void reset_collective_counts() { counts_ = CollectiveCounts{}; }
 
   const MemoryStats& memory_stats() const { return stats_; }
   void reset_peak_memory();
@@ -340,7 +328,6 @@ class FullyShardedModel {
   std::vector<std::pair<Unit*, size_t>> param_index_;  // model parameter order -> (unit, slot)
   std::vector<std::pair<std::string, torch::Tensor>> buffers_;
   MemoryStats stats_;
-  CollectiveCounts counts_;
   int64_t live_bytes_ = 0;
   bool sync_ = true;
   // Forward order of the units (indices into units_, the root left out):

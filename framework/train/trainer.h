@@ -11,7 +11,6 @@
 // parallel, checkpoint, run and dist sections; its model and data sections
 // are not used (model.init_from still is). See examples/fsdp_custom_model.
 #include "framework/config/config.h"
-#include "checkpoint/async/manager.h"
 #include "checkpoint/storage/storage.h"
 #include "comm/local_launcher.h"
 #include "comm/runtime.h"

@@ -164,11 +164,10 @@ TEST(SaveLoad, ManagerRetentionAndResumeRunOnTheMemoryStorage) {
     CheckpointOptions resume = options;
     resume.resume = "auto";
     CheckpointManager manager(resume, "", *g, "test", memory);
-    const std::optional<std::string> path = manager.resume_path();
-    ASSERT_TRUE(path.has_value());
-    EXPECT_EQ(*path, "/memory/ckpt/step_4");
     StateDict sd = empty_like_state(ctx.rank, 2);
-    manager.load(sd, *path);
+    const std::optional<ResumeResult> resumed = manager.resume(sd);
+    ASSERT_TRUE(resumed.has_value());
+    EXPECT_EQ(resumed->path, "/memory/ckpt/step_4");
     StateDict want = rank_state(ctx.rank, 2);
     want.tensors()[0].local.add_(4.0f);
     EXPECT_TRUE(torch::equal(sd.tensors()[0].local, want.tensors()[0].local)) << ctx.rank;

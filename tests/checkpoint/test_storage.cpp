@@ -1,5 +1,7 @@
 // The storage interface: the POSIX implementation, and fault injection that
 // behaves like a full disk or a failing device.
+#include "checkpoint/storage/posix_counters.h"
+
 #include <gtest/gtest.h>
 
 #include <atomic>

@@ -4,6 +4,7 @@
 #include "checkpoint/load.h"
 #include "checkpoint/save.h"
 #include "checkpoint/format/metadata.h"
+#include "checkpoint/storage/posix_counters.h"
 #include "checkpoint/storage/storage.h"
 #include "framework/fsdp/fully_shard.h"
 #include "framework/optim/sharded_adamw.h"
