@@ -4,6 +4,7 @@
 
 #include <map>
 #include <mutex>
+#include <stdexcept>
 
 namespace models {
 
@@ -42,6 +43,85 @@ std::string llama_config_json(const ModelOptions& o, const std::string& torch_dt
 
 namespace {
 
+[[noreturn]] void refuse_json(const std::string& what) { throw std::invalid_argument(what); }
+
+nlohmann::json parse_object(const std::string& text) {
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    refuse_json(std::string("is not JSON: ") + e.what());
+  }
+  if (!j.is_object()) refuse_json("is not a JSON object");
+  return j;
+}
+
+}  // namespace
+
+// Only LlamaForCausalLM's options that map to ours; the others refused.
+std::vector<HfConfigValue> read_llama_config_json(const std::string& text) {
+  const nlohmann::json j = parse_object(text);
+  auto unsupported = [](const std::string& what) { refuse_json(what + "; not supported"); };
+  if (j.value("attention_bias", false)) unsupported("attention_bias is true");
+  if (j.value("mlp_bias", false)) unsupported("mlp_bias is true");
+  if (j.value("hidden_act", std::string("silu")) != "silu")
+    unsupported("hidden_act is " + j.value("hidden_act", std::string()));
+  auto integer = [&](const nlohmann::json& in, const char* field) -> int64_t {
+    if (!in.contains(field) || !in[field].is_number_integer())
+      refuse_json(std::string("has no integer \"") + field + "\"");
+    return in[field].get<int64_t>();
+  };
+  auto number = [&](const char* field, double fallback) -> double {
+    if (!j.contains(field) || j[field].is_null()) return fallback;
+    if (!j[field].is_number()) refuse_json(std::string("\"") + field + "\" is not a number");
+    return j[field].get<double>();
+  };
+  const int64_t hidden = integer(j, "hidden_size");
+  const int64_t heads = integer(j, "num_attention_heads");
+  if (j.contains("head_dim") && j["head_dim"].is_number_integer() && heads > 0 &&
+      j["head_dim"].get<int64_t>() * heads != hidden) {
+    unsupported("head_dim " + std::to_string(j["head_dim"].get<int64_t>()) +
+                " is not hidden_size / num_attention_heads");
+  }
+  const bool has_kv = j.contains("num_key_value_heads") && !j["num_key_value_heads"].is_null();
+  std::vector<HfConfigValue> out = {
+      {"model.kind", std::string("llama"), "model_type"},
+      {"model.d_model", hidden, "hidden_size"},
+      {"model.n_heads", heads, "num_attention_heads"},
+      {"model.n_kv_heads", has_kv ? integer(j, "num_key_value_heads") : heads, "num_key_value_heads"},
+      {"model.n_layers", integer(j, "num_hidden_layers"), "num_hidden_layers"},
+      {"model.d_ff", integer(j, "intermediate_size"), "intermediate_size"},
+      {"model.vocab_size", integer(j, "vocab_size"), "vocab_size"},
+      {"model.norm_eps", number("rms_norm_eps", 1e-6), "rms_norm_eps"},
+      {"model.rope_theta", number("rope_theta", 10000.0), "rope_theta"},
+      {"model.tie_weights", j.value("tie_word_embeddings", false), "tie_word_embeddings"},
+  };
+  if (!j.contains("rope_scaling") || j["rope_scaling"].is_null()) {
+    out.push_back({"model.rope_scaling.factor", 0.0, "rope_scaling (none)"});
+    return out;
+  }
+  const nlohmann::json& r = j["rope_scaling"];
+  if (!r.is_object()) refuse_json("rope_scaling is not an object");
+  const std::string kind = r.value("rope_type", r.value("type", std::string()));
+  if (kind != "llama3") unsupported("rope_scaling of type \"" + kind + "\" (only llama3 is known)");
+  auto field = [&](const char* name) {
+    if (!r.contains(name) || !r[name].is_number())
+      refuse_json(std::string("rope_scaling has no number \"") + name + "\"");
+    return r[name].get<double>();
+  };
+  out.push_back({"model.rope_scaling.factor", field("factor"), "rope_scaling.factor"});
+  out.push_back({"model.rope_scaling.low_freq_factor", field("low_freq_factor"),
+                 "rope_scaling.low_freq_factor"});
+  out.push_back({"model.rope_scaling.high_freq_factor", field("high_freq_factor"),
+                 "rope_scaling.high_freq_factor"});
+  out.push_back({"model.rope_scaling.original_max_position",
+                 integer(r, "original_max_position_embeddings"),
+                 "rope_scaling.original_max_position_embeddings"});
+  return out;
+}
+
+namespace {
+
 struct HfRegistry {
   std::mutex mutex;
   std::map<std::string, HfAdapter> adapters;
@@ -50,6 +130,7 @@ struct HfRegistry {
     llama.model_type = "llama";
     llama.architecture = "LlamaForCausalLM";
     llama.config_json = llama_config_json;
+    llama.read_config_json = read_llama_config_json;
     llama.tied_weights = {{"lm_head.weight", "model.embed_tokens.weight"}};
     adapters.emplace("llama", std::move(llama));
   }
@@ -66,6 +147,27 @@ void register_hf_adapter(const std::string& kind, HfAdapter adapter) {
   HfRegistry& r = hf_registry();
   std::lock_guard<std::mutex> lock(r.mutex);
   r.adapters[kind] = std::move(adapter);
+}
+
+std::vector<HfConfigValue> read_hf_config_json(const std::string& text) {
+  const std::string type = parse_object(text).value("model_type", std::string());
+  std::function<std::vector<HfConfigValue>(const std::string&)> read;
+  std::string known;
+  {
+    HfRegistry& r = hf_registry();
+    std::lock_guard<std::mutex> lock(r.mutex);
+    for (const auto& [kind, adapter] : r.adapters) {
+      if (!adapter.read_config_json) continue;
+      if (adapter.model_type == type) read = adapter.read_config_json;
+      known += (known.empty() ? "" : ", ") + adapter.model_type + " (" + adapter.architecture +
+               ") as model.kind " + kind;
+    }
+  }
+  if (!read) {
+    refuse_json("has model_type \"" + type + "\"; the model types read are " +
+           (known.empty() ? std::string("none") : known));
+  }
+  return read(text);
 }
 
 const HfAdapter* find_hf_adapter(const std::string& kind) {

@@ -57,20 +57,6 @@ namespace {
 
 // ---------------------------------------------------------------- every kind
 
-void validate_common(const ModelOptions& o) {
-  TORCH_CHECK(o.vocab_size > 0, "model.vocab_size must be positive, got ", o.vocab_size);
-  TORCH_CHECK(o.seq_len > 0, "model.seq_len must be positive, got ", o.seq_len);
-  TORCH_CHECK(o.d_model > 0, "model.d_model must be positive, got ", o.d_model);
-  TORCH_CHECK(o.n_layers > 0, "model.n_layers must be positive, got ", o.n_layers);
-  TORCH_CHECK(o.d_ff >= 0, "model.d_ff must be >= 0 (0 means 4 * d_model), got ", o.d_ff);
-}
-
-void validate_heads(const ModelOptions& o) {
-  TORCH_CHECK(o.n_heads > 0, "model.n_heads must be positive, got ", o.n_heads);
-  TORCH_CHECK(o.d_model % o.n_heads == 0, "model.d_model (", o.d_model,
-              ") must be divisible by model.n_heads (", o.n_heads, ")");
-}
-
 // 6 x the parameters that multiply + 12 x layers x d_model x seq_len
 // (attention's scores and weighted sum, forward and backward): PaLM's
 // estimate, as torchtitan counts it. `lookup`: embedding parameters that
@@ -139,10 +125,6 @@ ModelSpec stacked_spec(bool gpt) {
   spec.kind = gpt ? "gpt" : "mlp";
   spec.description = gpt ? "GPT-2 style: learned positions, LayerNorm, multi-head attention, GELU MLP"
                          : "residual MLP blocks (no attention), learned positions";
-  spec.validate = [gpt](const ModelOptions& o) {
-    validate_common(o);
-    if (gpt) validate_heads(o);
-  };
   spec.build = [gpt](const ModelOptions& o, bool) { return build_stacked(o, gpt); };
   spec.size = [gpt](const ModelOptions& o) { return stacked_size(o, gpt); };
   spec.flops_per_token = [gpt](const ModelOptions& o) {
@@ -157,19 +139,6 @@ ModelSpec stacked_spec(bool gpt) {
 }
 
 // ---------------------------------------------------------------- llama
-
-void validate_llama(const ModelOptions& o) {
-  validate_common(o);
-  validate_heads(o);
-  const int64_t kv = o.n_kv_heads > 0 ? o.n_kv_heads : o.n_heads;
-  TORCH_CHECK(o.n_kv_heads >= 0, "model.n_kv_heads must be >= 0, got ", o.n_kv_heads);
-  TORCH_CHECK(o.n_heads % kv == 0, "model.n_heads (", o.n_heads,
-              ") must be divisible by model.n_kv_heads (", kv, ")");
-  TORCH_CHECK((o.d_model / o.n_heads) % 2 == 0, "model.d_model / model.n_heads (",
-              o.d_model / o.n_heads, ") must be even for rotary embeddings");
-  TORCH_CHECK(o.rope_theta > 0, "model.rope_theta must be positive, got ", o.rope_theta);
-  TORCH_CHECK(o.norm_eps > 0, "model.norm_eps must be positive, got ", o.norm_eps);
-}
 
 std::shared_ptr<LayeredModelImpl> build_llama(const ModelOptions& options, bool materialize) {
   uint64_t seed = 0;
@@ -210,9 +179,9 @@ ModelSpec llama_spec() {
   ModelSpec spec;
   spec.kind = "llama";
   spec.description = "Llama 3: RMSNorm, RoPE, grouped-query attention, SwiGLU; Hugging Face names";
-  spec.validate = validate_llama;
   spec.build = build_llama;
   spec.lazy_init = true;
+  spec.ties_weights_by_default = false;
   spec.size = llama_size;
   spec.flops_per_token = [](const ModelOptions& o) {
     const double embedding = static_cast<double>(o.vocab_size) * static_cast<double>(o.d_model);
@@ -249,7 +218,19 @@ void register_model_spec(ModelSpec spec) {
     throw std::invalid_argument("register_model_spec: a spec needs its kind, build, size and loss (kind '" +
                                 spec.kind + "')");
   }
-  register_model_kind(spec.kind);
+  ModelCheck check;
+  if (spec.validate) {
+    // The config runs it at load, torch-free (models/options.h): its
+    // c10::Error becomes the std::invalid_argument the config reports.
+    check = [validate = spec.validate](const ModelOptions& o, int64_t, const KeyNamer&) {
+      try {
+        validate(o);
+      } catch (const c10::Error& e) {
+        throw std::invalid_argument(e.what_without_backtrace());
+      }
+    };
+  }
+  register_model_kind(spec.kind, std::move(check), spec.ties_weights_by_default);
   if (spec.hf) register_hf_adapter(spec.kind, *spec.hf);
   SpecRegistry& r = spec_registry();
   std::lock_guard<std::mutex> lock(r.mutex);
@@ -283,13 +264,12 @@ std::vector<std::string> registered_model_kinds() {
 // ---------------------------------------------------------------- layered_model.h
 
 void validate_model_options(const ModelOptions& o) {
-  const ModelSpec* spec = nullptr;
   try {
-    spec = &find_model_spec(o.kind);
+    find_model_spec(o.kind);  // throws for a kind with no spec
+    check_model_options(o);   // the kind's rules, spec.validate among them
   } catch (const std::invalid_argument& e) {
     TORCH_CHECK(false, e.what());
   }
-  if (spec->validate) spec->validate(o);
 }
 
 std::shared_ptr<LayeredModelImpl> make_model(const ModelOptions& options, bool materialize) {

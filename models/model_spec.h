@@ -81,7 +81,11 @@ using SplitStagesFn = std::function<std::vector<std::vector<std::string>>(
 struct ModelSpec {
   std::string kind;         // model.kind
   std::string description;  // for --help and docs: "Llama 3: RMSNorm, RoPE, ..."
-  // Throws c10::Error (TORCH_CHECK) naming the first invalid model.* key.
+  // Rules of this kind's options beyond every kind's positive sizes
+  // (models/options.h: check_model_options); the config runs them at load
+  // and make_model before building. Throws c10::Error (TORCH_CHECK) or
+  // std::invalid_argument naming the first invalid model.* key. Empty: none
+  // (the built-in kinds' rules live in models/options.cpp, torch-free).
   std::function<void(const ModelOptions& options)> validate;
   // The model, initialised deterministically from the global torch
   // generator (given torch::manual_seed beforehand), its activation
@@ -104,6 +108,8 @@ struct ModelSpec {
   // built model), and their description for the banner. Unset: none.
   std::function<void(LayeredModelImpl& model, bool on)> use_fused_kernels;
   std::function<std::string()> fused_kernels_description;
+  // model.tie_weights when the config does not set it (llama: false).
+  bool ties_weights_by_default = true;
   std::optional<HfAdapter> hf;  // nullopt: no Hugging Face counterpart
   SplitStagesFn split_stages;   // empty: not split into pipeline stages
 };

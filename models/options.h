@@ -1,6 +1,8 @@
 #pragma once
 // Model sizes (config section `model`).
 #include <cstdint>
+#include <functional>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -60,7 +62,7 @@ struct ModelOptions {
   // 0: 4 * d_model (gpt, mlp); llama: 8/3 * d_model rounded up to a
   // multiple of 256, as Llama's multiple_of.
   int64_t d_ff = 0;
-  // gpt, mlp: true unless set; llama: false unless set (config.cpp).
+  // Unless the config sets it: ties_weights_by_default(kind).
   bool tie_weights = true;
   // llama: rotary embedding base, RMSNorm epsilon, Llama 3.1 scaling.
   double rope_theta = 10000.0;
@@ -76,12 +78,42 @@ struct ModelOptions {
 // The d_ff a llama of these options uses (model.d_ff, or its default).
 int64_t llama_d_ff(const ModelOptions& options);
 
+// Names a key in a model error: `key` and `value` give "model.n_heads (4)"
+// by default; the config's namer adds where the value came from
+// ("model.n_heads (4, configs/x.yaml:7)").
+using KeyNamer = std::function<std::string(const std::string& key, const std::string& value)>;
+
+// A kind's rules for its options. `tensor`: parallel.tensor, the ranks its
+// layers are split over (1: none). Throws std::invalid_argument naming the
+// first invalid key through `name`.
+using ModelCheck =
+    std::function<void(const ModelOptions& options, int64_t tensor, const KeyNamer& name)>;
+
+// The rules of options.kind, in one place for the config (at load, naming
+// where each value came from) and for make_model: every kind's sizes are
+// positive; gpt and llama split d_model into whole heads; llama's key/value
+// heads divide its query heads, its head dimension is even (rotary pairs),
+// its rope_scaling frequencies are ordered, and with tensor > 1 every rank
+// holds whole heads of an untied model. Then the check the kind was
+// registered with. Throws std::invalid_argument; nothing for a kind that is
+// not registered (the config's model.kind check names those).
+void check_model_options(const ModelOptions& options, int64_t tensor = 1,
+                         const KeyNamer& name = {});
+
 // The kinds model.kind may name, in the order registered: the built-in gpt,
 // mlp and llama, then each kind register_model_spec (models/model_spec.h)
 // added. The config checks model.kind against it.
 std::vector<std::string> model_kinds();
-// Adds `kind` to model_kinds() (no effect when there). register_model_spec
-// calls it; register before parsing a config that names the kind.
-void register_model_kind(const std::string& kind);
+// Adds `kind` to model_kinds() (no effect when there) with the rules
+// check_model_options runs for it after the sizes' (an empty `check` keeps
+// the kind's rules: a built-in kind's stay), and whether its embedding and
+// output projection are tied when the config does not say (nullopt: keep
+// the kind's; true for a new one). register_model_spec calls it; register
+// before parsing a config that names the kind.
+void register_model_kind(const std::string& kind, ModelCheck check = {},
+                         std::optional<bool> ties_weights = std::nullopt);
+// model.tie_weights when the config does not set it: true but for llama
+// (Llama 3 8B and up untie them) and kinds registered so.
+bool ties_weights_by_default(const std::string& kind);
 
 }  // namespace models

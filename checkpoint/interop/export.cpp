@@ -440,7 +440,7 @@ ExportStats export_dcp(const std::string& step_dir, const std::string& out_dir,
     if (out.params.empty()) throw FormatError(step_dir + ": nothing to export: no model.* tensor items");
     if (with_optim) {
       DcpParamGroup g = options.dcp_param_group;
-      if (options.run) g = options.run->optimizer_param_group(bytes_item_reader(meta, reader), g);
+      if (options.run) g = options.run->optimizer_param_group(bytes_item_reader(meta, reader), step_dir, g);
       export_param_group(out, g);
     }
     file->sync();
@@ -486,7 +486,8 @@ std::vector<uint8_t> read_whole(Storage& storage, const std::string& path) {
 // The tokenizer an HF export ships: options.tokenizer, else the run's
 // (recorded in `stats` when named but gone).
 std::string export_tokenizer(Storage& storage, const CheckpointMeta& meta, ChunkReader& reader,
-                             const ExportOptions& options, ExportStats& stats) {
+                             const std::string& step_dir, const ExportOptions& options,
+                             ExportStats& stats) {
   if (options.tokenizer == "none") return "";
   if (!options.tokenizer.empty()) {
     if (!regular_file(storage, options.tokenizer)) {
@@ -495,7 +496,7 @@ std::string export_tokenizer(Storage& storage, const CheckpointMeta& meta, Chunk
     return options.tokenizer;
   }
   if (!options.run) return "";
-  const std::string named = options.run->tokenizer(bytes_item_reader(meta, reader));
+  const std::string named = options.run->tokenizer(bytes_item_reader(meta, reader), step_dir);
   if (named.empty()) return "";
   if (!regular_file(storage, named)) {
     stats.tokenizer_missing = named;
@@ -549,7 +550,7 @@ ExportStats export_hf(const std::string& step_dir, const std::string& out_dir, c
   thread_pool::ThreadPool pool(static_cast<size_t>(std::max(1, options.io_threads)));
   ChunkReader reader(storage, step_dir, &pool);
   const std::string config = hf_config_json(meta, reader, step_dir, items, options);
-  stats.tokenizer = export_tokenizer(*storage, meta, reader, options, stats);
+  stats.tokenizer = export_tokenizer(*storage, meta, reader, step_dir, options, stats);
 
   const std::vector<std::vector<ExportItem>> shards = hf_shards(items, options.max_shard_bytes);
   write_dir_atomically(*storage, out_dir, [&](const std::string& tmp) {

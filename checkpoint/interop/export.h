@@ -54,11 +54,13 @@ class RunAdapter {
   virtual std::optional<std::string> hf_config_json(const ReadBytesItem& read, const std::string& where,
                                                     const std::string& torch_dtype) const = 0;
   // The optimizer settings the run trained with; `fallback` where it
-  // records none.
-  virtual DcpParamGroup optimizer_param_group(const ReadBytesItem& read,
+  // records none. Throws FormatError naming `where` (the checkpoint's
+  // directory) when its settings cannot be read.
+  virtual DcpParamGroup optimizer_param_group(const ReadBytesItem& read, const std::string& where,
                                               const DcpParamGroup& fallback) const = 0;
-  // The tokenizer file the run trained with; "" for none (or bytes).
-  virtual std::string tokenizer(const ReadBytesItem& read) const = 0;
+  // The tokenizer file the run trained with; "" for none (or bytes). Throws
+  // as optimizer_param_group.
+  virtual std::string tokenizer(const ReadBytesItem& read, const std::string& where) const = 0;
 };
 
 struct ExportOptions {

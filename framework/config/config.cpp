@@ -2,8 +2,6 @@
 // cross-key checks. Writing it back lives in emit.cpp.
 #include "framework/config/config.h"
 
-#include <nlohmann/json.hpp>
-
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
@@ -14,6 +12,7 @@
 #include <map>
 
 #include "framework/config/schema.h"
+#include "models/hf_adapter.h"
 
 namespace framework::config {
 namespace {
@@ -179,31 +178,15 @@ void check_consistency(const Config& cfg, const Origins& origins) {
   if (cfg.profile.every > 0 && cfg.profile.active > cfg.profile.every)
     fail(key("profile.active") + " must be at most " + key("profile.every") +
          " (each trace covers the last profile.active steps of every profile.every)");
-  if ((cfg.model.kind == "gpt" || cfg.model.kind == "llama") &&
-      cfg.model.d_model % cfg.model.n_heads != 0)
-    fail(key("model.d_model") + " must be divisible by " + key("model.n_heads") +
-         " for model.kind " + cfg.model.kind);
-  if (cfg.model.kind == "llama" && cfg.model.n_kv_heads > 0 &&
-      cfg.model.n_heads % cfg.model.n_kv_heads != 0)
-    fail(key("model.n_heads") + " must be divisible by " + key("model.n_kv_heads") +
-         " (each key/value head serves a whole group of query heads)");
-  if (cfg.model.kind == "llama" && (cfg.model.d_model / cfg.model.n_heads) % 2 != 0)
-    fail(key("model.d_model") + " / " + key("model.n_heads") +
-         " must be even for llama (rotary embeddings rotate pairs of dimensions)");
-  if (cfg.parallel.tensor > 1 && cfg.model.kind == "llama") {
-    const int64_t kv = cfg.model.n_kv_heads > 0 ? cfg.model.n_kv_heads : cfg.model.n_heads;
-    if (cfg.model.n_heads % cfg.parallel.tensor != 0 || kv % cfg.parallel.tensor != 0)
-      fail(key("parallel.tensor") + " must divide " + key("model.n_heads") + " and " +
-           key("model.n_kv_heads") + " (n_heads when 0): each tensor-parallel rank computes "
-           "whole query and key/value heads");
-    if (cfg.model.tie_weights)
-      fail(key("parallel.tensor") + " above 1 does not support " + key("model.tie_weights") +
-           " yet (the embedding and the output projection are split separately)");
+  try {
+    // The model kind's rules live with the kind (models/options.h).
+    models::check_model_options(cfg.model, cfg.parallel.tensor,
+                                [&](const std::string& path, const std::string&) {
+                                  return describe_key(path, cfg, origins);
+                                });
+  } catch (const std::exception& e) {
+    fail(e.what());
   }
-  if (cfg.model.rope_scaling.factor > 0 &&
-      cfg.model.rope_scaling.high_freq_factor <= cfg.model.rope_scaling.low_freq_factor)
-    fail(key("model.rope_scaling.high_freq_factor") + " must exceed " +
-         key("model.rope_scaling.low_freq_factor"));
   if (cfg.train.micro_batch_size > cfg.train.global_batch_size)
     fail(key("train.micro_batch_size") + " must not exceed " + key("train.global_batch_size"));
   if (cfg.optim.min_lr > cfg.optim.lr)
@@ -246,82 +229,37 @@ std::string read_file(const std::string& path) {
 }
 
 // model.init_from naming a Hugging Face model directory (config.json beside
-// its safetensors): config.json gives the model section. A key the config
-// did not set takes config.json's value; one set to another value is an
-// error naming both. Only LlamaForCausalLM's options map to ours.
+// its safetensors): config.json gives the model section, read by the
+// adapter of its model_type (models/hf_adapter.h). A key the config did not
+// set takes config.json's value; one set to another value is an error
+// naming both.
 void apply_hf_model_config(const std::string& dir, Config* cfg, Origins* origins) {
   const std::string path = dir + (dir.empty() || dir.back() == '/' ? "" : "/") + "config.json";
   std::FILE* probe = std::fopen(path.c_str(), "rb");
   if (probe == nullptr) return;  // not a Hugging Face directory: init_from reads it as weights
   std::fclose(probe);
-  nlohmann::json j;
+  std::vector<models::HfConfigValue> values;
   try {
-    j = nlohmann::json::parse(read_file(path));
-  } catch (const nlohmann::json::exception& e) {
-    fail("model.init_from: " + path + " is not JSON: " + e.what());
+    values = models::read_hf_config_json(read_file(path));
+  } catch (const std::invalid_argument& e) {
+    fail("model.init_from: " + path + ": " + e.what());
   }
-  if (!j.is_object()) fail("model.init_from: " + path + " is not a JSON object");
-  const std::string where = path;
-  const std::string type = j.value("model_type", std::string());
-  if (type != "llama") {
-    fail("model.init_from: " + path + " has model_type \"" + type +
-         "\"; only Hugging Face's llama (LlamaForCausalLM) maps to model.kind llama");
-  }
-  auto refuse = [&](const std::string& what) { fail("model.init_from: " + path + ": " + what + "; not supported"); };
-  if (j.value("attention_bias", false)) refuse("attention_bias is true");
-  if (j.value("mlp_bias", false)) refuse("mlp_bias is true");
-  if (j.value("hidden_act", std::string("silu")) != "silu") refuse("hidden_act is " + j.value("hidden_act", std::string()));
-  auto take = [&](const char* key_path, const Value& value, const std::string& field) {
-    const Key* key = find_key(key_path);
-    if (origins->count(key_path) != 0 && key->get(*cfg) != value) {
-      fail(describe_key(key_path, *cfg, *origins) + " disagrees with " + field + " " +
-           format_value(value) + " in " + where);
+  for (const models::HfConfigValue& v : values) {
+    const Key* key = find_key(v.key);
+    if (key == nullptr) fail("model.init_from: " + path + ": " + v.field + " maps to no key " + v.key);
+    // Through the key's own parse, so its type and range hold.
+    const std::string text = std::holds_alternative<std::string>(v.value)
+                                 ? std::get<std::string>(v.value)
+                                 : format_value(v.value);
+    Value value;
+    if (auto problem = parse_value(*key, text, false, &value))
+      fail("model.init_from: " + path + ": " + v.field + ": " + *problem);
+    if (origins->count(v.key) != 0 && key->get(*cfg) != value) {
+      fail(describe_key(v.key, *cfg, *origins) + " disagrees with " + v.field + " " +
+           format_value(value) + " in " + path);
     }
     key->set(*cfg, value);
-    (*origins)[key_path] = where;
-  };
-  auto integer = [&](const char* field) -> int64_t {
-    if (!j.contains(field) || !j[field].is_number_integer()) fail("model.init_from: " + path + " has no integer \"" + field + "\"");
-    return j[field].get<int64_t>();
-  };
-  auto number = [&](const char* field, double fallback) -> double {
-    if (!j.contains(field) || j[field].is_null()) return fallback;
-    if (!j[field].is_number()) fail("model.init_from: " + path + ": \"" + field + "\" is not a number");
-    return j[field].get<double>();
-  };
-  const int64_t hidden = integer("hidden_size");
-  const int64_t heads = integer("num_attention_heads");
-  if (j.contains("head_dim") && j["head_dim"].is_number_integer() && heads > 0 &&
-      j["head_dim"].get<int64_t>() * heads != hidden) {
-    refuse("head_dim " + std::to_string(j["head_dim"].get<int64_t>()) + " is not hidden_size / num_attention_heads");
-  }
-  take("model.kind", std::string("llama"), "model_type");
-  take("model.d_model", hidden, "hidden_size");
-  take("model.n_heads", heads, "num_attention_heads");
-  take("model.n_kv_heads",
-       j.contains("num_key_value_heads") && !j["num_key_value_heads"].is_null() ? integer("num_key_value_heads") : heads,
-       "num_key_value_heads");
-  take("model.n_layers", integer("num_hidden_layers"), "num_hidden_layers");
-  take("model.d_ff", integer("intermediate_size"), "intermediate_size");
-  take("model.vocab_size", integer("vocab_size"), "vocab_size");
-  take("model.norm_eps", number("rms_norm_eps", 1e-6), "rms_norm_eps");
-  take("model.rope_theta", number("rope_theta", 10000.0), "rope_theta");
-  take("model.tie_weights", j.value("tie_word_embeddings", false), "tie_word_embeddings");
-  if (j.contains("rope_scaling") && !j["rope_scaling"].is_null()) {
-    const nlohmann::json& r = j["rope_scaling"];
-    const std::string kind = r.value("rope_type", r.value("type", std::string()));
-    if (kind != "llama3") refuse("rope_scaling of type \"" + kind + "\" (only llama3 is known)");
-    auto field = [&](const char* name) {
-      if (!r.contains(name) || !r[name].is_number()) fail("model.init_from: " + path + ": rope_scaling has no number \"" + name + "\"");
-      return r[name];
-    };
-    take("model.rope_scaling.factor", field("factor").get<double>(), "rope_scaling.factor");
-    take("model.rope_scaling.low_freq_factor", field("low_freq_factor").get<double>(), "rope_scaling.low_freq_factor");
-    take("model.rope_scaling.high_freq_factor", field("high_freq_factor").get<double>(), "rope_scaling.high_freq_factor");
-    take("model.rope_scaling.original_max_position", field("original_max_position_embeddings").get<int64_t>(),
-         "rope_scaling.original_max_position_embeddings");
-  } else {
-    take("model.rope_scaling.factor", 0.0, "rope_scaling (none)");
+    (*origins)[v.key] = path;
   }
 }
 
@@ -333,12 +271,11 @@ Config parse_config(const std::string& yaml_text, const std::string& source_name
   Origins origins;
   parse_text(yaml_text, source_name, &cfg, &origins);
   for (const std::string& text : overrides) apply_override(text, &cfg, &origins);
-  // Defaults that depend on the model kind: Llama does not tie its
-  // embedding and output projection (Llama 3 8B and up).
-  if (cfg.model.kind == "llama" && origins.count("model.tie_weights") == 0) {
-    cfg.model.tie_weights = false;
-  }
   if (!cfg.model.init_from.empty()) apply_hf_model_config(cfg.model.init_from, &cfg, &origins);
+  // The default that depends on the model kind (models/options.h).
+  if (origins.count("model.tie_weights") == 0) {
+    cfg.model.tie_weights = models::ties_weights_by_default(cfg.model.kind);
+  }
   check_consistency(cfg, origins);
   return cfg;
 }

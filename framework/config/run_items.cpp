@@ -37,9 +37,9 @@ class TrainerRunAdapter : public checkpoint::RunAdapter {
     return hf->config_json(cfg->model, torch_dtype);
   }
 
-  checkpoint::DcpParamGroup optimizer_param_group(const ReadBytesItem& read,
+  checkpoint::DcpParamGroup optimizer_param_group(const ReadBytesItem& read, const std::string& where,
                                                   const checkpoint::DcpParamGroup& fallback) const override {
-    const std::optional<Config> cfg = saved_config(read, "checkpoint");
+    const std::optional<Config> cfg = saved_config(read, where);
     if (!cfg) return fallback;
     checkpoint::DcpParamGroup g;
     g.lr = cfg->optim.lr;
@@ -50,8 +50,8 @@ class TrainerRunAdapter : public checkpoint::RunAdapter {
     return g;
   }
 
-  std::string tokenizer(const ReadBytesItem& read) const override {
-    const std::optional<Config> cfg = saved_config(read, "checkpoint");
+  std::string tokenizer(const ReadBytesItem& read, const std::string& where) const override {
+    const std::optional<Config> cfg = saved_config(read, where);
     if (!cfg || cfg->data.tokenizer == "bytes") return "";
     return cfg->data.tokenizer;
   }

@@ -654,6 +654,28 @@ void register_tanh_stack() {
     s.largest_parameter = v * d;
     return s;
   };
+  // Its own rule, beyond every kind's positive sizes.
+  spec.validate = [](const models::ModelOptions& o) {
+    TORCH_CHECK(o.d_model % 8 == 0, "model.d_model (", o.d_model, ") must be a multiple of 8 for tanh_stack");
+  };
+  // A Hugging Face counterpart of its own: config.json in and out.
+  models::HfAdapter hf;
+  hf.model_type = "tanh_stack";
+  hf.architecture = "TanhStackForCausalLM";
+  hf.config_json = [](const models::ModelOptions& o, const std::string& dtype) {
+    return nlohmann::json{{"model_type", "tanh_stack"}, {"hidden", o.d_model}, {"layers", o.n_layers},
+                          {"vocab", o.vocab_size}, {"torch_dtype", dtype}}.dump();
+  };
+  hf.read_config_json = [](const std::string& text) {
+    const nlohmann::json j = nlohmann::json::parse(text);
+    if (!j.contains("hidden")) throw std::invalid_argument("has no \"hidden\"");
+    return std::vector<models::HfConfigValue>{
+        {"model.kind", std::string("tanh_stack"), "model_type"},
+        {"model.d_model", j["hidden"].get<int64_t>(), "hidden"},
+        {"model.n_layers", j["layers"].get<int64_t>(), "layers"},
+        {"model.vocab_size", j["vocab"].get<int64_t>(), "vocab"}};
+  };
+  spec.hf = hf;
   models::register_model_spec(spec);
 }
 
@@ -712,6 +734,57 @@ TEST(ModelSpecs, AKindRegisteredByTheProgramTrainsFromItsConfigAtAnyWorldSize) {
       << refused;
   fs::remove_all(cfg.run.dir);
   EXPECT_THROW(models::find_model_spec("no_such_kind"), std::invalid_argument);
+}
+
+// A kind's own rules and its config.json reader run where the built-in
+// kinds' do, when the config is read: an invalid value is refused naming the
+// key and where it came from, and model.init_from naming a directory whose
+// config.json has the kind's model_type fills the model section.
+TEST(ModelSpecs, AKindsRulesAndConfigJsonReaderRunWhenTheConfigIsRead) {
+  register_tanh_stack();
+  auto parse_error = [](const std::string& yaml) {
+    try {
+      framework::config::parse_config(yaml, "tiny.yaml");
+    } catch (const framework::config::ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string("(no error)");
+  };
+  std::string e = parse_error("model:\n  kind: tanh_stack\n  d_model: 30\n");
+  EXPECT_NE(e.find("model.d_model (30) must be a multiple of 8 for tanh_stack"), std::string::npos) << e;
+  e = parse_error("model:\n  kind: tanh_stack\n  n_layers: 0\n");
+  EXPECT_NE(e.find("model.n_layers"), std::string::npos) << e;
+
+  const std::string dir = temp_run_dir("tanh_stack_hf");
+  fs::create_directories(dir);
+  std::ofstream(dir + "/config.json") << models::find_hf_adapter("tanh_stack")->config_json(
+      [] {
+        models::ModelOptions o;
+        o.kind = "tanh_stack";
+        o.d_model = 24;
+        o.n_layers = 5;
+        o.vocab_size = 40;
+        return o;
+      }(),
+      "float32");
+  const framework::config::Config cfg =
+      framework::config::parse_config("model:\n  init_from: " + dir + "\n", "tiny.yaml");
+  EXPECT_EQ(cfg.model.kind, "tanh_stack");
+  EXPECT_EQ(cfg.model.d_model, 24);
+  EXPECT_EQ(cfg.model.n_layers, 5);
+  EXPECT_EQ(cfg.model.vocab_size, 40);
+  e = parse_error("model:\n  d_model: 32\n  init_from: " + dir + "\n");
+  EXPECT_NE(e.find("model.d_model (32, tiny.yaml:2) disagrees with hidden 24 in " + dir + "/config.json"),
+            std::string::npos) << e;
+  std::ofstream(dir + "/config.json") << R"({"model_type": "tanh_stack", "layers": 2})";
+  e = parse_error("model:\n  init_from: " + dir + "\n");
+  EXPECT_NE(e.find("model.init_from: " + dir + "/config.json: has no \"hidden\""), std::string::npos) << e;
+  std::ofstream(dir + "/config.json") << R"({"model_type": "mamba"})";
+  e = parse_error("model:\n  init_from: " + dir + "\n");
+  EXPECT_NE(e.find("has model_type \"mamba\"; the model types read are "), std::string::npos) << e;
+  EXPECT_NE(e.find("llama (LlamaForCausalLM) as model.kind llama"), std::string::npos) << e;
+  EXPECT_NE(e.find("tanh_stack (TanhStackForCausalLM) as model.kind tanh_stack"), std::string::npos) << e;
+  fs::remove_all(dir);
 }
 
 // The built-in llama's spec: its FLOPs per token are 6 x the parameters of
