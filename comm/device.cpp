@@ -72,6 +72,19 @@ double cuda_device_total_bytes(int local_rank) {
 #endif
 }
 
+std::string cuda_device_name(const at::Device& device) {
+#ifdef SHARDKIT_CUDA
+  if (device.is_cuda()) {
+    cudaDeviceProp prop{};
+    check_cuda(cudaGetDeviceProperties(&prop, device.index() < 0 ? c10::cuda::current_device() : device.index()),
+               "cudaGetDeviceProperties");
+    return prop.name;
+  }
+#endif
+  (void)device;
+  return "";
+}
+
 double device_free_bytes(const at::Device& device) {
 #ifdef SHARDKIT_CUDA
   if (device.is_cuda()) {

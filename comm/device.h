@@ -39,6 +39,9 @@ double peak_device_memory_bytes(const at::Device& device);
 // context), or 0 without CUDA or devices.
 double cuda_device_total_bytes(int local_rank);
 
+// The name of CUDA device `device` ("NVIDIA H100 80GB HBM3"), or "" for
+// the CPU or without CUDA.
+std::string cuda_device_name(const at::Device& device);
 // Device memory that neither LibTorch's caching allocator nor anyone else
 // holds on `device` (cudaMemGetInfo's free bytes); 0 for the CPU or without
 // CUDA. Memory the caching allocator keeps cached for reuse is not counted.

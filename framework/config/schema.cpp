@@ -108,6 +108,11 @@ std::vector<Key> build_schema() {
        "Fused ops in the model where one exists: RMSNorm as LibTorch's one rms_norm op (LibTorch "
        "2.4+; before, the composed ops), the loss over the vocabulary in chunks that never hold "
        "the whole batch's fp32 logits; false: the composed ops (to compare speed in one run)."},
+      {SHARDKIT_CONFIG_FIELD(train.peak_tflops), auto_or_above(0),
+       "One device's peak TFLOP/s for MFU (model FLOPs utilisation: the model's training FLOPs "
+       "per token x tokens/s over the job's devices' peak), shown in the progress line and "
+       "metrics.jsonl; auto (0): a CUDA device's bf16 dense peak from a table of known GPUs "
+       "(H100, H200, A100, ...), and no MFU on the CPU."},
       {SHARDKIT_CONFIG_FIELD(train.grad_clip), at_least(0),
        "Clip gradients to this global L2 norm; 0: no clipping."},
       {SHARDKIT_CONFIG_FIELD(train.micro_batch_size), at_least(0),
@@ -356,7 +361,7 @@ std::string describe_range(const Constraint& c) {
     range = "in " + std::string(c.min_open ? "(" : "[") + lo + ", " + hi + (c.max_open ? ")" : "]");
   else if (c.min) range = (c.min_open ? "> " : ">= ") + lo;
   else if (c.max) range = (c.max_open ? "< " : "<= ") + hi;
-  if (c.also) range = std::to_string(*c.also) + " or " + range;
+  if (c.also && !c.also_word) range = std::to_string(*c.also) + " or " + range;
   return range;
 }
 
@@ -447,6 +452,13 @@ Constraint at_least(double min) {
   return c;
 }
 
+Constraint auto_or_above(double min) {
+  Constraint c = above(min);
+  c.also = 0;
+  c.also_word = "auto";
+  return c;
+}
+
 Constraint above(double min) {
   Constraint c = at_least(min);
   c.min_open = true;
@@ -522,6 +534,12 @@ std::optional<std::string> parse_value(const Key& key, const std::string& text, 
   if (is_null && key.type != ValueType::kString)
     return "expected " + describe_expected(key) + ", got an empty value";
   std::optional<std::string> problem;
+  const Constraint& c = key.constraint;
+  if (c.also && c.also_word && text == c.also_word) {
+    if (key.type == ValueType::kInt) *out = *c.also;
+    if (key.type == ValueType::kFloat) *out = static_cast<double>(*c.also);
+    return std::nullopt;
+  }
   switch (key.type) {
     case ValueType::kInt: {
       int64_t v = 0;
@@ -545,6 +563,7 @@ std::optional<std::string> parse_value(const Key& key, const std::string& text, 
       *out = is_null ? std::string() : text;
       break;
   }
+  if (problem && c.also_word) return "expected " + describe_expected(key) + ", got " + quoted(text);
   if (problem) return problem;
   return check_constraint(key, *out);
 }
@@ -554,8 +573,8 @@ std::string describe_expected(const Key& key) {
   std::string range = describe_range(c);
   std::string suffix = range.empty() ? "" : " " + range;
   switch (key.type) {
-    case ValueType::kInt: return "an integer" + suffix;
-    case ValueType::kFloat: return "a number" + suffix;
+    case ValueType::kInt: return (c.also_word ? c.also_word + std::string(" or ") : "") + "an integer" + suffix;
+    case ValueType::kFloat: return (c.also_word ? c.also_word + std::string(" or ") : "") + "a number" + suffix;
     case ValueType::kBool: return "true or false";
     case ValueType::kString: break;
   }

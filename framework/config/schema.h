@@ -29,6 +29,8 @@ struct Constraint {
   std::optional<double> max;
   bool max_open = false;
   std::optional<int64_t> also;
+  // A word the YAML may write for `also` ("auto" for 0).
+  const char* also_word = nullptr;
 };
 
 Constraint any_value();
@@ -40,6 +42,7 @@ Constraint above(double min);
 Constraint between(double min, double max);           // [min, max]
 Constraint from_up_to_excl(double min, double max);   // [min, max)
 Constraint minus_one_or_at_least(double min);
+Constraint auto_or_above(double min);  // 0, written 0 or auto, or > min
 
 struct Key {
   const char* path;  // "checkpoint.compression.level"

@@ -43,6 +43,10 @@ struct TrainOptions {
   // the loss over the vocabulary in chunks, without fp32 logits of the whole
   // batch); false: the composed ops.
   bool fused_kernels = true;
+  // One device's peak in TFLOP/s, for MFU (the progress line, metrics.jsonl);
+  // 0 (auto): a CUDA device's bf16 dense peak from a table of known GPUs,
+  // none on the CPU.
+  double peak_tflops = 0;
   // Clip gradients to this global L2 norm. 0 turns clipping off.
   double grad_clip = 1.0;
   // Validation loss on the held-out data (data.eval_fraction) every N steps

@@ -96,14 +96,51 @@ void MetricsLog::resume_skipped(const std::vector<checkpoint::SkippedCheckpoint>
   }
 }
 
+double MfuBasis::percent(double tokens_per_s) const {
+  if (flops_per_token <= 0 || peak_flops <= 0) return 0;
+  return 100.0 * flops_per_token * tokens_per_s / (peak_flops * static_cast<double>(devices));
+}
+
+std::optional<double> known_peak_tflops(const std::string& name) {
+  auto has = [&](const char* part) { return name.find(part) != std::string::npos; };
+  // Most specific first: "H100 PCIe" before "H100".
+  const std::pair<const char*, double> table[] = {
+      {"H100 NVL", 835}, {"H100 PCIe", 756}, {"H100", 989}, {"H200", 989}, {"H800", 989},
+      {"H20", 148},      {"B200", 2250},     {"A100", 312}, {"A800", 312}, {"L40S", 362}};
+  for (const auto& [part, tflops] : table)
+    if (has(part)) return tflops;
+  return std::nullopt;
+}
+
+MfuBasis mfu_basis(double flops_per_token, double peak_tflops, const std::string& gpu_name,
+                   int64_t devices) {
+  MfuBasis m;
+  m.flops_per_token = flops_per_token;
+  m.devices = devices;
+  if (peak_tflops > 0) {
+    m.peak_flops = peak_tflops * 1e12;
+    m.peak_source = "train.peak_tflops";
+  } else if (gpu_name.empty()) {
+    m.missing = "on the CPU set train.peak_tflops";
+  } else if (const std::optional<double> known = known_peak_tflops(gpu_name)) {
+    m.peak_flops = *known * 1e12;
+    m.peak_source = gpu_name + ", bf16 dense";
+  } else {
+    m.missing = gpu_name + " is not in the table of peaks: set train.peak_tflops";
+  }
+  if (flops_per_token <= 0) m.missing = "the model's FLOPs per token are not known";
+  return m;
+}
+
 void MetricsLog::step(const StepRecord& rec, const StepProgress& p) {
   const double per_step = p.run_s / static_cast<double>(rec.step - p.first_step + 1);
   std::ostringstream line;
   line << "step " << rec.step << "/" << cfg_.train.steps << " | loss " << std::fixed
        << std::setprecision(4) << rec.loss << " | lr " << std::scientific << std::setprecision(2)
        << rec.lr << std::fixed << " | grad_norm " << std::setprecision(3) << rec.grad_norm << " | "
-       << std::setprecision(0) << rec.tokens_per_s << " tok/s | " << std::setprecision(3)
-       << rec.step_time_s << " s/step | rss " << std::setprecision(0)
+       << std::setprecision(0) << rec.tokens_per_s << " tok/s | ";
+  if (rec.mfu_percent > 0) line << "mfu " << std::setprecision(1) << rec.mfu_percent << "% | ";
+  line << std::setprecision(3) << rec.step_time_s << " s/step | rss " << std::setprecision(0)
        << *std::max_element(p.peak_rss_mib.begin(), p.peak_rss_mib.end()) << " MiB | elapsed "
        << format_duration(seconds_since(started_)) << " | ETA "
        << format_duration(per_step * static_cast<double>(p.last_step - rec.step));
@@ -119,6 +156,7 @@ void MetricsLog::step(const StepRecord& rec, const StepProgress& p) {
                       {"wall_s", seconds_since(started_)},
                       {"peak_rss_mib", p.peak_rss_mib}};
   if (!p.peak_gpu_mib.empty()) j["peak_gpu_mib"] = p.peak_gpu_mib;
+  if (rec.mfu_percent > 0) j["mfu_percent"] = rec.mfu_percent;
   write(j);
 }
 

@@ -25,6 +25,28 @@
 
 namespace framework::train {
 
+// Model FLOPs utilisation (torchtitan's): the model's training FLOPs per
+// token x tokens/s, over the peak of all the job's devices.
+struct MfuBasis {
+  double flops_per_token = 0;  // UserModel::flops_per_token; 0: unknown
+  double peak_flops = 0;       // one device's, FLOP/s; 0: unknown
+  int64_t devices = 1;         // the world: every rank one device
+  std::string peak_source;     // "train.peak_tflops", "NVIDIA H100 80GB HBM3 (bf16 dense)"
+  std::string missing;         // why MFU is not reported ("" when it is)
+  // Percent of peak at `tokens_per_s` (the job's); 0 when unknown.
+  double percent(double tokens_per_s) const;
+};
+
+// One device's bf16 dense peak in TFLOP/s for a CUDA device name, from the
+// vendors' data sheets (torchtitan's table: H100 SXM and H200 989, H100 PCIe
+// 756, H100 NVL 835, H20 148, B200 2250, A100 312, L40S 362); nullopt for a name not in the table.
+std::optional<double> known_peak_tflops(const std::string& gpu_name);
+
+// train.peak_tflops (0: auto) on `gpu_name` ("" for the CPU): the peak, or
+// why there is none (on the CPU MFU needs the peak set).
+MfuBasis mfu_basis(double flops_per_token, double peak_tflops, const std::string& gpu_name,
+                   int64_t devices);
+
 // Where a run segment starts (the "start" record).
 struct RunStart {
   int64_t step = 0;                          // the last step taken before it

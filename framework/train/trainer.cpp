@@ -208,6 +208,7 @@ StepRecord Trainer::train_step() {
   rec.comm_wait_s = s.fsdp->comm_wait_seconds() - waited_before;
   const int64_t tokens_per_step = s.cfg.train.global_batch_size * s.dataset->seq_len();
   rec.tokens_per_s = static_cast<double>(tokens_per_step) / std::max(rec.step_time_s, 1e-9);
+  rec.mfu_percent = s.mfu.percent(rec.tokens_per_s);
   s.history.push_back(rec);
   return rec;
 }

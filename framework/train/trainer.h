@@ -47,6 +47,10 @@ struct StepRecord {
   double grad_norm = 0;     // global, before clipping; 0 with train.grad_clip off
   double step_time_s = 0;   // this rank: batch, forward, backward, optimizer
   double tokens_per_s = 0;  // global batch tokens / step_time_s
+  // Model FLOPs utilisation, percent of the job's peak (MfuBasis,
+  // metrics_log.h); 0: not known (no train.peak_tflops on the CPU, a GPU
+  // not in the table, a UserModel without flops_per_token).
+  double mfu_percent = 0;
   // This rank: time the step waited for FSDP's collectives, the exposed
   // communication (FullyShardedModel::comm_wait_seconds; near 0 on NCCL,
   // where waits are on the stream).
@@ -101,6 +105,9 @@ struct UserModel {
   // what the plan leaves: e.g. logits split by vocabulary for a colwise
   // output projection (tp::vocab_parallel_cross_entropy).
   tp::Plan tensor_parallel_plan;
+  // Training FLOPs per token, forward and backward, for MFU (a built-in
+  // kind's: models::ModelSpec::flops_per_token); 0: MFU not reported.
+  double flops_per_token = 0;
 };
 
 // What the caller of a Trainer may plug in besides the config.

@@ -128,6 +128,7 @@ void Trainer::State::build_builtin_model() {
   };
   user.dataset = data::make_dataset(cfg.data, cfg.model, static_cast<uint64_t>(cfg.run.seed));
   user.description = cfg.model.kind;
+  if (spec.flops_per_token) user.flops_per_token = spec.flops_per_token(cfg.model);
 }
 
 // parallel.tensor > 1: the model's plan splits its weights over the mesh's
@@ -335,6 +336,13 @@ void Trainer::State::print_run_lines() {
     }
   }
   std::cout << std::endl;
+  if (mfu.missing.empty()) {
+    std::cout << "shardkit: MFU against " << mfu.peak_flops / 1e12 << " TFLOP/s per device ("
+              << mfu.peak_source << "), " << std::scientific << std::setprecision(3)
+              << mfu.flops_per_token << std::defaultfloat << " FLOPs per token" << std::endl;
+  } else {
+    std::cout << "shardkit: MFU not reported: " << mfu.missing << std::endl;
+  }
   if (profiler->enabled()) {
     std::cout << "shardkit: profiler traces of the last " << cfg.profile.active << " of every "
               << cfg.profile.every << " steps (" << StepProfiler::backend() << ") in " << profiler->dir()
@@ -392,6 +400,8 @@ Trainer::Trainer(const config::Config& config, comm::Runtime& runtime, UserModel
   s.profiler = std::make_unique<StepProfiler>(s.cfg.profile, s.cfg.run.dir, runtime.env.rank,
                                               s.device.is_cuda());
   s.make_loader_and_layout();
+  s.mfu = mfu_basis(s.user.flops_per_token, s.cfg.train.peak_tflops, comm::cuda_device_name(s.device),
+                    runtime.env.world_size);
   s.resume_source = resume_source(s.cfg);
   if (s.resume_source == ResumeSource::kAutoAfterDcp) {
     // The DCP directory was the run's initial load; it has its own now.

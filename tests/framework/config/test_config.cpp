@@ -22,7 +22,7 @@ const std::vector<std::string> kAllKeys = {
     "run.dir", "run.seed", "run.host_malloc",
     "train.steps", "train.stop_at", "train.global_batch_size", "train.log_every",
     "train.eval_every", "train.eval_samples", "train.sample_every", "train.sample_prompt",
-    "train.sample_tokens", "train.device", "train.deterministic", "train.optimizer_impl", "train.fused_kernels", "train.grad_clip",
+    "train.sample_tokens", "train.device", "train.deterministic", "train.optimizer_impl", "train.fused_kernels", "train.peak_tflops", "train.grad_clip",
     "train.micro_batch_size", "train.mixed_precision.param_dtype",
     "train.mixed_precision.reduce_dtype",
     "profile.every", "profile.active", "profile.dir",
@@ -97,6 +97,7 @@ Config non_default_config() {
   c.train.deterministic = false;
   c.train.optimizer_impl = framework::optim::OptimizerImpl::kForeach;
   c.train.fused_kernels = false;
+  c.train.peak_tflops = 312;
   c.profile.every = 7;
   c.profile.active = 3;
   c.profile.dir = "traces";
@@ -612,6 +613,23 @@ TEST(Config, LlamaDoesNotTieWeightsUnlessTheConfigSaysSo) {
   // The effective config reads back the same.
   const Config llama = parse_config("model:\n  kind: llama\n", "x.yaml");
   EXPECT_EQ(parse_config(to_yaml(llama), "effective.yaml"), llama);
+}
+
+// train.peak_tflops: auto (0, the default), or a positive number; the word
+// auto and 0 are the same value, and the effective config reads back.
+TEST(Config, PeakTflopsTakesAutoOrAPositiveNumber) {
+  EXPECT_EQ(parse_config("train:\n  peak_tflops: auto\n", "x.yaml").train.peak_tflops, 0.0);
+  EXPECT_EQ(parse_config("", "x.yaml").train.peak_tflops, 0.0);
+  EXPECT_EQ(parse_config("", "x.yaml", {"train.peak_tflops=0"}).train.peak_tflops, 0.0);
+  const Config set = parse_config("train:\n  peak_tflops: 989.5\n", "x.yaml");
+  EXPECT_EQ(set.train.peak_tflops, 989.5);
+  EXPECT_EQ(parse_config(to_yaml(set), "effective.yaml"), set);
+  std::string e = parse_error("train:\n  peak_tflops: -3\n");
+  EXPECT_NE(e.find("train.peak_tflops"), std::string::npos) << e;
+  EXPECT_NE(e.find("expected auto or a number > 0, got -3"), std::string::npos) << e;
+  e = parse_error("train:\n  peak_tflops: fast\n");
+  EXPECT_NE(e.find("configs/x.yaml:2"), std::string::npos) << e;
+  EXPECT_NE(e.find("expected auto or a number > 0, got \"fast\""), std::string::npos) << e;
 }
 
 TEST(Config, LlamaShapeAndBatchErrorsNameTheKeys) {

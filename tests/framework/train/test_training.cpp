@@ -5,6 +5,7 @@
 #include "framework/optim/sharded_adamw.h"
 #include "models/layered_model.h"
 #include "models/model_spec.h"
+#include "framework/train/metrics_log.h"
 #include "framework/train/preflight.h"
 #include "framework/train/trainer.h"
 #include "framework/train/profiler.h"
@@ -595,6 +596,67 @@ TEST(ProfilerTraces, EveryWindowWritesATraceWithTheTrainersRanges) {
   }
   EXPECT_EQ(profile_events, 2);
   std::cout << "[ profile  ] traced with " << framework::train::StepProfiler::backend() << "\n";
+  fs::remove_all(cfg.run.dir);
+}
+
+// MFU: the kind's FLOPs per token x the job's tokens/s over the world's
+// peak, in every StepRecord and metrics.jsonl step record and in the
+// progress line, when the peak is known: train.peak_tflops on the CPU, a
+// GPU's from the table under auto. Without a peak there is none.
+TEST(Mfu, ComesFromTheKindsFlopsAndTheConfiguredPeak) {
+  EXPECT_EQ(framework::train::known_peak_tflops("NVIDIA H100 80GB HBM3"), 989.0);
+  EXPECT_EQ(framework::train::known_peak_tflops("NVIDIA H100 PCIe"), 756.0);
+  EXPECT_EQ(framework::train::known_peak_tflops("NVIDIA H200"), 989.0);
+  EXPECT_EQ(framework::train::known_peak_tflops("NVIDIA A100-SXM4-80GB"), 312.0);
+  EXPECT_FALSE(framework::train::known_peak_tflops("NVIDIA GeForce GTX 1080").has_value());
+  const framework::train::MfuBasis gpu = framework::train::mfu_basis(1e9, 0, "NVIDIA H200", 8);
+  EXPECT_EQ(gpu.peak_flops, 989e12);
+  EXPECT_NEAR(gpu.percent(989e3 * 8), 100.0, 1e-9);
+  EXPECT_NE(framework::train::mfu_basis(1e9, 0, "", 1).missing.find("train.peak_tflops"), std::string::npos);
+  EXPECT_EQ(framework::train::mfu_basis(0, 100, "", 1).percent(1e6), 0.0);
+
+  auto cfg = small_config(temp_run_dir("mfu"));
+  cfg.model.kind = "llama";
+  cfg.model.tie_weights = false;
+  cfg.train.steps = 2;
+  cfg.train.log_every = 1;
+  cfg.train.peak_tflops = 0.001;  // 1 GFLOP/s per device
+  const double flops_per_token = models::find_model_spec(cfg.model.kind).flops_per_token(cfg.model);
+  ASSERT_GT(flops_per_token, 0);
+  std::vector<framework::train::StepRecord> history;
+  run_runtimes(2, [&](comm::Runtime& rt) {
+    Trainer trainer(cfg, rt);
+    EXPECT_EQ(trainer.run(), 0);
+    if (rt.env.rank == 0) history = trainer.history();
+  });
+  ASSERT_EQ(history.size(), 2u);
+  for (const auto& rec : history) {
+    EXPECT_NEAR(rec.mfu_percent, 100.0 * flops_per_token * rec.tokens_per_s / (2 * 1e9),
+                1e-9 * rec.mfu_percent) << rec.step;
+    EXPECT_GT(rec.mfu_percent, 0);
+  }
+  std::ifstream metrics(fs::path(cfg.run.dir) / "metrics.jsonl");
+  int with_mfu = 0;
+  for (std::string line; std::getline(metrics, line);) {
+    const nlohmann::json j = nlohmann::json::parse(line);
+    if (!j.contains("step") || j.contains("event")) continue;
+    ASSERT_TRUE(j.contains("mfu_percent")) << line;
+    const auto& rec = history.at(j["step"].get<size_t>() - 1);
+    EXPECT_DOUBLE_EQ(j["mfu_percent"].get<double>(), rec.mfu_percent);
+    ++with_mfu;
+  }
+  EXPECT_EQ(with_mfu, 2);
+  fs::remove_all(cfg.run.dir);
+
+  cfg.train.peak_tflops = 0;  // auto, on the CPU: none
+  cfg.run.dir = temp_run_dir("mfu_cpu");
+  run_runtimes(1, [&](comm::Runtime& rt) {
+    Trainer trainer(cfg, rt);
+    EXPECT_EQ(trainer.run(), 0);
+    for (const auto& rec : trainer.history()) EXPECT_EQ(rec.mfu_percent, 0) << rec.step;
+  });
+  std::ifstream none(fs::path(cfg.run.dir) / "metrics.jsonl");
+  for (std::string line; std::getline(none, line);) EXPECT_EQ(line.find("mfu"), std::string::npos) << line;
   fs::remove_all(cfg.run.dir);
 }
 
