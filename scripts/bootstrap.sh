@@ -23,6 +23,7 @@ packages=(
   iproute2                          # ip netns: nodes as network namespaces (tests/reliability/netns)
   python3-torch                     # independent reader for the interop tests
   python3-matplotlib                # scripts/plot-run (metrics.jsonl -> PNG) and its test
+  python3-protobuf python3-crc32c   # independent reader of the TensorBoard event files (their test)
   slurmd slurmctld slurm-client munge  # SLURM 22.05 (slurm-wlm's parts) and its auth: scripts/slurm-cluster,
                                     # a one-machine cluster for tests/reliability/test_slurm.py
 )

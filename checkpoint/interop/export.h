@@ -129,7 +129,7 @@ struct ExportStats {
 ExportStats export_checkpoint(const std::string& step_dir, const std::string& out_path,
                               const ExportOptions& options);
 
-// Element conversion used by the exporter (exposed for tests): converts `n`
+// Element conversion of the exports (export.cpp, hf.cpp): converts `n`
 // elements from `from` to `to`, both floating-point types, `to` being kFloat32
 // or kBFloat16. dst must hold n * element_size(to) bytes.
 void convert_float_elements(DType from, DType to, const uint8_t* src, uint64_t n, uint8_t* dst);

@@ -31,6 +31,7 @@ struct Config {
   framework::train::RunOptions run;
   framework::train::TrainOptions train;
   framework::train::ProfileOptions profile;
+  framework::train::MetricsOptions metrics;
   models::ModelOptions model;
   framework::data::DataOptions data;
   framework::optim::OptimOptions optim;

@@ -137,6 +137,11 @@ std::vector<Key> build_schema() {
       {SHARDKIT_CONFIG_FIELD(profile.dir), any_value(),
        "Where profiler traces go; empty: run.dir/profile."},
 
+      {SHARDKIT_CONFIG_FIELD(metrics.tensorboard), any_value(),
+       "Rank 0 also writes TensorBoard event files to run.dir/tb: loss, lr, grad norm, tokens/s, "
+       "MFU, memory, validation loss and each checkpoint's times, by step; a resumed run's file "
+       "drops what earlier files logged from its first step on."},
+
       {SHARDKIT_CONFIG_FIELD(model.kind), one_of_at_run_time(models::model_kinds),
        "Model architecture: gpt, mlp, or llama (Llama 3: RMSNorm, RoPE, grouped-query "
        "attention, SwiGLU; Hugging Face parameter names), or a kind the program registered "

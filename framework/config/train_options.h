@@ -72,4 +72,10 @@ struct ProfileOptions {
   std::string dir;    // "": run.dir/profile
 };
 
+// What a run records besides metrics.jsonl (config section `metrics`).
+struct MetricsOptions {
+  // Rank 0 writes TensorBoard event files to run.dir/tb (tensorboard.h).
+  bool tensorboard = false;
+};
+
 }  // namespace framework::train

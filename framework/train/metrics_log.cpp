@@ -83,6 +83,9 @@ void MetricsLog::start(const RunStart& s) {
     }
   }
   write(j);
+  if (cfg_.metrics.tensorboard) {
+    tb_ = std::make_unique<TensorBoardWriter>((fs::path(cfg_.run.dir) / "tb").string(), s.step + 1);
+  }
 }
 
 // Loudly, on stderr and in metrics.jsonl: each damaged checkpoint resume
@@ -158,6 +161,22 @@ void MetricsLog::step(const StepRecord& rec, const StepProgress& p) {
   if (!p.peak_gpu_mib.empty()) j["peak_gpu_mib"] = p.peak_gpu_mib;
   if (rec.mfu_percent > 0) j["mfu_percent"] = rec.mfu_percent;
   write(j);
+  if (tb_) {
+    std::vector<std::pair<std::string, double>> scalars = {
+        {"loss", rec.loss},
+        {"lr", rec.lr},
+        {"grad_norm", rec.grad_norm},
+        {"tokens_per_s", rec.tokens_per_s},
+        {"step_time_s", rec.step_time_s},
+        {"comm_wait_s", rec.comm_wait_s},
+        {"memory/peak_rss_mib", *std::max_element(p.peak_rss_mib.begin(), p.peak_rss_mib.end())}};
+    if (rec.mfu_percent > 0) scalars.emplace_back("mfu_percent", rec.mfu_percent);
+    if (!p.peak_gpu_mib.empty()) {
+      scalars.emplace_back("memory/peak_gpu_mib",
+                           *std::max_element(p.peak_gpu_mib.begin(), p.peak_gpu_mib.end()));
+    }
+    tb_->scalars(rec.step, scalars);
+  }
 }
 
 void MetricsLog::eval(const EvalRecord& rec) {
@@ -170,6 +189,7 @@ void MetricsLog::eval(const EvalRecord& rec) {
          {"val_loss", rec.loss},    {"val_tokens", rec.tokens},
          {"samples", rec.samples},  {"eval_s", rec.seconds},
          {"time", utc_timestamp()}, {"wall_s", seconds_since(started_)}});
+  if (tb_) tb_->scalars(rec.step, {{"val_loss", rec.loss}});
 }
 
 void MetricsLog::checkpoint(const checkpoint::CheckpointEvent& ev, bool tiered) {
@@ -208,6 +228,12 @@ void MetricsLog::checkpoint(const checkpoint::CheckpointEvent& ev, bool tiered) 
   if (!ev.ok) j["error"] = ev.error;
   out_ << j.dump() << "\n";
   out_.flush();
+  if (tb_ && ev.ok) {
+    tb_->scalars(ev.step, {{"checkpoint/blocking_s", ev.blocking_s},
+                           {"checkpoint/stage_s", ev.stage_s},
+                           {"checkpoint/write_s", ev.write_s},
+                           {"checkpoint/commit_s", ev.commit_s}});
+  }
 }
 
 void MetricsLog::checkpoint_skipped(int64_t step) {

@@ -2,9 +2,10 @@
 // Rank 0's record of a run: the console's progress lines and
 // <run.dir>/metrics.jsonl, one JSON object per line (docs/training.md,
 // "metrics.jsonl"): a record per logged step, and events (start, eval,
-// checkpoint, retention, resume_skipped, profile, sample, end). The
-// Trainer decides what happened; this sink only writes it down (the
-// observability issue adds TensorBoard here).
+// checkpoint, retention, resume_skipped, profile, sample, end), and with
+// metrics.tensorboard the same scalars as TensorBoard event files in
+// <run.dir>/tb (tensorboard.h). The Trainer decides what happened; this
+// sink only writes it down.
 //
 // Call sequence (rank 0 only): MetricsLog(cfg); start(...); then step(),
 // eval(), checkpoint(), ... as they happen; end(). Each record is flushed.
@@ -12,6 +13,7 @@
 #include "checkpoint/async/manager.h"
 #include "checkpoint/event.h"
 #include "framework/config/config.h"
+#include "framework/train/tensorboard.h"
 #include "framework/train/trainer.h"
 
 #include <nlohmann/json.hpp>
@@ -19,6 +21,7 @@
 #include <chrono>
 #include <cstdint>
 #include <fstream>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -94,6 +97,7 @@ class MetricsLog {
 
   const config::Config& cfg_;
   std::ofstream out_;
+  std::unique_ptr<TensorBoardWriter> tb_;  // metrics.tensorboard; from start()
   std::chrono::steady_clock::time_point started_;
 };
 

@@ -25,7 +25,7 @@ const std::vector<std::string> kAllKeys = {
     "train.sample_tokens", "train.device", "train.deterministic", "train.optimizer_impl", "train.fused_kernels", "train.peak_tflops", "train.grad_clip",
     "train.micro_batch_size", "train.mixed_precision.param_dtype",
     "train.mixed_precision.reduce_dtype",
-    "profile.every", "profile.active", "profile.dir",
+    "profile.every", "profile.active", "profile.dir", "metrics.tensorboard",
     "model.kind", "model.vocab_size", "model.seq_len", "model.d_model", "model.n_layers",
     "model.n_heads", "model.n_kv_heads", "model.d_ff", "model.tie_weights", "model.rope_theta",
     "model.norm_eps", "model.rope_scaling.factor", "model.rope_scaling.low_freq_factor",
@@ -101,6 +101,7 @@ Config non_default_config() {
   c.profile.every = 7;
   c.profile.active = 3;
   c.profile.dir = "traces";
+  c.metrics.tensorboard = true;
   c.train.grad_clip = 0.25;
   c.train.micro_batch_size = 8;
   c.train.mixed_precision.param_dtype = framework::fsdp::PrecisionDtype::kBf16;

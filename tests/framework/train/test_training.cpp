@@ -6,6 +6,7 @@
 #include "models/layered_model.h"
 #include "models/model_spec.h"
 #include "framework/train/metrics_log.h"
+#include "framework/train/tensorboard.h"
 #include "framework/train/preflight.h"
 #include "framework/train/trainer.h"
 #include "framework/train/profiler.h"
@@ -658,6 +659,24 @@ TEST(Mfu, ComesFromTheKindsFlopsAndTheConfiguredPeak) {
   std::ifstream none(fs::path(cfg.run.dir) / "metrics.jsonl");
   for (std::string line; std::getline(none, line);) EXPECT_EQ(line.find("mfu"), std::string::npos) << line;
   fs::remove_all(cfg.run.dir);
+}
+
+// TFRecord framing of the TensorBoard files: CRC-32C's check value, and the
+// mask and layout TensorFlow's record writer uses (tools.TensorBoardFiles*
+// reads whole files with independent readers).
+TEST(TensorBoard, RecordsAreFramedWithMaskedCrc32c) {
+  EXPECT_EQ(framework::train::crc32c("123456789", 9), 0xE3069283u);
+  EXPECT_EQ(framework::train::crc32c("", 0), 0u);
+  const std::string record = framework::train::tf_record("abc");
+  ASSERT_EQ(record.size(), 8u + 4 + 3 + 4);
+  EXPECT_EQ(record.substr(0, 8), std::string("\x03\0\0\0\0\0\0\0", 8));
+  const uint32_t c = framework::train::crc32c("abc", 3);
+  const uint32_t masked = ((c >> 15) | (c << 17)) + 0xA282EAD8u;
+  uint32_t stored = 0;
+  std::memcpy(&stored, record.data() + 15, 4);
+  EXPECT_EQ(stored, masked);
+  EXPECT_EQ(framework::train::masked_crc32c("abc", 3), masked);
+  EXPECT_EQ(record.substr(12, 3), "abc");
 }
 
 TEST(ProfilerTraces, ActiveLongerThanEveryIsAConfigError) {
