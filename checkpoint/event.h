@@ -19,6 +19,11 @@ struct CheckpointEvent {
   // state); "" otherwise.
   std::string staging;
   double write_s = 0;     // planning + writing + fsync, all ranks
+  // This rank's wall clock (Unix seconds) when save() was called, and when
+  // its planning and writing began (0: it did not): with the durations
+  // above, when each phase ran (scripts/plot-run's timeline).
+  double started_unix_s = 0;
+  double write_started_unix_s = 0;
   double commit_s = 0;
   double plan_s = 0;       // part of write_s: planning, or the cached plan's agreement
   bool plan_cached = false;  // the save reused the previous save's plan

@@ -10,4 +10,10 @@ inline double seconds_since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
 }
 
+// Seconds since the Unix epoch on the wall clock: when a phase began, for
+// timelines that line up the ranks (their steady clocks do not).
+inline double unix_seconds_now() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
 }  // namespace checkpoint

@@ -398,6 +398,7 @@ void CheckpointManager::write_durable(Job& job) {
   if (seam && seam->before_write) seam->before_write(job.step, group_.rank());
   SaveOptions so = save_options(storage_);
   so.step = job.step;
+  job.event.write_started_unix_s = unix_seconds_now();
   SaveStats st = save_state_dict(job.staged, job.event.path, group_, so);
   job.event.plan_s = st.plan_s;
   job.event.plan_cached = st.plan_cached;
@@ -508,6 +509,8 @@ std::shared_ptr<CheckpointManager::Job> CheckpointManager::start_job(int64_t ste
   job->event.step = step;
   job->event.mode = to_string(options_.mode);
   job->event.path = join_path(dir_, step_dir_name(step));
+  job->event.started_unix_s =
+      unix_seconds_now() - std::chrono::duration<double>(Clock::now() - t0).count();
   job->started = t0;
   if (tiers_) {
     // By step, so that which steps reach the durable tier does not depend

@@ -252,6 +252,7 @@ void TierProtocol::commit_local(TierSave& save, const StateDict& staged, SaveOpt
   clear_local_leftover(save, failed);
   so.node_local = true;
   SaveStats st;
+  save.event->write_started_unix_s = unix_seconds_now();
   try {
     st = save_state_dict(staged, save.local_path, group_, so);
   } catch (const CheckpointError&) {

@@ -236,6 +236,35 @@ void MetricsLog::checkpoint(const checkpoint::CheckpointEvent& ev, bool tiered) 
   }
 }
 
+void RankEventLog::checkpoint(const checkpoint::CheckpointEvent& ev) {
+  if (failed_) return;
+  if (!out_.is_open()) {
+    const fs::path dir = fs::path(run_dir_) / "checkpoint_events";
+    std::error_code ec;
+    fs::create_directories(dir, ec);
+    out_.open(dir / ("rank" + std::to_string(rank_) + ".jsonl"), std::ios::app);
+  }
+  nlohmann::json j = {{"step", ev.step},
+                      {"rank", rank_},
+                      {"mode", ev.mode},
+                      {"ok", ev.ok},
+                      {"tier", ev.tier},
+                      {"started_unix_s", ev.started_unix_s},
+                      {"blocking_s", ev.blocking_s},
+                      {"stage_s", ev.stage_s},
+                      {"write_started_unix_s", ev.write_started_unix_s},
+                      {"write_s", ev.write_s},
+                      {"commit_s", ev.commit_s}};
+  if (!ev.staging.empty()) j["staging"] = ev.staging;
+  out_ << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+  out_.flush();
+  if (!out_) {
+    std::cerr << "shardkit: WARNING: cannot write " << run_dir_ << "/checkpoint_events/rank" << rank_
+              << ".jsonl; no more checkpoint timeline records from this rank" << std::endl;
+    failed_ = true;
+  }
+}
+
 void MetricsLog::checkpoint_skipped(int64_t step) {
   std::cout << "checkpoint step " << step << " skipped: previous save still in flight" << std::endl;
 }

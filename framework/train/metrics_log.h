@@ -24,6 +24,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace framework::train {
@@ -69,6 +70,23 @@ struct StepProgress {
   double run_s = 0;        // since this run() started
   std::vector<double> peak_rss_mib;  // per rank
   std::vector<double> peak_gpu_mib;  // per rank; empty on the CPU
+};
+
+// Every rank's own record of its checkpoints,
+// <run.dir>/checkpoint_events/rank<r>.jsonl, one JSON object per save: when
+// each phase ran on this rank (wall clock) and how long it took, for
+// scripts/plot-run's per-rank timeline. Created at the first event,
+// appended to across restarts; a failed write warns once and stops it.
+class RankEventLog {
+ public:
+  RankEventLog(std::string run_dir, int rank) : run_dir_(std::move(run_dir)), rank_(rank) {}
+  void checkpoint(const checkpoint::CheckpointEvent& ev);
+
+ private:
+  std::string run_dir_;
+  int rank_ = 0;
+  std::ofstream out_;
+  bool failed_ = false;
 };
 
 class MetricsLog {

@@ -251,6 +251,8 @@ void Trainer::State::log_checkpoint_events() {
   for (const auto& ev : ckpt->take_events()) {
     saves_failed += ev.ok ? 0 : 1;
     last_save = ev;
+    if (!rank_events) rank_events = std::make_unique<RankEventLog>(cfg.run.dir, rt.env.rank);
+    rank_events->checkpoint(ev);
     if (is_logger) log->checkpoint(ev, ckpt->tiered());
   }
   for (const auto& f : ckpt->take_retention_failures()) {

@@ -101,6 +101,7 @@ struct Trainer::State {
   std::optional<detail::RunSpan> span;  // of the run() (or run_step() calls) in progress
   std::unique_ptr<StepProfiler> profiler;  // profile.every
   std::unique_ptr<MetricsLog> log;         // rank 0 only
+  std::unique_ptr<RankEventLog> rank_events;  // every rank: its checkpoints' timeline
   MfuBasis mfu;
 
   // Checkpoints.

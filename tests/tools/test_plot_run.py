@@ -170,6 +170,53 @@ class LastRunSelection(unittest.TestCase):
         self.assertEqual(sorted(run.steps), [6])
 
 
+class Timeline(Case):
+    """timeline(): each rank's checkpoint_events/rank<r>.jsonl, for the plotted run."""
+
+    def setUp(self):
+        super().setUp()
+        self.m = load_plot_run()
+
+    def write_rank(self, rank, records):
+        os.makedirs(os.path.join(self.dir, "checkpoint_events"), exist_ok=True)
+        with open(os.path.join(self.dir, "checkpoint_events", f"rank{rank}.jsonl"), "w") as f:
+            for r in records:
+                f.write(json.dumps(r) + "\n")
+
+    def test_phases_per_rank_and_the_last_save_of_a_step_counts(self):
+        def ev(rank, step, t0, write_t0):
+            return {"step": step, "rank": rank, "mode": "async", "ok": True, "started_unix_s": t0,
+                    "blocking_s": 0.1, "stage_s": 0.05, "write_started_unix_s": write_t0,
+                    "write_s": 0.5, "commit_s": 0.2}
+        # Rank 0 saved step 10 twice (the second after a resume); step 99
+        # is not a checkpoint of the plotted run.
+        self.write_rank(0, [ev(0, 5, 100.0, 100.2), ev(0, 10, 110.0, 110.1), ev(0, 99, 1.0, 1.0),
+                            ev(0, 10, 200.0, 200.3)])
+        self.write_rank(1, [ev(1, 5, 100.01, 100.25), ev(1, 10, 200.02, 200.3)])
+        run = self.m.last_run([start(0), step(1, 3.0), checkpoint(5), checkpoint(10), step(10, 2.0)])
+        rows = self.m.timeline(self.dir, run)
+        self.assertEqual(sorted(rows), [0, 1])
+        zero = {(phase, step): (a, b) for phase, a, b, step in rows[0]}
+        self.assertEqual(sorted({s for _, s in zero}), [5, 10])
+        self.assertEqual(zero[("blocking", 10)], (200.0, 200.1))
+        self.assertAlmostEqual(zero[("write", 10)][0], 200.3)
+        self.assertAlmostEqual(zero[("commit", 10)][0], 200.8)
+        self.assertAlmostEqual(zero[("commit", 10)][1], 201.0)
+        self.assertEqual(zero[("stage", 5)], (100.0, 100.05))
+        self.write_metrics([start(0), step(1, 3.0, time="1970-01-01T00:01:40.500Z"), checkpoint(5),
+                            checkpoint(10), step(10, 2.0)])
+        result = self.plot(self.dir)
+        self.assert_png(os.path.join(self.dir, "timeline.png"), result)
+        self.assertIn("timeline.png: 2 ranks, 2 checkpoints", result.stdout)
+
+    def test_no_rank_files_no_timeline(self):
+        self.write_metrics([step(1, 3.0), step(2, 2.0)])
+        result = self.plot(self.dir)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertNotIn("timeline", result.stdout)
+        self.assertFalse(os.path.exists(os.path.join(self.dir, "timeline.png")))
+
+
 class PlotRunOnATrainedRun(Case):
     def test_twenty_steps_on_two_ranks_plot(self):
         self.assertIsNotNone(TRAIN, "--train TRAIN is required for this case")
@@ -185,6 +232,16 @@ class PlotRunOnATrainedRun(Case):
         self.assert_png(os.path.join(run_dir, "run.png"), result)
         self.assertIn("steps 1-20", result.stdout)
         self.assertIn("4 checkpoints", result.stdout)
+        # Every rank recorded its own saves: the timeline has both.
+        self.assert_png(os.path.join(run_dir, "timeline.png"), result)
+        self.assertIn("timeline.png: 2 ranks, 4 checkpoints", result.stdout)
+        rows = load_plot_run().timeline(run_dir, load_plot_run().last_run(
+            load_plot_run().read_records(os.path.join(run_dir, "metrics.jsonl"))))
+        for rank in (0, 1):
+            phases = {phase for phase, _, _, _ in rows[rank]}
+            self.assertEqual(phases, {"blocking", "stage", "write", "commit"}, rank)
+            for phase, a, b, _ in rows[rank]:
+                self.assertLessEqual(a, b, (rank, phase))
 
 
 def main():
@@ -199,7 +256,7 @@ def main():
         args = args[2:]
     if PLOT_RUN is None:
         sys.exit("usage: test_plot_run.py --plot-run SCRIPT [--train TRAIN]")
-    classes = [PlotRunOnATrainedRun] if TRAIN else [PlotRunOnWrittenMetrics, LastRunSelection]
+    classes = [PlotRunOnATrainedRun] if TRAIN else [PlotRunOnWrittenMetrics, LastRunSelection, Timeline]
     suite = unittest.TestSuite(unittest.defaultTestLoader.loadTestsFromTestCase(c)
                                for c in classes)
     result = unittest.TextTestRunner(verbosity=2).run(suite)
