@@ -400,7 +400,10 @@ void WeightsFile::open_hf() {
   } else {
     by_file[kHfSingleName] = {};  // every tensor of the one file
   }
-  for (const auto& [file_name, names] : by_file) {
+  for (const auto& shard_names : by_file) {
+    // Not a structured binding: clang 14 (the fuzz build) cannot capture one in `add`.
+    const std::string& file_name = shard_names.first;
+    const std::vector<std::string>& names = shard_names.second;
     const std::string file_path = join_path(path_, file_name);
     const WeightsFile shard = WeightsFile::open(file_path, storage_);
     if (shard.format() != "safetensors") throw error_in(file_path, "not a safetensors file");
