@@ -149,8 +149,12 @@ void register_hf_adapter(const std::string& kind, HfAdapter adapter) {
   r.adapters[kind] = std::move(adapter);
 }
 
-std::vector<HfConfigValue> read_hf_config_json(const std::string& text) {
-  const std::string type = parse_object(text).value("model_type", std::string());
+namespace {
+
+std::vector<HfConfigValue> read_config_json_unguarded(const std::string& text) {
+  const nlohmann::json j = parse_object(text);
+  if (j.contains("model_type") && !j["model_type"].is_string()) refuse_json("\"model_type\" is not a string");
+  const std::string type = j.value("model_type", std::string());
   std::function<std::vector<HfConfigValue>(const std::string&)> read;
   std::string known;
   {
@@ -168,6 +172,19 @@ std::vector<HfConfigValue> read_hf_config_json(const std::string& text) {
            (known.empty() ? std::string("none") : known));
   }
   return read(text);
+}
+
+}  // namespace
+
+// A reader's j.value(...) or get<T>() of a field of another JSON type throws
+// nlohmann's type_error, which the callers (std::invalid_argument only) do
+// not catch: every JSON error becomes the refusal.
+std::vector<HfConfigValue> read_hf_config_json(const std::string& text) {
+  try {
+    return read_config_json_unguarded(text);
+  } catch (const nlohmann::json::exception& e) {
+    refuse_json(std::string("has a field of the wrong JSON type: ") + e.what());
+  }
 }
 
 const HfAdapter* find_hf_adapter(const std::string& kind) {

@@ -16,6 +16,7 @@ namespace framework::config {
 namespace {
 
 namespace fs = std::filesystem;
+using namespace std::string_literals;
 
 // Every key the option structs expose, as documented in the brief.
 const std::vector<std::string> kAllKeys = {
@@ -647,6 +648,31 @@ TEST(Config, LlamaShapeAndBatchErrorsNameTheKeys) {
   EXPECT_NE(e.find("model.activation_checkpointing"), std::string::npos) << e;
   e = parse_error("model:\n  kind: llama\n  rope_scaling:\n    factor: 8.0\n    low_freq_factor: 4.0\n    high_freq_factor: 1.0\n");
   EXPECT_NE(e.find("model.rope_scaling.high_freq_factor"), std::string::npos) << e;
+}
+
+
+// A config.json field of another JSON type (fuzz_hf_config found these: a
+// number where a string or bool is read) is refused as model.init_from's
+// ConfigError naming the file, not an uncaught nlohmann type_error.
+TEST(Config, InitFromConfigJsonWithAFieldOfTheWrongTypeIsRefusedNamingTheFile) {
+  const fs::path dir = fs::path(SHARDKIT_BINARY_DIR) / "test_config_tmp" / "hf_wrong_types";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const std::string llama =
+      R"("hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, )"
+      R"("num_attention_heads": 4, "vocab_size": 64)";
+  for (const std::string& json : {R"({"model_type": 5})"s, R"({"model_type": "llama", "hidden_act": 1, )" + llama + "}",
+                                  R"({"model_type": "llama", "attention_bias": "no", )" + llama + "}",
+                                  R"({"model_type": "llama", "tie_word_embeddings": [], )" + llama + "}",
+                                  R"({"model_type": "llama", "rope_scaling": {"rope_type": 3}, )" + llama + "}"}) {
+    std::ofstream(dir / "config.json") << json;
+    const std::string e = parse_error("model:\n  init_from: " + dir.string() + "\n");
+    EXPECT_NE(e.find("model.init_from: " + (dir / "config.json").string() + ": "), std::string::npos)
+        << json << ": " << e;
+    EXPECT_TRUE(e.find("is not a string") != std::string::npos || e.find("wrong JSON type") != std::string::npos)
+        << json << ": " << e;
+  }
+  fs::remove_all(dir);
 }
 
 }  // namespace
