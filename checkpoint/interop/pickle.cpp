@@ -469,9 +469,16 @@ class TensorVm : public PickleVm {
     push_tensor(PyKind::kStorage, std::move(t));
   }
 
+  // Bounded before copying: a memoized tuple of N ints passed to K tensors
+  // would otherwise cost K * N copies from a pickle of N + K bytes.
   std::vector<int64_t> int_tuple(size_t i, const char* what) const {
+    const std::vector<size_t>& items = expect(i, PyKind::kTuple, what).items;
+    if (items.size() > kMaxNdim) {
+      fail(std::string(what) + " has " + std::to_string(items.size()) + " dims, more than " +
+           std::to_string(kMaxNdim));
+    }
     std::vector<int64_t> out;
-    for (size_t e : expect(i, PyKind::kTuple, what).items) out.push_back(expect(e, PyKind::kInt, what).i);
+    for (size_t e : items) out.push_back(expect(e, PyKind::kInt, what).i);
     return out;
   }
 
