@@ -4,6 +4,7 @@
 #include <string>
 
 #include "comm/enum_text.h"
+#include "checkpoint/storage/direct_io.h"  // DirectIo, parse_direct_io
 
 namespace checkpoint {
 
@@ -109,8 +110,9 @@ struct CheckpointOptions {
   // structure skip the plan exchange; proven by one small all-reduce.
   bool plan_cache = true;
   // Large data-file writes bypass the page cache (O_DIRECT; storage.h,
-  // PosixOptions). Used by whoever builds the POSIX storage (the trainer).
-  bool direct_io = false;
+  // PosixOptions): auto: where a probe of the file system finds it faster
+  // (direct_io.h). Used by whoever builds the POSIX storage (the trainer).
+  DirectIo direct_io = DirectIo::kAuto;
   // Overlap mode with state on a GPU: snapshot the state into device memory
   // (as much again as the state, held for the run) so the optimizer never
   // waits for the device-to-host copy. auto: when the device has that much
