@@ -12,34 +12,9 @@
 #include <cstdint>
 #include <string>
 
-#include "comm/enum_text.h"
+#include "checkpoint/options.h"  // DirectIo, parse_direct_io
 
 namespace checkpoint {
-
-// auto: measured (above); true: O_DIRECT where the file system takes it (else
-// page cache, silently); false: page cache. The spellings are the YAML
-// booleans the key took when it was a bool, plus auto.
-enum class DirectIo { kAuto, kOn, kOff };
-inline constexpr DirectIo kDirectIos[] = {DirectIo::kAuto, DirectIo::kOn, DirectIo::kOff};
-
-// "auto" | "true" | "false".
-inline const char* to_string(DirectIo direct_io) {
-  switch (direct_io) {
-    case DirectIo::kAuto: return "auto";
-    case DirectIo::kOn: return "true";
-    case DirectIo::kOff: return "false";
-  }
-  return "?";
-}
-
-// Also takes True/TRUE/False/FALSE, as the key did as a bool. Throws
-// std::invalid_argument naming checkpoint.direct_io, the value and the
-// allowed values.
-inline DirectIo parse_direct_io(const std::string& text) {
-  if (text == "True" || text == "TRUE") return DirectIo::kOn;
-  if (text == "False" || text == "FALSE") return DirectIo::kOff;
-  return comm::parse_enum("checkpoint.direct_io", text, kDirectIos);
-}
 
 // What a probe of one directory's file system found.
 struct DirectIoProbe {
