@@ -53,6 +53,32 @@ OnError parse_on_error(const std::string& on_error);
 WhenBusy parse_when_busy(const std::string& when_busy);
 DeviceSnapshot parse_device_snapshot(const std::string& device_snapshot);
 
+// checkpoint.direct_io (PosixOptions::direct_io, storage/direct_io.h): auto:
+// measured by a probe; true: O_DIRECT where the file system takes it (else
+// page cache, silently); false: page cache. The spellings are the YAML
+// booleans the key took when it was a bool, plus auto.
+enum class DirectIo { kAuto, kOn, kOff };
+inline constexpr DirectIo kDirectIos[] = {DirectIo::kAuto, DirectIo::kOn, DirectIo::kOff};
+
+// "auto" | "true" | "false".
+inline const char* to_string(DirectIo direct_io) {
+  switch (direct_io) {
+    case DirectIo::kAuto: return "auto";
+    case DirectIo::kOn: return "true";
+    case DirectIo::kOff: return "false";
+  }
+  return "?";
+}
+
+// Also takes True/TRUE/False/FALSE, as the key did as a bool. Throws
+// std::invalid_argument naming checkpoint.direct_io, the value and the
+// allowed values.
+inline DirectIo parse_direct_io(const std::string& text) {
+  if (text == "True" || text == "TRUE") return DirectIo::kOn;
+  if (text == "False" || text == "FALSE") return DirectIo::kOff;
+  return comm::parse_enum("checkpoint.direct_io", text, kDirectIos);
+}
+
 struct CompressionOptions {
   Codec codec = Codec::kNone;
   int level = 3;                          // zstd level, 1..19
@@ -109,8 +135,9 @@ struct CheckpointOptions {
   // structure skip the plan exchange; proven by one small all-reduce.
   bool plan_cache = true;
   // Large data-file writes bypass the page cache (O_DIRECT; storage.h,
-  // PosixOptions). Used by whoever builds the POSIX storage (the trainer).
-  bool direct_io = false;
+  // PosixOptions): auto: where a probe of the file system finds it faster
+  // (storage/direct_io.h). Used by whoever builds the POSIX storage (the trainer).
+  DirectIo direct_io = DirectIo::kAuto;
   // Overlap mode with state on a GPU: snapshot the state into device memory
   // (as much again as the state, held for the run) so the optimizer never
   // waits for the device-to-host copy. auto: when the device has that much

@@ -102,6 +102,15 @@ struct ChunkWriter::InFlight {
   std::future<Encoded> result;
 };
 
+// An uncompressed chunk whose blocks are being written from the caller's
+// memory: the tasks fill `sums` (each block's checksum, then the chunk's).
+struct ChunkWriter::PlainInFlight {
+  size_t chunk;
+  std::shared_ptr<std::vector<uint64_t>> sums;
+  std::vector<std::future<void>> tasks;
+  std::shared_ptr<const void> owner;  // the bytes, until the tasks are done
+};
+
 ChunkWriter::ChunkWriter(WritableFile& file, thread_pool::ThreadPool* pool, Options options)
     : file_(file), pool_(pool), options_(options) {
   options_.max_batches_in_flight = std::max<size_t>(1, options_.max_batches_in_flight);
@@ -115,6 +124,12 @@ void ChunkWriter::wait_all() noexcept {
     if (f.result.valid()) f.result.wait();  // the task still reads the caller's bytes
   }
   in_flight_.clear();
+  for (PlainInFlight& p : plain_in_flight_) {
+    for (auto& t : p.tasks) {
+      if (t.valid()) t.wait();
+    }
+  }
+  plain_in_flight_.clear();
 }
 
 std::shared_ptr<const TransformChain> ChunkWriter::chain_for(
@@ -149,16 +164,13 @@ size_t ChunkWriter::add_chunk(const uint8_t* data, uint64_t n, size_t element_si
     // In place: everything queued before goes first.
     drain();
     c.offset = offset_;
-    if (transforms.empty()) {
-      write_plain(data, n, bs, c);
-    } else {
-      c.checksum = xxh3_64(data, 0);
-    }
-    offset_ += c.length;
-    note_written();
+    if (!transforms.empty()) c.checksum = xxh3_64(data, 0);
     chunks_.push_back(std::move(c));
     owners_.emplace_back();
     blocks_left_.push_back(0);
+    if (transforms.empty()) write_plain(index, data, n, bs, std::move(owner));
+    offset_ += chunks_[index].length;
+    note_written();
     return index;
   }
   std::shared_ptr<const TransformChain> chain = transforms.empty() ? nullptr : chain_for(transforms);
@@ -276,38 +288,66 @@ void ChunkWriter::note_written() {
 }
 
 // Uncompressed: blocks are checksummed and written straight from the
-// caller's memory, in parallel, with no staging copy.
-void ChunkWriter::write_plain(const uint8_t* data, uint64_t n, uint64_t block, ChunkMeta& c) {
-  const uint64_t nblocks = n == 0 ? 0 : (n + block - 1) / block;
+// caller's memory, in parallel, with no staging copy. The chunk's layout is
+// known at once; the writes and checksums run on the pool while later chunks
+// are queued (up to max_batches_in_flight blocks), so the writers never wait
+// for a chunk's last block before starting the next chunk's first.
+void ChunkWriter::write_plain(size_t index, const uint8_t* data, uint64_t n, uint64_t block,
+                              std::shared_ptr<const void> owner) {
+  ChunkMeta& c = chunks_[index];
+  const size_t nblocks = static_cast<size_t>(n == 0 ? 0 : (n + block - 1) / block);
   c.blocks.resize(nblocks);
   c.length = n;
-  const uint64_t base = offset_;
-  auto write_block = [this, data, n, block, base, &c](uint64_t i) {
-    const uint64_t lo = i * block;
-    const uint64_t len = std::min(block, n - lo);
+  for (size_t i = 0; i < nblocks; ++i) {
     BlockMeta& bm = c.blocks[i];
-    bm.stored_offset = lo;
-    bm.stored_length = len;
-    bm.logical_length = len;
-    bm.checksum = xxh3_64(data + lo, len);
-    file_.write_at(base + lo, data + lo, len);
-  };
+    bm.stored_offset = i * block;
+    bm.stored_length = std::min(block, n - i * block);
+    bm.logical_length = bm.stored_length;
+  }
   if (pool_ == nullptr || nblocks <= 1) {
-    for (uint64_t i = 0; i < nblocks; ++i) write_block(i);
+    for (BlockMeta& bm : c.blocks) {
+      bm.checksum = xxh3_64(data + bm.stored_offset, bm.stored_length);
+      file_.write_at(c.offset + bm.stored_offset, data + bm.stored_offset, bm.stored_length);
+    }
     c.checksum = nblocks == 1 ? c.blocks[0].checksum : xxh3_64(data, n);
     return;
   }
-  std::vector<std::future<void>> tasks;
-  tasks.reserve(nblocks + 1);
-  uint64_t chunk_sum = 0;
-  tasks.push_back(pool_->Submit([data, n, &chunk_sum] { chunk_sum = xxh3_64(data, n); }));
-  for (uint64_t i = 0; i < nblocks; ++i) tasks.push_back(pool_->Submit(write_block, i));
-  checkpoint::wait_all(tasks);
-  c.checksum = chunk_sum;
+  while (!plain_in_flight_.empty() && plain_blocks_in_flight_ + nblocks > options_.max_batches_in_flight) {
+    finish_oldest_plain();
+  }
+  PlainInFlight f{index, std::make_shared<std::vector<uint64_t>>(nblocks + 1), {}, std::move(owner)};
+  f.tasks.reserve(nblocks + 1);
+  auto sums = f.sums;
+  f.tasks.push_back(pool_->Submit([data, n, sums, nblocks] { (*sums)[nblocks] = xxh3_64(data, n); }));
+  WritableFile* file = &file_;
+  const uint64_t base = c.offset;
+  for (size_t i = 0; i < nblocks; ++i) {
+    const uint64_t lo = c.blocks[i].stored_offset;
+    const size_t len = static_cast<size_t>(c.blocks[i].stored_length);
+    f.tasks.push_back(pool_->Submit([file, data, base, lo, len, sums, i] {
+      (*sums)[i] = xxh3_64(data + lo, len);
+      file->write_at(base + lo, data + lo, len);
+    }));
+  }
+  plain_blocks_in_flight_ += nblocks;
+  plain_in_flight_.push_back(std::move(f));
+}
+
+// Waits for the oldest plain chunk's writes (rethrowing their failure) and
+// records its checksums.
+void ChunkWriter::finish_oldest_plain() {
+  PlainInFlight& f = plain_in_flight_.front();
+  checkpoint::wait_all(f.tasks);
+  ChunkMeta& c = chunks_[f.chunk];
+  for (size_t i = 0; i < c.blocks.size(); ++i) c.blocks[i].checksum = (*f.sums)[i];
+  c.checksum = f.sums->back();
+  plain_blocks_in_flight_ -= c.blocks.size();
+  plain_in_flight_.pop_front();
 }
 
 std::vector<ChunkMeta> ChunkWriter::finish() {
   drain();
+  while (!plain_in_flight_.empty()) finish_oldest_plain();
   owners_.clear();
   spare_.clear();
   spare_.shrink_to_fit();

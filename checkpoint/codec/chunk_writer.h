@@ -56,7 +56,8 @@ EncodedChunk encode_chunk(const uint8_t* data, uint64_t n, size_t element_size,
 // offsets, asking the file to start write-back every `writeback_bytes` so
 // that the disk works while the pool still encodes. An untransformed chunk
 // of at least a batch is written straight from the caller's memory, its
-// blocks in parallel on the pool, with no staging copy.
+// blocks in parallel on the pool, with no staging copy, while the next
+// chunks are queued (at most max_batches_in_flight such blocks at once).
 //
 // Call sequence (one thread, never a task running on the pool): add_chunk
 // any number of times, then finish. After an exception the writer is
@@ -106,10 +107,13 @@ class ChunkWriter {
   struct Item;
   struct Encoded;
   struct InFlight;
+  struct PlainInFlight;
 
   std::shared_ptr<const TransformChain> chain_for(const std::vector<std::string>& transforms);
   void submit_batch();
-  void write_plain(const uint8_t* data, uint64_t n, uint64_t block, ChunkMeta& c);
+  void write_plain(size_t index, const uint8_t* data, uint64_t n, uint64_t block,
+                   std::shared_ptr<const void> owner);
+  void finish_oldest_plain();
   void write_oldest();
   void drain();
   void wait_all() noexcept;
@@ -124,6 +128,8 @@ class ChunkWriter {
   std::vector<Item> batch_;                         // blocks not yet submitted
   uint64_t batch_logical_ = 0;
   std::deque<InFlight> in_flight_;
+  std::deque<PlainInFlight> plain_in_flight_;  // uncompressed chunks being written in place
+  size_t plain_blocks_in_flight_ = 0;
   std::vector<std::vector<uint8_t>> spare_;  // written batches' buffers, for reuse
   std::vector<std::pair<std::vector<std::string>, std::shared_ptr<const TransformChain>>> chains_;
   uint64_t offset_ = 0;

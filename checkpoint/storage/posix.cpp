@@ -71,7 +71,7 @@ uint8_t* bounce_buffer() {
 class PosixWritableFile final : public WritableFile {
  public:
   PosixWritableFile(int fd, std::string path, const PosixOptions& options)
-      : fd_(fd), path_(std::move(path)), options_(options), direct_(options.direct_io) {}
+      : fd_(fd), path_(std::move(path)), options_(options), direct_(options.direct_io != DirectIo::kOff) {}
   ~PosixWritableFile() override {
     if (fd_ >= 0) ::close(fd_);
     if (dfd_ >= 0) ::close(dfd_);
@@ -134,10 +134,15 @@ class PosixWritableFile final : public WritableFile {
   }
 
   // The O_DIRECT descriptor, opened at the first large write; -1 where the
-  // file system refuses it (then direct_ is false for good).
+  // file system refuses it, or direct_io auto's probe chose the page cache
+  // (then direct_ is false for good).
   int direct_fd() {
     std::call_once(direct_open_, [this] {
 #if defined(O_DIRECT)
+      if (!use_direct_io(options_.direct_io, parent_dir(path_))) {
+        direct_.store(false);
+        return;
+      }
       // Reopening through /proc names this very file even if it was
       // renamed since; the path is the fallback, checked to be the same
       // inode.

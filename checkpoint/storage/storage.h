@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "checkpoint/errors.h"  // IoError
+#include "checkpoint/storage/direct_io.h"
 
 namespace checkpoint {
 
@@ -138,22 +139,24 @@ class StorageWrapper : public Storage {
 // rename and remove_all through this storage forget the paths they touch, and
 // drop_read_cache closes them all.
 //
-// With PosixOptions::direct_io (checkpoint.direct_io), writes of at least
-// direct_min_bytes bypass the page cache (O_DIRECT): their whole 4 KiB pages
-// are written straight from the caller's memory when it is aligned like the
-// file offset, else through an 8 MiB aligned buffer per writing thread; the
-// partial pages at either end go through the page cache. A checkpoint then
-// does not evict the job's page cache; whether it writes faster depends on
-// the disk (ckpt_bench measures both ways; on the 2-core CI machine parallel
-// saves are about 13% slower direct, hence off by default). A file
-// system that refuses O_DIRECT (at open or at the first write) gets
-// page-cache writes instead, with no error. Durability is unchanged: data is
-// durable after sync(). Reads always use the page cache.
+// PosixOptions::direct_io (checkpoint.direct_io, direct_io.h) says whether
+// writes of at least direct_min_bytes bypass the page cache (O_DIRECT): their
+// whole 4 KiB pages are written straight from the caller's memory when it is
+// aligned like the file offset, else through an 8 MiB aligned buffer per
+// writing thread; the partial pages at either end go through the page cache.
+// A checkpoint then does not evict the job's page cache. Which way writes
+// faster depends on the machine, so the default, auto, measures it: at a
+// file's first large write, one probe per file system and process
+// (cached_direct_io_probe) picks the faster; a probe that fails picks the
+// page cache. true: O_DIRECT; false: page cache. A file system that refuses
+// O_DIRECT (at open or at the first write) gets page-cache writes instead,
+// with no error. Durability is unchanged: data is durable after sync().
+// Reads always use the page cache.
 struct PosixOptions {
-  bool direct_io = false;
+  DirectIo direct_io = DirectIo::kAuto;
   uint64_t direct_min_bytes = uint64_t{1} << 20;  // smaller writes use the page cache
 };
-// The shared default storage (page-cache writes).
+// The shared default storage (PosixOptions{}: direct_io auto).
 std::shared_ptr<Storage> posix_storage();
 // A storage with these options; posix_storage() when they are the defaults.
 std::shared_ptr<Storage> posix_storage(const PosixOptions& options);

@@ -55,6 +55,14 @@ Constraint one_of_enum(const Enum (&values)[N]) {
   return one_of(std::move(choices));
 }
 
+// checkpoint.direct_io was a bool: the other spellings parse_bool took still
+// parse (parse_direct_io), unnamed in messages.
+Constraint direct_io_values() {
+  Constraint c = one_of_enum(checkpoint::kDirectIos);
+  c.also_accepted = {"True", "False", "TRUE", "FALSE"};
+  return c;
+}
+
 fsdp::PrecisionDtype parse_param_dtype(const std::string& text) {
   return fsdp::parse_precision_dtype(text, "train.mixed_precision.param_dtype");
 }
@@ -274,11 +282,12 @@ std::vector<Key> build_schema() {
       {SHARDKIT_CONFIG_FIELD(checkpoint.plan_cache), any_value(),
        "Later saves of an unchanged state structure reuse the save plan (one small all-reduce "
        "checks every rank); false: plan every save in full."},
-      {SHARDKIT_CONFIG_FIELD(checkpoint.direct_io), any_value(),
-       "Write large pieces of checkpoint files with O_DIRECT, bypassing the page cache: saves do "
-       "not evict the job's page cache, and write speed no longer depends on its state "
-       "(ckpt_bench measures both ways); file systems that refuse it get page-cache writes. "
-       "false: page cache."},
+      {SHARDKIT_CONFIG_ENUM(checkpoint.direct_io, checkpoint::parse_direct_io), direct_io_values(),
+       "Write large pieces of checkpoint files with O_DIRECT, bypassing the page cache, so "
+       "saves do not evict the job's page cache. auto: at start, write 64 MiB into the "
+       "checkpoint directory both ways (twice, with fsync) and use the faster one, as the "
+       "banner says; a probe that fails means page cache. true: O_DIRECT (file systems that "
+       "refuse it get page-cache writes). false: page cache."},
       {SHARDKIT_CONFIG_ENUM(checkpoint.device_snapshot, checkpoint::parse_device_snapshot), one_of_enum(checkpoint::kDeviceSnapshots),
        "Overlap mode with state on a GPU: copy the state into device memory first (as much "
        "again as the state, held for the run), so the optimizer never waits for the copy to the "
@@ -416,7 +425,8 @@ std::optional<std::string> check_constraint(const Key& key, const Value& value) 
   if (key.type == ValueType::kString) {
     const std::string& s = std::get<std::string>(value);
     const std::vector<std::string> choices = c.choices_of ? c.choices_of() : c.choices;
-    if (!choices.empty() && std::find(choices.begin(), choices.end(), s) == choices.end())
+    const bool also = std::find(c.also_accepted.begin(), c.also_accepted.end(), s) != c.also_accepted.end();
+    if (!choices.empty() && !also && std::find(choices.begin(), choices.end(), s) == choices.end())
       return "expected " + describe_expected(key) + ", got " + quoted(s);
     if (c.non_empty && s.empty()) return "expected " + describe_expected(key) + ", got \"\"";
     return std::nullopt;

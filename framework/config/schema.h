@@ -21,6 +21,9 @@ using Value = std::variant<int64_t, double, bool, std::string>;
 // Strings: a list of choices, or "non-empty", or anything.
 struct Constraint {
   std::vector<std::string> choices;
+  // Also taken, but not named in messages: the spellings a key took before
+  // (checkpoint.direct_io's True and FALSE from when it was a bool).
+  std::vector<std::string> also_accepted;
   // Choices known only at run time (model.kind: models::model_kinds()).
   std::vector<std::string> (*choices_of)() = nullptr;
   bool non_empty = false;

@@ -249,6 +249,11 @@ void Trainer::State::make_checkpoint_manager() {
   // The local tier is never behind the test hooks' storage (that one stands
   // for the durable file system), unless they provide one for it.
   ckpt->set_placement({rt.env.node, hooks.local_storage ? hooks.local_storage : checkpoint::posix_storage(posix)});
+  // direct_io auto: probe checkpoint.dir's file system now (every rank: the
+  // choice is per process), not inside the first save, and say what won.
+  if (!hooks.storage && posix.direct_io == checkpoint::DirectIo::kAuto) {
+    direct_io_choice = checkpoint::cached_direct_io_probe(ckpt->dir()).detail;
+  }
   if (ckpt->stages(device.is_cuda())) {
     // Host (pinned, for GPU state) staging buffers now, not at the first
     // save while the training loop waits.
@@ -291,6 +296,9 @@ void Trainer::State::print_banner(const std::optional<std::string>& resume_from,
             << fsdp->unit_names().size() << " units, " << std::fixed << std::setprecision(2)
             << st.sharded_param_bytes / 1048576.0 << std::defaultfloat << " MiB on this rank; data " << dataset->describe() << std::endl;
   print_run_lines();
+  if (!direct_io_choice.empty()) {
+    std::cout << "shardkit: checkpoint.direct_io auto: " << direct_io_choice << " in " << ckpt->dir() << std::endl;
+  }
   if (builtin_model) {
     std::cout << "shardkit: memory estimate per rank "
               << describe(estimate_memory(cfg, rt.env.world_size)) << std::endl;

@@ -110,6 +110,9 @@ struct Trainer::State {
   std::string resume_tier;  // tiers: local | durable, and why
   std::string resume_reason;
   std::vector<std::string> resume_notes;
+  // checkpoint.direct_io auto: what the probe of checkpoint.dir chose and
+  // why (direct_io.h), for the banner; empty for true and false.
+  std::string direct_io_choice;
   int64_t saves_failed = 0;  // this run, kept going by on_error: warn
   std::optional<checkpoint::CheckpointEvent> last_save;
 

@@ -322,7 +322,7 @@ double resident_fraction(const std::string& path) {
 TEST_F(StorageTest, DirectWritesStoreTheSameBytesAtAnyOffsetLengthAndAlignment) {
   if (!takes_direct_io(dir_)) SHARDKIT_SKIP("the file system of " << dir_ << " refuses O_DIRECT");
   PosixOptions o;
-  o.direct_io = true;
+  o.direct_io = DirectIo::kOn;
   o.direct_min_bytes = 8192;  // small pieces take the direct path too
   auto fs = posix_storage(o);
   // Source bytes in a page-aligned buffer, so that both the aligned (no
@@ -379,11 +379,12 @@ TEST_F(StorageTest, DirectWritesBypassThePageCacheAndPageCacheWritesDoNot) {
     SHARDKIT_SKIP(dir_ << " is a tmpfs, whose files live in the page cache");
   }
   std::vector<uint8_t> data(size_t{32} << 20, 7);
-  PosixOptions direct;
-  direct.direct_io = true;
+  PosixOptions direct, cached;
+  direct.direct_io = DirectIo::kOn;
+  cached.direct_io = DirectIo::kOff;
   for (const bool use_direct : {true, false}) {
     const std::string path = dir_ + (use_direct ? "/direct.data" : "/cached.data");
-    auto file = (use_direct ? posix_storage(direct) : posix_storage())->create_file(path);
+    auto file = posix_storage(use_direct ? direct : cached)->create_file(path);
     for (size_t at = 0; at < data.size(); at += size_t{8} << 20) file->write_at(at, data.data() + at, size_t{8} << 20);
     file->sync();
     file->close();
@@ -410,7 +411,7 @@ TEST_F(StorageTest, DirectWritesToAFullDiskFailWithEnospcNamingTheFile) {
   } unmount{mnt};
   if (!takes_direct_io(mnt)) SHARDKIT_SKIP("this kernel's tmpfs refuses O_DIRECT");
   PosixOptions o;
-  o.direct_io = true;
+  o.direct_io = DirectIo::kOn;
   auto fs = posix_storage(o);
   std::vector<uint8_t> data(size_t{4} << 20, 1);
   const PosixWriteCounters before = posix_write_counters();
@@ -419,6 +420,134 @@ TEST_F(StorageTest, DirectWritesToAFullDiskFailWithEnospcNamingTheFile) {
   EXPECT_NE(error.find("No space left on device"), std::string::npos) << error;
   EXPECT_NE(error.find(mnt + "/full.data"), std::string::npos) << error;
   EXPECT_GT(posix_write_counters().direct_bytes, before.direct_bytes) << "the direct path was not taken";
+}
+
+// checkpoint.direct_io auto (direct_io.h): the choice from a probe's
+// timings, the probe itself, its cache, and a probe that fails.
+
+DirectIoProbe timed_probe(bool accepted, double buffered_s, double direct_s) {
+  DirectIoProbe p;
+  p.accepted = accepted;
+  p.buffered_s = buffered_s;
+  p.direct_s = direct_s;
+  return p;
+}
+
+TEST(DirectIoChoice, DirectOnlyWhereAcceptedAndStrictlyFaster) {
+  EXPECT_TRUE(prefer_direct(timed_probe(true, 0.20, 0.10)));
+  EXPECT_FALSE(prefer_direct(timed_probe(true, 0.10, 0.20)));
+  EXPECT_FALSE(prefer_direct(timed_probe(true, 0.10, 0.10))) << "a tie keeps the page cache";
+  EXPECT_FALSE(prefer_direct(timed_probe(false, 0.20, 0.10))) << "refused O_DIRECT";
+  DirectIoProbe failed = timed_probe(true, 0.20, 0.10);
+  failed.failed = true;
+  EXPECT_FALSE(prefer_direct(failed));
+}
+
+TEST(DirectIoChoice, ParsesAutoTheBooleansAndNamesTheKeyOnBadValues) {
+  EXPECT_EQ(parse_direct_io("auto"), DirectIo::kAuto);
+  EXPECT_EQ(parse_direct_io("true"), DirectIo::kOn);
+  EXPECT_EQ(parse_direct_io("TRUE"), DirectIo::kOn);
+  EXPECT_EQ(parse_direct_io("false"), DirectIo::kOff);
+  EXPECT_EQ(parse_direct_io("False"), DirectIo::kOff);
+  for (DirectIo d : kDirectIos) EXPECT_EQ(parse_direct_io(to_string(d)), d);
+  try {
+    parse_direct_io("yes");
+    FAIL() << "'yes' parsed";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("checkpoint.direct_io 'yes' is not one of auto, true, false"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+TEST_F(StorageTest, DirectIoProbeTimesBothWaysChoosesByThemAndLeavesNoFile) {
+  const DirectIoProbe p = probe_direct_io(dir_, uint64_t{1} << 20, 2);
+  EXPECT_FALSE(p.failed) << p.detail;
+  EXPECT_EQ(p.bytes, uint64_t{1} << 20);
+  EXPECT_GT(p.buffered_s, 0);
+  EXPECT_EQ(p.accepted, takes_direct_io(dir_)) << p.detail;
+  if (p.accepted) {
+    EXPECT_GT(p.direct_s, 0);
+  }
+  EXPECT_EQ(p.use_direct, prefer_direct(p));
+  const std::string chosen = p.use_direct ? "O_DIRECT (" : "page cache (";
+  EXPECT_EQ(p.detail.rfind(chosen, 0), 0u) << p.detail;
+  EXPECT_TRUE(posix_storage()->list_dir(dir_).empty()) << "the probe left its file";
+}
+
+TEST_F(StorageTest, DirectIoProbeOfAMissingDirectoryFailsOverToThePageCacheNamingIt) {
+  const std::string missing = dir_ + "/no/such/dir";
+  const DirectIoProbe p = probe_direct_io(missing, uint64_t{1} << 20);
+  EXPECT_TRUE(p.failed);
+  EXPECT_FALSE(p.use_direct);
+  EXPECT_EQ(p.detail.rfind("page cache (probe failed: cannot create " + missing, 0), 0u) << p.detail;
+  // The cached probe of a directory not made yet measures its nearest
+  // existing ancestor's file system instead.
+  const DirectIoProbe cached = cached_direct_io_probe(missing);
+  EXPECT_FALSE(cached.failed) << cached.detail;
+}
+
+TEST_F(StorageTest, DirectIoProbeIsCachedPerFileSystem) {
+  posix_storage()->make_dirs(dir_ + "/sub");
+  const DirectIoProbe a = cached_direct_io_probe(dir_);
+  const DirectIoProbe b = cached_direct_io_probe(dir_ + "/sub");
+  EXPECT_EQ(a.dir, b.dir);
+  EXPECT_EQ(a.buffered_s, b.buffered_s);
+  EXPECT_EQ(a.direct_s, b.direct_s);
+  EXPECT_EQ(a.detail, b.detail);
+}
+
+TEST_F(StorageTest, AutoDirectIoWritesTheWayItsProbeChoseAndTheSameBytes) {
+  PosixOptions o;  // direct_io auto, the default
+  o.direct_min_bytes = 8192;
+  const DirectIoProbe probe = cached_direct_io_probe(dir_);
+  std::vector<uint8_t> data((size_t{4} << 20) + 100);
+  for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<uint8_t>(i * 7 + (i >> 13));
+  const PosixWriteCounters before = posix_write_counters();
+  const std::string path = dir_ + "/auto.data";
+  {
+    auto file = posix_storage(o)->create_file(path);
+    file->write_at(0, data.data(), data.size());
+    file->sync();
+    file->close();
+  }
+  const uint64_t direct = posix_write_counters().direct_bytes - before.direct_bytes;
+  if (probe.use_direct) {
+    EXPECT_GT(direct, uint64_t{3} << 20) << probe.detail;
+  } else {
+    EXPECT_EQ(direct, 0u) << probe.detail;
+  }
+  EXPECT_EQ(posix_storage()->read_file(path, data.size()), data);
+}
+
+// A probe that fails (here: a file system too small for its 64 MiB) must not
+// cost the checkpoint: the file is written through the page cache.
+TEST_F(StorageTest, AutoDirectIoWhoseProbeFailsWritesThroughThePageCache) {
+  const std::string mnt = dir_ + "/small";
+  posix_storage()->make_dirs(mnt);
+  if (::mount("tmpfs", mnt.c_str(), "tmpfs", 0, "size=16m") != 0) {
+    SHARDKIT_SKIP("cannot mount a tmpfs (" << std::strerror(errno) << ")");
+  }
+  struct Unmount {
+    std::string path;
+    ~Unmount() { ::umount2(path.c_str(), MNT_DETACH); }
+  } unmount{mnt};
+  std::vector<uint8_t> data(size_t{6} << 20);
+  for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<uint8_t>(i * 13 + 1);
+  const PosixWriteCounters before = posix_write_counters();
+  {
+    auto file = posix_storage()->create_file(mnt + "/rank_0.data");
+    file->write_at(0, data.data(), data.size());
+    file->sync();
+    file->close();
+  }
+  EXPECT_EQ(posix_write_counters().direct_bytes, before.direct_bytes);
+  EXPECT_EQ(posix_storage()->read_file(mnt + "/rank_0.data", data.size()), data);
+  const DirectIoProbe p = cached_direct_io_probe(mnt);
+  EXPECT_TRUE(p.failed);
+  EXPECT_NE(p.detail.find("page cache (probe failed: "), std::string::npos) << p.detail;
+  EXPECT_NE(p.detail.find("No space left on device"), std::string::npos) << p.detail;
+  EXPECT_EQ(posix_storage()->list_dir(mnt), std::vector<std::string>{"rank_0.data"});
 }
 
 TEST(JoinPath, JoinsWithOneSlash) {

@@ -162,7 +162,7 @@ Config non_default_config() {
   c.checkpoint.model_only = true;
   c.checkpoint.io_threads = 16;
   c.checkpoint.plan_cache = false;
-  c.checkpoint.direct_io = true;
+  c.checkpoint.direct_io = checkpoint::DirectIo::kOn;
   c.checkpoint.device_snapshot = checkpoint::DeviceSnapshot::kOff;
   c.run.host_malloc = comm::HostMalloc::kDefault;
   c.checkpoint.local.dir = "/dev/shm/run/node{node}";
@@ -222,6 +222,9 @@ const BadConfigCase kBadConfigs[] = {
     {"EnumOutsideItsChoicesIsRejected",
      "checkpoint:\n  interval: 5\n  mode: fast\n", "checkpoint.mode", "configs/x.yaml:3",
      "expected one of sync|async|overlap, got \"fast\""},
+    {"DirectIoGivenAsYesIsRejected",
+     "checkpoint:\n  direct_io: yes\n", "checkpoint.direct_io", "configs/x.yaml:2",
+     "expected one of auto|true|false, got \"yes\""},
     {"DeviceOutsideItsChoicesIsRejected",
      "train:\n  device: tpu\n", "train.device", "configs/x.yaml:2", "one of cpu|cuda"},
     {"ZeroStepsIsRejected",
@@ -421,6 +424,7 @@ const std::vector<std::pair<std::string, std::vector<std::string>>> kEnumKeys = 
     {"checkpoint.on_error", {"fail", "warn"}},
     {"checkpoint.when_busy", {"wait", "skip"}},
     {"checkpoint.device_snapshot", {"auto", "on", "off"}},
+    {"checkpoint.direct_io", {"auto", "true", "false"}},
     {"checkpoint.compression.codec", {"none", "zstd"}},
     {"checkpoint.compression.byte_group", {"auto", "on", "off"}},
 };
@@ -487,12 +491,30 @@ TEST(Config, EnumParseFunctionsNameTheKeyAndTheAllowedValues) {
             "checkpoint.when_busy 'x' is not one of wait, skip");
   EXPECT_EQ(message([] { checkpoint::parse_device_snapshot("x"); }),
             "checkpoint.device_snapshot 'x' is not one of auto, on, off");
+  EXPECT_EQ(message([] { checkpoint::parse_direct_io("x"); }),
+            "checkpoint.direct_io 'x' is not one of auto, true, false");
   EXPECT_EQ(message([] { checkpoint::parse_codec("x"); }),
             "checkpoint.compression.codec 'x' is not one of none, zstd");
   EXPECT_EQ(message([] { checkpoint::parse_byte_group("x"); }),
             "checkpoint.compression.byte_group 'x' is not one of auto, on, off");
   EXPECT_EQ(checkpoint::parse_save_mode(to_string(checkpoint::SaveMode::kOverlap)),
             checkpoint::SaveMode::kOverlap);
+}
+
+// checkpoint.direct_io was a bool; it is auto by default now, and the
+// spellings it took as a bool keep their meaning.
+TEST(Config, DirectIoIsAutoByDefaultAndKeepsItsBooleanSpellings) {
+  EXPECT_EQ(parse_config("", "x.yaml").checkpoint.direct_io, checkpoint::DirectIo::kAuto);
+  const std::vector<std::pair<std::string, checkpoint::DirectIo>> spellings = {
+      {"auto", checkpoint::DirectIo::kAuto}, {"true", checkpoint::DirectIo::kOn},
+      {"True", checkpoint::DirectIo::kOn},   {"TRUE", checkpoint::DirectIo::kOn},
+      {"false", checkpoint::DirectIo::kOff}, {"False", checkpoint::DirectIo::kOff},
+      {"FALSE", checkpoint::DirectIo::kOff}};
+  for (const auto& [text, want] : spellings) {
+    SCOPED_TRACE(text);
+    EXPECT_EQ(parse_config("checkpoint:\n  direct_io: " + text + "\n", "x.yaml").checkpoint.direct_io, want);
+    EXPECT_EQ(parse_config("", "x.yaml", {"checkpoint.direct_io=" + text}).checkpoint.direct_io, want);
+  }
 }
 
 TEST(Config, LaterSetOverridesWinOverEarlierOnes) {

@@ -204,7 +204,7 @@ TEST(DirectIo, CheckpointsWrittenWithDirectIoEqualPageCacheOnesAndLoadExactly) {
     cfg.train.steps = 6;
     cfg.checkpoint.interval = 3;
     cfg.checkpoint.mode = checkpoint::SaveMode::kAsync;
-    cfg.checkpoint.direct_io = direct;
+    cfg.checkpoint.direct_io = direct ? checkpoint::DirectIo::kOn : checkpoint::DirectIo::kOff;
     const checkpoint::PosixWriteCounters before = checkpoint::posix_write_counters();
     FullState end = run_and_gather(cfg, kLayouts[1]);
     if (direct) {
