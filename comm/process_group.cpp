@@ -396,6 +396,27 @@ Bytes Group::scatter_bytes(const std::vector<Bytes>& per_member, int root) {
   return get_framed(host.data_ptr<uint8_t>(), w);
 }
 
+Work Group::send_async(at::Tensor tensor, int to, int tag) {
+  TORCH_CHECK(to >= 0 && to < size() && to != rank_, "send_async: bad destination ", to);
+  TORCH_CHECK(tag >= 0, "send_async: negative tag ", tag);
+  at::Tensor flat = tensor.contiguous().view({-1});
+  if (needs_bf16_bits(flat)) flat = flat.view(at::kHalf);  // Gloo moves bits, not bf16
+  std::vector<at::Tensor> out{on_backend_device(flat, backend_is_cuda())};
+  return start("send", [&] { return backend_->pg->send(out, to, tag); }, [out] {});
+}
+
+Work Group::recv_async(at::Tensor tensor, int from, int tag) {
+  TORCH_CHECK(from >= 0 && from < size() && from != rank_, "recv_async: bad source ", from);
+  TORCH_CHECK(tag >= 0, "recv_async: negative tag ", tag);
+  TORCH_CHECK(tensor.is_contiguous(), "recv_async: the tensor must be contiguous");
+  at::Tensor flat = tensor.view({-1});
+  if (needs_bf16_bits(flat)) flat = flat.view(at::kHalf);
+  at::Tensor staged = on_backend_device(flat, backend_is_cuda());
+  std::vector<at::Tensor> in{staged};
+  return start("recv", [&] { return backend_->pg->recv(in, from, tag); },
+               [flat, staged]() mutable { copy_back(flat, staged); });
+}
+
 void Group::send_recv(const void* send, size_t send_n, int to, void* recv, size_t recv_n,
                       int from) {
   const bool sending = to >= 0 && send_n > 0;

@@ -126,6 +126,17 @@ class Group {
   // fails it after the group timeout (DistError), breaking the group.
   void send_recv(const void* send, size_t send_n, int to, void* recv, size_t recv_n, int from);
 
+  // Point to point, tensors, issued and not waited for (pipeline
+  // parallelism's activations and their gradients): `tensor` goes to member
+  // `to`, or member `from`'s arrives in `tensor` (same shape and dtype on both
+  // sides) once the Work's wait() returned. `tag` (>= 0) pairs a send with
+  // its receive: on Gloo, messages with different tags between one pair may
+  // be received in any order; NCCL ignores tags, so both sides must issue
+  // their sends and receives in the same order. Only the two members take
+  // part. A dead peer fails the wait after the group timeout (DistError).
+  Work send_async(at::Tensor tensor, int to, int tag);
+  Work recv_async(at::Tensor tensor, int from, int tag);
+
   // True once a collective failed; every later call throws at once.
   bool broken() const { return !broken_reason_.empty(); }
 

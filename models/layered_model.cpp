@@ -11,16 +11,17 @@
 namespace models {
 
 torch::Tensor LayeredModelImpl::forward(const torch::Tensor& tokens) {
-  auto h = embed(tokens);
+  auto h = stage_.embed ? embed(tokens) : tokens;
+  const int64_t end = stage_.end < 0 ? num_blocks() : std::min(stage_.end, num_blocks());
   // Each block is an FSDP unit when the model is sharded (a plain call when not).
-  for (int64_t i = 0; i < num_blocks(); ++i) {
+  for (int64_t i = stage_.first; i < end; ++i) {
     h = run_unit(*block(i), [&] {
       if (!block_checkpointed(i)) return block_forward(i, h);
       return checkpoint_activations(
           [this, i](const torch::Tensor& x) { return block_forward(i, x); }, h);
     });
   }
-  return head(h);
+  return stage_.head ? head(h) : h;
 }
 
 void LayeredModelImpl::init_parameter(const std::string& name, const torch::Tensor&) const {

@@ -36,6 +36,21 @@ class LayeredModelImpl : public torch::nn::Module {
   // models::checkpoint_activations where set_activation_checkpointing says.
   torch::Tensor forward(const torch::Tensor& tokens);
 
+  // Pipeline parallelism: what forward() runs on this rank's stage. It
+  // starts from embed(tokens) when `embed`, else from the hidden [B, T, D]
+  // it is given (the previous stage's output); runs blocks [first, end)
+  // (end -1: to the last); and ends with head() when `head`, else returns
+  // the hidden. The default is the whole model. The trainer sets it before
+  // each stage's forward (a rank may hold several stages).
+  struct Stage {
+    int64_t first = 0;
+    int64_t end = -1;
+    bool embed = true;
+    bool head = true;
+  };
+  void set_stage(Stage stage) { stage_ = stage; }
+  const Stage& stage() const { return stage_; }
+
   // The FSDP units: one per block ("blocks.N", the children of the
   // ModuleList "blocks"; llama: "model.layers.N").
   virtual std::vector<std::string> unit_names() const;
@@ -46,6 +61,7 @@ class LayeredModelImpl : public torch::nn::Module {
 
  private:
   ActivationCheckpointing checkpointing_ = ActivationCheckpointing::kNone;
+  Stage stage_;
   int64_t checkpoint_every_ = 1;
 };
 

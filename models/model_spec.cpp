@@ -135,6 +135,9 @@ ModelSpec stacked_spec(bool gpt) {
                           (o.tie_weights ? 0.0 : static_cast<double>(o.vocab_size) * d);
     return palm_flops_per_token(o, stacked_size(o, gpt).parameters, lookup, gpt);
   };
+  spec.embeds_parameter = [](const std::string& name) {
+    return name.rfind("tok_emb.", 0) == 0 || name.rfind("pos_emb.", 0) == 0;
+  };
   return spec;
 }
 
@@ -188,6 +191,7 @@ ModelSpec llama_spec() {
     return palm_flops_per_token(o, llama_size(o).parameters, o.tie_weights ? 0.0 : embedding, true);
   };
   spec.tp_plan = llama_tp_plan();
+  spec.embeds_parameter = [](const std::string& name) { return name.rfind("model.embed_tokens.", 0) == 0; };
   spec.use_fused_kernels = [](LayeredModelImpl& model, bool on) { models::use_fused_kernels(model, on); };
   spec.fused_kernels_description = llama_fused_ops_description;
   if (const HfAdapter* hf = find_hf_adapter("llama")) spec.hf = *hf;

@@ -16,8 +16,8 @@
 //   - its size and FLOPs per token (for the memory estimate and MFU);
 //   - its Hugging Face adapter (config.json out, parameter names, tied
 //     weights), where it has a Hugging Face counterpart;
-//   - split_stages: the hook for pipeline parallelism (not filled yet: no
-//     built-in kind splits into stages).
+//   - embeds_parameter: pipeline parallelism's split of the parameters
+//     outside the blocks between the first stage and the last.
 //
 // Example (a kind of your own; tests/models/test_models.cpp has one):
 //   models::ModelSpec spec = models::find_model_spec("gpt");  // start from one
@@ -72,11 +72,12 @@ using LossFn = std::function<LossSum(LayeredModelImpl& model, const torch::Tenso
 LossSum token_cross_entropy(LayeredModelImpl& model, const torch::Tensor& inputs,
                             const torch::Tensor& targets, const LossContext& context);
 
-// Pipeline parallelism's hook: the model's FSDP units split into `stages`
-// consecutive groups, one per stage. Empty in every built-in spec until the
-// pipeline issue fills it.
-using SplitStagesFn = std::function<std::vector<std::vector<std::string>>(
-    const LayeredModelImpl& model, int64_t stages)>;
+// Pipeline parallelism's hook: true for the parameters outside the blocks
+// that embed() uses, which live on the first stage; the others outside the
+// blocks live on the last (head()). The blocks split between the stages
+// (framework/pp/schedule.h: split_blocks), and each stage's forward is
+// LayeredModelImpl::forward with set_stage.
+using EmbedsParameterFn = std::function<bool(const std::string& name)>;
 
 struct ModelSpec {
   std::string kind;         // model.kind
@@ -111,7 +112,9 @@ struct ModelSpec {
   // model.tie_weights when the config does not set it (llama: false).
   bool ties_weights_by_default = true;
   std::optional<HfAdapter> hf;  // nullopt: no Hugging Face counterpart
-  SplitStagesFn split_stages;   // empty: not split into pipeline stages
+  // Empty: the kind is not split into pipeline stages (parallel.pipeline
+  // > 1 is refused, naming model.kind). gpt, llama and mlp have it.
+  EmbedsParameterFn embeds_parameter;
 };
 
 // Adds `spec` (or replaces the one of its kind), and its Hugging Face

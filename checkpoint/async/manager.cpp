@@ -288,7 +288,10 @@ LoadStats CheckpointManager::load(StateDict& state, const std::string& path) {
 LoadStats CheckpointManager::load_from(StateDict& state, const std::string& path,
                                        const std::shared_ptr<Storage>& storage) {
   LoadOptions lo;
-  lo.allow_partial = options_.allow_partial;
+  // Names are judged across the group below: with pipeline parallelism a
+  // rank holds only its stages' items, and an item of the checkpoint is
+  // unexpected only when no rank loads it.
+  lo.allow_partial = true;
   lo.optional = hooks_.optional_items;
   lo.io_threads = options_.io_threads;
   lo.storage = storage;
@@ -316,6 +319,35 @@ LoadStats CheckpointManager::load_from(StateDict& state, const std::string& path
     // Damage: metadata or data that cannot be right, truncated files; else
     // the state does not match (names, dtypes, shapes).
     damaged = is_damage(e);
+  }
+  if (!options_.allow_partial) {
+    // (every rank) The items no rank of the group loads; and this rank's
+    // missing items that are not optional.
+    std::string mine;
+    for (const std::string& name : stats.unexpected) mine += name + "\n";
+    std::map<std::string, int> count;
+    int ranks = 0;
+    for (const comm::Bytes& b : group_.all_gather_bytes(comm::Bytes(mine.begin(), mine.end()))) {
+      ++ranks;
+      std::string text(b.begin(), b.end());
+      for (size_t at = 0, end; (end = text.find('\n', at)) != std::string::npos; at = end + 1) {
+        ++count[text.substr(at, end - at)];
+      }
+    }
+    std::vector<std::string> unexpected, required_missing;
+    for (const std::string& name : stats.unexpected) {
+      if (count[name] == ranks) unexpected.push_back(name);
+    }
+    for (const std::string& name : stats.missing) {
+      if (!lo.optional || !lo.optional(name)) required_missing.push_back(name);
+    }
+    stats.unexpected = unexpected;
+    if (error.empty() && (!unexpected.empty() || !required_missing.empty())) {
+      std::string msg = "checkpoint " + path + " does not match the state being loaded";
+      if (!required_missing.empty()) msg += "; missing keys: " + join_names(required_missing);
+      if (!unexpected.empty()) msg += "; unexpected keys: " + join_names(unexpected);
+      error = msg + " (checkpoint.allow_partial: true tolerates this)";
+    }
   }
   // Every rank fails together, so none is left alone in a later collective.
   const std::string all =

@@ -12,6 +12,7 @@
 #include <map>
 
 #include "framework/config/schema.h"
+#include "framework/pp/schedule.h"
 #include "models/hf_adapter.h"
 
 namespace framework::config {
@@ -186,6 +187,21 @@ void check_consistency(const Config& cfg, const Origins& origins) {
                                 });
   } catch (const std::exception& e) {
     fail(e.what());
+  }
+  if (cfg.parallel.pipeline > 1) {
+    try {
+      // What needs no world size: the schedule's stages per rank (its
+      // micro-batch rule is checked when the trainer knows the local batch).
+      pp::check_schedule(cfg.parallel.pipeline_schedule, cfg.parallel.pipeline, cfg.parallel.stages_per_rank,
+                         cfg.parallel.pipeline);
+    } catch (const std::exception& e) {
+      fail(key("parallel.pipeline_schedule") + ", " + key("parallel.stages_per_rank") + ": " + e.what());
+    }
+    if (cfg.model.tie_weights)
+      fail(key("model.tie_weights") + " ties the first stage's embedding to the last stage's output: " +
+           "set it false with " + key("parallel.pipeline"));
+  } else if (cfg.parallel.stages_per_rank != 1) {
+    fail(key("parallel.stages_per_rank") + " needs " + key("parallel.pipeline") + " above 1");
   }
   if (cfg.train.micro_batch_size > cfg.train.global_batch_size)
     fail(key("train.micro_batch_size") + " must not exceed " + key("train.global_batch_size"));

@@ -233,6 +233,25 @@ std::vector<Key> build_schema() {
        "Tensor-parallel degree: the innermost mesh axis (replicate x shard x tensor), so a TP "
        "group is consecutive ranks on one node. 1: none. Needs model.kind llama (or a "
        "UserModel with a plan); replicate x shard is then world / tensor."},
+      {SHARDKIT_CONFIG_FIELD(parallel.pipeline), at_least(1),
+       "Pipeline-parallel degree: the outermost mesh axis (pipeline x replicate x shard x "
+       "tensor). The model's blocks split into pipeline x parallel.stages_per_rank stages, "
+       "the embedding with the first and the final norm, output and loss with the last; only "
+       "activations and their gradients go between stages. 1: none. The other degrees then "
+       "divide world / pipeline."},
+      {SHARDKIT_CONFIG_ENUM(parallel.pipeline_schedule, pp::parse_schedule), one_of_enum(pp::kSchedules),
+       "The pipeline's schedule over the step's micro-batches (train.micro_batch_size): gpipe "
+       "(every forward, then every backward), 1f1b (one forward, one backward in turn: at most "
+       "parallel.pipeline micro-batches' activations per stage; needs that many micro-batches), "
+       "interleaved_1f1b (Megatron's, over parallel.stages_per_rank > 1 stages per rank; "
+       "micro-batches a multiple of parallel.pipeline)."},
+      {SHARDKIT_CONFIG_FIELD(parallel.stages_per_rank), at_least(1),
+       "Stages each pipeline rank holds (stage s on rank s mod parallel.pipeline): above 1 "
+       "only with interleaved_1f1b."},
+      {SHARDKIT_CONFIG_FIELD(parallel.pipeline_split_points), any_value(),
+       "Where stages start, as torchtitan's pipeline_parallel_split_points: comma-separated "
+       "block names (model.layers.4,model.layers.8), each the first block of a stage after the "
+       "first; empty: the blocks split evenly (the first stages one block larger)."},
       {SHARDKIT_CONFIG_FIELD(parallel.reshard_after_forward), any_value(),
        "Free gathered parameters after forward, gather again for backward."},
       {SHARDKIT_CONFIG_FIELD(parallel.prefetch), at_least(0),

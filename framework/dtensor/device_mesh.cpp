@@ -147,6 +147,31 @@ std::shared_ptr<DeviceMesh> DeviceMesh::permuted(const std::vector<int>& order) 
   return view;
 }
 
+std::shared_ptr<DeviceMesh> DeviceMesh::submesh(const std::vector<int>& axes) const {
+  if (axes.empty()) throw std::invalid_argument("DeviceMesh '" + name_ + "': submesh() needs an axis");
+  std::shared_ptr<DeviceMesh> sub(new DeviceMesh());
+  sub->name_ = name_;
+  int last = -1;
+  for (int axis : axes) {
+    if (axis <= last || axis >= ndim()) {
+      throw std::invalid_argument("DeviceMesh '" + name_ + "': submesh() needs distinct axes in ascending order below " +
+                                  std::to_string(ndim()));
+    }
+    last = axis;
+    sub->shape_.push_back(shape_[axis]);
+    sub->axis_names_.push_back(axis_names_[axis]);
+    sub->coordinates_.push_back(coordinates_[axis]);
+    sub->groups_.push_back(groups_[axis]);
+    sub->extra_.push_back(extra_[axis]);
+  }
+  sub->channels_ = channels_;
+  sub->global_rank_ = static_cast<int>(rank_of(sub->coordinates_, sub->shape_));
+  int64_t total = 1;
+  for (int64_t e : sub->shape_) total *= e;
+  sub->world_size_ = static_cast<int>(total);
+  return sub;
+}
+
 void DeviceMesh::check_axis(int axis) const {
   TORCH_CHECK(axis >= 0 && axis < ndim(), "DeviceMesh '", name_, "': axis ", axis,
               " out of range for a ", ndim(), "-D mesh");

@@ -60,6 +60,15 @@ class DeviceMesh {
   // std::invalid_argument when `order` is not a permutation.
   std::shared_ptr<DeviceMesh> permuted(const std::vector<int>& order) const;
 
+  // The mesh of this rank's ranks along `axes` (distinct, ascending), the
+  // other axes fixed at this rank's coordinates: PyTorch's mesh["a", "b"].
+  // Its groups (and channels) are this mesh's; global_rank() and
+  // world_size() are the sub-mesh's (row-major over `axes`). E.g. one
+  // pipeline stage's {replicate, shard, tensor} mesh of a {pipeline,
+  // replicate, shard, tensor} mesh: submesh({1, 2, 3}). Throws
+  // std::invalid_argument when `axes` is empty, not ascending or out of range.
+  std::shared_ptr<DeviceMesh> submesh(const std::vector<int>& axes) const;
+
   DeviceMesh(const DeviceMesh&) = delete;
   DeviceMesh& operator=(const DeviceMesh&) = delete;
 

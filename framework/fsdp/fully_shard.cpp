@@ -126,7 +126,25 @@ UnitScope::~UnitScope() {
   }
 }
 
-std::vector<int64_t> mesh_shape_for(const ParallelOptions& o, int world) {
+int stage_world_size(const ParallelOptions& o, int world) {
+  if (o.pipeline < 1 || world % o.pipeline != 0) {
+    throw std::invalid_argument("parallel.pipeline (" + std::to_string(o.pipeline) +
+                                ") does not divide the world size " + std::to_string(world));
+  }
+  return static_cast<int>(world / o.pipeline);
+}
+
+int data_parallel_size(const ParallelOptions& o, int world) {
+  const int stage = stage_world_size(o, world);
+  return static_cast<int>(stage / std::max<int64_t>(1, o.tensor));
+}
+
+std::vector<int64_t> mesh_shape_for(const ParallelOptions& options, int world) {
+  ParallelOptions o = options;
+  if (o.pipeline > 1) {
+    world = stage_world_size(o, world);
+    o.pipeline = 1;
+  }
   int64_t r = o.replicate, s = o.shard;
   if (r == -1 && s == -1) {
     throw std::invalid_argument("parallel.replicate and parallel.shard cannot both be -1");

@@ -248,6 +248,25 @@ class FullyShardedModel {
   // last backward of the step, which all-reduces the sum.
   void set_requires_gradient_sync(bool sync) { sync_ = sync; }
 
+  // Pipeline parallelism: several micro-batches' forwards run before their
+  // backwards (GPipe, 1F1B), so one step has several backward passes whose
+  // graphs were all recorded first.
+  //   - set_hold_root(true) keeps the root unit gathered from the step's
+  //     first forward to finish_backward(), which reduces the root's
+  //     gradients, summed over the step's passes, once: later passes' graphs
+  //     still use its parameters.
+  //   - end_micro_backward() after each backward pass but the step's last:
+  //     every unit other than the root that got gradients in that pass has
+  //     them reduced (as finish_backward does), and every unit is ready for
+  //     the next pass.
+  // finish_backward() still ends the step. Results equal those of the same
+  // passes run one forward and backward at a time.
+  void set_hold_root(bool hold) { hold_root_ = hold; }
+  void end_micro_backward();
+  // A group over which grad_norm() also sums the squared norm: ranks that
+  // hold disjoint parameters (pipeline stages). Null: none.
+  void set_norm_group(comm::Group* group) { norm_group_ = group; }
+
   // The schedule of collectives, for tests and for seeing the overlap: with
   // logging on, one entry per event, in the order they happened on this
   // rank: "gather.issue U", "gather.wait U", "forward U" (the unit's forward
@@ -343,6 +362,8 @@ class FullyShardedModel {
   bool log_schedule_ = false;
   std::vector<std::string> schedule_;
   bool mixed_ = false;  // a mixed-precision policy other than fp32/fp32
+  bool hold_root_ = false;            // set_hold_root
+  comm::Group* norm_group_ = nullptr;  // set_norm_group
   torch::ScalarType param_dtype_ = torch::kFloat;
   torch::ScalarType reduce_dtype_ = torch::kFloat;
 };
@@ -358,8 +379,14 @@ std::unique_ptr<FullyShardedModel> fully_shard(std::shared_ptr<torch::nn::Module
 // parallel.shard (-1 = the rest); with parallel.tensor > 1 the
 // {replicate, shard, tensor} mesh, replicate x shard being world / tensor.
 // Throws std::invalid_argument naming the keys when they do not multiply
-// to the world size.
+// to the world size. With parallel.pipeline > 1: one stage's mesh, over
+// world / pipeline ranks (the whole mesh is {pipeline, ...} that).
 std::vector<int64_t> mesh_shape_for(const ParallelOptions& options, int world);
+// The ranks of one pipeline stage: world / parallel.pipeline. Throws
+// std::invalid_argument naming parallel.pipeline when it does not divide.
+int stage_world_size(const ParallelOptions& options, int world);
+// The data-parallel ranks (replicate x shard): world / (pipeline x tensor).
+int data_parallel_size(const ParallelOptions& options, int world);
 // "single", "fsdp", "ddp", "hsdp"; with a tensor axis "tp", "fsdp+tp",
 // "ddp+tp", "hsdp+tp".
 std::string layout_name(const std::vector<int64_t>& mesh_shape);

@@ -201,7 +201,7 @@ void FullyShardedModel::on_grad_accumulated(Unit& unit) {
     live_bytes_ += unit.full_bytes / static_cast<int64_t>(unit.params.size());
     stats_.peak_gathered_bytes = std::max(stats_.peak_gathered_bytes, live_bytes_);
   }
-  if (++unit.grads_arrived == unit.trainable) reduce_grads(unit);
+  if (++unit.grads_arrived == unit.trainable && !(unit.is_root && hold_root_)) reduce_grads(unit);
 }
 
 // This backward's gradients `part.grads` (this rank's, in the shards' dtype;
@@ -395,6 +395,20 @@ void FullyShardedModel::drain_reductions() {
   while (!replicating_.empty()) wait_all_reduce();
 }
 
+void FullyShardedModel::end_micro_backward() {
+  // The same order as finish_backward, root left out: it stays gathered and
+  // its gradients accumulate until the step's end.
+  // Units that got no gradient in this pass (another stage's, on a rank
+  // with several) wait for finish_backward.
+  for (size_t i = units_.size(); i-- > 1;) {
+    if (units_[i]->grads_arrived > 0) reduce_grads(*units_[i]);
+  }
+  for (size_t i = 1; i < units_.size(); ++i) {
+    units_[i]->reduced = false;
+    units_[i]->grads_arrived = 0;
+  }
+}
+
 void FullyShardedModel::finish_backward() {
   // Units are visited in backward order (last unit to first, then root), the
   // same on every rank, so any catch-up collectives line up.
@@ -454,6 +468,7 @@ double FullyShardedModel::grad_norm() {
   // equal gradients.
   if (mesh_->size(shard_axis_) > 1) mesh_->group(shard_axis_).all_reduce(sq);
   if (tensor_axis_ >= 0 && mesh_->size(tensor_axis_) > 1) mesh_->group(tensor_axis_).all_reduce(sq);
+  if (norm_group_ != nullptr && norm_group_->size() > 1) norm_group_->all_reduce(sq);
   return std::sqrt(sq.item<double>());
 }
 

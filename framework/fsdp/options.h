@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "comm/enum_text.h"
+#include "framework/pp/options.h"
 
 namespace framework::fsdp {
 
@@ -56,6 +57,16 @@ struct ParallelOptions {
   // Tensor-parallel degree: the innermost mesh axis ("tensor"), so a TP
   // group is consecutive ranks (one node). 1: no tensor parallelism.
   int64_t tensor = 1;
+  // Pipeline parallelism (framework/pp): the outermost mesh axis,
+  // {pipeline, replicate, shard, tensor}. The model's blocks split into
+  // pipeline x stages_per_rank stages (stage s on pipeline rank s mod
+  // pipeline), evenly or at pipeline_split_points (comma-separated block
+  // names, each the first block of a stage after the first); each stage is
+  // sharded over its own replicate x shard x tensor ranks. 1: none.
+  int64_t pipeline = 1;
+  pp::Schedule pipeline_schedule = pp::Schedule::k1F1B;
+  int64_t stages_per_rank = 1;
+  std::string pipeline_split_points;
   // Free each unit's gathered parameters after its forward and gather them
   // again for its backward (less memory, one more all-gather per unit).
   bool reshard_after_forward = true;

@@ -291,6 +291,19 @@ TensorParallelLayout parallelize_module(torch::nn::Module& module,
   return layout;
 }
 
+Plan restrict_plan(const torch::nn::Module& module, const Plan& plan) {
+  Plan out;
+  for (const PlanEntry& entry : plan) {
+    for (const auto& sub : module.named_modules("", /*include_self=*/false)) {
+      if (matches(entry.pattern, sub.key())) {
+        out.push_back(entry);
+        break;
+      }
+    }
+  }
+  return out;
+}
+
 void clear_hooks(const torch::nn::Module& module) {
   for (const auto& sub : module.named_modules("", /*include_self=*/false)) {
     models::clear_forward_hook(*sub.value());

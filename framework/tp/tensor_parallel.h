@@ -80,6 +80,10 @@ TensorParallelLayout parallelize_module(torch::nn::Module& module,
                                         std::shared_ptr<dtensor::DeviceMesh> mesh, int axis,
                                         const Plan& plan);
 
+// The entries of `plan` that name at least one submodule of `module` (a
+// pipeline stage holds only some of the modules a model's plan names).
+Plan restrict_plan(const torch::nn::Module& module, const Plan& plan);
+
 // Removes the hooks parallelize_module installed on `module`'s submodules.
 void clear_hooks(const torch::nn::Module& module);
 

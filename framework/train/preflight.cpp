@@ -16,6 +16,7 @@
 #include "comm/device.h"
 #include "framework/fsdp/fully_shard.h"
 #include "framework/optim/sharded_adamw.h"
+#include "framework/pp/schedule.h"
 #include "models/layered_model.h"
 
 #include <c10/util/Exception.h>
@@ -382,7 +383,9 @@ MemoryEstimate estimate_memory(const config::Config& cfg, int world_size) {
   const double compute = bf16 ? 2 : kFloat;
   // Tensor parallelism splits nearly every parameter (all but the norms)
   // over the tensor axis before FSDP shards each part.
-  m.params = size.parameters / (shard * tensor) * kFloat;
+  // A pipeline stage holds about 1 / pipeline of the parameters.
+  const double stages = static_cast<double>(std::max<int64_t>(1, cfg.parallel.pipeline));
+  m.params = size.parameters / (shard * tensor * stages) * kFloat;
   m.grads = m.params;
   m.optimizer = 2 * m.params;
   if (shard > 1) {
@@ -395,7 +398,7 @@ MemoryEstimate estimate_memory(const config::Config& cfg, int world_size) {
   }
   // The ranks of a TP group share a batch.
   const double per_rank_batch = std::ceil(static_cast<double>(cfg.train.global_batch_size) /
-                                          std::max(1.0, world_size / tensor));
+                                          std::max(1.0, world_size / (tensor * stages)));
   const double micro = cfg.train.micro_batch_size > 0
                            ? std::min(per_rank_batch, static_cast<double>(cfg.train.micro_batch_size))
                            : per_rank_batch;
@@ -416,6 +419,14 @@ MemoryEstimate estimate_memory(const config::Config& cfg, int world_size) {
   const double blocks = (layers - checkpointed) * block + checkpointed * input +
                         (checkpointed > 0 ? block : 0);
   m.activations = micro * (blocks * compute + head * kFloat);
+  if (stages > 1) {
+    // A stage runs 1 / pipeline of the blocks, and holds the activations of
+    // up to pipeline micro-batches (1f1b, interleaved) or all of them (gpipe).
+    const double micro_batches = std::max(1.0, std::floor(per_rank_batch / micro));
+    const double held = cfg.parallel.pipeline_schedule == pp::Schedule::kGpipe ? micro_batches
+                                                                             : std::min(micro_batches, stages);
+    m.activations = micro * held * (blocks / stages * compute + head * kFloat);
+  }
   const bool staged =
       cfg.checkpoint.interval > 0 && cfg.checkpoint.mode != checkpoint::SaveMode::kSync;
   m.staging = staged ? m.params + m.optimizer : 0;
@@ -441,6 +452,33 @@ void check_tensor_parallel_model(const config::Config& cfg) {
   if (!models::find_model_spec(cfg.model.kind).tp_plan.empty()) return;
   fail("parallel.tensor " + std::to_string(cfg.parallel.tensor) + " needs model.kind llama (model.kind is " +
        cfg.model.kind + ", which has no tensor-parallel plan)");
+}
+
+void check_pipeline(const config::Config& cfg, int world_size) {
+  const auto& par = cfg.parallel;
+  if (par.pipeline <= 1) return;
+  const std::string key = "parallel.pipeline " + std::to_string(par.pipeline);
+  const models::ModelSpec& spec = models::find_model_spec(cfg.model.kind);
+  if (!spec.embeds_parameter) fail(key + ": model.kind " + cfg.model.kind + " has no pipeline split");
+  if (cfg.train.sample_every > 0) {
+    fail("train.sample_every " + std::to_string(cfg.train.sample_every) + " generates on one whole model; set it 0 with " + key);
+  }
+  try {
+    const int64_t local = cfg.train.global_batch_size / fsdp::data_parallel_size(par, world_size);
+    const int64_t micro = cfg.train.micro_batch_size > 0 ? local / cfg.train.micro_batch_size : 1;
+    pp::check_schedule(par.pipeline_schedule, par.pipeline, par.stages_per_rank, micro);
+    // The blocks by name, from the model built without storage (llama) or
+    // its block count: what the split points must name.
+    std::vector<std::string> blocks;
+    if (spec.lazy_init) {
+      blocks = spec.build(cfg.model, false)->unit_names();
+    } else {
+      for (int64_t i = 0; i < cfg.model.n_layers; ++i) blocks.push_back("blocks." + std::to_string(i));
+    }
+    pp::split_blocks(blocks, par.pipeline * par.stages_per_rank, par.pipeline_split_points);
+  } catch (const std::invalid_argument& e) {
+    fail(e.what());
+  }
 }
 
 std::string describe(const MemoryEstimate& m) {
@@ -519,7 +557,12 @@ PreflightReport preflight(const config::Config& cfg, int world_size, int local_r
   PreflightReport report;
   check_directories(cfg);
   check_optimizer(cfg);
-  check_batch(cfg, world_size / static_cast<int>(std::max<int64_t>(1, cfg.parallel.tensor)));
+  try {
+    check_batch(cfg, fsdp::data_parallel_size(cfg.parallel, world_size));
+  } catch (const std::invalid_argument& e) {
+    fail(e.what());
+  }
+  check_pipeline(cfg, world_size);
   check_data(cfg);
   report.memory = estimate_memory(cfg, world_size);
   check_memory(cfg, report.memory, std::max(1, local_ranks));

@@ -63,6 +63,10 @@ void check_batch(const config::Config& cfg, int world_size);
 // kinds, llama's). Throws PreflightError naming both keys. The dry run and
 // the Trainer (building the config's model) call it.
 void check_tensor_parallel_model(const config::Config& cfg);
+// parallel.pipeline > 1: the model kind splits, the schedule's micro-batch
+// rule at this world size, the split points name blocks. Exits through the
+// same error as check_batch, naming the key.
+void check_pipeline(const config::Config& cfg, int world_size);
 
 // "412.3 MiB (params 10.0 MiB, grads 10.0 MiB, optimizer 20.0 MiB, ...)"
 std::string describe(const MemoryEstimate& m);

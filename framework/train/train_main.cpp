@@ -133,7 +133,8 @@ int dry_run(const framework::config::Config& cfg, int nproc) {
   try {
     mesh = framework::fsdp::mesh_shape_for(cfg.parallel, world);
     framework::train::check_tensor_parallel_model(cfg);
-    framework::train::check_batch(cfg, world / static_cast<int>(cfg.parallel.tensor));
+    framework::train::check_batch(cfg, framework::fsdp::data_parallel_size(cfg.parallel, world));
+    framework::train::check_pipeline(cfg, world);
   } catch (const std::exception& e) {
     std::cerr << "train: " << e.what() << std::endl;
     return 2;
@@ -144,9 +145,14 @@ int dry_run(const framework::config::Config& cfg, int nproc) {
               cfg.model.kind.c_str(), size.parameters, size.parameters / 1e9, size.largest_unit);
   const std::string tensor =
       mesh.size() > 2 ? " tensor=" + std::to_string(mesh[2]) : std::string();
-  std::printf("train: dry run: world %d, layout %s replicate=%lld shard=%lld%s, param_dtype %s, "
+  const std::string pipeline =
+      cfg.parallel.pipeline > 1
+          ? "pipeline=" + std::to_string(cfg.parallel.pipeline) + " (" + to_string(cfg.parallel.pipeline_schedule) + ", " +
+                std::to_string(cfg.parallel.pipeline * cfg.parallel.stages_per_rank) + " stages) x "
+          : std::string();
+  std::printf("train: dry run: world %d, layout %s%s replicate=%lld shard=%lld%s, param_dtype %s, "
               "reduce_dtype %s, activation checkpointing %s, micro_batch_size %lld\n",
-              world, framework::fsdp::layout_name(mesh).c_str(), static_cast<long long>(mesh[0]),
+              world, pipeline.c_str(), framework::fsdp::layout_name(mesh).c_str(), static_cast<long long>(mesh[0]),
               static_cast<long long>(mesh[1]), tensor.c_str(), to_string(cfg.train.mixed_precision.param_dtype),
               to_string(cfg.train.mixed_precision.reduce_dtype),
               to_string(cfg.model.activation_checkpointing),

@@ -155,6 +155,63 @@ StepStats Trainer::State::accumulate_gradients(int64_t to_step) {
   return global;
 }
 
+models::LayeredModelImpl::Stage Trainer::State::stage_of(int64_t stage) const {
+  models::LayeredModelImpl::Stage out;
+  out.first = stage_spans[stage].first;
+  out.end = stage_spans[stage].end;
+  out.embed = pipeline->is_first(stage);
+  out.head = pipeline->is_last(stage);
+  return out;
+}
+
+// What goes between pipeline stages: the hidden [micro, T, d_model] in the
+// compute dtype.
+torch::TensorOptions Trainer::State::activation_options() const {
+  const bool bf16 = cfg.train.mixed_precision.param_dtype == fsdp::PrecisionDtype::kBf16;
+  return torch::TensorOptions().dtype(bf16 ? torch::kBFloat16 : torch::kFloat).device(device);
+}
+
+// Pipeline parallelism: the step's token count first (in the step's
+// all-reduce, counted by the last stage, which computes the loss), then the
+// schedule's forwards and backwards over the micro-batches
+// (train.micro_batch_size), each stage's FSDP reducing every backward pass
+// (the replicate axis's all-reduce once, with the step's last), then the
+// loss sum for the log.
+StepStats Trainer::State::pipeline_gradients(int64_t to_step) {
+  auto [host_inputs, host_targets] = loader->next();
+  const int64_t rows = host_inputs.size(0);
+  const int64_t micro = rows / micro_batches;
+  LocalLoss counted{torch::zeros({}, torch::TensorOptions(torch::kDouble).device(device)),
+                    (host_targets != data::kIgnoreIndex).sum().to(device)};
+  torch::Tensor stats = pack_step_stats(counted, stop_signal().load() != 0, ckpt->busy(), device, counts_loss());
+  test_seam::before_step(to_step, rt.env.rank);
+  rt.train->all_reduce(stats);
+  StepStats global = unpack_step_stats(stats);
+  const double global_tokens = std::max(1.0, global.tokens);
+  std::vector<torch::Tensor> inputs, targets;
+  for (int64_t m = 0; m < micro_batches; ++m) {
+    inputs.push_back(host_inputs.narrow(0, m * micro, micro).to(device));
+    targets.push_back(host_targets.narrow(0, m * micro, micro).to(device));
+  }
+  torch::Tensor loss_sum = torch::zeros({1}, torch::TensorOptions(torch::kDouble).device(device));
+  pp::StageCallbacks cb;
+  cb.forward = [&](int64_t stage, int64_t m, const torch::Tensor& input) {
+    layered->set_stage(stage_of(stage));
+    if (!pipeline->is_last(stage)) return fsdp->forward([&] { return layered->forward(input); });
+    const LossSum loss = fsdp->forward([&] { return user.loss(input, targets[m]); });
+    loss_sum += loss.sum.detach().to(torch::kDouble);
+    return loss.sum / global_tokens;
+  };
+  cb.before_backward = [&](bool last) { fsdp->set_requires_gradient_sync(last); };
+  cb.after_backward = [&] { fsdp->end_micro_backward(); };
+  pipeline->run_step(inputs, {micro, host_inputs.size(1), cfg.model.d_model}, activation_options(), cb);
+  fsdp->set_requires_gradient_sync(true);
+  if (!counts_loss()) loss_sum.zero_();
+  rt.train->all_reduce(loss_sum);
+  global.loss_sum = loss_sum.to(torch::kCPU).item<double>();
+  return global;
+}
+
 StepRecord Trainer::train_step() {
   State& s = *s_;
   TORCH_CHECK(s.step < s.cfg.train.steps, "train_step: already at train.steps (",
@@ -163,7 +220,9 @@ StepRecord Trainer::train_step() {
   auto t0 = Clock::now();
   const double waited_before = s.fsdp->comm_wait_seconds();
   StepStats global;
-  if (s.micro_batches > 1) {
+  if (s.pp_size > 1) {
+    global = s.pipeline_gradients(step);
+  } else if (s.micro_batches > 1) {
     global = s.accumulate_gradients(step);
   } else {
     // The step's phases are named for a profiler (llama_ref --profile-trace):
@@ -362,6 +421,22 @@ EvalRecord Trainer::evaluate() {
     torch::Tensor tgt = torch::stack(targets).to(s.device);
     // In micro-batches, as training runs, so evaluation needs no more memory.
     const int64_t micro = local / s.micro_batches;
+    if (s.pp_size > 1) {
+      // Through the pipeline's stages, forwards only; the last stage counts.
+      std::vector<torch::Tensor> firsts;
+      for (int64_t m = 0; m < local; m += micro) firsts.push_back(in.narrow(0, m, micro));
+      pp::StageCallbacks cb;
+      cb.forward = [&](int64_t stage, int64_t m, const torch::Tensor& input) {
+        s.layered->set_stage(s.stage_of(stage));
+        if (!s.pipeline->is_last(stage)) return s.fsdp->forward([&] { return s.layered->forward(input); });
+        const LossSum loss = s.fsdp->forward([&] { return s.user.loss(input, tgt.narrow(0, m * micro, micro)); });
+        loss_sum += loss.sum.to(torch::kDouble);
+        tokens += loss.count.to(torch::kDouble);
+        return torch::Tensor();
+      };
+      s.pipeline->run_forward(firsts, {micro, in.size(1), s.cfg.model.d_model}, s.activation_options(), cb);
+      continue;
+    }
     for (int64_t m = 0; m < local; m += micro) {
       torch::Tensor in_m = in.narrow(0, m, micro);
       torch::Tensor tgt_m = tgt.narrow(0, m, micro);
@@ -371,7 +446,7 @@ EvalRecord Trainer::evaluate() {
     }
   }
   torch::Tensor both = torch::stack({loss_sum, tokens});
-  if (s.tp_rank != 0) both.zero_();  // the first rank of the TP group counts it
+  if (!s.counts_loss()) both.zero_();  // the first rank of the (last stage's) TP group counts it
   s.rt.train->all_reduce(both);
   both = both.to(torch::kCPU);
   EvalRecord rec;

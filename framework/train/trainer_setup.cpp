@@ -39,26 +39,85 @@ std::string rank0_store(const comm::LaunchEnv& env) {
 }  // namespace
 
 // The device mesh ({replicate, shard}, or {replicate, shard, tensor} with
-// parallel.tensor > 1) and this rank's place in it.
+// parallel.tensor > 1; with parallel.pipeline > 1, a pipeline axis outside
+// them, `mesh` then being this rank's stage's part) and this rank's place.
 void Trainer::State::build_mesh() {
   const int world = rt.env.world_size;
   const int rank = rt.env.rank;
+  const int stage_world = fsdp::stage_world_size(cfg.parallel, world);
   mesh_shape = fsdp::mesh_shape_for(cfg.parallel, world);
   // With prefetch, all-gathers and gradient reductions overlap: each on its
   // own channel (process groups of their own) of the data-parallel axes.
   const int channels = cfg.parallel.prefetch > 0 ? 2 : 1;
+  std::vector<std::string> names = {"replicate", "shard"};
+  if (mesh_shape.size() == 3) names.push_back("tensor");
+  if (cfg.parallel.pipeline > 1) {
+    std::vector<int64_t> shape = mesh_shape;
+    shape.insert(shape.begin(), cfg.parallel.pipeline);
+    std::vector<std::string> all = names;
+    all.insert(all.begin(), "pipeline");
+    world_mesh = dtensor::DeviceMesh::create(*rt.rendezvous, shape, all, "mesh", channels);
+    std::vector<int> stage_axes;
+    for (int a = 1; a < world_mesh->ndim(); ++a) stage_axes.push_back(a);
+    mesh = world_mesh->submesh(stage_axes);
+    pp_size = cfg.parallel.pipeline;
+    pp_rank = world_mesh->coordinate(0);
+  } else {
+    mesh = dtensor::DeviceMesh::create(*rt.rendezvous, mesh_shape, names, "mesh", channels);
+  }
   if (mesh_shape.size() == 3) {
-    mesh = dtensor::DeviceMesh::create(*rt.rendezvous, mesh_shape, {"replicate", "shard", "tensor"},
-                                       "mesh", channels);
     tp_size = mesh_shape[2];
     tp_rank = mesh->coordinate(2);
-  } else {
-    mesh = dtensor::DeviceMesh::create(*rt.rendezvous, mesh_shape, {"replicate", "shard"}, "mesh",
-                                       channels);
   }
-  // The tensor axis is innermost: rank = data-parallel rank x tensor + tp_rank.
-  dp_size = world / tp_size;
-  dp_rank = rank / tp_size;
+  // The tensor axis is innermost, the pipeline outermost:
+  // rank = (pipeline rank x data-parallel size + data-parallel rank) x tensor + tp_rank.
+  dp_size = stage_world / tp_size;
+  dp_rank = (rank % stage_world) / tp_size;
+}
+
+// parallel.pipeline > 1: the model's blocks split into stages; this rank
+// keeps the parameters of its own (stage s on pipeline rank s mod P): the
+// other blocks, and the embedding or the head where this rank holds neither
+// end, leave the module before anything is allocated.
+void Trainer::State::split_pipeline_stages() {
+  if (pp_size == 1) return;
+  const std::string key = "parallel.pipeline " + std::to_string(pp_size);
+  if (!builtin_model) {
+    throw std::invalid_argument(key + ": a UserModel is not split into stages (set parallel.pipeline 1)");
+  }
+  const models::ModelSpec& spec = models::find_model_spec(cfg.model.kind);
+  if (!spec.embeds_parameter) {
+    throw std::invalid_argument(key + ": model.kind " + cfg.model.kind +
+                                " has no pipeline split (ModelSpec::embeds_parameter)");
+  }
+  if (cfg.train.sample_every > 0) {
+    throw std::invalid_argument("train.sample_every " + std::to_string(cfg.train.sample_every) +
+                                " generates on one whole model; set it 0 with " + key);
+  }
+  pp::check_schedule(cfg.parallel.pipeline_schedule, pp_size, cfg.parallel.stages_per_rank, micro_batches);
+  pipeline = std::make_unique<pp::PipelineRunner>(world_mesh->group(0), cfg.parallel.pipeline_schedule,
+                                                  cfg.parallel.stages_per_rank, micro_batches);
+  const std::vector<std::string> blocks = layered->unit_names();
+  stage_spans = pp::split_blocks(blocks, pipeline->stages(), cfg.parallel.pipeline_split_points);
+  std::vector<std::string> mine;
+  bool first = false, last = false;
+  for (int64_t stage : pipeline->local_stages()) {
+    first |= pipeline->is_first(stage);
+    last |= pipeline->is_last(stage);
+    for (int64_t b = stage_spans[stage].first; b < stage_spans[stage].end; ++b) mine.push_back(blocks[b]);
+  }
+  const auto in_any = [](const std::vector<std::string>& units, const std::string& name) {
+    for (const std::string& u : units) {
+      if (name.size() > u.size() && name.compare(0, u.size(), u) == 0 && name[u.size()] == '.') return true;
+    }
+    return false;
+  };
+  const auto keep = [&](const std::string& name) {
+    if (in_any(blocks, name)) return in_any(mine, name);
+    return spec.embeds_parameter(name) ? first : last;
+  };
+  pp::keep_only_parameters(*user.module, keep);
+  user.units = mine;
 }
 
 // The global batch over the data-parallel ranks, in micro-batches.
@@ -75,6 +134,10 @@ void Trainer::State::make_loader_and_layout() {
                                               static_cast<uint64_t>(cfg.run.seed),
                                               static_cast<int>(dp_rank), static_cast<int>(dp_size));
   std::ostringstream text;
+  if (pp_size > 1) {
+    text << "pipeline=" << pp_size << " (" << to_string(cfg.parallel.pipeline_schedule) << ", "
+         << pipeline->stages() << " stages, " << micro_batches << " micro-batches) x ";
+  }
   text << fsdp::layout_name(mesh_shape) << " replicate=" << mesh_shape[0]
        << " shard=" << mesh_shape[1];
   if (tp_size > 1) text << " tensor=" << tp_size;
@@ -100,6 +163,7 @@ void Trainer::State::build_builtin_model() {
     model = spec.build(cfg.model, /*materialize=*/!spec.lazy_init);
   }
   user.module = model;
+  layered = model;
   user.units = model->unit_names();
   models::LossContext context;
   context.ignore_index = data::kIgnoreIndex;
@@ -139,7 +203,10 @@ void Trainer::State::apply_tensor_parallel() {
     throw std::invalid_argument("parallel.tensor " + std::to_string(tp_size) +
                                 ": this model has no tensor-parallel plan (UserModel::tensor_parallel_plan)");
   }
-  tp_layout = tp::parallelize_module(*user.module, mesh, 2, user.tensor_parallel_plan);
+  // A pipeline stage holds only some of the modules the plan names.
+  const tp::Plan plan = pp_size > 1 ? tp::restrict_plan(*user.module, user.tensor_parallel_plan)
+                                    : user.tensor_parallel_plan;
+  tp_layout = tp::parallelize_module(*user.module, mesh, 2, plan);
   if (user.init) user.init = tp::sharded_init(tp_layout, user.init);
 }
 
@@ -159,6 +226,12 @@ void Trainer::State::shard_model() {
   parallel.tensor_parallel = tp_layout.params;
   fsdp = std::make_unique<fsdp::FullyShardedModel>(user.module, mesh, parallel, user.units,
                                                    user.init);
+  if (pp_size > 1) {
+    // Several micro-batches' forwards run before their backwards; the
+    // gradient norm spans every stage.
+    fsdp->set_hold_root(true);
+    fsdp->set_norm_group(&world_mesh->group(0));
+  }
   optim = std::make_unique<optim::ShardedAdamW>(*fsdp, cfg.optim, cfg.train.steps,
                                                 optim::resolve_adamw_impl(cfg.train.optimizer_impl, device));
 }
@@ -273,7 +346,7 @@ void Trainer::State::start_log(const Resumed& resumed) {
   start.world = rt.env.world_size;
   start.layout = layout;
   start.device = device.str();
-  start.params = param_count();
+  start.params = params_total;
   if (builtin_model) start.memory_estimate_mib = estimate_memory(cfg, rt.env.world_size).total() / 1048576.0;
   log->start(start);
   log->resume_skipped(resumed.skipped);
@@ -292,7 +365,7 @@ void Trainer::State::print_banner(const std::optional<std::string>& resume_from,
             << "), layout " << layout << ", groups train=" << rt.train->backend_name()
             << " ckpt=" << rt.checkpoint->backend_name() << ", device " << device.str()
             << ", LibTorch " << comm::torch_version() << "\n"
-            << "shardkit: model " << user.description << " " << param_count() << " params, "
+            << "shardkit: model " << user.description << " " << params_total << " params, "
             << fsdp->unit_names().size() << " units, " << std::fixed << std::setprecision(2)
             << st.sharded_param_bytes / 1048576.0 << std::defaultfloat << " MiB on this rank; data " << dataset->describe() << std::endl;
   print_run_lines();
@@ -403,8 +476,16 @@ Trainer::Trainer(const config::Config& config, comm::Runtime& runtime, UserModel
   s.build_mesh();
   s.check_batch_split();
   if (s.builtin_model) s.build_builtin_model();
+  s.split_pipeline_stages();
   s.apply_tensor_parallel();
   s.shard_model();
+  s.params_total = s.param_count();
+  if (s.pp_size > 1) {
+    // Each stage counts its own parameters; the banner shows the model's.
+    torch::Tensor n = torch::tensor({static_cast<double>(s.params_total)}, torch::kDouble);
+    s.world_mesh->group(0).all_reduce(n);
+    s.params_total = static_cast<int64_t>(n.item<double>());
+  }
   s.profiler = std::make_unique<StepProfiler>(s.cfg.profile, s.cfg.run.dir, runtime.env.rank,
                                               s.device.is_cuda());
   s.make_loader_and_layout();

@@ -18,6 +18,7 @@
 #include "framework/dtensor/device_mesh.h"
 #include "framework/fsdp/fully_shard.h"
 #include "framework/optim/sharded_adamw.h"
+#include "framework/pp/pipeline.h"
 #include "framework/tokenizer/tokenizer.h"
 #include "framework/tp/tensor_parallel.h"
 #include "framework/train/metrics_log.h"
@@ -84,6 +85,17 @@ struct Trainer::State {
   int64_t tp_size = 1, tp_rank = 0;
   int64_t dp_size = 1, dp_rank = 0;  // data-parallel: replicate x shard
   std::string layout;                // "fsdp replicate=1 shard=2"
+  // Pipeline parallelism (parallel.pipeline > 1): the whole mesh {pipeline,
+  // replicate, shard[, tensor]}, of which `mesh` is this rank's stage's
+  // part; the pipeline axis's group; this rank's stages of the model's
+  // blocks and the schedule's runner. The last stage computes the loss:
+  // only its ranks count it in the step's sums.
+  int64_t pp_size = 1, pp_rank = 0;
+  std::shared_ptr<dtensor::DeviceMesh> world_mesh;
+  std::vector<pp::StageSpan> stage_spans;  // every stage's blocks
+  std::shared_ptr<models::LayeredModelImpl> layered;  // the built-in model (stages run through it)
+  std::unique_ptr<pp::PipelineRunner> pipeline;
+  int64_t params_total = 0;  // every stage's parameters, unsharded (the banner)
 
   // The model and what trains it.
   UserModel user;  // the model, units, loss and data (built-in: from the kind's spec)
@@ -126,6 +138,7 @@ struct Trainer::State {
   void build_mesh();
   void check_batch_split();
   void build_builtin_model();
+  void split_pipeline_stages();
   void apply_tensor_parallel();
   void shard_model();
   void make_loader_and_layout();
@@ -149,6 +162,10 @@ struct Trainer::State {
   int64_t last_step() const;
   detail::LocalLoss forward_next_batch();
   detail::StepStats accumulate_gradients(int64_t to_step);
+  detail::StepStats pipeline_gradients(int64_t to_step);
+  models::LayeredModelImpl::Stage stage_of(int64_t stage) const;
+  torch::TensorOptions activation_options() const;
+  bool counts_loss() const { return tp_rank == 0 && pp_rank == pp_size - 1; }
   double finish_gradients();
   double apply_optimizer_step(int64_t to_step);
   void log_step(const StepRecord& rec, const detail::RunSpan& span);

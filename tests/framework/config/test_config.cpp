@@ -36,8 +36,9 @@ const std::vector<std::string> kAllKeys = {
     "data.tokenizer",
     "optim.lr", "optim.min_lr", "optim.warmup_steps", "optim.weight_decay", "optim.beta1",
     "optim.beta2", "optim.eps",
-    "parallel.replicate", "parallel.shard", "parallel.tensor", "parallel.reshard_after_forward",
-    "parallel.prefetch",
+    "parallel.replicate", "parallel.shard", "parallel.tensor", "parallel.pipeline",
+    "parallel.pipeline_schedule", "parallel.stages_per_rank", "parallel.pipeline_split_points",
+    "parallel.reshard_after_forward", "parallel.prefetch",
     "dist.backend", "dist.timeout_s", "dist.master_addr", "dist.master_port",
     "checkpoint.dir", "checkpoint.interval", "checkpoint.mode", "checkpoint.keep_last",
     "checkpoint.resume", "checkpoint.resume_fallback", "checkpoint.allow_config_change", "checkpoint.on_error", "checkpoint.save_on_signal",
@@ -142,6 +143,10 @@ Config non_default_config() {
   c.parallel.replicate = 2;
   c.parallel.shard = 4;
   c.parallel.tensor = 2;
+  c.parallel.pipeline = 2;
+  c.parallel.pipeline_schedule = framework::pp::Schedule::kInterleaved1F1B;
+  c.parallel.stages_per_rank = 2;
+  c.parallel.pipeline_split_points = "model.layers.2,model.layers.4,model.layers.6";
   c.parallel.reshard_after_forward = false;
   c.parallel.prefetch = 3;
   c.dist.backend = comm::Backend::kNccl;
@@ -274,6 +279,15 @@ const BadConfigCase kBadConfigs[] = {
     {"CrossKeyStopAfterTheLastStep",
      "train:\n  steps: 10\n  stop_at: 11\n", "train.stop_at", "configs/x.yaml:3",
      "train.steps (10, configs/x.yaml:2)"},
+    {"CrossKeyPipelineWithTiedWeights",
+     "model:\n  kind: gpt\nparallel:\n  pipeline: 2\n", "model.tie_weights", "default",
+     "parallel.pipeline (2, configs/x.yaml:4)"},
+    {"CrossKeyStagesPerRankNeedsInterleaved",
+     "model:\n  kind: llama\nparallel:\n  pipeline: 2\n  stages_per_rank: 2\n", "parallel.stages_per_rank",
+     "configs/x.yaml:5", "interleaved_1f1b takes more"},
+    {"CrossKeyInterleavedNeedsStagesPerRank",
+     "model:\n  kind: llama\nparallel:\n  pipeline: 2\n  pipeline_schedule: interleaved_1f1b\n",
+     "parallel.pipeline_schedule", "configs/x.yaml:5", "needs parallel.stages_per_rank > 1"},
     {"TopLevelListIsRejected",
      "- a\n- b\n", "top level", "configs/x.yaml:1", "map of sections"},
     {"YamlSyntaxErrorCarriesTheLine",

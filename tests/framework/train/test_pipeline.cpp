@@ -1,0 +1,345 @@
+// Pipeline parallelism: the schedules as action lists (each forward and
+// backward once, no deadlock, 1F1B's bound on the activations held), the
+// split of the blocks into stages, and the llama trained under each
+// schedule, and under PP x FSDP, PP x TP and PP x FSDP x TP, against one
+// process; resume in the same layout (bit-exact) and across layouts.
+#include "framework/pp/pipeline.h"
+#include "framework/pp/schedule.h"
+#include "framework/train/trainer.h"
+#include "framework/fsdp/fully_shard.h"
+#include "support/multi_rank.h"
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <filesystem>
+#include <map>
+#include <mutex>
+#include <set>
+#include <tuple>
+
+#include <unistd.h>
+
+namespace fs = std::filesystem;
+using framework::pp::Action;
+using framework::pp::Schedule;
+using framework::train::Trainer;
+
+namespace pp_test {
+
+// Runs every rank's action list as the runner would (sends never block; a
+// forward waits for the previous stage's forward of its micro-batch, a
+// backward for the next stage's backward): true when all finish.
+bool pp_simulate(Schedule schedule, int64_t ranks, int64_t per_rank, int64_t micro, std::string* why) {
+  std::vector<std::vector<Action>> lists;
+  for (int64_t r = 0; r < ranks; ++r) {
+    lists.push_back(framework::pp::schedule_actions(schedule, ranks, r, per_rank, micro));
+  }
+  const int64_t stages = ranks * per_rank;
+  std::set<std::tuple<int, int64_t, int64_t>> done;
+  std::vector<size_t> next(ranks, 0);
+  bool progress = true;
+  while (progress) {
+    progress = false;
+    for (int64_t r = 0; r < ranks; ++r) {
+      while (next[r] < lists[r].size()) {
+        const Action& a = lists[r][next[r]];
+        if (a.stage % ranks != r) {
+          *why = "rank " + std::to_string(r) + " runs stage " + std::to_string(a.stage);
+          return false;
+        }
+        const bool fwd = a.kind == Action::Kind::kForward;
+        bool ready = fwd ? (a.stage == 0 || done.count({0, a.stage - 1, a.micro}))
+                         : done.count({0, a.stage, a.micro}) &&
+                               (a.stage == stages - 1 || done.count({1, a.stage + 1, a.micro}));
+        if (!ready) break;
+        if (!done.insert({fwd ? 0 : 1, a.stage, a.micro}).second) {
+          *why = "action run twice";
+          return false;
+        }
+        ++next[r];
+        progress = true;
+      }
+    }
+  }
+  for (int64_t r = 0; r < ranks; ++r) {
+    if (next[r] != lists[r].size()) {
+      *why = "deadlock: rank " + std::to_string(r) + " stuck at action " + std::to_string(next[r]);
+      return false;
+    }
+  }
+  if (static_cast<int64_t>(done.size()) != 2 * stages * micro) {
+    *why = std::to_string(done.size()) + " actions, expected " + std::to_string(2 * stages * micro);
+    return false;
+  }
+  return true;
+}
+
+framework::config::Config pp_config(const std::string& tag) {
+  framework::config::Config c;
+  auto dir = fs::temp_directory_path() / ("shardkit_pp_" + tag + "_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  c.run.dir = dir.string();
+  c.run.seed = 5;
+  c.train.steps = 20;
+  c.train.global_batch_size = 8;
+  c.train.micro_batch_size = 2;
+  c.train.log_every = 100;
+  c.train.grad_clip = 0.5;
+  c.model.kind = "llama";
+  c.model.tie_weights = false;
+  c.model.vocab_size = 16;
+  c.model.seq_len = 8;
+  c.model.d_model = 16;
+  c.model.n_heads = 4;
+  c.model.n_kv_heads = 2;
+  c.model.n_layers = 4;
+  c.model.d_ff = 24;
+  c.optim.warmup_steps = 3;
+  c.checkpoint.interval = 0;
+  c.checkpoint.mode = checkpoint::SaveMode::kSync;
+  return c;
+}
+
+struct PpRun {
+  std::vector<double> losses;
+  std::vector<double> grad_norms;
+  std::map<std::string, torch::Tensor> params;  // full tensors after training, every stage's
+  int64_t first_step = 0;
+  int64_t peak_held = 0;  // rank 0's pipeline
+};
+
+PpRun pp_train(framework::config::Config cfg, int world) {
+  PpRun result;
+  std::mutex mu;
+  testing_support::run_runtimes(world, [&](comm::Runtime& rt) {
+    Trainer trainer(cfg, rt);
+    const int64_t first = trainer.step();
+    EXPECT_EQ(trainer.run(), 0);
+    auto& model = trainer.model();
+    std::map<std::string, torch::Tensor> full;
+    for (size_t i = 0; i < model.param_names().size(); ++i) {
+      full[model.param_names()[i]] = model.param_dtensor(i).full_tensor();
+    }
+    std::lock_guard<std::mutex> lock(mu);
+    for (auto& [name, t] : full) result.params[name] = t;
+    if (rt.env.rank == 0) {
+      for (const auto& rec : trainer.history()) {
+        result.losses.push_back(rec.loss);
+        result.grad_norms.push_back(rec.grad_norm);
+      }
+      result.first_step = first;
+    }
+  });
+  return result;
+}
+
+void pp_expect_close(const PpRun& got, const PpRun& ref, double tol, const std::string& what) {
+  ASSERT_EQ(got.losses.size(), ref.losses.size()) << what;
+  for (size_t i = 0; i < ref.losses.size(); ++i) {
+    EXPECT_NEAR(got.losses[i], ref.losses[i], tol * std::abs(ref.losses[i])) << what << ": loss of step " << i + 1;
+    EXPECT_NEAR(got.grad_norms[i], ref.grad_norms[i], 10 * tol * std::abs(ref.grad_norms[i]))
+        << what << ": grad norm of step " << i + 1;
+  }
+  ASSERT_EQ(got.params.size(), ref.params.size()) << what;
+  for (const auto& [name, t] : ref.params) {
+    auto it = got.params.find(name);
+    ASSERT_NE(it, got.params.end()) << what << ": no parameter " << name;
+    EXPECT_TRUE(torch::allclose(it->second, t, 1e-4, 1e-5))
+        << what << ": " << name << " differs by " << (it->second - t).abs().max().item<double>();
+  }
+}
+
+const PpRun& pp_single() {
+  static PpRun r = pp_train(pp_config("single"), 1);
+  return r;
+}
+
+}  // namespace pp_test
+
+using pp_test::PpRun;
+using pp_test::pp_config;
+using pp_test::pp_expect_close;
+using pp_test::pp_simulate;
+using pp_test::pp_single;
+using pp_test::pp_train;
+
+TEST(PipelineSchedule, EveryScheduleRunsEachActionOnceWithoutDeadlock) {
+  std::string why;
+  for (int64_t p : {2, 3, 4}) {
+    for (int64_t m : {1, 2, 3, 4, 5, 8}) {
+      EXPECT_TRUE(pp_simulate(Schedule::kGpipe, p, 1, m, &why)) << "gpipe P " << p << " M " << m << ": " << why;
+      if (m >= p) EXPECT_TRUE(pp_simulate(Schedule::k1F1B, p, 1, m, &why)) << "1f1b P " << p << " M " << m << ": " << why;
+      for (int64_t v : {2, 3}) {
+        if (m % p != 0) continue;
+        EXPECT_TRUE(pp_simulate(Schedule::kInterleaved1F1B, p, v, m, &why))
+            << "interleaved P " << p << " V " << v << " M " << m << ": " << why;
+      }
+    }
+  }
+}
+
+TEST(PipelineSchedule, OneFOneBHoldsAtMostPMicroBatchesPerStageAndGpipeAll) {
+  for (int64_t p : {2, 4}) {
+    for (int64_t m : {4, 8, 16}) {
+      for (int64_t r = 0; r < p; ++r) {
+        const auto one = framework::pp::schedule_actions(Schedule::k1F1B, p, r, 1, m);
+        EXPECT_EQ(framework::pp::peak_in_flight(one), p - r) << "P " << p << " M " << m << " rank " << r;
+        const auto all = framework::pp::schedule_actions(Schedule::kGpipe, p, r, 1, m);
+        EXPECT_EQ(framework::pp::peak_in_flight(all), m);
+      }
+    }
+  }
+}
+
+TEST(PipelineSchedule, BadSchedulesAndSplitsNameTheKey) {
+  auto message = [](auto&& fn) {
+    try {
+      fn();
+    } catch (const std::invalid_argument& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(message([] { framework::pp::check_schedule(Schedule::k1F1B, 4, 1, 2); }).find("train.micro_batch_size"),
+            std::string::npos);
+  EXPECT_NE(message([] { framework::pp::check_schedule(Schedule::kInterleaved1F1B, 2, 1, 4); })
+                .find("parallel.stages_per_rank"),
+            std::string::npos);
+  EXPECT_NE(message([] { framework::pp::check_schedule(Schedule::kInterleaved1F1B, 2, 2, 3); })
+                .find("multiple of parallel.pipeline"),
+            std::string::npos);
+  EXPECT_NE(message([] { framework::pp::check_schedule(Schedule::kGpipe, 2, 2, 4); }).find("stages_per_rank must be 1"),
+            std::string::npos);
+  const std::vector<std::string> blocks = {"model.layers.0", "model.layers.1", "model.layers.2", "model.layers.3",
+                                           "model.layers.4"};
+  auto even = framework::pp::split_blocks(blocks, 2, "");
+  ASSERT_EQ(even.size(), 2u);
+  EXPECT_EQ(even[0].first, 0);
+  EXPECT_EQ(even[0].end, 3);
+  EXPECT_EQ(even[1].end, 5);
+  auto at = framework::pp::split_blocks(blocks, 3, "model.layers.1, model.layers.4");
+  ASSERT_EQ(at.size(), 3u);
+  EXPECT_EQ(at[1].first, 1);
+  EXPECT_EQ(at[1].end, 4);
+  EXPECT_EQ(at[2].first, 4);
+  const std::string unknown = message([&] { framework::pp::split_blocks(blocks, 2, "model.layers.9"); });
+  EXPECT_NE(unknown.find("parallel.pipeline_split_points: 'model.layers.9' names no block"), std::string::npos)
+      << unknown;
+  EXPECT_NE(message([&] { framework::pp::split_blocks(blocks, 3, "model.layers.2"); }).find("3 stages need 2"),
+            std::string::npos);
+  EXPECT_NE(message([&] { framework::pp::split_blocks(blocks, 8, ""); }).find("model.n_layers"), std::string::npos);
+}
+
+TEST(PipelineTraining, EverySchedulesAtPipelineTwoMatchesOneProcess) {
+  const PpRun& ref = pp_single();
+  ASSERT_EQ(ref.losses.size(), 20u);
+  for (Schedule schedule : framework::pp::kSchedules) {
+    auto cfg = pp_config(std::string("sched_") + framework::pp::to_string(schedule));
+    cfg.parallel.pipeline = 2;
+    cfg.parallel.pipeline_schedule = schedule;
+    if (schedule == Schedule::kInterleaved1F1B) cfg.parallel.stages_per_rank = 2;
+    pp_expect_close(pp_train(cfg, 2), ref, 1e-5, framework::pp::to_string(schedule));
+    fs::remove_all(cfg.run.dir);
+  }
+}
+
+TEST(PipelineTraining, WithFsdpAndTensorParallelMatchesOneProcess) {
+  const PpRun& ref = pp_single();
+  struct Case {
+    const char* what;
+    int world;
+    int64_t shard, tensor;
+    Schedule schedule;
+  };
+  for (const Case& c : {Case{"PP 2 x FSDP 2", 4, 2, 1, Schedule::k1F1B},
+                        Case{"PP 2 x TP 2", 4, 1, 2, Schedule::kGpipe},
+                        Case{"PP 2 x FSDP 2 x TP 2", 8, 2, 2, Schedule::k1F1B}}) {
+    auto cfg = pp_config(std::string("mix") + std::to_string(c.world) + std::to_string(c.tensor));
+    cfg.parallel.pipeline = 2;
+    cfg.parallel.shard = c.shard;
+    cfg.parallel.tensor = c.tensor;
+    cfg.parallel.pipeline_schedule = c.schedule;
+    if (c.world == 8) cfg.train.micro_batch_size = 1;  // 2 data-parallel ranks: 4 rows each
+    pp_expect_close(pp_train(cfg, c.world), ref, 1e-5, c.what);
+    fs::remove_all(cfg.run.dir);
+  }
+}
+
+TEST(PipelineTraining, ResumesBitExactInItsLayoutAndWithinRoundingAcrossLayouts) {
+  auto cfg = pp_config("resume");
+  cfg.parallel.pipeline = 2;
+  cfg.parallel.shard = 1;
+  cfg.model.activation_checkpointing = models::ActivationCheckpointing::kFull;
+  const PpRun full = pp_train(cfg, 2);
+  auto stopped = cfg;
+  stopped.run.dir = cfg.run.dir + "_stopped";
+  stopped.train.stop_at = 10;
+  stopped.checkpoint.interval = 5;
+  pp_train(stopped, 2);
+  stopped.train.stop_at = 0;
+  const PpRun resumed = pp_train(stopped, 2);
+  EXPECT_EQ(resumed.first_step, 10);
+  ASSERT_EQ(resumed.losses.size(), 10u);
+  for (size_t i = 0; i < 10; ++i) EXPECT_EQ(resumed.losses[i], full.losses[10 + i]) << "step " << 11 + i;
+  for (const auto& [name, t] : full.params) EXPECT_TRUE(torch::equal(resumed.params.at(name), t)) << name;
+  // PP 2 -> one process, FSDP 2 and PP 2 x FSDP 2 (interleaved needs 4
+  // blocks: 2 stages per rank); and one process's checkpoint -> PP 2.
+  struct Other {
+    int world;
+    int64_t pipeline, shard, per_rank;
+  };
+  for (const Other& o : {Other{1, 1, -1, 1}, Other{2, 1, -1, 1}, Other{4, 2, 2, 2}}) {
+    auto other = pp_config("reshard");
+    other.model.activation_checkpointing = cfg.model.activation_checkpointing;
+    other.parallel.pipeline = o.pipeline;
+    other.parallel.shard = o.shard;
+    other.parallel.stages_per_rank = o.per_rank;
+    if (o.per_rank > 1) other.parallel.pipeline_schedule = Schedule::kInterleaved1F1B;
+    other.checkpoint.resume = stopped.run.dir + "/checkpoints/step_10";
+    const PpRun r = pp_train(other, o.world);
+    EXPECT_EQ(r.first_step, 10);
+    ASSERT_EQ(r.losses.size(), 10u);
+    for (size_t i = 0; i < 10; ++i) {
+      EXPECT_NEAR(r.losses[i], full.losses[10 + i], 1e-5 * full.losses[10 + i])
+          << "world " << o.world << " pipeline " << o.pipeline << ", step " << 11 + i;
+    }
+    fs::remove_all(other.run.dir);
+  }
+  auto one = pp_config("from_one");
+  one.train.stop_at = 10;
+  one.checkpoint.interval = 10;
+  pp_train(one, 1);
+  auto onto = pp_config("onto_pp");
+  onto.parallel.pipeline = 2;
+  onto.checkpoint.resume = one.run.dir + "/checkpoints/step_10";
+  const PpRun r = pp_train(onto, 2);
+  ASSERT_EQ(r.losses.size(), 10u);
+  for (size_t i = 0; i < 10; ++i) EXPECT_NEAR(r.losses[i], pp_single().losses[10 + i], 1e-5 * pp_single().losses[10 + i]);
+  for (const auto& d : {cfg.run.dir, stopped.run.dir, one.run.dir, onto.run.dir}) fs::remove_all(d);
+}
+
+TEST(PipelineTraining, TooFewMicroBatchesOrAnUnknownSplitPointIsRefusedNamingTheKey) {
+  auto message = [](framework::config::Config cfg, int world) {
+    std::string out;
+    std::mutex mu;
+    testing_support::run_runtimes(world, [&](comm::Runtime& rt) {
+      try {
+        Trainer trainer(cfg, rt);
+      } catch (const std::exception& e) {
+        std::lock_guard<std::mutex> lock(mu);
+        out = e.what();
+      }
+    });
+    return out;
+  };
+  auto cfg = pp_config("bad");
+  cfg.parallel.pipeline = 2;
+  cfg.train.micro_batch_size = 8;  // one micro-batch: 1f1b needs 2
+  EXPECT_NE(message(cfg, 2).find("train.micro_batch_size"), std::string::npos);
+  cfg.train.micro_batch_size = 2;
+  cfg.parallel.pipeline_split_points = "model.layers.7";
+  const std::string split = message(cfg, 2);
+  EXPECT_NE(split.find("parallel.pipeline_split_points: 'model.layers.7' names no block"), std::string::npos) << split;
+  fs::remove_all(cfg.run.dir);
+}
