@@ -251,14 +251,13 @@ class FullyShardedModel {
   // Pipeline parallelism: several micro-batches' forwards run before their
   // backwards (GPipe, 1F1B), so one step has several backward passes whose
   // graphs were all recorded first.
-  //   - set_hold_root(true) keeps the root unit gathered from the step's
-  //     first forward to finish_backward(), which reduces the root's
-  //     gradients, summed over the step's passes, once: later passes' graphs
-  //     still use its parameters.
+  //   - set_hold_root(true) keeps the root unit's parameters gathered from
+  //     the step's first forward to finish_backward(): later passes' graphs
+  //     still use them. Its gradients are reduced pass by pass, as every
+  //     unit's.
   //   - end_micro_backward() after each backward pass but the step's last:
-  //     every unit other than the root that got gradients in that pass has
-  //     them reduced (as finish_backward does), and every unit is ready for
-  //     the next pass.
+  //     every unit that got gradients in that pass has them reduced (as
+  //     finish_backward does), and every unit is ready for the next pass.
   // finish_backward() still ends the step. Results equal those of the same
   // passes run one forward and backward at a time.
   void set_hold_root(bool hold) { hold_root_ = hold; }

@@ -201,7 +201,7 @@ void FullyShardedModel::on_grad_accumulated(Unit& unit) {
     live_bytes_ += unit.full_bytes / static_cast<int64_t>(unit.params.size());
     stats_.peak_gathered_bytes = std::max(stats_.peak_gathered_bytes, live_bytes_);
   }
-  if (++unit.grads_arrived == unit.trainable && !(unit.is_root && hold_root_)) reduce_grads(unit);
+  if (++unit.grads_arrived == unit.trainable) reduce_grads(unit);
 }
 
 // This backward's gradients `part.grads` (this rank's, in the shards' dtype;
@@ -294,7 +294,9 @@ void FullyShardedModel::reduce_grads(Unit& unit) {
   }
   if (!ddp) {
     if (!rec->parts.empty()) log("reduce.issue", unit);
-    release(unit);
+    // set_hold_root: later backward passes of the step still use the
+    // root's parameters; finish_backward frees them.
+    if (!(unit.is_root && hold_root_)) release(unit);
   }
   reducing_.push_back(std::move(rec));
   if (ddp) wait_reduce_scatter();  // DDP: no reduce-scatter; its all-reduce goes out now
@@ -396,16 +398,16 @@ void FullyShardedModel::drain_reductions() {
 }
 
 void FullyShardedModel::end_micro_backward() {
-  // The same order as finish_backward, root left out: it stays gathered and
-  // its gradients accumulate until the step's end.
-  // Units that got no gradient in this pass (another stage's, on a rank
-  // with several) wait for finish_backward.
+  // The same order as finish_backward. Units that got no gradient in this
+  // pass (another stage's, on a rank with several) wait for
+  // finish_backward. The root stays gathered (set_hold_root).
   for (size_t i = units_.size(); i-- > 1;) {
     if (units_[i]->grads_arrived > 0) reduce_grads(*units_[i]);
   }
-  for (size_t i = 1; i < units_.size(); ++i) {
-    units_[i]->reduced = false;
-    units_[i]->grads_arrived = 0;
+  if (units_[0]->grads_arrived > 0) reduce_grads(*units_[0]);
+  for (auto& u : units_) {
+    u->reduced = false;
+    u->grads_arrived = 0;
   }
 }
 

@@ -99,7 +99,13 @@ void PipelineRunner::run_step(const std::vector<torch::Tensor>& first_inputs, co
           input = receive(false, a.stage, a.micro, member_of(a.stage - 1), shape, options);
           input.requires_grad_(true);
         }
-        torch::Tensor out = cb.forward(a.stage, a.micro, input);
+        torch::Tensor out;
+        {
+          // One range per action, for a profile's schedule timeline (profile.every).
+          RECORD_USER_SCOPE("shardkit::pp_forward stage " + std::to_string(a.stage) + " micro " +
+                            std::to_string(a.micro));
+          out = cb.forward(a.stage, a.micro, input);
+        }
         if (!is_last(a.stage)) {
           sends_.push_back(group_.send_async(out.detach(), member_of(a.stage + 1), tag(false, a.stage + 1, a.micro)));
         }
@@ -118,11 +124,13 @@ void PipelineRunner::run_step(const std::vector<torch::Tensor>& first_inputs, co
       --backwards_left;
       if (cb.before_backward) cb.before_backward(backwards_left == 0);
       {
-        RECORD_USER_SCOPE("shardkit::pp_backward");
+        torch::Tensor grad;
+        if (!is_last(a.stage)) grad = receive(true, a.stage + 1, a.micro, member_of(a.stage + 1), shape, options);
+        RECORD_USER_SCOPE("shardkit::pp_backward stage " + std::to_string(a.stage) + " micro " +
+                          std::to_string(a.micro));
         if (is_last(a.stage)) {
           out.backward();
         } else {
-          torch::Tensor grad = receive(true, a.stage + 1, a.micro, member_of(a.stage + 1), shape, options);
           torch::autograd::backward({out}, {grad});
         }
       }

@@ -160,6 +160,10 @@ void MetricsLog::step(const StepRecord& rec, const StepProgress& p) {
                       {"peak_rss_mib", p.peak_rss_mib}};
   if (!p.peak_gpu_mib.empty()) j["peak_gpu_mib"] = p.peak_gpu_mib;
   if (rec.mfu_percent > 0) j["mfu_percent"] = rec.mfu_percent;
+  if (rec.pipeline_peak_held > 0) {
+    j["pipeline_wait_s"] = rec.pipeline_wait_s;
+    j["pipeline_peak_held"] = rec.pipeline_peak_held;
+  }
   write(j);
   if (tb_) {
     std::vector<std::pair<std::string, double>> scalars = {

@@ -185,8 +185,14 @@ StepStats Trainer::State::pipeline_gradients(int64_t to_step) {
                     (host_targets != data::kIgnoreIndex).sum().to(device)};
   torch::Tensor stats = pack_step_stats(counted, stop_signal().load() != 0, ckpt->busy(), device, counts_loss());
   test_seam::before_step(to_step, rt.env.rank);
-  rt.train->all_reduce(stats);
-  StepStats global = unpack_step_stats(stats);
+  StepStats global;
+  {
+    // Every rank leaves this all-reduce at about the same time: a profile's
+    // common origin for the stages' timelines (bench/pipeline_schedules.py).
+    RECORD_USER_SCOPE("shardkit::step_stats");
+    rt.train->all_reduce(stats);
+    global = unpack_step_stats(stats);
+  }
   const double global_tokens = std::max(1.0, global.tokens);
   std::vector<torch::Tensor> inputs, targets;
   for (int64_t m = 0; m < micro_batches; ++m) {
@@ -219,6 +225,7 @@ StepRecord Trainer::train_step() {
   const int64_t step = s.step + 1;
   auto t0 = Clock::now();
   const double waited_before = s.fsdp->comm_wait_seconds();
+  const double pipeline_waited_before = s.pipeline ? s.pipeline->wait_seconds() : 0.0;
   StepStats global;
   if (s.pp_size > 1) {
     global = s.pipeline_gradients(step);
@@ -265,6 +272,10 @@ StepRecord Trainer::train_step() {
   rec.checkpoint_busy = global.ckpt_busy > 0;
   rec.step_time_s = seconds_since(t0);
   rec.comm_wait_s = s.fsdp->comm_wait_seconds() - waited_before;
+  if (s.pipeline) {
+    rec.pipeline_wait_s = s.pipeline->wait_seconds() - pipeline_waited_before;
+    rec.pipeline_peak_held = s.pipeline->peak_held();
+  }
   const int64_t tokens_per_step = s.cfg.train.global_batch_size * s.dataset->seq_len();
   rec.tokens_per_s = static_cast<double>(tokens_per_step) / std::max(rec.step_time_s, 1e-9);
   rec.mfu_percent = s.mfu.percent(rec.tokens_per_s);

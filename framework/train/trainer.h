@@ -55,6 +55,12 @@ struct StepRecord {
   // communication (FullyShardedModel::comm_wait_seconds; near 0 on NCCL,
   // where waits are on the stream).
   double comm_wait_s = 0;
+  // Pipeline parallelism, this rank: time the step waited for activations
+  // and gradients from the other stages (the schedule's bubble as this rank
+  // saw it, plus the transfers), and the most micro-batches whose
+  // activations one of its stages held at once. 0 without a pipeline.
+  double pipeline_wait_s = 0;
+  int64_t pipeline_peak_held = 0;
   // Agreed by the step's all-reduce.
   bool stop_requested = false;   // a rank had stop_signal() set
   bool checkpoint_busy = false;  // a rank still had a save in flight
@@ -105,6 +111,16 @@ struct UserModel {
   // what the plan leaves: e.g. logits split by vocabulary for a colwise
   // output projection (tp::vocab_parallel_cross_entropy).
   tp::Plan tensor_parallel_plan;
+  // parallel.pipeline > 1: a module that is a models::LayeredModelImpl
+  // (embed, blocks, head) splits into stages as the built-in kinds do: its
+  // blocks (unit_names(), which are then the units) between the stages,
+  // and the parameters outside the blocks by this: true for those embed()
+  // uses (the first stage holds them), false for the rest (the last stage,
+  // with head()). `loss` must run the model through its forward(), which
+  // runs only the stage's part (set_stage): on the last stage it gets the
+  // previous stage's hidden as `inputs`. Unset: the model is not split
+  // (parallel.pipeline > 1 is refused).
+  std::function<bool(const std::string& name)> embeds_parameter;
   // Training FLOPs per token, forward and backward, for MFU (a built-in
   // kind's: models::ModelSpec::flops_per_token); 0: MFU not reported.
   double flops_per_token = 0;

@@ -82,13 +82,20 @@ void Trainer::State::build_mesh() {
 void Trainer::State::split_pipeline_stages() {
   if (pp_size == 1) return;
   const std::string key = "parallel.pipeline " + std::to_string(pp_size);
-  if (!builtin_model) {
-    throw std::invalid_argument(key + ": a UserModel is not split into stages (set parallel.pipeline 1)");
-  }
-  const models::ModelSpec& spec = models::find_model_spec(cfg.model.kind);
-  if (!spec.embeds_parameter) {
-    throw std::invalid_argument(key + ": model.kind " + cfg.model.kind +
-                                " has no pipeline split (ModelSpec::embeds_parameter)");
+  std::function<bool(const std::string&)> embeds;
+  if (builtin_model) {
+    embeds = models::find_model_spec(cfg.model.kind).embeds_parameter;
+    if (!embeds) {
+      throw std::invalid_argument(key + ": model.kind " + cfg.model.kind +
+                                  " has no pipeline split (ModelSpec::embeds_parameter)");
+    }
+  } else {
+    layered = std::dynamic_pointer_cast<models::LayeredModelImpl>(user.module);
+    embeds = user.embeds_parameter;
+    if (!layered || !embeds) {
+      throw std::invalid_argument(key + ": a UserModel splits into stages when its module is a "
+                                  "models::LayeredModelImpl and UserModel::embeds_parameter is set");
+    }
   }
   if (cfg.train.sample_every > 0) {
     throw std::invalid_argument("train.sample_every " + std::to_string(cfg.train.sample_every) +
@@ -114,7 +121,7 @@ void Trainer::State::split_pipeline_stages() {
   };
   const auto keep = [&](const std::string& name) {
     if (in_any(blocks, name)) return in_any(mine, name);
-    return spec.embeds_parameter(name) ? first : last;
+    return embeds(name) ? first : last;
   };
   pp::keep_only_parameters(*user.module, keep);
   user.units = mine;

@@ -25,6 +25,7 @@ PLOT_BENCH = None
 SOURCE_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 AC_JSON = os.path.join(SOURCE_DIR, "docs", "data", "ac_bench.json")
 OVERLAP_JSON = os.path.join(SOURCE_DIR, "docs", "data", "fsdp_overlap.json")
+PIPELINE_JSON = os.path.join(SOURCE_DIR, "docs", "data", "pipeline_schedules.json")
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
@@ -288,6 +289,20 @@ class PlotBenchDraws(Case):
         self.assert_png(os.path.join(self.dir, "fsdp_overlap.png"), self.plot("overlap", path))
 
 
+    def test_pipeline_bars_and_measured_timeline_from_docs_data(self):
+        out = os.path.join(self.dir, "pipeline.png")
+        result = self.plot("pipeline", PIPELINE_JSON, "--out", out)
+        self.assert_png(out, result)
+        self.assertIn("1f1b P2", result.stdout)
+
+    def test_pipeline_without_timeline(self):
+        with open(PIPELINE_JSON) as f:
+            data = json.load(f)
+        del data["timeline"]
+        path = self.write("pipeline_schedules.json", data)
+        self.assert_png(os.path.join(self.dir, "pipeline_schedules.png"), self.plot("pipeline", path))
+
+
 class PlotBenchRefuses(Case):
     def test_missing_file(self):
         missing = os.path.join(self.dir, "nope.json")
@@ -340,6 +355,14 @@ class PlotBenchRefuses(Case):
         self.assert_refused(self.plot("overlap", path), path, '"rows[1]" lacks comm_s')
         scale = self.write("scale.json", scale_json())
         self.assert_refused(self.plot("overlap", scale), scale, "KIND scale's JSON")
+
+    def test_pipeline_row_without_bubble_and_overlap_json_for_pipeline(self):
+        with open(PIPELINE_JSON) as f:
+            data = json.load(f)
+        del data["rows"][0]["bubble_measured"]
+        path = self.write("pipeline_schedules.json", data)
+        self.assert_refused(self.plot("pipeline", path), path, '"rows[0]" lacks bubble_measured')
+        self.assert_refused(self.plot("pipeline", OVERLAP_JSON), OVERLAP_JSON, "KIND overlap's JSON")
 
     def test_mode_without_step_time(self):
         with open(AC_JSON) as f:

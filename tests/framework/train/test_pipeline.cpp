@@ -6,7 +6,10 @@
 #include "framework/pp/pipeline.h"
 #include "framework/pp/schedule.h"
 #include "framework/train/trainer.h"
+#include "framework/data/dataset.h"
 #include "framework/fsdp/fully_shard.h"
+#include "models/layered_model.h"
+#include "models/model_spec.h"
 #include "support/multi_rank.h"
 
 #include <gtest/gtest.h>
@@ -109,11 +112,31 @@ struct PpRun {
   int64_t peak_held = 0;  // rank 0's pipeline
 };
 
-PpRun pp_train(framework::config::Config cfg, int world) {
+// The config's llama as a UserModel (a models::LayeredModelImpl), split by
+// UserModel::embeds_parameter when `embeds`.
+framework::train::UserModel user_llama(const framework::config::Config& cfg, bool embeds) {
+  static std::mutex init;  // the global generator: ranks are threads here
+  std::lock_guard<std::mutex> lock(init);
+  torch::manual_seed(static_cast<uint64_t>(cfg.run.seed));
+  std::shared_ptr<models::LayeredModelImpl> model = models::make_model(cfg.model);
+  framework::train::UserModel u;
+  u.module = model;
+  u.units = model->unit_names();
+  u.loss = [model](const torch::Tensor& inputs, const torch::Tensor& targets) {
+    models::LossContext context;
+    context.ignore_index = framework::data::kIgnoreIndex;
+    return models::token_cross_entropy(*model, inputs, targets, context);
+  };
+  u.dataset = framework::data::make_dataset(cfg.data, cfg.model, static_cast<uint64_t>(cfg.run.seed));
+  if (embeds) u.embeds_parameter = [](const std::string& name) { return name.rfind("model.embed_tokens.", 0) == 0; };
+  return u;
+}
+
+PpRun pp_train(framework::config::Config cfg, int world, bool user = false) {
   PpRun result;
   std::mutex mu;
   testing_support::run_runtimes(world, [&](comm::Runtime& rt) {
-    Trainer trainer(cfg, rt);
+    Trainer trainer = user ? Trainer(cfg, rt, user_llama(cfg, true)) : Trainer(cfg, rt);
     const int64_t first = trainer.step();
     EXPECT_EQ(trainer.run(), 0);
     auto& model = trainer.model();
@@ -169,7 +192,9 @@ TEST(PipelineSchedule, EveryScheduleRunsEachActionOnceWithoutDeadlock) {
   for (int64_t p : {2, 3, 4}) {
     for (int64_t m : {1, 2, 3, 4, 5, 8}) {
       EXPECT_TRUE(pp_simulate(Schedule::kGpipe, p, 1, m, &why)) << "gpipe P " << p << " M " << m << ": " << why;
-      if (m >= p) EXPECT_TRUE(pp_simulate(Schedule::k1F1B, p, 1, m, &why)) << "1f1b P " << p << " M " << m << ": " << why;
+      if (m >= p) {
+        EXPECT_TRUE(pp_simulate(Schedule::k1F1B, p, 1, m, &why)) << "1f1b P " << p << " M " << m << ": " << why;
+      }
       for (int64_t v : {2, 3}) {
         if (m % p != 0) continue;
         EXPECT_TRUE(pp_simulate(Schedule::kInterleaved1F1B, p, v, m, &why))
@@ -244,6 +269,42 @@ TEST(PipelineTraining, EverySchedulesAtPipelineTwoMatchesOneProcess) {
   }
 }
 
+TEST(PipelineTraining, Bf16MatchesOneProcessOnTheSameMicroBatches) {
+  auto one = pp_config("bf16_one");
+  one.train.mixed_precision.param_dtype = framework::fsdp::PrecisionDtype::kBf16;
+  auto pp = one;
+  pp.run.dir = one.run.dir + "_pp";
+  pp.parallel.pipeline = 2;
+  const PpRun ref = pp_train(one, 1);
+  // The stages run the same ops on the same micro-batches and reduce each
+  // backward pass's gradients into the fp32 shards as accumulation does.
+  pp_expect_close(pp_train(pp, 2), ref, 1e-6, "bf16 PP 2");
+  fs::remove_all(one.run.dir);
+  fs::remove_all(pp.run.dir);
+}
+
+TEST(PipelineTraining, AUserModelSplitsThroughEmbedsParameter) {
+  auto cfg = pp_config("user_one");
+  const PpRun ref = pp_train(cfg, 1, /*user=*/true);
+  auto pp = cfg;
+  pp.run.dir = cfg.run.dir + "_pp";
+  pp.parallel.pipeline = 2;
+  pp_expect_close(pp_train(pp, 2, /*user=*/true), ref, 1e-5, "UserModel PP 2");
+  std::string refused;
+  std::mutex mu;
+  testing_support::run_runtimes(2, [&](comm::Runtime& rt) {
+    try {
+      Trainer trainer(pp, rt, pp_test::user_llama(pp, false));
+    } catch (const std::invalid_argument& e) {
+      std::lock_guard<std::mutex> lock(mu);
+      refused = e.what();
+    }
+  });
+  EXPECT_NE(refused.find("UserModel::embeds_parameter"), std::string::npos) << refused;
+  fs::remove_all(cfg.run.dir);
+  fs::remove_all(pp.run.dir);
+}
+
 TEST(PipelineTraining, WithFsdpAndTensorParallelMatchesOneProcess) {
   const PpRun& ref = pp_single();
   struct Case {
@@ -276,6 +337,7 @@ TEST(PipelineTraining, ResumesBitExactInItsLayoutAndWithinRoundingAcrossLayouts)
   stopped.run.dir = cfg.run.dir + "_stopped";
   stopped.train.stop_at = 10;
   stopped.checkpoint.interval = 5;
+  stopped.checkpoint.mode = checkpoint::SaveMode::kAsync;  // saved while the next steps run
   pp_train(stopped, 2);
   stopped.train.stop_at = 0;
   const PpRun resumed = pp_train(stopped, 2);
