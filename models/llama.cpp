@@ -30,6 +30,10 @@ bool ends_with(const std::string& s, const std::string& tail) {
 
 }  // namespace
 
+bool is_lora_parameter(const std::string& name) {
+  return name.find(".lora_A.") != std::string::npos || name.find(".lora_B.") != std::string::npos;
+}
+
 RMSNormImpl::RMSNormImpl(int64_t dim, double eps, bool materialize)
     : eps_(eps), weight_(register_parameter("weight", make_param({dim}, materialize))) {}
 
@@ -128,13 +132,31 @@ torch::Tensor TokenEmbeddingImpl::forward(const torch::Tensor& tokens) {
   });
 }
 
+torch::Tensor TiedOutputImpl::forward(const torch::Tensor& x) {
+  return call_with_hook(*this, x, [this](const torch::Tensor& in) {
+    return torch::nn::functional::linear(in, embedding_->weight());
+  });
+}
+
 ProjectionImpl::ProjectionImpl(int64_t in, int64_t out, bool materialize)
     : weight_(register_parameter("weight", make_param({out, in}, materialize))) {}
 
+void ProjectionImpl::add_lora(int64_t rank, double scale, double dropout, bool materialize) {
+  TORCH_CHECK(!lora_A_, "Projection: LoRA added twice");
+  const int64_t out = weight_.size(0), in = weight_.size(1);
+  lora_A_ = register_module("lora_A", std::make_shared<ProjectionImpl>(in, rank, materialize));
+  lora_B_ = register_module("lora_B", std::make_shared<ProjectionImpl>(rank, out, materialize));
+  lora_scale_ = scale;
+  lora_dropout_ = dropout;
+}
+
 torch::Tensor ProjectionImpl::forward(const torch::Tensor& x) {
-  return call_with_hook(*this, x, [this](const torch::Tensor& in) {
+  torch::Tensor y = call_with_hook(*this, x, [this](const torch::Tensor& in) {
     return torch::nn::functional::linear(in, weight_);
   });
+  if (!lora_A_) return y;
+  const torch::Tensor in = lora_dropout_ > 0 && is_training() ? torch::dropout(x, lora_dropout_, true) : x;
+  return y + lora_B_->forward(lora_A_->forward(in)) * lora_scale_;
 }
 
 torch::Tensor rope_inverse_frequencies(const ModelOptions& o) {
@@ -271,9 +293,33 @@ LlamaModelImpl::LlamaModelImpl(const ModelOptions& options, uint64_t seed, bool 
   body_ = register_module("model", LlamaBody(options, d_ff, materialize));
   if (!options.tie_weights) {
     lm_head_ = register_module("lm_head", Projection(options.d_model, options.vocab_size, materialize));
+  } else {
+    tied_head_ = register_module("lm_head", TiedOutput(body_->embed_tokens.ptr()));
   }
+  if (options.lora.rank > 0) {
+    // Adapters on the targeted projections of every block; everything else
+    // frozen.
+    const std::vector<std::string> targets = lora_targets(options.lora);
+    const double scale = options.lora.alpha / static_cast<double>(options.lora.rank);
+    for (const auto& item : named_modules("", /*include_self=*/false)) {
+      auto* proj = dynamic_cast<ProjectionImpl*>(item.value().get());
+      const std::string& name = item.key();
+      const size_t dot = name.rfind('.');
+      if (proj == nullptr || name.rfind("model.layers.", 0) != 0 || dot == std::string::npos) continue;
+      if (std::find(targets.begin(), targets.end(), name.substr(dot + 1)) == targets.end()) continue;
+      proj->add_lora(options.lora.rank, scale, options.lora.dropout, materialize);
+    }
+  }
+  // The base parameters first, so that each draws the values it draws
+  // without LoRA (step 0 is the base model), then the adapters.
   int64_t index = 0;
-  for (const auto& item : named_parameters()) param_index_.emplace(item.key(), index++);
+  for (bool adapters : {false, true}) {
+    for (const auto& item : named_parameters()) {
+      if (is_lora_parameter(item.key()) != adapters) continue;
+      param_index_.emplace(item.key(), index++);
+      if (options.lora.rank > 0 && !adapters) item.value().requires_grad_(false);
+    }
+  }
   inv_freq_ = rope_inverse_frequencies(options);
   if (materialize) {
     torch::NoGradGuard no_grad;
@@ -291,6 +337,10 @@ void LlamaModelImpl::init_parameter(const std::string& name, const torch::Tensor
     full.fill_(1.0);
     return;
   }
+  if (ends_with(name, "lora_B.weight")) {  // the base model at step 0
+    full.zero_();
+    return;
+  }
   double std = 0.02;
   if (ends_with(name, "o_proj.weight") || ends_with(name, "down_proj.weight")) {
     std /= std::sqrt(2.0 * static_cast<double>(options_.n_layers));
@@ -301,11 +351,15 @@ void LlamaModelImpl::init_parameter(const std::string& name, const torch::Tensor
   z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
   z ^= z >> 31;
   auto gen = at::make_generator<at::CPUGeneratorImpl>(z);
+  // lora_A: PEFT's kaiming_uniform(a = sqrt(5)), U(-1/sqrt(in), 1/sqrt(in)).
+  const bool lora_a = ends_with(name, "lora_A.weight");
+  const double bound = lora_a ? 1.0 / std::sqrt(static_cast<double>(full.size(1))) : 0.0;
+  auto draw = [&](torch::Tensor t) { return lora_a ? t.uniform_(-bound, bound, gen) : t.normal_(0.0, std, gen); };
   if (full.device().is_cpu()) {
-    full.normal_(0.0, std, gen);
+    draw(full);
   } else {
     // The same values on any device: drawn on the CPU.
-    full.copy_(torch::empty(full.sizes(), full.options().device(torch::kCPU)).normal_(0.0, std, gen));
+    full.copy_(draw(torch::empty(full.sizes(), full.options().device(torch::kCPU))));
   }
 }
 
@@ -370,7 +424,7 @@ torch::Tensor LlamaModelImpl::forward_cached(const torch::Tensor& tokens, KvCach
 torch::Tensor LlamaModelImpl::head(const torch::Tensor& h) {
   torch::Tensor x = body_->norm->forward(h);
   if (lm_head_) return lm_head_->forward(x);
-  return torch::nn::functional::linear(x, body_->embed_tokens->weight());
+  return tied_head_->forward(x);
 }
 
 }  // namespace models

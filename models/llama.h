@@ -68,15 +68,30 @@ std::string llama_fused_ops_description();
 torch::Tensor fused_cross_entropy_sum(const torch::Tensor& logits, const torch::Tensor& targets,
                                       int64_t ignore_index, int64_t chunk_rows = 0);
 
-// A bias-free projection x @ weight^T; weight [out, in]. Submodule-free.
+// A LoRA adapter's parameter name ("...q_proj.lora_A.weight", "...lora_B...").
+bool is_lora_parameter(const std::string& name);
+
+// A bias-free projection x @ weight^T; weight [out, in]. Submodule-free
+// unless LoRA adds its adapters.
 class ProjectionImpl : public torch::nn::Module {
  public:
   ProjectionImpl(int64_t in, int64_t out, bool materialize);
+  // LoRA (models/options.h: LoraOptions): registers the submodules lora_A
+  // ([rank, in]) and lora_B ([out, rank]), Projections whose forwards run
+  // through their own hooks (tensor parallelism splits B like a colwise
+  // parent's weight and A like a rowwise one's). forward() then adds
+  // scale x lora_B(lora_A(dropout(x))) to the hooked x @ weight^T: the
+  // adapters' path stays outside this module's own hook.
+  void add_lora(int64_t rank, double scale, double dropout, bool materialize);
+  bool has_lora() const { return lora_A_ != nullptr; }
   torch::Tensor forward(const torch::Tensor& x);
   const torch::Tensor& weight() const { return weight_; }
 
  private:
   torch::Tensor weight_;
+  std::shared_ptr<ProjectionImpl> lora_A_, lora_B_;
+  double lora_scale_ = 0;
+  double lora_dropout_ = 0;
 };
 TORCH_MODULE(Projection);
 
@@ -91,6 +106,22 @@ class TokenEmbeddingImpl : public torch::nn::Module {
   torch::Tensor weight_;
 };
 TORCH_MODULE(TokenEmbedding);
+
+// The output projection of a model whose embedding and output share one
+// weight (model.tie_weights): x @ embedding.weight^T, with no parameter of
+// its own. A module of its own (the llama registers it as "lm_head") so that
+// tensor parallelism can hook it as a colwise projection of the embedding's
+// vocabulary-split weight (framework/tp).
+class TiedOutputImpl : public torch::nn::Module {
+ public:
+  explicit TiedOutputImpl(std::shared_ptr<TokenEmbeddingImpl> embedding) : embedding_(std::move(embedding)) {}
+  torch::Tensor forward(const torch::Tensor& x);
+  const torch::Tensor& weight() const { return embedding_->weight(); }
+
+ private:
+  std::shared_ptr<TokenEmbeddingImpl> embedding_;
+};
+TORCH_MODULE(TiedOutput);
 
 // cos and sin of the rotary angles, [T, head_dim] each, in the compute dtype.
 struct RotaryTables {
@@ -192,6 +223,7 @@ class LlamaModelImpl : public LayeredModelImpl {
   uint64_t seed_;
   LlamaBody body_{nullptr};
   Projection lm_head_{nullptr};  // null when tied
+  TiedOutput tied_head_{nullptr};  // when tied, registered as "lm_head" (no parameter)
   std::unordered_map<std::string, int64_t> param_index_;
   torch::Tensor inv_freq_;       // fp32, CPU
   RotaryTables rope_;            // cached for the last length, device and dtype

@@ -125,7 +125,13 @@ ModelSpec stacked_spec(bool gpt) {
   spec.kind = gpt ? "gpt" : "mlp";
   spec.description = gpt ? "GPT-2 style: learned positions, LayerNorm, multi-head attention, GELU MLP"
                          : "residual MLP blocks (no attention), learned positions";
-  spec.build = [gpt](const ModelOptions& o, bool) { return build_stacked(o, gpt); };
+  spec.build = [gpt](const ModelOptions& o, bool) {
+    if (o.lora.rank > 0) {
+      throw std::invalid_argument("model.lora.rank " + std::to_string(o.lora.rank) + " needs model.kind llama, not " +
+                                  o.kind);
+    }
+    return build_stacked(o, gpt);
+  };
   spec.size = [gpt](const ModelOptions& o) { return stacked_size(o, gpt); };
   spec.flops_per_token = [gpt](const ModelOptions& o) {
     const double d = static_cast<double>(o.d_model);

@@ -47,6 +47,19 @@ void check_heads(const ModelOptions& o, const KeyNamer& name) {
 
 void check_gpt(const ModelOptions& o, int64_t, const KeyNamer& name) { check_heads(o, name); }
 
+void check_lora(const ModelOptions& o, const KeyNamer& name) {
+  const LoraOptions& l = o.lora;
+  if (l.rank < 0) refuse(name("model.lora.rank", text(l.rank)) + " must be >= 0 (0: LoRA off)");
+  if (l.rank == 0) return;
+  if (l.alpha <= 0) refuse(name("model.lora.alpha", text(l.alpha)) + " must be positive");
+  if (l.dropout < 0 || l.dropout >= 1) refuse(name("model.lora.dropout", text(l.dropout)) + " must be in [0, 1)");
+  try {
+    if (lora_targets(l).empty()) throw std::invalid_argument("names no projection");
+  } catch (const std::invalid_argument& e) {
+    refuse(name("model.lora.targets", "\"" + l.targets + "\"") + ": " + e.what());
+  }
+}
+
 void check_llama(const ModelOptions& o, int64_t tensor, const KeyNamer& name) {
   check_heads(o, name);
   const std::string heads = name("model.n_heads", text(o.n_heads));
@@ -70,9 +83,6 @@ void check_llama(const ModelOptions& o, int64_t tensor, const KeyNamer& name) {
   if (o.n_heads % tensor != 0 || kv % tensor != 0)
     refuse(ranks + " must divide " + heads + " and " + kv_heads +
            " (n_heads when 0): each tensor-parallel rank computes whole query and key/value heads");
-  if (o.tie_weights)
-    refuse(ranks + " above 1 does not support " + name("model.tie_weights", text(o.tie_weights)) +
-           " yet (the embedding and the output projection are split separately)");
 }
 
 struct KindList {
@@ -102,7 +112,51 @@ void check_model_options(const ModelOptions& o, int64_t tensor, const KeyNamer& 
     if (it != l.checks.end()) check = it->second;
   }
   check_sizes(o, name);
+  check_lora(o, name);
   if (check) check(o, tensor, name);
+}
+
+std::vector<std::string> lora_target_choices() {
+  return {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+}
+
+std::vector<std::string> lora_targets(const LoraOptions& options) {
+  const std::vector<std::string> choices = lora_target_choices();
+  std::vector<std::string> out;
+  std::string item;
+  std::string text = options.targets + ",";
+  for (char c : text) {
+    if (c != ',') {
+      if (c != ' ' && c != '\t') item += c;
+      continue;
+    }
+    if (item.empty()) continue;
+    if (std::find(choices.begin(), choices.end(), item) == choices.end()) {
+      std::string all;
+      for (const std::string& x : choices) all += (all.empty() ? "" : ", ") + x;
+      throw std::invalid_argument("'" + item + "' is not one of " + all);
+    }
+    if (std::find(out.begin(), out.end(), item) == out.end()) out.push_back(item);
+    item.clear();
+  }
+  return out;
+}
+
+double lora_parameter_count(const ModelOptions& o) {
+  if (o.lora.rank <= 0 || o.kind != "llama") return 0;
+  const double d = static_cast<double>(o.d_model);
+  const double hd = d / static_cast<double>(o.n_heads);
+  const double kv = static_cast<double>(o.n_kv_heads > 0 ? o.n_kv_heads : o.n_heads) * hd;
+  const double ff = static_cast<double>(llama_d_ff(o));
+  double per_layer = 0;
+  for (const std::string& t : lora_targets(o.lora)) {
+    double in = d, out = d;
+    if (t == "k_proj" || t == "v_proj") out = kv;
+    if (t == "gate_proj" || t == "up_proj") out = ff;
+    if (t == "down_proj") in = ff;
+    per_layer += static_cast<double>(o.lora.rank) * (in + out);
+  }
+  return per_layer * static_cast<double>(o.n_layers);
 }
 
 std::vector<std::string> model_kinds() {

@@ -49,6 +49,25 @@ struct RopeScalingOptions {
   int64_t original_max_position = 8192;
 };
 
+// LoRA (model.lora.*, llama): each projection named in `targets` gets
+// trainable low-rank adapters A [rank, in] and B [out, rank] beside its
+// frozen weight W: y = x W^T + (alpha / rank) dropout(x) A^T B^T, PEFT's
+// scale. B starts at zero, so step 0 is the base model; every parameter but
+// the adapters is frozen (no gradient, no optimizer state). rank 0: off.
+struct LoraOptions {
+  int64_t rank = 0;
+  double alpha = 16;
+  double dropout = 0;
+  // Comma-separated projection names: q_proj, k_proj, v_proj, o_proj,
+  // gate_proj, up_proj, down_proj (PEFT's target_modules for a llama).
+  std::string targets = "q_proj,v_proj";
+};
+
+// The llama projections LoRA may target, and the targets of `options`
+// (throws std::invalid_argument naming model.lora.targets for another).
+std::vector<std::string> lora_target_choices();
+std::vector<std::string> lora_targets(const LoraOptions& options);
+
 struct ModelOptions {
   std::string kind = "gpt";  // gpt | mlp | llama
   int64_t vocab_size = 32;
@@ -73,7 +92,12 @@ struct ModelOptions {
   // A safetensors or torch.save file of full (unsharded) weights to start from;
   // empty: random init. Ignored when resuming from a checkpoint.
   std::string init_from;
+  LoraOptions lora;
 };
+
+// The adapters' parameter count of a llama with these options (0 with LoRA
+// off): what trains, for the memory estimate.
+double lora_parameter_count(const ModelOptions& options);
 
 // The d_ff a llama of these options uses (model.d_ff, or its default).
 int64_t llama_d_ff(const ModelOptions& options);

@@ -94,11 +94,22 @@ class FileParser {
     // Also catches "checkpoint.interval: 5" next to "checkpoint: {interval: 6}".
     auto [first, inserted] = leaf_lines_.emplace(key.path, line);
     if (!inserted) fail_duplicate(key.path, first->second, line);
-    if (!node.IsScalar() && !node.IsNull())
+    std::string text = node.IsScalar() ? node.Scalar() : "";
+    if (node.IsSequence() && key.constraint.list) {
+      // A list of names: kept as the comma-separated string.
+      text.clear();
+      for (const YAML::Node& item : node) {
+        if (!item.IsScalar() || item.Scalar().empty() || item.Scalar().find(',') != std::string::npos)
+          fail(std::string(key.path) + ": expected " + describe_expected(key) + ", got a list item " +
+               describe_node(item) + " at " + at(item.Mark().line));
+        text += (text.empty() ? "" : ",") + item.Scalar();
+      }
+    } else if (!node.IsScalar() && !node.IsNull()) {
       fail(std::string(key.path) + ": expected " + describe_expected(key) + ", got " +
            describe_node(node) + " at " + at(line));
+    }
     Value value;
-    auto problem = parse_value(key, node.IsNull() ? "" : node.Scalar(), node.IsNull(), &value);
+    auto problem = parse_value(key, text, node.IsNull(), &value);
     if (problem) fail(std::string(key.path) + ": " + *problem + " at " + at(line));
     key.set(*cfg_, value);
     (*origins_)[key.path] = at(line);
@@ -154,10 +165,19 @@ void apply_override(const std::string& text, Config* cfg, Origins* origins) {
     fail(prefix + "expected " + describe_expected(*key) + ", got \"" + raw +
          "\" (not a YAML scalar; quote it)");
   }
-  if (!node.IsScalar() && !node.IsNull())
+  std::string value_text = node.IsScalar() ? node.Scalar() : "";
+  if (node.IsSequence() && key->constraint.list) {
+    value_text.clear();
+    for (const YAML::Node& item : node) {
+      if (!item.IsScalar() || item.Scalar().empty() || item.Scalar().find(',') != std::string::npos)
+        fail(prefix + "expected " + describe_expected(*key) + ", got a list item " + describe_node(item));
+      value_text += (value_text.empty() ? "" : ",") + item.Scalar();
+    }
+  } else if (!node.IsScalar() && !node.IsNull()) {
     fail(prefix + "expected " + describe_expected(*key) + ", got " + describe_node(node));
+  }
   Value value;
-  auto problem = parse_value(*key, node.IsNull() ? "" : node.Scalar(), node.IsNull(), &value);
+  auto problem = parse_value(*key, value_text, node.IsNull(), &value);
   if (problem) fail(prefix + *problem);
   key->set(*cfg, value);
   (*origins)[path] = "--set";

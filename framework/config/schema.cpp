@@ -186,6 +186,15 @@ std::vector<Key> build_schema() {
        "model.activation_checkpointing_every)."},
       {SHARDKIT_CONFIG_FIELD(model.activation_checkpointing_every), at_least(1),
        "selective activation checkpointing: checkpoint blocks 0, N, 2N, ..."},
+      {SHARDKIT_CONFIG_FIELD(model.lora.rank), at_least(0),
+       "llama: LoRA adapters of this rank on the model.lora.targets projections of every block "
+       "(y = x W^T + alpha/rank x A^T B^T, B zero at the start); every other parameter is "
+       "frozen: no gradient, no optimizer state. 0: off (full fine-tuning)."},
+      {SHARDKIT_CONFIG_FIELD(model.lora.alpha), above(0), "LoRA's alpha: the adapters' output is scaled by alpha / rank, as PEFT scales it."},
+      {SHARDKIT_CONFIG_FIELD(model.lora.dropout), from_up_to_excl(0, 1), "Dropout on the adapters' input in training."},
+      {SHARDKIT_CONFIG_FIELD(model.lora.targets), names_list(true),
+       "The projections that get adapters, a YAML list or comma-separated: q_proj, k_proj, v_proj, "
+       "o_proj, gate_proj, up_proj, down_proj (PEFT's target_modules)."},
       {SHARDKIT_CONFIG_FIELD(model.init_from), any_value(),
        "Initialize model weights from a safetensors or torch.save file of full weights, a PyTorch "
        "DCP checkpoint, or a Hugging Face Llama directory (config.json gives the model keys; "
@@ -248,10 +257,10 @@ std::vector<Key> build_schema() {
       {SHARDKIT_CONFIG_FIELD(parallel.stages_per_rank), at_least(1),
        "Stages each pipeline rank holds (stage s on rank s mod parallel.pipeline): above 1 "
        "only with interleaved_1f1b."},
-      {SHARDKIT_CONFIG_FIELD(parallel.pipeline_split_points), any_value(),
-       "Where stages start, as torchtitan's pipeline_parallel_split_points: comma-separated "
-       "block names (model.layers.4,model.layers.8), each the first block of a stage after the "
-       "first; empty: the blocks split evenly (the first stages one block larger)."},
+      {SHARDKIT_CONFIG_FIELD(parallel.pipeline_split_points), names_list(false),
+       "Where stages start, as torchtitan's pipeline_parallel_split_points: block names, a YAML "
+       "list or comma-separated ([model.layers.4, model.layers.8]), each the first block of a "
+       "stage after the first; empty: the blocks split evenly (the first stages one block larger)."},
       {SHARDKIT_CONFIG_FIELD(parallel.reshard_after_forward), any_value(),
        "Free gathered parameters after forward, gather again for backward."},
       {SHARDKIT_CONFIG_FIELD(parallel.prefetch), at_least(0),
@@ -468,6 +477,13 @@ Constraint non_empty() {
   return c;
 }
 
+Constraint names_list(bool non_empty) {
+  Constraint c;
+  c.non_empty = non_empty;
+  c.list = true;
+  return c;
+}
+
 Constraint one_of(std::vector<std::string> choices) {
   Constraint c;
   c.choices = std::move(choices);
@@ -618,6 +634,7 @@ std::string describe_expected(const Key& key) {
     for (const std::string& choice : choices) joined += (joined.empty() ? "" : "|") + choice;
     return "one of " + joined;
   }
+  if (c.list) return c.non_empty ? "names, comma-separated or a YAML list" : "names (comma-separated or a YAML list) or \"\"";
   return c.non_empty ? "a non-empty string" : "a string";
 }
 

@@ -27,6 +27,9 @@ struct Constraint {
   // Choices known only at run time (model.kind: models::model_kinds()).
   std::vector<std::string> (*choices_of)() = nullptr;
   bool non_empty = false;
+  // A string key that also takes a YAML list of names, kept joined by
+  // commas (model.lora.targets: [q_proj, v_proj] is "q_proj,v_proj").
+  bool list = false;
   std::optional<double> min;
   bool min_open = false;
   std::optional<double> max;
@@ -38,6 +41,7 @@ struct Constraint {
 
 Constraint any_value();
 Constraint non_empty();
+Constraint names_list(bool non_empty);  // comma-separated names, or a YAML list of them
 Constraint one_of(std::vector<std::string> choices);
 Constraint one_of_at_run_time(std::vector<std::string> (*choices_of)());
 Constraint at_least(double min);

@@ -52,7 +52,10 @@
 //   - parameters of several dtypes: each unit keeps one flat buffer (one
 //     collective) per dtype;
 //   - frozen parameters (requires_grad false): sharded and gathered like the
-//     rest, never reduced, and left out of the optimizer's state;
+//     rest, never reduced, and left out of the optimizer's state (LoRA's
+//     frozen base). A unit that holds some is freed when the next unit's
+//     backward begins, not when its last gradient arrives: its backward
+//     may still read them for its input's gradient;
 //   - tied parameters (one tensor registered under several names): kept
 //     once, under its first name; tied across units, it joins the root;
 //   - buffers: not sharded; in training, every forward broadcasts them from
@@ -313,6 +316,7 @@ class FullyShardedModel {
   // forward order (backward: before it), those not gathered yet.
   void prefetch_next(const Unit& unit, bool backward);
   void before_unit_backward(Unit& unit);
+  void release_pending(const Unit* except);
   void release(Unit& unit);
   void reduce_grads(Unit& unit);
   void wait_reduce_scatter();

@@ -103,6 +103,9 @@ struct FullyShardedModel::Unit {
   bool gathered = false;
   bool reduced = false;
   size_t grads_arrived = 0;
+  // Reduced, but with frozen parameters its backward may still read them
+  // (its input's gradient): freed when the next unit's backward begins.
+  bool release_pending = false;
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators;  // kept alive
   // An all-gather issued ahead (prefetch): one per bucket, into gather_recv.
   bool gathering = false;

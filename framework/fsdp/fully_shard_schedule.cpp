@@ -178,8 +178,19 @@ void FullyShardedModel::prefetch_next(const Unit& unit, bool backward) {
 // backward is next. Its parameters are gathered (or its prefetched gather
 // waited for), and the gathers of the units whose backward comes after it
 // go out.
+void FullyShardedModel::release_pending(const Unit* except) {
+  for (auto& u : units_) {
+    if (!u->release_pending || u.get() == except) continue;
+    u->release_pending = false;
+    release(*u);
+  }
+}
+
 void FullyShardedModel::before_unit_backward(Unit& unit) {
   in_backward_ = true;
+  // The unit whose backward ran before this one's is done with its frozen
+  // parameters: this unit's output gradient is its input's.
+  release_pending(&unit);
   log("backward", unit);
   gather(unit);
   prefetch_next(unit, /*backward=*/true);
@@ -295,8 +306,15 @@ void FullyShardedModel::reduce_grads(Unit& unit) {
   if (!ddp) {
     if (!rec->parts.empty()) log("reduce.issue", unit);
     // set_hold_root: later backward passes of the step still use the
-    // root's parameters; finish_backward frees them.
-    if (!(unit.is_root && hold_root_)) release(unit);
+    // root's parameters; finish_backward frees them. A unit with frozen
+    // parameters has all its gradients before its backward is done (the
+    // input's gradient still reads the frozen weights): freed later.
+    if (unit.is_root && hold_root_) {
+    } else if (unit.trainable < unit.params.size()) {
+      unit.release_pending = true;
+    } else {
+      release(unit);
+    }
   }
   reducing_.push_back(std::move(rec));
   if (ddp) wait_reduce_scatter();  // DDP: no reduce-scatter; its all-reduce goes out now
@@ -405,6 +423,7 @@ void FullyShardedModel::end_micro_backward() {
     if (units_[i]->grads_arrived > 0) reduce_grads(*units_[i]);
   }
   if (units_[0]->grads_arrived > 0) reduce_grads(*units_[0]);
+  release_pending(nullptr);
   for (auto& u : units_) {
     u->reduced = false;
     u->grads_arrived = 0;
@@ -417,7 +436,10 @@ void FullyShardedModel::finish_backward() {
   for (size_t i = units_.size(); i-- > 1;) reduce_grads(*units_[i]);
   reduce_grads(*units_[0]);
   drain_reductions();
-  for (auto& u : units_) release(*u);
+  for (auto& u : units_) {
+    u->release_pending = false;
+    release(*u);
+  }
   in_backward_ = false;
 }
 

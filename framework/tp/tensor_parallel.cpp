@@ -221,7 +221,27 @@ models::ForwardHook make_tp_hook(const PlanEntry& entry, bool embedding, dtensor
 // std::invalid_argument naming entry and module when `m` cannot be split.
 void split_module(torch::nn::Module& m, const std::string& name, const PlanEntry& entry,
                   const std::string& what, const std::shared_ptr<dtensor::DeviceMesh>& mesh,
-                  comm::Group* group, TensorParallelLayout& layout) {
+                  comm::Group* group, TensorParallelLayout& layout, const torch::nn::Module& root) {
+  if (auto* tied = dynamic_cast<models::TiedOutputImpl*>(&m)) {
+    // The output of tied weights: the embedding's table, split by
+    // vocabulary rows (its rowwise entry, earlier in the plan), is already
+    // this colwise projection's Shard(0); only the hook is new.
+    std::string table;
+    for (const auto& p : root.named_parameters()) {
+      if (p.value().is_same(tied->weight())) table = p.key();
+    }
+    auto it = layout.params.find(table);
+    if (entry.style != Style::kColwise || it == layout.params.end() || it->second.dim != 0) {
+      throw std::invalid_argument(what + ": module '" + name + "' is the output of tied weights: it must be " +
+                                  "colwise, after its embedding" + (table.empty() ? "" : " (" + table + ")") +
+                                  " is split rowwise by vocabulary");
+    }
+    const int64_t rows = it->second.global_shape.at(0);
+    if (group == nullptr) return;
+    models::set_forward_hook(m, make_tp_hook(entry, false, dtensor::chunk_span(rows, layout.size, layout.rank),
+                                             rows, mesh, group));
+    return;
+  }
   if (dynamic_cast<torch::nn::LinearImpl*>(&m) != nullptr ||
       dynamic_cast<torch::nn::EmbeddingImpl*>(&m) != nullptr) {
     throw std::invalid_argument(what + ": module '" + name +
@@ -252,6 +272,30 @@ void split_module(torch::nn::Module& m, const std::string& name, const PlanEntry
   if (bias != nullptr && entry.style == Style::kColwise) {
     layout.params[name + ".bias"] = {0, bias->sizes().vec()};
     keep_local_part(*bias, 0, layout.size, layout.rank);
+  }
+  // LoRA adapters (models::ProjectionImpl::add_lora): their path runs
+  // outside this module's hook. Colwise: A whole on every rank, B split by
+  // output rows like the weight, and B's input copied into the group (its
+  // gradient all-reduced, so A's is whole). Rowwise: A split by input
+  // columns like the weight and its partial outputs all-reduced, B whole.
+  auto* proj = dynamic_cast<models::ProjectionImpl*>(&m);
+  if (proj != nullptr && proj->has_lora()) {
+    if (entry.gather_output) {
+      throw std::invalid_argument(what + ": module '" + name + "' has LoRA adapters, which gather_output does not gather");
+    }
+    const bool colwise = entry.style == Style::kColwise;
+    const std::string adapter = colwise ? "lora_B" : "lora_A";
+    torch::nn::Module& sub = *m.named_children()[adapter];
+    auto sub_params = sub.named_parameters(/*recurse=*/false);
+    torch::Tensor* w = sub_params.find("weight");
+    layout.params[name + "." + adapter + ".weight"] = {dim, w->sizes().vec()};
+    const dtensor::Span sub_span = dtensor::chunk_span(w->size(dim), layout.size, layout.rank);
+    keep_local_part(*w, dim, layout.size, layout.rank);
+    if (group != nullptr) {
+      PlanEntry inner = entry;
+      inner.gather_output = false;
+      models::set_forward_hook(sub, make_tp_hook(inner, false, sub_span, w->size(0), mesh, group));
+    }
   }
   if (group == nullptr) return;  // tensor 1: nothing to communicate
   models::set_forward_hook(m, make_tp_hook(entry, embedding, span, rows, mesh, group));
@@ -284,7 +328,7 @@ TensorParallelLayout parallelize_module(torch::nn::Module& module,
                                     it->second + "'");
       }
       if (entry.style == Style::kReplicate) continue;
-      split_module(*sub.value(), name, entry, what, mesh, group, layout);
+      split_module(*sub.value(), name, entry, what, mesh, group, layout, module);
     }
     if (!found) throw std::invalid_argument(what + " matches no submodule of the model");
   }

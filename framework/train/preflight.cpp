@@ -388,6 +388,11 @@ MemoryEstimate estimate_memory(const config::Config& cfg, int world_size) {
   m.params = size.parameters / (shard * tensor * stages) * kFloat;
   m.grads = m.params;
   m.optimizer = 2 * m.params;
+  if (cfg.model.lora.rank > 0) {
+    // LoRA: only the adapters have gradients and AdamW state.
+    m.grads = models::lora_parameter_count(cfg.model) / (shard * tensor * stages) * kFloat;
+    m.optimizer = 2 * m.grads;
+  }
   if (shard > 1) {
     // Parameters and gradients of the unit in backward; with prefetch N,
     // N more units gathered ahead and up to N reductions' buffers in flight.
@@ -563,6 +568,9 @@ PreflightReport preflight(const config::Config& cfg, int world_size, int local_r
     fail(e.what());
   }
   check_pipeline(cfg, world_size);
+  if (cfg.model.lora.rank > 0 && cfg.model.kind != "llama") {
+    fail("model.lora.rank " + std::to_string(cfg.model.lora.rank) + " needs model.kind llama, not " + cfg.model.kind);
+  }
   check_data(cfg);
   report.memory = estimate_memory(cfg, world_size);
   check_memory(cfg, report.memory, std::max(1, local_ranks));

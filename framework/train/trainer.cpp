@@ -372,6 +372,7 @@ std::string Trainer::sample() {
   State& s = *s_;
   auto* model = dynamic_cast<models::LayeredModelImpl*>(s.user.module.get());
   if (model == nullptr) throw std::runtime_error("train.sample_every: only the built-in models can sample");
+  if (s.pp_size > 1) throw std::runtime_error("train.sample_every: a pipeline's stages do not sample (parallel.pipeline 1)");
   const std::string& spec = s.cfg.data.tokenizer;
   const bool bytes = spec.empty() || spec == "bytes";
   if (!bytes && !s.tokenizer) s.tokenizer = tokenizer::load_tokenizer(spec);

@@ -11,6 +11,7 @@
 #include "framework/dtensor/chunk.h"
 #include "framework/train/state_dict.h"
 #include "models/layered_model.h"
+#include "models/llama.h"
 #include "models/model_spec.h"
 
 #include <torch/torch.h>
@@ -245,7 +246,13 @@ void Trainer::State::shard_model() {
 
 // model.init_from into this rank's shards (each rank reads only their bytes).
 void Trainer::State::load_initial_weights() {
-  checkpoint::StateDict sd = get_state_dict(*fsdp, nullptr);
+  checkpoint::StateDict all = get_state_dict(*fsdp, nullptr);
+  // LoRA: the base comes from the file; the adapters keep their start (B
+  // zero: the base model).
+  checkpoint::StateDict sd;
+  for (const auto& t : all.tensors()) {
+    if (!models::is_lora_parameter(t.name)) sd.add_tensor(t.name, t.local, t.global_shape, t.offsets);
+  }
   torch::NoGradGuard no_grad;
   checkpoint::load_weights_into(sd, cfg.model.init_from, "model.", false);
 }
@@ -372,7 +379,11 @@ void Trainer::State::print_banner(const std::optional<std::string>& resume_from,
             << "), layout " << layout << ", groups train=" << rt.train->backend_name()
             << " ckpt=" << rt.checkpoint->backend_name() << ", device " << device.str()
             << ", LibTorch " << comm::torch_version() << "\n"
-            << "shardkit: model " << user.description << " " << params_total << " params, "
+            << "shardkit: model " << user.description << " " << params_total << " params"
+            << (params_trainable < params_total ? " (" + std::to_string(params_trainable) + " trainable: " +
+                                                      lora_description() + ")"
+                                                : std::string())
+            << ", "
             << fsdp->unit_names().size() << " units, " << std::fixed << std::setprecision(2)
             << st.sharded_param_bytes / 1048576.0 << std::defaultfloat << " MiB on this rank; data " << dataset->describe() << std::endl;
   print_run_lines();
@@ -445,9 +456,20 @@ void Trainer::State::print_run_lines() {
   }
 }
 
-int64_t Trainer::State::param_count() const {
+std::string Trainer::State::lora_description() const {
+  const models::LoraOptions& l = cfg.model.lora;
+  if (!builtin_model || l.rank <= 0) return "frozen parameters";
+  std::string targets;
+  for (const std::string& t : models::lora_targets(l)) targets += (targets.empty() ? "" : ", ") + t;
+  std::ostringstream out;
+  out << "LoRA rank " << l.rank << ", alpha " << l.alpha << " on " << targets;
+  return out.str();
+}
+
+int64_t Trainer::State::param_count(bool trainable_only) const {
   int64_t params = 0;
   for (size_t i = 0; i < fsdp->param_names().size(); ++i) {
+    if (trainable_only && !fsdp->param_trainable(i)) continue;
     const dtensor::DTensor p = fsdp->param_dtensor(i);
     int64_t n = 1;
     for (int64_t d : p.global_shape()) n *= d;
@@ -487,11 +509,14 @@ Trainer::Trainer(const config::Config& config, comm::Runtime& runtime, UserModel
   s.apply_tensor_parallel();
   s.shard_model();
   s.params_total = s.param_count();
+  s.params_trainable = s.param_count(/*trainable_only=*/true);
   if (s.pp_size > 1) {
     // Each stage counts its own parameters; the banner shows the model's.
-    torch::Tensor n = torch::tensor({static_cast<double>(s.params_total)}, torch::kDouble);
+    torch::Tensor n = torch::tensor({static_cast<double>(s.params_total), static_cast<double>(s.params_trainable)},
+                                    torch::kDouble);
     s.world_mesh->group(0).all_reduce(n);
-    s.params_total = static_cast<int64_t>(n.item<double>());
+    s.params_total = static_cast<int64_t>(n[0].item<double>());
+    s.params_trainable = static_cast<int64_t>(n[1].item<double>());
   }
   s.profiler = std::make_unique<StepProfiler>(s.cfg.profile, s.cfg.run.dir, runtime.env.rank,
                                               s.device.is_cuda());

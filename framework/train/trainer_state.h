@@ -96,6 +96,7 @@ struct Trainer::State {
   std::shared_ptr<models::LayeredModelImpl> layered;  // the built-in model (stages run through it)
   std::unique_ptr<pp::PipelineRunner> pipeline;
   int64_t params_total = 0;  // every stage's parameters, unsharded (the banner)
+  int64_t params_trainable = 0;  // of those, what trains (LoRA: the adapters)
 
   // The model and what trains it.
   UserModel user;  // the model, units, loss and data (built-in: from the kind's spec)
@@ -155,7 +156,8 @@ struct Trainer::State {
   void start_log(const Resumed& resumed);
   void print_banner(const std::optional<std::string>& resume_from, const checkpoint::LoadStats& resumed);
   void print_run_lines();
-  int64_t param_count() const;  // elements of all parameters, unsharded
+  int64_t param_count(bool trainable_only = false) const;  // elements of all parameters, unsharded
+  std::string lora_description() const;  // "LoRA rank 8, alpha 16 on q_proj, v_proj" or "frozen base"
 
   // The loop (trainer.cpp).
   checkpoint::StateDict make_state_dict();

@@ -31,7 +31,8 @@ const std::vector<std::string> kAllKeys = {
     "model.n_heads", "model.n_kv_heads", "model.d_ff", "model.tie_weights", "model.rope_theta",
     "model.norm_eps", "model.rope_scaling.factor", "model.rope_scaling.low_freq_factor",
     "model.rope_scaling.high_freq_factor", "model.rope_scaling.original_max_position",
-    "model.activation_checkpointing", "model.activation_checkpointing_every", "model.init_from",
+    "model.activation_checkpointing", "model.activation_checkpointing_every",
+    "model.lora.rank", "model.lora.alpha", "model.lora.dropout", "model.lora.targets", "model.init_from",
     "data.kind", "data.task", "data.path", "data.eval_fraction", "data.eval_path", "data.check_tokens",
     "data.tokenizer",
     "optim.lr", "optim.min_lr", "optim.warmup_steps", "optim.weight_decay", "optim.beta1",
@@ -126,6 +127,10 @@ Config non_default_config() {
   c.model.d_ff = 300;
   c.model.tie_weights = false;
   c.model.init_from = "weights/init.safetensors";
+  c.model.lora.rank = 8;
+  c.model.lora.alpha = 32;
+  c.model.lora.dropout = 0.05;
+  c.model.lora.targets = "q_proj,k_proj,v_proj,o_proj";
   c.data.kind = framework::data::DataKind::kTokens;
   c.data.task = framework::data::SyntheticTask::kAdd;
   c.data.path = "data/train_*.bin";
@@ -288,6 +293,12 @@ const BadConfigCase kBadConfigs[] = {
     {"CrossKeyInterleavedNeedsStagesPerRank",
      "model:\n  kind: llama\nparallel:\n  pipeline: 2\n  pipeline_schedule: interleaved_1f1b\n",
      "parallel.pipeline_schedule", "configs/x.yaml:5", "needs parallel.stages_per_rank > 1"},
+    {"LoraTargetThatIsNoProjection",
+     "model:\n  lora:\n    rank: 4\n    targets: q_proj,attn\n", "model.lora.targets", "configs/x.yaml:4",
+     "'attn' is not one of q_proj"},
+    {"NameListWithANestedListIsRejected",
+     "model:\n  lora:\n    targets: [q_proj, [a]]\n", "model.lora.targets", "configs/x.yaml:3",
+     "got a list item a list"},
     {"TopLevelListIsRejected",
      "- a\n- b\n", "top level", "configs/x.yaml:1", "map of sections"},
     {"YamlSyntaxErrorCarriesTheLine",
@@ -641,6 +652,16 @@ TEST(Config, ReferenceMarkdownListsEveryKey) {
   EXPECT_NE(md.find("sync\\|async\\|overlap"), std::string::npos) << md;
   size_t rows = static_cast<size_t>(std::count(md.begin(), md.end(), '\n'));
   EXPECT_EQ(rows, kAllKeys.size() + 2);
+}
+
+TEST(Config, NameListsTakeAYamlListOrCommas) {
+  Config c = parse_config("model:\n  kind: llama\n  lora:\n    rank: 4\n    targets: [q_proj, o_proj]\n"
+                          "parallel:\n  pipeline_split_points: [model.layers.2]\n",
+                          "x.yaml");
+  EXPECT_EQ(c.model.lora.targets, "q_proj,o_proj");
+  EXPECT_EQ(c.parallel.pipeline_split_points, "model.layers.2");
+  EXPECT_EQ(parse_config("model:\n  lora:\n    targets: k_proj,up_proj\n", "x.yaml").model.lora.targets,
+            "k_proj,up_proj");
 }
 
 TEST(Config, LlamaDoesNotTieWeightsUnlessTheConfigSaysSo) {

@@ -226,6 +226,40 @@ TEST(TensorParallel, CheckpointsResumeAcrossEveryLayout) {
   }
 }
 
+// model.tie_weights under TP (Llama 3.2 1B and 3B tie them): the one table
+// is split by vocabulary rows, which is both the embedding's rowwise split
+// and the output's colwise one; the same equivalence as the untied model,
+// and a TP 2 x FSDP 2 checkpoint resumes in one process and at TP 4.
+TEST(TensorParallel, TiedEmbeddingsMatchOneProcessAndResumeAcrossLayouts) {
+  framework::config::Config cfg = tp_config(scratch("tied_single"));
+  cfg.model.tie_weights = true;
+  const RunResult ref = train(cfg, kSingle);
+  ASSERT_EQ(ref.losses.size(), 20u);
+  EXPECT_EQ(placement_of(ref, "lm_head.weight"), "(no parameter lm_head.weight)");
+  for (const Layout& l : {kTp2, kTp2Fsdp2, kTp4}) {
+    framework::config::Config c = cfg;
+    c.run.dir = scratch(std::string("tied_") + l.name);
+    const RunResult r = train(c, l);
+    expect_close(r, ref, 0, std::string("tied, ") + l.name);
+    if (l.world == 2) EXPECT_EQ(placement_of(r, "model.embed_tokens.weight"), "[Replicate(), Shard(0), Replicate()]");
+    fs::remove_all(c.run.dir);
+  }
+  framework::config::Config saved = cfg;
+  saved.run.dir = scratch("tied_saved");
+  saved.checkpoint.interval = 10;
+  saved.train.stop_at = 10;
+  train(saved, kTp2Fsdp2);
+  for (const Layout& l : {kSingle, kTp4}) {
+    framework::config::Config rc = cfg;
+    rc.run.dir = scratch(std::string("tied_resumed_") + l.name);
+    rc.checkpoint.resume = saved.run.dir + "/checkpoints/step_10";
+    expect_close(train(rc, l), ref, 10, std::string("tied, TP 2 x FSDP 2 resumed at ") + l.name);
+    fs::remove_all(rc.run.dir);
+  }
+  fs::remove_all(saved.run.dir);
+  fs::remove_all(cfg.run.dir);
+}
+
 // A UserModel brings its own plan: here only the MLP is split (attention
 // stays whole on every TP rank) and the output projection's logits are
 // gathered, so the loss is the plain cross-entropy. TP 2 equals one process.

@@ -644,6 +644,102 @@ TEST(LlamaFromHuggingFace, EachRankHoldsItsShardsPlusOneConversionBuffer) {
 // Generation: the KV cache gives the logits of a forward over the whole
 // sequence (prompt at once, then one token at a time), and greedy tokens
 // equal those of re-running the sequence; sampling is a function of its seed.
+// LoRA (model.lora.*): a projection with adapters is x W^T + (alpha / rank)
+// x A^T B^T, values and gradients, against the formula in torch ops.
+TEST(LlamaLora, AProjectionIsTheBaseProjectionPlusTheScaledLowRankProduct) {
+  torch::manual_seed(3);
+  models::Projection p(8, 6, true);
+  p->add_lora(2, 16.0 / 2, 0.0, true);
+  std::map<std::string, torch::Tensor> w;
+  for (const auto& item : p->named_parameters()) w[item.key()] = item.value();
+  ASSERT_EQ(w.size(), 3u);
+  ASSERT_EQ(w.at("lora_A.weight").sizes(), (std::vector<int64_t>{2, 8}));
+  ASSERT_EQ(w.at("lora_B.weight").sizes(), (std::vector<int64_t>{6, 2}));
+  {
+    torch::NoGradGuard no_grad;
+    for (auto& [name, t] : w) t.normal_();  // B too: its start (zero) would hide the product
+  }
+  torch::Tensor x = torch::randn({3, 5, 8});
+  torch::Tensor y = p->forward(x);
+  std::map<std::string, torch::Tensor> ref;
+  for (auto& [name, t] : w) ref[name] = t.detach().clone().requires_grad_(true);
+  torch::Tensor want = x.matmul(ref["weight"].t()) + 8.0 * x.matmul(ref["lora_A.weight"].t()).matmul(ref["lora_B.weight"].t());
+  EXPECT_TRUE(torch::allclose(y, want, 1e-6, 1e-6));
+  torch::Tensor g = torch::randn_like(y);
+  y.backward(g);
+  want.backward(g);
+  for (auto& [name, t] : w) {
+    EXPECT_TRUE(torch::allclose(t.grad(), ref[name].grad(), 1e-5, 1e-6)) << name;
+  }
+}
+
+// A LoRA llama is its base model at step 0 (B zero, the base drawn as
+// without LoRA); training changes only the adapters, which alone have
+// AdamW state; FSDP 2, TP 2 and TP 2 x FSDP 2 equal one process.
+TEST(LlamaLora, StepZeroIsTheBaseAndOnlyTheAdaptersTrainUnderFsdpAndTp) {
+  auto cfg = llama_config(llama_scratch("lora"));
+  cfg.model.n_heads = 4;
+  cfg.model.n_kv_heads = 2;
+  cfg.model.lora.rank = 4;
+  cfg.model.lora.alpha = 8;
+  cfg.model.lora.targets = "q_proj,v_proj,o_proj,gate_proj,down_proj";  // colwise and rowwise
+  // The blocks' inputs need no gradient (the embedding is frozen): the
+  // recompute must still give the adapters theirs.
+  cfg.model.activation_checkpointing = models::ActivationCheckpointing::kFull;
+  auto base_options = cfg.model;
+  base_options.lora.rank = 0;
+  torch::manual_seed(static_cast<uint64_t>(cfg.run.seed));
+  auto lora_model = models::make_model(cfg.model);
+  torch::manual_seed(static_cast<uint64_t>(cfg.run.seed));
+  auto base_model = models::make_model(base_options);
+  torch::Tensor tokens = torch::randint(0, cfg.model.vocab_size, {2, cfg.model.seq_len});
+  EXPECT_TRUE(torch::equal(lora_model->forward(tokens), base_model->forward(tokens)));
+  std::vector<std::string> names;
+  std::vector<torch::Tensor> initial;
+  int64_t adapters = 0;
+  for (const auto& item : lora_model->named_parameters()) {
+    names.push_back(item.key());
+    initial.push_back(item.value().detach().clone());
+    EXPECT_EQ(item.value().requires_grad(), models::is_lora_parameter(item.key())) << item.key();
+    adapters += models::is_lora_parameter(item.key()) ? 1 : 0;
+  }
+  EXPECT_EQ(adapters, 2 * 5 * cfg.model.n_layers);
+
+  const LlamaRun one = train(cfg, 1);
+  ASSERT_EQ(one.params.size(), names.size());
+  for (size_t i = 0; i < names.size(); ++i) {
+    if (models::is_lora_parameter(names[i])) {
+      if (names[i].find("lora_B") != std::string::npos) EXPECT_GT(one.params[i].abs().max().item<double>(), 0) << names[i];
+    } else {
+      EXPECT_TRUE(torch::equal(one.params[i], initial[i])) << "the frozen " << names[i] << " changed";
+    }
+  }
+  EXPECT_LT(one.losses.back(), one.losses.front());
+  expect_close(train(cfg, 2), one, 1e-5, "LoRA, FSDP 2");
+  auto tp = cfg;
+  tp.parallel.tensor = 2;
+  expect_close(train(tp, 2, 1, 1), one, 1e-5, "LoRA, TP 2");
+  expect_close(train(tp, 4, 1, 2), one, 1e-5, "LoRA, TP 2 x FSDP 2");
+  // AdamW state: the adapters' only.
+  run_runtimes(1, [&](comm::Runtime& rt) {
+    auto c = cfg;
+    c.train.steps = 1;
+    c.run.dir = cfg.run.dir + "_state";
+    Trainer trainer(c, rt);
+    trainer.run();
+    checkpoint::StateDict sd = framework::train::get_state_dict(trainer.model(), &trainer.optimizer());
+    int64_t moments = 0;
+    for (const auto& t : sd.tensors()) {
+      if (t.name.rfind("optim.", 0) != 0) continue;
+      ++moments;
+      EXPECT_TRUE(models::is_lora_parameter(t.name)) << t.name;
+    }
+    EXPECT_EQ(moments, 2 * adapters);
+    fs::remove_all(c.run.dir);
+  });
+  fs::remove_all(cfg.run.dir);
+}
+
 TEST(LlamaGeneration, KvCacheGivesTheLogitsOfAFullForwardAndTheSameTokens) {
   auto cfg = llama_config("unused");
   cfg.model.rope_scaling.factor = 8;  // Llama 3.1's scaled frequencies too

@@ -99,6 +99,8 @@ framework::config::Config pp_config(const std::string& tag) {
   c.model.n_layers = 4;
   c.model.d_ff = 24;
   c.optim.warmup_steps = 3;
+  c.data.eval_fraction = 0.1;
+  c.train.eval_samples = 8;
   c.checkpoint.interval = 0;
   c.checkpoint.mode = checkpoint::SaveMode::kSync;
   return c;
@@ -109,7 +111,8 @@ struct PpRun {
   std::vector<double> grad_norms;
   std::map<std::string, torch::Tensor> params;  // full tensors after training, every stage's
   int64_t first_step = 0;
-  int64_t peak_held = 0;  // rank 0's pipeline
+  int64_t peak_held = 0;  // the most any rank's pipeline held in a step
+  double eval_loss = 0;   // Trainer::evaluate() after training (data.eval_fraction set)
 };
 
 // The config's llama as a UserModel (a models::LayeredModelImpl), split by
@@ -139,6 +142,7 @@ PpRun pp_train(framework::config::Config cfg, int world, bool user = false) {
     Trainer trainer = user ? Trainer(cfg, rt, user_llama(cfg, true)) : Trainer(cfg, rt);
     const int64_t first = trainer.step();
     EXPECT_EQ(trainer.run(), 0);
+    const double eval_loss = cfg.data.eval_fraction > 0 ? trainer.evaluate().loss : 0.0;
     auto& model = trainer.model();
     std::map<std::string, torch::Tensor> full;
     for (size_t i = 0; i < model.param_names().size(); ++i) {
@@ -146,7 +150,9 @@ PpRun pp_train(framework::config::Config cfg, int world, bool user = false) {
     }
     std::lock_guard<std::mutex> lock(mu);
     for (auto& [name, t] : full) result.params[name] = t;
+    for (const auto& rec : trainer.history()) result.peak_held = std::max(result.peak_held, rec.pipeline_peak_held);
     if (rt.env.rank == 0) {
+      result.eval_loss = eval_loss;
       for (const auto& rec : trainer.history()) {
         result.losses.push_back(rec.loss);
         result.grad_norms.push_back(rec.grad_norm);
@@ -164,6 +170,7 @@ void pp_expect_close(const PpRun& got, const PpRun& ref, double tol, const std::
     EXPECT_NEAR(got.grad_norms[i], ref.grad_norms[i], 10 * tol * std::abs(ref.grad_norms[i]))
         << what << ": grad norm of step " << i + 1;
   }
+  EXPECT_NEAR(got.eval_loss, ref.eval_loss, tol * std::abs(ref.eval_loss)) << what << ": validation loss";
   ASSERT_EQ(got.params.size(), ref.params.size()) << what;
   for (const auto& [name, t] : ref.params) {
     auto it = got.params.find(name);
@@ -264,7 +271,11 @@ TEST(PipelineTraining, EverySchedulesAtPipelineTwoMatchesOneProcess) {
     cfg.parallel.pipeline = 2;
     cfg.parallel.pipeline_schedule = schedule;
     if (schedule == Schedule::kInterleaved1F1B) cfg.parallel.stages_per_rank = 2;
-    pp_expect_close(pp_train(cfg, 2), ref, 1e-5, framework::pp::to_string(schedule));
+    const PpRun got = pp_train(cfg, 2);
+    pp_expect_close(got, ref, 1e-5, framework::pp::to_string(schedule));
+    // 4 micro-batches a step: gpipe holds them all, 1f1b at most P = 2 per stage.
+    EXPECT_EQ(got.peak_held, schedule == Schedule::kGpipe ? 4 : schedule == Schedule::k1F1B ? 2 : 4)
+        << framework::pp::to_string(schedule);
     fs::remove_all(cfg.run.dir);
   }
 }
@@ -314,6 +325,8 @@ TEST(PipelineTraining, WithFsdpAndTensorParallelMatchesOneProcess) {
     Schedule schedule;
   };
   for (const Case& c : {Case{"PP 2 x FSDP 2", 4, 2, 1, Schedule::k1F1B},
+                        Case{"PP 2 x DDP 2", 4, 1, 1, Schedule::kGpipe},
+                        Case{"PP 2 x HSDP 2x2", 8, 2, 1, Schedule::kInterleaved1F1B},
                         Case{"PP 2 x TP 2", 4, 1, 2, Schedule::kGpipe},
                         Case{"PP 2 x FSDP 2 x TP 2", 8, 2, 2, Schedule::k1F1B}}) {
     auto cfg = pp_config(std::string("mix") + std::to_string(c.world) + std::to_string(c.tensor));
@@ -321,7 +334,11 @@ TEST(PipelineTraining, WithFsdpAndTensorParallelMatchesOneProcess) {
     cfg.parallel.shard = c.shard;
     cfg.parallel.tensor = c.tensor;
     cfg.parallel.pipeline_schedule = c.schedule;
-    if (c.world == 8) cfg.train.micro_batch_size = 1;  // 2 data-parallel ranks: 4 rows each
+    if (c.schedule == Schedule::kInterleaved1F1B) cfg.parallel.stages_per_rank = 2;
+    // Replicas beside the shards: DDP (shard 1) and HSDP (shard 2 of 4 data-parallel ranks).
+    const int64_t dp = c.world / 2 / c.tensor;
+    cfg.parallel.replicate = dp / c.shard;
+    if (dp == 4) cfg.train.micro_batch_size = 1;  // 2 rows per rank: 2 micro-batches
     pp_expect_close(pp_train(cfg, c.world), ref, 1e-5, c.what);
     fs::remove_all(cfg.run.dir);
   }
@@ -345,6 +362,19 @@ TEST(PipelineTraining, ResumesBitExactInItsLayoutAndWithinRoundingAcrossLayouts)
   ASSERT_EQ(resumed.losses.size(), 10u);
   for (size_t i = 0; i < 10; ++i) EXPECT_EQ(resumed.losses[i], full.losses[10 + i]) << "step " << 11 + i;
   for (const auto& [name, t] : full.params) EXPECT_TRUE(torch::equal(resumed.params.at(name), t)) << name;
+  // Overlap saves: each staged during the next step's micro-batches.
+  auto overlap = cfg;
+  overlap.run.dir = cfg.run.dir + "_overlap";
+  overlap.train.stop_at = 15;
+  overlap.checkpoint.interval = 5;
+  overlap.checkpoint.mode = checkpoint::SaveMode::kOverlap;
+  pp_train(overlap, 2);
+  overlap.train.stop_at = 0;
+  const PpRun after_overlap = pp_train(overlap, 2);
+  EXPECT_EQ(after_overlap.first_step, 15);
+  ASSERT_EQ(after_overlap.losses.size(), 5u);
+  for (size_t i = 0; i < 5; ++i) EXPECT_EQ(after_overlap.losses[i], full.losses[15 + i]) << "overlap, step " << 16 + i;
+  fs::remove_all(overlap.run.dir);
   // PP 2 -> one process, FSDP 2 and PP 2 x FSDP 2 (interleaved needs 4
   // blocks: 2 stages per rank); and one process's checkpoint -> PP 2.
   struct Other {
