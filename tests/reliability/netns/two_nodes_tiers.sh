@@ -163,8 +163,10 @@ netns_kill_node 1
 lost_at=$(now)
 lost_step=$(sed -n 's/^checkpoint step \([0-9][0-9]*\) .*/\1/p' <<<"$local_only")
 echo "node 1 lost after: ${local_only:-<no local-only checkpoint line>}"
-# Killed by netns_wait_ranks after 60 s (137), had they hung.
-netns_wait_ranks 60 2>"$work/logs/loss-wait.log" || true
+# Killed by netns_wait_ranks after 90 s (137), had they hung: past
+# dist.timeout_s (60 s), so a rank that waits out a collective to its timeout
+# still fails by itself (at 60 s the two raced).
+netns_wait_ranks 90 2>"$work/logs/loss-wait.log" || true
 lost_after=$(seconds_since "$lost_at")
 timings+=("job 2 $(seconds_since "$t") s (node 0 failed ${lost_after} s after the loss)")
 grep -E '^shardkit: (resumed from|resume tier|resume:)' "$(rank0_log)" | sed 's/^/job 2: /' || true
