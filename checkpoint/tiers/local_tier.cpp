@@ -7,7 +7,9 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <limits>
 #include <map>
+#include <type_traits>
 #include <set>
 
 namespace checkpoint {
@@ -40,14 +42,44 @@ json file_json(const TierFile& f) {
 }
 
 // Reads field `key` of `j` as T, or throws FormatError naming it.
+// An integer must be a JSON integer within T's range: converting a float,
+// or a value T cannot hold, would be undefined behaviour (seen while
+// writing fuzz/fuzz_local_tier.cpp, after fuzz_tokenizer_json found the
+// same in tokenizer.json).
+template <class T>
+T integer(const json& v, const std::string& bad) {
+  if (!v.is_number_integer()) throw FormatError(bad + "has the wrong type");
+  if (v.is_number_unsigned()) {
+    const uint64_t u = v.get<uint64_t>();
+    if (u > static_cast<uint64_t>(std::numeric_limits<T>::max())) throw FormatError(bad + "is out of range");
+    return static_cast<T>(u);
+  }
+  const int64_t i = v.get<int64_t>();
+  if (i < static_cast<int64_t>(std::numeric_limits<T>::min()) ||
+      (std::is_signed_v<T> && i > static_cast<int64_t>(std::numeric_limits<T>::max()))) {
+    throw FormatError(bad + "is out of range");
+  }
+  return static_cast<T>(i);
+}
+
 template <class T>
 T field(const json& j, const char* key, const std::string& where) {
   auto it = j.find(key);
   if (it == j.end()) throw FormatError(where + ": missing field '" + key + "'");
-  try {
-    return it->get<T>();
-  } catch (const json::exception&) {
-    throw FormatError(where + ": field '" + std::string(key) + "' has the wrong type");
+  const std::string bad = where + ": field '" + std::string(key) + "' ";
+  if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
+    return integer<T>(*it, bad);
+  } else if constexpr (std::is_same_v<T, std::vector<int>>) {
+    if (!it->is_array()) throw FormatError(bad + "has the wrong type");
+    std::vector<int> out;
+    for (const json& v : *it) out.push_back(integer<int>(v, bad));
+    return out;
+  } else {
+    try {
+      return it->template get<T>();
+    } catch (const json::exception&) {
+      throw FormatError(bad + "has the wrong type");
+    }
   }
 }
 
@@ -285,9 +317,9 @@ NodeInventory decode_inventory(const std::string& text) {
       s.partner_copies.push_back(file_from_json(f, where));
     }
     s.problems = field<std::vector<std::string>>(js, "problems", where);
-    if (js.contains("record")) s.record = decode_local_record(js["record"].get<std::string>(), where);
+    if (js.contains("record")) s.record = decode_local_record(field<std::string>(js, "record", where), where);
     if (js.contains("partner")) {
-      s.partner = decode_partner_record(js["partner"].get<std::string>(), where);
+      s.partner = decode_partner_record(field<std::string>(js, "partner", where), where);
     }
     inv.steps.push_back(std::move(s));
   }
@@ -487,7 +519,7 @@ std::vector<ResumeCandidate> decode_candidates(const std::string& text) {
     c.world_size = field<int>(j, "world_size", where);
     c.metadata_node = field<int>(j, "metadata_node", where);
     for (const json& s : field<json>(j, "sources", where)) {
-      c.sources.push_back(FileSource{file_from_json(s["file"], where), field<int>(s, "node", where),
+      c.sources.push_back(FileSource{file_from_json(field<json>(s, "file", where), where), field<int>(s, "node", where),
                                      field<bool>(s, "partner", where)});
     }
     out.push_back(std::move(c));

@@ -451,4 +451,23 @@ TEST(Tiers, RecordsWithBadFieldsAreRefusedNamingTheFile) {
   } catch (const FormatError& e) {
     EXPECT_EQ(std::string(e.what()), "/x/.local.json: format 'shardkit-local/2', expected 'shardkit-local/1'");
   }
+  // Integers that are floats or out of range (converting them was undefined
+  // behaviour): refused naming the field.
+  auto error = [](const std::string& text) {
+    try {
+      decode_local_record(text, "/x/.local.json");
+    } catch (const FormatError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  const std::string head = R"({"format":"shardkit-local/1",)";
+  const std::string files = R"("files":[{"name":"rank_0.data","rank":0,"node":0,"bytes":3}]})";
+  EXPECT_EQ(error(head + R"("step":1e300,"node":0,"node_of_rank":[0],)" + files),
+            "/x/.local.json: field 'step' has the wrong type");
+  EXPECT_EQ(error(head + R"("step":1,"node":0,"node_of_rank":[0.5],)" + files),
+            "/x/.local.json: field 'node_of_rank' has the wrong type");
+  EXPECT_EQ(error(head + R"("step":1,"node":3000000000,"node_of_rank":[0],)" + files),
+            "/x/.local.json: field 'node' is out of range");
+  EXPECT_EQ(error(head + R"("step":1,"node":0,"node_of_rank":[0],)" + files), "no error");
 }

@@ -12,13 +12,13 @@
 namespace reliability {
 namespace {
 
-// 12 s each keeps the seven runs and the build inside the test's 600 s.
+// 12 s each keeps the nine runs and the build inside the test's 600 s.
 constexpr int kSecondsPerTarget = 12;
 // Every target of fuzz/CMakeLists.txt (SHARDKIT_FUZZ_TARGETS), each with its
 // seed corpus in fuzz/corpus/<target>.
 const std::vector<std::string> kTargets = {"fuzz_metadata",    "fuzz_block_decoder", "fuzz_dcp_metadata",
                                            "fuzz_torch_pickle", "fuzz_zip",           "fuzz_safetensors",
-                                           "fuzz_hf_config"};
+                                           "fuzz_hf_config",   "fuzz_tokenizer_json", "fuzz_local_tier"};
 
 std::string which(const std::string& program) {
   RunResult r = run_process({"/bin/sh", "-c", "command -v " + program}, {}, 30,

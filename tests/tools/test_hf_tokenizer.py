@@ -82,6 +82,10 @@ POOL = (list("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789") +
 
 
 def run(cmd, **kw):
+    # A sample's tokens may end inside a UTF-8 sequence: the console gets
+    # those bytes as they are, so text mode must not fail on them.
+    if kw.get("text"):
+        kw.setdefault("errors", "replace")
     return subprocess.run(cmd, capture_output=True, **kw)
 
 
