@@ -61,6 +61,9 @@ struct LoraOptions {
   // Comma-separated projection names: q_proj, k_proj, v_proj, o_proj,
   // gate_proj, up_proj, down_proj (PEFT's target_modules for a llama).
   std::string targets = "q_proj,v_proj";
+  // The frozen base's shards: "fp32", or "bf16" (half the bytes; the
+  // adapters keep fp32 masters and AdamW state either way).
+  std::string base_dtype = "fp32";
 };
 
 // The llama projections LoRA may target, and the targets of `options`

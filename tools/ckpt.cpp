@@ -799,6 +799,8 @@ struct ExportArgs {
   std::string only;
   std::string max_shard_size = "5GB";  // hf
   std::string tokenizer;               // hf: "", a file, or none
+  bool merge_lora = false;             // hf of a LoRA run: the base with the adapters merged
+  std::string base;                    // hf --merge-lora, peft: the base directory
   int threads = 4;
 };
 
@@ -829,7 +831,16 @@ int run_export(const std::string& path, const ExportArgs& args) {
   options.format = args.format == "torch" ? checkpoint::ExportFormat::kTorch
                    : args.format == "dcp" ? checkpoint::ExportFormat::kDcp
                    : args.format == "hf"  ? checkpoint::ExportFormat::kHf
+                   : args.format == "peft" ? checkpoint::ExportFormat::kPeft
                                           : checkpoint::ExportFormat::kSafetensors;
+  if (args.merge_lora && args.format != "hf") {
+    throw std::invalid_argument("--merge-lora goes with --format hf, not --format " + args.format);
+  }
+  if (!args.base.empty() && !(args.format == "peft" || args.merge_lora)) {
+    throw std::invalid_argument("--base goes with --format peft or --format hf --merge-lora");
+  }
+  options.merge_lora = args.merge_lora;
+  options.base = args.base;
   options.max_shard_bytes = parse_size(args.max_shard_size);
   if (args.dtype == "bf16") options.dtype = checkpoint::DType::kBFloat16;
   if (args.dtype == "fp32") options.dtype = checkpoint::DType::kFloat32;
@@ -948,13 +959,15 @@ CLI::App* add_export_command(CLI::App& app, CommandArgs& a) {
       "torch.save archive that torch.load(f, weights_only=True) reads), or write it as a "
       "PyTorch DCP checkpoint directory (dcp: model and AdamW state, for dcp.load at any world "
       "size), or as a Hugging Face Llama directory (hf: config.json and sharded safetensors "
-      "with their index); bytes items (RNG state, step, loader position, config) are skipped");
+      "with their index; --merge-lora for a LoRA run: its base with the adapters merged), or as "
+      "PEFT's LoRA adapter directory (peft: adapter_config.json and adapter_model.safetensors); "
+      "bytes items (RNG state, step, loader position, config) are skipped");
   add_ckpt_arg(*export_cmd, a);
   ExportArgs& e = a.export_args;
   export_cmd->add_option("--format", e.format, "output format")
       ->required()
-      ->check(CLI::IsMember({"safetensors", "torch", "dcp", "hf"}));
-  export_cmd->add_option("--out", e.out, "output file, or directory for dcp and hf (written as OUT.tmp, then renamed)")
+      ->check(CLI::IsMember({"safetensors", "torch", "dcp", "hf", "peft"}));
+  export_cmd->add_option("--out", e.out, "output file, or directory for dcp, hf and peft (written as OUT.tmp, then renamed)")
       ->required();
   export_cmd->add_option("--dtype", e.dtype,
                          "convert floating-point tensors (bf16: round to nearest even); others stay as they are")
@@ -966,6 +979,11 @@ CLI::App* add_export_command(CLI::App& app, CommandArgs& a) {
                                                                "2GiB; default 5GB)");
   export_cmd->add_option("--tokenizer", e.tokenizer, "hf: the tokenizer.json or .model to ship (default: the run's "
                                                      "data.tokenizer; none: no tokenizer files)");
+  export_cmd->add_flag("--merge-lora", e.merge_lora,
+                       "hf, of a LoRA run's checkpoint: write its base with W + (alpha/rank) B A merged into "
+                       "every adapted projection (float32 unless --dtype)");
+  export_cmd->add_option("--base", e.base, "hf --merge-lora, peft: the LoRA base's Hugging Face directory (default: "
+                                           "the one the run recorded; its weights must hash the same)");
   add_threads_option(*export_cmd, e.threads, "reader threads");
   return export_cmd;
 }

@@ -4,7 +4,11 @@
 //
 //   build/generate --checkpoint runs/x/checkpoints/step_200 --prompt "To be"
 //                  [--max-new-tokens 64] [--temperature T --top-k K --top-p P --seed S]
-//                  [--tokenizer bytes] [--prompt-ids 1,2,3] [--ids]
+//                  [--tokenizer bytes] [--prompt-ids 1,2,3] [--ids] [--base HF_DIR]
+//
+// A LoRA run's checkpoint holds its adapters: generate loads the base the
+// run recorded (or --base, a copy of it: its weights must hash the same)
+// and the adapters on it.
 //
 // Tokenizers (framework/tokenizer): a Hugging Face tokenizer.json, a
 // SentencePiece .model, or bytes (byte-level, vocabulary 256). Without
@@ -12,6 +16,7 @@
 // tokenizer.model, else the run's data.tokenizer, else bytes. Or give
 // --prompt-ids and read --ids. Exit status: 0 done, 2 bad arguments or input
 // (one line naming it), 1 anything else.
+#include "checkpoint/interop/hf.h"
 #include "checkpoint/interop/import_weights.h"
 #include "framework/config/run_items.h"
 #include "checkpoint/interop/weights_file.h"
@@ -22,6 +27,7 @@
 #include "framework/tokenizer/tokenizer.h"
 #include "models/generate.h"
 #include "models/layered_model.h"
+#include "models/llama.h"
 #include "tools/command_line.h"
 
 #include <CLI/CLI.hpp>
@@ -52,7 +58,39 @@ bool is_dir(const std::string& p) {
 
 // The model of a checkpoint (its config item, or the config.json ckpt import-hf
 // recorded) or of a Hugging Face directory, with its weights.
-std::pair<framework::config::Config, std::shared_ptr<models::LayeredModelImpl>> load_model(const std::string& path) {
+// A LoRA run's checkpoint holds the adapters: their base is `base_arg`,
+// else the directory the run recorded, and must hash as the run recorded.
+std::string lora_base_dir(const std::string& path, const std::string& base_arg) {
+  checkpoint::StateDict head;
+  head.add_bytes(framework::config::kLoraBaseItem, {});
+  checkpoint::LoadOptions only_base;
+  only_base.allow_partial = true;
+  only_base.filter = [](const std::string& n) { return n == framework::config::kLoraBaseItem; };
+  checkpoint::load_state_dict(head, path, only_base);
+  const std::vector<uint8_t>& bytes = head.bytes().front().data;
+  if (bytes.empty()) throw UsageError("--checkpoint: " + path + " holds LoRA adapters but no record of their base");
+  const framework::config::LoraBase saved =
+      framework::config::decode_lora_base(std::string(bytes.begin(), bytes.end()), path);
+  if (saved.path.empty()) {
+    throw UsageError("--checkpoint: " + path + " holds LoRA adapters on a base initialised at random "
+                     "(no model.init_from): there is no base to load");
+  }
+  const std::string base = base_arg.empty() ? saved.path : base_arg;
+  if (!is_dir(base) && ::access(base.c_str(), R_OK) != 0) {
+    throw UsageError("--checkpoint: the LoRA base " + base + " of " + path + " is not there" +
+                     (base_arg.empty() ? "; give --base DIR, a copy of it" : ""));
+  }
+  const std::string hash = checkpoint::weights_content_hash(base);
+  if (hash != saved.hash) {
+    throw UsageError((base_arg.empty() ? "the LoRA base " : "--base ") + base + " has weights " + hash +
+                     ", not those of the base " + saved.path + " (" + saved.hash + ") that " + path +
+                     " was trained on");
+  }
+  return base;
+}
+
+std::pair<framework::config::Config, std::shared_ptr<models::LayeredModelImpl>> load_model(
+    const std::string& path, const std::string& base_arg) {
   if (!is_dir(path)) throw UsageError("--checkpoint: " + path + " is not a directory");
   framework::config::Config cfg;
   const bool hf = checkpoint::is_hf_model_dir(*checkpoint::posix_storage(), path);
@@ -92,14 +130,24 @@ std::pair<framework::config::Config, std::shared_ptr<models::LayeredModelImpl>> 
     cfg = framework::config::parse_config(std::string(yaml.begin(), yaml.end()), path + "/config",
                                           {"model.init_from="});
   }
+  const bool lora = !hf && cfg.model.lora.rank > 0;
+  if (!base_arg.empty() && !lora) throw UsageError("--base: " + path + " holds no LoRA adapters");
   std::shared_ptr<models::LayeredModelImpl> model;
   {
     torch::manual_seed(0);  // overwritten by the weights
     model = models::make_model(cfg.model, true);
   }
-  checkpoint::StateDict sd;
-  for (const auto& p : model->named_parameters()) sd.add_tensor("model." + p.key(), p.value().detach());
+  checkpoint::StateDict sd, base_sd;
+  for (const auto& p : model->named_parameters()) {
+    // LoRA: the base's weights from its directory, the adapters from the checkpoint.
+    (lora && !models::is_lora_parameter(p.key()) ? base_sd : sd).add_tensor("model." + p.key(), p.value().detach());
+  }
   torch::NoGradGuard no_grad;
+  if (lora) {
+    const std::string base = lora_base_dir(path, base_arg);
+    checkpoint::load_weights_into(base_sd, base, "model.", false);
+    std::cerr << "generate: LoRA adapters of " << path << " on the base " << base << std::endl;
+  }
   if (hf) {
     checkpoint::load_weights_into(sd, path, "model.", false);
   } else {
@@ -142,7 +190,7 @@ std::vector<int64_t> parse_ids(const std::string& text) {
 }
 
 struct Args {
-  std::string checkpoint_path, tokenizer, prompt, prompt_ids;
+  std::string checkpoint_path, tokenizer, prompt, prompt_ids, base;
   int64_t max_new = 64;
   models::SamplingOptions sampling;
   bool print_ids = false;
@@ -151,6 +199,9 @@ struct Args {
 void add_options(CLI::App& app, Args& a) {
   app.add_option("--checkpoint", a.checkpoint_path, "a checkpoint (step_<N>/) or a Hugging Face model directory")
       ->required();
+  app.add_option("--base", a.base,
+                 "a LoRA run's checkpoint: its base's Hugging Face directory (default: the one the run recorded; "
+                 "its weights must hash the same)");
   app.add_option("--tokenizer", a.tokenizer,
                  "a Hugging Face tokenizer.json, a SentencePiece .model, or bytes (default: the Hugging Face "
                  "directory's, else the run's data.tokenizer, else bytes)");
@@ -232,7 +283,7 @@ int main(int argc, char** argv) {
   if (const std::optional<int> status = tools::parse_command_line(app, argc, argv)) return *status;
   try {
     if (a.prompt.empty() == a.prompt_ids.empty()) throw UsageError("give one of --prompt and --prompt-ids");
-    auto [cfg, model] = load_model(a.checkpoint_path);
+    auto [cfg, model] = load_model(a.checkpoint_path, a.base);
     if (a.tokenizer.empty()) a.tokenizer = default_tokenizer(a.checkpoint_path, cfg);
     const std::unique_ptr<framework::tokenizer::Tokenizer> tok = open_tokenizer(a.tokenizer);
     const std::vector<int64_t> ids = prompt_ids_of(a, *tok, cfg.model.vocab_size);

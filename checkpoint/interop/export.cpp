@@ -17,6 +17,7 @@
 #include "checkpoint/format/metadata.h"
 #include "checkpoint/plan/resharding.h"
 #include "checkpoint/interop/dcp.h"
+#include "checkpoint/interop/hf.h"
 #include "checkpoint/interop/pickle.h"
 #include "checkpoint/interop/streaming.h"
 #include "checkpoint/interop/weights_file.h"
@@ -536,36 +537,27 @@ std::vector<std::vector<ExportItem>> hf_shards(const std::vector<ExportItem>& it
   return shards;
 }
 
-ExportStats export_hf(const std::string& step_dir, const std::string& out_dir, const ExportOptions& options) {
-  if (!options.only.empty() && options.only != "model") {
-    throw std::invalid_argument("a Hugging Face export takes the model: --only model or nothing, not --only " +
-                                options.only);
-  }
-  std::shared_ptr<Storage> storage = options.storage ? options.storage : posix_storage();
-  const CheckpointMeta meta = read_committed_metadata(*storage, step_dir);
-  ExportOptions model_only = options;
-  model_only.only = "model";
-  ExportStats stats;
-  const std::vector<ExportItem> items = select_items(meta, step_dir, model_only, stats);
-  thread_pool::ThreadPool pool(static_cast<size_t>(std::max(1, options.io_threads)));
-  ChunkReader reader(storage, step_dir, &pool);
-  const std::string config = hf_config_json(meta, reader, step_dir, items, options);
-  stats.tokenizer = export_tokenizer(*storage, meta, reader, step_dir, options, stats);
+// How an HF export gets each item's bytes.
+using ItemSource = std::function<void(const ExportItem&, const Sink&)>;
 
+// Writes the Hugging Face directory `out_dir`: `items` in safetensors
+// shards, config.json and the tokenizer's files.
+void write_hf_dir(Storage& storage, const std::string& out_dir, const std::vector<ExportItem>& items,
+                  const CheckpointMeta& meta, const std::string& config, const ItemSource& source,
+                  const ExportOptions& options, ExportStats& stats) {
   const std::vector<std::vector<ExportItem>> shards = hf_shards(items, options.max_shard_bytes);
-  write_dir_atomically(*storage, out_dir, [&](const std::string& tmp) {
+  write_dir_atomically(storage, out_dir, [&](const std::string& tmp) {
     nlohmann::json weight_map = nlohmann::json::object();
     uint64_t total = 0;
     for (size_t k = 0; k < shards.size(); ++k) {
       char name[64];
       std::snprintf(name, sizeof(name), "model-%05zu-of-%05zu.safetensors", k + 1, shards.size());
       const std::string file_name = shards.size() == 1 ? kHfSingleName : name;
-      std::unique_ptr<WritableFile> file = storage->create_file(join_path(tmp, file_name));
+      std::unique_ptr<WritableFile> file = storage.create_file(join_path(tmp, file_name));
       SafetensorsWriter writer(*file, shards[k], meta);
       for (size_t i = 0; i < shards[k].size(); ++i) {
         writer.begin_tensor(i);
-        stream_item(reader, shards[k][i], std::max<uint64_t>(options.slab_bytes, 1),
-                    [&](const uint8_t* data, size_t n) { writer.write(data, n); });
+        source(shards[k][i], [&](const uint8_t* data, size_t n) { writer.write(data, n); });
         writer.end_tensor();
         weight_map[shards[k][i].name] = file_name;
         total += shards[k][i].nbytes;
@@ -573,18 +565,286 @@ ExportStats export_hf(const std::string& step_dir, const std::string& out_dir, c
       }
       file->sync();
       file->close();
-      stats.file_bytes += storage->file_size(join_path(tmp, file_name));
+      stats.file_bytes += storage.file_size(join_path(tmp, file_name));
     }
     stats.data_bytes = total;
     if (shards.size() > 1) {
       nlohmann::json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
       const std::string text = index.dump(2) + "\n";
-      storage->write_file_atomic(join_path(tmp, kHfIndexName), std::vector<uint8_t>(text.begin(), text.end()));
+      storage.write_file_atomic(join_path(tmp, kHfIndexName), std::vector<uint8_t>(text.begin(), text.end()));
     }
-    storage->write_file_atomic(join_path(tmp, "config.json"), std::vector<uint8_t>(config.begin(), config.end()));
-    if (!stats.tokenizer.empty()) write_tokenizer_files(*storage, stats.tokenizer, tmp);
+    storage.write_file_atomic(join_path(tmp, "config.json"), std::vector<uint8_t>(config.begin(), config.end()));
+    if (!stats.tokenizer.empty()) write_tokenizer_files(storage, stats.tokenizer, tmp);
+    storage.sync_dir(tmp);
+  });
+}
+
+// ------------------------------------------------------------------ LoRA
+
+bool is_lora_item(const std::string& name) {
+  return name.find(".lora_A.") != std::string::npos || name.find(".lora_B.") != std::string::npos;
+}
+
+// The run's LoRA adapters, or nullopt when it trained none.
+std::optional<LoraInfo> lora_of(const CheckpointMeta& meta, ChunkReader& reader, const std::string& step_dir,
+                                const ExportOptions& options) {
+  if (!options.run) return std::nullopt;
+  return options.run->lora(bytes_item_reader(meta, reader), step_dir);
+}
+
+// The base to merge into or to name: options.base or the recorded one,
+// its content hash checked against the recorded one.
+std::string checked_lora_base(const std::shared_ptr<Storage>& storage, const LoraInfo& lora,
+                              const std::string& step_dir, const ExportOptions& options) {
+  const std::string base = options.base.empty() ? lora.base_path : options.base;
+  if (base.empty()) {
+    throw FormatError(step_dir + ": its LoRA base was initialised at random (the run had no model.init_from), "
+                      "so there are no base weights to merge into");
+  }
+  if (!storage->exists(base)) {
+    throw std::invalid_argument(step_dir + ": its LoRA base " + base + " is not there" +
+                      (options.base.empty() ? "; give --base DIR, a copy of it" : ""));
+  }
+  const std::string hash = weights_content_hash(base, storage);
+  if (hash != lora.base_hash) {
+    throw std::invalid_argument("the LoRA base " + base + " has weights " + hash + ", not those of the base " +
+                      lora.base_path + " (" + lora.base_hash + ") that " + step_dir + " was trained on");
+  }
+  return base;
+}
+
+// The checkpoint's adapter items (model.<name>.lora_{A,B}.weight).
+std::vector<const ItemMeta*> lora_items(const CheckpointMeta& meta) {
+  std::vector<const ItemMeta*> out;
+  for (const ItemMeta& item : meta.items) {
+    if (item.kind == ItemKind::kTensor && item.name.rfind("model.", 0) == 0 && is_lora_item(item.name)) {
+      out.push_back(&item);
+    }
+  }
+  return out;
+}
+
+// A float tensor item, whole, as doubles.
+std::vector<double> read_reals(ChunkReader& reader, const ItemMeta& item, const std::string& step_dir) {
+  if (!is_floating_dtype(item.dtype) || item.global_shape.size() != 2) {
+    throw FormatError(step_dir + ": item " + item.name + " is not a 2-d floating-point tensor");
+  }
+  const uint64_t n = *checked_numel(item.global_shape);
+  const size_t esize = element_size(item.dtype);
+  std::vector<uint8_t> raw(n * esize);
+  for (const ReadRequest& req : plan_reads(item, full_box(item.global_shape))) reader.read_into(item, req, raw.data());
+  std::vector<double> out(n);
+  for (uint64_t i = 0; i < n; ++i) out[i] = load_real(item.dtype, raw.data() + i * esize);
+  return out;
+}
+
+// One projection's adapter: B [out, rank] and A [rank, in], whole.
+struct Adapter {
+  std::vector<double> a, b;
+  int64_t rank = 0, in = 0, out = 0;
+};
+
+ExportStats export_hf_merged(const std::string& step_dir, const std::string& out_dir, const ExportOptions& options,
+                             const std::shared_ptr<Storage>& storage, const CheckpointMeta& meta,
+                             ChunkReader& reader, const LoraInfo& lora) {
+  const std::string base = checked_lora_base(storage, lora, step_dir, options);
+  const WeightsFile weights = WeightsFile::open(base, storage);
+  const double scale = lora.alpha / static_cast<double>(lora.rank);
+  // The adapters, by the base tensor they change ("<name>.weight").
+  std::map<std::string, Adapter> adapters;
+  for (const ItemMeta* item : lora_items(meta)) {
+    const std::string name = item->name.substr(6);  // without "model."
+    const bool is_a = name.find(".lora_A.") != std::string::npos;
+    const size_t at = name.find(is_a ? ".lora_A." : ".lora_B.");
+    const std::string target = name.substr(0, at) + name.substr(at + 7);  // ".lora_A.weight" -> ".weight"
+    Adapter& ad = adapters[target];
+    (is_a ? ad.a : ad.b) = read_reals(reader, *item, step_dir);
+    if (is_a) {
+      ad.rank = item->global_shape[0];
+      ad.in = item->global_shape[1];
+    } else {
+      ad.out = item->global_shape[0];
+    }
+  }
+  for (const auto& [target, ad] : adapters) {
+    const WeightsTensorInfo* t = weights.find(target);
+    if (t == nullptr || ad.a.empty() || ad.b.empty() || t->shape.size() != 2 || t->shape[0] != ad.out ||
+        t->shape[1] != ad.in || !is_floating_dtype(t->dtype)) {
+      throw FormatError(step_dir + ": the adapter of " + target + " has no matching " +
+                        (t == nullptr ? "tensor" : "[out, in] float tensor") + " in the base " + base);
+    }
+  }
+  std::vector<ItemMeta> metas;
+  metas.reserve(weights.tensors().size());
+  for (const WeightsTensorInfo& t : weights.tensors()) {
+    ItemMeta m;
+    m.name = t.name;
+    m.dtype = t.dtype;
+    m.global_shape = t.shape;
+    metas.push_back(std::move(m));
+  }
+  ExportStats stats;
+  std::vector<ExportItem> items;
+  for (const ItemMeta& m : metas) {
+    ExportItem e;
+    e.item = &m;
+    e.name = m.name;
+    e.dtype = is_floating_dtype(m.dtype) ? options.dtype.value_or(DType::kFloat32) : m.dtype;
+    e.nbytes = *checked_numel(m.global_shape) * element_size(e.dtype);
+    items.push_back(std::move(e));
+  }
+  std::sort(items.begin(), items.end(), [](const ExportItem& a, const ExportItem& b) { return a.name < b.name; });
+  const std::string config = hf_config_json(meta, reader, step_dir, items, options);
+  stats.tokenizer = export_tokenizer(*storage, meta, reader, step_dir, options, stats);
+  const uint64_t slab_bytes = std::max<uint64_t>(options.slab_bytes, 1);
+  const ItemSource source = [&](const ExportItem& e, const Sink& sink) {
+    const ItemMeta& m = *e.item;
+    if (*checked_numel(m.global_shape) == 0) return;
+    const size_t esize = element_size(m.dtype);
+    const Box full = full_box(m.global_shape);
+    auto it = adapters.find(m.name);
+    std::vector<uint8_t> raw, out;
+    std::vector<double> row;
+    for (const Box& slab : dim0_slabs(full, rows_per_slab(full, std::max<size_t>(esize, 8), slab_bytes))) {
+      const uint64_t n = static_cast<uint64_t>(slab.numel());
+      raw.resize(n * esize);
+      weights.read_box(m.name, slab, raw.data());
+      if (it == adapters.end()) {
+        if (e.dtype == m.dtype) {
+          sink(raw.data(), raw.size());
+        } else {
+          out.resize(n * element_size(e.dtype));
+          convert_float_elements(m.dtype, e.dtype, raw.data(), n, out.data());
+          sink(out.data(), out.size());
+        }
+        continue;
+      }
+      // W + scale * B A, row by row: each row of B times A.
+      const Adapter& ad = it->second;
+      const int64_t rows = slab.sizes[0];
+      std::vector<float> merged(n);
+      row.assign(static_cast<size_t>(ad.in), 0.0);
+      for (int64_t r = 0; r < rows; ++r) {
+        const int64_t i = slab.offsets[0] + r;
+        std::fill(row.begin(), row.end(), 0.0);
+        for (int64_t k = 0; k < ad.rank; ++k) {
+          const double b = ad.b[static_cast<size_t>(i * ad.rank + k)];
+          const double* a = ad.a.data() + k * ad.in;
+          for (int64_t c = 0; c < ad.in; ++c) row[static_cast<size_t>(c)] += b * a[c];
+        }
+        for (int64_t c = 0; c < ad.in; ++c) {
+          const uint64_t at = static_cast<uint64_t>(r * ad.in + c);
+          merged[at] = static_cast<float>(load_real(m.dtype, raw.data() + at * esize) + scale * row[static_cast<size_t>(c)]);
+        }
+      }
+      out.resize(n * element_size(e.dtype));
+      convert_float_elements(DType::kFloat32, e.dtype, reinterpret_cast<const uint8_t*>(merged.data()), n, out.data());
+      sink(out.data(), out.size());
+    }
+  };
+  write_hf_dir(*storage, out_dir, items, meta, config, source, options, stats);
+  stats.skipped.clear();
+  return stats;
+}
+
+// PEFT's adapter directory (export.h).
+ExportStats export_peft(const std::string& step_dir, const std::string& out_dir, const ExportOptions& options) {
+  std::shared_ptr<Storage> storage = options.storage ? options.storage : posix_storage();
+  const CheckpointMeta meta = read_committed_metadata(*storage, step_dir);
+  thread_pool::ThreadPool pool(static_cast<size_t>(std::max(1, options.io_threads)));
+  ChunkReader reader(storage, step_dir, &pool);
+  const std::optional<LoraInfo> lora = lora_of(meta, reader, step_dir, options);
+  const std::vector<const ItemMeta*> adapters = lora_items(meta);
+  if (!lora || adapters.empty()) {
+    throw std::invalid_argument(step_dir + ": no LoRA adapters to export (the run had no model.lora.rank)");
+  }
+  ExportStats stats;
+  std::vector<ExportItem> items;
+  for (const ItemMeta* item : adapters) {
+    ExportItem e;
+    e.item = item;
+    e.name = "base_model.model." + item->name.substr(6);
+    e.dtype = options.dtype && is_floating_dtype(item->dtype) ? *options.dtype : item->dtype;
+    e.nbytes = *checked_numel(item->global_shape) * element_size(e.dtype);
+    items.push_back(std::move(e));
+  }
+  std::sort(items.begin(), items.end(), [](const ExportItem& a, const ExportItem& b) { return a.name < b.name; });
+  for (const ItemMeta& item : meta.items) {
+    if (item.kind != ItemKind::kTensor || item.name.rfind("model.", 0) != 0 || !is_lora_item(item.name)) {
+      stats.skipped.push_back(item.name);
+    }
+  }
+  nlohmann::ordered_json config = {
+      {"peft_type", "LORA"},
+      {"task_type", "CAUSAL_LM"},
+      {"base_model_name_or_path", options.base.empty() ? lora->base_path : options.base},
+      {"r", lora->rank},
+      {"lora_alpha", lora->alpha},
+      {"lora_dropout", lora->dropout},
+      {"target_modules", lora->targets},
+      {"bias", "none"},
+      {"fan_in_fan_out", false},
+      {"inference_mode", true},
+      {"init_lora_weights", true},
+      {"modules_to_save", nullptr},
+      {"layers_to_transform", nullptr},
+      {"layers_pattern", nullptr},
+      {"rank_pattern", nlohmann::json::object()},
+      {"alpha_pattern", nlohmann::json::object()},
+      {"use_rslora", false},
+      {"use_dora", false},
+      {"revision", nullptr},
+  };
+  const std::string text = config.dump(2) + "\n";
+  write_dir_atomically(*storage, out_dir, [&](const std::string& tmp) {
+    const std::string file_name = "adapter_model.safetensors";
+    std::unique_ptr<WritableFile> file = storage->create_file(join_path(tmp, file_name));
+    SafetensorsWriter writer(*file, items, meta);
+    for (size_t i = 0; i < items.size(); ++i) {
+      writer.begin_tensor(i);
+      stream_item(reader, items[i], std::max<uint64_t>(options.slab_bytes, 1),
+                  [&](const uint8_t* data, size_t n) { writer.write(data, n); });
+      writer.end_tensor();
+      stats.data_bytes += items[i].nbytes;
+      ++stats.tensors;
+    }
+    file->sync();
+    file->close();
+    stats.file_bytes = storage->file_size(join_path(tmp, file_name));
+    storage->write_file_atomic(join_path(tmp, "adapter_config.json"), std::vector<uint8_t>(text.begin(), text.end()));
     storage->sync_dir(tmp);
   });
+  return stats;
+}
+
+ExportStats export_hf(const std::string& step_dir, const std::string& out_dir, const ExportOptions& options) {
+  if (!options.only.empty() && options.only != "model") {
+    throw std::invalid_argument("a Hugging Face export takes the model: --only model or nothing, not --only " +
+                                options.only);
+  }
+  std::shared_ptr<Storage> storage = options.storage ? options.storage : posix_storage();
+  const CheckpointMeta meta = read_committed_metadata(*storage, step_dir);
+  thread_pool::ThreadPool pool(static_cast<size_t>(std::max(1, options.io_threads)));
+  ChunkReader reader(storage, step_dir, &pool);
+  const std::optional<LoraInfo> lora = lora_of(meta, reader, step_dir, options);
+  if (lora && options.merge_lora) return export_hf_merged(step_dir, out_dir, options, storage, meta, reader, *lora);
+  if (options.merge_lora) {
+    throw std::invalid_argument(step_dir + ": --merge-lora: the run trained no LoRA adapters (no model.lora.rank)");
+  }
+  if (lora) {
+    throw std::invalid_argument(step_dir + " holds LoRA adapters, not the base model: give --merge-lora for the base with "
+                      "the adapters merged, or --format peft for the adapters");
+  }
+  ExportOptions model_only = options;
+  model_only.only = "model";
+  ExportStats stats;
+  const std::vector<ExportItem> items = select_items(meta, step_dir, model_only, stats);
+  const std::string config = hf_config_json(meta, reader, step_dir, items, options);
+  stats.tokenizer = export_tokenizer(*storage, meta, reader, step_dir, options, stats);
+  const uint64_t slab_bytes = std::max<uint64_t>(options.slab_bytes, 1);
+  write_hf_dir(*storage, out_dir, items, meta, config,
+               [&](const ExportItem& e, const Sink& sink) { stream_item(reader, e, slab_bytes, sink); }, options,
+               stats);
   return stats;
 }
 
@@ -655,6 +915,7 @@ ExportStats export_checkpoint(const std::string& step_dir, const std::string& ou
                                 dtype_name(*options.dtype));
   }
   if (options.format == ExportFormat::kHf) return export_hf(step_dir, out_path, options);
+  if (options.format == ExportFormat::kPeft) return export_peft(step_dir, out_path, options);
   std::shared_ptr<Storage> storage = options.storage ? options.storage : posix_storage();
   const CheckpointMeta meta = read_committed_metadata(*storage, step_dir);
 

@@ -23,7 +23,7 @@
 
 namespace checkpoint {
 
-enum class ExportFormat { kSafetensors, kTorch, kDcp, kHf };
+enum class ExportFormat { kSafetensors, kTorch, kDcp, kHf, kPeft };
 
 // The AdamW param group a DCP export records (optim.param_groups.0.*), as
 // torch 2.6's AdamW keys it; ckpt fills it from the checkpoint's config.
@@ -33,6 +33,19 @@ struct DcpParamGroup {
   double beta2 = 0.95;
   double eps = 1e-8;
   double weight_decay = 0.1;
+};
+
+// A LoRA run's adapters (RunAdapter::lora): the settings PEFT's
+// adapter_config.json holds, and the base the run started from.
+struct LoraInfo {
+  int64_t rank = 0;
+  double alpha = 0;
+  double dropout = 0;
+  std::vector<std::string> targets;  // projection names, e.g. q_proj, v_proj
+  // The base's weights (a Hugging Face directory) and their
+  // weights_content_hash (hf.h); both empty for a randomly initialised base.
+  std::string base_path;
+  std::string base_hash;
 };
 
 // What checkpoint/ does not know of the run that wrote a checkpoint. To
@@ -61,6 +74,12 @@ class RunAdapter {
   // The tokenizer file the run trained with; "" for none (or bytes). Throws
   // as optimizer_param_group.
   virtual std::string tokenizer(const ReadBytesItem& read, const std::string& where) const = 0;
+  // The LoRA adapters of a run that trained them (its checkpoints hold the
+  // adapters, not the frozen base); nullopt for any other run. Throws as
+  // optimizer_param_group.
+  virtual std::optional<LoraInfo> lora(const ReadBytesItem& /*read*/, const std::string& /*where*/) const {
+    return std::nullopt;
+  }
 };
 
 struct ExportOptions {
@@ -88,8 +107,17 @@ struct ExportOptions {
   // minimal one). Empty: the run's tokenizer (RunAdapter::tokenizer), when
   // that file exists; "none": no tokenizer files.
   std::string tokenizer;
+  // kHf of a LoRA checkpoint: write the base with every adapter merged,
+  // W + (alpha / rank) B A (computed in double, rounded once), instead of
+  // refusing a checkpoint that holds only adapters. Floats are written as
+  // float32 unless `dtype` says otherwise.
+  bool merge_lora = false;
+  // kHf with merge_lora, kPeft: the base's weights. Empty: the directory the
+  // run recorded. Either way its weights_content_hash must equal the one
+  // the run recorded (a FormatError names both paths and hashes).
+  std::string base;
   // The run's settings (kHf: config.json; kDcp: the param group; kHf: the
-  // tokenizer). Null: none are read (kHf then needs the config.json that
+  // tokenizer; kHf and kPeft: the LoRA adapters). Null: none are read (kHf then needs the config.json that
   // import_hf_checkpoint recorded).
   std::shared_ptr<const RunAdapter> run;
 };
@@ -104,6 +132,12 @@ struct ExportStats {
 };
 
 // Reads the committed checkpoint `step_dir` and writes `out_path`.
+// kPeft (a LoRA run's checkpoint, options.run) writes the directory PEFT's
+// PeftModel.from_pretrained reads: adapter_model.safetensors, each adapter
+// model.<name>.lora_{A,B}.weight as base_model.model.<name>.lora_{A,B}.weight
+// (float32 unless `dtype`), and adapter_config.json (peft_type LORA,
+// task_type CAUSAL_LM, r, lora_alpha, lora_dropout, target_modules,
+// base_model_name_or_path: the recorded base).
 // kHf writes a Hugging Face model directory `out_path` (as <out_path>.tmp,
 // renamed): the model's tensors under their own names in safetensors shards
 // of at most max_shard_bytes (model.safetensors when one is enough, else

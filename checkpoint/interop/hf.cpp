@@ -1,6 +1,9 @@
 #include "checkpoint/interop/hf.h"
 
 #include <algorithm>
+#include <cstdio>
+
+#include "checkpoint/format/checksum.h"
 
 #include "checkpoint/format/metadata.h"
 #include "checkpoint/interop/export.h"
@@ -76,6 +79,38 @@ HfImportStats import_hf_checkpoint(const std::string& src, const std::string& st
     throw;
   }
   return stats;
+}
+
+std::string weights_content_hash(const std::string& path, std::shared_ptr<Storage> storage,
+                                 uint64_t slab_bytes) {
+  const WeightsFile weights = WeightsFile::open(path, storage ? storage : posix_storage());
+  std::vector<const WeightsTensorInfo*> order;
+  for (const WeightsTensorInfo& t : weights.tensors()) order.push_back(&t);
+  std::sort(order.begin(), order.end(),
+            [](const WeightsTensorInfo* a, const WeightsTensorInfo* b) { return a->name < b->name; });
+  Xxh3Stream hash;
+  std::vector<uint8_t> buf;
+  for (const WeightsTensorInfo* t : order) {
+    // name NUL dtype NUL rank dims..., then the bytes
+    hash.update(t->name.data(), t->name.size() + 1);
+    const std::string dtype = dtype_name(t->dtype);
+    hash.update(dtype.data(), dtype.size() + 1);
+    const uint64_t rank = t->shape.size();
+    hash.update(&rank, sizeof(rank));
+    hash.update(t->shape.data(), t->shape.size() * sizeof(int64_t));
+    const Box full = full_box(t->shape);
+    const size_t esize = element_size(t->dtype);
+    for (const Box& slab : dim0_slabs(full, rows_per_slab(full, esize, slab_bytes))) {
+      const uint64_t n = static_cast<uint64_t>(slab.numel());
+      if (n == 0) continue;
+      buf.resize(n * esize);
+      weights.read_box(t->name, slab, buf.data());
+      hash.update(buf.data(), buf.size());
+    }
+  }
+  char hex[24];
+  std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(hash.digest()));
+  return std::string("xxh3:") + hex;
 }
 
 }  // namespace checkpoint

@@ -42,4 +42,15 @@ struct HfImportStats {
 HfImportStats import_hf_checkpoint(const std::string& src, const std::string& step_dir,
                                    const HfImportOptions& options);
 
+// A content hash of the weights at `path` (whatever WeightsFile::open
+// reads: a Hugging Face directory, safetensors, torch.save, PyTorch DCP):
+// XXH3-64 over every tensor in name order -- its name, dtype, shape and
+// row-major bytes -- so it does not depend on how the tensors are split
+// into files, nor on anything but the tensors (config.json is not in it).
+// "xxh3:" and 16 hex digits. Reads every tensor byte once, in dim-0 slabs
+// of at most slab_bytes. A LoRA run records it for its base (the trainer's
+// lora.base item). Throws as WeightsFile::open and read_box.
+std::string weights_content_hash(const std::string& path, std::shared_ptr<Storage> storage = nullptr,
+                                 uint64_t slab_bytes = uint64_t{64} << 20);
+
 }  // namespace checkpoint

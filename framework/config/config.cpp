@@ -232,6 +232,8 @@ void check_consistency(const Config& cfg, const Origins& origins) {
   if (cfg.data.kind == data::DataKind::kTokens && cfg.data.path.empty())
     fail(key("data.path") + " must name token shards (a file, a directory or a glob) when " +
          key("data.kind") + " is tokens");
+  if (cfg.data.kind == data::DataKind::kSft && cfg.data.path.empty())
+    fail(key("data.path") + " must name a JSONL file of records when " + key("data.kind") + " is sft");
   if (cfg.data.kind != data::DataKind::kTokens && !cfg.data.eval_path.empty())
     fail(key("data.eval_path") + " is read only when " + key("data.kind") + " is tokens");
   if (cfg.data.kind == data::DataKind::kText && (cfg.data.tokenizer.empty() || cfg.data.tokenizer == "bytes") &&

@@ -1,9 +1,13 @@
 #include "framework/config/run_items.h"
 
 #include "checkpoint/errors.h"
+#include "checkpoint/interop/hf.h"
 #include "framework/config/config.h"
 #include "models/hf_adapter.h"
 
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
 #include <optional>
 #include <string>
 
@@ -55,9 +59,48 @@ class TrainerRunAdapter : public checkpoint::RunAdapter {
     if (!cfg || cfg->data.tokenizer == "bytes") return "";
     return cfg->data.tokenizer;
   }
+
+  std::optional<checkpoint::LoraInfo> lora(const ReadBytesItem& read, const std::string& where) const override {
+    const std::optional<Config> cfg = saved_config(read, where);
+    if (!cfg || cfg->model.lora.rank <= 0) return std::nullopt;
+    checkpoint::LoraInfo info;
+    info.rank = cfg->model.lora.rank;
+    info.alpha = cfg->model.lora.alpha;
+    info.dropout = cfg->model.lora.dropout;
+    try {
+      info.targets = models::lora_targets(cfg->model.lora);
+    } catch (const std::invalid_argument& e) {
+      throw checkpoint::FormatError(where + ": " + e.what());
+    }
+    if (const std::optional<std::string> base = read(kLoraBaseItem)) {
+      const LoraBase b = decode_lora_base(*base, where);
+      info.base_path = b.path;
+      info.base_hash = b.hash;
+    }
+    return info;
+  }
 };
 
 }  // namespace
+
+std::string encode_lora_base(const LoraBase& base) {
+  return nlohmann::ordered_json{{"path", base.path}, {"hash", base.hash}}.dump();
+}
+
+LoraBase decode_lora_base(const std::string& bytes, const std::string& where) {
+  try {
+    const nlohmann::json j = nlohmann::json::parse(bytes);
+    return {j.at("path").get<std::string>(), j.at("hash").get<std::string>()};
+  } catch (const nlohmann::json::exception& e) {
+    throw checkpoint::FormatError(where + ": item " + kLoraBaseItem + " is not a LoRA base record: " + e.what());
+  }
+}
+
+LoraBase lora_base_of(const std::string& init_from) {
+  if (init_from.empty()) return {};
+  const std::string path = std::filesystem::absolute(init_from).lexically_normal().string();
+  return {path, checkpoint::weights_content_hash(path)};
+}
 
 std::shared_ptr<const checkpoint::RunAdapter> make_run_adapter() {
   return std::make_shared<TrainerRunAdapter>();

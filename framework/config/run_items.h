@@ -12,6 +12,7 @@
 #include "checkpoint/interop/export.h"
 
 #include <memory>
+#include <string>
 
 namespace framework::config {
 
@@ -20,6 +21,23 @@ inline constexpr const char* kStepItem = "train.step";     // int64, the last st
 inline constexpr const char* kLoaderItem = "data.loader";  // the data loader's position
 inline constexpr const char* kRngItem = "rng.cpu";         // LibTorch's CPU generator state
 inline constexpr const char* kConfigItem = "config";       // the effective config (to_yaml)
+// A LoRA run's base (model.lora.rank > 0): its checkpoints hold the
+// adapters, not the frozen base, and this item says which base they go on.
+inline constexpr const char* kLoraBaseItem = "lora.base";
+
+// The lora.base item: JSON {"path": model.init_from made absolute, "hash":
+// checkpoint::weights_content_hash of it}; both empty for a base
+// initialised at random from run.seed (no model.init_from).
+struct LoraBase {
+  std::string path;
+  std::string hash;
+};
+std::string encode_lora_base(const LoraBase& base);
+// Throws checkpoint::FormatError naming `where` for bytes that are not one.
+LoraBase decode_lora_base(const std::string& bytes, const std::string& where);
+// The record of `init_from` (made absolute; "" for none): hashes its
+// weights, reading each tensor byte once.
+LoraBase lora_base_of(const std::string& init_from);
 
 // Reads the config item with parse_config; hf_config_json asks the
 // model.kind's Hugging Face adapter (models::find_hf_adapter), the

@@ -192,22 +192,30 @@ std::vector<Key> build_schema() {
        "frozen: no gradient, no optimizer state. 0: off (full fine-tuning)."},
       {SHARDKIT_CONFIG_FIELD(model.lora.alpha), above(0), "LoRA's alpha: the adapters' output is scaled by alpha / rank, as PEFT scales it."},
       {SHARDKIT_CONFIG_FIELD(model.lora.dropout), from_up_to_excl(0, 1), "Dropout on the adapters' input in training."},
+      {SHARDKIT_CONFIG_FIELD(model.lora.base_dtype), one_of({"fp32", "bf16"}),
+       "The frozen base's shards under LoRA: fp32, or bf16 (half their bytes; a bf16 Hugging Face "
+       "base loads into them exactly). The adapters keep fp32 masters and AdamW state either way; "
+       "the base is gathered in train.mixed_precision.param_dtype."},
       {SHARDKIT_CONFIG_FIELD(model.lora.targets), names_list(true),
        "The projections that get adapters, a YAML list or comma-separated: q_proj, k_proj, v_proj, "
        "o_proj, gate_proj, up_proj, down_proj (PEFT's target_modules)."},
       {SHARDKIT_CONFIG_FIELD(model.init_from), any_value(),
        "Initialize model weights from a safetensors or torch.save file of full weights, a PyTorch "
        "DCP checkpoint, or a Hugging Face Llama directory (config.json gives the model keys; "
-       "safetensors, sharded or not); ignored when resuming from a checkpoint."},
+       "safetensors, sharded or not); ignored when resuming from a checkpoint, except by a LoRA run "
+       "(model.lora.rank > 0), whose checkpoints hold the adapters: it reads its base from here again, and "
+       "the base's weights must hash as the checkpoint recorded."},
 
       {SHARDKIT_CONFIG_ENUM(data.kind, data::parse_data_kind), one_of_enum(data::kDataKinds),
-       "Dataset: synthetic tasks, a text file (its bytes, or the ids of data.tokenizer), or "
-       "pre-tokenized shards (llm.c .bin, Megatron .bin + .idx)."},
+       "Dataset: synthetic tasks, a text file (its bytes, or the ids of data.tokenizer), "
+       "pre-tokenized shards (llm.c .bin, Megatron .bin + .idx), or sft: instruction records "
+       "(JSONL: prompt/completion, or messages in the Llama 3 chat format), the loss on the "
+       "completion or assistant tokens only."},
       {SHARDKIT_CONFIG_ENUM(data.task, data::parse_synthetic_task), one_of_enum(data::kSyntheticTasks),
        "Synthetic task (data.kind synthetic)."},
       {SHARDKIT_CONFIG_FIELD(data.path), any_value(),
        "text: the text file; tokens: the shards, as a file, a directory of .bin files, a glob or "
-       "a Megatron path prefix. Required for both."},
+       "a Megatron path prefix; sft: the JSONL file. Required for all three."},
       {SHARDKIT_CONFIG_FIELD(data.eval_fraction), from_up_to_excl(0, 0.5),
        "Held out for validation, never trained on: text: this fraction of the file (its tail); "
        "tokens: the trailing whole documents holding at least this fraction, or where that leaves "
@@ -223,7 +231,11 @@ std::vector<Key> build_schema() {
        "A Hugging Face tokenizer.json (byte-level BPE), a SentencePiece .model, or bytes. text: "
        "the file is tokenized with it at start (empty: bytes, model.vocab_size 256); tokens: the "
        "tokenizer the shards were made with. train.sample_prompt, generate and ckpt export "
-       "--format hf use it."},
+       "--format hf use it; sft: the records are tokenized with it at start (empty: bytes)."},
+      {SHARDKIT_CONFIG_FIELD(data.packed), any_value(),
+       "sft: pack whole records into each model.seq_len window (attention then crosses the "
+       "records of a window, causally, as in torchtitan's packed pretraining); false: one record "
+       "per window, padded, so no record attends to another."},
 
       {SHARDKIT_CONFIG_FIELD(optim.lr), above(0), "Peak learning rate, reached after warmup."},
       {SHARDKIT_CONFIG_FIELD(optim.min_lr), at_least(0),

@@ -1,5 +1,6 @@
 #include "framework/data/dataset.h"
 
+#include "framework/data/sft_dataset.h"
 #include "framework/data/synthetic_dataset.h"
 #include "framework/data/text_dataset.h"
 #include "framework/data/token_dataset.h"
@@ -46,6 +47,10 @@ std::unique_ptr<Dataset> make_dataset(const DataOptions& data, const models::Mod
       o.check_tokens = data.check_tokens;
       return std::make_unique<TokenDataset>(o);
     }
+    case DataKind::kSft:
+      if (data.path.empty()) throw DataError("data.path must name a JSONL file for data.kind sft");
+      return std::make_unique<SftDataset>(data.path, data.tokenizer, model.seq_len, model.vocab_size, seed,
+                                          data.eval_fraction, data.packed);
   }
   TORCH_INTERNAL_ASSERT(false, "data.kind ", static_cast<int>(data.kind), " is not a DataKind");
 }

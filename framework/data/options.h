@@ -6,12 +6,13 @@
 
 namespace framework::data {
 
-// data.kind: synthetic tasks, a text file, or pre-tokenized shards.
-enum class DataKind { kSynthetic, kText, kTokens };
+// data.kind: synthetic tasks, a text file, pre-tokenized shards, or
+// instruction records (sft_dataset.h).
+enum class DataKind { kSynthetic, kText, kTokens, kSft };
 // data.task: the synthetic task (synthetic_dataset.h).
 enum class SyntheticTask { kCopy, kReverse, kAdd };
 
-inline constexpr DataKind kDataKinds[] = {DataKind::kSynthetic, DataKind::kText, DataKind::kTokens};
+inline constexpr DataKind kDataKinds[] = {DataKind::kSynthetic, DataKind::kText, DataKind::kTokens, DataKind::kSft};
 inline constexpr SyntheticTask kSyntheticTasks[] = {SyntheticTask::kCopy, SyntheticTask::kReverse,
                                                     SyntheticTask::kAdd};
 
@@ -20,6 +21,7 @@ inline const char* to_string(DataKind kind) {
     case DataKind::kSynthetic: return "synthetic";
     case DataKind::kText: return "text";
     case DataKind::kTokens: return "tokens";
+    case DataKind::kSft: return "sft";
   }
   return "?";
 }
@@ -44,7 +46,7 @@ inline SyntheticTask parse_synthetic_task(const std::string& task) {
 struct DataOptions {
   DataKind kind = DataKind::kSynthetic;
   SyntheticTask task = SyntheticTask::kReverse;  // data.kind synthetic
-  // text: the text file. tokens: the shards, a file, a directory, a glob or
+  // text: the text file. sft: the JSONL records. tokens: the shards, a file, a directory, a glob or
   // a Megatron path prefix (framework/data/token_dataset.h).
   std::string path = "";
   // Held out for validation, never trained on. text: this fraction of the
@@ -61,6 +63,9 @@ struct DataOptions {
   // (empty: bytes). tokens: the one the shards were made with. Either way
   // train.sample_prompt, generate and the Hugging Face export use it.
   std::string tokenizer = "";
+  // sft: pack whole records into each window (attention then crosses the
+  // records of a window, causally); false: one record per window.
+  bool packed = true;
 };
 
 }  // namespace framework::data

@@ -1,6 +1,12 @@
 #include "framework/data/text_dataset.h"
 
+#include "framework/data/sft_dataset.h"
 #include "framework/tokenizer/tokenizer.h"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <fstream>
 
 #include <cerrno>
 #include <cstdio>
@@ -102,6 +108,219 @@ std::string TextDataset::describe() const {
   out << "text '" << path_ << "' (" << size_ << (ids_.empty() ? " bytes" : " tokens of " + tokenizer_);
   if (train_bytes_ < size_) out << ", last " << size_ - train_bytes_ << " held out";
   out << ", seq_len " << seq_len_ << ", seed " << seed_ << ")";
+  return out.str();
+}
+
+}  // namespace framework::data
+
+// ------------------------------------------------------------------ sft
+// (sft_dataset.h; here rather than in a file of its own, to keep the
+// build's translation units few)
+
+namespace framework::data {
+namespace {
+
+struct SftRecord {
+  std::vector<int32_t> tokens;
+  std::vector<uint8_t> trained;
+  void add(const std::vector<int64_t>& ids, bool train) {
+    for (int64_t id : ids) {
+      tokens.push_back(static_cast<int32_t>(id));
+      trained.push_back(train ? 1 : 0);
+    }
+  }
+  void add(int64_t id, bool train) { add(std::vector<int64_t>{id}, train); }
+};
+
+std::string trim(const std::string& s) {
+  const char* ws = " \t\n\r\f\v";
+  const size_t b = s.find_first_not_of(ws);
+  if (b == std::string::npos) return "";
+  return s.substr(b, s.find_last_not_of(ws) - b + 1);
+}
+
+// Llama 3's chat specials, by id.
+struct ChatSpecials {
+  int64_t begin = -1, start_header = -1, end_header = -1, eot = -1;
+};
+
+}  // namespace
+
+SftDataset::SftDataset(const std::string& path, const std::string& tokenizer, int64_t seq_len,
+                       int64_t vocab_limit, uint64_t seed, double eval_fraction, bool packed)
+    : path_(path), seq_len_(seq_len), seed_(seed), packed_(packed) {
+  if (seq_len <= 0) throw DataError("model.seq_len must be positive, got " + std::to_string(seq_len));
+  const auto tok = framework::tokenizer::load_tokenizer(tokenizer.empty() ? "bytes" : tokenizer);
+  tokenizer_ = tok->describe();
+  vocab_size_ = tok->vocab_size();
+  if (vocab_size_ > vocab_limit) {
+    throw DataError("data.tokenizer " + tokenizer_ + " has " + std::to_string(vocab_size_) +
+                    " tokens, more than model.vocab_size " + std::to_string(vocab_limit));
+  }
+  ChatSpecials chat;
+  chat.begin = tok->special_token("<|begin_of_text|>");
+  chat.start_header = tok->special_token("<|start_header_id|>");
+  chat.end_header = tok->special_token("<|end_header_id|>");
+  chat.eot = tok->special_token("<|eot_id|>");
+  const int64_t eos = tok->end_of_text();
+  const std::vector<int64_t> blank = tok->encode("\n\n");
+
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw DataError("data.path: cannot open '" + path + "': " + std::strerror(errno));
+  const int64_t window = seq_len + 1;
+  std::vector<SftRecord> records;
+  std::string line;
+  int64_t line_no = 0;
+  while (std::getline(in, line)) {
+    ++line_no;
+    if (trim(line).empty()) continue;
+    const std::string where = "data.path '" + path + "' line " + std::to_string(line_no) + ": ";
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(line);
+    } catch (const nlohmann::json::exception& e) {
+      throw DataError(where + "not JSON (" + std::string(e.what()) + ")");
+    }
+    SftRecord r;
+    try {
+      if (j.is_object() && j.contains("messages")) {
+        const nlohmann::json& messages = j["messages"];
+        if (!messages.is_array() || messages.empty()) throw DataError(where + "\"messages\" must be a non-empty array");
+        if (chat.start_header < 0 || chat.end_header < 0 || chat.eot < 0 || chat.begin < 0) {
+          throw DataError(where + "the messages format needs Llama 3's chat tokens <|begin_of_text|>, "
+                          "<|start_header_id|>, <|end_header_id|> and <|eot_id|>, which data.tokenizer " + tokenizer_ +
+                          " lacks");
+        }
+        r.add(chat.begin, false);
+        for (size_t m = 0; m < messages.size(); ++m) {
+          const nlohmann::json& msg = messages[m];
+          const std::string at = "messages[" + std::to_string(m) + "]";
+          if (!msg.is_object() || !msg.contains("role") || !msg["role"].is_string() || !msg.contains("content") ||
+              !msg["content"].is_string()) {
+            throw DataError(where + at + " must be an object with \"role\" and \"content\" strings");
+          }
+          const std::string role = msg["role"].get<std::string>();
+          if (role != "system" && role != "user" && role != "assistant" && role != "tool" && role != "ipython") {
+            throw DataError(where + at + ".role '" + role + "' is not system, user, assistant, tool or ipython");
+          }
+          const bool train = role == "assistant";
+          r.add(chat.start_header, false);
+          r.add(tok->encode(role), false);
+          r.add(chat.end_header, false);
+          // "\n\n" + content is one piece between two specials; its leading
+          // blank-line tokens are the header's.
+          const std::vector<int64_t> body = tok->encode("\n\n" + trim(msg["content"].get<std::string>()));
+          const bool prefix = body.size() >= blank.size() && std::equal(blank.begin(), blank.end(), body.begin());
+          const size_t head = prefix ? blank.size() : 0;
+          r.add(std::vector<int64_t>(body.begin(), body.begin() + static_cast<std::ptrdiff_t>(head)), false);
+          r.add(std::vector<int64_t>(body.begin() + static_cast<std::ptrdiff_t>(head), body.end()), train);
+          r.add(chat.eot, train);
+        }
+      } else if (j.is_object() && j.contains("prompt") && j.contains("completion")) {
+        if (!j["prompt"].is_string() || !j["completion"].is_string()) {
+          throw DataError(where + "\"prompt\" and \"completion\" must be strings");
+        }
+        if (chat.begin >= 0) r.add(chat.begin, false);
+        r.add(tok->encode(j["prompt"].get<std::string>()), false);
+        r.add(tok->encode(j["completion"].get<std::string>()), true);
+        if (eos >= 0) r.add(eos, true);
+      } else {
+        throw DataError(where + "a record needs \"prompt\" and \"completion\" strings, or \"messages\"");
+      }
+    } catch (const framework::tokenizer::TokenizerError& e) {
+      throw DataError(where + e.what());
+    }
+    for (size_t t = 0; t < r.tokens.size(); ++t) {
+      (r.trained[t] ? stats_.completion_tokens : stats_.prompt_tokens) += 1;
+    }
+    if (static_cast<int64_t>(r.tokens.size()) > window) {
+      r.tokens.resize(static_cast<size_t>(window));
+      r.trained.resize(static_cast<size_t>(window));
+      ++stats_.truncated;
+    }
+    records.push_back(std::move(r));
+  }
+  if (in.bad()) throw DataError("data.path: cannot read '" + path + "': " + std::strerror(errno));
+  stats_.records = static_cast<int64_t>(records.size());
+  if (records.empty()) throw DataError("data.path '" + path + "' holds no records");
+
+  // Windows: whole records, greedily (data.packed), or one each.
+  int64_t used = window;  // of the current window; a full one starts the next
+  for (const SftRecord& r : records) {
+    const auto n = static_cast<int64_t>(r.tokens.size());
+    if (!packed_ || used + n > window) {
+      tokens_.resize(tokens_.size() + static_cast<size_t>(window), -1);
+      trained_.resize(trained_.size() + static_cast<size_t>(window), 0);
+      used = 0;
+    }
+    const size_t at = tokens_.size() - static_cast<size_t>(window - used);
+    std::copy(r.tokens.begin(), r.tokens.end(), tokens_.begin() + static_cast<std::ptrdiff_t>(at));
+    std::copy(r.trained.begin(), r.trained.end(), trained_.begin() + static_cast<std::ptrdiff_t>(at));
+    used += n;
+  }
+  const int64_t total = static_cast<int64_t>(tokens_.size()) / window;
+  stats_.eval_windows = eval_fraction > 0
+                            ? std::max<int64_t>(1, static_cast<int64_t>(static_cast<double>(total) * eval_fraction))
+                            : 0;
+  stats_.windows = total - stats_.eval_windows;
+  if (stats_.windows < 1) {
+    throw DataError("data.eval_fraction " + std::to_string(eval_fraction) + " holds out every one of the " +
+                    std::to_string(total) + " windows of data.path '" + path + "'");
+  }
+  perm_.resize(static_cast<size_t>(stats_.windows));
+  for (int64_t w = 0; w < stats_.windows; ++w) perm_[static_cast<size_t>(w)] = w;
+  for (int64_t w = stats_.windows - 1; w > 0; --w) {  // Fisher-Yates from the seed
+    const auto k = static_cast<int64_t>(mix_seed(seed_, static_cast<uint64_t>(w)) % static_cast<uint64_t>(w + 1));
+    std::swap(perm_[static_cast<size_t>(w)], perm_[static_cast<size_t>(k)]);
+  }
+}
+
+std::pair<std::vector<int64_t>, std::vector<uint8_t>> SftDataset::window(int64_t w) const {
+  TORCH_CHECK(w >= 0 && w < stats_.windows + stats_.eval_windows, "sft window ", w, " out of range");
+  const int64_t n = seq_len_ + 1;
+  const auto b = static_cast<size_t>(w * n);
+  return {std::vector<int64_t>(tokens_.begin() + static_cast<std::ptrdiff_t>(b),
+                               tokens_.begin() + static_cast<std::ptrdiff_t>(b + static_cast<size_t>(n))),
+          std::vector<uint8_t>(trained_.begin() + static_cast<std::ptrdiff_t>(b),
+                               trained_.begin() + static_cast<std::ptrdiff_t>(b + static_cast<size_t>(n)))};
+}
+
+std::pair<torch::Tensor, torch::Tensor> SftDataset::make_sample(int64_t w) const {
+  const auto [tokens, trained] = window(w);
+  auto inputs = torch::empty({seq_len_}, torch::kLong);
+  auto targets = torch::empty({seq_len_}, torch::kLong);
+  auto* x = inputs.data_ptr<int64_t>();
+  auto* y = targets.data_ptr<int64_t>();
+  for (int64_t t = 0; t < seq_len_; ++t) {
+    x[t] = tokens[static_cast<size_t>(t)] < 0 ? 0 : tokens[static_cast<size_t>(t)];  // padding reads token 0
+    const int64_t next = tokens[static_cast<size_t>(t + 1)];
+    y[t] = next >= 0 && trained[static_cast<size_t>(t + 1)] ? next : kIgnoreIndex;
+  }
+  return {inputs, targets};
+}
+
+std::pair<torch::Tensor, torch::Tensor> SftDataset::sample(int64_t index) const {
+  TORCH_CHECK(index >= 0, "sample index must be >= 0, got ", index);
+  const int64_t n = stats_.windows;
+  const int64_t epoch = index / n, pos = index % n;
+  // Epoch e: the shuffle, shifted by e, through the shuffle again.
+  const int64_t w = perm_[static_cast<size_t>((perm_[static_cast<size_t>(pos)] + epoch) % n)];
+  return make_sample(w);
+}
+
+std::pair<torch::Tensor, torch::Tensor> SftDataset::eval_sample(int64_t j) const {
+  TORCH_CHECK(j >= 0 && j < stats_.eval_windows, "eval sample ", j, " out of range [0, ", stats_.eval_windows, ")");
+  return make_sample(stats_.windows + j);
+}
+
+std::string SftDataset::describe() const {
+  std::ostringstream out;
+  out << "sft '" << path_ << "' (" << stats_.records << " records: " << stats_.prompt_tokens << " prompt and "
+      << stats_.completion_tokens << " completion tokens";
+  if (stats_.truncated > 0) out << ", " << stats_.truncated << " cut to seq_len + 1";
+  out << "; " << stats_.windows << (packed_ ? " packed" : " unpacked") << " windows of " << seq_len_ + 1;
+  if (stats_.eval_windows > 0) out << ", last " << stats_.eval_windows << " held out";
+  out << "; " << tokenizer_ << ", seed " << seed_ << ")";
   return out.str();
 }
 

@@ -382,10 +382,15 @@ void FullyShardedModel::add_param(const std::string& name, const torch::Tensor& 
   // The local shard (or DDP's master copy) keeps the parameter's dtype;
   // the module's parameter takes param_dtype.
   const bool cast = mixed_ && p.is_floating_point() && p.scalar_type() != param_dtype_;
-  if (shards == 1 && !cast) {
+  // A frozen parameter's shard may be narrower (frozen_dtype).
+  const torch::ScalarType shard_dtype = !slot.trainable && p.is_floating_point()
+                                            ? (options_.frozen_dtype == PrecisionDtype::kBf16 ? torch::kBFloat16
+                                                                                                : p.scalar_type())
+                                            : p.scalar_type();
+  if (shards == 1 && !cast && shard_dtype == p.scalar_type()) {
     slot.local = p;  // DDP: the optimizer updates the module parameter itself
   } else {
-    slot.local = p.narrow(0, slot.mine.offset, slot.mine.size).clone().set_requires_grad(slot.trainable);
+    slot.local = p.narrow(0, slot.mine.offset, slot.mine.size).to(shard_dtype, false, true).set_requires_grad(slot.trainable);
   }
   if (cast) {
     p.set_data(torch::empty(p.sizes(), p.options().dtype(param_dtype_)));

@@ -84,6 +84,10 @@ struct ParallelOptions {
   bool broadcast_buffers = true;
   // Set from train.mixed_precision by the trainer. Not a parallel.* key.
   MixedPrecisionPolicy mixed_precision;
+  // The dtype of the shards of frozen (requires_grad false) floating-point
+  // parameters: kBf16 halves them (a LoRA base, model.lora.base_dtype);
+  // they are gathered into the module's dtype all the same. Not a parallel.* key.
+  PrecisionDtype frozen_dtype = PrecisionDtype::kFp32;
   // Set from tp::parallelize_module's result (by parameter name) when the
   // module was made tensor-parallel first; FSDP then shards each TP part
   // over the data-parallel axes and its DTensors carry both placements.

@@ -161,11 +161,16 @@ class HfBpeTokenizer : public Tokenizer {
     } catch (const json::exception& e) {
       throw TokenizerError(path + ": not JSON: " + e.what());
     }
+    load_checked(j);
+  }
+  HfBpeTokenizer(const std::string& json_text, const std::string& name) : path_(name) {
+    json j;
     try {
-      load(j);
+      j = json::parse(json_text);
     } catch (const json::exception& e) {
-      throw TokenizerError(path + ": not a tokenizer.json this reader knows: " + e.what());
+      throw TokenizerError(name + ": not JSON: " + e.what());
     }
+    load_checked(j);
   }
 
   std::vector<int64_t> encode(const std::string& text) const override {
@@ -213,6 +218,12 @@ class HfBpeTokenizer : public Tokenizer {
 
   int64_t vocab_size() const override { return static_cast<int64_t>(id_to_token_.size()); }
   int64_t end_of_text() const override { return end_of_text_; }
+  int64_t special_token(const std::string& content) const override {
+    for (const auto& a : added_) {
+      if (a.content == content) return a.id;
+    }
+    return -1;
+  }
   std::string describe() const override {
     return "tokenizer.json '" + path_ + "' (byte-level BPE, " + std::to_string(vocab_size()) + ")";
   }
@@ -221,6 +232,14 @@ class HfBpeTokenizer : public Tokenizer {
   [[noreturn]] void refuse(const std::string& what) const {
     throw TokenizerError(path_ + ": " + what + " is not supported (byte-level BPE tokenizer.json files, as GPT-2's "
                                                "and Llama 3's, are; for a SentencePiece model give its .model)");
+  }
+
+  void load_checked(const json& j) {
+    try {
+      load(j);
+    } catch (const json::exception& e) {
+      throw TokenizerError(path_ + ": not a tokenizer.json this reader knows: " + e.what());
+    }
   }
 
   void load(const json& j) {
@@ -283,21 +302,38 @@ class HfBpeTokenizer : public Tokenizer {
   // model.vocab and the added tokens (`added_tokens`, an array): ids both
   // ways, the added tokens by their first byte (longest first), the unknown
   // token and each byte's id.
+  // A token id: a JSON integer in [0, kMaxTokenId). (A float, or a huge
+  // id that would size the id table, is refused naming `what`.)
+  static constexpr int64_t kMaxTokenId = int64_t{1} << 22;
+  int64_t token_id(const json& v, const std::string& what) const {
+    if (!v.is_number_integer()) throw TokenizerError(path_ + ": " + what + " has an id that is not an integer");
+    const int64_t id = v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(kMaxTokenId)
+                           ? kMaxTokenId
+                           : v.get<int64_t>();
+    if (id < 0 || id >= kMaxTokenId) {
+      throw TokenizerError(path_ + ": " + what + " has id " + v.dump() + ", outside [0, " + std::to_string(kMaxTokenId) +
+                           ")");
+    }
+    return id;
+  }
+
   void load_vocab(const json& m, const json& added_tokens) {
     int64_t max_id = -1;
-    for (const auto& [token, id] : m.at("vocab").items()) max_id = std::max(max_id, id.get<int64_t>());
+    for (const auto& [token, id] : m.at("vocab").items()) {
+      max_id = std::max(max_id, token_id(id, "model.vocab '" + token + "'"));
+    }
     std::vector<AddedToken> added;
     for (const json& a : added_tokens) {
       if (a.value("single_word", false)) refuse("added token '" + a.at("content").get<std::string>() + "' single_word");
-      added.push_back({a.at("content").get<std::string>(), a.at("id").get<int64_t>(), a.value("lstrip", false),
+      const std::string content = a.at("content").get<std::string>();
+      added.push_back({content, token_id(a.at("id"), "added token '" + content + "'"), a.value("lstrip", false),
                        a.value("rstrip", false)});
       max_id = std::max(max_id, added.back().id);
     }
     id_to_token_.assign(static_cast<size_t>(max_id + 1), std::string());
     has_id_.assign(static_cast<size_t>(max_id + 1), false);
     for (const auto& [token, id] : m.at("vocab").items()) {
-      const int64_t i = id.get<int64_t>();
-      if (i < 0) throw TokenizerError(path_ + ": model.vocab '" + token + "' has a negative id");
+      const int64_t i = token_id(id, "model.vocab '" + token + "'");
       vocab_.emplace(token, i);
       id_to_token_[static_cast<size_t>(i)] = token;
       has_id_[static_cast<size_t>(i)] = true;
@@ -498,6 +534,10 @@ class HfBpeTokenizer : public Tokenizer {
 
 std::unique_ptr<Tokenizer> load_hf_tokenizer(const std::string& path) {
   return std::make_unique<HfBpeTokenizer>(path);
+}
+
+std::unique_ptr<Tokenizer> parse_hf_tokenizer(const std::string& json_text, const std::string& name) {
+  return std::make_unique<HfBpeTokenizer>(json_text, name);
 }
 
 }  // namespace framework::tokenizer

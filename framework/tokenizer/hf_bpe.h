@@ -9,5 +9,7 @@ namespace framework::tokenizer {
 
 // Errors (TokenizerError) name the file and the part it does not support.
 std::unique_ptr<Tokenizer> load_hf_tokenizer(const std::string& path);
+// The same from the file's text; errors name `name` (fuzz/fuzz_tokenizer_json.cpp).
+std::unique_ptr<Tokenizer> parse_hf_tokenizer(const std::string& json_text, const std::string& name);
 
 }  // namespace framework::tokenizer

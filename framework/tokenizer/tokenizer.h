@@ -34,6 +34,9 @@ class Tokenizer {
   // -1: none.
   virtual int64_t end_of_text() const = 0;
   virtual std::string describe() const = 0;
+  // The id of the special (added) token spelled `content`, e.g. Llama 3's
+  // "<|start_header_id|>"; -1 when this tokenizer has none.
+  virtual int64_t special_token(const std::string& /*content*/) const { return -1; }
 };
 
 // "bytes", a *.json (Hugging Face) or a *.model (SentencePiece, through the

@@ -6,6 +6,7 @@
 #include "checkpoint/codec/transforms.h"
 #include "checkpoint/format/metadata.h"
 #include "checkpoint/interop/dcp.h"
+#include "checkpoint/interop/hf.h"
 #include "checkpoint/interop/weights_file.h"
 #include "checkpoint/load.h"
 #include "checkpoint/layout/checkpoint_dir.h"
@@ -111,7 +112,7 @@ void check_data(const config::Config& cfg) {
   }
   const bool tokenizer = !cfg.data.tokenizer.empty() && cfg.data.tokenizer != "bytes";
   if (tokenizer && cfg.data.kind == data::DataKind::kSynthetic)
-    fail("data.tokenizer is read only when data.kind is text or tokens");
+    fail("data.tokenizer is read only when data.kind is text, tokens or sft");
   if (tokenizer && cfg.data.kind == data::DataKind::kTokens) {
     try {  // the shards' tokenizer: it must load and fit the model
       const auto tok = tokenizer::load_tokenizer(cfg.data.tokenizer);
@@ -225,20 +226,62 @@ namespace {
 
 // The saved config of a committed checkpoint, or nullopt if it is damaged
 // (resume's fallback deals with that, loudly).
-std::optional<std::string> saved_config(const std::string& step_dir) {
+// A bytes item of the checkpoint (empty when it has none); nullopt when
+// the checkpoint is damaged.
+std::optional<std::string> saved_bytes_item(const std::string& step_dir, const std::string& name) {
   checkpoint::StateDict sd;
-  sd.add_bytes(config::kConfigItem, {});
+  sd.add_bytes(name, {});
   checkpoint::LoadOptions options;
   options.allow_partial = true;
-  options.filter = [](const std::string& name) { return name == config::kConfigItem; };
+  options.filter = [&name](const std::string& n) { return n == name; };
   options.io_threads = 1;
   try {
     checkpoint::load_state_dict(sd, step_dir, options);
   } catch (const checkpoint::DamageError&) {  // checkpoint/errors.h: is_damage()
     return std::nullopt;
   }
-  const auto& bytes = sd.find_bytes(config::kConfigItem)->data;
+  const auto& bytes = sd.find_bytes(name)->data;
   return std::string(bytes.begin(), bytes.end());
+}
+
+std::optional<std::string> saved_config(const std::string& step_dir) {
+  return saved_bytes_item(step_dir, config::kConfigItem);
+}
+
+// A LoRA run resumes onto the base its adapters were trained on: the
+// weights of model.init_from must hash as the checkpoint's lora.base says.
+void check_lora_base(const config::Config& cfg, const std::string& path) {
+  const std::optional<std::string> bytes = saved_bytes_item(path, config::kLoraBaseItem);
+  if (!bytes || bytes->empty()) return;  // damaged (resume names it) or not a LoRA checkpoint
+  config::LoraBase saved;
+  try {
+    saved = config::decode_lora_base(*bytes, path);
+  } catch (const std::exception& e) {
+    fail(std::string("checkpoint.resume: ") + e.what());
+  }
+  const std::string& init_from = cfg.model.init_from;
+  const std::string saved_text =
+      saved.path.empty() ? std::string("a base initialised at random from run.seed")
+                         : "the base '" + saved.path + "' (" + saved.hash + ")";
+  if (init_from.empty()) {
+    if (saved.path.empty()) return;
+    fail("checkpoint.resume: " + path + " holds LoRA adapters trained on " + saved_text +
+         "; set model.init_from to that base");
+  }
+  if (saved.path.empty()) {
+    fail("model.init_from '" + init_from + "': " + path + " holds LoRA adapters trained on " + saved_text +
+         ", not on model.init_from");
+  }
+  std::string hash;
+  try {
+    hash = checkpoint::weights_content_hash(init_from);
+  } catch (const std::exception& e) {
+    fail("model.init_from: " + std::string(e.what()));
+  }
+  if (hash != saved.hash) {
+    fail("model.init_from '" + init_from + "' has weights " + hash + ", not those of " + saved_text +
+         " that the LoRA adapters of " + path + " were trained on");
+  }
 }
 
 // checkpoint.resume: never refuses a checkpoint.dir that holds committed
@@ -360,6 +403,7 @@ void check_resume(const config::Config& cfg, PreflightReport& report) {
       return;  // resume fails naming the damage
     }
     check_saved_config(cfg, path, *yaml, report);
+    if (cfg.model.lora.rank > 0) check_lora_base(cfg, path);
     return;
   }
 }
@@ -390,8 +434,11 @@ MemoryEstimate estimate_memory(const config::Config& cfg, int world_size) {
   m.optimizer = 2 * m.params;
   if (cfg.model.lora.rank > 0) {
     // LoRA: only the adapters have gradients and AdamW state.
-    m.grads = models::lora_parameter_count(cfg.model) / (shard * tensor * stages) * kFloat;
+    const double adapters = models::lora_parameter_count(cfg.model);
+    m.grads = adapters / (shard * tensor * stages) * kFloat;
     m.optimizer = 2 * m.grads;
+    // model.lora.base_dtype bf16: the frozen base's shards in 2 bytes.
+    if (cfg.model.lora.base_dtype == "bf16") m.params = (size.parameters * 2 + adapters * kFloat) / (shard * tensor * stages);
   }
   if (shard > 1) {
     // Parameters and gradients of the unit in backward; with prefetch N,
@@ -575,7 +622,8 @@ PreflightReport preflight(const config::Config& cfg, int world_size, int local_r
   report.memory = estimate_memory(cfg, world_size);
   check_memory(cfg, report.memory, std::max(1, local_ranks));
   check_resume(cfg, report);
-  if (!report.resume_from) check_init_from(cfg);
+  // A LoRA run reads its base from model.init_from when it resumes too.
+  if (!report.resume_from || cfg.model.lora.rank > 0) check_init_from(cfg);
   return report;
 }
 

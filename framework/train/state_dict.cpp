@@ -30,6 +30,7 @@ checkpoint::StateDict get_state_dict(fsdp::FullyShardedModel& model,
   checkpoint::StateDict sd;
   const std::vector<std::string> params = model.param_names();
   for (size_t i = 0; i < params.size(); ++i) {
+    if (names.trainable_only && !model.param_trainable(i)) continue;
     const dtensor::DTensor p = model.param_dtensor(i);
     sd.add_tensor(names.model_prefix + params[i], p.local(), p.global_shape(), p.local_offsets());
     if (optimizer == nullptr || !model.param_trainable(i)) continue;
@@ -71,8 +72,11 @@ void set_optimizer_state(checkpoint::StateDict& sd, fsdp::FullyShardedModel& mod
 
 checkpoint::StateDict get_run_state_dict(fsdp::FullyShardedModel& model, optim::ShardedAdamW& optimizer,
                                          const data::DataLoader& loader, int64_t step,
-                                         const config::Config& config) {
-  checkpoint::StateDict sd = get_state_dict(model, &optimizer);
+                                         const config::Config& config, const std::string& lora_base) {
+  StateDictNames names;
+  names.trainable_only = config.model.lora.rank > 0;
+  checkpoint::StateDict sd = get_state_dict(model, &optimizer, names);
+  if (names.trainable_only) sd.add_bytes(config::kLoraBaseItem, std::vector<uint8_t>(lora_base.begin(), lora_base.end()));
   sd.add_bytes(config::kStepItem, int64_bytes(step));
   sd.add_bytes(config::kLoaderItem, data::encode_loader_state(loader.state()));
   {

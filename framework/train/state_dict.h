@@ -33,6 +33,9 @@ namespace framework::train {
 struct StateDictNames {
   std::string model_prefix = "model.";
   std::string optim_prefix = "optim.";
+  // Leave out the frozen (requires_grad false) parameters: a LoRA run's
+  // checkpoints hold the adapters, not the base.
+  bool trainable_only = false;
 };
 
 // The model's items, and the optimizer's when `optimizer` is not null. The
@@ -51,10 +54,12 @@ void set_optimizer_state(checkpoint::StateDict& sd, fsdp::FullyShardedModel& mod
 // &optimizer), and the trainer's own items (framework/config/run_items.h):
 // the step, the loader's position, LibTorch's CPU generator state and the
 // effective config (to_yaml). The LR schedule is a pure function of the
-// step, so it needs no item.
+// step, so it needs no item. A LoRA run (model.lora.rank > 0) saves only
+// the trainable parameters and `lora_base` as the lora.base item
+// (config::encode_lora_base): which base the adapters go on.
 checkpoint::StateDict get_run_state_dict(fsdp::FullyShardedModel& model, optim::ShardedAdamW& optimizer,
                                          const data::DataLoader& loader, int64_t step,
-                                         const config::Config& config);
+                                         const config::Config& config, const std::string& lora_base = {});
 
 // After a load into get_run_state_dict's items: hands the optimizer its
 // state, the loader its position and the CPU generator its state, and

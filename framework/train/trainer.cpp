@@ -84,7 +84,7 @@ StepStats unpack_step_stats(const torch::Tensor& reduced) {
 
 // Everything a resumed run needs, as named items (state_dict.h).
 checkpoint::StateDict Trainer::State::make_state_dict() {
-  return get_run_state_dict(*fsdp, *optim, *loader, step, cfg);
+  return get_run_state_dict(*fsdp, *optim, *loader, step, cfg, lora_base);
 }
 
 int64_t Trainer::State::last_step() const {

@@ -231,6 +231,7 @@ void Trainer::State::shard_model() {
   }
   fsdp::ParallelOptions parallel = cfg.parallel;
   parallel.mixed_precision = cfg.train.mixed_precision;
+  if (cfg.model.lora.rank > 0 && cfg.model.lora.base_dtype == "bf16") parallel.frozen_dtype = fsdp::PrecisionDtype::kBf16;
   parallel.tensor_parallel = tp_layout.params;
   fsdp = std::make_unique<fsdp::FullyShardedModel>(user.module, mesh, parallel, user.units,
                                                    user.init);
@@ -254,7 +255,13 @@ void Trainer::State::load_initial_weights() {
     if (!models::is_lora_parameter(t.name)) sd.add_tensor(t.name, t.local, t.global_shape, t.offsets);
   }
   torch::NoGradGuard no_grad;
-  checkpoint::load_weights_into(sd, cfg.model.init_from, "model.", false);
+  // A pipeline stage holds some of the model: the file's other tensors are
+  // the other stages'. What this stage holds must all be there.
+  const checkpoint::ImportStats st = checkpoint::load_weights_into(sd, cfg.model.init_from, "model.", pp_size > 1);
+  if (!st.missing.empty()) {
+    throw std::invalid_argument("model.init_from " + cfg.model.init_from + " has no " +
+                                checkpoint::join_names(st.missing) + " (pipeline stage " + std::to_string(pp_rank) + ")");
+  }
 }
 
 // checkpoint.resume naming a PyTorch DCP directory: every rank reads its
@@ -280,6 +287,7 @@ checkpoint::DcpLoadStats Trainer::State::load_dcp(const std::string& dir) {
 // else, with model.init_from, loads the initial weights.
 Trainer::State::Resumed Trainer::State::resume_or_initialise() {
   Resumed out;
+  const bool lora = cfg.model.lora.rank > 0;
   if (resume_source == ResumeSource::kDcp) {
     const std::string resume = cfg.checkpoint.resume;
     // A PyTorch DCP checkpoint (torchtitan, FSDP2): model and AdamW state,
@@ -294,7 +302,18 @@ Trainer::State::Resumed Trainer::State::resume_or_initialise() {
   } else {
     checkpoint::StateDict sd = make_state_dict();
     for (const char* optional : {config::kLoaderItem, config::kRngItem}) sd.find_bytes(optional)->data.clear();
+    if (lora) sd.find_bytes(config::kLoraBaseItem)->data.clear();
     if (std::optional<checkpoint::ResumeResult> r = ckpt->resume(sd)) {
+      if (lora && !sd.find_bytes(config::kLoraBaseItem)->data.empty()) {
+        // The base the adapters go on (preflight compared its hash with
+        // model.init_from's); it now lives at model.init_from.
+        const std::vector<uint8_t>& bytes = sd.find_bytes(config::kLoraBaseItem)->data;
+        config::LoraBase base = config::decode_lora_base(std::string(bytes.begin(), bytes.end()), r->path);
+        if (!cfg.model.init_from.empty()) {
+          base.path = std::filesystem::absolute(cfg.model.init_from).lexically_normal().string();
+        }
+        lora_base = config::encode_lora_base(base);
+      }
       // Model shards were loaded in place.
       if (!cfg.checkpoint.model_only) {
         step = set_run_state(sd, *fsdp, *optim, *loader, cfg.checkpoint.allow_config_change);
@@ -309,11 +328,13 @@ Trainer::State::Resumed Trainer::State::resume_or_initialise() {
       }
     }
   }
-  if (!out.from && !cfg.model.init_from.empty()) {
+  if ((!out.from || lora) && !cfg.model.init_from.empty()) {
     // Full, unsharded weights from elsewhere: each rank reads only the byte
-    // ranges of its own shards. Ignored when resuming (the checkpoint wins).
+    // ranges of its own shards. Ignored when resuming (the checkpoint wins),
+    // except for a LoRA run's base, which its checkpoints do not hold.
     load_initial_weights();
   }
+  if (lora && lora_base.empty()) lora_base = config::encode_lora_base(config::lora_base_of(cfg.model.init_from));
   return out;
 }
 
@@ -324,7 +345,8 @@ void Trainer::State::make_checkpoint_manager() {
   // set_run_state derives the data position from the step and keeps the RNG.
   checkpoint::ManagerHooks manager_hooks;
   manager_hooks.optional_items = [](const std::string& name) {
-    return name == config::kLoaderItem || name == config::kRngItem || name == config::kConfigItem;
+    return name == config::kLoaderItem || name == config::kRngItem || name == config::kConfigItem ||
+           name == config::kLoraBaseItem;
   };
   checkpoint::CheckpointOptions ckpt_options = cfg.checkpoint;
   ckpt_options.local.dir = config::local_tier_pattern(cfg);

@@ -97,6 +97,7 @@ struct Trainer::State {
   std::unique_ptr<pp::PipelineRunner> pipeline;
   int64_t params_total = 0;  // every stage's parameters, unsharded (the banner)
   int64_t params_trainable = 0;  // of those, what trains (LoRA: the adapters)
+  std::string lora_base;  // LoRA: the lora.base item its checkpoints carry (config/run_items.h)
 
   // The model and what trains it.
   UserModel user;  // the model, units, loss and data (built-in: from the kind's spec)

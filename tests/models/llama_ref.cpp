@@ -6,6 +6,7 @@
 //                       by saving a checkpoint and exporting it (ckpt export)
 // DIR/probe_tokens.bin  int64 [2, seq_len]; probe_logits.bin float32
 //                       [2, seq_len, vocab]: the initial model's logits
+// DIR/final.safetensors, final_probe_logits.bin  the same after the steps
 // DIR/inputs.bin, targets.bin  int64 [steps, global_batch, seq_len]: the
 //                       batches the steps trained on, in order
 // DIR/result.json       per-step losses, grad_norms, lrs, the settings,
@@ -77,6 +78,10 @@ nlohmann::json settings(const Config& cfg) {
             {"norm_eps", m.norm_eps},
             {"tie_weights", m.tie_weights},
             {"activation_checkpointing", to_string(m.activation_checkpointing)},
+            {"lora",
+             {{"rank", m.lora.rank},
+              {"alpha", m.lora.alpha},
+              {"targets", m.lora.rank > 0 ? models::lora_targets(m.lora) : std::vector<std::string>{}}}},
             {"rope_scaling",
              {{"factor", m.rope_scaling.factor},
               {"low_freq_factor", m.rope_scaling.low_freq_factor},
@@ -169,26 +174,29 @@ void run(Config cfg, const fs::path& out, const Extras& extras) {
     user.description = "llama";
     framework::train::Trainer trainer(cfg, rt, user);
 
-    // The initial weights, through a checkpoint and the safetensors export.
-    const fs::path ckpt_dir = out / "init_checkpoint";
-    fs::remove_all(ckpt_dir);
-    checkpoint::StateDict init_state = framework::train::get_state_dict(trainer.model(), nullptr);
-    for (auto& t : init_state.tensors()) t.local = t.local.to(torch::kCPU);  // a CUDA run's too
-    checkpoint::save_state_dict(init_state, ckpt_dir.string(), *rt.checkpoint, checkpoint::SaveOptions{});
-    checkpoint::ExportOptions exp;
-    exp.only = "model";
-    checkpoint::export_checkpoint(ckpt_dir.string(), (out / "init.safetensors").string(), exp);
+    // The weights (every parameter, a LoRA run's frozen base too), through
+    // a checkpoint and the safetensors export.
+    auto export_weights = [&](const std::string& name) {
+      const fs::path ckpt_dir = out / (name + "_checkpoint");
+      fs::remove_all(ckpt_dir);
+      checkpoint::StateDict state = framework::train::get_state_dict(trainer.model(), nullptr);
+      for (auto& t : state.tensors()) t.local = t.local.to(torch::kCPU);  // a CUDA run's too
+      checkpoint::save_state_dict(state, ckpt_dir.string(), *rt.checkpoint, checkpoint::SaveOptions{});
+      checkpoint::ExportOptions exp;
+      exp.only = "model";
+      checkpoint::export_checkpoint(ckpt_dir.string(), (out / (name + ".safetensors")).string(), exp);
+    };
+    export_weights("init");
 
     torch::Tensor probe = torch::randint(cfg.model.vocab_size, {2, cfg.model.seq_len},
                                          torch::TensorOptions(torch::kLong));
-    torch::Tensor logits;
-    {
+    auto probe_logits = [&] {
       torch::NoGradGuard no_grad;
       torch::Tensor dev = probe.to(trainer.model().local_params().front().device());
-      logits = trainer.model().forward([&] { return model->forward(dev); }).to(torch::kFloat);
-    }
+      return trainer.model().forward([&] { return model->forward(dev); }).to(torch::kFloat);
+    };
     write_tensor(out / "probe_tokens.bin", probe);
-    write_tensor(out / "probe_logits.bin", logits);
+    write_tensor(out / "probe_logits.bin", probe_logits());
 
     nlohmann::json result = settings(cfg);
     std::vector<double> losses, norms, lrs;
@@ -199,6 +207,10 @@ void run(Config cfg, const fs::path& out, const Extras& extras) {
       lrs.push_back(rec.lr);
     }
     recording = false;
+    // After the compared steps: the weights and the probe's logits again
+    // (a LoRA run's adapters are then non-zero).
+    export_weights("final");
+    write_tensor(out / "final_probe_logits.bin", probe_logits());
     write_tensor(out / "inputs.bin", torch::cat(inputs));
     write_tensor(out / "targets.bin", torch::cat(targets));
     result["losses"] = losses;

@@ -23,7 +23,7 @@ IGNORE_INDEX = -100
 class ModelArgs:
     def __init__(self, vocab_size, seq_len, d_model, n_layers, n_heads, n_kv_heads,
                  d_ff, rope_theta=10000.0, norm_eps=1e-5, tie_weights=False,
-                 rope_scaling=None):
+                 rope_scaling=None, lora=None):
         self.vocab_size = int(vocab_size)
         self.seq_len = int(seq_len)
         self.d_model = int(d_model)
@@ -35,13 +35,18 @@ class ModelArgs:
         self.norm_eps = float(norm_eps)
         self.tie_weights = bool(tie_weights)
         self.rope_scaling = dict(rope_scaling or {})
+        lora = dict(lora or {})
+        self.lora_rank = int(lora.get("rank", 0) or 0)
+        self.lora_alpha = float(lora.get("alpha", 16.0))
+        self.lora_targets = list(lora.get("targets") or [])
 
     @classmethod
     def from_result(cls, m):
         """From result.json's "model" object."""
         return cls(m["vocab_size"], m["seq_len"], m["d_model"], m["n_layers"], m["n_heads"],
                    m.get("n_kv_heads") or m["n_heads"], m["d_ff"], m.get("rope_theta", 10000.0),
-                   m.get("norm_eps", 1e-5), m.get("tie_weights", False), m.get("rope_scaling"))
+                   m.get("norm_eps", 1e-5), m.get("tie_weights", False), m.get("rope_scaling"),
+                   m.get("lora"))
 
 
 class RMSNorm(nn.Module):
@@ -98,15 +103,42 @@ def repeat_kv(x, n_rep):
     return x[:, :, None, :, :].expand(b, kv, n_rep, t, hd).reshape(b, kv * n_rep, t, hd)
 
 
+class LoraLinear(nn.Module):
+    """A frozen x W^T plus PEFT's LoRA path, written out in plain ops:
+    y = x W^T + (alpha / rank) x A^T B^T, A [rank, in], B [out, rank]."""
+
+    def __init__(self, d_in, d_out, rank, alpha):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(d_out, d_in), requires_grad=False)
+        self.lora_A = nn.Linear(d_in, rank, bias=False)
+        self.lora_B = nn.Linear(rank, d_out, bias=False)
+        self.scale = alpha / rank
+
+    def forward(self, x):
+        return (torch.matmul(x, self.weight.t()) +
+                self.scale * torch.matmul(torch.matmul(x, self.lora_A.weight.t()), self.lora_B.weight.t()))
+
+
+def linear(args, name, d_in, d_out):
+    """nn.Linear, or a LoraLinear where args targets `name`."""
+    if args.lora_rank > 0 and name in args.lora_targets:
+        return LoraLinear(d_in, d_out, args.lora_rank, args.lora_alpha)
+    return nn.Linear(d_in, d_out, bias=False)
+
+
+def is_lora_name(name):
+    return ".lora_A." in name or ".lora_B." in name
+
+
 class Attention(nn.Module):
     def __init__(self, args):
         super().__init__()
         self.args = args
         self.hd = args.d_model // args.n_heads
-        self.q_proj = nn.Linear(args.d_model, args.n_heads * self.hd, bias=False)
-        self.k_proj = nn.Linear(args.d_model, args.n_kv_heads * self.hd, bias=False)
-        self.v_proj = nn.Linear(args.d_model, args.n_kv_heads * self.hd, bias=False)
-        self.o_proj = nn.Linear(args.n_heads * self.hd, args.d_model, bias=False)
+        self.q_proj = linear(args, "q_proj", args.d_model, args.n_heads * self.hd)
+        self.k_proj = linear(args, "k_proj", args.d_model, args.n_kv_heads * self.hd)
+        self.v_proj = linear(args, "v_proj", args.d_model, args.n_kv_heads * self.hd)
+        self.o_proj = linear(args, "o_proj", args.n_heads * self.hd, args.d_model)
 
     def forward(self, x, cos, sin):
         a = self.args
@@ -133,9 +165,9 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, args):
         super().__init__()
-        self.gate_proj = nn.Linear(args.d_model, args.d_ff, bias=False)
-        self.up_proj = nn.Linear(args.d_model, args.d_ff, bias=False)
-        self.down_proj = nn.Linear(args.d_ff, args.d_model, bias=False)
+        self.gate_proj = linear(args, "gate_proj", args.d_model, args.d_ff)
+        self.up_proj = linear(args, "up_proj", args.d_model, args.d_ff)
+        self.down_proj = linear(args, "down_proj", args.d_ff, args.d_model)
 
     def forward(self, x):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
@@ -169,6 +201,9 @@ class Llama(nn.Module):
         self.model = LlamaModel(args)
         if not args.tie_weights:
             self.lm_head = nn.Linear(args.d_model, args.vocab_size, bias=False)
+        if args.lora_rank > 0:  # LoRA: only the adapters train
+            for name, p in self.named_parameters():
+                p.requires_grad_(is_lora_name(name))
 
     def forward(self, tokens):
         T = tokens.shape[1]
@@ -275,6 +310,9 @@ def load_run(d):
     run = {"result": res, "weights": load_safetensors(os.path.join(d, "init.safetensors")),
            "probe_tokens": read_bin(os.path.join(d, "probe_tokens.bin"), "int64", (-1, T)),
            "probe_logits": read_bin(os.path.join(d, "probe_logits.bin"), "float32", (-1, T, V))}
+    if os.path.exists(os.path.join(d, "final.safetensors")):
+        run["final"] = load_safetensors(os.path.join(d, "final.safetensors"))
+        run["final_probe_logits"] = read_bin(os.path.join(d, "final_probe_logits.bin"), "float32", (-1, T, V))
     ip, tp = os.path.join(d, "inputs.bin"), os.path.join(d, "targets.bin")
     if os.path.exists(ip):
         run["inputs"] = read_bin(ip, "int64", (-1, G, T))
@@ -316,7 +354,8 @@ def train(model, inputs, targets, optim, total_steps, grad_clip, param_dtype="fp
     param_dtype "bf16": fp32 masters and AdamW; a bf16 copy of the model runs
     forward/backward each step, its gradients converted to fp32."""
     dtype = _DT[param_dtype]
-    params = list(model.parameters())
+    every = list(model.parameters())
+    params = [p for p in every if p.requires_grad]  # LoRA: the adapters
     opt = torch.optim.AdamW(params, lr=float(optim["lr"]),
                             betas=(float(optim.get("beta1", 0.9)), float(optim.get("beta2", 0.95))),
                             eps=float(optim.get("eps", 1e-8)),
@@ -335,7 +374,7 @@ def train(model, inputs, targets, optim, total_steps, grad_clip, param_dtype="fp
         y = targets[i % targets.shape[0]]
         if compute is not model:
             with torch.no_grad():
-                for cp, p in zip(cparams, params):
+                for cp, p in zip(cparams, every):
                     cp.copy_(p.to(dtype))
                     cp.grad = None
         for p in params:
@@ -343,7 +382,7 @@ def train(model, inputs, targets, optim, total_steps, grad_clip, param_dtype="fp
         loss = loss_fn(compute(x), y)
         loss.backward()
         if compute is not model:
-            for cp, p in zip(cparams, params):
+            for cp, p in zip(cparams, every):
                 p.grad = None if cp.grad is None else cp.grad.float()
         if grad_clip and grad_clip > 0:
             gn = float(torch.nn.utils.clip_grad_norm_(params, grad_clip))

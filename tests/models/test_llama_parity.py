@@ -90,6 +90,13 @@ CASES = [
      {"train.micro_batch_size": 2}, FP32_TOL),
     ("e", "fp32, activation_checkpointing full",
      {"model.activation_checkpointing": "full"}, FP32_TOL),
+    # LoRA on every projection: only the adapters train (AdamW over them
+    # alone), the base stays bit-identical; the logits after training
+    # (B non-zero) are checked against x W^T + scale x A^T B^T.
+    ("l", "fp32, LoRA rank 4, alpha 8 on all seven projections",
+     {"model.lora.rank": 4, "model.lora.alpha": 8, "train.grad_clip": 0.05,
+      "model.lora.targets": "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"},
+     dict(FP32_TOL, adapter_abs=1e-5)),
 ]
 
 
@@ -193,6 +200,8 @@ def compare_run(name, run, tol, fp32_losses=None, fp32_probe=None):
                 "%d/%d steps clipped (ours), %d/%d (reference)" % (n_ours, n, n_ref, n))
     t.check(True, "loss step 1 -> %d (info)" % n, "reference %.4f -> %.4f, ours %.4f -> %.4f"
             % (losses[0], losses[-1], res["losses"][0], res["losses"][-1]))
+    if args.lora_rank > 0 and "final" in run:
+        check_lora(t, run, model, pdt, tol)
     if fp32_probe is not None:
         same = bool(torch.equal(run["probe_logits"], fp32_probe))
         t.check(not same, "bf16 logits differ from fp32",
@@ -204,6 +213,45 @@ def compare_run(name, run, tol, fp32_losses=None, fp32_probe=None):
                 if list(res["losses"]) == list(fp32_losses) else
                 "max |bf16 - fp32| loss %.3g" % max(abs(a - b) for a, b in zip(res["losses"], fp32_losses)))
     return t
+
+
+def check_lora(t, run, model, pdt, tol):
+    """A LoRA run after its steps: the base bit-identical to the start, the
+    adapters where the reference's replay took them, and the logits of our
+    final weights (non-zero B) as plain-PyTorch LoRA computes them."""
+    init, final = run["weights"], run["final"]
+    base = [n for n in init if not ref.is_lora_name(n)]
+    changed = [n for n in base if not torch.equal(init[n], final[n])]
+    t.check(not changed, "base bit-identical after training",
+            "%d base tensors, changed: %s" % (len(base), ", ".join(changed[:3]) or "none"))
+    adapters = [n for n in final if ref.is_lora_name(n)]
+    moved = [n for n in adapters if not torch.equal(init[n], final[n])]
+    t.check(len(moved) == len(adapters) and adapters, "every adapter trained",
+            "%d of %d adapter tensors moved" % (len(moved), len(adapters)))
+    own = dict(model.named_parameters())
+    worst, where = 0.0, ""
+    for n in adapters:
+        d = float((own[n].detach().double() - final[n].double()).abs().max())
+        if d > worst:
+            worst, where = d, n
+    lim = tol.get("adapter_abs", 1e-4)
+    t.add("adapters after %d steps" % len(run["result"]["losses"]), worst, float("nan"), "abs %.0e" % lim,
+          worst <= lim, "worst %s" % where)
+    ours_final, _ = ref.reference_from_run(dict(run, weights=final))
+    theirs = ref.probe_logits(ours_final, run["probe_tokens"], pdt)
+    d = float((run["final_probe_logits"].double() - theirs.double()).abs().max())
+    scale = float(theirs.abs().max())
+    lim = tol.get("logits_abs", 1e-5) * max(1.0, scale)
+    t.add("LoRA logits (trained B)", d, d / max(scale, 1e-12), "abs %.0e x max(1,%.2g)"
+          % (tol.get("logits_abs", 1e-5), scale), d <= lim)
+    # the adapters must matter for these logits, or the check proves nothing
+    plain = {n: v for n, v in final.items() if not ref.is_lora_name(n)}
+    base_args = ref.ModelArgs.from_result(dict(run["result"]["model"], lora={"rank": 0}))
+    m0 = ref.Llama(base_args)
+    m0.load_hf_state(plain)
+    dd = float((ref.probe_logits(m0, run["probe_tokens"], pdt).double() - theirs.double()).abs().max())
+    t.check(dd > 10 * lim, "adapters have an effect", "base-only vs LoRA logits: max abs %.3g (must exceed %.3g)"
+            % (dd, 10 * lim))
 
 
 def run_llama_ref(exe, config, sets, out):
@@ -282,8 +330,8 @@ def self_test(workdir):
     ok = True
     fp32_losses = None
     for name, desc, sets, tol in CASES:
-        if name in ("d", "e", "f"):
-            continue  # same as "a" for the reference
+        if name in ("d", "e", "f", "l"):
+            continue  # same as "a" for the reference (l: needs llama_ref's final weights)
         d = os.path.join(workdir, "self_" + name)
         fake_run(d, sets)
         t = compare_run(name, ref.load_run(d), tol, fp32_losses if name == "c" else None)

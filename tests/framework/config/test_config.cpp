@@ -32,9 +32,9 @@ const std::vector<std::string> kAllKeys = {
     "model.norm_eps", "model.rope_scaling.factor", "model.rope_scaling.low_freq_factor",
     "model.rope_scaling.high_freq_factor", "model.rope_scaling.original_max_position",
     "model.activation_checkpointing", "model.activation_checkpointing_every",
-    "model.lora.rank", "model.lora.alpha", "model.lora.dropout", "model.lora.targets", "model.init_from",
+    "model.lora.rank", "model.lora.alpha", "model.lora.dropout", "model.lora.base_dtype", "model.lora.targets", "model.init_from",
     "data.kind", "data.task", "data.path", "data.eval_fraction", "data.eval_path", "data.check_tokens",
-    "data.tokenizer",
+    "data.tokenizer", "data.packed",
     "optim.lr", "optim.min_lr", "optim.warmup_steps", "optim.weight_decay", "optim.beta1",
     "optim.beta2", "optim.eps",
     "parallel.replicate", "parallel.shard", "parallel.tensor", "parallel.pipeline",
@@ -130,6 +130,7 @@ Config non_default_config() {
   c.model.lora.rank = 8;
   c.model.lora.alpha = 32;
   c.model.lora.dropout = 0.05;
+  c.model.lora.base_dtype = "bf16";
   c.model.lora.targets = "q_proj,k_proj,v_proj,o_proj";
   c.data.kind = framework::data::DataKind::kTokens;
   c.data.task = framework::data::SyntheticTask::kAdd;
@@ -138,6 +139,7 @@ Config non_default_config() {
   c.data.eval_path = "data/val.bin";
   c.data.check_tokens = false;
   c.data.tokenizer = "tokenizer.json";
+  c.data.packed = false;
   c.optim.lr = 1.0 / 3.0;
   c.optim.min_lr = 1e-7;
   c.optim.warmup_steps = 0;
@@ -442,7 +444,7 @@ const std::vector<std::pair<std::string, std::vector<std::string>>> kEnumKeys = 
     {"train.mixed_precision.param_dtype", {"fp32", "bf16"}},
     {"train.mixed_precision.reduce_dtype", {"fp32", "bf16"}},
     {"model.activation_checkpointing", {"none", "full", "selective"}},
-    {"data.kind", {"synthetic", "text", "tokens"}},
+    {"data.kind", {"synthetic", "text", "tokens", "sft"}},
     {"data.task", {"copy", "reverse", "add"}},
     {"dist.backend", {"auto", "gloo", "nccl"}},
     {"checkpoint.mode", {"sync", "async", "overlap"}},
@@ -503,7 +505,7 @@ TEST(Config, EnumParseFunctionsNameTheKeyAndTheAllowedValues) {
   EXPECT_EQ(message([] { models::parse_activation_checkpointing("x"); }),
             "model.activation_checkpointing 'x' is not one of none, full, selective");
   EXPECT_EQ(message([] { framework::data::parse_data_kind("x"); }),
-            "data.kind 'x' is not one of synthetic, text, tokens");
+            "data.kind 'x' is not one of synthetic, text, tokens, sft");
   EXPECT_EQ(message([] { framework::data::parse_synthetic_task("x"); }),
             "data.task 'x' is not one of copy, reverse, add");
   EXPECT_EQ(message([] { comm::parse_backend("x"); }),

@@ -1,14 +1,19 @@
 // Synthetic and text datasets: determinism, correct answers, file errors.
 #include "framework/data/dataset.h"
+#include "framework/data/sft_dataset.h"
 #include "framework/data/synthetic_dataset.h"
+#include "framework/tokenizer/hf_bpe.h"
+#include "framework/tokenizer/tokenizer.h"
 #include "framework/data/text_dataset.h"
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <set>
 #include <string>
 #include <unistd.h>
@@ -271,6 +276,178 @@ TEST(TextDataset, VocabOtherThan256IsRejectedNamingModelVocabSize) {
   data.path = file.path();
   auto message = error_of([&] { make_dataset(data, model_options(32, 16), 0); });
   EXPECT_NE(message.find("model.vocab_size"), std::string::npos) << message;
+}
+
+// ------------------------------------------------------------------ sft
+
+// The fixture's Llama 3 style tokenizer (tests/tools/data/bpe_fixture.json,
+// checked against Hugging Face's) with the chat specials added after its
+// vocabulary, written as a tokenizer.json.
+std::string chat_tokenizer_json() {
+  nlohmann::json fixture;
+  std::ifstream(std::string(SHARDKIT_SOURCE_DIR) + "/tests/tools/data/bpe_fixture.json") >> fixture;
+  nlohmann::json tok = fixture["tokenizers"]["learnt_split"];
+  int64_t next = 0;
+  for (const auto& a : tok["added_tokens"]) next = std::max<int64_t>(next, a["id"].get<int64_t>() + 1);
+  for (const char* special : {"<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"}) {
+    tok["added_tokens"].push_back({{"id", next++}, {"content", special}, {"single_word", false}, {"lstrip", false},
+                                   {"rstrip", false}, {"normalized", false}, {"special", true}});
+  }
+  const std::string path = "/tmp/shardkit_sft_tokenizer_" + std::to_string(::getpid()) + ".json";
+  std::ofstream(path) << tok.dump();
+  return path;
+}
+
+// prompt/completion, bytes: the prompt's tokens train nothing, the
+// completion's do; whole records share a window (packed) or get one each.
+TEST(SftDataset, PromptCompletionMasksThePromptAndPacksWholeRecords) {
+  TempFile file("{\"prompt\": \"ab\", \"completion\": \"CD\"}\n\n"
+                "{\"prompt\": \"ef\", \"completion\": \"GH\"}\n"
+                "{\"prompt\": \"ij\", \"completion\": \"KLMNOPQRSTUV\"}\n");
+  SftDataset ds(file.path(), "bytes", 9, 256, 7, 0, true);
+  EXPECT_EQ(ds.stats().records, 3);
+  EXPECT_EQ(ds.stats().prompt_tokens, 6);
+  EXPECT_EQ(ds.stats().completion_tokens, 16);
+  EXPECT_EQ(ds.stats().truncated, 1);  // 14 tokens, cut to 10
+  EXPECT_EQ(ds.stats().windows, 2);    // "abCDefGH" + padding, then "ijKLMNOPQR"
+  const auto [w0, t0] = ds.window(0);
+  EXPECT_EQ(w0, (std::vector<int64_t>{'a', 'b', 'C', 'D', 'e', 'f', 'G', 'H', -1, -1}));
+  EXPECT_EQ(t0, (std::vector<uint8_t>{0, 0, 1, 1, 0, 0, 1, 1, 0, 0}));
+  // The samples: inputs and next-token targets, ignored where the next token
+  // is a prompt's, a record's first or padding.
+  std::set<std::vector<int64_t>> seen;
+  for (int64_t i = 0; i < 2; ++i) {
+    const auto [x, y] = ds.sample(i);
+    seen.insert(to_vector(x));
+    if (to_vector(x)[0] == 'a') {
+      const int64_t I = kIgnoreIndex;
+      EXPECT_EQ(to_vector(x), (std::vector<int64_t>{'a', 'b', 'C', 'D', 'e', 'f', 'G', 'H', 0}));
+      EXPECT_EQ(to_vector(y), (std::vector<int64_t>{I, 'C', 'D', I, I, 'G', 'H', I, I}));
+    }
+  }
+  EXPECT_EQ(seen.size(), 2u);  // an epoch visits every window once
+  EXPECT_NE(ds.describe().find("3 records: 6 prompt and 16 completion tokens, 1 cut to seq_len + 1; 2 packed windows"),
+            std::string::npos) << ds.describe();
+  SftDataset unpacked(file.path(), "bytes", 9, 256, 7, 0, false);
+  EXPECT_EQ(unpacked.stats().windows, 3);
+  EXPECT_EQ(unpacked.window(1).first, (std::vector<int64_t>{'e', 'f', 'G', 'H', -1, -1, -1, -1, -1, -1}));
+  // Every epoch is a shuffle of all windows, different from the last.
+  SftDataset many(file.path(), "bytes", 3, 256, 11, 0, false);
+  ASSERT_EQ(many.stats().windows, 3);
+  std::vector<std::vector<int64_t>> order;
+  for (int64_t e = 0; e < 4; ++e) {
+    std::set<std::vector<int64_t>> epoch;
+    for (int64_t i = 0; i < 3; ++i) epoch.insert(to_vector(many.sample(e * 3 + i).first));
+    EXPECT_EQ(epoch.size(), 3u) << "epoch " << e;
+    order.push_back(to_vector(many.sample(e * 3).first));
+  }
+  // (epochs 0, 1, 2 start at three different windows)
+  EXPECT_EQ(std::set<std::vector<int64_t>>(order.begin(), order.begin() + 3).size(), 3u);
+}
+
+// messages: the Llama 3 chat template's tokens, exactly as the tokenizer
+// encodes the rendered text; only the assistant's content and <|eot_id|> train.
+TEST(SftDataset, MessagesRenderTheLlama3ChatFormatAndTrainOnlyTheAssistant) {
+  const std::string tok_path = chat_tokenizer_json();
+  const auto tok = framework::tokenizer::load_tokenizer(tok_path);
+  const int64_t begin = tok->special_token("<|begin_of_text|>"), sh = tok->special_token("<|start_header_id|>"),
+                eh = tok->special_token("<|end_header_id|>"), eot = tok->special_token("<|eot_id|>");
+  ASSERT_GE(begin, 0);
+  ASSERT_GE(eot, 0);
+  TempFile file(R"({"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "  What is the )"
+                R"(time?\n"}, {"role": "assistant", "content": "It is late."}, {"role": "user", "content": "Why?"}, )"
+                R"({"role": "assistant", "content": "Because the sun set."}]})"
+                "\n");
+  SftDataset ds(file.path(), tok_path, 255, tok->vocab_size(), 1, 0, true);
+  const std::string rendered =
+      "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|>"
+      "<|start_header_id|>user<|end_header_id|>\n\nWhat is the time?<|eot_id|>"
+      "<|start_header_id|>assistant<|end_header_id|>\n\nIt is late.<|eot_id|>"
+      "<|start_header_id|>user<|end_header_id|>\n\nWhy?<|eot_id|>"
+      "<|start_header_id|>assistant<|end_header_id|>\n\nBecause the sun set.<|eot_id|>";
+  const std::vector<int64_t> want = tok->encode(rendered);
+  const auto [tokens, trained] = ds.window(0);
+  ASSERT_GE(tokens.size(), want.size());
+  EXPECT_EQ(std::vector<int64_t>(tokens.begin(), tokens.begin() + static_cast<std::ptrdiff_t>(want.size())), want);
+  EXPECT_EQ(tokens[want.size()], -1);  // padding after the one record
+  // What trains: exactly the assistant contents and their <|eot_id|>.
+  std::vector<int64_t> trained_ids;
+  for (size_t t = 0; t < want.size(); ++t) {
+    if (trained[t]) trained_ids.push_back(tokens[t]);
+  }
+  std::vector<int64_t> expect = tok->encode("It is late.");
+  expect.push_back(eot);
+  for (int64_t id : tok->encode("Because the sun set.")) expect.push_back(id);
+  expect.push_back(eot);
+  EXPECT_EQ(trained_ids, expect);
+  EXPECT_EQ(ds.stats().completion_tokens, static_cast<int64_t>(expect.size()));
+  EXPECT_EQ(ds.stats().prompt_tokens, static_cast<int64_t>(want.size() - expect.size()));
+  (void)sh;
+  (void)eh;
+  std::remove(tok_path.c_str());
+}
+
+TEST(SftDataset, BadRecordsNameTheFileAndLine) {
+  auto error_for = [](const std::string& text, const std::string& tokenizer = "bytes") {
+    TempFile file(text);
+    const std::string message = error_of([&] { SftDataset(file.path(), tokenizer, 16, 1024, 0, 0, true); });
+    return std::make_pair(file.path(), message);
+  };
+  const std::string ok = "{\"prompt\": \"a\", \"completion\": \"b\"}\n";
+  {
+    const auto [path, m] = error_for(ok + "\n{\"prompt\": \"a\", \"completion\": \n");
+    EXPECT_NE(m.find("data.path '" + path + "' line 3: not JSON"), std::string::npos) << m;
+  }
+  {
+    const auto [path, m] = error_for(ok + "{\"text\": \"hello\"}\n");
+    EXPECT_NE(m.find("data.path '" + path + "' line 2: a record needs \"prompt\" and \"completion\" strings, or "
+                     "\"messages\""), std::string::npos) << m;
+  }
+  {
+    const auto [path, m] = error_for("{\"prompt\": \"a\", \"completion\": 3}\n");
+    EXPECT_NE(m.find("line 1: \"prompt\" and \"completion\" must be strings"), std::string::npos) << m;
+  }
+  {
+    const auto [path, m] = error_for("{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}]}\n");
+    EXPECT_NE(m.find("line 1: the messages format needs Llama 3's chat tokens"), std::string::npos) << m;
+  }
+  {
+    const std::string tok = chat_tokenizer_json();
+    const auto [path, m] = error_for("{\"messages\": [{\"role\": \"bot\", \"content\": \"hi\"}]}\n", tok);
+    EXPECT_NE(m.find("line 1: messages[0].role 'bot' is not system, user, assistant, tool or ipython"),
+              std::string::npos) << m;
+    const auto [path2, m2] = error_for("{\"messages\": [{\"role\": \"user\", \"content\": 5}]}\n", tok);
+    EXPECT_NE(m2.find("line 1: messages[0] must be an object with \"role\" and \"content\" strings"),
+              std::string::npos) << m2;
+    std::remove(tok.c_str());
+  }
+  {
+    const auto [path, m] = error_for("\n  \n");
+    EXPECT_NE(m.find("data.path '" + path + "' holds no records"), std::string::npos) << m;
+  }
+}
+
+// Found by fuzz/fuzz_tokenizer_json: a token id that is a float (2.2e39:
+// converting it to an integer is undefined behaviour), negative (an added
+// token's wrote before the id table) or huge (it sized the table) is
+// refused naming the token.
+TEST(HfTokenizer, AFloatNegativeOrHugeTokenIdIsRefusedNamingTheToken) {
+  nlohmann::json fixture;
+  std::ifstream(std::string(SHARDKIT_SOURCE_DIR) + "/tests/tools/data/bpe_fixture.json") >> fixture;
+  const nlohmann::json good = fixture["tokenizers"]["learnt_split"];
+  auto error_with = [&](const std::function<void(nlohmann::json&)>& change) {
+    nlohmann::json tok = good;
+    change(tok);
+    return error_of([&] { framework::tokenizer::parse_hf_tokenizer(tok.dump(), "t.json"); });
+  };
+  EXPECT_EQ(error_with([](nlohmann::json&) {}), "");
+  const std::string first = good["model"]["vocab"].items().begin().key();
+  EXPECT_EQ(error_with([&](nlohmann::json& t) { t["model"]["vocab"][first] = 2.22222e39; }),
+            "t.json: model.vocab '" + first + "' has an id that is not an integer");
+  EXPECT_EQ(error_with([](nlohmann::json& t) { t["added_tokens"][0]["id"] = -5; }),
+            "t.json: added token '<|endoftext|>' has id -5, outside [0, 4194304)");
+  EXPECT_EQ(error_with([&](nlohmann::json& t) { t["model"]["vocab"][first] = 1000000000000LL; }),
+            "t.json: model.vocab '" + first + "' has id 1000000000000, outside [0, 4194304)");
 }
 
 }  // namespace

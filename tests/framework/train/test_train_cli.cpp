@@ -10,6 +10,9 @@
 
 #include <array>
 #include <cstdio>
+#include <cstring>
+#include <cmath>
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -396,6 +399,236 @@ TEST(TrainCli, GenerateContinuesAPromptFromACheckpointOrItsHuggingFaceExport) {
   EXPECT_EQ(missing.status, 2) << missing.output;
   EXPECT_NE(missing.output.find("generate: --checkpoint: " + root + "/nope is not a directory"), std::string::npos)
       << missing.output;
+  fs::remove_all(root);
+}
+
+namespace {
+
+// A float tensor of a weights file, whole, as doubles.
+std::vector<double> tensor_reals(const checkpoint::WeightsFile& f, const std::string& name) {
+  const checkpoint::WeightsTensorInfo* t = f.find(name);
+  if (t == nullptr) return {};
+  std::vector<uint8_t> raw(t->nbytes);
+  f.read_box(name, checkpoint::full_box(t->shape), raw.data());
+  const size_t esize = checkpoint::element_size(t->dtype);
+  std::vector<double> out(raw.size() / esize);
+  for (size_t i = 0; i < out.size(); ++i) {
+    if (t->dtype == checkpoint::DType::kBFloat16) {
+      uint32_t bits = static_cast<uint32_t>(raw[i * 2] | (raw[i * 2 + 1] << 8)) << 16;
+      float v;
+      std::memcpy(&v, &bits, 4);
+      out[i] = v;
+    } else {
+      float v;
+      std::memcpy(&v, raw.data() + i * 4, 4);
+      out[i] = v;
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+// LoRA end to end through the binaries: a LoRA run from a Hugging Face
+// llama saves only its adapters (and their AdamW state) with a record of
+// the base; it resumes bit-exactly, from a copy of the base too, and
+// refuses a different base naming both; ckpt export writes PEFT's adapter
+// layout and the merged model (W + alpha/rank B A, checked here against
+// the base and the adapters); generate gives the same tokens from the LoRA
+// checkpoint (base found from its record, or --base) and from the merge.
+TEST(TrainCli, LoraRunSavesAdaptersResumesOnItsBaseAndExportsPeftAndMerged) {
+  const std::string root = cli_scratch("lora");
+  const std::string hf = root + "/base";
+  write_hf_llama(hf);
+  fs::copy(hf, root + "/base_copy");
+  fs::copy(hf, root + "/base_other");
+  {  // another base: one bf16 value of lm_head changed
+    std::fstream f(root + "/base_other/model-00002-of-00002.safetensors", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(-1, std::ios::end);
+    const char last = static_cast<char>(f.get());
+    f.seekp(-1, std::ios::end);
+    f.put(static_cast<char>(last ^ 0x01));
+  }
+  const std::string yaml = root + "/lora.yaml";
+  std::ofstream(yaml) << "model:\n  kind: llama\n  seq_len: 16\n  init_from: " << hf
+                      << "\n  lora:\n    rank: 4\n    alpha: 8\n    targets: [q_proj, v_proj, o_proj, down_proj]\n"
+                         "train:\n  steps: 6\n  global_batch_size: 8\n  log_every: 1\n"
+                         "data:\n  kind: synthetic\n  eval_fraction: 0\n"
+                         "checkpoint:\n  interval: 3\n  mode: async\n  keep_last: 0\n";
+  Result a = run("--nproc 2 --config " + yaml + " --set run.dir=" + root + "/full");
+  ASSERT_EQ(a.status, 0) << a.output;
+  EXPECT_NE(a.output.find("trainable: LoRA rank 4, alpha 8 on q_proj, v_proj, o_proj, down_proj"), std::string::npos)
+      << a.output;
+  Result b1 = run("--nproc 2 --config " + yaml + " --set run.dir=" + root + "/split --set train.stop_at=3");
+  ASSERT_EQ(b1.status, 0) << b1.output;
+  // Resumed onto a copy of the base (same weights, another path).
+  Result b2 = run("--nproc 2 --config " + yaml + " --set run.dir=" + root + "/split --set model.init_from=" + root +
+                  "/base_copy");
+  ASSERT_EQ(b2.status, 0) << b2.output;
+  EXPECT_NE(b2.output.find("resumed from " + root + "/split/checkpoints/step_3"), std::string::npos) << b2.output;
+  const auto want = losses(root + "/full"), got = losses(root + "/split");
+  ASSERT_EQ(want.size(), 6u);
+  for (const auto& [step, loss] : want) EXPECT_EQ(got.at(step), loss) << "step " << step;
+
+  // model.lora.base_dtype bf16: the base's shards in half the bytes; a bf16
+  // base loads into them exactly, so the run is the same bit for bit.
+  Result c = run("--nproc 2 --config " + yaml + " --set run.dir=" + root + "/bf16 --set model.lora.base_dtype=bf16");
+  ASSERT_EQ(c.status, 0) << c.output;
+  const auto bf16 = losses(root + "/bf16");
+  for (const auto& [step, loss] : want) EXPECT_EQ(bf16.at(step), loss) << "base_dtype bf16, step " << step;
+  auto rank_mib = [](const std::string& out) {
+    const size_t at = out.find(" MiB on this rank");
+    return at == std::string::npos ? -1.0 : std::stod(out.substr(out.rfind(", ", at) + 2));
+  };
+  // 0.03 against 0.05 MiB (the banner's 2 decimals)
+  EXPECT_LT(rank_mib(c.output), 0.7 * rank_mib(a.output)) << a.output << c.output;
+
+  // Under a pipeline (2 stages, each reading its blocks of the base): the
+  // same run within rounding (micro-batches sum in another order).
+  Result pp = run("--nproc 2 --config " + yaml + " --set run.dir=" + root + "/pp --set parallel.pipeline=2"
+                  " --set train.micro_batch_size=2");
+  ASSERT_EQ(pp.status, 0) << pp.output;
+  const auto piped = losses(root + "/pp");
+  for (const auto& [step, loss] : want) EXPECT_NEAR(piped.at(step), loss, 1e-5 * std::abs(loss)) << "pipeline, step " << step;
+
+  // The checkpoint holds the adapters and their moments, not the base.
+  const std::string ck = root + "/full/checkpoints/step_6";
+  Result st = run_ckpt("export " + ck + " --format safetensors --out " + root + "/all.safetensors");
+  ASSERT_EQ(st.status, 0) << st.output;
+  const checkpoint::WeightsFile all = checkpoint::WeightsFile::open(root + "/all.safetensors");
+  EXPECT_EQ(all.find("model.model.layers.0.self_attn.q_proj.weight"), nullptr);
+  EXPECT_EQ(all.find("model.model.embed_tokens.weight"), nullptr);
+  EXPECT_NE(all.find("model.model.layers.1.mlp.down_proj.lora_B.weight"), nullptr);
+  EXPECT_NE(all.find("optim.model.layers.0.self_attn.v_proj.lora_A.weight.exp_avg"), nullptr);
+  EXPECT_EQ(all.tensors().size(), 2u * 4 * 2 * 3);  // 2 layers x 4 targets x {A, B} x {param, m, v}
+
+  // A different base: refused before anything starts, both named.
+  Result other = run("--nproc 2 --config " + yaml + " --set run.dir=" + root + "/split --set train.steps=8"
+                     " --set model.init_from=" + root + "/base_other");
+  EXPECT_EQ(other.status, 2) << other.output;
+  EXPECT_NE(other.output.find("train: model.init_from '" + root + "/base_other' has weights xxh3:"), std::string::npos)
+      << other.output;
+  // (the split run's record names the copy it resumed on)
+  EXPECT_NE(other.output.find("not those of the base '" + root + "/base_copy' (xxh3:"), std::string::npos)
+      << other.output;
+  EXPECT_EQ(other.output.find("Exception raised from"), std::string::npos) << other.output;
+
+  // PEFT's adapter directory.
+  Result pe = run_ckpt("export " + ck + " --format peft --out " + root + "/peft");
+  ASSERT_EQ(pe.status, 0) << pe.output;
+  nlohmann::json adapter_config;
+  std::ifstream(root + "/peft/adapter_config.json") >> adapter_config;
+  EXPECT_EQ(adapter_config["peft_type"], "LORA");
+  EXPECT_EQ(adapter_config["task_type"], "CAUSAL_LM");
+  EXPECT_EQ(adapter_config["r"], 4);
+  EXPECT_EQ(adapter_config["lora_alpha"], 8.0);
+  EXPECT_EQ(adapter_config["target_modules"], nlohmann::json({"q_proj", "v_proj", "o_proj", "down_proj"}));
+  EXPECT_EQ(adapter_config["base_model_name_or_path"], hf);
+  const checkpoint::WeightsFile peft = checkpoint::WeightsFile::open(root + "/peft/adapter_model.safetensors");
+  EXPECT_EQ(peft.tensors().size(), 16u);
+  const std::string q = "base_model.model.model.layers.0.self_attn.q_proj.";
+  ASSERT_NE(peft.find(q + "lora_A.weight"), nullptr);
+  EXPECT_EQ(peft.find(q + "lora_A.weight")->shape, (std::vector<int64_t>{4, 32}));
+  EXPECT_EQ(peft.find(q + "lora_B.weight")->shape, (std::vector<int64_t>{32, 4}));
+
+  // The merged model: W + (8 / 4) B A for every adapted projection, the rest as the base.
+  Result refused = run_ckpt("export " + ck + " --format hf --out " + root + "/hf_plain");
+  EXPECT_EQ(refused.status, 1) << refused.output;  // ckpt's status for a refused request
+  EXPECT_NE(refused.output.find("holds LoRA adapters, not the base model: give --merge-lora"), std::string::npos)
+      << refused.output;
+  Result me = run_ckpt("export " + ck + " --format hf --merge-lora --out " + root + "/merged");
+  ASSERT_EQ(me.status, 0) << me.output;
+  const checkpoint::WeightsFile base = checkpoint::WeightsFile::open(hf), merged = checkpoint::WeightsFile::open(root + "/merged");
+  ASSERT_EQ(merged.tensors().size(), base.tensors().size());
+  double worst = 0;
+  for (const auto& t : base.tensors()) {
+    const std::vector<double> w = tensor_reals(base, t.name), m = tensor_reals(merged, t.name);
+    ASSERT_EQ(m.size(), w.size()) << t.name;
+    const std::string stem = t.name.substr(0, t.name.size() - 6);  // without "weight"
+    const std::vector<double> A = tensor_reals(peft, "base_model.model." + stem + "lora_A.weight"),
+                              B = tensor_reals(peft, "base_model.model." + stem + "lora_B.weight");
+    const bool adapted = !A.empty();
+    EXPECT_EQ(adapted, t.name.find("q_proj") != std::string::npos || t.name.find("v_proj") != std::string::npos ||
+                           t.name.find("o_proj") != std::string::npos || t.name.find("down_proj") != std::string::npos)
+        << t.name;
+    const int64_t in = t.shape.size() == 2 ? t.shape[1] : 0;
+    for (size_t i = 0; i < w.size(); ++i) {
+      double want_v = w[i];
+      if (adapted) {
+        const int64_t r = static_cast<int64_t>(i) / in, c = static_cast<int64_t>(i) % in;
+        double ba = 0;
+        for (int64_t k = 0; k < 4; ++k) ba += B[static_cast<size_t>(r * 4 + k)] * A[static_cast<size_t>(k * in + c)];
+        want_v += 2.0 * ba;
+      }
+      worst = std::max(worst, std::abs(m[i] - want_v));
+    }
+  }
+  EXPECT_LT(worst, 1e-6);
+  Result wrong_base = run_ckpt("export " + ck + " --format hf --merge-lora --out " + root + "/merged2 --base " + root +
+                               "/base_other");
+  EXPECT_EQ(wrong_base.status, 1) << wrong_base.output;
+  EXPECT_NE(wrong_base.output.find("the LoRA base " + root + "/base_other has weights xxh3:"), std::string::npos)
+      << wrong_base.output;
+  EXPECT_FALSE(fs::exists(root + "/merged2"));
+
+  // generate: the LoRA checkpoint (its recorded base, or --base) and the merge agree.
+  const std::string ask = " --prompt-ids 3,1,4,1,5 --max-new-tokens 12 --ids";
+  Result g1 = run_generate("--checkpoint " + ck + ask);
+  ASSERT_EQ(g1.status, 0) << g1.output;
+  EXPECT_NE(g1.output.find("generate: LoRA adapters of " + ck + " on the base " + hf), std::string::npos) << g1.output;
+  Result g2 = run_generate("--checkpoint " + ck + " --base " + root + "/base_copy" + ask);
+  ASSERT_EQ(g2.status, 0) << g2.output;
+  Result g3 = run_generate("--checkpoint " + root + "/merged" + ask);
+  ASSERT_EQ(g3.status, 0) << g3.output;
+  ASSERT_FALSE(ids_line(g1.output).is_null()) << g1.output;
+  EXPECT_EQ(ids_line(g1.output)["ids"].size(), 12u);
+  EXPECT_EQ(ids_line(g2.output)["ids"], ids_line(g1.output)["ids"]);
+  EXPECT_EQ(ids_line(g3.output)["ids"], ids_line(g1.output)["ids"]);
+  Result g4 = run_generate("--checkpoint " + ck + " --base " + root + "/base_other" + ask);
+  EXPECT_EQ(g4.status, 2) << g4.output;
+  EXPECT_NE(g4.output.find("generate: --base " + root + "/base_other has weights xxh3:"), std::string::npos)
+      << g4.output;
+  fs::remove_all(root);
+}
+
+// data.kind sft through the binary: prompt/completion records train a
+// byte-level llama with LoRA on a random base (its checkpoint records
+// that, and resumes); the banner counts prompt and completion tokens; a
+// bad record exits 2 naming the file and line before any rank starts.
+TEST(TrainCli, SftRecordsTrainWithTheirTokenCountsAndBadRecordsExitTwo) {
+  const std::string root = cli_scratch("sft");
+  fs::create_directories(root);
+  const std::string data = root + "/train.jsonl";
+  {
+    std::ofstream out(data);
+    for (int i = 0; i < 40; ++i) {
+      out << nlohmann::json{{"prompt", "Q" + std::to_string(i) + ": reverse abc? "}, {"completion", "cba."}}.dump()
+          << "\n";
+    }
+  }
+  const std::string args = "--nproc 2 --config " + std::string(SHARDKIT_SOURCE_DIR) +
+                           "/configs/default.yaml --set model.kind=llama --set model.vocab_size=256"
+                           " --set model.seq_len=48 --set data.kind=sft --set data.path=" + data +
+                           " --set model.lora.rank=4 --set train.steps=4 --set train.log_every=1"
+                           " --set data.eval_fraction=0.1 --set train.eval_every=2 --set checkpoint.interval=2";
+  Result a = run(args + " --set run.dir=" + root + "/run --set train.stop_at=2");
+  ASSERT_EQ(a.status, 0) << a.output;
+  // 40 records: "Qi: reverse abc? " is 17 or 18 bytes, "cba." 4.
+  EXPECT_NE(a.output.find("data sft '" + data + "' (40 records: 710 prompt and 160 completion tokens; "),
+            std::string::npos) << a.output;
+  EXPECT_NE(a.output.find("eval step 2 | val_loss"), std::string::npos) << a.output;
+  Result b = run(args + " --set run.dir=" + root + "/run");
+  ASSERT_EQ(b.status, 0) << b.output;
+  EXPECT_NE(b.output.find("resumed from " + root + "/run/checkpoints/step_2"), std::string::npos) << b.output;
+  EXPECT_EQ(losses(root + "/run").size(), 4u);
+
+  std::ofstream(data, std::ios::app) << "{\"prompt\": \"x\"}\n";
+  Result bad = run(args + " --set run.dir=" + root + "/bad");
+  EXPECT_EQ(bad.status, 2) << bad.output;
+  EXPECT_NE(bad.output.find("train: data.path '" + data + "' line 41: a record needs \"prompt\" and \"completion\""),
+            std::string::npos) << bad.output;
+  EXPECT_EQ(bad.output.find("Exception raised from"), std::string::npos) << bad.output;
+  EXPECT_FALSE(fs::exists(root + "/bad/metrics.jsonl"));
   fs::remove_all(root);
 }
 
