@@ -73,6 +73,24 @@ framework::config::Config base_config(const std::string& dir, const std::string&
   return c;
 }
 
+// A small llama with full activation checkpointing and accumulation (two
+// micro-batches of 6), in `dtype` (fp32 or bf16).
+framework::config::Config cuda_llama_config(const std::string& dir, const std::string& device,
+                                       const std::string& dtype) {
+  auto c = base_config(dir, device);
+  c.model.kind = "llama";
+  c.model.tie_weights = false;
+  c.model.d_model = 32;
+  c.model.n_heads = 4;
+  c.model.n_kv_heads = 2;
+  c.model.d_ff = 48;
+  c.model.activation_checkpointing = models::ActivationCheckpointing::kFull;
+  c.train.micro_batch_size = 6;
+  c.train.mixed_precision.param_dtype =
+      framework::fsdp::parse_precision_dtype(dtype, "train.mixed_precision.param_dtype");
+  return c;
+}
+
 struct CudaRun {
   FullState state;
   std::vector<double> losses;
@@ -192,20 +210,7 @@ TEST(CudaTraining, FsdpAndDdpOnOneGpuMatchASingleRank) {
 TEST(CudaTraining, LlamaInFp32AndBf16MatchesTheCpuAndResumesBitExactly) {
   SHARDKIT_REQUIRE_CUDA();
   std::string root = cuda_scratch("llama");
-  auto llama = [&](const std::string& dir, const std::string& device, const std::string& dtype) {
-    auto c = base_config(dir, device);
-    c.model.kind = "llama";
-    c.model.tie_weights = false;
-    c.model.d_model = 32;
-    c.model.n_heads = 4;
-    c.model.n_kv_heads = 2;
-    c.model.d_ff = 48;
-    c.model.activation_checkpointing = models::ActivationCheckpointing::kFull;
-    c.train.micro_batch_size = 6;
-    c.train.mixed_precision.param_dtype =
-        framework::fsdp::parse_precision_dtype(dtype, "train.mixed_precision.param_dtype");
-    return c;
-  };
+  auto llama = cuda_llama_config;
   CudaRun cpu = train_run(llama(root + "/cpu", "cpu", "fp32"), 1, 1);
   CudaRun gpu = train_run(llama(root + "/gpu", "cuda", "fp32"), 1, 1);
   CudaRun bf16 = train_run(llama(root + "/bf16", "cuda", "bf16"), 1, 1);
@@ -226,6 +231,31 @@ TEST(CudaTraining, LlamaInFp32AndBf16MatchesTheCpuAndResumesBitExactly) {
   EXPECT_EQ(resumed.start, 10);
   ASSERT_EQ(resumed.losses.size(), 10u);
   for (size_t i = 0; i < 10; ++i) EXPECT_EQ(resumed.losses[i], bf16.losses[10 + i]) << "step " << 11 + i;
+  fs::remove_all(root);
+}
+
+// FSDP's prefetch (parallel.prefetch, docs/parallelism.md) on the GPU path,
+// world 1 on NCCL: losses are bit-identical with prefetch 0, 1 and 2. One GPU
+// has nothing to communicate (a group of one moves no bytes), so this checks
+// the schedule on CUDA, not the overlap of NCCL's streams, which needs two.
+TEST(CudaTraining, PrefetchZeroOneAndTwoGiveBitIdenticalLossesOnOneGpu) {
+  SHARDKIT_REQUIRE_CUDA();
+  std::string root = cuda_scratch("prefetch");
+  std::map<int64_t, std::vector<double>> losses;
+  for (int64_t prefetch : {0, 1, 2}) {
+    auto c = cuda_llama_config(root + "/p" + std::to_string(prefetch), "cuda", "bf16");
+    c.parallel.prefetch = prefetch;
+    CudaRun run = train_run(c, 1, 1);
+    EXPECT_TRUE(run.on_gpu);
+    losses[prefetch] = run.losses;
+  }
+  ASSERT_EQ(losses[0].size(), 20u);
+  for (int64_t prefetch : {1, 2}) {
+    ASSERT_EQ(losses[prefetch].size(), 20u);
+    for (size_t i = 0; i < 20; ++i) {
+      EXPECT_EQ(losses[prefetch][i], losses[0][i]) << "prefetch " << prefetch << ", step " << i + 1;
+    }
+  }
   fs::remove_all(root);
 }
 
