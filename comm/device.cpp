@@ -13,6 +13,8 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>
+
+#include "comm/torch_compat.h"
 #endif
 
 namespace comm {
@@ -54,6 +56,24 @@ double peak_device_memory_bytes(const at::Device& device) {
 #endif
   (void)device;
   return 0;
+}
+
+void record_cuda_memory_history(bool on, size_t max_entries) {
+#ifdef SHARDKIT_CUDA
+  compat::record_cuda_memory_history(on, max_entries);
+#else
+  (void)on;
+  (void)max_entries;
+  throw std::logic_error("CUDA memory history: this build has no CUDA (SHARDKIT_CUDA off)");
+#endif
+}
+
+std::string cuda_memory_snapshot_pickle() {
+#ifdef SHARDKIT_CUDA
+  return torch::cuda::_memory_snapshot_pickled();
+#else
+  throw std::logic_error("CUDA memory snapshot: this build has no CUDA (SHARDKIT_CUDA off)");
+#endif
 }
 
 double cuda_device_total_bytes(int local_rank) {

@@ -35,6 +35,16 @@ void use_deterministic_cuda(bool on = true);
 // `device` since the process started; 0 for the CPU or without CUDA.
 double peak_device_memory_bytes(const at::Device& device);
 
+// CUDA memory snapshots (profile.memory_snapshot). record_cuda_memory_history
+// starts (or stops) recording LibTorch's caching allocator's history: every
+// allocation and free with its stack, the last `max_entries` (LibTorch 2.x;
+// 1.13 keeps only the live blocks' stacks). cuda_memory_snapshot_pickle is
+// what torch.cuda.memory._dump_snapshot writes: the allocator's segments and
+// the recorded trace, pickled, which PyTorch's memory_viz opens. Both throw
+// std::logic_error without CUDA.
+void record_cuda_memory_history(bool on, size_t max_entries = 100000);
+std::string cuda_memory_snapshot_pickle();
+
 // Total memory of CUDA device local_rank % count (its properties; creates no
 // context), or 0 without CUDA or devices.
 double cuda_device_total_bytes(int local_rank);

@@ -27,6 +27,7 @@
 #include <torch/optim/optimizer.h>
 #include <torch/version.h>
 #ifdef SHARDKIT_CUDA
+#include <torch/csrc/cuda/memory_snapshot.h>
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
 
@@ -154,6 +155,21 @@ inline BackendPtr make_gloo_backend(const StorePtr& store, int rank, int size,
 }
 
 #ifdef SHARDKIT_CUDA
+// The CUDA caching allocator's history (torch.cuda.memory._record_memory_history's
+// C++ side, what profile.memory_snapshot records). 2.x: every allocation
+// and free, with its C++ stack, the last `max_entries` of them; 1.13: only
+// the live blocks' stacks (no trace). Off: recording stops.
+inline void record_cuda_memory_history(bool on, size_t max_entries) {
+#if TORCH_VERSION_MAJOR >= 2
+  torch::cuda::_record_memory_history(on, /*record_context=*/true,
+                                      /*trace_alloc_max_entries=*/static_cast<int64_t>(max_entries),
+                                      /*trace_alloc_record_context=*/true, /*record_cpp_context=*/true);
+#else
+  (void)max_entries;
+  torch::cuda::_record_memory_history(on);
+#endif
+}
+
 inline BackendPtr make_nccl_backend(const StorePtr& store, int rank, int size,
                                     std::chrono::milliseconds timeout) {
   auto opts = c10d::ProcessGroupNCCL::Options::create();

@@ -196,6 +196,9 @@ void check_consistency(const Config& cfg, const Origins& origins) {
   if (cfg.parallel.replicate == -1 && cfg.parallel.shard == -1)
     fail(key("parallel.replicate") + " and " + key("parallel.shard") +
          " are both -1; at most one degree can be derived from the world size");
+  if (cfg.profile.memory_snapshot && cfg.train.device != comm::DeviceKind::kCuda)
+    fail(key("profile.memory_snapshot") + " needs " + key("train.device") +
+         " to be cuda: the snapshot is the CUDA caching allocator's history");
   if (cfg.profile.every > 0 && cfg.profile.active > cfg.profile.every)
     fail(key("profile.active") + " must be at most " + key("profile.every") +
          " (each trace covers the last profile.active steps of every profile.every)");

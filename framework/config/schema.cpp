@@ -144,6 +144,13 @@ std::vector<Key> build_schema() {
        "profile.every."},
       {SHARDKIT_CONFIG_FIELD(profile.dir), any_value(),
        "Where profiler traces go; empty: run.dir/profile."},
+      {SHARDKIT_CONFIG_FIELD(profile.memory_snapshot), any_value(),
+       "CUDA memory snapshots: record the caching allocator's history (every allocation and free "
+       "with its stack) from the start, and write what torch.cuda.memory._dump_snapshot writes "
+       "(PyTorch's memory_viz opens it) to profile.dir/memory_snapshot/step_<N>/rank<r>.pickle at "
+       "the end of each profile.every window (0: of the run), and to "
+       "profile.dir/memory_snapshot/oom/rank<r>_step<N>.pickle on an out-of-memory error before the "
+       "run exits. Needs train.device: cuda."},
 
       {SHARDKIT_CONFIG_FIELD(metrics.tensorboard), any_value(),
        "Rank 0 also writes TensorBoard event files to run.dir/tb: loss, lr, grad norm, tokens/s, "

@@ -70,6 +70,10 @@ struct ProfileOptions {
   int64_t every = 0;  // 0: off
   int64_t active = 1;
   std::string dir;    // "": run.dir/profile
+  // CUDA memory snapshots (profiler.h): the caching allocator's history
+  // recorded from the start, a snapshot per rank at the end of each
+  // profile.every window (or of the run) and on an out-of-memory error.
+  bool memory_snapshot = false;
 };
 
 // What a run records besides metrics.jsonl (config section `metrics`).

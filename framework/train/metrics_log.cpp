@@ -284,6 +284,11 @@ void MetricsLog::profile(int64_t first_step, int64_t step, const std::string& ba
   write({{"event", "profile"}, {"step", step}, {"backend", backend}, {"dir", dir}});
 }
 
+void MetricsLog::memory_snapshot(int64_t step, const std::string& path) {
+  std::cout << "memory snapshot step " << step << ": " << path << " (rank 0; every rank writes its own)" << std::endl;
+  write({{"event", "memory_snapshot"}, {"step", step}, {"path", path}});
+}
+
 void MetricsLog::sample(int64_t step, const std::string& prompt, const std::string& text) {
   std::string shown = prompt + text;
   for (char& c : shown) {

@@ -107,6 +107,8 @@ class MetricsLog {
   void checkpoint_skipped(int64_t step);
   void retention_failure(const checkpoint::RetentionFailure& failure);
   void profile(int64_t first_step, int64_t step, const std::string& backend, const std::string& dir);
+  // profile.memory_snapshot: rank 0's snapshot of a window's end ("memory snapshot step N: PATH").
+  void memory_snapshot(int64_t step, const std::string& path);
   void sample(int64_t step, const std::string& prompt, const std::string& text);
   void end(int64_t step, bool stopped_by_signal);
 

@@ -1,11 +1,14 @@
 #include "framework/train/profiler.h"
 
+#include "comm/device.h"
+
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/profiler_kineto.h>
 #include <torch/csrc/autograd/profiler_legacy.h>
 #include <torch/torch.h>
 
 #include <filesystem>
+#include <fstream>
 #include <mutex>
 #include <set>
 
@@ -67,9 +70,23 @@ StepProfiler::StepProfiler(const ProfileOptions& options, const std::string& run
     : options_(options),
       dir_(options.dir.empty() ? (fs::path(run_dir) / "profile").string() : options.dir),
       rank_(rank),
-      cuda_(cuda) {}
+      cuda_(cuda) {
+  if (options_.memory_snapshot) {
+    // The config refuses it on the CPU; a program that builds one anyway
+    // is told the same here.
+    if (!cuda_) throw std::invalid_argument("profile.memory_snapshot needs train.device: cuda");
+    comm::record_cuda_memory_history(true);
+    memory_ = true;
+  }
+}
 
 StepProfiler::~StepProfiler() {
+  if (memory_) {
+    try {
+      comm::record_cuda_memory_history(false);
+    } catch (...) {
+    }
+  }
   if (!active_) return;
   // A run that ends inside a window (an error, a signal): stop, write nothing.
   try {
@@ -113,6 +130,38 @@ std::string StepProfiler::after_step(int64_t step, int64_t last_step) {
     torch::autograd::profiler::disableProfiler()->save(active->path);
   }
   return active->path;
+}
+
+std::string StepProfiler::write_memory_snapshot(const std::string& dir, const std::string& name) {
+  const fs::path d = fs::path(dir_) / "memory_snapshot" / dir;
+  fs::create_directories(d);
+  const fs::path path = d / name;
+  const std::string tmp = path.string() + ".tmp";
+  const std::string bytes = comm::cuda_memory_snapshot_pickle();
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    out.close();
+    if (!out) throw std::runtime_error("profile.memory_snapshot: cannot write '" + tmp + "'");
+  }
+  fs::rename(tmp, path);
+  return path.string();
+}
+
+std::string StepProfiler::after_step_memory(int64_t step, int64_t last_step) {
+  if (!memory_) return "";
+  const int64_t every = options_.every;
+  if (every > 0 ? step % every != 0 && step != last_step : step != last_step) return "";
+  return write_memory_snapshot("step_" + std::to_string(step), "rank" + std::to_string(rank_) + ".pickle");
+}
+
+std::string StepProfiler::write_oom_snapshot(int64_t step) noexcept {
+  if (!memory_) return "";
+  try {
+    return write_memory_snapshot("oom", "rank" + std::to_string(rank_) + "_step" + std::to_string(step) + ".pickle");
+  } catch (...) {
+    return "";
+  }
 }
 
 }  // namespace framework::train

@@ -11,6 +11,14 @@
 // Both record the trainer's own ranges: shardkit::forward, step_stats,
 // backward, finish_gradients, optimizer, fsdp_gather, fsdp_reduce,
 // checkpoint (the save call on the training thread).
+//
+// CUDA memory snapshots (profile.memory_snapshot, as torchtitan's
+// enable_memory_snapshot): the caching allocator records its history from
+// the profiler's construction; each rank writes
+// DIR/memory_snapshot/step_<N>/rank<r>.pickle at the end of each
+// profile.every window (of the run when every is 0), and
+// DIR/memory_snapshot/oom/rank<r>_step<N>.pickle on an out-of-memory error.
+// PyTorch's memory_viz (pytorch.org/memory_viz) opens them.
 #include "framework/config/train_options.h"
 
 #include <cstdint>
@@ -32,7 +40,14 @@ class StepProfiler {
   // ("" otherwise). `last_step`: the run's last step this time (a window cut
   // short by the end of the run is written there).
   std::string after_step(int64_t step, int64_t last_step);
+  // Traces are taken (profile.every > 0).
   bool enabled() const { return options_.every > 0; }
+  // profile.memory_snapshot: the memory snapshot's path when `step` closes a
+  // window (or is the run's last when every is 0), else "".
+  std::string after_step_memory(int64_t step, int64_t last_step);
+  // The snapshot of an out-of-memory error in `step`; "" when snapshots are
+  // off or the snapshot itself failed (the error that ends the run matters more).
+  std::string write_oom_snapshot(int64_t step) noexcept;
   // "kineto" or "legacy": what this LibTorch build traces with.
   static const char* backend();
   // Where the traces go.
@@ -44,8 +59,11 @@ class StepProfiler {
   std::string dir_;
   int rank_;
   bool cuda_;
+  bool memory_ = false;  // recording the CUDA allocator's history
   int64_t first_step_ = 0;
   std::unique_ptr<Active> active_;
+
+  std::string write_memory_snapshot(const std::string& dir, const std::string& name);
 };
 
 }  // namespace framework::train

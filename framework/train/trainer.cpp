@@ -361,6 +361,8 @@ void Trainer::State::finish_checkpoints() {
 
 // profile.every: a trace of the window that ended with this step.
 void Trainer::State::after_step_profile() {
+  const std::string snapshot = profiler->after_step_memory(step, span->last_step);
+  if (!snapshot.empty() && is_logger) log->memory_snapshot(step, snapshot);
   if (!profiler->enabled()) return;
   const std::string trace = profiler->after_step(step, span->last_step);
   if (trace.empty() || !is_logger) return;
@@ -474,7 +476,18 @@ StepRecord Trainer::run_step() {
   State& s = *s_;
   if (!s.span) s.span = RunSpan{s.step + 1, s.last_step(), Clock::now()};
   s.profiler->before_step(s.step + 1);
-  StepRecord rec = train_step();
+  StepRecord rec;
+  try {
+    rec = train_step();
+  } catch (const c10::OutOfMemoryError&) {
+    // profile.memory_snapshot: what the allocator held when it ran out.
+    const std::string snapshot = s.profiler->write_oom_snapshot(s.step + 1);
+    if (!snapshot.empty()) {
+      std::cerr << "shardkit: rank " << s.rt.env.rank << " ran out of GPU memory in step " << s.step + 1
+                << "; memory snapshot: " << snapshot << std::endl;
+    }
+    throw;
+  }
   s.log_step(rec, *s.span);
   {
     RECORD_USER_SCOPE("shardkit::checkpoint");

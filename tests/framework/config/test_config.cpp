@@ -26,7 +26,7 @@ const std::vector<std::string> kAllKeys = {
     "train.sample_tokens", "train.device", "train.deterministic", "train.optimizer_impl", "train.fused_kernels", "train.peak_tflops", "train.grad_clip",
     "train.micro_batch_size", "train.mixed_precision.param_dtype",
     "train.mixed_precision.reduce_dtype",
-    "profile.every", "profile.active", "profile.dir", "metrics.tensorboard",
+    "profile.every", "profile.active", "profile.dir", "profile.memory_snapshot", "metrics.tensorboard",
     "model.kind", "model.vocab_size", "model.seq_len", "model.d_model", "model.n_layers",
     "model.n_heads", "model.n_kv_heads", "model.d_ff", "model.tie_weights", "model.rope_theta",
     "model.norm_eps", "model.rope_scaling.factor", "model.rope_scaling.low_freq_factor",
@@ -104,6 +104,7 @@ Config non_default_config() {
   c.profile.every = 7;
   c.profile.active = 3;
   c.profile.dir = "traces";
+  c.profile.memory_snapshot = true;
   c.metrics.tensorboard = true;
   c.train.grad_clip = 0.25;
   c.train.micro_batch_size = 8;
@@ -283,6 +284,9 @@ const BadConfigCase kBadConfigs[] = {
      "optim.lr (0.001, configs/x.yaml:2)"},
     {"CrossKeyTextNeedsAPath",
      "data:\n  kind: text\n", "data.path", "configs/x.yaml:2", "data.kind (\"text\""},
+    {"CrossKeyMemorySnapshotNeedsCuda",
+     "profile:\n  memory_snapshot: true\n", "profile.memory_snapshot", "configs/x.yaml:2",
+     "needs train.device (\"cpu\", default) to be cuda"},
     {"CrossKeyStopAfterTheLastStep",
      "train:\n  steps: 10\n  stop_at: 11\n", "train.stop_at", "configs/x.yaml:3",
      "train.steps (10, configs/x.yaml:2)"},

@@ -259,6 +259,36 @@ TEST(CudaTraining, PrefetchZeroOneAndTwoGiveBitIdenticalLossesOnOneGpu) {
   fs::remove_all(root);
 }
 
+// profile.memory_snapshot: each window's end writes the allocator's
+// snapshot, which Python's pickle reads as torch.cuda.memory._dump_snapshot's
+// dict, with the run's segments (and, on LibTorch 2.x, its trace of
+// allocations and frees).
+TEST(CudaTraining, MemorySnapshotsAtEachWindowsEndReadAsPyTorchsSnapshotPickle) {
+  SHARDKIT_REQUIRE_CUDA();
+  std::string root = cuda_scratch("memsnap");
+  auto c = cuda_llama_config(root, "cuda", "bf16");
+  c.profile.every = 10;
+  c.profile.memory_snapshot = true;
+  CudaRun run = train_run(c, 1, 1);
+  ASSERT_EQ(run.losses.size(), 20u);
+  for (int step : {10, 20}) {
+    const fs::path snap = fs::path(root) / "profile" / "memory_snapshot" / ("step_" + std::to_string(step)) /
+                          "rank0.pickle";
+    ASSERT_TRUE(fs::exists(snap)) << snap;
+    const std::string check =
+        "import pickle, sys\n"
+        "d = pickle.load(open(sys.argv[1], 'rb'))\n"
+        "assert isinstance(d, dict) and d.get('segments'), sorted(d)\n"
+        "traces = d.get('device_traces')\n"
+        "assert traces is None or sum(len(t) for t in traces) > 0, 'empty trace'\n"
+        "print('segments', len(d['segments']))\n";
+    std::ofstream(fs::path(root) / "check.py") << check;
+    const std::string cmd = "python3 " + (fs::path(root) / "check.py").string() + " " + snap.string() + " 2>&1";
+    EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  }
+  fs::remove_all(root);
+}
+
 TEST(CudaTraining, ResumeOnTheGpuIsBitExact) {
   SHARDKIT_REQUIRE_CUDA();
   std::string root = cuda_scratch("resume");
