@@ -39,6 +39,7 @@
 // the two shapes, or has a role or content of the wrong kind names the file
 // and its line; a file with no records, or a tokenizer too large for
 // model.vocab_size, names data.path / data.tokenizer.
+#include "framework/data/sft_records.h"
 #include "framework/data/token_dataset.h"
 
 #include <cstdint>
@@ -46,15 +47,6 @@
 #include <vector>
 
 namespace framework::data {
-
-struct SftStats {
-  int64_t records = 0;
-  int64_t prompt_tokens = 0;      // tokens that train nothing (prompts, headers, specials)
-  int64_t completion_tokens = 0;  // tokens the loss covers
-  int64_t truncated = 0;          // records cut to seq_len + 1 tokens
-  int64_t windows = 0;            // training windows (packs)
-  int64_t eval_windows = 0;
-};
 
 class SftDataset : public Dataset {
  public:

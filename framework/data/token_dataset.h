@@ -24,6 +24,7 @@
 //
 // Every error is a DataError naming the file and, for bad bytes, the offset.
 #include "framework/data/dataset.h"
+#include "framework/data/token_shard.h"
 
 #include <memory>
 #include <stdexcept>
@@ -31,43 +32,6 @@
 #include <vector>
 
 namespace framework::data {
-
-// Bad token data or a bad data.* setting: one line naming the file and offset.
-class DataError : public std::invalid_argument {
- public:
-  using std::invalid_argument::invalid_argument;
-};
-
-// One memory-mapped shard.
-struct TokenShard {
-  std::string path;    // the .bin
-  std::string format;  // "llm.c uint16", "llm.c uint32", "megatron int32", ...
-  int width = 2;       // bytes per token
-  bool is_signed = false;
-  int64_t data_offset = 0;  // byte offset of token 0 in the file
-  int64_t tokens = 0;
-  std::vector<int64_t> doc_starts;   // token index of each document's start (starts with 0)
-  std::shared_ptr<const uint8_t> map;  // the whole file, read-only (munmap on release)
-  int64_t map_bytes = 0;
-
-  // Token t (REQUIRES 0 <= t < tokens), widened.
-  int64_t at(int64_t t) const;
-};
-
-// `path`: a file, a Megatron prefix (X for X.bin + X.idx), a directory (its
-// *.bin files) or a glob; `key` names the setting in errors (data.path).
-// Returns the .bin files in name order. Errors: nothing matches, not found.
-std::vector<std::string> resolve_token_paths(const std::string& path, const std::string& key);
-
-// Opens and checks one shard: magic, version, dtype, sizes (a truncated or
-// over-long file is an error naming the expected and actual byte counts).
-TokenShard open_token_shard(const std::string& bin_path);
-
-// The token files this process has verified (data.check_tokens), one per
-// line, for kCheckedTokensEnv: train's launcher passes its verdict to its
-// ranks there, so a job reads the ids once rather than once per rank.
-constexpr const char* kCheckedTokensEnv = "SHARDKIT_TOKENS_CHECKED";
-std::string checked_token_files();
 
 struct TokenDatasetOptions {
   std::string path;            // data.path

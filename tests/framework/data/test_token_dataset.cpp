@@ -104,6 +104,38 @@ TEST_F(TokenShards, EachShardReadsAsItsWriterLaidItOut) {
   EXPECT_GT(top, 65535);
 }
 
+// Found by fuzz_token_shard: a Megatron index whose last document is empty
+// (its index repeats the sequence count, as _IndexWriter writes when
+// end_document follows end_document) put a document start at the shard's
+// end, one past its last token, where the next shard's first document
+// starts: the stream counted a document too many.
+TEST_F(TokenShards, AnEmptyLastMegatronDocumentStartsNoDocument) {
+  const std::string stem = dir_ + "/empty_last_doc";
+  const std::vector<int32_t> lengths = {3, 2, 2};
+  const std::vector<int64_t> pointers = {0, 12, 20};  // bytes: int32 tokens
+  const std::vector<int64_t> documents = {0, 1, 3, 3};
+  {
+    std::ofstream idx(stem + ".idx", std::ios::binary);
+    idx.write("MMIDIDX\0\0", 9);
+    const uint64_t version = 1, sequences = lengths.size(), docs = documents.size();
+    const uint8_t dtype = 4;  // int32
+    idx.write(reinterpret_cast<const char*>(&version), 8);
+    idx.write(reinterpret_cast<const char*>(&dtype), 1);
+    idx.write(reinterpret_cast<const char*>(&sequences), 8);
+    idx.write(reinterpret_cast<const char*>(&docs), 8);
+    idx.write(reinterpret_cast<const char*>(lengths.data()), 4 * 3);
+    idx.write(reinterpret_cast<const char*>(pointers.data()), 8 * 3);
+    idx.write(reinterpret_cast<const char*>(documents.data()), 8 * 4);
+    const std::vector<int32_t> tokens = {1, 2, 3, 4, 5, 6, 7};
+    std::ofstream(stem + ".bin", std::ios::binary).write(reinterpret_cast<const char*>(tokens.data()), 4 * 7);
+  }
+  const TokenShard s = open_token_shard(stem + ".bin");
+  EXPECT_EQ(s.tokens, 7);
+  EXPECT_EQ(s.doc_starts, (std::vector<int64_t>{0, 3}));
+  fs::remove(stem + ".bin");
+  fs::remove(stem + ".idx");
+}
+
 TEST_F(TokenShards, ADirectoryGlobOrPrefixIsOneStreamInNameOrder) {
   const auto all = resolve_token_paths(dir_, "data.path");
   ASSERT_EQ(all.size(), 5u);  // the .bin files, not .idx, .expected or .docs
