@@ -1,8 +1,7 @@
 // libFuzzer target: instruction data (data.kind sft), through
 // framework::data::read_sft_records -- what SftDataset runs on data.path --
-// with the chat tokenizer of the SftDataset tests (tests/tools/data/
-// bpe_fixture.json's learnt_split tokenizer plus Llama 3's chat specials) or
-// the bytes tokenizer. Byte 0 picks: bits 0-5 model.seq_len - 1, bit 6
+// with the chat tokenizer of the SftDataset tests
+// (tests/support/chat_tokenizer.h) or the bytes tokenizer. Byte 0 picks: bits 0-5 model.seq_len - 1, bit 6
 // data.packed, bit 7 the bytes tokenizer; the rest is the JSONL file. Anything
 // not accepted must end in DataError naming the file; what is accepted must
 // be whole windows of seq_len + 1 tokens, each -1 (padding) or an id of the
@@ -14,24 +13,15 @@
 #include <sstream>
 #include <string>
 
-#include <nlohmann/json.hpp>
-
 #include "framework/data/sft_records.h"
 #include "framework/tokenizer/hf_bpe.h"
+#include "tests/support/chat_tokenizer.h"
 
 namespace {
 
 std::unique_ptr<framework::tokenizer::Tokenizer> chat_tokenizer() {
-  nlohmann::json fixture;
-  std::ifstream(std::string(SHARDKIT_SOURCE_DIR) + "/tests/tools/data/bpe_fixture.json") >> fixture;
-  nlohmann::json tok = fixture["tokenizers"]["learnt_split"];
-  int64_t next = 0;
-  for (const auto& a : tok["added_tokens"]) next = std::max<int64_t>(next, a["id"].get<int64_t>() + 1);
-  for (const char* special : {"<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"}) {
-    tok["added_tokens"].push_back({{"id", next++}, {"content", special}, {"single_word", false}, {"lstrip", false},
-                                   {"rstrip", false}, {"normalized", false}, {"special", true}});
-  }
-  return framework::tokenizer::parse_hf_tokenizer(tok.dump(), "bpe_fixture.json");
+  return framework::tokenizer::parse_hf_tokenizer(testing_support::chat_tokenizer_json_text(SHARDKIT_SOURCE_DIR),
+                                                  "bpe_fixture.json");
 }
 
 }  // namespace

@@ -6,6 +6,8 @@
 #include "framework/tokenizer/tokenizer.h"
 #include "framework/data/text_dataset.h"
 
+#include "support/chat_tokenizer.h"
+
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
@@ -280,21 +282,11 @@ TEST(TextDataset, VocabOtherThan256IsRejectedNamingModelVocabSize) {
 
 // ------------------------------------------------------------------ sft
 
-// The fixture's Llama 3 style tokenizer (tests/tools/data/bpe_fixture.json,
-// checked against Hugging Face's) with the chat specials added after its
-// vocabulary, written as a tokenizer.json.
+// The chat tokenizer (tests/support/chat_tokenizer.h), written as a
+// tokenizer.json.
 std::string chat_tokenizer_json() {
-  nlohmann::json fixture;
-  std::ifstream(std::string(SHARDKIT_SOURCE_DIR) + "/tests/tools/data/bpe_fixture.json") >> fixture;
-  nlohmann::json tok = fixture["tokenizers"]["learnt_split"];
-  int64_t next = 0;
-  for (const auto& a : tok["added_tokens"]) next = std::max<int64_t>(next, a["id"].get<int64_t>() + 1);
-  for (const char* special : {"<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"}) {
-    tok["added_tokens"].push_back({{"id", next++}, {"content", special}, {"single_word", false}, {"lstrip", false},
-                                   {"rstrip", false}, {"normalized", false}, {"special", true}});
-  }
   const std::string path = "/tmp/shardkit_sft_tokenizer_" + std::to_string(::getpid()) + ".json";
-  std::ofstream(path) << tok.dump();
+  std::ofstream(path) << testing_support::chat_tokenizer_json_text(SHARDKIT_SOURCE_DIR);
   return path;
 }
 
