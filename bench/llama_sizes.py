@@ -1,6 +1,12 @@
-"""The Llama sizes and `--set` overrides that bench/step_compare.py and
-bench/train_ckpt_bench.py run (no torch import: train_ckpt_bench runs
-without a Python PyTorch)."""
+"""The Llama sizes and `--set` overrides that bench/step_compare.py,
+bench/train_ckpt_bench.py and bench/lora_finetune.py run, and the `train`
+run the last two share (no torch import: those run without a Python
+PyTorch)."""
+import json
+import os
+import subprocess
+import sys
+import time
 
 WARMUP = 2
 
@@ -52,3 +58,32 @@ def train_sets(size, device, steps):
         "optim.lr": 3e-4, "optim.min_lr": 3e-5, "optim.warmup_steps": 0, "optim.weight_decay": 0.1,
         "data.kind": "synthetic", "data.eval_fraction": 0, "checkpoint.interval": 0, "run.seed": 1234,
     }
+
+
+def run_train(exe, config, sets, run_dir, log, nproc=None):
+    """Runs `exe --config config [--nproc N] --set k=v ...` with its output in
+    `log`; exits naming the command and the log's tail when it fails. Returns
+    (steps: {step: metrics.jsonl record}, checkpoint events, wall seconds,
+    the log's text)."""
+    cmd = [exe] + (["--nproc", str(nproc)] if nproc is not None else []) + ["--config", config]
+    for key, v in sets.items():
+        cmd += ["--set", "%s=%s" % (key, v)]
+    t0 = time.perf_counter()
+    with open(log, "w") as f:
+        f.write("$ %s\n" % " ".join(cmd))
+        f.flush()
+        p = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT)
+    wall = time.perf_counter() - t0
+    with open(log) as f:
+        out = f.read()
+    if p.returncode != 0:
+        sys.exit("train failed (rc %d): %s\n%s" % (p.returncode, " ".join(cmd), out[-4000:]))
+    steps, events = {}, []
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        for line in f:
+            r = json.loads(line)
+            if r.get("event") == "checkpoint":
+                events.append(r)
+            elif "step" in r and "wall_s" in r and "event" not in r:
+                steps[int(r["step"])] = r
+    return steps, events, wall, out

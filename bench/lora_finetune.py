@@ -30,40 +30,13 @@ import os
 import re
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
-from llama_sizes import add_size_args, n_params, size_from_args, train_sets  # noqa: E402
-
-
-def run_train(exe, config, nproc, sets, run_dir, log):
-    cmd = [exe, "--nproc", str(nproc), "--config", config]
-    for key, v in sets.items():
-        cmd += ["--set", "%s=%s" % (key, v)]
-    t0 = time.perf_counter()
-    with open(log, "w") as f:
-        f.write("$ %s\n" % " ".join(cmd))
-        f.flush()
-        p = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT)
-    wall = time.perf_counter() - t0
-    with open(log) as f:
-        out = f.read()
-    if p.returncode != 0:
-        sys.exit("train failed (rc %d): %s\n%s" % (p.returncode, " ".join(cmd), out[-4000:]))
-    steps, events = {}, []
-    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
-        for line in f:
-            r = json.loads(line)
-            if r.get("event") == "checkpoint":
-                events.append(r)
-            elif "step" in r and "wall_s" in r and "event" not in r:
-                steps[int(r["step"])] = r
-    return steps, events, wall, out
+from llama_sizes import add_size_args, n_params, run_train, size_from_args, train_sets  # noqa: E402
 
 
 def main():
@@ -105,8 +78,8 @@ def main():
         for kv in a.set:
             k, _, v = kv.partition("=")
             sets[k] = v
-        steps, events, wall, out = run_train(a.train, a.config, a.nproc, sets, run_dir,
-                                             os.path.join(workdir, name + ".log"))
+        steps, events, wall, out = run_train(a.train, a.config, sets, run_dir, os.path.join(workdir, name + ".log"),
+                                             nproc=a.nproc)
         banner = re.search(r"model llama (\d+) params(?: \((\d+) trainable)?.*?, ([0-9.]+) MiB on this rank", out)
         it = {k: steps[k]["wall_s"] - steps[k - 1]["wall_s"] for k in steps if k - 1 in steps}
         quiet = [it[k] for k in range(3, a.interval + 1) if k in it]

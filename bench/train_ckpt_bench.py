@@ -36,10 +36,8 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 # --modes: the checkpoint settings of each.
@@ -53,32 +51,7 @@ MODES = {
 }
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
-from llama_sizes import add_size_args, n_params, size_from_args, train_sets  # noqa: E402
-
-
-def run_train(exe, config, sets, run_dir, log):
-    cmd = [exe, "--config", config]
-    for key, v in sets.items():
-        cmd += ["--set", "%s=%s" % (key, v)]
-    t0 = time.perf_counter()
-    with open(log, "w") as f:
-        f.write("$ %s\n" % " ".join(cmd))
-        f.flush()
-        p = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT)
-    wall = time.perf_counter() - t0
-    if p.returncode != 0:
-        with open(log) as f:
-            tail = f.read()[-4000:]
-        sys.exit("train failed (rc %d): %s\n%s" % (p.returncode, " ".join(cmd), tail))
-    steps, events = {}, []
-    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
-        for line in f:
-            r = json.loads(line)
-            if r.get("event") == "checkpoint":
-                events.append(r)
-            elif "step" in r and "wall_s" in r and "event" not in r:
-                steps[int(r["step"])] = r
-    return steps, events, wall
+from llama_sizes import add_size_args, n_params, run_train, size_from_args, train_sets  # noqa: E402
 
 
 def iterations(steps):
@@ -136,7 +109,7 @@ def main():
             k, _, v = kv.partition("=")
             sets[k] = v
         log = os.path.join(workdir, mode + ".log")
-        st, events, wall = run_train(a.train, a.config, sets, run_dir, log)
+        st, events, wall, _ = run_train(a.train, a.config, sets, run_dir, log)
         runs[mode] = {"steps": st, "events": events, "wall_s": wall}
         print("  %-8s %3d steps logged, %d checkpoint events, process %.1f s" % (mode, len(st), len(events), wall),
               flush=True)
