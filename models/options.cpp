@@ -23,7 +23,6 @@ std::string text(double value) {
   std::snprintf(buf, sizeof(buf), "%g", value);
   return buf;
 }
-std::string text(bool value) { return value ? "true" : "false"; }
 
 // Every kind's sizes.
 void check_sizes(const ModelOptions& o, const KeyNamer& name) {

@@ -241,7 +241,9 @@ TEST(TensorParallel, TiedEmbeddingsMatchOneProcessAndResumeAcrossLayouts) {
     c.run.dir = scratch(std::string("tied_") + l.name);
     const RunResult r = train(c, l);
     expect_close(r, ref, 0, std::string("tied, ") + l.name);
-    if (l.world == 2) EXPECT_EQ(placement_of(r, "model.embed_tokens.weight"), "[Replicate(), Shard(0), Replicate()]");
+    if (l.world == 2) {
+      EXPECT_EQ(placement_of(r, "model.embed_tokens.weight"), "[Replicate(), Shard(0), Replicate()]");
+    }
     fs::remove_all(c.run.dir);
   }
   framework::config::Config saved = cfg;

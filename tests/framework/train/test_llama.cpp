@@ -709,7 +709,9 @@ TEST(LlamaLora, StepZeroIsTheBaseAndOnlyTheAdaptersTrainUnderFsdpAndTp) {
   ASSERT_EQ(one.params.size(), names.size());
   for (size_t i = 0; i < names.size(); ++i) {
     if (models::is_lora_parameter(names[i])) {
-      if (names[i].find("lora_B") != std::string::npos) EXPECT_GT(one.params[i].abs().max().item<double>(), 0) << names[i];
+      if (names[i].find("lora_B") != std::string::npos) {
+        EXPECT_GT(one.params[i].abs().max().item<double>(), 0) << names[i];
+      }
     } else {
       EXPECT_TRUE(torch::equal(one.params[i], initial[i])) << "the frozen " << names[i] << " changed";
     }
