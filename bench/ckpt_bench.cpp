@@ -18,6 +18,7 @@
 
 #include "checkpoint/layout/checkpoint_dir.h"
 #include "checkpoint/storage/paced.h"
+#include "checkpoint/storage/posix_counters.h"
 #include "checkpoint/load.h"
 #include "checkpoint/async/manager.h"
 #include "checkpoint/format/metadata.h"
@@ -551,9 +552,16 @@ void Bench::time_sync_save_and_loads(int t) {
   const std::string step_dir = path("sync/" + checkpoint::step_dir_name(t));
   const checkpoint::SaveOptions so = sync_save_options(t);
   barrier();
+  const checkpoint::PosixWriteCounters before = checkpoint::posix_write_counters();
   auto t0 = Clock::now();
   checkpoint::save_state_dict(state, step_dir, *rt.checkpoint, so);
   record("sync_save_s", seconds_since(t0));
+  // Which way auto wrote this save (it learns from its own files,
+  // direct_io.h): this rank's share of bytes written with O_DIRECT.
+  const checkpoint::PosixWriteCounters after = checkpoint::posix_write_counters();
+  const double direct = static_cast<double>(after.direct_bytes - before.direct_bytes);
+  const double all = direct + static_cast<double>(after.buffered_bytes - before.buffered_bytes);
+  out["sync_save_direct_share"].push_back(all > 0 ? std::round(100 * direct / all) / 100 : 0.0);
 
   barrier();
   if (rank == 0) bench::drop_page_cache(step_dir);
@@ -717,6 +725,7 @@ void Bench::save_load_section() {
     barrier();
     if (rank == 0) fs::remove_all(path("async"));
   }
+  out["direct_io_auto"]["learned"] = checkpoint::describe_auto_direct_io(dir);
 }
 
 void Bench::checkpoint_section() {
@@ -740,6 +749,7 @@ void Bench::checkpoint_section() {
   async_mgr.reset();
   overlap_mgr.reset();
   targets.clear();
+  out["direct_io_auto"]["learned"] = checkpoint::describe_auto_direct_io(dir);
 }
 
 // Multi-level checkpoints (docs/checkpoints.md, "Multi-level checkpoints"): the same state
@@ -1121,6 +1131,9 @@ void Bench::summarize() {
     if (key.find("_local") != std::string::npos) continue;
     out[key] = bench::median(v);
   }
+  // Each trial's default save in order: direct_io auto may change its way
+  // after the first ones (sync_save_direct_share says which it took).
+  if (samples.count("sync_save_s")) out["sync_save_s_trials"] = samples["sync_save_s"];
   out["state_bytes"] = state_bytes;
   out["state_bytes_per_rank"] = rank_bytes;
   out["nproc"] = world;
@@ -1174,8 +1187,13 @@ void Bench::print_measurements() {
       std::printf("  %-27s %10.3f %10.2f   %s\n", k, s, gb / s, what);
     }
   }
+  if (out.contains("direct_io_auto")) {
+    std::printf("  checkpoint.direct_io auto: probe %s\n", out["direct_io_auto"]["detail"].get<std::string>().c_str());
+    std::printf("  after the saves: %s\n  each sync save: O_DIRECT's share %s, seconds %s\n",
+                out["direct_io_auto"]["learned"].get<std::string>().c_str(),
+                out["sync_save_direct_share"].dump().c_str(), out["sync_save_s_trials"].dump().c_str());
+  }
   if (args.save_load_only) {
-    std::printf("  %s\n", out["direct_io_auto"]["detail"].get<std::string>().c_str());
     return;  // no memory run, no training
   }
   std::printf("  %-27s %10.3f %10s   first async save (allocates staging)\n", "async_blocking_first_s",

@@ -16,6 +16,14 @@ Trials are interleaved over the combinations, so that drift of the disk or
 of the machine's load hits both sides alike. Times are the maximum over
 ranks; the table and JSON give medians over trials.
 
+Each side's process saves --saves times (default 3) in a row, as a training
+job saves every N steps: ckpt_bench --trials N, DCP's worker N dcp.save
+calls. The save columns are the median of saves 2..N of every trial (the
+steady state: checkpoint.direct_io auto has timed its first save's file and
+tried the other way by then, direct_io.h), and *_first_s the first save of
+each process (auto's probe's way; DCP's first save). With --saves 1 both are
+the first save. The load is of the last save.
+
 Targets (issue #49): ours save <= DCP save / 1.5; ours save >= 0.8 of the
 fastest raw write; ours load <= DCP load.
 
@@ -84,7 +92,7 @@ def dcp_rank(rank, args):
         r0, r1 = shape[0] * rank // world, shape[0] * (rank + 1) // world
         local = [r1 - r0] + shape[1:]
         sd["%s@rank%d" % (name, rank)] = torch.randn(local).to(dtype)
-    ck = os.path.join(args.dir, "dcp_ckpt")
+    ck = None
     bytes_local = sum(t.numel() * t.element_size() for t in sd.values())
 
     def max_over(x):
@@ -92,10 +100,17 @@ def dcp_rank(rank, args):
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return t.item()
 
-    dist.barrier()
-    t0 = time.perf_counter()
-    dcp.save(sd, checkpoint_id=ck)
-    save_s = max_over(time.perf_counter() - t0)
+    saves = []
+    for i in range(max(1, args.saves)):  # as a job saves: each into a new directory, the last one kept
+        dist.barrier()
+        if i > 0 and rank == 0:
+            shutil.rmtree(ck, ignore_errors=True)
+        ck = os.path.join(args.dir, "dcp_ckpt_%d" % i)
+        dist.barrier()
+        t0 = time.perf_counter()
+        dcp.save(sd, checkpoint_id=ck)
+        saves.append(max_over(time.perf_counter() - t0))
+    save_s = statistics.median(saves[1:] or saves)
     dist.barrier()
     if rank == 0:  # as ckpt_bench does before its load: the files' pages out of the cache
         for f in os.listdir(ck):
@@ -114,7 +129,8 @@ def dcp_rank(rank, args):
     if rank == 0:
         shutil.rmtree(ck, ignore_errors=True)
         with open(args.out, "w") as f:
-            json.dump({"torch": torch.__version__, "dcp_save_s": save_s, "dcp_load_s": load_s,
+            json.dump({"torch": torch.__version__, "dcp_save_s": save_s, "dcp_save_first_s": saves[0],
+                       "dcp_save_s_each": saves, "dcp_load_s": load_s,
                        "dcp_load_exact": exact, "state_bytes": state_bytes}, f)
     dist.destroy_process_group()
 
@@ -133,7 +149,7 @@ def dcp_worker(args):
 def run_ours(a, size, dtype, nproc, scratch):
     out = os.path.join(scratch, "ours.json")
     cmd = [a.ckpt_bench, "--save-load-only", "--size-mb", str(size), "--dtype", dtype, "--nproc", str(nproc),
-           "--trials", "1", "--dir", os.path.join(scratch, "ours"), "--json", out]
+           "--trials", str(a.saves), "--dir", os.path.join(scratch, "ours"), "--json", out]
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
     with open(out) as f:
         r = json.load(f)
@@ -142,12 +158,19 @@ def run_ours(a, size, dtype, nproc, scratch):
             "raw_write_parallel_s", "raw_write_direct_parallel_s", "state_bytes"]
     got = {k: r[k] for k in keys if k in r}
     got["direct_io_auto"] = r.get("direct_io_auto", {}).get("detail", "")
+    got["direct_io_learned"] = r.get("direct_io_auto", {}).get("learned", "")
+    saves = r.get("sync_save_s_trials", [r["sync_save_s"]])
+    got["sync_save_first_s"] = saves[0]
+    got["sync_save_s"] = statistics.median(saves[1:] or saves)  # the steady saves
+    got["sync_save_s_each"] = saves
+    got["sync_save_direct_share"] = r.get("sync_save_direct_share", [])
     return got
 
 
 def run_dcp(a, size, dtype, nproc, scratch, inner_scratch):
     me = os.path.abspath(__file__)
-    args = ["--dcp-worker", "--size-mb", str(size), "--dtype", dtype, "--nproc", str(nproc)]
+    args = ["--dcp-worker", "--size-mb", str(size), "--dtype", dtype, "--nproc", str(nproc),
+            "--saves", str(a.saves)]
     if a.torch_root:
         shutil.copy(me, os.path.join(scratch, "worker.py"))
         cmd = ["chroot", a.torch_root, "python3", os.path.join(inner_scratch, "worker.py")]
@@ -179,8 +202,11 @@ def summarize(label, ours, dcp):
     for k in ["sync_save_s", "load_s", "async_blocking_s", "async_total_s", "raw_write_s",
               "raw_write_parallel_s", "raw_write_direct_parallel_s"]:
         row[k] = median_of(ours, k)
+    row["sync_save_first_s"] = median_of(ours, "sync_save_first_s")
     row["direct_io_auto"] = ours[-1].get("direct_io_auto", "") if ours else ""
+    row["direct_io_learned"] = ours[-1].get("direct_io_learned", "") if ours else ""
     row["dcp_save_s"] = median_of(dcp, "dcp_save_s")
+    row["dcp_save_first_s"] = median_of(dcp, "dcp_save_first_s")
     row["dcp_load_s"] = median_of(dcp, "dcp_load_s")
     row["dcp_errors"] = [d["error"] for d in dcp if "error" in d]
     row["dcp_load_exact"] = all(d.get("dcp_load_exact", False) for d in dcp if "error" not in d)
@@ -201,8 +227,9 @@ def summarize(label, ours, dcp):
 
 def print_table(rows, torch_version):
     print("\ndcp_compare_cpu: ours (ckpt_bench --save-load-only) vs DCP (torch %s), medians, seconds" % torch_version)
-    head = ("combo", "save", "dcp", "x", "raw*", "r/s", "load", "dcp", "x", "async blk", "async tot")
-    print("  %-16s %7s %7s %5s %7s %5s %7s %7s %5s %9s %9s" % head)
+    head = ("combo", "save", "dcp", "x", "raw*", "r/s", "load", "dcp", "x", "async blk", "async tot",
+            "1st save", "dcp 1st")
+    print("  %-16s %7s %7s %5s %7s %5s %7s %7s %5s %9s %9s %8s %8s" % head)
 
     def f(x, w=7, p=3):
         return ("%*.*f" % (w, p, x)) if x is not None else "%*s" % (w, "-")
@@ -211,12 +238,14 @@ def print_table(rows, torch_version):
 
         def tv(k):
             return (("%5.2f" % t[k]["value"]) + ("" if t[k]["pass"] else "!")) if k in t else "    -"
-        print("  %-16s %s %s %s %s %s %s %s %s %s %s" % (
+        print("  %-16s %s %s %s %s %s %s %s %s %s %s %s %s" % (
             r["combo"], f(r["sync_save_s"]), f(r["dcp_save_s"]), tv("save_dcp_over_ours"), f(r["raw_best_s"]),
             tv("save_over_best_raw"), f(r["load_s"]), f(r["dcp_load_s"]), tv("load_dcp_over_ours"),
-            f(r["async_blocking_s"], 9), f(r["async_total_s"], 9)))
+            f(r["async_blocking_s"], 9), f(r["async_total_s"], 9), f(r.get("sync_save_first_s"), 8),
+            f(r.get("dcp_save_first_s"), 8)))
     print("  x: DCP time / ours (targets: save >= 1.5, load >= 1.0); raw*: fastest raw write (page cache or "
-          "O_DIRECT, 1 or 4 threads); r/s: raw* / our save (target >= 0.8); ! = target missed")
+          "O_DIRECT, 1 or 4 threads); r/s: raw* / our save (target >= 0.8); ! = target missed;\n"
+          "  save, dcp: saves 2..N of each process (steady); 1st save, dcp 1st: each process's first")
 
 
 def plot(rows, path):
@@ -270,7 +299,9 @@ def driver(a):
     for r in rows:
         if r["dcp_errors"]:
             print("  %s: DCP failed: %s" % (r["combo"], r["dcp_errors"][0]))
-    print("  direct_io auto: " + (rows[0]["direct_io_auto"] if rows else ""))
+    for r in rows:
+        print("  %s direct_io auto: probe %s; after the saves %s" % (r["combo"], r["direct_io_auto"],
+                                                                   r["direct_io_learned"]))
     if a.plot:
         plot(rows, a.plot)
     print(json.dumps({k: v for k, v in out.items() if k != "samples"}))
@@ -292,6 +323,7 @@ def main():
     ap.add_argument("--json", default="")
     ap.add_argument("--plot", default="")
     ap.add_argument("--timeout", type=int, default=1800, help="seconds per DCP worker run")
+    ap.add_argument("--saves", type=int, default=3, help="saves per process, each side (see above)")
     # The worker (internal).
     ap.add_argument("--dcp-worker", action="store_true")
     ap.add_argument("--size-mb", type=int, default=1024)

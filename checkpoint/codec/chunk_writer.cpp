@@ -163,6 +163,13 @@ size_t ChunkWriter::add_chunk(const uint8_t* data, uint64_t n, size_t element_si
   if (n == 0 || (transforms.empty() && n >= batch_limit)) {
     // In place: everything queued before goes first.
     drain();
+    if (transforms.empty() && options_.align_in_place_bytes > 0 && n >= options_.align_in_place_bytes) {
+      constexpr uint64_t kPage = 4096;  // O_DIRECT's alignment (storage.h)
+      const uint64_t address = static_cast<uint64_t>(reinterpret_cast<uintptr_t>(data));
+      const uint64_t skip = (address % kPage + kPage - offset_ % kPage) % kPage;
+      offset_ += skip;
+      skipped_ += skip;
+    }
     c.offset = offset_;
     if (!transforms.empty()) c.checksum = xxh3_64(data, 0);
     chunks_.push_back(std::move(c));

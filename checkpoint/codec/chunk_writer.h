@@ -71,6 +71,13 @@ class ChunkWriter {
     // Batches close at min(batch_bytes, block size) logical bytes.
     uint64_t batch_bytes = uint64_t{1} << 20;
     uint64_t writeback_bytes = uint64_t{16} << 20;  // 0: never hint
+    // An untransformed chunk of at least this many bytes starts at a file
+    // offset congruent to its memory address modulo 4 KiB, so that O_DIRECT
+    // writes its whole pages straight from that memory, with no copy through
+    // an aligned buffer (storage.h). The bytes skipped before it (under
+    // 4 KiB) are covered by no chunk (FORMAT.md: they mean nothing). 0: chunks
+    // back to back.
+    uint64_t align_in_place_bytes = uint64_t{1} << 20;
   };
 
   // Writes to `file` from offset 0. `file` and `pool` must outlive the
@@ -97,8 +104,9 @@ class ChunkWriter {
   // not sync.
   std::vector<ChunkMeta> finish();
 
-  // The end of the data written so far.
-  uint64_t stored_bytes() const { return offset_; }
+  // The chunks' stored bytes so far (the file's end less the bytes skipped
+  // to align chunks, Options::align_in_place_bytes).
+  uint64_t stored_bytes() const { return offset_ - skipped_; }
   uint64_t logical_bytes() const { return logical_; }
   // The most batches that were ever in flight at once (<= max_batches_in_flight).
   size_t peak_batches_in_flight() const { return peak_in_flight_; }
@@ -130,6 +138,7 @@ class ChunkWriter {
   std::deque<InFlight> in_flight_;
   std::deque<PlainInFlight> plain_in_flight_;  // uncompressed chunks being written in place
   size_t plain_blocks_in_flight_ = 0;
+  uint64_t skipped_ = 0;  // bytes before aligned chunks, covered by no chunk
   std::vector<std::vector<uint8_t>> spare_;  // written batches' buffers, for reuse
   std::vector<std::pair<std::vector<std::string>, std::shared_ptr<const TransformChain>>> chains_;
   uint64_t offset_ = 0;

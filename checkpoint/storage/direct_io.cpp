@@ -143,26 +143,104 @@ DirectIoProbe probe_direct_io(const std::string& dir, uint64_t bytes, int trials
   return p;
 }
 
-DirectIoProbe cached_direct_io_probe(const std::string& dir) {
-  static std::mutex mu;
-  static std::map<dev_t, DirectIoProbe> by_device;
-  // A directory not made yet will be made on the file system of its nearest
-  // existing ancestor.
-  std::string at = dir.empty() ? "." : dir;
+namespace {
+
+// Per file system (device number): its probe and what its files measured.
+struct FileSystemRecord {
+  DirectIoProbe probe;
+  DirectIoLearned learned;
+};
+
+std::mutex g_mu;  // guards g_by_device; held through a probe (they are rare)
+std::map<dev_t, FileSystemRecord> g_by_device;
+
+// The directory whose file system `dir` is on: `dir`, or for one not made
+// yet its nearest existing ancestor (where it will be made). False, with
+// `at` set to what was tried, where nothing can be stat'ed.
+bool existing_dir(const std::string& dir, std::string& at, dev_t& device) {
+  at = dir.empty() ? "." : dir;
   struct stat st {};
   while (::stat(at.c_str(), &st) != 0 && errno == ENOENT && at != parent_dir(at)) at = parent_dir(at);
-  if (::stat(at.c_str(), &st) != 0) return probe_direct_io(at);  // fails, naming the error
-  std::lock_guard<std::mutex> lock(mu);  // probes are rare: the others wait for this one
-  auto it = by_device.find(st.st_dev);
-  if (it == by_device.end()) it = by_device.emplace(st.st_dev, probe_direct_io(at)).first;
+  if (::stat(at.c_str(), &st) != 0) return false;
+  device = st.st_dev;
+  return true;
+}
+
+// The record of `device`, probing `at` first if it has none. Holds g_mu.
+FileSystemRecord& record_locked(dev_t device, const std::string& at) {
+  auto it = g_by_device.find(device);
+  if (it == g_by_device.end()) it = g_by_device.emplace(device, FileSystemRecord{probe_direct_io(at), {}}).first;
   return it->second;
+}
+
+}  // namespace
+
+DirectIoProbe cached_direct_io_probe(const std::string& dir) {
+  std::string at;
+  dev_t device = 0;
+  if (!existing_dir(dir, at, device)) return probe_direct_io(at);  // fails, naming the error
+  std::lock_guard<std::mutex> lock(g_mu);
+  return record_locked(device, at).probe;
+}
+
+bool choose_direct(const DirectIoProbe& probe, const DirectIoLearned& learned) {
+  if (!probe.accepted || probe.failed) return false;
+  const bool direct_known = learned.direct_bytes_per_s > 0;
+  const bool buffered_known = learned.buffered_bytes_per_s > 0;
+  if (!direct_known && !buffered_known) return probe.use_direct;
+  if (direct_known != buffered_known) return !direct_known;  // measure the other way
+  return learned.direct_bytes_per_s > learned.buffered_bytes_per_s;
+}
+
+void record_auto_write(const std::string& dir, bool direct, uint64_t bytes, double seconds) {
+  if (bytes == 0 || !(seconds > 0)) return;
+  std::string at;
+  dev_t device = 0;
+  if (!existing_dir(dir, at, device)) return;
+  std::lock_guard<std::mutex> lock(g_mu);
+  DirectIoLearned& l = record_locked(device, at).learned;
+  const double rate = static_cast<double>(bytes) / seconds;
+  if (direct) {
+    l.direct_bytes_per_s = rate;
+    ++l.direct_files;
+  } else {
+    l.buffered_bytes_per_s = rate;
+    ++l.buffered_files;
+  }
+}
+
+DirectIoLearned learned_direct_io(const std::string& dir) {
+  std::string at;
+  dev_t device = 0;
+  if (!existing_dir(dir, at, device)) return {};
+  std::lock_guard<std::mutex> lock(g_mu);
+  auto it = g_by_device.find(device);
+  return it == g_by_device.end() ? DirectIoLearned{} : it->second.learned;
+}
+
+std::string describe_auto_direct_io(const std::string& dir) {
+  const DirectIoProbe probe = cached_direct_io_probe(dir);
+  const DirectIoLearned l = learned_direct_io(dir);
+  if (l.direct_bytes_per_s <= 0 && l.buffered_bytes_per_s <= 0) return probe.detail;
+  const auto rate = [](double r, uint64_t files) {
+    char text[48];
+    if (r <= 0) return std::string("not yet");
+    std::snprintf(text, sizeof text, "%.2f GB/s", r / 1e9);
+    return std::string(text) + " (" + std::to_string(files) + (files == 1 ? " file)" : " files)");
+  };
+  return std::string(choose_direct(probe, l) ? "O_DIRECT" : "page cache") + " (latest checkpoint files: " +
+         rate(l.direct_bytes_per_s, l.direct_files) + " direct, " +
+         rate(l.buffered_bytes_per_s, l.buffered_files) + " page cache)";
 }
 
 bool use_direct_io(DirectIo mode, const std::string& dir) {
   switch (mode) {
     case DirectIo::kOn: return true;
     case DirectIo::kOff: return false;
-    case DirectIo::kAuto: return cached_direct_io_probe(dir).use_direct;
+    case DirectIo::kAuto: {
+      const DirectIoProbe probe = cached_direct_io_probe(dir);
+      return choose_direct(probe, learned_direct_io(dir));
+    }
   }
   return false;
 }

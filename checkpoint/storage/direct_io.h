@@ -1,9 +1,19 @@
 #pragma once
 // Whether POSIX checkpoint writes bypass the page cache (O_DIRECT):
-// checkpoint.direct_io, PosixOptions::direct_io. auto measures it: one probe
-// per file system and process writes the same bytes both ways and the faster
-// one is used (posix.cpp asks at a file's first large write; the trainer asks
-// at start, to say in its banner what it chose). Torch-free.
+// checkpoint.direct_io, PosixOptions::direct_io. auto measures it, twice:
+//  - first a probe, once per file system and process, writes the same bytes
+//    both ways and the faster is used (posix.cpp asks at a file's first
+//    large write; the trainer asks at start, to say in its banner);
+//  - then the checkpoint files themselves: each file of auto of at least
+//    PosixOptions::learn_min_bytes is timed: bytes over the wall time during
+//    which one of its writes or its fsync was under way (the gaps between
+//    writes, where the caller hashes or stages, are not the way's). Once
+//    one way has such a file, the next large file tries the other way,
+//    once; from then on each file goes the way whose latest file wrote
+//    faster. A small probe does not predict a save-sized write
+//    (bench/direct_io_probe_check.py: on this project's VM the page cache
+//    wins at 64 MiB and loses at 1 GiB); the saves' own writes do.
+// Torch-free.
 //
 // Why measure: which way is faster depends on the machine. Page-cache writes
 // cost a copy into the cache and the kernel's write-back, both on CPU time
@@ -45,8 +55,39 @@ DirectIoProbe probe_direct_io(const std::string& dir, uint64_t bytes = uint64_t{
 // concurrent first calls wait for one probe.
 DirectIoProbe cached_direct_io_probe(const std::string& dir);
 
+// What auto has measured of its own checkpoint files on one file system:
+// the latest file of at least learn_min_bytes written each way: its bytes
+// over the wall time during which one of its writes or its fsync was under
+// way.
+struct DirectIoLearned {
+  double direct_bytes_per_s = 0;    // 0: no such file yet
+  double buffered_bytes_per_s = 0;  // 0: no such file yet
+  uint64_t direct_files = 0;        // files measured each way, in all
+  uint64_t buffered_files = 0;
+};
+
+// auto's choice for the next large file, from the probe and the files
+// measured so far. Pure:
+//  - O_DIRECT refused, or the probe failed: the page cache;
+//  - no file measured yet: the probe's choice;
+//  - only one way measured: the other, to measure it;
+//  - both: the way whose latest file wrote faster (a tie: the page cache).
+bool choose_direct(const DirectIoProbe& probe, const DirectIoLearned& learned);
+
+// Records one file of auto written into `dir`: `bytes` in `seconds` (first
+// write to the end of fsync), all of it the way `direct` says. Thread-safe.
+void record_auto_write(const std::string& dir, bool direct, uint64_t bytes, double seconds);
+
+// What the files written into `dir`'s file system have measured so far.
+DirectIoLearned learned_direct_io(const std::string& dir);
+
+// One line for a log: the way auto takes next in `dir` and why, e.g.
+// "O_DIRECT (latest files: 0.61 GB/s direct, 0.40 GB/s page cache)", or the
+// probe's detail while no file has been measured.
+std::string describe_auto_direct_io(const std::string& dir);
+
 // Whether writes into `dir` should try O_DIRECT under `mode`: kOn yes, kOff
-// no, kAuto cached_direct_io_probe(dir).use_direct.
+// no, kAuto choose_direct(cached_direct_io_probe(dir), learned_direct_io(dir)).
 bool use_direct_io(DirectIo mode, const std::string& dir);
 
 }  // namespace checkpoint

@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <list>
@@ -33,6 +34,7 @@ struct Fd {
 
 std::atomic<uint64_t> g_direct_bytes{0};
 std::atomic<uint64_t> g_buffered_bytes{0};
+std::atomic<uint64_t> g_bounced_bytes{0};
 
 void pwrite_all(int fd, const std::string& path, uint64_t offset, const void* data, size_t n) {
   const auto* p = static_cast<const uint8_t*>(data);
@@ -83,6 +85,7 @@ class PosixWritableFile final : public WritableFile {
   }
   void write_at(uint64_t offset, const void* data, size_t n) override {
     require_open();
+    IoTimer timer(this, n);
     const auto* src = static_cast<const uint8_t*>(data);
     // The whole pages inside [offset, offset + n) go direct; the partial
     // pages at the ends through the page cache. Concurrent calls cover
@@ -102,7 +105,11 @@ class PosixWritableFile final : public WritableFile {
     require_open();
     // One inode: this flushes the page-cache pages, the metadata of the
     // direct writes and the device's cache.
-    if (::fsync(fd_) != 0) throw IoError::from_errno("cannot fsync", path_, errno);
+    {
+      IoTimer timer(this, 0);
+      if (::fsync(fd_) != 0) throw IoError::from_errno("cannot fsync", path_, errno);
+    }
+    learn_from_this_file();
   }
   void start_writeback(uint64_t offset, uint64_t n) override {
 #if defined(__linux__)
@@ -139,6 +146,7 @@ class PosixWritableFile final : public WritableFile {
   int direct_fd() {
     std::call_once(direct_open_, [this] {
 #if defined(O_DIRECT)
+      auto_chose_ = options_.direct_io == DirectIo::kAuto;
       if (!use_direct_io(options_.direct_io, parent_dir(path_))) {
         direct_.store(false);
         return;
@@ -174,6 +182,7 @@ class PosixWritableFile final : public WritableFile {
       if (!aligned) {
         std::memcpy(bounce, src, len);
         from = bounce;
+        g_bounced_bytes.fetch_add(len, std::memory_order_relaxed);
       }
       size_t done = 0;
       while (done < len) {
@@ -198,12 +207,55 @@ class PosixWritableFile final : public WritableFile {
     }
   }
 
+  // auto: the wall time during which at least one write or fsync of this
+  // file was under way, and the bytes written. Time between writes (the
+  // caller hashing, staging or waiting for a peer) is not the way of
+  // writing's, so it is left out.
+  class IoTimer {
+   public:
+    IoTimer(PosixWritableFile* f, size_t n) : f_(f->options_.direct_io == DirectIo::kAuto ? f : nullptr) {
+      if (f_ == nullptr) return;
+      std::lock_guard<std::mutex> lock(f_->io_mu_);
+      if (f_->io_active_++ == 0) f_->io_since_ = std::chrono::steady_clock::now();
+      f_->bytes_ += n;
+    }
+    ~IoTimer() {
+      if (f_ == nullptr) return;
+      std::lock_guard<std::mutex> lock(f_->io_mu_);
+      if (--f_->io_active_ == 0) {
+        f_->io_busy_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - f_->io_since_).count();
+      }
+    }
+    IoTimer(const IoTimer&) = delete;
+    IoTimer& operator=(const IoTimer&) = delete;
+
+   private:
+    PosixWritableFile* f_;
+  };
+
+  // auto, at the first fsync after a large write: this file's rate (bytes
+  // over its I/O time), for auto's next choice (direct_io.h). A file that
+  // fell back to the page cache counts as such.
+  void learn_from_this_file() {
+    std::lock_guard<std::mutex> lock(io_mu_);
+    if (!auto_chose_ || learned_ || bytes_ < options_.learn_min_bytes) return;
+    learned_ = true;
+    record_auto_write(parent_dir(path_), direct_.load(), bytes_, io_busy_s_);
+  }
+
   int fd_;
   int dfd_ = -1;
   std::string path_;
   PosixOptions options_;
   std::atomic<bool> direct_;
   std::once_flag direct_open_;
+  bool auto_chose_ = false;  // auto decided this file's way (at its first large write)
+  bool learned_ = false;     // its rate was recorded
+  std::mutex io_mu_;  // guards the four below
+  int io_active_ = 0;  // writes and fsyncs under way
+  std::chrono::steady_clock::time_point io_since_;
+  double io_busy_s_ = 0;
+  uint64_t bytes_ = 0;
   uint64_t position_ = 0;
 };
 
@@ -417,14 +469,15 @@ std::shared_ptr<Storage> posix_storage() {
 
 std::shared_ptr<Storage> posix_storage(const PosixOptions& options) {
   const PosixOptions d;
-  if (options.direct_io == d.direct_io && options.direct_min_bytes == d.direct_min_bytes) {
+  if (options.direct_io == d.direct_io && options.direct_min_bytes == d.direct_min_bytes &&
+      options.learn_min_bytes == d.learn_min_bytes) {
     return posix_storage();
   }
   return std::make_shared<PosixStorage>(options);
 }
 
 PosixWriteCounters posix_write_counters() {
-  return PosixWriteCounters{g_direct_bytes.load(), g_buffered_bytes.load()};
+  return PosixWriteCounters{g_direct_bytes.load(), g_buffered_bytes.load(), g_bounced_bytes.load()};
 }
 
 }  // namespace checkpoint

@@ -10,6 +10,7 @@ namespace checkpoint {
 struct PosixWriteCounters {
   uint64_t direct_bytes = 0;
   uint64_t buffered_bytes = 0;
+  uint64_t bounced_bytes = 0;  // of direct_bytes: copied through an aligned buffer first
 };
 PosixWriteCounters posix_write_counters();
 

@@ -333,8 +333,10 @@ std::vector<Key> build_schema() {
        "Write large pieces of checkpoint files with O_DIRECT, bypassing the page cache, so "
        "saves do not evict the job's page cache. auto: at start, write 64 MiB into the "
        "checkpoint directory both ways (twice, with fsync) and use the faster one, as the "
-       "banner says; a probe that fails means page cache. true: O_DIRECT (file systems that "
-       "refuse it get page-cache writes). false: page cache."},
+       "banner says; a probe that fails means page cache. Then each save's data file of 64 MiB "
+       "or more is timed: after the first, the next save tries the other way, and later saves "
+       "take the way whose latest file wrote faster (a line says when the way changes). true: "
+       "O_DIRECT (file systems that refuse it get page-cache writes). false: page cache."},
       {SHARDKIT_CONFIG_ENUM(checkpoint.device_snapshot, checkpoint::parse_device_snapshot), one_of_enum(checkpoint::kDeviceSnapshots),
        "Overlap mode with state on a GPU: copy the state into device memory first (as much "
        "again as the state, held for the run), so the optimizer never waits for the copy to the "

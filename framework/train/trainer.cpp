@@ -5,6 +5,7 @@
 #include "framework/train/trainer_state.h"
 
 #include <ATen/record_function.h>
+#include "checkpoint/storage/direct_io.h"
 #include "checkpoint/timing.h"
 #include "comm/device.h"
 #include "framework/data/sampler.h"
@@ -324,6 +325,16 @@ void Trainer::State::log_checkpoint_events() {
     if (!rank_events) rank_events = std::make_unique<RankEventLog>(cfg.run.dir, rt.env.rank);
     rank_events->checkpoint(ev);
     if (is_logger) log->checkpoint(ev, ckpt->tiered());
+  }
+  // direct_io auto times each save's data file and may change its way
+  // (direct_io.h): say so when it does.
+  if (is_logger && !direct_io_choice.empty()) {
+    const std::string now = checkpoint::describe_auto_direct_io(ckpt->dir());
+    const std::string way = now.substr(0, now.find(" ("));
+    if (way != direct_io_way) {
+      std::cout << "shardkit: checkpoint.direct_io auto: now " << now << std::endl;
+      direct_io_way = way;
+    }
   }
   for (const auto& f : ckpt->take_retention_failures()) {
     std::cerr << "shardkit: warning: checkpoint step " << f.step << " committed, but retention ("

@@ -127,6 +127,9 @@ struct Trainer::State {
   // checkpoint.direct_io auto: what the probe of checkpoint.dir chose and
   // why (direct_io.h), for the banner; empty for true and false.
   std::string direct_io_choice;
+  // The way auto's latest line named ("O_DIRECT" or "page cache"): a save
+  // that changes it (direct_io.h: auto learns from its own files) prints one.
+  std::string direct_io_way;
   int64_t saves_failed = 0;  // this run, kept going by on_error: warn
   std::optional<checkpoint::CheckpointEvent> last_save;
 

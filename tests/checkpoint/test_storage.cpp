@@ -520,6 +520,98 @@ TEST_F(StorageTest, AutoDirectIoWritesTheWayItsProbeChoseAndTheSameBytes) {
   EXPECT_EQ(posix_storage()->read_file(path, data.size()), data);
 }
 
+TEST(DirectIoChoice, AutoTakesTheProbesWayThenTheOtherOnceThenTheFasterLatestFile) {
+  DirectIoProbe probe = timed_probe(true, 0.10, 0.20);  // the page cache won the probe
+  probe.use_direct = prefer_direct(probe);
+  DirectIoLearned l;
+  EXPECT_FALSE(choose_direct(probe, l)) << "nothing measured: the probe's way";
+  l.buffered_bytes_per_s = 4e8;
+  EXPECT_TRUE(choose_direct(probe, l)) << "only the page cache measured: try O_DIRECT";
+  l.direct_bytes_per_s = 6e8;
+  EXPECT_TRUE(choose_direct(probe, l)) << "O_DIRECT's latest file was faster";
+  l.direct_bytes_per_s = 3e8;
+  EXPECT_FALSE(choose_direct(probe, l)) << "the page cache's latest file was faster";
+  l.direct_bytes_per_s = 4e8;
+  EXPECT_FALSE(choose_direct(probe, l)) << "a tie keeps the page cache";
+  l = DirectIoLearned{};
+  l.direct_bytes_per_s = 6e8;
+  EXPECT_FALSE(choose_direct(probe, l)) << "only O_DIRECT measured: try the page cache";
+  // O_DIRECT refused, or a failed probe: never, whatever was measured.
+  l.buffered_bytes_per_s = 1e8;
+  DirectIoProbe refused = timed_probe(false, 0.10, 0);
+  EXPECT_FALSE(choose_direct(refused, l));
+  DirectIoProbe failed = timed_probe(true, 0.20, 0.10);
+  failed.use_direct = true;
+  failed.failed = true;
+  EXPECT_FALSE(choose_direct(failed, DirectIoLearned{}));
+}
+
+// auto through the POSIX storage: each file at least learn_min_bytes long
+// is timed and recorded the way it was written; the next file goes the way
+// choose_direct says from the probe and those records (so from fresh: the
+// probe's way, then the other, then the faster). Files written with
+// checkpoint.direct_io true or false, and small files, teach it nothing.
+TEST_F(StorageTest, AutoDirectIoTimesItsOwnFilesTriesTheOtherWayAndKeepsTheFaster) {
+  if (!takes_direct_io(dir_)) SHARDKIT_SKIP("the file system of " << dir_ << " refuses O_DIRECT");
+  const DirectIoProbe probe = cached_direct_io_probe(dir_);
+  ASSERT_TRUE(probe.accepted) << probe.detail;
+  PosixOptions o;  // direct_io auto
+  o.direct_min_bytes = 8192;
+  o.learn_min_bytes = uint64_t{2} << 20;
+  std::vector<uint8_t> data((size_t{3} << 20) + 100);
+  for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<uint8_t>(i * 11 + (i >> 12));
+  const auto write = [&](const std::shared_ptr<Storage>& storage, const std::string& name, size_t n) {
+    const PosixWriteCounters before = posix_write_counters();
+    auto file = storage->create_file(dir_ + "/" + name);
+    file->write_at(0, data.data(), n);
+    file->sync();
+    file->close();
+    EXPECT_EQ(posix_storage()->read_file(dir_ + "/" + name, n),
+              std::vector<uint8_t>(data.begin(), data.begin() + static_cast<std::ptrdiff_t>(n)));
+    return posix_write_counters().direct_bytes - before.direct_bytes;
+  };
+  const DirectIoLearned fresh = learned_direct_io(dir_);
+  std::vector<bool> ways;
+  for (int i = 0; i < 4; ++i) {
+    const DirectIoLearned before = learned_direct_io(dir_);
+    const bool expect_direct = choose_direct(probe, before);
+    const uint64_t direct = write(posix_storage(o), "auto_" + std::to_string(i), data.size());
+    if (expect_direct) {
+      EXPECT_GT(direct, uint64_t{2} << 20) << "file " << i << ": " << describe_auto_direct_io(dir_);
+    } else {
+      EXPECT_EQ(direct, 0u) << "file " << i << ": " << describe_auto_direct_io(dir_);
+    }
+    const DirectIoLearned after = learned_direct_io(dir_);
+    EXPECT_EQ(after.direct_files, before.direct_files + (expect_direct ? 1 : 0)) << "file " << i;
+    EXPECT_EQ(after.buffered_files, before.buffered_files + (expect_direct ? 0 : 1)) << "file " << i;
+    EXPECT_GT(expect_direct ? after.direct_bytes_per_s : after.buffered_bytes_per_s, 0) << "file " << i;
+    ways.push_back(expect_direct);
+  }
+  const DirectIoLearned both = learned_direct_io(dir_);
+  EXPECT_GE(both.direct_files, 1u);
+  EXPECT_GE(both.buffered_files, 1u);
+  if (fresh.direct_files == 0 && fresh.buffered_files == 0) {
+    EXPECT_EQ(ways[0], probe.use_direct) << "the first file goes the probe's way";
+    EXPECT_NE(ways[1], ways[0]) << "the second tries the other way";
+  }
+  const std::string said = describe_auto_direct_io(dir_);
+  EXPECT_EQ(said.rfind(choose_direct(probe, both) ? "O_DIRECT (latest checkpoint files: "
+                                                  : "page cache (latest checkpoint files: ",
+                       0),
+            0u)
+      << said;
+  // Not recorded: a file under learn_min_bytes, and files of true and false.
+  write(posix_storage(o), "small", size_t{1} << 20);
+  PosixOptions on = o, off = o;
+  on.direct_io = DirectIo::kOn;
+  off.direct_io = DirectIo::kOff;
+  EXPECT_GT(write(posix_storage(on), "forced_direct", data.size()), uint64_t{2} << 20);
+  EXPECT_EQ(write(posix_storage(off), "forced_buffered", data.size()), 0u);
+  const DirectIoLearned end = learned_direct_io(dir_);
+  EXPECT_EQ(end.direct_files, both.direct_files);
+  EXPECT_EQ(end.buffered_files, both.buffered_files);
+}
+
 // A probe that fails (here: a file system too small for its 64 MiB) must not
 // cost the checkpoint: the file is written through the page cache.
 TEST_F(StorageTest, AutoDirectIoWhoseProbeFailsWritesThroughThePageCache) {
