@@ -173,15 +173,19 @@ FileSystemRecord& record_locked(dev_t device, const std::string& at) {
   return it->second;
 }
 
-}  // namespace
-
-DirectIoProbe cached_direct_io_probe(const std::string& dir) {
+// A copy of the record of `dir`'s file system (probed first if need be); a
+// file system that cannot be stat'ed gets a failed probe naming the error.
+FileSystemRecord record_of(const std::string& dir) {
   std::string at;
   dev_t device = 0;
-  if (!existing_dir(dir, at, device)) return probe_direct_io(at);  // fails, naming the error
+  if (!existing_dir(dir, at, device)) return FileSystemRecord{probe_direct_io(at), {}};
   std::lock_guard<std::mutex> lock(g_mu);
-  return record_locked(device, at).probe;
+  return record_locked(device, at);
 }
+
+}  // namespace
+
+DirectIoProbe cached_direct_io_probe(const std::string& dir) { return record_of(dir).probe; }
 
 bool choose_direct(const DirectIoProbe& probe, const DirectIoLearned& learned) {
   if (!probe.accepted || probe.failed) return false;
@@ -209,26 +213,19 @@ void record_auto_write(const std::string& dir, bool direct, uint64_t bytes, doub
   }
 }
 
-DirectIoLearned learned_direct_io(const std::string& dir) {
-  std::string at;
-  dev_t device = 0;
-  if (!existing_dir(dir, at, device)) return {};
-  std::lock_guard<std::mutex> lock(g_mu);
-  auto it = g_by_device.find(device);
-  return it == g_by_device.end() ? DirectIoLearned{} : it->second.learned;
-}
+DirectIoLearned learned_direct_io(const std::string& dir) { return record_of(dir).learned; }
 
 std::string describe_auto_direct_io(const std::string& dir) {
-  const DirectIoProbe probe = cached_direct_io_probe(dir);
-  const DirectIoLearned l = learned_direct_io(dir);
-  if (l.direct_bytes_per_s <= 0 && l.buffered_bytes_per_s <= 0) return probe.detail;
+  const FileSystemRecord r = record_of(dir);
+  const DirectIoLearned& l = r.learned;
+  if (l.direct_bytes_per_s <= 0 && l.buffered_bytes_per_s <= 0) return r.probe.detail;
   const auto rate = [](double r, uint64_t files) {
     char text[48];
     if (r <= 0) return std::string("not yet");
     std::snprintf(text, sizeof text, "%.2f GB/s", r / 1e9);
     return std::string(text) + " (" + std::to_string(files) + (files == 1 ? " file)" : " files)");
   };
-  return std::string(choose_direct(probe, l) ? "O_DIRECT" : "page cache") + " (latest checkpoint files: " +
+  return std::string(choose_direct(r.probe, l) ? "O_DIRECT" : "page cache") + " (latest checkpoint files: " +
          rate(l.direct_bytes_per_s, l.direct_files) + " direct, " +
          rate(l.buffered_bytes_per_s, l.buffered_files) + " page cache)";
 }
@@ -238,8 +235,8 @@ bool use_direct_io(DirectIo mode, const std::string& dir) {
     case DirectIo::kOn: return true;
     case DirectIo::kOff: return false;
     case DirectIo::kAuto: {
-      const DirectIoProbe probe = cached_direct_io_probe(dir);
-      return choose_direct(probe, learned_direct_io(dir));
+      const FileSystemRecord r = record_of(dir);
+      return choose_direct(r.probe, r.learned);
     }
   }
   return false;

@@ -74,15 +74,17 @@ struct DirectIoLearned {
 //  - both: the way whose latest file wrote faster (a tie: the page cache).
 bool choose_direct(const DirectIoProbe& probe, const DirectIoLearned& learned);
 
-// Records one file of auto written into `dir`: `bytes` in `seconds` (first
-// write to the end of fsync), all of it the way `direct` says. Thread-safe.
+// Records one file of auto written into `dir`: `bytes` in `seconds` of its
+// I/O time (above), all of it the way `direct` says. Thread-safe.
 void record_auto_write(const std::string& dir, bool direct, uint64_t bytes, double seconds);
 
-// What the files written into `dir`'s file system have measured so far.
+// What the files written into `dir`'s file system have measured so far
+// (probing it first, as cached_direct_io_probe, if it has not been).
 DirectIoLearned learned_direct_io(const std::string& dir);
 
 // One line for a log: the way auto takes next in `dir` and why, e.g.
-// "O_DIRECT (latest files: 0.61 GB/s direct, 0.40 GB/s page cache)", or the
+// "O_DIRECT (latest checkpoint files: 0.61 GB/s (2 files) direct, 0.40 GB/s
+// (1 file) page cache)", or the
 // probe's detail while no file has been measured.
 std::string describe_auto_direct_io(const std::string& dir);
 

@@ -149,11 +149,12 @@ class StorageWrapper : public Storage {
 // file's first large write, one probe per file system and process
 // (cached_direct_io_probe) picks the faster; a probe that fails picks the
 // page cache. Then auto's own files of at least learn_min_bytes are timed
-// (bytes over the wall time its writes and fsync were under way): once one way has such a file, the next
-// tries the other way, and later files take the way whose latest file wrote
-// faster (direct_io.h, choose_direct). true: O_DIRECT; false: page cache. A file system that refuses
-// O_DIRECT (at open or at the first write) gets page-cache writes instead,
-// with no error. Durability is unchanged: data is durable after sync().
+// (bytes over the wall time its writes and fsync were under way): once one
+// way has such a file, the next tries the other way, and later files take
+// the way whose latest file wrote faster (direct_io.h, choose_direct).
+// true: O_DIRECT; false: page cache. A file system that refuses O_DIRECT
+// (at open or at the first write) gets page-cache writes instead, with no
+// error. Durability is unchanged: data is durable after sync().
 // Reads always use the page cache.
 struct PosixOptions {
   DirectIo direct_io = DirectIo::kAuto;

@@ -319,7 +319,8 @@ std::vector<double> Trainer::State::gather_per_rank(double mine) {
 // checkpoint committed, only older ones were not all deleted. Retention runs
 // on rank 0 (durable) and node leaders (local), so every rank warns of its own.
 void Trainer::State::log_checkpoint_events() {
-  for (const auto& ev : ckpt->take_events()) {
+  const std::vector<checkpoint::CheckpointEvent> events = ckpt->take_events();
+  for (const auto& ev : events) {
     saves_failed += ev.ok ? 0 : 1;
     last_save = ev;
     if (!rank_events) rank_events = std::make_unique<RankEventLog>(cfg.run.dir, rt.env.rank);
@@ -327,13 +328,13 @@ void Trainer::State::log_checkpoint_events() {
     if (is_logger) log->checkpoint(ev, ckpt->tiered());
   }
   // direct_io auto times each save's data file and may change its way
-  // (direct_io.h): say so when it does.
-  if (is_logger && !direct_io_choice.empty()) {
-    const std::string now = checkpoint::describe_auto_direct_io(ckpt->dir());
-    const std::string way = now.substr(0, now.find(" ("));
-    if (way != direct_io_way) {
-      std::cout << "shardkit: checkpoint.direct_io auto: now " << now << std::endl;
-      direct_io_way = way;
+  // (direct_io.h): say so, after the save that changed it.
+  if (is_logger && !events.empty() && !direct_io_choice.empty()) {
+    const bool direct = checkpoint::use_direct_io(checkpoint::DirectIo::kAuto, ckpt->dir());
+    if (direct != direct_io_direct) {
+      std::cout << "shardkit: checkpoint.direct_io auto: now " << checkpoint::describe_auto_direct_io(ckpt->dir())
+                << std::endl;
+      direct_io_direct = direct;
     }
   }
   for (const auto& f : ckpt->take_retention_failures()) {

@@ -361,8 +361,9 @@ void Trainer::State::make_checkpoint_manager() {
   // direct_io auto: probe checkpoint.dir's file system now (every rank: the
   // choice is per process), not inside the first save, and say what won.
   if (!hooks.storage && posix.direct_io == checkpoint::DirectIo::kAuto) {
-    direct_io_choice = checkpoint::cached_direct_io_probe(ckpt->dir()).detail;
-    direct_io_way = direct_io_choice.substr(0, direct_io_choice.find(" ("));
+    const checkpoint::DirectIoProbe probe = checkpoint::cached_direct_io_probe(ckpt->dir());
+    direct_io_choice = probe.detail;
+    direct_io_direct = probe.use_direct;
   }
   if (ckpt->stages(device.is_cuda())) {
     // Host (pinned, for GPU state) staging buffers now, not at the first

@@ -127,9 +127,10 @@ struct Trainer::State {
   // checkpoint.direct_io auto: what the probe of checkpoint.dir chose and
   // why (direct_io.h), for the banner; empty for true and false.
   std::string direct_io_choice;
-  // The way auto's latest line named ("O_DIRECT" or "page cache"): a save
-  // that changes it (direct_io.h: auto learns from its own files) prints one.
-  std::string direct_io_way;
+  // Whether auto's latest line (the banner, or a save's) named O_DIRECT: a
+  // save that changes the way (direct_io.h: auto learns from its own files)
+  // prints a line.
+  bool direct_io_direct = false;
   int64_t saves_failed = 0;  // this run, kept going by on_error: warn
   std::optional<checkpoint::CheckpointEvent> last_save;
 
