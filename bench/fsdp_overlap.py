@@ -3,12 +3,14 @@
 (parallel.prefetch), on a network slow enough for it to matter.
 
   bench/fsdp_overlap.py [--train build/train] [--cases fsdp2,fsdp4,hsdp4]
-                        [--dtypes fp32,bf16] [--steps 8] [--json F]
-                        [--trace-dir D]
+                        [--dtypes fp32,bf16] [--per-rank-batch 4] [--layers 6]
+                        [--steps 8] [--mtu 1500] [--json F] [--trace-dir D]
 
 Loopback is nearly free, so overlap would show nothing there. Every rank
-runs in one network namespace of its own making whose loopback (MTU 1500)
-carries a `tc tbf` rate limit: all the job's traffic shares that link. Each
+runs in one network namespace of its own making whose loopback (MTU 1500,
+or --mtu up to 65536: the 64 KiB packets a NIC with segmentation offload
+hands the kernel) carries a `tc tbf` rate limit: all the job's traffic
+shares that link. Each
 rank is a `build/train` process with torchrun's environment, pinned to a
 core (rank r on core r mod the cores; with 4 ranks on 2 cores, two share a
 core, which is what this machine allows).
@@ -74,10 +76,11 @@ def sh(*cmd):
 class Link:
     """A network namespace whose loopback is the rate-limited link."""
 
-    def __init__(self):
+    def __init__(self, mtu):
         self.ns = f"skov{os.getpid()}"
+        self.mtu = mtu
         sh("ip", "netns", "add", self.ns)
-        sh("ip", "-n", self.ns, "link", "set", "lo", "mtu", "1500")
+        sh("ip", "-n", self.ns, "link", "set", "lo", "mtu", str(mtu))
         sh("ip", "-n", self.ns, "link", "set", "lo", "up")
         self.rate = None
 
@@ -87,10 +90,12 @@ class Link:
             self.rate = None
         if mbit is None:
             return
-        # A burst of 256 KiB: small against a unit's collective (MiBs), so a
-        # link that idled during compute does not send the next one for free.
+        # A burst of 256 KiB (at least 4 packets): small against a unit's
+        # collective (MiBs), so a link that idled during compute does not
+        # send the next one for free.
+        burst = max(256 * 1024, 4 * self.mtu)
         sh("tc", "-n", self.ns, "qdisc", "add", "dev", "lo", "root", "tbf", "rate",
-           f"{int(mbit)}mbit", "burst", "256kb", "latency", "2000ms")
+           f"{int(mbit)}mbit", "burst", str(burst), "latency", "2000ms")
         self.rate = mbit
 
     def close(self):
@@ -189,7 +194,12 @@ def main():
     parser.add_argument("--dtypes", default="fp32,bf16")
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--per-rank-batch", type=int, default=4)
+    parser.add_argument("--layers", type=int, default=MODEL["n_layers"],
+                        help="the llama's blocks, one FSDP unit each (default %(default)s)")
     parser.add_argument("--probe-mbit", type=float, default=1000)
+    parser.add_argument("--mtu", type=int, default=1500,
+                        help="the link's MTU: 1500 (every packet crosses the kernel) or up to "
+                             "65536, which models a NIC's segmentation offload (default 1500)")
     parser.add_argument("--json")
     parser.add_argument("--trace-dir")
     args = parser.parse_args()
@@ -200,6 +210,11 @@ def main():
             fail(f"needs {tool}")
     if not os.access(args.train, os.X_OK):
         fail(f"{args.train}: not built")
+    if args.layers < 1:
+        fail(f"--layers must be at least 1, not {args.layers}")
+    MODEL["n_layers"] = args.layers
+    if not 1280 <= args.mtu <= 65536:
+        fail(f"--mtu must be 1280..65536, not {args.mtu}")
     if args.steps < 4:
         fail("--steps must be at least 4 (steps 3.. are timed)")
     cases = []
@@ -214,7 +229,7 @@ def main():
             fail(f"--dtypes: '{d}' is not fp32 or bf16")
 
     work = tempfile.mkdtemp(prefix="fsdp_overlap.")
-    link = Link()
+    link = Link(args.mtu)
     rows = []
     timelines = {}
     try:
@@ -274,7 +289,7 @@ def main():
         "benchmark": "fsdp_overlap",
         "command": "bench/fsdp_overlap.py " + " ".join(sys.argv[1:]),
         "model": MODEL, "per_rank_batch": args.per_rank_batch, "steps": args.steps,
-        "cores": os.cpu_count(), "targets": {"ratio_prefetch1": 1.15, "exposed_prefetch1": 0.25},
+        "cores": os.cpu_count(), "mtu": args.mtu, "targets": {"ratio_prefetch1": 1.15, "exposed_prefetch1": 0.25},
         "rows": rows, "timelines": timelines,
     }
     print(json.dumps(result))

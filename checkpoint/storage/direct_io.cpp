@@ -187,13 +187,54 @@ FileSystemRecord record_of(const std::string& dir) {
 
 DirectIoProbe cached_direct_io_probe(const std::string& dir) { return record_of(dir).probe; }
 
+namespace {
+
+// Whether O_DIRECT is the faster way by the latest files (a tie: no); both
+// ways measured.
+bool direct_faster(const DirectIoLearned& l) { return l.direct_bytes_per_s > l.buffered_bytes_per_s; }
+
+// Whether the slower way is due to be measured again.
+bool retry_due(const DirectIoLearned& l) {
+  const uint64_t total = l.direct_files + l.buffered_files;
+  const uint64_t slower_latest = direct_faster(l) ? l.buffered_latest : l.direct_latest;
+  return total - slower_latest >= l.retry_after;
+}
+
+}  // namespace
+
 bool choose_direct(const DirectIoProbe& probe, const DirectIoLearned& learned) {
   if (!probe.accepted || probe.failed) return false;
   const bool direct_known = learned.direct_bytes_per_s > 0;
   const bool buffered_known = learned.buffered_bytes_per_s > 0;
   if (!direct_known && !buffered_known) return probe.use_direct;
   if (direct_known != buffered_known) return !direct_known;  // measure the other way
-  return learned.direct_bytes_per_s > learned.buffered_bytes_per_s;
+  const bool faster = direct_faster(learned);
+  return retry_due(learned) ? !faster : faster;
+}
+
+void learn_auto_write(DirectIoLearned& l, bool direct, double bytes_per_s) {
+  if (!(bytes_per_s > 0)) return;
+  const bool both_known = l.direct_bytes_per_s > 0 && l.buffered_bytes_per_s > 0;
+  // The first file of a retry: both known, this the slower way, and due.
+  // (Files opened while it was being written went the same way; they find
+  // the interval already moved.)
+  const bool retry = both_known && direct != direct_faster(l) && retry_due(l);
+  const uint64_t ordinal = l.direct_files + l.buffered_files + 1;
+  if (direct) {
+    l.direct_bytes_per_s = bytes_per_s;
+    ++l.direct_files;
+    l.direct_latest = ordinal;
+  } else {
+    l.buffered_bytes_per_s = bytes_per_s;
+    ++l.buffered_files;
+    l.buffered_latest = ordinal;
+  }
+  if (retry) {
+    ++l.retries;
+    const bool still_slower = direct != direct_faster(l);
+    l.retry_after = still_slower ? std::min(l.retry_after * 2, DirectIoLearned::kMaxRetryAfter)
+                                 : DirectIoLearned::kFirstRetryAfter;
+  }
 }
 
 void record_auto_write(const std::string& dir, bool direct, uint64_t bytes, double seconds) {
@@ -202,15 +243,7 @@ void record_auto_write(const std::string& dir, bool direct, uint64_t bytes, doub
   dev_t device = 0;
   if (!existing_dir(dir, at, device)) return;
   std::lock_guard<std::mutex> lock(g_mu);
-  DirectIoLearned& l = record_locked(device, at).learned;
-  const double rate = static_cast<double>(bytes) / seconds;
-  if (direct) {
-    l.direct_bytes_per_s = rate;
-    ++l.direct_files;
-  } else {
-    l.buffered_bytes_per_s = rate;
-    ++l.buffered_files;
-  }
+  learn_auto_write(record_locked(device, at).learned, direct, static_cast<double>(bytes) / seconds);
 }
 
 DirectIoLearned learned_direct_io(const std::string& dir) { return record_of(dir).learned; }
@@ -225,7 +258,10 @@ std::string describe_auto_direct_io(const std::string& dir) {
     std::snprintf(text, sizeof text, "%.2f GB/s", r / 1e9);
     return std::string(text) + " (" + std::to_string(files) + (files == 1 ? " file)" : " files)");
   };
-  return std::string(choose_direct(r.probe, l) ? "O_DIRECT" : "page cache") + " (latest checkpoint files: " +
+  const bool both = l.direct_bytes_per_s > 0 && l.buffered_bytes_per_s > 0;
+  const bool retrying = both && r.probe.accepted && !r.probe.failed && retry_due(l);
+  return std::string(choose_direct(r.probe, l) ? "O_DIRECT" : "page cache") +
+         (retrying ? ", the slower way, measured again" : "") + " (latest checkpoint files: " +
          rate(l.direct_bytes_per_s, l.direct_files) + " direct, " +
          rate(l.buffered_bytes_per_s, l.buffered_files) + " page cache)";
 }

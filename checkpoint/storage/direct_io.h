@@ -64,6 +64,17 @@ struct DirectIoLearned {
   double buffered_bytes_per_s = 0;  // 0: no such file yet
   uint64_t direct_files = 0;        // files measured each way, in all
   uint64_t buffered_files = 0;
+  // The slower way is measured again once retry_after files have been
+  // measured since its latest one (a disk's or a page cache's speed
+  // changes: one slow sample must not decide for ever). The interval starts
+  // at kFirstRetryAfter, doubles up to kMaxRetryAfter each time a retry
+  // finds that way still slower, and starts again when a retry wins.
+  static constexpr uint64_t kFirstRetryAfter = 16;
+  static constexpr uint64_t kMaxRetryAfter = 256;
+  uint64_t direct_latest = 0;  // ordinal (1-based, over both ways) of each way's latest file
+  uint64_t buffered_latest = 0;
+  uint64_t retry_after = kFirstRetryAfter;
+  uint64_t retries = 0;  // retries of the slower way so far
 };
 
 // auto's choice for the next large file, from the probe and the files
@@ -71,8 +82,15 @@ struct DirectIoLearned {
 //  - O_DIRECT refused, or the probe failed: the page cache;
 //  - no file measured yet: the probe's choice;
 //  - only one way measured: the other, to measure it;
-//  - both: the way whose latest file wrote faster (a tie: the page cache).
+//  - both: the way whose latest file wrote faster (a tie: the page cache),
+//    unless retry_after files have been measured since the slower way's
+//    latest: then the slower way, to measure it again.
 bool choose_direct(const DirectIoProbe& probe, const DirectIoLearned& learned);
+
+// Adds one file written `direct` or not at `bytes_per_s` to `learned`,
+// moving its retry interval (above) where this file is the first of a retry.
+// Pure.
+void learn_auto_write(DirectIoLearned& learned, bool direct, double bytes_per_s);
 
 // Records one file of auto written into `dir`: `bytes` in `seconds` of its
 // I/O time (above), all of it the way `direct` says. Thread-safe.
@@ -85,7 +103,8 @@ DirectIoLearned learned_direct_io(const std::string& dir);
 // One line for a log: the way auto takes next in `dir` and why, e.g.
 // "O_DIRECT (latest checkpoint files: 0.61 GB/s (2 files) direct, 0.40 GB/s
 // (1 file) page cache)", or the
-// probe's detail while no file has been measured.
+// probe's detail while no file has been measured; a retry of the slower way
+// (DirectIoLearned) says ", the slower way, measured again" after the way.
 std::string describe_auto_direct_io(const std::string& dir);
 
 // Whether writes into `dir` should try O_DIRECT under `mode`: kOn yes, kOff

@@ -151,7 +151,8 @@ class StorageWrapper : public Storage {
 // page cache. Then auto's own files of at least learn_min_bytes are timed
 // (bytes over the wall time its writes and fsync were under way): once one
 // way has such a file, the next tries the other way, and later files take
-// the way whose latest file wrote faster (direct_io.h, choose_direct).
+// the way whose latest file wrote faster, measuring the slower way again
+// after an interval (direct_io.h, choose_direct).
 // true: O_DIRECT; false: page cache. A file system that refuses O_DIRECT
 // (at open or at the first write) gets page-cache writes instead, with no
 // error. Durability is unchanged: data is durable after sync().

@@ -335,7 +335,9 @@ std::vector<Key> build_schema() {
        "checkpoint directory both ways (twice, with fsync) and use the faster one, as the "
        "banner says; a probe that fails means page cache. Then each save's data file of 64 MiB "
        "or more is timed: after the first, the next save tries the other way, and later saves "
-       "take the way whose latest file wrote faster (a line says when the way changes). true: "
+       "take the way whose latest file wrote faster, measuring the slower way again after 16 "
+       "such files (the interval doubles, up to 256, while it stays slower; a line says when "
+       "the way changes). true: "
        "O_DIRECT (file systems that refuse it get page-cache writes). false: page cache."},
       {SHARDKIT_CONFIG_ENUM(checkpoint.device_snapshot, checkpoint::parse_device_snapshot), one_of_enum(checkpoint::kDeviceSnapshots),
        "Overlap mode with state on a GPU: copy the state into device memory first (as much "

@@ -546,6 +546,65 @@ TEST(DirectIoChoice, AutoTakesTheProbesWayThenTheOtherOnceThenTheFasterLatestFil
   EXPECT_FALSE(choose_direct(failed, DirectIoLearned{}));
 }
 
+// The slower way is measured again after retry_after files; the interval
+// doubles (to a cap) while retries find it still slower and starts again
+// when one wins, and the way follows the latest files.
+TEST(DirectIoChoice, AutoMeasuresTheSlowerWayAgainAfterAnIntervalThatDoublesWhileItStaysSlower) {
+  DirectIoProbe probe = timed_probe(true, 0.20, 0.10);  // O_DIRECT won the probe
+  probe.use_direct = prefer_direct(probe);
+  ASSERT_TRUE(probe.use_direct);
+  DirectIoLearned l;
+  // Writes one file the way choose_direct says, at these rates.
+  const auto file = [&](double direct_rate, double buffered_rate) {
+    const bool direct = choose_direct(probe, l);
+    learn_auto_write(l, direct, direct ? direct_rate : buffered_rate);
+    return direct;
+  };
+  // Files until one is a retry; their ways, the retry's last.
+  const auto until_retry = [&](double direct_rate, double buffered_rate) {
+    const uint64_t before = l.retries;
+    std::vector<bool> ways;
+    while (l.retries == before && ways.size() < 10000) ways.push_back(file(direct_rate, buffered_rate));
+    return ways;
+  };
+  const uint64_t first = DirectIoLearned::kFirstRetryAfter;
+  EXPECT_TRUE(file(6e8, 3e8)) << "the probe's way";
+  EXPECT_FALSE(file(6e8, 3e8)) << "the other, once";
+  // O_DIRECT (faster) until the page cache's latest file is `first` files
+  // old, then one page-cache file: still slower, so the interval doubles.
+  std::vector<bool> ways = until_retry(6e8, 3e8);
+  ASSERT_EQ(ways.size(), first + 1);
+  for (size_t i = 0; i + 1 < ways.size(); ++i) EXPECT_TRUE(ways[i]) << "file " << i;
+  EXPECT_FALSE(ways.back());
+  EXPECT_EQ(l.retry_after, 2 * first);
+  ways = until_retry(6e8, 3e8);
+  ASSERT_EQ(ways.size(), 2 * first + 1);
+  EXPECT_FALSE(ways.back());
+  EXPECT_EQ(l.retry_after, 4 * first);
+  // The interval stops doubling at its cap.
+  while (l.retry_after < DirectIoLearned::kMaxRetryAfter) until_retry(6e8, 3e8);
+  EXPECT_EQ(until_retry(6e8, 3e8).size(), DirectIoLearned::kMaxRetryAfter + 1);
+  EXPECT_EQ(l.retry_after, DirectIoLearned::kMaxRetryAfter);
+  // The disk changed: the next retry finds the page cache faster, the
+  // interval starts again, and the files go the page cache's way.
+  ways = until_retry(5e8, 9e8);
+  EXPECT_EQ(ways.size(), DirectIoLearned::kMaxRetryAfter + 1);
+  EXPECT_FALSE(ways.back());
+  EXPECT_EQ(l.retry_after, first);
+  for (int i = 0; i < 3; ++i) EXPECT_FALSE(file(5e8, 9e8)) << "after the change, file " << i;
+  // Files opened during a retry go the same way, but only the first one of
+  // them moves the interval (it doubles once, not per file).
+  DirectIoLearned m;
+  learn_auto_write(m, true, 6e8);
+  learn_auto_write(m, false, 3e8);
+  for (uint64_t i = 0; i < first; ++i) learn_auto_write(m, true, 6e8);
+  ASSERT_FALSE(choose_direct(probe, m));
+  for (int i = 0; i < 4; ++i) learn_auto_write(m, false, 3e8);
+  EXPECT_EQ(m.retries, 1u);
+  EXPECT_EQ(m.retry_after, 2 * first);
+  EXPECT_TRUE(choose_direct(probe, m));
+}
+
 // auto through the POSIX storage: each file at least learn_min_bytes long
 // is timed and recorded the way it was written; the next file goes the way
 // choose_direct says from the probe and those records (so from fresh: the
