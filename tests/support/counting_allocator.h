@@ -10,6 +10,9 @@
 #include <algorithm>
 #include <atomic>
 #include <cstddef>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
 
 namespace testing_support {
 
@@ -24,7 +27,9 @@ class CountingCpuAllocator : public c10::Allocator {
   // overrides it, the other is an overload (no version check needed here).
   c10::DataPtr allocate(size_t n) const { return counted(n); }
   c10::DataPtr allocate(size_t n) { return counted(n); }
-  c10::DeleterFnPtr raw_deleter() const override { return nullptr; }
+  // Context == data, as c10's raw_allocate asserts (Gloo and some CPU
+  // kernels allocate raw): the size and owner live in a registry instead.
+  c10::DeleterFnPtr raw_deleter() const override { return &release; }
   // LibTorch 2.3+ asks allocators for this (no override: 1.13 has none).
   void copy_data(void* dest, const void* src, std::size_t count) const {
     std::copy_n(static_cast<const char*>(src), count, static_cast<char*>(dest));
@@ -35,29 +40,53 @@ class CountingCpuAllocator : public c10::Allocator {
   void reset_peak() { peak_.store(live_.load()); }
 
  private:
+  struct Block {
+    c10::DataPtr inner;  // the base allocator's, freed with the block
+    size_t n = 0;
+    const CountingCpuAllocator* owner = nullptr;
+  };
+  // Per address, a stack: counters installed over each other (a test's
+  // counter over an earlier one's) register the same address, the outer one
+  // last, and freeing it frees the inner one's in turn.
+  struct Registry {
+    std::mutex mu;
+    std::unordered_map<void*, std::vector<Block>> blocks;
+  };
+  // Never destroyed: memory counted here may be freed after main returns.
+  static Registry& registry() {
+    static auto* r = new Registry();
+    return *r;
+  }
+
   c10::DataPtr counted(size_t n) const {
     c10::DataPtr inner = base_->allocate(n);
-    auto* ctx = new Context{std::move(inner), n, this};
+    void* data = inner.get();
+    if (data == nullptr) return inner;  // nothing to count (n == 0)
+    const c10::Device device = inner.device();
+    {
+      std::lock_guard<std::mutex> lock(registry().mu);
+      registry().blocks[data].push_back(Block{std::move(inner), n, this});
+    }
     const int64_t now = live_.fetch_add(static_cast<int64_t>(n)) + static_cast<int64_t>(n);
     int64_t peak = peak_.load();
     while (now > peak && !peak_.compare_exchange_weak(peak, now)) {
     }
-    void* data = ctx->inner.get();
-    const c10::Device device = ctx->inner.device();
-    return {data, ctx, &release, device};
+    return {data, data, &release, device};
   }
 
   static constexpr uint8_t kPriority = 200;
-  struct Context {
-    c10::DataPtr inner;
-    size_t n;
-    const CountingCpuAllocator* owner;
-  };
   static void release(void* p) {
-    auto* ctx = static_cast<Context*>(p);
-    ctx->owner->live_.fetch_sub(static_cast<int64_t>(ctx->n));
-    delete ctx;
-  }
+    Block block;
+    {
+      std::lock_guard<std::mutex> lock(registry().mu);
+      auto it = registry().blocks.find(p);
+      if (it == registry().blocks.end()) return;
+      block = std::move(it->second.back());
+      it->second.pop_back();
+      if (it->second.empty()) registry().blocks.erase(it);
+    }
+    block.owner->live_.fetch_sub(static_cast<int64_t>(block.n));
+  }  // block.inner frees here, outside the lock (an inner counter's release locks again)
 
   c10::Allocator* base_;
   mutable std::atomic<int64_t> live_{0};
