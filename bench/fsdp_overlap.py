@@ -4,7 +4,8 @@
 
   bench/fsdp_overlap.py [--train build/train] [--cases fsdp2,fsdp4,hsdp4]
                         [--dtypes fp32,bf16] [--per-rank-batch 4] [--layers 6]
-                        [--steps 8] [--mtu 1500] [--json F] [--trace-dir D]
+                        [--steps 8] [--mtu 1500] [--free-link] [--json F]
+                        [--trace-dir D]
 
 Loopback is nearly free, so overlap would show nothing there. Every rank
 runs in one network namespace of its own making whose loopback (MTU 1500,
@@ -34,6 +35,16 @@ Per case (layout, world, dtype) it measures, each the median over steps
                     rest of exposed_prefetch1 is compute slowed down by the
                     network stack and Gloo's threads, which share the ranks'
                     cores here (a NIC would do that work on a real node).
+With --free-link, also:
+  step_s_free_prefetch1
+                    the sharded step with prefetch 1 on the link with no
+                    rate limit, and free_link_extra_over_comm its excess
+                    over compute_s in units of comm_s;
+  cpu_main_s_per_step_X, cpu_other_threads_s_per_step_X
+                    each process's CPU time (user + system) per step, its
+                    training thread's and its other threads' (Gloo, helpers),
+                    for X = compute, free_prefetch1 and prefetch1: what
+                    moving the bytes costs the ranks' own cores.
 The link's rate is chosen per case so that comm_s is about compute_s: a
 probe run at --probe-mbit gives the communication time at that rate, and
 the rate scales with it.
@@ -54,6 +65,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 PROG = "fsdp_overlap"
@@ -125,10 +137,50 @@ def config_args(args, case, dtype, world, prefetch, run_dir, trace_step=0):
     return out
 
 
-def run_job(args, link, case, dtype, world, prefetch, work, tag, trace_step=0, alone=False):
+class ThreadCpu:
+    """Samples the CPU time (user + system, from /proc/PID/task/*/stat) of
+    every thread of the given processes until stopped, keeping each
+    thread's latest reading (the ranks exit at the end, so the last sample
+    before that is what counts)."""
+
+    def __init__(self, pids):
+        self.pids = pids
+        self.latest = {}  # (pid, tid) -> seconds
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self):
+        tick = os.sysconf("SC_CLK_TCK")
+        while not self.stopped.is_set():
+            for pid in self.pids:
+                try:
+                    tids = os.listdir(f"/proc/{pid}/task")
+                except OSError:
+                    continue
+                for tid in tids:
+                    try:
+                        with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                            fields = f.read().rsplit(")", 1)[1].split()
+                        self.latest[(pid, int(tid))] = (int(fields[11]) + int(fields[12])) / tick
+                    except (OSError, IndexError, ValueError):
+                        pass
+            self.stopped.wait(0.25)
+
+    def stop(self):
+        self.stopped.set()
+        self.thread.join()
+        main = [v for (pid, tid), v in self.latest.items() if tid == pid]
+        rest = [v for (pid, tid), v in self.latest.items() if tid != pid]
+        return {"main_s": sum(main) / max(len(main), 1), "other_threads_s": sum(rest) / max(len(main), 1)}
+
+
+def run_job(args, link, case, dtype, world, prefetch, work, tag, trace_step=0, alone=False, cpu=False):
     """One job of `world` ranks; alone: `world` single-process jobs side by
     side instead, pinned as the ranks would be (compute without
-    communication, on the same share of a core)."""
+    communication, on the same share of a core). cpu: also each process's
+    CPU time, its training thread's and its other threads' (per process,
+    averaged over the processes)."""
     run_dir = os.path.join(work, tag)
     shutil.rmtree(run_dir, ignore_errors=True)
     os.makedirs(run_dir)
@@ -147,11 +199,16 @@ def run_job(args, link, case, dtype, world, prefetch, work, tag, trace_step=0, a
         cmd += [args.train] + config_args(args, case, dtype, size, prefetch, rank_dir, trace_step)
         log = open(os.path.join(run_dir, f"rank{r}.log"), "w")
         procs.append((subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT), log))
+    sampler = None
+    if cpu:
+        # ip netns exec and taskset exec into env, which execs train: the pid stays.
+        sampler = ThreadCpu([p.pid for p, _ in procs])
     failed = []
     for r, (p, log) in enumerate(procs):
         if p.wait() != 0:
             failed.append(r)
         log.close()
+    threads = sampler.stop() if sampler else None
     if failed:
         with open(os.path.join(run_dir, f"rank{failed[0]}.log")) as f:
             tail = f.read()[-2000:]
@@ -164,9 +221,16 @@ def run_job(args, link, case, dtype, world, prefetch, work, tag, trace_step=0, a
                 steps.append(rec)
     if not steps:
         fail(f"{tag}: no steps from 3 on in metrics.jsonl", 1)
-    return {"step_s": statistics.median(r["step_time_s"] for r in steps),
-            "comm_wait_s": statistics.median(r["comm_wait_s"] for r in steps),
-            "dir": run_dir}
+    out = {"step_s": statistics.median(r["step_time_s"] for r in steps),
+           "comm_wait_s": statistics.median(r["comm_wait_s"] for r in steps),
+           "dir": run_dir}
+    if threads:
+        # Per step: the whole run's CPU over its steps (start-up included,
+        # the same for every run of a case).
+        n = max(r["step"] for r in steps)
+        out["cpu_main_s_per_step"] = threads["main_s"] / n
+        out["cpu_other_threads_s_per_step"] = threads["other_threads_s"] / n
+    return out
 
 
 def trace_ranges(path):
@@ -200,6 +264,10 @@ def main():
     parser.add_argument("--mtu", type=int, default=1500,
                         help="the link's MTU: 1500 (every packet crosses the kernel) or up to "
                              "65536, which models a NIC's segmentation offload (default 1500)")
+    parser.add_argument("--free-link", action="store_true",
+                        help="also the sharded step with prefetch 1 on the link with no rate limit, "
+                             "and each process's CPU time per step by thread (compute, free link, "
+                             "prefetch 1): what moving the bytes costs the ranks' own cores")
     parser.add_argument("--json")
     parser.add_argument("--trace-dir")
     args = parser.parse_args()
@@ -238,14 +306,18 @@ def main():
             for dtype in dtypes:
                 name = f"{layout}{world} {dtype}"
                 link.set_rate(None)
-                compute = run_job(args, link, case, dtype, world, 0, work, "compute", alone=True)["step_s"]
+                alone = run_job(args, link, case, dtype, world, 0, work, "compute", alone=True, cpu=args.free_link)
+                compute = alone["step_s"]
+                free = None
+                if args.free_link:
+                    free = run_job(args, link, case, dtype, world, 1, work, "free", cpu=True)
                 link.set_rate(args.probe_mbit)
                 probe = run_job(args, link, case, dtype, world, 0, work, "probe")["comm_wait_s"]
                 rate = max(50.0, args.probe_mbit * probe / max(compute, 1e-3))
                 link.set_rate(rate)
                 trace = 5 if args.trace_dir and not timelines else 0
                 p0 = run_job(args, link, case, dtype, world, 0, work, "p0", trace)
-                p1 = run_job(args, link, case, dtype, world, 1, work, "p1", trace)
+                p1 = run_job(args, link, case, dtype, world, 1, work, "p1", trace, cpu=args.free_link)
                 comm = p0["comm_wait_s"]
                 row = {
                     "case": name, "layout": layout, "world": world, "dtype": dtype,
@@ -257,6 +329,14 @@ def main():
                     "exposed_prefetch1": (p1["step_s"] - compute) / comm if comm > 0 else None,
                     "ratio_prefetch1": p1["step_s"] / max(compute, comm),
                 }
+                if free:
+                    # The free link's step over compute: what moving the bytes
+                    # costs the cores, in units of comm_s (0: nothing).
+                    row["step_s_free_prefetch1"] = free["step_s"]
+                    row["free_link_extra_over_comm"] = (free["step_s"] - compute) / comm if comm > 0 else None
+                    for tag, res in (("compute", alone), ("free_prefetch1", free), ("prefetch1", p1)):
+                        row[f"cpu_main_s_per_step_{tag}"] = res["cpu_main_s_per_step"]
+                        row[f"cpu_other_threads_s_per_step_{tag}"] = res["cpu_other_threads_s_per_step"]
                 row["met"] = bool(row["ratio_prefetch1"] <= 1.15 and
                                   row["exposed_prefetch1"] is not None and row["exposed_prefetch1"] <= 0.25)
                 rows.append(row)
@@ -270,6 +350,13 @@ def main():
                             timelines[tag] = {"case": name, "step": trace, "ranges": trace_ranges(src)}
                 print(f"{name:10s} rate {rate:7.0f} Mbit/s  compute {compute:.3f}  comm {comm:.3f}  "
                       f"step p0 {p0['step_s']:.3f}  p1 {p1['step_s']:.3f}", file=sys.stderr)
+                if free:
+                    print(f"{name:10s} free link: step p1 {free['step_s']:.3f}  CPU s/step, training thread "
+                          f"and other threads: compute {alone['cpu_main_s_per_step']:.3f} + "
+                          f"{alone['cpu_other_threads_s_per_step']:.3f}, free p1 "
+                          f"{free['cpu_main_s_per_step']:.3f} + {free['cpu_other_threads_s_per_step']:.3f}, "
+                          f"p1 {p1['cpu_main_s_per_step']:.3f} + {p1['cpu_other_threads_s_per_step']:.3f}",
+                          file=sys.stderr)
     finally:
         link.close()
         shutil.rmtree(work, ignore_errors=True)
