@@ -4,8 +4,8 @@
 
   bench/fsdp_overlap.py [--train build/train] [--cases fsdp2,fsdp4,hsdp4]
                         [--dtypes fp32,bf16] [--per-rank-batch 4] [--layers 6]
-                        [--steps 8] [--mtu 1500] [--free-link] [--json F]
-                        [--trace-dir D]
+                        [--steps 8] [--rounds 1] [--mtu 1500] [--free-link]
+                        [--json F] [--trace-dir D]
 
 Loopback is nearly free, so overlap would show nothing there. Every rank
 runs in one network namespace of its own making whose loopback (MTU 1500,
@@ -26,6 +26,10 @@ Per case (layout, world, dtype) it measures, each the median over steps
   comm_s            comm_wait_s with prefetch 0: every collective waited for
                     where it is issued, so the collectives' own time;
   step_s_prefetch0  and step_s_prefetch1: the sharded step at the chosen rate;
+                    with --rounds R, compute_s, comm_s and both steps are
+                    measured R times, alternated (compute, prefetch 0,
+                    prefetch 1, compute, ...), each the median of its R
+                    (every round's values are in the row's "rounds");
   exposed_prefetchN (step - compute) / comm, the exposed share of the
                     communication (about 1 with no overlap);
   ratio_prefetch1   step_s_prefetch1 / max(compute_s, comm_s);
@@ -264,6 +268,9 @@ def main():
     parser.add_argument("--mtu", type=int, default=1500,
                         help="the link's MTU: 1500 (every packet crosses the kernel) or up to "
                              "65536, which models a NIC's segmentation offload (default 1500)")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="measure compute, prefetch 0 and prefetch 1 this many times, "
+                             "alternated, and report each one's median (default 1)")
     parser.add_argument("--free-link", action="store_true",
                         help="also the sharded step with prefetch 1 on the link with no rate limit, "
                              "and each process's CPU time per step by thread (compute, free link, "
@@ -278,6 +285,8 @@ def main():
             fail(f"needs {tool}")
     if not os.access(args.train, os.X_OK):
         fail(f"{args.train}: not built")
+    if args.rounds < 1:
+        fail(f"--rounds must be at least 1, not {args.rounds}")
     if args.layers < 1:
         fail(f"--layers must be at least 1, not {args.layers}")
     MODEL["n_layers"] = args.layers
@@ -318,6 +327,22 @@ def main():
                 trace = 5 if args.trace_dir and not timelines else 0
                 p0 = run_job(args, link, case, dtype, world, 0, work, "p0", trace)
                 p1 = run_job(args, link, case, dtype, world, 1, work, "p1", trace, cpu=args.free_link)
+                rounds = [{"compute_s": compute, "comm_s": p0["comm_wait_s"], "step_s_prefetch0": p0["step_s"],
+                           "step_s_prefetch1": p1["step_s"], "comm_wait_s_prefetch1": p1["comm_wait_s"]}]
+                for _ in range(1, args.rounds):
+                    # Compute and the steps again, alternated, so that the
+                    # machine's drift between runs falls on both sides.
+                    link.set_rate(None)
+                    c = run_job(args, link, case, dtype, world, 0, work, "compute", alone=True)["step_s"]
+                    link.set_rate(rate)
+                    q0 = run_job(args, link, case, dtype, world, 0, work, "p0")
+                    q1 = run_job(args, link, case, dtype, world, 1, work, "p1")
+                    rounds.append({"compute_s": c, "comm_s": q0["comm_wait_s"], "step_s_prefetch0": q0["step_s"],
+                                   "step_s_prefetch1": q1["step_s"], "comm_wait_s_prefetch1": q1["comm_wait_s"]})
+                med = {k: statistics.median(r[k] for r in rounds) for k in rounds[0]}
+                compute = med["compute_s"]
+                p0 = dict(p0, step_s=med["step_s_prefetch0"], comm_wait_s=med["comm_s"])
+                p1 = dict(p1, step_s=med["step_s_prefetch1"], comm_wait_s=med["comm_wait_s_prefetch1"])
                 comm = p0["comm_wait_s"]
                 row = {
                     "case": name, "layout": layout, "world": world, "dtype": dtype,
@@ -328,6 +353,7 @@ def main():
                     "exposed_prefetch0": (p0["step_s"] - compute) / comm if comm > 0 else None,
                     "exposed_prefetch1": (p1["step_s"] - compute) / comm if comm > 0 else None,
                     "ratio_prefetch1": p1["step_s"] / max(compute, comm),
+                    "rounds": rounds,
                 }
                 if free:
                     # The free link's step over compute: what moving the bytes
