@@ -237,6 +237,13 @@ def run_job(args, link, case, dtype, world, prefetch, work, tag, trace_step=0, a
     return out
 
 
+def one_round(compute, p0, p1):
+    """One round's measurements: compute alone, then the prefetch 0 and 1
+    jobs (run_job's results)."""
+    return {"compute_s": compute, "comm_s": p0["comm_wait_s"], "step_s_prefetch0": p0["step_s"],
+            "step_s_prefetch1": p1["step_s"], "comm_wait_s_prefetch1": p1["comm_wait_s"]}
+
+
 def trace_ranges(path):
     """The shardkit::* ranges of a Chrome trace, as [name, start_ms, dur_ms]."""
     with open(path) as f:
@@ -327,8 +334,7 @@ def main():
                 trace = 5 if args.trace_dir and not timelines else 0
                 p0 = run_job(args, link, case, dtype, world, 0, work, "p0", trace)
                 p1 = run_job(args, link, case, dtype, world, 1, work, "p1", trace, cpu=args.free_link)
-                rounds = [{"compute_s": compute, "comm_s": p0["comm_wait_s"], "step_s_prefetch0": p0["step_s"],
-                           "step_s_prefetch1": p1["step_s"], "comm_wait_s_prefetch1": p1["comm_wait_s"]}]
+                rounds = [one_round(compute, p0, p1)]
                 for _ in range(1, args.rounds):
                     # Compute and the steps again, alternated, so that the
                     # machine's drift between runs falls on both sides.
@@ -337,8 +343,7 @@ def main():
                     link.set_rate(rate)
                     q0 = run_job(args, link, case, dtype, world, 0, work, "p0")
                     q1 = run_job(args, link, case, dtype, world, 1, work, "p1")
-                    rounds.append({"compute_s": c, "comm_s": q0["comm_wait_s"], "step_s_prefetch0": q0["step_s"],
-                                   "step_s_prefetch1": q1["step_s"], "comm_wait_s_prefetch1": q1["comm_wait_s"]})
+                    rounds.append(one_round(c, q0, q1))
                 med = {k: statistics.median(r[k] for r in rounds) for k in rounds[0]}
                 compute = med["compute_s"]
                 p0 = dict(p0, step_s=med["step_s_prefetch0"], comm_wait_s=med["comm_s"])
