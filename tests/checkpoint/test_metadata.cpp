@@ -17,6 +17,8 @@
 #include "checkpoint/storage/memory.h"
 #include "checkpoint/storage/storage.h"
 
+#include <xxhash.h>
+
 namespace checkpoint {
 namespace {
 
@@ -973,6 +975,35 @@ TEST(Checksum, StreamingDigestEqualsOneShot) {
   Xxh3Stream moved = std::move(stream);
   moved.update(data.data(), 10);
   EXPECT_EQ(moved.digest(), xxh3_64(data.data(), 10));
+}
+
+// checksum.cpp may hash through XXH3's runtime dispatch (AVX2, AVX-512): the
+// values must be the library's plain XXH3-64 at every size class XXH3 treats
+// apart (0, 1-3, 4-8, 9-16, 17-128, 129-240 bytes, then stripes of 64 in
+// blocks of 1024, and large inputs) and at every alignment, one-shot and
+// streamed in uneven pieces, and the format's published values hold.
+TEST(Checksum, EqualsTheReferenceXxh3AtEverySizeAndAlignment) {
+  EXPECT_EQ(xxh3_64(nullptr, 0), 0x2D06800538D394C2ull);  // XXH3-64 of no bytes, seed 0
+  std::vector<uint8_t> data((4 << 20) + 64);
+  uint64_t x = 0x9E3779B97F4A7C15ull;
+  for (uint8_t& b : data) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    b = static_cast<uint8_t>(x);
+  }
+  const size_t sizes[] = {0, 1, 3, 4, 8, 9, 16, 17, 128, 129, 240, 241, 1023, 1024, 1025, 4096,
+                          65537, (1 << 20) + 3, 4 << 20};
+  for (size_t offset : {0, 1, 7, 32}) {
+    for (size_t n : sizes) {
+      const uint8_t* p = data.data() + offset;
+      const uint64_t want = XXH3_64bits(p, n);
+      EXPECT_EQ(xxh3_64(p, n), want) << n << " bytes at offset " << offset;
+      Xxh3Stream stream;
+      for (size_t done = 0, piece = 1; done < n; done += piece, piece = piece * 3 + 5) {
+        stream.update(p + done, std::min(piece, n - done));
+      }
+      EXPECT_EQ(stream.digest(), want) << n << " bytes at offset " << offset << ", streamed";
+    }
+  }
 }
 
 }  // namespace
