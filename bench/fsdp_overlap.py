@@ -22,7 +22,9 @@ Per case (layout, world, dtype) it measures, each the median over steps
                     1, no communication; its AdamW updates the whole model
                     where a rank updates its shard), with as many such
                     processes side by side, pinned as the ranks are, so that
-                    it gets the same share of a core;
+                    it gets the same share of a core (the median over the
+                    steps of all of them that ran while all of them were
+                    timing steps: steps_side_by_side counts them);
   comm_s            comm_wait_s with prefetch 0: every collective waited for
                     where it is issued, so the collectives' own time;
   step_s_prefetch0  and step_s_prefetch1: the sharded step at the chosen rate;
@@ -42,8 +44,15 @@ Per case (layout, world, dtype) it measures, each the median over steps
 With --free-link, also:
   step_s_free_prefetch1
                     the sharded step with prefetch 1 on the link with no
-                    rate limit, and free_link_extra_over_comm its excess
-                    over compute_s in units of comm_s;
+                    rate limit (with --rounds, in every round, alternated
+                    with the others, the median) and comm_wait_s_free_prefetch1
+                    the training thread's waits in it, free_link_extra_over_comm
+                    its excess over compute_s in units of comm_s, and
+                    link_exposed_prefetch1 = (step_s_prefetch1 -
+                    step_s_free_prefetch1) / comm_s, what the link's limit
+                    adds to the step (0: the limited link's time is hidden
+                    entirely; the rest of exposed_prefetch1 is the cost of
+                    moving the bytes at all on these cores);
   cpu_main_s_per_step_X, cpu_other_threads_s_per_step_X
                     each process's CPU time (user + system) per step, its
                     training thread's and its other threads' (Gloo, helpers),
@@ -62,6 +71,7 @@ so and exits 2. Prints a table, and with --json one JSON object
 timeline.
 """
 import argparse
+import datetime
 import json
 import os
 import shutil
@@ -217,17 +227,27 @@ def run_job(args, link, case, dtype, world, prefetch, work, tag, trace_step=0, a
         with open(os.path.join(run_dir, f"rank{failed[0]}.log")) as f:
             tail = f.read()[-2000:]
         fail(f"{tag}: rank(s) {failed} failed; rank {failed[0]}'s log ends:\n{tail}", 1)
-    steps = []
-    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
-        for line in f:
-            rec = json.loads(line)
-            if "step_time_s" in rec and rec["step"] >= 3:
-                steps.append(rec)
-    if not steps:
-        fail(f"{tag}: no steps from 3 on in metrics.jsonl", 1)
-    out = {"step_s": statistics.median(r["step_time_s"] for r in steps),
-           "comm_wait_s": statistics.median(r["comm_wait_s"] for r in steps),
-           "dir": run_dir}
+    steps = timed_steps(os.path.join(run_dir, "metrics.jsonl"), tag)
+    out = {"dir": run_dir}
+    if alone and world > 1:
+        # Side-by-side processes start and finish at different times; a
+        # step that ran while a core's other process had not started or had
+        # ended ran alone and fast (a 2.5x low compute_s once). Only the
+        # steps, of every process, that lie inside the span in which all of
+        # them were timing steps count.
+        every = [steps] + [timed_steps(os.path.join(run_dir, f"alone{r}", "metrics.jsonl"), tag)
+                           for r in range(1, world)]
+        lo = max(min(r["start"] for r in p) for p in every)
+        hi = min(max(r["end"] for r in p) for p in every)
+        inside = [r for p in every for r in p if r["start"] >= lo and r["end"] <= hi]
+        out["steps_side_by_side"] = len(inside)
+        if len(inside) >= 3:
+            steps = inside
+        else:
+            print(f"{PROG}: {tag}: only {len(inside)} steps ran while all {world} processes did; "
+                  "taking rank 0's steps", file=sys.stderr)
+    out["step_s"] = statistics.median(r["step_time_s"] for r in steps)
+    out["comm_wait_s"] = statistics.median(r["comm_wait_s"] for r in steps)
     if threads:
         # Per step: the whole run's CPU over its steps (start-up included,
         # the same for every run of a case).
@@ -237,11 +257,33 @@ def run_job(args, link, case, dtype, world, prefetch, work, tag, trace_step=0, a
     return out
 
 
-def one_round(compute, p0, p1):
+def timed_steps(path, tag):
+    """Steps 3.. of a metrics.jsonl, each with its wall-clock span (the
+    record's time is the step's end, to the millisecond)."""
+    steps = []
+    with open(path) as f:
+        for line in f:
+            rec = json.loads(line)
+            if "step_time_s" in rec and rec["step"] >= 3:
+                end = datetime.datetime.strptime(rec["time"], "%Y-%m-%dT%H:%M:%S.%fZ").timestamp()
+                steps.append(dict(rec, start=end - rec["step_time_s"], end=end))
+    if not steps:
+        fail(f"{tag}: no steps from 3 on in {path}", 1)
+    return steps
+
+
+def one_round(alone, p0, p1, free=None):
     """One round's measurements: compute alone, then the prefetch 0 and 1
-    jobs (run_job's results)."""
-    return {"compute_s": compute, "comm_s": p0["comm_wait_s"], "step_s_prefetch0": p0["step_s"],
-            "step_s_prefetch1": p1["step_s"], "comm_wait_s_prefetch1": p1["comm_wait_s"]}
+    jobs (run_job's results), and with --free-link the prefetch 1 job on the
+    unlimited link."""
+    out = {"compute_s": alone["step_s"], "comm_s": p0["comm_wait_s"], "step_s_prefetch0": p0["step_s"],
+           "step_s_prefetch1": p1["step_s"], "comm_wait_s_prefetch1": p1["comm_wait_s"]}
+    if "steps_side_by_side" in alone:
+        out["compute_steps_side_by_side"] = alone["steps_side_by_side"]
+    if free is not None:
+        out["step_s_free_prefetch1"] = free["step_s"]
+        out["comm_wait_s_free_prefetch1"] = free["comm_wait_s"]
+    return out
 
 
 def trace_ranges(path):
@@ -334,16 +376,19 @@ def main():
                 trace = 5 if args.trace_dir and not timelines else 0
                 p0 = run_job(args, link, case, dtype, world, 0, work, "p0", trace)
                 p1 = run_job(args, link, case, dtype, world, 1, work, "p1", trace, cpu=args.free_link)
-                rounds = [one_round(compute, p0, p1)]
-                for _ in range(1, args.rounds):
+                rounds = [one_round(alone, p0, p1, free)]
+                for i in range(1, args.rounds):
                     # Compute and the steps again, alternated, so that the
-                    # machine's drift between runs falls on both sides.
+                    # machine's drift between runs falls on both sides. Run
+                    # directories of their own: the first round's keep the
+                    # traces copied below.
                     link.set_rate(None)
-                    c = run_job(args, link, case, dtype, world, 0, work, "compute", alone=True)["step_s"]
+                    c = run_job(args, link, case, dtype, world, 0, work, f"compute_r{i}", alone=True)
+                    qf = run_job(args, link, case, dtype, world, 1, work, f"free_r{i}") if free else None
                     link.set_rate(rate)
-                    q0 = run_job(args, link, case, dtype, world, 0, work, "p0")
-                    q1 = run_job(args, link, case, dtype, world, 1, work, "p1")
-                    rounds.append(one_round(c, q0, q1))
+                    q0 = run_job(args, link, case, dtype, world, 0, work, f"p0_r{i}")
+                    q1 = run_job(args, link, case, dtype, world, 1, work, f"p1_r{i}")
+                    rounds.append(one_round(c, q0, q1, qf))
                 med = {k: statistics.median(r[k] for r in rounds) for k in rounds[0]}
                 compute = med["compute_s"]
                 p0 = dict(p0, step_s=med["step_s_prefetch0"], comm_wait_s=med["comm_s"])
@@ -363,8 +408,15 @@ def main():
                 if free:
                     # The free link's step over compute: what moving the bytes
                     # costs the cores, in units of comm_s (0: nothing).
-                    row["step_s_free_prefetch1"] = free["step_s"]
-                    row["free_link_extra_over_comm"] = (free["step_s"] - compute) / comm if comm > 0 else None
+                    row["step_s_free_prefetch1"] = med["step_s_free_prefetch1"]
+                    row["comm_wait_s_free_prefetch1"] = med["comm_wait_s_free_prefetch1"]
+                    row["free_link_extra_over_comm"] = (
+                        (med["step_s_free_prefetch1"] - compute) / comm if comm > 0 else None)
+                    # What the link's limit adds to the same step, in units
+                    # of comm_s: 0 when the limited link's time is hidden
+                    # entirely and only moving the bytes costs the step.
+                    row["link_exposed_prefetch1"] = (
+                        (p1["step_s"] - med["step_s_free_prefetch1"]) / comm if comm > 0 else None)
                     for tag, res in (("compute", alone), ("free_prefetch1", free), ("prefetch1", p1)):
                         row[f"cpu_main_s_per_step_{tag}"] = res["cpu_main_s_per_step"]
                         row[f"cpu_other_threads_s_per_step_{tag}"] = res["cpu_other_threads_s_per_step"]
@@ -394,6 +446,9 @@ def main():
 
     head = ["case", "Mbit/s", "compute_s", "comm_s", "step p0", "step p1", "exposed p0",
             "exposed p1", "waited p1", "p1/max", "met"]
+    with_free = any("step_s_free_prefetch1" in r for r in rows)
+    if with_free:
+        head[-1:-1] = ["free p1", "free extra", "link exposed p1"]
     print("| " + " | ".join(head) + " |")
     print("|" + "---|" * len(head))
     for r in rows:
@@ -402,6 +457,9 @@ def main():
                  f"{r['exposed_prefetch0']:.2f}", f"{r['exposed_prefetch1']:.2f}",
                  f"{r['waited_share_prefetch1']:.2f}",
                  f"{r['ratio_prefetch1']:.2f}", "yes" if r["met"] else "no"]
+        if with_free:
+            cells[-1:-1] = [f"{r['step_s_free_prefetch1']:.3f}", f"{r['free_link_extra_over_comm']:.2f}",
+                            f"{r['link_exposed_prefetch1']:.2f}"]
         print("| " + " | ".join(cells) + " |")
     result = {
         "benchmark": "fsdp_overlap",

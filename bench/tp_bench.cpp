@@ -233,7 +233,10 @@ int main(int argc, char** argv) {
   torch::set_num_threads(1);
   models::validate_model_options(mo);
 
-  testing_support::CountingCpuAllocator alloc;
+  // Never destroyed, as in ac_bench: tensors LibTorch frees after main
+  // returns (its static caches) are counted by it and released through it.
+  static auto* counter = new testing_support::CountingCpuAllocator();
+  testing_support::CountingCpuAllocator& alloc = *counter;
   const std::vector<Layout> layouts = {
       {"whole (world 1)", 1, 1, 1}, {"FSDP 4", 4, 4, 1}, {"TP 2 x FSDP 2", 4, 2, 2}, {"TP 4", 4, 1, 4}};
   std::vector<Row> rows;

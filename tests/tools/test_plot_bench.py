@@ -25,6 +25,7 @@ PLOT_BENCH = None
 SOURCE_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 AC_JSON = os.path.join(SOURCE_DIR, "docs", "data", "ac_bench.json")
 OVERLAP_JSON = os.path.join(SOURCE_DIR, "docs", "data", "fsdp_overlap.json")
+OVERLAP_FREE_JSON = os.path.join(SOURCE_DIR, "docs", "data", "fsdp_overlap_free_rounds2.json")
 PIPELINE_JSON = os.path.join(SOURCE_DIR, "docs", "data", "pipeline_schedules.json")
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -280,6 +281,17 @@ class PlotBenchDraws(Case):
         result = self.plot("overlap", OVERLAP_JSON, "--out", out)
         self.assert_png(out, result)
         self.assertIn("fsdp2 fp32", result.stdout)
+
+    def test_overlap_with_the_unlimited_link_from_docs_data(self):
+        # --free-link rows (step_s_free_prefetch1) get a fifth bar; rows
+        # without it, four.
+        out = os.path.join(self.dir, "overlap_free.png")
+        result = self.plot("overlap", OVERLAP_FREE_JSON, "--out", out)
+        self.assert_png(out, result)
+        self.assertIn("hsdp4 bf16 (and each on the unlimited link)", result.stdout)
+        result = self.plot("overlap", OVERLAP_JSON, "--out", out)
+        self.assert_png(out, result)
+        self.assertNotIn("unlimited link", result.stdout)
 
     def test_overlap_without_timelines(self):
         with open(OVERLAP_JSON) as f:
