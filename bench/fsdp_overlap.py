@@ -24,7 +24,8 @@ Per case (layout, world, dtype) it measures, each the median over steps
                     processes side by side, pinned as the ranks are, so that
                     it gets the same share of a core (the median over the
                     steps of all of them that ran while all of them were
-                    timing steps: steps_side_by_side counts them);
+                    timing steps: each round's compute_steps_side_by_side
+                    counts them);
   comm_s            comm_wait_s with prefetch 0: every collective waited for
                     where it is issued, so the collectives' own time;
   step_s_prefetch0  and step_s_prefetch1: the sharded step at the chosen rate;

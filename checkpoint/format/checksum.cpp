@@ -5,10 +5,10 @@
 #include <xxhash.h>
 // Debian's amd64 libxxhash also exports XXH3's runtime dispatch: the same
 // hash computed with the widest vectors the CPU has (AVX2, AVX-512) where
-// the plain entry points use the SSE2 the library was built for. One XXH3
-// pass over 1 GiB on this machine: 0.086 s plain, 0.068 s dispatched from
-// memory; 0.066 s and 0.021 s over 8 MiB blocks in cache
-// (docs/benchmarks.md). A save hashes its bytes twice. CMake defines
+// the plain entry points use the SSE2 the library was built for. Over 1 GiB
+// on this machine (bench/xxh3_dispatch_check.py, docs/benchmarks.md): the
+// same speed from memory, 3x faster over an 8 MiB block in cache. A save
+// hashes its bytes twice, the second time mostly from cache. CMake defines
 // SHARDKIT_XXH3_DISPATCH where the library has it (CMakeLists.txt).
 #if SHARDKIT_XXH3_DISPATCH
 #define XXH_DISPATCH_DISABLE_REPLACE 1
@@ -22,7 +22,7 @@ namespace {
 #if SHARDKIT_XXH3_DISPATCH
 // Debian's build of the dispatched code returns with the vector registers'
 // upper halves dirty (no vzeroupper): legacy-SSE code the thread ran next
-// (all code built without -mavx, the plain XXH3 among it) then ran 3.5x
+// (all code built without -mavx, the plain XXH3 among it) then ran about 4x
 // slower on this machine's EPYC, until something cleared them. So clear
 // them after each call (vzeroupper, where the CPU has AVX at all).
 __attribute__((target("avx"))) void xxh3_clear_upper_halves() { _mm256_zeroupper(); }
