@@ -22,14 +22,26 @@ calls. The save columns are the median of saves 2..N of every trial (the
 steady state: checkpoint.direct_io auto has timed its first save's file and
 tried the other way by then, direct_io.h), and *_first_s the first save of
 each process (auto's probe's way; DCP's first save). With --saves 1 both are
-the first save. The load is of the last save.
+the first save. The load is of the last save. DCP's worker waits
+--between-saves seconds (default 5) between two saves, as a job trains
+between them, and deletes its previous checkpoint once the next one is
+committed, as a job keeping its last checkpoint does (torchtitan's
+keep_latest_k, our checkpoint.keep_last); ckpt_bench deletes each save after
+its load and does its raw writes, load and async save between two saves.
+--dcp-prune after,before also runs DCP a second time per trial deleting the
+previous checkpoint just before the next save instead, after the wait (the
+order of the runs before 2026-12-01, an extra column): on this project's VM
+a page-cache write into memory freed a moment ago is several times faster
+than into memory freed seconds earlier (bench/page_reuse_check.py).
 
 Targets (issue #49): ours save <= DCP save / 1.5; ours save >= 0.8 of the
 fastest raw write; ours load <= DCP load.
 
   python3 bench/dcp_compare_cpu.py [--ckpt-bench build/ckpt_bench]
       [--sizes 1024,8192] [--dtypes fp32,bf16] [--nprocs 1,2] [--trials 3]
-      [--torch-root /var/cache/shardkit/trixie-root] [--json F] [--plot F.png]
+      [--torch-root /var/cache/shardkit/trixie-root] [--saves 3] [--between-saves 5]
+      [--dcp-prune after[,before]]
+      [--json F] [--plot F.png]
 
 The scratch directory is <torch-root>/tmp/shardkit_dcp_cpu for both sides
 (same disk); the worker copies itself there and runs under chroot. Needs
@@ -102,14 +114,19 @@ def dcp_rank(rank, args):
 
     saves = []
     for i in range(max(1, args.saves)):  # as a job saves: each into a new directory, the last one kept
+        prev = ck
+        if prev:
+            time.sleep(args.gap)  # the training between two saves
         dist.barrier()
-        if i > 0 and rank == 0:
-            shutil.rmtree(ck, ignore_errors=True)
+        if prev and args.prune == "before" and rank == 0:
+            shutil.rmtree(prev, ignore_errors=True)
         ck = os.path.join(args.dir, "dcp_ckpt_%d" % i)
         dist.barrier()
         t0 = time.perf_counter()
         dcp.save(sd, checkpoint_id=ck)
         saves.append(max_over(time.perf_counter() - t0))
+        if prev and args.prune == "after" and rank == 0:  # once the new one is committed
+            shutil.rmtree(prev, ignore_errors=True)
     save_s = statistics.median(saves[1:] or saves)
     dist.barrier()
     if rank == 0:  # as ckpt_bench does before its load: the files' pages out of the cache
@@ -167,10 +184,10 @@ def run_ours(a, size, dtype, nproc, scratch):
     return got
 
 
-def run_dcp(a, size, dtype, nproc, scratch, inner_scratch):
+def run_dcp(a, size, dtype, nproc, scratch, inner_scratch, prune):
     me = os.path.abspath(__file__)
     args = ["--dcp-worker", "--size-mb", str(size), "--dtype", dtype, "--nproc", str(nproc),
-            "--saves", str(a.saves)]
+            "--saves", str(a.saves), "--prune", prune, "--gap", str(a.between_saves)]
     if a.torch_root:
         shutil.copy(me, os.path.join(scratch, "worker.py"))
         cmd = ["chroot", a.torch_root, "python3", os.path.join(inner_scratch, "worker.py")]
@@ -197,7 +214,8 @@ def median_of(samples, key):
     return statistics.median(xs) if xs else None
 
 
-def summarize(label, ours, dcp):
+def summarize(label, ours, dcp, dcp_other):
+    """dcp: DCP's runs with the first --dcp-prune order; dcp_other: {order: runs} for the others."""
     row = {"combo": label, "trials": len(ours)}
     for k in ["sync_save_s", "load_s", "async_blocking_s", "async_total_s", "raw_write_s",
               "raw_write_parallel_s", "raw_write_direct_parallel_s"]:
@@ -210,6 +228,9 @@ def summarize(label, ours, dcp):
     row["dcp_load_s"] = median_of(dcp, "dcp_load_s")
     row["dcp_errors"] = [d["error"] for d in dcp if "error" in d]
     row["dcp_load_exact"] = all(d.get("dcp_load_exact", False) for d in dcp if "error" not in d)
+    for order, runs in dcp_other.items():
+        row["dcp_save_s_prune_" + order] = median_of(runs, "dcp_save_s")
+        row["dcp_errors"] += [d["error"] for d in runs if "error" in d]
     raws = [row[k] for k in ("raw_write_s", "raw_write_parallel_s", "raw_write_direct_parallel_s") if row[k]]
     row["raw_best_s"] = min(raws) if raws else None
     t = {}
@@ -257,20 +278,22 @@ def plot(rows, path):
         print("dcp_compare_cpu: no matplotlib, no plot")
         return
     labels = [r["combo"] for r in rows]
-    series = [("ours save", "sync_save_s"), ("DCP save", "dcp_save_s"), ("raw write (best)", "raw_best_s"),
-              ("ours load", "load_s"), ("DCP load", "dcp_load_s")]
+    series = [("ours save", "sync_save_s"), ("DCP save", "dcp_save_s")]
+    if any(r.get("dcp_save_s_prune_before") for r in rows):
+        series.append(("DCP save, previous checkpoint deleted just before", "dcp_save_s_prune_before"))
+    series += [("raw write (best)", "raw_best_s"), ("ours load", "load_s"), ("DCP load", "dcp_load_s")]
     fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(rows)), 4))
-    w = 0.16
+    w = 0.8 / len(series)
     for i, (name, key) in enumerate(series):
-        xs = [j + (i - 2) * w for j in range(len(rows))]
+        xs = [j + (i - (len(series) - 1) / 2) * w for j in range(len(rows))]
         ax.bar(xs, [r[key] or 0 for r in rows], w, label=name)
     ax.set_xticks(range(len(rows)))
     ax.set_xticklabels(labels, rotation=20)
     ax.set_ylabel("seconds (median)")
     ax.set_title("checkpoint save/load, host state: ours vs PyTorch DCP")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=7, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.22))
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
     print("dcp_compare_cpu: plot in " + path)
 
 
@@ -282,20 +305,31 @@ def driver(a):
     shutil.rmtree(scratch, ignore_errors=True)
     os.makedirs(scratch)
     ours = {c: [] for c in combos}
-    dcp = {c: [] for c in combos}
+    dcp = {(c, p): [] for c in combos for p in a.dcp_prune}
     started = time.time()
     for t in range(a.trials):
         for c in combos:
             size, dtype, nproc = c
             print("trial %d: %d MiB %s, %d rank(s)" % (t, size, dtype, nproc), flush=True)
             ours[c].append(run_ours(a, size, dtype, nproc, scratch))
-            dcp[c].append(run_dcp(a, size, dtype, nproc, scratch, inner))
-    rows = [summarize("%dM %s x%d" % c, ours[c], dcp[c]) for c in combos]
-    tv = next((d["torch"] for c in combos for d in dcp[c] if "torch" in d), "?")
+            for p in a.dcp_prune:
+                dcp[(c, p)].append(run_dcp(a, size, dtype, nproc, scratch, inner, p))
+    first = a.dcp_prune[0]
+    rows = [summarize("%dM %s x%d" % c, ours[c], dcp[(c, first)], {p: dcp[(c, p)] for p in a.dcp_prune[1:]})
+            for c in combos]
+    tv = next((d["torch"] for k in dcp for d in dcp[k] if "torch" in d), "?")
     shutil.rmtree(scratch, ignore_errors=True)
-    out = {"torch": tv, "trials": a.trials, "wall_s": time.time() - started, "scratch": scratch,
-           "rows": rows, "samples": {"%dM %s x%d" % c: {"ours": ours[c], "dcp": dcp[c]} for c in combos}}
+    out = {"torch": tv, "trials": a.trials, "saves": a.saves, "dcp_prune": a.dcp_prune,
+           "between_saves_s": a.between_saves,
+           "wall_s": time.time() - started, "scratch": scratch, "rows": rows,
+           "samples": {"%dM %s x%d" % c: dict({"ours": ours[c], "dcp": dcp[(c, first)]},
+                                              **{"dcp_prune_" + p: dcp[(c, p)] for p in a.dcp_prune[1:]})
+                       for c in combos}}
     print_table(rows, tv)
+    for r in rows:
+        for p in a.dcp_prune[1:]:
+            print("  %s: dcp.save %.3f s with the previous checkpoint deleted %s the save (%s: %.3f s)" % (
+                r["combo"], r["dcp_save_s_prune_" + p] or float("nan"), p, first, r["dcp_save_s"] or float("nan")))
     for r in rows:
         if r["dcp_errors"]:
             print("  %s: DCP failed: %s" % (r["combo"], r["dcp_errors"][0]))
@@ -324,6 +358,12 @@ def main():
     ap.add_argument("--plot", default="")
     ap.add_argument("--timeout", type=int, default=1800, help="seconds per DCP worker run")
     ap.add_argument("--saves", type=int, default=3, help="saves per process, each side (see above)")
+    ap.add_argument("--between-saves", type=float, default=5.0,
+                    help="seconds DCP's worker waits between two saves, as a job trains between them")
+    ap.add_argument("--dcp-prune", default="after",
+                    help="when DCP's worker deletes its previous checkpoint: after the next save (as a job "
+                         "keeping the last one does), before it, or both ('after,before': the first is the "
+                         "table's, the others extra columns)")
     # The worker (internal).
     ap.add_argument("--dcp-worker", action="store_true")
     ap.add_argument("--size-mb", type=int, default=1024)
@@ -331,6 +371,8 @@ def main():
     ap.add_argument("--nproc", type=int, default=1)
     ap.add_argument("--dir", default="")
     ap.add_argument("--out", default="")
+    ap.add_argument("--prune", default="after")
+    ap.add_argument("--gap", type=float, default=0.0)
     a = ap.parse_args()
     if a.dcp_worker:
         dcp_worker(a)
@@ -341,6 +383,10 @@ def main():
         if d not in ("fp32", "bf16"):
             ap.error("--dtypes: %r is not fp32 or bf16" % d)
     a.nprocs = [int(x) for x in a.nprocs.split(",")]
+    a.dcp_prune = a.dcp_prune.split(",")
+    for p in a.dcp_prune:
+        if p not in ("after", "before"):
+            ap.error("--dcp-prune: %r is not after or before" % p)
     return driver(a)
 
 

@@ -58,7 +58,12 @@ With --free-link, also:
                     each process's CPU time (user + system) per step, its
                     training thread's and its other threads' (Gloo, helpers),
                     for X = compute, free_prefetch1 and prefetch1: what
-                    moving the bytes costs the ranks' own cores.
+                    moving the bytes costs the ranks' own cores;
+  idle_share_X      the share of all the cores' time that was idle while
+                    the timed steps ran (/proc/stat; 0 when every core
+                    always had a process to run): the time in which every
+                    process on a core waited at once, a cost that is no
+                    CPU work.
 The link's rate is chosen per case so that comm_s is about compute_s: a
 probe run at --probe-mbit gives the communication time at that rate, and
 the rate scales with it.
@@ -161,6 +166,7 @@ class ThreadCpu:
     def __init__(self, pids):
         self.pids = pids
         self.latest = {}  # (pid, tid) -> seconds
+        self.idle = []  # (wall-clock time, the machine's idle seconds over all cores so far)
         self.stopped = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
@@ -168,6 +174,12 @@ class ThreadCpu:
     def _run(self):
         tick = os.sysconf("SC_CLK_TCK")
         while not self.stopped.is_set():
+            try:
+                with open("/proc/stat") as f:
+                    cpu = f.readline().split()  # cpu user nice system idle iowait ...
+                self.idle.append((time.time(), (int(cpu[4]) + int(cpu[5])) / tick))
+            except (OSError, IndexError, ValueError):
+                pass
             for pid in self.pids:
                 try:
                     tids = os.listdir(f"/proc/{pid}/task")
@@ -187,7 +199,17 @@ class ThreadCpu:
         self.thread.join()
         main = [v for (pid, tid), v in self.latest.items() if tid == pid]
         rest = [v for (pid, tid), v in self.latest.items() if tid != pid]
-        return {"main_s": sum(main) / max(len(main), 1), "other_threads_s": sum(rest) / max(len(main), 1)}
+        return {"main_s": sum(main) / max(len(main), 1), "other_threads_s": sum(rest) / max(len(main), 1),
+                "idle": self.idle}
+
+    @staticmethod
+    def idle_share(samples, lo, hi, cores):
+        """The share of all cores' time that was idle between wall-clock
+        times lo and hi (the samples inside them), or None."""
+        inside = [x for x in samples if lo <= x[0] <= hi]
+        if len(inside) < 2 or inside[-1][0] - inside[0][0] <= 0:
+            return None
+        return (inside[-1][1] - inside[0][1]) / ((inside[-1][0] - inside[0][0]) * cores)
 
 
 def run_job(args, link, case, dtype, world, prefetch, work, tag, trace_step=0, alone=False, cpu=False):
@@ -255,6 +277,10 @@ def run_job(args, link, case, dtype, world, prefetch, work, tag, trace_step=0, a
         n = max(r["step"] for r in steps)
         out["cpu_main_s_per_step"] = threads["main_s"] / n
         out["cpu_other_threads_s_per_step"] = threads["other_threads_s"] / n
+        # While the timed steps ran: how much of the cores' time nobody
+        # used (every process on a core waiting at once).
+        out["idle_share"] = ThreadCpu.idle_share(threads["idle"], min(r["start"] for r in steps),
+                                                 max(r["end"] for r in steps), cores)
     return out
 
 
@@ -285,6 +311,10 @@ def one_round(alone, p0, p1, free=None):
         out["step_s_free_prefetch1"] = free["step_s"]
         out["comm_wait_s_free_prefetch1"] = free["comm_wait_s"]
     return out
+
+
+def share(res):
+    return "-" if res.get("idle_share") is None else f"{100 * res['idle_share']:.1f}%"
 
 
 def trace_ranges(path):
@@ -421,6 +451,7 @@ def main():
                     for tag, res in (("compute", alone), ("free_prefetch1", free), ("prefetch1", p1)):
                         row[f"cpu_main_s_per_step_{tag}"] = res["cpu_main_s_per_step"]
                         row[f"cpu_other_threads_s_per_step_{tag}"] = res["cpu_other_threads_s_per_step"]
+                        row[f"idle_share_{tag}"] = res["idle_share"]
                 row["met"] = bool(row["ratio_prefetch1"] <= 1.15 and
                                   row["exposed_prefetch1"] is not None and row["exposed_prefetch1"] <= 0.25)
                 rows.append(row)
@@ -439,7 +470,8 @@ def main():
                           f"and other threads: compute {alone['cpu_main_s_per_step']:.3f} + "
                           f"{alone['cpu_other_threads_s_per_step']:.3f}, free p1 "
                           f"{free['cpu_main_s_per_step']:.3f} + {free['cpu_other_threads_s_per_step']:.3f}, "
-                          f"p1 {p1['cpu_main_s_per_step']:.3f} + {p1['cpu_other_threads_s_per_step']:.3f}",
+                          f"p1 {p1['cpu_main_s_per_step']:.3f} + {p1['cpu_other_threads_s_per_step']:.3f}; "
+                          f"cores idle: compute {share(alone)}, free p1 {share(free)}, p1 {share(p1)}",
                           file=sys.stderr)
     finally:
         link.close()
