@@ -20,9 +20,10 @@ Per round, in this order: sleep --pause s; touch --mib of new anonymous
 memory (mmap, memset; "freed long ago"), unmap it, touch the same amount at
 once ("just freed"), unmap; sleep --pause s; write --mib into a new file
 through the page cache ("freed long ago": --threads threads, 8 MiB pwrite
-pieces from one 8 MiB buffer, fsync), delete it, write a second file at once
-("just freed"), delete it; write a third with O_DIRECT (same pieces, fsync),
-delete it. Prints a table of medians over rounds and one JSON object with
+pieces of a buffer touched beforehand, fsync; direct_io_probe_check.py's
+timed_write), delete it, write a second file at once ("just freed"), delete
+it; write a third with O_DIRECT (the same pieces through each thread's
+page-aligned buffer, fsync), delete it. Prints a table of medians over rounds and one JSON object with
 every round.
 """
 import argparse
@@ -33,11 +34,12 @@ import mmap
 import os
 import statistics
 import sys
-import threading
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from direct_io_probe_check import timed_write  # noqa: E402  (8 MiB pieces, fsync, file removed)
+
 PROG = "page_reuse_check"
-PIECE = 8 << 20
 
 
 def free_page_reporting():
@@ -73,38 +75,6 @@ def touch_anon(nbytes):
     return s
 
 
-def write_file(path, nbytes, threads, source, direct):
-    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | (os.O_DIRECT if direct else 0)
-    offsets = list(range(0, nbytes, PIECE))
-    errors = []
-    t = time.perf_counter()
-    fd = os.open(path, flags, 0o644)
-
-    def writer(w):
-        try:
-            for off in offsets[w::threads]:
-                view = memoryview(source)[: min(PIECE, nbytes - off)]
-                done = 0
-                while done < len(view):
-                    done += os.pwrite(fd, view[done:], off + done)
-        except OSError as e:
-            errors.append(e)
-
-    ws = [threading.Thread(target=writer, args=(w,)) for w in range(threads)]
-    for w in ws:
-        w.start()
-    for w in ws:
-        w.join()
-    if not errors:
-        os.fsync(fd)
-    os.close(fd)
-    s = time.perf_counter() - t
-    os.remove(path)
-    if errors:
-        raise errors[0]
-    return s
-
-
 def main():
     ap = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n")[0])
     ap.add_argument("--dir", default="/work")
@@ -122,8 +92,7 @@ def main():
         print(f"{PROG}: {a.dir}: not a directory", file=sys.stderr)
         sys.exit(2)
     nbytes = a.mib << 20
-    source = mmap.mmap(-1, PIECE)  # page-aligned, as O_DIRECT needs
-    source.write(bytes(range(256)) * (PIECE // 256))
+    source = memoryview(bytes(range(256)) * (nbytes // 256))  # touched before any timing
     path = os.path.join(a.dir, f".{PROG}.{os.getpid()}")
     reporting, order = free_page_reporting()
     keys = [("anon_long_ago_s", "touch new anonymous memory, freed long ago"),
@@ -139,9 +108,9 @@ def main():
             row["anon_long_ago_s"] = touch_anon(nbytes)
             row["anon_just_freed_s"] = touch_anon(nbytes)
             time.sleep(a.pause)
-            row["cache_long_ago_s"] = write_file(path, nbytes, a.threads, source, False)
-            row["cache_just_freed_s"] = write_file(path, nbytes, a.threads, source, False)
-            row["direct_s"] = write_file(path, nbytes, a.threads, source, True)
+            row["cache_long_ago_s"] = timed_write(path, source, nbytes, False, a.threads)
+            row["cache_just_freed_s"] = timed_write(path, source, nbytes, False, a.threads)
+            row["direct_s"] = timed_write(path, source, nbytes, True, a.threads)
             rounds.append({k: round(v, 3) for k, v in row.items()})
             print(f"{PROG}: round {r}: " + ", ".join(f"{k} {v:.3f}" for k, v in rounds[-1].items()),
                   file=sys.stderr)
