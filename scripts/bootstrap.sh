@@ -11,6 +11,7 @@ SECONDS=0
 
 packages=(
   cmake ninja-build g++ pkg-config
+  ccache                            # compiler cache outside the clone (scripts/ccache-env)
   libtorch-dev libgloo-dev          # LibTorch 1.13.1 (CPU) with c10d/Gloo
   libopenblas0-pthread              # LibTorch's matmuls call libblas.so.3; OpenBLAS takes it over
                                     # (update-alternatives) from the reference BLAS, 14-17x slower
@@ -42,6 +43,8 @@ fi
 if [ ! -f build/build.ninja ]; then
   cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo
 fi
+# The compiler cache's counters of this build (cmake/ccache.cmake).
+: >build/ccache-stats.log
 cmake --build build -j2 --target train
-# scripts/test's summary prints it as the bootstrap phase.
-printf '%s\t%s\n' "$SECONDS" "$(date +%s)" >build/.bootstrap-time
+# scripts/test's summary prints it as the bootstrap phase, with the cache's hit rate.
+printf '%s\t%s\t%s\n' "$SECONDS" "$(date +%s)" "$(scripts/ccache-stats build/ccache-stats.log)" >build/.bootstrap-time

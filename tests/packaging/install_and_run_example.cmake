@@ -1,6 +1,7 @@
 # cmake -P script behind ctest packaging.InstalledPackageBuildsAndRunsTheExample
 # (see CMakeLists.txt next to it). Inputs: BUILD_DIR, SOURCE_ROOT, WORK_DIR,
-# GENERATOR, CXX_COMPILER.
+# GENERATOR, CXX_COMPILER, CXX_COMPILER_LAUNCHER (the build's ccache launcher,
+# cmake/ccache.cmake; empty without one).
 #   1. cmake --install BUILD_DIR --prefix WORK_DIR/prefix
 #   2. the exported targets name neither the source nor the build tree nor
 #      the internal PCH target
@@ -85,6 +86,7 @@ run_step("configure examples" ${CMAKE_COMMAND}
   -S ${SOURCE_ROOT}/examples -B ${build}
   -G ${GENERATOR}
   -DCMAKE_CXX_COMPILER=${CXX_COMPILER}
+  "-DCMAKE_CXX_COMPILER_LAUNCHER=${CXX_COMPILER_LAUNCHER}"
   -DCMAKE_BUILD_TYPE=
   -DCMAKE_PREFIX_PATH=${prefix}
   -DCMAKE_FIND_PACKAGE_NO_PACKAGE_REGISTRY=ON
