@@ -212,6 +212,49 @@ class ThreadCpu:
         return (inside[-1][1] - inside[0][1]) / ((inside[-1][0] - inside[0][0]) * cores)
 
 
+def free_port_base():
+    """A rendezvous port for one job, spread over 20000-39999 by pid and time."""
+    return 20000 + (os.getpid() * 7 + int(time.time() * 1000)) % 20000
+
+
+def launch_ranks(link, train, run_dir, ranks):
+    """Starts one `train` process per (world, rank, port, config args) of
+    `ranks` in the link's network namespace, the i-th pinned to core i mod
+    the cores, with torchrun's environment variables; each writes
+    run_dir/rank<i>.log. Returns [(Popen, log file)]. (pipeline_schedules.py
+    launches its jobs with it too.)"""
+    cores = os.cpu_count() or 1
+    procs = []
+    for i, (size, rank, port, conf) in enumerate(ranks):
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "OMP_NUM_THREADS": "1",
+               "RANK": str(rank), "WORLD_SIZE": str(size), "LOCAL_RANK": str(rank),
+               "LOCAL_WORLD_SIZE": str(size), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+        cmd = ["ip", "netns", "exec", link.ns, "taskset", "-c", str(i % cores), "env"]
+        cmd += [f"{k}={v}" for k, v in env.items()]
+        cmd += [train] + conf
+        log = open(os.path.join(run_dir, f"rank{i}.log"), "w")
+        procs.append((subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT), log))
+    return procs
+
+
+def wait_ranks(procs):
+    """Waits for every process of launch_ranks; returns the failed ones' indices."""
+    failed = []
+    for i, (p, log) in enumerate(procs):
+        if p.wait() != 0:
+            failed.append(i)
+        log.close()
+    return failed
+
+
+def fail_on(failed, run_dir, tag):
+    """Ends the benchmark (exit 1) with the first failed rank's log tail."""
+    if failed:
+        with open(os.path.join(run_dir, f"rank{failed[0]}.log")) as f:
+            tail = f.read()[-2000:]
+        fail(f"{tag}: rank(s) {failed} failed; rank {failed[0]}'s log ends:\n{tail}", 1)
+
+
 def run_job(args, link, case, dtype, world, prefetch, work, tag, trace_step=0, alone=False, cpu=False):
     """One job of `world` ranks; alone: `world` single-process jobs side by
     side instead, pinned as the ranks would be (compute without
@@ -221,35 +264,21 @@ def run_job(args, link, case, dtype, world, prefetch, work, tag, trace_step=0, a
     run_dir = os.path.join(work, tag)
     shutil.rmtree(run_dir, ignore_errors=True)
     os.makedirs(run_dir)
-    port = 20000 + (os.getpid() * 7 + int(time.time() * 1000)) % 20000
-    cores = os.cpu_count() or 1
-    procs = []
+    port = free_port_base()
+    ranks = []
     for r in range(world):
         size, rank = (1, 0) if alone else (world, r)
         rank_dir = os.path.join(run_dir, f"alone{r}") if alone and r > 0 else run_dir
-        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "OMP_NUM_THREADS": "1",
-               "RANK": str(rank), "WORLD_SIZE": str(size), "LOCAL_RANK": str(rank),
-               "LOCAL_WORLD_SIZE": str(size), "MASTER_ADDR": "127.0.0.1",
-               "MASTER_PORT": str(port + r if alone else port)}
-        cmd = ["ip", "netns", "exec", link.ns, "taskset", "-c", str(r % cores), "env"]
-        cmd += [f"{k}={v}" for k, v in env.items()]
-        cmd += [args.train] + config_args(args, case, dtype, size, prefetch, rank_dir, trace_step)
-        log = open(os.path.join(run_dir, f"rank{r}.log"), "w")
-        procs.append((subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT), log))
+        ranks.append((size, rank, port + r if alone else port,
+                      config_args(args, case, dtype, size, prefetch, rank_dir, trace_step)))
+    procs = launch_ranks(link, args.train, run_dir, ranks)
     sampler = None
     if cpu:
         # ip netns exec and taskset exec into env, which execs train: the pid stays.
         sampler = ThreadCpu([p.pid for p, _ in procs])
-    failed = []
-    for r, (p, log) in enumerate(procs):
-        if p.wait() != 0:
-            failed.append(r)
-        log.close()
+    failed = wait_ranks(procs)
     threads = sampler.stop() if sampler else None
-    if failed:
-        with open(os.path.join(run_dir, f"rank{failed[0]}.log")) as f:
-            tail = f.read()[-2000:]
-        fail(f"{tag}: rank(s) {failed} failed; rank {failed[0]}'s log ends:\n{tail}", 1)
+    fail_on(failed, run_dir, tag)
     steps = timed_steps(os.path.join(run_dir, "metrics.jsonl"), tag)
     out = {"dir": run_dir}
     if alone and world > 1:

@@ -49,13 +49,11 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from fsdp_overlap import Link  # noqa: E402
+from fsdp_overlap import Link, fail_on, free_port_base, launch_ranks, wait_ranks  # noqa: E402
 
 PROG = "pipeline_schedules"
 
@@ -94,27 +92,10 @@ def run_job(args, link, pipeline, schedule, work, tag, trace_step=0):
     run_dir = os.path.join(work, tag)
     shutil.rmtree(run_dir, ignore_errors=True)
     os.makedirs(run_dir)
-    port = 20000 + (os.getpid() * 7 + int(time.time() * 1000)) % 20000
-    cores = os.cpu_count() or 1
-    procs = []
-    for r in range(pipeline):
-        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "OMP_NUM_THREADS": "1",
-               "RANK": str(r), "WORLD_SIZE": str(pipeline), "LOCAL_RANK": str(r),
-               "LOCAL_WORLD_SIZE": str(pipeline), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
-        cmd = ["ip", "netns", "exec", link.ns, "taskset", "-c", str(r % cores), "env"]
-        cmd += [f"{k}={v}" for k, v in env.items()]
-        cmd += [args.train] + config_args(args, pipeline, schedule, run_dir, trace_step)
-        log = open(os.path.join(run_dir, f"rank{r}.log"), "w")
-        procs.append((subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT), log))
-    failed = []
-    for r, (p, log) in enumerate(procs):
-        if p.wait() != 0:
-            failed.append(r)
-        log.close()
-    if failed:
-        with open(os.path.join(run_dir, f"rank{failed[0]}.log")) as f:
-            tail = f.read()[-2000:]
-        fail(f"{tag}: rank(s) {failed} failed; rank {failed[0]}'s log ends:\n{tail}", 1)
+    port = free_port_base()
+    conf = config_args(args, pipeline, schedule, run_dir, trace_step)
+    procs = launch_ranks(link, args.train, run_dir, [(pipeline, r, port, conf) for r in range(pipeline)])
+    fail_on(wait_ranks(procs), run_dir, tag)
     steps = []
     with open(os.path.join(run_dir, "metrics.jsonl")) as f:
         for line in f:

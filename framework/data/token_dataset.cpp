@@ -39,12 +39,12 @@ void gather(const std::vector<TokenShard>& shards, const std::vector<int64_t>& s
   }
 }
 
-std::vector<TokenShard> open_all(const std::string& path, const std::string& key,
+std::vector<TokenShard> open_all(const std::vector<std::string>& paths, const std::string& key,
                                  std::vector<int64_t>& starts, int64_t& total) {
   std::vector<TokenShard> shards;
   starts.clear();
   total = 0;
-  for (const std::string& p : resolve_token_paths(path, key)) {
+  for (const std::string& p : paths) {
     try {
       shards.push_back(open_token_shard(p));
     } catch (const DataError& e) {
@@ -130,7 +130,13 @@ TokenDataset::TokenDataset(const TokenDatasetOptions& options) : options_(option
   const int64_t L = options.seq_len;
   if (L <= 0) fail("model.seq_len must be positive, got " + std::to_string(L));
   if (options.vocab_size <= 0) fail("model.vocab_size must be positive for data.kind tokens");
-  shards_ = open_all(options.path, "data.path", shard_starts_, total_tokens_);
+  // A directory of train_* and val_* shards (tokenize --eval-fraction,
+  // llm.c) trains on the train_* ones only, and validates on the val_* ones
+  // unless data.eval_path names others.
+  std::vector<std::string> train_paths = resolve_token_paths(options.path, "data.path");
+  DirectorySplit dir_split = split_token_directory(options.path, train_paths);
+  if (!dir_split.val.empty()) train_paths = dir_split.train;
+  shards_ = open_all(train_paths, "data.path", shard_starts_, total_tokens_);
   if (options.check_tokens) {
     for (const auto& s : shards_) ++(check_shard_tokens(s, options.vocab_size, "data.path") ? read_ : known_);
   }
@@ -138,7 +144,8 @@ TokenDataset::TokenDataset(const TokenDatasetOptions& options) : options_(option
   eval_begin_ = total_tokens_;
   if (!options.eval_path.empty()) {
     int64_t eval_total = 0;
-    eval_shards_ = open_all(options.eval_path, "data.eval_path", eval_shard_starts_, eval_total);
+    eval_shards_ = open_all(resolve_token_paths(options.eval_path, "data.eval_path"), "data.eval_path",
+                            eval_shard_starts_, eval_total);
     for (const auto& e : eval_shards_) {
       for (const auto& s : shards_) {
         if (e.path == s.path) {
@@ -152,6 +159,19 @@ TokenDataset::TokenDataset(const TokenDatasetOptions& options) : options_(option
       fail("data.eval_path " + in_quotes(options.eval_path) + " holds " + std::to_string(eval_total) +
            " tokens, fewer than model.seq_len + 1 = " + std::to_string(L + 1));
     }
+    directory_val_skipped_ = static_cast<int64_t>(dir_split.val.size());
+  } else if (!dir_split.val.empty()) {
+    int64_t eval_total = 0;
+    eval_shards_ = open_all(dir_split.val, "data.path", eval_shard_starts_, eval_total);
+    if (options.check_tokens) {
+      for (const auto& e : eval_shards_) ++(check_shard_tokens(e, options.vocab_size, "data.path") ? read_ : known_);
+    }
+    if (eval_total < L + 1) {
+      fail("data.path " + in_quotes(options.path) + ": its validation shards (val_*) hold " +
+           std::to_string(eval_total) + " tokens, fewer than model.seq_len + 1 = " + std::to_string(L + 1) +
+           " (set data.eval_path)");
+    }
+    eval_from_directory_ = true;
   } else if (options.eval_fraction > 0) {
     const auto want =
         static_cast<int64_t>(std::ceil(options.eval_fraction * static_cast<double>(total_tokens_)));
@@ -233,8 +253,15 @@ std::string TokenDataset::describe() const {
   out << "tokens '" << options_.path << "' (" << shards_.size() << (shards_.size() == 1 ? " shard" : " shards")
       << ", " << formats(shards_) << ", " << total_tokens_ << " tokens, " << count_docs(shards_)
       << " documents";
-  if (!eval_shards_.empty()) {
+  if (eval_from_directory_) {
+    out << "; training on its " << shards_.size() << " train_* shards, validating on its " << eval_shards_.size()
+        << " val_* " << (eval_shards_.size() == 1 ? "shard" : "shards") << " (" << eval_tokens() << " tokens)";
+  } else if (!eval_shards_.empty()) {
     out << "; eval_path '" << options_.eval_path << "' " << eval_tokens() << " tokens";
+    if (directory_val_skipped_ > 0) {
+      out << " (its own " << directory_val_skipped_ << " val_* "
+          << (directory_val_skipped_ == 1 ? "shard" : "shards") << " not trained on)";
+    }
   } else if (eval_begin_ < total_tokens_) {
     if (eval_within_document_) {
       out << "; last " << eval_tokens() << " tokens held out (" << std::fixed;

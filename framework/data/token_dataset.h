@@ -78,6 +78,8 @@ class TokenDataset : public Dataset {
   int64_t read_ = 0, known_ = 0;  // data.check_tokens: files read here, files checked before in this job
   int64_t held_out_docs_ = 0;
   bool eval_within_document_ = false;  // eval_fraction cut a document (see split_for_eval_fraction)
+  bool eval_from_directory_ = false;   // data.path is a directory of train_* and val_* shards
+  int64_t directory_val_skipped_ = 0;  // its val_* shards, left out of training (data.eval_path set)
   std::pair<torch::Tensor, torch::Tensor> window(const std::vector<TokenShard>& shards,
                                                  const std::vector<int64_t>& starts,
                                                  int64_t start) const;

@@ -391,6 +391,27 @@ std::vector<std::string> resolve_token_paths(const std::string& path, const std:
   return out;
 }
 
+DirectorySplit split_token_directory(const std::string& path, const std::vector<std::string>& files) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) return {};
+  const auto named = [](const std::string& file, const std::string& role) {
+    const std::string name = file.substr(file.find_last_of('/') + 1);
+    return name.rfind(role + "_", 0) == 0 || name.find("_" + role + "_") != std::string::npos;
+  };
+  DirectorySplit split;
+  bool any_train = false;
+  for (const std::string& f : files) {
+    if (named(f, "val")) {
+      split.val.push_back(f);
+    } else {
+      any_train = any_train || named(f, "train");
+      split.train.push_back(f);
+    }
+  }
+  if (split.val.empty() || !any_train) return {};
+  return split;
+}
+
 TokenShard open_token_shard(const std::string& bin_path) {
   TokenShard s;
   s.path = bin_path;

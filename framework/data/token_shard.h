@@ -40,6 +40,16 @@ struct TokenShard {
 // Returns the .bin files in name order. Errors: nothing matches, not found.
 std::vector<std::string> resolve_token_paths(const std::string& path, const std::string& key);
 
+// A directory in tokenize's layout (train_*.bin and val_*.bin, or
+// train_text_document / val_text_document) or llm.c's (NAME_train_*.bin and
+// NAME_val_*.bin): `val` holds the validation shards and `train` every other
+// one. Both are empty unless `path` is a directory holding training and
+// validation shards alike. `files`: resolve_token_paths(path, ...).
+struct DirectorySplit {
+  std::vector<std::string> train, val;
+};
+DirectorySplit split_token_directory(const std::string& path, const std::vector<std::string>& files);
+
 // Opens and checks one shard: magic, version, dtype, sizes (a truncated or
 // over-long file is an error naming the expected and actual byte counts).
 TokenShard open_token_shard(const std::string& bin_path);

@@ -45,7 +45,6 @@ void keep_only_parameters(torch::nn::Module& module, const std::function<bool(co
 PipelineRunner::PipelineRunner(comm::Group& group, Schedule schedule, int64_t stages_per_rank,
                                int64_t micro_batches)
     : group_(group),
-      schedule_(schedule),
       ranks_(group.size()),
       rank_(group.rank()),
       stages_per_rank_(stages_per_rank),

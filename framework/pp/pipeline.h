@@ -86,7 +86,6 @@ class PipelineRunner {
                         const std::vector<int64_t>& shape, torch::TensorOptions options);
 
   comm::Group& group_;
-  Schedule schedule_;
   int64_t ranks_, rank_, stages_per_rank_, micro_;
   std::vector<Action> actions_;
   std::vector<comm::Work> sends_;

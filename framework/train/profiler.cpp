@@ -27,13 +27,6 @@ std::set<ActivityType> kineto_activities(bool cuda) {
   return a;
 }
 
-void start_kineto(bool cuda) {
-  torch::profiler::impl::ProfilerConfig config(torch::profiler::impl::ProfilerState::KINETO);
-  const auto activities = kineto_activities(cuda);
-  torch::autograd::profiler::prepareProfiler(config, activities);
-  torch::autograd::profiler::enableProfiler(config, activities);
-}
-
 // Whether this LibTorch can write a Kineto trace: a build without Kineto
 // (USE_KINETO off, as Debian 12's 1.13) profiles but fails to save. Probed
 // once per process, on a one-op trace.
@@ -58,6 +51,13 @@ bool kineto_works() {
 }
 
 }  // namespace
+
+void start_kineto(bool cuda) {
+  torch::profiler::impl::ProfilerConfig config(torch::profiler::impl::ProfilerState::KINETO);
+  const auto activities = kineto_activities(cuda);
+  torch::autograd::profiler::prepareProfiler(config, activities);
+  torch::autograd::profiler::enableProfiler(config, activities);
+}
 
 struct StepProfiler::Active {
   std::string path;

@@ -27,6 +27,12 @@
 
 namespace framework::train {
 
+// Starts LibTorch's Kineto profiler on this thread: CPU operators and, with
+// `cuda`, CUDA kernels and copies; torch::autograd::profiler::disableProfiler()
+// stops it and returns the result to save. Throws where the build has no
+// Kineto. StepProfiler uses it, and so does tests/models/llama_ref.
+void start_kineto(bool cuda);
+
 class StepProfiler {
  public:
   StepProfiler(const ProfileOptions& options, const std::string& run_dir, int rank, bool cuda);

@@ -22,6 +22,7 @@
 #include "framework/train/preflight.h"
 #include "framework/train/trainer.h"
 #include "support/multi_rank.h"
+#include "support/python.h"
 #include "support/skip.h"
 
 #include <gtest/gtest.h>
@@ -573,17 +574,7 @@ TEST_F(DcpHostile, AFlippedByteInAnArchiveIsCaught) {
 // ---- against Python's own DCP (the Debian 13 leg)
 
 std::string python_with_torch() {
-  std::vector<std::string> candidates;
-  if (const char* env = std::getenv("SHARDKIT_PYTHON")) candidates.push_back(env);
-  candidates.push_back("/usr/bin/python3");
-  candidates.push_back("python3");
-  for (const std::string& python : candidates) {
-    if (std::system((python + " -c 'import torch.distributed.checkpoint.state_dict, torch.distributed.tensor'"
-                     " > /dev/null 2>&1").c_str()) == 0) {
-      return python;
-    }
-  }
-  return "";
+  return testing_support::python_with("torch.distributed.checkpoint.state_dict, torch.distributed.tensor");
 }
 
 // Every Python run ends: a hung peer fails the test after 5 minutes (the

@@ -31,6 +31,7 @@
 #include "checkpoint/interop/weights_file.h"
 #include "checkpoint/interop/zip_archive.h"
 #include "support/multi_rank.h"
+#include "support/python.h"
 #include "support/skip.h"
 
 namespace checkpoint {
@@ -523,16 +524,7 @@ TEST(InteropZip, Crc32MatchesTheStandardCheckValue) {
 // ---------------------------------------------------------------- Python
 
 // A python3 that can import torch, or "" (the test then skips, saying so).
-std::string python_with_torch() {
-  std::vector<std::string> candidates;
-  if (const char* env = std::getenv("SHARDKIT_PYTHON")) candidates.push_back(env);
-  candidates.push_back("/usr/bin/python3");
-  candidates.push_back("python3");
-  for (const std::string& python : candidates) {
-    if (run_command(python + " -c 'import torch' > /dev/null 2>&1") == 0) return python;
-  }
-  return "";
-}
+std::string python_with_torch() { return testing_support::python_with("torch"); }
 
 const char* kNoPython =
     "no python3 with torch (tried $SHARDKIT_PYTHON, /usr/bin/python3, python3): "

@@ -33,6 +33,7 @@
 #include "comm/torch_compat.h"
 #include "framework/fsdp/fully_shard.h"
 #include "framework/optim/sharded_adamw.h"
+#include "framework/train/profiler.h"
 #include "framework/train/state_dict.h"
 #include "framework/train/trainer.h"
 #include "models/layered_model.h"
@@ -115,17 +116,6 @@ struct Extras {
   int64_t profile_steps = 3;
   int64_t time_optimizer = 0;
 };
-
-// LibTorch's profiler (the same API in 1.13 and 2.x): Kineto, CPU ops and,
-// on a GPU, CUDA kernels and copies. Throws where the build has no Kineto.
-void start_profiler(bool cuda) {
-  using torch::profiler::impl::ActivityType;
-  torch::profiler::impl::ProfilerConfig config(torch::profiler::impl::ProfilerState::KINETO);
-  std::set<ActivityType> activities{ActivityType::CPU};
-  if (cuda) activities.insert(ActivityType::CUDA);
-  torch::autograd::profiler::prepareProfiler(config, activities);
-  torch::autograd::profiler::enableProfiler(config, activities);
-}
 
 void run(Config cfg, const fs::path& out, const Extras& extras) {
   const int64_t time_steps = extras.time_steps;
@@ -244,7 +234,7 @@ void run(Config cfg, const fs::path& out, const Extras& extras) {
       // As timed: deterministic kernels unless train.deterministic is false.
       comm::use_deterministic_cuda(cfg.train.device == comm::DeviceKind::kCuda && cfg.train.deterministic);
       try {
-        start_profiler(dev.is_cuda());
+        framework::train::start_kineto(dev.is_cuda());
         std::vector<double> times;
         for (int64_t s = 0; s < extras.profile_steps; ++s) {
           RECORD_USER_SCOPE("shardkit::step");

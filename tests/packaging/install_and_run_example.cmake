@@ -1,7 +1,7 @@
 # cmake -P script behind ctest packaging.InstalledPackageBuildsAndRunsTheExample
 # (see CMakeLists.txt next to it). Inputs: BUILD_DIR, SOURCE_ROOT, WORK_DIR,
 # GENERATOR, CXX_COMPILER, CXX_COMPILER_LAUNCHER (the build's ccache launcher,
-# cmake/ccache.cmake; empty without one).
+# cmake/ccache.cmake, its list joined by '|'; empty without one).
 #   1. cmake --install BUILD_DIR --prefix WORK_DIR/prefix
 #   2. the exported targets name neither the source nor the build tree nor
 #      the internal PCH target
@@ -82,11 +82,15 @@ endforeach()
 # libraries build and link, and the libraries themselves were optimised
 # when they were built.
 set(build ${WORK_DIR}/examples-build)
+# The launcher goes in an initial cache file: as an argument its list would
+# be split on the way (run_step's ARGN).
+string(REPLACE "|" ";" launcher "${CXX_COMPILER_LAUNCHER}")
+file(WRITE ${WORK_DIR}/launcher.cmake "set(CMAKE_CXX_COMPILER_LAUNCHER \"${launcher}\" CACHE STRING \"\")\n")
 run_step("configure examples" ${CMAKE_COMMAND}
+  -C ${WORK_DIR}/launcher.cmake
   -S ${SOURCE_ROOT}/examples -B ${build}
   -G ${GENERATOR}
   -DCMAKE_CXX_COMPILER=${CXX_COMPILER}
-  "-DCMAKE_CXX_COMPILER_LAUNCHER=${CXX_COMPILER_LAUNCHER}"
   -DCMAKE_BUILD_TYPE=
   -DCMAKE_PREFIX_PATH=${prefix}
   -DCMAKE_FIND_PACKAGE_NO_PACKAGE_REGISTRY=ON

@@ -155,6 +155,55 @@ TEST_F(TokenShards, ADirectoryGlobOrPrefixIsOneStreamInNameOrder) {
   EXPECT_NE(ds.describe().find("5 shards"), std::string::npos) << ds.describe();
 }
 
+TEST_F(TokenShards, ADirectoryOfTrainAndValShardsTrainsOnTrainAndValidatesOnVal) {
+  // tokenize --eval-fraction's layout (and llm.c's NAME_train_* / NAME_val_*):
+  // a directory as data.path must not train on the held-out val_* shards.
+  for (const std::string& prefix : {std::string("tk_"), std::string("fineweb_")}) {
+    const std::string d = dir_ + "/split_" + prefix;
+    fs::create_directories(d);
+    const bool llmc = prefix == "fineweb_";
+    std::vector<uint16_t> train0(40), train1(30), val0(25);
+    for (size_t i = 0; i < train0.size(); ++i) train0[i] = static_cast<uint16_t>(i);
+    for (size_t i = 0; i < train1.size(); ++i) train1[i] = static_cast<uint16_t>(100 + i);
+    for (size_t i = 0; i < val0.size(); ++i) val0[i] = static_cast<uint16_t>(1000 + i);
+    const std::string t = llmc ? "fineweb_train_" : "train_", v = llmc ? "fineweb_val_" : "val_";
+    write_llmc16(d + "/" + t + "000000.bin", train0);
+    write_llmc16(d + "/" + t + "000001.bin", train1);
+    write_llmc16(d + "/" + v + "000000.bin", val0);
+    auto o = options(d, 8);
+    o.eval_fraction = 0.5;  // the val_* shards take its place
+    TokenDataset ds(o);
+    EXPECT_EQ(ds.shards().size(), 2u);
+    EXPECT_EQ(ds.train_tokens(), 70);
+    EXPECT_EQ(ds.eval_tokens(), 25);
+    std::vector<int64_t> want(train0.begin(), train0.end());
+    want.insert(want.end(), train1.begin(), train1.end());
+    EXPECT_EQ(ds.read(0, 70), want);
+    EXPECT_EQ(token_vector(ds.eval_sample(0).second), std::vector<int64_t>(val0.begin() + 1, val0.begin() + 9));
+    EXPECT_NE(ds.describe().find("training on its 2 train_* shards, validating on its 1 val_* shard (25 tokens)"),
+              std::string::npos)
+        << ds.describe();
+    // data.eval_path says otherwise: it validates, and val_* still trains nothing.
+    o.eval_path = d + "/" + t + "000001.bin";
+    const std::string e = token_error_of([&] { TokenDataset x(o); });
+    EXPECT_NE(e.find("also a training shard"), std::string::npos) << e;
+    fs::create_directories(dir_ + "/split_eval");
+    const std::string other = dir_ + "/split_eval/" + prefix + ".bin";
+    write_llmc16(other, val0);
+    o.eval_path = other;
+    TokenDataset with_eval(o);
+    EXPECT_EQ(with_eval.train_tokens(), 70);
+    EXPECT_NE(with_eval.describe().find("its own 1 val_* shard not trained on"), std::string::npos)
+        << with_eval.describe();
+  }
+  // A directory with no val_* shard is every .bin in it, as before.
+  const std::string only = dir_ + "/split_train_only";
+  fs::create_directories(only);
+  write_llmc16(only + "/train_000000.bin", std::vector<uint16_t>(20, 3));
+  write_llmc16(only + "/extra.bin", std::vector<uint16_t>(10, 4));
+  EXPECT_EQ(TokenDataset(options(only, 8)).train_tokens(), 30);
+}
+
 TEST_F(TokenShards, AnEpochVisitsEveryWindowOnceInASeededOrder) {
   const int64_t L = 16;
   TokenDataset ds(options(dir_, L));
