@@ -62,6 +62,10 @@ struct DistOptions {
   // Every collective on every group fails after this many seconds instead of
   // hanging on a dead or stuck peer.
   double timeout_s = 120.0;
+  // train --nproc: once a rank fails (or the launcher gets SIGINT/SIGTERM),
+  // the other ranks get SIGTERM, then SIGKILL after this many seconds (a
+  // rank stuck in a collective cannot act on SIGTERM).
+  double stop_grace_s = 10.0;
   // Rendezvous address for SLURM launches (torchrun sets MASTER_ADDR itself).
   // Empty: MASTER_ADDR from the environment, else 127.0.0.1.
   std::string master_addr = "";

@@ -291,6 +291,9 @@ std::vector<Key> build_schema() {
        "Process group backend; auto: nccl on cuda when built with NCCL, else gloo."},
       {SHARDKIT_CONFIG_FIELD(dist.timeout_s), above(0),
        "Collectives fail after this many seconds instead of hanging."},
+      {SHARDKIT_CONFIG_FIELD(dist.stop_grace_s), at_least(0),
+       "train --nproc: when a rank fails or the launcher is signalled, the other ranks get SIGTERM "
+       "(a clean stop, saving where checkpoints are on) and SIGKILL after this many seconds."},
       {SHARDKIT_CONFIG_FIELD(dist.master_addr), any_value(),
        "Rendezvous address; empty: MASTER_ADDR, else 127.0.0.1."},
       {SHARDKIT_CONFIG_FIELD(dist.master_port), between(0, 65535),

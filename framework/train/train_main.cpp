@@ -314,6 +314,7 @@ int launch_local_ranks(int argc, char** argv, const Args& args, const LaunchShap
   launch.nodes = shape.nodes;
   launch.argv = comm::argv_without_nproc(argc, argv);
   launch.store_server = comm::host_tcp_store;
+  launch.stop_grace_s = cfg.dist.stop_grace_s;
   try {
     framework::fsdp::mesh_shape_for(cfg.parallel, shape.nproc);
   } catch (const std::invalid_argument& e) {

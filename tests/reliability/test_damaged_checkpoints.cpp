@@ -5,7 +5,13 @@
 // frame, provably harmless: verify re-checked the decoded bytes), nothing
 // crashes, and errors name the file. Fixed seeds, printed; scripts/fault-soak
 // --corrupt N runs thousands.
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 
 #include <fstream>
 #include <random>
@@ -19,15 +25,37 @@ namespace {
 constexpr uint64_t kSeed = 20260101;
 constexpr int64_t kFlips = 300;
 
-// step_4 of a 4-step sync run, written once per test binary.
+// step_4 of a 4-step sync run. Made once per build of train (with these
+// settings) by the first of the suite's test processes, under a lock
+// (ctest runs each test in its own process, two at a time), and copied into
+// this process's own directory: the tests damage their copy.
 fs::path make_checkpoint(const std::string& name, std::vector<std::string> extra) {
-  const fs::path root = fresh_dir("damaged_" + name);
   std::vector<std::string> sets{"train.steps=4", "checkpoint.interval=4", "checkpoint.mode=sync"};
   sets.insert(sets.end(), extra.begin(), extra.end());
-  auto spec = small_run(root, sets);
-  RunResult r = run_train(spec, root / "train.log");
-  EXPECT_EQ(r.exit_code, 0) << tail(r.output);
-  return spec.ckpt_dir / "step_4";
+  const fs::path shared = fs::path(SHARDKIT_BINARY_DIR) / "reliability-work" / "shared" / ("damaged_" + name);
+  fs::create_directories(shared.parent_path());
+  struct stat st {};
+  ::stat(train_binary().c_str(), &st);
+  std::string key = std::to_string(st.st_size) + ":" + std::to_string(st.st_mtim.tv_sec) + "." +
+                    std::to_string(st.st_mtim.tv_nsec);
+  for (const auto& s : small_model_sets()) key += "," + s;
+  for (const auto& s : sets) key += "," + s;
+  const int lock = ::open((shared.string() + ".lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  EXPECT_GE(lock, 0) << shared << ".lock: " << std::strerror(errno);
+  if (lock >= 0) ::flock(lock, LOCK_EX);
+  const fs::path step = shared / "ckpt" / "step_4";
+  if (read_text_file((shared / "key").string()) != key || !fs::exists(step / ".metadata")) {
+    fs::remove_all(shared);
+    fs::create_directories(shared);
+    auto spec = small_run(shared, sets);
+    RunResult r = run_train(spec, shared / "train.log");
+    EXPECT_EQ(r.exit_code, 0) << tail(r.output);
+    if (r.exit_code == 0) std::ofstream(shared / "key") << key;
+  }
+  const fs::path root = fresh_dir("damaged_" + name);
+  fs::copy(step, root / "step_4", fs::copy_options::recursive);
+  if (lock >= 0) ::close(lock);  // releases the lock
+  return root / "step_4";
 }
 
 class DamagedCheckpoints : public ::testing::Test {

@@ -11,8 +11,12 @@ namespace reliability {
 namespace {
 
 constexpr double kTimeoutS = 3;
-// Detection (3 timeouts at most) plus the launcher's 10 s kill grace plus slack.
-constexpr double kBoundS = 3 * kTimeoutS + 15;
+// The launcher's grace between SIGTERM and SIGKILL (dist.stop_grace_s; 10 s
+// by default): the stalled rank cannot act on SIGTERM, so each case waits
+// it out.
+constexpr double kGraceS = 2;
+// Detection (3 timeouts at most) plus the launcher's kill grace plus slack.
+constexpr double kBoundS = 3 * kTimeoutS + kGraceS + 15;
 
 struct StallCase {
   const char* name;
@@ -37,7 +41,8 @@ class HungPeer : public ::testing::TestWithParam<StallCase> {};
 TEST_P(HungPeer, OtherRankFailsWithinBoundNamingTheCollective) {
   const StallCase& c = GetParam();
   const fs::path root = fresh_dir(std::string("hung_") + c.name);
-  auto spec = small_run(root, {std::string("checkpoint.mode=") + c.mode, "dist.timeout_s=3"},
+  auto spec = small_run(root, {std::string("checkpoint.mode=") + c.mode, "dist.timeout_s=3",
+                               "dist.stop_grace_s=" + std::to_string(kGraceS)},
                         {{"SHARDKIT_STALL_AT", c.stall_at}});
   const fs::path log = root / "train.log";
   Process p(train_argv(spec), spec.env, log.string());

@@ -40,7 +40,7 @@ const std::vector<std::string> kAllKeys = {
     "parallel.replicate", "parallel.shard", "parallel.tensor", "parallel.pipeline",
     "parallel.pipeline_schedule", "parallel.stages_per_rank", "parallel.pipeline_split_points",
     "parallel.reshard_after_forward", "parallel.prefetch",
-    "dist.backend", "dist.timeout_s", "dist.master_addr", "dist.master_port",
+    "dist.backend", "dist.timeout_s", "dist.stop_grace_s", "dist.master_addr", "dist.master_port",
     "checkpoint.dir", "checkpoint.interval", "checkpoint.mode", "checkpoint.keep_last",
     "checkpoint.resume", "checkpoint.resume_fallback", "checkpoint.allow_config_change", "checkpoint.on_error", "checkpoint.save_on_signal",
     "checkpoint.when_busy", "checkpoint.allow_partial", "checkpoint.model_only",
@@ -159,6 +159,7 @@ Config non_default_config() {
   c.parallel.prefetch = 3;
   c.dist.backend = comm::Backend::kNccl;
   c.dist.timeout_s = 30.5;
+  c.dist.stop_grace_s = 4.5;
   c.dist.master_addr = "10.0.0.1";
   c.dist.master_port = 29501;
   c.checkpoint.dir = "/tmp/ckpt";
