@@ -190,13 +190,16 @@ std::string verify_problems(const fs::path& step_dir) {
   }
 }
 
-std::map<int64_t, double> reference_losses(const std::string& mode, const fs::path& cache_dir,
-                                           std::string* error) {
+std::string train_binary_key() {
   struct stat st {};
   ::stat(train_binary().c_str(), &st);
-  const std::string binary_key = std::to_string(st.st_size) + ":" + std::to_string(st.st_mtim.tv_sec) +
-                                 "." + std::to_string(st.st_mtim.tv_nsec) + ":" +
-                                 join_lines(small_model_sets(), ",") + ":" + mode;
+  return std::to_string(st.st_size) + ":" + std::to_string(st.st_mtim.tv_sec) + "." +
+         std::to_string(st.st_mtim.tv_nsec);
+}
+
+std::map<int64_t, double> reference_losses(const std::string& mode, const fs::path& cache_dir,
+                                           std::string* error) {
+  const std::string binary_key = train_binary_key() + ":" + join_lines(small_model_sets(), ",") + ":" + mode;
   fs::create_directories(cache_dir);
   const std::string key = binary_key + ":libs " + resolved_libraries_key(cache_dir);
   const fs::path cache = cache_dir / ("reference_" + mode + ".json");

@@ -26,6 +26,9 @@ namespace fs = std::filesystem;
 // given to set_binary_dir).
 void set_binary_dir(const std::string& dir);
 std::string train_binary();
+// Which build of train that is (size and modification time): results cached
+// across the tests' processes are keyed by it.
+std::string train_binary_key();
 std::string ckpt_binary();
 std::string default_config();  // configs/default.yaml in the source tree
 

@@ -7,7 +7,6 @@
 // --corrupt N runs thousands.
 #include <fcntl.h>
 #include <sys/file.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -34,10 +33,7 @@ fs::path make_checkpoint(const std::string& name, std::vector<std::string> extra
   sets.insert(sets.end(), extra.begin(), extra.end());
   const fs::path shared = fs::path(SHARDKIT_BINARY_DIR) / "reliability-work" / "shared" / ("damaged_" + name);
   fs::create_directories(shared.parent_path());
-  struct stat st {};
-  ::stat(train_binary().c_str(), &st);
-  std::string key = std::to_string(st.st_size) + ":" + std::to_string(st.st_mtim.tv_sec) + "." +
-                    std::to_string(st.st_mtim.tv_nsec);
+  std::string key = train_binary_key();
   for (const auto& s : small_model_sets()) key += "," + s;
   for (const auto& s : sets) key += "," + s;
   const int lock = ::open((shared.string() + ".lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);

@@ -25,7 +25,4 @@ inline std::string python_with(const std::string& modules) {
   return "";
 }
 
-// What python_with tried, for a skip's reason.
-inline constexpr const char* kPythonCandidates = "$SHARDKIT_PYTHON, /usr/bin/python3, python3";
-
 }  // namespace testing_support
