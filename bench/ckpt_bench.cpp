@@ -15,6 +15,7 @@
 // over ranks; GB/s is all ranks' bytes over that time.
 #include "cuda_bench.h"
 #include "bench/bench_util.h"
+#include "bench/source_dir.h"
 
 #include "checkpoint/layout/checkpoint_dir.h"
 #include "checkpoint/storage/paced.h"
@@ -77,7 +78,7 @@ struct Args {
   std::string input;
   int trials = 1;
   bool keep = false;
-  std::string config_path = std::string(SHARDKIT_SOURCE_DIR) + "/configs/default.yaml";
+  std::string config_path = std::string(bench::source_dir()) + "/configs/default.yaml";
   int64_t train_steps = 60;
   int64_t compress_train_steps = 200;
   int growth_saves = 20;

@@ -22,6 +22,7 @@
 #include "framework/train/preflight.h"
 #include "framework/train/trainer.h"
 #include "support/multi_rank.h"
+#include "support/paths.h"
 #include "support/python.h"
 #include "support/skip.h"
 
@@ -46,7 +47,7 @@ using namespace checkpoint;
 
 namespace {
 
-const std::string kFixtures = SHARDKIT_SOURCE_DIR "/tests/checkpoint/dcp";
+const std::string kFixtures = testing_support::source_dir() + "/tests/checkpoint/dcp";
 
 std::string read_all(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);
@@ -480,7 +481,7 @@ TEST(DcpImport, ImportedCheckpointVerifiesAndResumesAtThreeRanks) {
 
   // The command line, with a rename.
   const std::string renamed = (run / "renamed").string();
-  const std::string cmd = std::string(SHARDKIT_BINARY_DIR "/ckpt") + " import-dcp " + dcp + " " +
+  const std::string cmd = testing_support::binary_dir() + "/ckpt" + " import-dcp " + dcp + " " +
                           renamed + " --map model.emb.=model.embedding. > " + renamed + ".log 2>&1";
   ASSERT_EQ(std::system(cmd.c_str()), 0) << read_all(renamed + ".log");
   EXPECT_NE(read_all(renamed + ".log").find("step 2"), std::string::npos) << read_all(renamed + ".log");

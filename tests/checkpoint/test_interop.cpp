@@ -31,6 +31,7 @@
 #include "checkpoint/interop/weights_file.h"
 #include "checkpoint/interop/zip_archive.h"
 #include "support/multi_rank.h"
+#include "support/paths.h"
 #include "support/python.h"
 #include "support/skip.h"
 
@@ -123,7 +124,7 @@ class InteropTest : public ::testing::Test {
   static void SetUpTestSuite() {
     // Per process: ctest runs each test of this binary as its own process, in
     // parallel, and they must not delete each other's files.
-    root_ = new fs::path(fs::path(SHARDKIT_BINARY_DIR) /
+    root_ = new fs::path(fs::path(testing_support::binary_dir()) /
                          ("test_interop_tmp_" + std::to_string(::getpid())));
     fs::remove_all(*root_);
     fs::create_directories(*root_);
@@ -358,7 +359,7 @@ TEST_F(InteropTest, LoadWeightsIntoSuggestsOnlyModelForPrefixedNames) {
 // ---------------------------------------------------------------- ckpt export
 
 TEST_F(InteropTest, CkptExportWritesTheSameFileAsTheLibrary) {
-  const std::string ckpt = SHARDKIT_BINARY_DIR "/ckpt";
+  const std::string ckpt = testing_support::binary_dir() + "/ckpt";
   for (const char* format : {"safetensors", "torch"}) {
     const std::string cli = out(std::string("cli.") + format);
     ASSERT_EQ(run_command(ckpt + " export " + *ckpt_ + " --format " + format + " --out " + cli +
@@ -375,7 +376,7 @@ TEST_F(InteropTest, CkptExportWritesTheSameFileAsTheLibrary) {
 }
 
 TEST_F(InteropTest, CkptExportExitCodes) {
-  const std::string ckpt = SHARDKIT_BINARY_DIR "/ckpt";
+  const std::string ckpt = testing_support::binary_dir() + "/ckpt";
   const std::string log = " > " + out("codes.log") + " 2>&1";
   EXPECT_EQ(run_command(ckpt + " export " + out("nowhere") + " --format torch --out " + out("n.pt") + log), 1);
   EXPECT_NE(read_bytes(out("codes.log")).find("nowhere"), std::string::npos) << read_bytes(out("codes.log"));
@@ -530,7 +531,7 @@ const char* kNoPython =
     "no python3 with torch (tried $SHARDKIT_PYTHON, /usr/bin/python3, python3): "
     "apt-get install python3-torch to run the Python interop checks";
 
-std::string python_script() { return SHARDKIT_SOURCE_DIR "/tests/tools/test_export_python.py"; }
+std::string python_script() { return testing_support::source_dir() + "/tests/tools/test_export_python.py"; }
 
 TEST_F(InteropTest, PythonTorchLoadsTheExportsWithWeightsOnly) {
   const std::string python = python_with_torch();

@@ -18,18 +18,14 @@
 #include "checkpoint/codec/chunk_reader.h"
 #include "checkpoint/format/metadata.h"
 #include "checkpoint/storage/storage.h"
+#include "support/paths.h"
 
 namespace reliability {
 
 namespace {
 
 std::string& binary_dir() {
-  static std::string dir =
-#ifdef SHARDKIT_BINARY_DIR
-      SHARDKIT_BINARY_DIR;
-#else
-      "build";
-#endif
+  static std::string dir = testing_support::binary_dir();
   return dir;
 }
 
@@ -89,13 +85,7 @@ std::string resolved_libraries_key(const fs::path& scratch_dir) {
 void set_binary_dir(const std::string& dir) { binary_dir() = dir; }
 std::string train_binary() { return binary_dir() + "/train"; }
 std::string ckpt_binary() { return binary_dir() + "/ckpt"; }
-std::string default_config() {
-#ifdef SHARDKIT_SOURCE_DIR
-  return std::string(SHARDKIT_SOURCE_DIR) + "/configs/default.yaml";
-#else
-  return "configs/default.yaml";
-#endif
-}
+std::string default_config() { return testing_support::source_dir() + "/configs/default.yaml"; }
 
 // checkpoint.direct_io=true: O_DIRECT writes (the way auto's probe picks on
 // the CI machine, 1.3 against 0.16 GB/s), without the probe's 64 MiB each

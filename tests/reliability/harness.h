@@ -22,8 +22,8 @@ namespace reliability {
 
 namespace fs = std::filesystem;
 
-// Paths of the binaries under test (SHARDKIT_BINARY_DIR, or the directory
-// given to set_binary_dir).
+// Paths of the binaries under test (the build tree, testing_support::binary_dir(),
+// or the directory given to set_binary_dir).
 void set_binary_dir(const std::string& dir);
 std::string train_binary();
 // Which build of train that is (size and modification time): results cached

@@ -17,6 +17,7 @@
 
 #include "checkpoint/format/metadata.h"
 #include "reliability/test_util.h"
+#include "support/paths.h"
 
 namespace reliability {
 namespace {
@@ -31,7 +32,7 @@ constexpr int64_t kFlips = 300;
 fs::path make_checkpoint(const std::string& name, std::vector<std::string> extra) {
   std::vector<std::string> sets{"train.steps=4", "checkpoint.interval=4", "checkpoint.mode=sync"};
   sets.insert(sets.end(), extra.begin(), extra.end());
-  const fs::path shared = fs::path(SHARDKIT_BINARY_DIR) / "reliability-work" / "shared" / ("damaged_" + name);
+  const fs::path shared = fs::path(testing_support::binary_dir()) / "reliability-work" / "shared" / ("damaged_" + name);
   fs::create_directories(shared.parent_path());
   std::string key = train_binary_key();
   for (const auto& s : small_model_sets()) key += "," + s;

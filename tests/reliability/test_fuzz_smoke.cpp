@@ -8,6 +8,7 @@
 #include <regex>
 
 #include "reliability/test_util.h"
+#include "support/paths.h"
 
 namespace reliability {
 namespace {
@@ -43,8 +44,8 @@ TEST(FuzzSmoke, EachTargetRunsCleanFromTheSeedCorpus) {
     SHARDKIT_SKIP("clang++ -fsanitize=fuzzer does not link (Debian: libclang-rt-14-dev): "
                   << tail(probe.output, 500));
   }
-  const fs::path build = fs::path(SHARDKIT_BINARY_DIR) / "fuzz-ci";
-  const std::string src = SHARDKIT_SOURCE_DIR;
+  const fs::path build = fs::path(testing_support::binary_dir()) / "fuzz-ci";
+  const std::string src = testing_support::source_dir();
   RunResult conf = run_process({"/usr/bin/env", "cmake", "-S", src, "-B", build.string(), "-G", "Ninja",
                                 "-DSHARDKIT_WITH_TORCH=OFF", "-DSHARDKIT_FUZZ=ON", "-DSHARDKIT_BUILD_TESTS=OFF",
                                 "-DCMAKE_BUILD_TYPE=RelWithDebInfo", "-DCMAKE_CXX_COMPILER=" + clang},

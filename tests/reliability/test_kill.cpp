@@ -8,11 +8,12 @@
 #include <tuple>
 
 #include "reliability/harness.h"
+#include "support/paths.h"
 
 namespace reliability {
 namespace {
 
-fs::path work_dir() { return fs::path(SHARDKIT_BINARY_DIR) / "reliability-work"; }
+fs::path work_dir() { return fs::path(testing_support::binary_dir()) / "reliability-work"; }
 
 struct CiTrial {
   const char* mode;

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include "reliability/harness.h"
+#include "support/paths.h"
 #include "support/skip.h"
 
 namespace reliability {
@@ -15,14 +16,14 @@ namespace reliability {
 // each test as its own process, two at a time, and tests that share a name
 // prefix must not delete each other's files.
 inline fs::path fresh_dir(const std::string& name) {
-  const fs::path dir = fs::path(SHARDKIT_BINARY_DIR) / "reliability-work" /
+  const fs::path dir = fs::path(testing_support::binary_dir()) / "reliability-work" /
                        (name + "." + std::to_string(::getpid()));
   fs::remove_all(dir);
   fs::create_directories(dir);
   return dir;
 }
 
-inline fs::path cache_dir() { return fs::path(SHARDKIT_BINARY_DIR) / "reliability-work" / "cache"; }
+inline fs::path cache_dir() { return fs::path(testing_support::binary_dir()) / "reliability-work" / "cache"; }
 
 // A small-model run in `root` (run.dir root/run, checkpoint.dir root/ckpt).
 // Runs asking for injected faults run train_faults, which reads them.

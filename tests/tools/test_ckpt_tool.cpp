@@ -22,13 +22,14 @@
 #include "checkpoint/tiers/local_tier.h"
 #include "checkpoint/format/checksum.h"
 #include "checkpoint/format/metadata.h"
+#include "support/paths.h"
 
 namespace checkpoint {
 namespace {
 
 namespace fs = std::filesystem;
 
-constexpr const char* kCkpt = SHARDKIT_BINARY_DIR "/ckpt";
+const std::string kCkpt = testing_support::binary_dir() + "/ckpt";
 
 struct RunResult {
   int exit_code = -1;

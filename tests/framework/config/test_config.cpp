@@ -1,6 +1,7 @@
 // framework/config: YAML -> Config, validation messages, --set overrides,
 // to_yaml round trips, and the repository's configs/*.yaml.
 #include "framework/config/config.h"
+#include "support/paths.h"
 
 #include <gtest/gtest.h>
 #include <yaml-cpp/yaml.h>
@@ -386,7 +387,7 @@ TEST(Config, MissingFileErrorNamesThePathAndReason) {
 }
 
 TEST(Config, EveryConfigInTheRepositoryParses) {
-  fs::path dir = fs::path(SHARDKIT_SOURCE_DIR) / "configs";
+  fs::path dir = fs::path(testing_support::source_dir()) / "configs";
   std::set<std::string> names;
   for (const auto& entry : fs::directory_iterator(dir)) {
     if (entry.path().extension() != ".yaml") continue;
@@ -399,7 +400,7 @@ TEST(Config, EveryConfigInTheRepositoryParses) {
 
 TEST(Config, RepositoryConfigsSelectTheirLayouts) {
   auto load = [](const char* name) {
-    return load_config((fs::path(SHARDKIT_SOURCE_DIR) / "configs" / name).string());
+    return load_config((fs::path(testing_support::source_dir()) / "configs" / name).string());
   };
   Config def = load("default.yaml");
   EXPECT_EQ(def.parallel.replicate, 1);
@@ -419,7 +420,7 @@ TEST(Config, RepositoryConfigsSelectTheirLayouts) {
 }
 
 TEST(Config, DefaultYamlListsEveryKey) {
-  YAML::Node root = YAML::LoadFile((fs::path(SHARDKIT_SOURCE_DIR) / "configs/default.yaml").string());
+  YAML::Node root = YAML::LoadFile((fs::path(testing_support::source_dir()) / "configs/default.yaml").string());
   std::vector<std::string> paths;
   collect_leaf_paths(root, "", &paths);
   EXPECT_EQ(paths, kAllKeys);
@@ -638,7 +639,7 @@ TEST(Config, ToYamlWritesFloatsThatYaml11ReadersSeeAsFloats) {
 }
 
 TEST(Config, WriteEffectiveConfigWritesAParseableFileInANewDirectory) {
-  fs::path dir = fs::path(SHARDKIT_BINARY_DIR) / "test_config_tmp" / "run" / "nested";
+  fs::path dir = fs::path(testing_support::binary_dir()) / "test_config_tmp" / "run" / "nested";
   fs::remove_all(dir.parent_path().parent_path());
   Config cfg = non_default_config();
   write_effective_config(cfg, dir.string());
@@ -719,7 +720,7 @@ TEST(Config, LlamaShapeAndBatchErrorsNameTheKeys) {
 // number where a string or bool is read) is refused as model.init_from's
 // ConfigError naming the file, not an uncaught nlohmann type_error.
 TEST(Config, InitFromConfigJsonWithAFieldOfTheWrongTypeIsRefusedNamingTheFile) {
-  const fs::path dir = fs::path(SHARDKIT_BINARY_DIR) / "test_config_tmp" / "hf_wrong_types";
+  const fs::path dir = fs::path(testing_support::binary_dir()) / "test_config_tmp" / "hf_wrong_types";
   fs::remove_all(dir);
   fs::create_directories(dir);
   const std::string llama =
@@ -744,7 +745,7 @@ TEST(Config, InitFromConfigJsonWithAFieldOfTheWrongTypeIsRefusedNamingTheFile) {
 
 // docs/config-reference.md is the schema's own output, verbatim.
 TEST(ConfigReference, DocsTableMatchesTheSchema) {
-  const std::string path = std::string(SHARDKIT_SOURCE_DIR) + "/docs/config-reference.md";
+  const std::string path = testing_support::source_dir() + "/docs/config-reference.md";
   std::ifstream in(path);
   ASSERT_TRUE(in) << "cannot read " << path;
   std::string page((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());

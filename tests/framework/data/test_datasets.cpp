@@ -7,6 +7,7 @@
 #include "framework/data/text_dataset.h"
 
 #include "support/chat_tokenizer.h"
+#include "support/paths.h"
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -286,7 +287,7 @@ TEST(TextDataset, VocabOtherThan256IsRejectedNamingModelVocabSize) {
 // tokenizer.json.
 std::string chat_tokenizer_json() {
   const std::string path = "/tmp/shardkit_sft_tokenizer_" + std::to_string(::getpid()) + ".json";
-  std::ofstream(path) << testing_support::chat_tokenizer_json_text(SHARDKIT_SOURCE_DIR);
+  std::ofstream(path) << testing_support::chat_tokenizer_json_text(testing_support::source_dir());
   return path;
 }
 
@@ -425,7 +426,7 @@ TEST(SftDataset, BadRecordsNameTheFileAndLine) {
 // refused naming the token.
 TEST(HfTokenizer, AFloatNegativeOrHugeTokenIdIsRefusedNamingTheToken) {
   nlohmann::json fixture;
-  std::ifstream(std::string(SHARDKIT_SOURCE_DIR) + "/tests/tools/data/bpe_fixture.json") >> fixture;
+  std::ifstream(testing_support::source_dir() + "/tests/tools/data/bpe_fixture.json") >> fixture;
   const nlohmann::json good = fixture["tokenizers"]["learnt_split"];
   auto error_with = [&](const std::function<void(nlohmann::json&)>& change) {
     nlohmann::json tok = good;

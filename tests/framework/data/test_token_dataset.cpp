@@ -4,6 +4,7 @@
 // held-out documents, and one clear error per kind of bad input.
 #include "framework/data/dataset.h"
 #include "framework/data/token_dataset.h"
+#include "support/paths.h"
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -63,7 +64,7 @@ class TokenShards : public ::testing::Test {
   static void SetUpTestSuite() {
     dir_ = (fs::temp_directory_path() / ("shardkit_tokens_" + std::to_string(::getpid()))).string();
     fs::remove_all(dir_);
-    const std::string cmd = "/usr/bin/python3 " + std::string(SHARDKIT_SOURCE_DIR) +
+    const std::string cmd = "/usr/bin/python3 " + testing_support::source_dir() +
                             "/tests/framework/data/write_token_shards.py " + dir_ + " 7";
     // python3 with numpy comes with python3-torch, which bootstrap installs:
     // a failure here fails the suite.

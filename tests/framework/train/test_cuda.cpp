@@ -12,6 +12,7 @@
 #include "framework/optim/sharded_adamw.h"
 #include "framework/train/trainer.h"
 #include "support/multi_rank.h"
+#include "support/paths.h"
 #include "support/skip.h"
 #include "support/trainer_state.h"
 
@@ -150,11 +151,11 @@ std::map<std::string, std::vector<uint8_t>> data_files(const std::string& step_d
 // thread per GPU, where one rank's backward hook would wait in a collective
 // for a rank whose backward is queued behind it.
 CliResult run_train(const std::string& args) {
-  return run_train_binary(std::string(SHARDKIT_BINARY_DIR) + "/train", args);
+  return run_train_binary(testing_support::binary_dir() + "/train", args);
 }
 
 std::string cli_args(const std::string& dir, const std::string& device, int nproc, int64_t shard) {
-  return "--nproc " + std::to_string(nproc) + " --config " + std::string(SHARDKIT_SOURCE_DIR) +
+  return "--nproc " + std::to_string(nproc) + " --config " + testing_support::source_dir() +
          "/configs/default.yaml --set run.dir=" + dir + " --set checkpoint.dir=" + dir +
          "/ck --set train.steps=20 --set train.log_every=1 --set checkpoint.interval=0"
          " --set checkpoint.resume=never --set train.device=" + device +

@@ -3,6 +3,7 @@
 #include "checkpoint/interop/weights_file.h"
 #include "checkpoint/format/types.h"
 #include "comm/device.h"
+#include "support/paths.h"
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -30,7 +31,7 @@ struct Result {
 
 // build/<tool> with `args`, stdout and stderr together.
 Result run_tool(const std::string& tool, const std::string& args) {
-  std::string cmd = std::string(SHARDKIT_BINARY_DIR) + "/" + tool + " " + args + " 2>&1";
+  std::string cmd = testing_support::binary_dir() + "/" + tool + " " + args + " 2>&1";
   Result r;
   FILE* p = popen(cmd.c_str(), "r");
   std::array<char, 4096> buf;
@@ -50,7 +51,7 @@ std::string cli_scratch(const std::string& tag) {
 }
 
 std::string common(const std::string& dir) {
-  return "--config " + std::string(SHARDKIT_SOURCE_DIR) + "/configs/default.yaml --set run.dir=" + dir +
+  return "--config " + testing_support::source_dir() + "/configs/default.yaml --set run.dir=" + dir +
          " --set checkpoint.dir=" + dir + "/ck --set train.steps=20 --set train.log_every=1"
          " --set checkpoint.interval=5 --set checkpoint.mode=async";
 }
@@ -146,7 +147,7 @@ void write_llmc_shard(const std::string& path, const std::vector<uint16_t>& toke
 }
 
 std::string llama_on_tokens(const std::string& dir, const std::string& data) {
-  return "--config " + std::string(SHARDKIT_SOURCE_DIR) + "/configs/llama_tiny.yaml --set run.dir=" + dir +
+  return "--config " + testing_support::source_dir() + "/configs/llama_tiny.yaml --set run.dir=" + dir +
          " --set checkpoint.dir=" + dir + "/ck --set train.steps=12 --set train.log_every=1"
          " --set train.eval_every=6 --set checkpoint.interval=6 --set data.kind=tokens"
          " --set data.path=" + data + "/train_*.bin --set data.eval_path=" + data + "/val.bin";
@@ -321,10 +322,10 @@ TEST(TrainCli, HuggingFaceLlamaRoundTripsAndTrainsFromEitherForm) {
   ASSERT_EQ(lb.size(), 4u);
   for (int64_t s = 1; s <= 4; ++s) EXPECT_EQ(la.at(s), lb.at(s)) << "step " << s;
   // A key the config sets to another value than config.json: refused, both named.
-  Result d = run("--config " + std::string(SHARDKIT_SOURCE_DIR) + "/configs/llama_tiny.yaml --set run.dir=" +
+  Result d = run("--config " + testing_support::source_dir() + "/configs/llama_tiny.yaml --set run.dir=" +
                  root + "/run_d --set model.init_from=" + hf);
   EXPECT_EQ(d.status, 2) << d.output;
-  EXPECT_NE(d.output.find("train: model.d_model (64, " + std::string(SHARDKIT_SOURCE_DIR) + "/configs/llama_tiny.yaml:"),
+  EXPECT_NE(d.output.find("train: model.d_model (64, " + testing_support::source_dir() + "/configs/llama_tiny.yaml:"),
             std::string::npos) << d.output;
   EXPECT_NE(d.output.find(") disagrees with hidden_size 32 in " + hf + "/config.json"), std::string::npos) << d.output;
   EXPECT_FALSE(fs::exists(root + "/run_d"));
@@ -349,8 +350,8 @@ nlohmann::json ids_line(const std::string& output) {
 // same tokens; sampling repeats with its seed; bad input exits 2.
 TEST(TrainCli, GenerateContinuesAPromptFromACheckpointOrItsHuggingFaceExport) {
   const std::string root = cli_scratch("generate");
-  Result t = run("--nproc 2 --config " + std::string(SHARDKIT_SOURCE_DIR) + "/configs/text.yaml --set run.dir=" + root +
-                 " --set data.path=" + std::string(SHARDKIT_SOURCE_DIR) + "/README.md --set model.kind=llama"
+  Result t = run("--nproc 2 --config " + testing_support::source_dir() + "/configs/text.yaml --set run.dir=" + root +
+                 " --set data.path=" + testing_support::source_dir() + "/README.md --set model.kind=llama"
                  " --set model.n_kv_heads=2 --set train.steps=20 --set checkpoint.interval=20 --set train.eval_every=0"
                  " --set train.sample_every=10 --set train.sample_tokens=24 --set train.sample_prompt=Once");
   ASSERT_EQ(t.status, 0) << t.output;
@@ -606,7 +607,7 @@ TEST(TrainCli, SftRecordsTrainWithTheirTokenCountsAndBadRecordsExitTwo) {
           << "\n";
     }
   }
-  const std::string args = "--nproc 2 --config " + std::string(SHARDKIT_SOURCE_DIR) +
+  const std::string args = "--nproc 2 --config " + testing_support::source_dir() +
                            "/configs/default.yaml --set model.kind=llama --set model.vocab_size=256"
                            " --set model.seq_len=48 --set data.kind=sft --set data.path=" + data +
                            " --set model.lora.rank=4 --set train.steps=4 --set train.log_every=1"
@@ -638,7 +639,7 @@ TEST(TrainCli, SftRecordsTrainWithTheirTokenCountsAndBadRecordsExitTwo) {
 // run shows the 3-D mesh; sizes that do not divide exit 2 naming the keys.
 TEST(TrainCli, TensorParallelLlamaTrainsAndItsCheckpointResumesUnderFsdp) {
   const std::string dir = cli_scratch("tp");
-  const std::string llama = "--config " + std::string(SHARDKIT_SOURCE_DIR) + "/configs/llama_tiny.yaml --set run.dir=" +
+  const std::string llama = "--config " + testing_support::source_dir() + "/configs/llama_tiny.yaml --set run.dir=" +
                             dir + " --set train.steps=6 --set train.log_every=1 --set train.eval_every=3"
                             " --set checkpoint.interval=3";
   Result a = run("--nproc 4 " + llama + " --set parallel.tensor=2 --set train.stop_at=3");
@@ -678,7 +679,7 @@ TEST(TrainCli, TensorParallelLlamaTrainsAndItsCheckpointResumesUnderFsdp) {
 // 3.29 at step 60 and 2.86 at step 200.
 TEST(TrainCli, LlamaTinyConfigVisiblyLearnsBySixtySteps) {
   const std::string dir = cli_scratch("llama_tiny_learns");
-  Result r = run("--nproc 2 --config " + std::string(SHARDKIT_SOURCE_DIR) + "/configs/llama_tiny.yaml --set run.dir=" +
+  Result r = run("--nproc 2 --config " + testing_support::source_dir() + "/configs/llama_tiny.yaml --set run.dir=" +
                  dir + " --set train.stop_at=60 --set train.eval_every=60 --set checkpoint.interval=0");
   ASSERT_EQ(r.status, 0) << r.output;
   double val_loss = -1;

@@ -12,6 +12,7 @@
 #include "framework/train/profiler.h"
 #include "framework/config/config.h"
 #include "support/multi_rank.h"
+#include "support/paths.h"
 #include "support/skip.h"
 
 #include <gtest/gtest.h>
@@ -490,7 +491,7 @@ TEST(AdamWImpls, EachMatchesPyTorchsAdamWOfTheSameImplementationOverTwentySteps)
   for (AdamWImpl impl : adamw_impls_here()) names.push_back(framework::optim::adamw_impl_name(impl));
   manifest["impls"] = names;
   std::ofstream(dir / "manifest.json") << manifest.dump();
-  const std::string cmd = python + " " SHARDKIT_SOURCE_DIR "/tests/tools/adamw_reference.py " + dir.string() +
+  const std::string cmd = python + " " + testing_support::source_dir() + "/tests/tools/adamw_reference.py " + dir.string() +
                           " > " + (dir / "python.log").string() + " 2>&1";
   const int status = std::system(cmd.c_str());
   ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
