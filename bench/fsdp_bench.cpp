@@ -61,7 +61,7 @@ Row measure(int world, const models::ModelOptions& mo) {
         torch::manual_seed(1);
         model = models::make_model(mo);
       }
-      framework::fsdp::ParallelOptions po;
+      framework::fsdp::FsdpOptions po;
       framework::fsdp::FullyShardedModel fsdp(model, mesh, po, framework::fsdp::children_of(*model, "blocks"));
       auto tokens = torch::randint(0, mo.vocab_size, {4, mo.seq_len}, torch::kLong);
       fsdp.reset_peak_memory();

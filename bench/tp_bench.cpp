@@ -91,7 +91,7 @@ std::shared_ptr<framework::dtensor::DeviceMesh> make_mesh(comm::Runtime& rt, con
 std::unique_ptr<framework::fsdp::FullyShardedModel> shard_model(
     const std::shared_ptr<models::LayeredModelImpl>& model,
     const std::shared_ptr<framework::dtensor::DeviceMesh>& mesh, const Layout& l) {
-  framework::fsdp::ParallelOptions po;
+  framework::fsdp::FsdpOptions po;
   framework::fsdp::ParamInit init = [model](const std::string& name, const torch::Tensor& full) {
     model->init_parameter(name, full);
   };

@@ -193,9 +193,13 @@ std::string describe_key(const std::string& path, const Config& cfg, const Origi
 // Checks that involve several keys; run once, after every override.
 void check_consistency(const Config& cfg, const Origins& origins) {
   auto key = [&](const char* path) { return describe_key(path, cfg, origins); };
-  if (cfg.parallel.replicate == -1 && cfg.parallel.shard == -1)
-    fail(key("parallel.replicate") + " and " + key("parallel.shard") +
-         " are both -1; at most one degree can be derived from the world size");
+  const auto describe = [&](const std::string& path) { return describe_key(path, cfg, origins); };
+  try {
+    // The layout's rules live with the layout (framework/parallel/layout.h).
+    parallel::check_config(cfg.parallel, describe);
+  } catch (const std::exception& e) {
+    fail(e.what());
+  }
   if (cfg.profile.memory_snapshot && cfg.train.device != comm::DeviceKind::kCuda)
     fail(key("profile.memory_snapshot") + " needs " + key("train.device") +
          " to be cuda: the snapshot is the CUDA caching allocator's history");
@@ -211,21 +215,9 @@ void check_consistency(const Config& cfg, const Origins& origins) {
   } catch (const std::exception& e) {
     fail(e.what());
   }
-  if (cfg.parallel.pipeline > 1) {
-    try {
-      // What needs no world size: the schedule's stages per rank (its
-      // micro-batch rule is checked when the trainer knows the local batch).
-      pp::check_schedule(cfg.parallel.pipeline_schedule, cfg.parallel.pipeline, cfg.parallel.stages_per_rank,
-                         cfg.parallel.pipeline);
-    } catch (const std::exception& e) {
-      fail(key("parallel.pipeline_schedule") + ", " + key("parallel.stages_per_rank") + ": " + e.what());
-    }
-    if (cfg.model.tie_weights)
-      fail(key("model.tie_weights") + " ties the first stage's embedding to the last stage's output: " +
-           "set it false with " + key("parallel.pipeline"));
-  } else if (cfg.parallel.stages_per_rank != 1) {
-    fail(key("parallel.stages_per_rank") + " needs " + key("parallel.pipeline") + " above 1");
-  }
+  if (cfg.parallel.pipeline > 1 && cfg.model.tie_weights)
+    fail(key("model.tie_weights") + " ties the first stage's embedding to the last stage's output: " +
+         "set it false with " + key("parallel.pipeline"));
   if (cfg.train.micro_batch_size > cfg.train.global_batch_size)
     fail(key("train.micro_batch_size") + " must not exceed " + key("train.global_batch_size"));
   if (cfg.optim.min_lr > cfg.optim.lr)

@@ -22,6 +22,7 @@
 #include "comm/options.h"
 #include "framework/fsdp/options.h"
 #include "framework/optim/options.h"
+#include "framework/parallel/layout.h"
 #include "framework/config/train_options.h"
 #include "models/options.h"
 
@@ -35,7 +36,7 @@ struct Config {
   models::ModelOptions model;
   framework::data::DataOptions data;
   framework::optim::OptimOptions optim;
-  framework::fsdp::ParallelOptions parallel;
+  framework::parallel::ParallelConfig parallel;
   comm::DistOptions dist;
   checkpoint::CheckpointOptions checkpoint;
 };

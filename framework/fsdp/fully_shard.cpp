@@ -126,52 +126,6 @@ UnitScope::~UnitScope() {
   }
 }
 
-int stage_world_size(const ParallelOptions& o, int world) {
-  if (o.pipeline < 1 || world % o.pipeline != 0) {
-    throw std::invalid_argument("parallel.pipeline (" + std::to_string(o.pipeline) +
-                                ") does not divide the world size " + std::to_string(world));
-  }
-  return static_cast<int>(world / o.pipeline);
-}
-
-int data_parallel_size(const ParallelOptions& o, int world) {
-  const int stage = stage_world_size(o, world);
-  return static_cast<int>(stage / std::max<int64_t>(1, o.tensor));
-}
-
-std::vector<int64_t> mesh_shape_for(const ParallelOptions& options, int world) {
-  ParallelOptions o = options;
-  if (o.pipeline > 1) {
-    world = stage_world_size(o, world);
-    o.pipeline = 1;
-  }
-  int64_t r = o.replicate, s = o.shard;
-  if (r == -1 && s == -1) {
-    throw std::invalid_argument("parallel.replicate and parallel.shard cannot both be -1");
-  }
-  if (o.tensor < 1 || world % o.tensor != 0) {
-    throw std::invalid_argument("parallel.tensor (" + std::to_string(o.tensor) +
-                                ") does not divide the world size " + std::to_string(world));
-  }
-  if (o.tensor > 1) {
-    ParallelOptions data_parallel;
-    data_parallel.replicate = o.replicate;
-    data_parallel.shard = o.shard;
-    std::vector<int64_t> dp = mesh_shape_for(data_parallel, static_cast<int>(world / o.tensor));
-    return {dp[0], dp[1], o.tensor};
-  }
-  if (r == -1) r = world % s == 0 ? world / s : -1;
-  if (s == -1) s = world % r == 0 ? world / r : -1;
-  if (r < 1 || s < 1 || r * s != world) {
-    throw std::invalid_argument("parallel.replicate (" + std::to_string(o.replicate) +
-                                ") x parallel.shard (" + std::to_string(o.shard) +
-                                ") does not match the " +
-                                (o.tensor > 1 ? "data-parallel size " : "world size ") +
-                                std::to_string(world));
-  }
-  return {r, s};
-}
-
 void move_to_device(torch::nn::Module& module, torch::Device device) {
   bool any_unmaterialised = false;
   for (const auto& p : module.parameters()) any_unmaterialised |= unmaterialised(p);
@@ -199,21 +153,9 @@ torch::ScalarType to_scalar_type(PrecisionDtype dtype) {
   return torch::kFloat;
 }
 
-std::string layout_name(const std::vector<int64_t>& shape) {
-  const bool tp = shape.size() > 2 && shape[2] > 1;
-  std::string dp;
-  if (shape.at(1) == 1) {
-    dp = shape.at(0) == 1 ? (tp ? "" : "single") : "ddp";
-  } else {
-    dp = shape.at(0) == 1 ? "fsdp" : "hsdp";
-  }
-  if (!tp) return dp;
-  return dp.empty() ? "tp" : dp + "+tp";
-}
-
 std::unique_ptr<FullyShardedModel> fully_shard(std::shared_ptr<torch::nn::Module> module,
                                                std::shared_ptr<dtensor::DeviceMesh> mesh,
-                                               ParallelOptions options,
+                                               FsdpOptions options,
                                                std::vector<std::string> units,
                                                ParamInit init) {
   return std::make_unique<FullyShardedModel>(std::move(module), std::move(mesh), options,
@@ -284,7 +226,7 @@ std::vector<FoundParam> find_params(const torch::nn::Module& module,
 
 FullyShardedModel::FullyShardedModel(std::shared_ptr<torch::nn::Module> module,
                                      std::shared_ptr<dtensor::DeviceMesh> mesh,
-                                     ParallelOptions options, std::vector<std::string> unit_names,
+                                     FsdpOptions options, std::vector<std::string> unit_names,
                                      ParamInit init)
     : module_(std::move(module)), mesh_(std::move(mesh)), options_(options) {
   set_mesh_and_precision();

@@ -188,7 +188,7 @@ class FullyShardedModel {
   // unknown, units nest, or a parameter cannot be sharded (0-d, or a view),
   // or has no storage and no `init` was given.
   FullyShardedModel(std::shared_ptr<torch::nn::Module> module,
-                    std::shared_ptr<dtensor::DeviceMesh> mesh, ParallelOptions options,
+                    std::shared_ptr<dtensor::DeviceMesh> mesh, FsdpOptions options,
                     std::vector<std::string> units = {}, ParamInit init = {});
   ~FullyShardedModel();
   FullyShardedModel(const FullyShardedModel&) = delete;
@@ -289,7 +289,7 @@ class FullyShardedModel {
   void reset_peak_memory();
   dtensor::DeviceMesh& mesh() { return *mesh_; }
   torch::nn::Module& module() { return *module_; }
-  const ParallelOptions& options() const { return options_; }
+  const FsdpOptions& options() const { return options_; }
 
   struct Unit;  // one FSDP unit; defined in fully_shard.cpp
   struct Reduction;  // one unit's gradient reduction in flight; fully_shard.cpp
@@ -341,7 +341,7 @@ class FullyShardedModel {
 
   std::shared_ptr<torch::nn::Module> module_;
   std::shared_ptr<dtensor::DeviceMesh> mesh_;
-  ParallelOptions options_;
+  FsdpOptions options_;
   int shard_axis_ = 1;
   int replicate_axis_ = 0;
   int tensor_axis_ = -1;  // 2 on a {replicate, shard, tensor} mesh
@@ -374,25 +374,9 @@ class FullyShardedModel {
 // fully_shard(module, mesh, options, units): the FSDP2 spelling.
 std::unique_ptr<FullyShardedModel> fully_shard(std::shared_ptr<torch::nn::Module> module,
                                                std::shared_ptr<dtensor::DeviceMesh> mesh,
-                                               ParallelOptions options = {},
+                                               FsdpOptions options = {},
                                                std::vector<std::string> units = {},
                                                ParamInit init = {});
-
-// The {replicate, shard} mesh for `world` ranks from parallel.replicate and
-// parallel.shard (-1 = the rest); with parallel.tensor > 1 the
-// {replicate, shard, tensor} mesh, replicate x shard being world / tensor.
-// Throws std::invalid_argument naming the keys when they do not multiply
-// to the world size. With parallel.pipeline > 1: one stage's mesh, over
-// world / pipeline ranks (the whole mesh is {pipeline, ...} that).
-std::vector<int64_t> mesh_shape_for(const ParallelOptions& options, int world);
-// The ranks of one pipeline stage: world / parallel.pipeline. Throws
-// std::invalid_argument naming parallel.pipeline when it does not divide.
-int stage_world_size(const ParallelOptions& options, int world);
-// The data-parallel ranks (replicate x shard): world / (pipeline x tensor).
-int data_parallel_size(const ParallelOptions& options, int world);
-// "single", "fsdp", "ddp", "hsdp"; with a tensor axis "tp", "fsdp+tp",
-// "ddp+tp", "hsdp+tp".
-std::string layout_name(const std::vector<int64_t>& mesh_shape);
 
 // module.to(device), except that parameters without storage (a model built
 // unmaterialised) stay so: they become tensors of `device` without bytes,

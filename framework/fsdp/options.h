@@ -1,12 +1,12 @@
 #pragma once
-// Data-parallel layout (config section `parallel`).
+// FSDP's options: resharding, prefetch, mixed precision, frozen shards, and
+// how tensor parallelism split the parameters it shards. Torch-free.
 #include <cstdint>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
 #include "comm/enum_text.h"
-#include "framework/pp/options.h"
 
 namespace framework::fsdp {
 
@@ -48,25 +48,11 @@ struct TensorParallelParam {
   std::vector<int64_t> global_shape;
 };
 
-struct ParallelOptions {
-  // Degrees of the 2-D mesh (replicate x shard). Their product is the world
-  // size; -1 means "whatever the world size leaves". replicate 1 = FSDP,
-  // shard 1 = DDP, both > 1 = HSDP.
-  int64_t replicate = 1;
-  int64_t shard = -1;
-  // Tensor-parallel degree: the innermost mesh axis ("tensor"), so a TP
-  // group is consecutive ranks (one node). 1: no tensor parallelism.
-  int64_t tensor = 1;
-  // Pipeline parallelism (framework/pp): the outermost mesh axis,
-  // {pipeline, replicate, shard, tensor}. The model's blocks split into
-  // pipeline x stages_per_rank stages (stage s on pipeline rank s mod
-  // pipeline), evenly or at pipeline_split_points (comma-separated block
-  // names, each the first block of a stage after the first); each stage is
-  // sharded over its own replicate x shard x tensor ranks. 1: none.
-  int64_t pipeline = 1;
-  pp::Schedule pipeline_schedule = pp::Schedule::k1F1B;
-  int64_t stages_per_rank = 1;
-  std::string pipeline_split_points;
+// FSDP's own options (FSDP2's fully_shard arguments). The degrees of the
+// mesh it shards over are the parallel layout's (framework/parallel); the
+// config keys parallel.reshard_after_forward and parallel.prefetch are set
+// here by the trainer.
+struct FsdpOptions {
   // Free each unit's gathered parameters after its forward and gather them
   // again for its backward (less memory, one more all-gather per unit).
   bool reshard_after_forward = true;

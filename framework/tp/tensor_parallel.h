@@ -60,7 +60,7 @@ using PlanEntry = models::TpPlanEntry;
 using Plan = models::TpPlan;
 
 // What parallelize_module did: every parameter of the module by name, with
-// how it is split (fsdp::ParallelOptions::tensor_parallel takes it).
+// how it is split (fsdp::FsdpOptions::tensor_parallel takes it).
 struct TensorParallelLayout {
   std::unordered_map<std::string, fsdp::TensorParallelParam> params;
   int64_t size = 1;  // TP degree

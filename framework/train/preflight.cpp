@@ -414,9 +414,9 @@ MemoryEstimate estimate_memory(const config::Config& cfg, int world_size) {
   const models::ModelSize size = models::model_size(cfg.model);
   double shard = 1, tensor = 1;
   try {
-    const std::vector<int64_t> mesh = fsdp::mesh_shape_for(cfg.parallel, world_size);
-    shard = static_cast<double>(mesh[1]);
-    if (mesh.size() > 2) tensor = static_cast<double>(mesh[2]);
+    const parallel::Layout layout = parallel::resolve(cfg.parallel, world_size);
+    shard = static_cast<double>(layout.shard);
+    tensor = static_cast<double>(layout.tensor);
   } catch (const std::invalid_argument&) {
   }
   MemoryEstimate m;
@@ -516,7 +516,7 @@ void check_pipeline(const config::Config& cfg, int world_size) {
     fail("train.sample_every " + std::to_string(cfg.train.sample_every) + " generates on one whole model; set it 0 with " + key);
   }
   try {
-    const int64_t local = cfg.train.global_batch_size / fsdp::data_parallel_size(par, world_size);
+    const int64_t local = cfg.train.global_batch_size / parallel::resolve(par, world_size).data_parallel();
     const int64_t micro = cfg.train.micro_batch_size > 0 ? local / cfg.train.micro_batch_size : 1;
     pp::check_schedule(par.pipeline_schedule, par.pipeline, par.stages_per_rank, micro);
     // The blocks by name, from the model built without storage (llama) or
@@ -610,7 +610,7 @@ PreflightReport preflight(const config::Config& cfg, int world_size, int local_r
   check_directories(cfg);
   check_optimizer(cfg);
   try {
-    check_batch(cfg, fsdp::data_parallel_size(cfg.parallel, world_size));
+    check_batch(cfg, static_cast<int>(parallel::resolve(cfg.parallel, world_size).data_parallel()));
   } catch (const std::invalid_argument& e) {
     fail(e.what());
   }

@@ -129,11 +129,11 @@ int dry_run(const framework::config::Config& cfg, int nproc) {
       return 2;
     }
   }
-  std::vector<int64_t> mesh;
+  framework::parallel::Layout layout;
   try {
-    mesh = framework::fsdp::mesh_shape_for(cfg.parallel, world);
+    layout = framework::parallel::resolve(cfg.parallel, world);
     framework::train::check_tensor_parallel_model(cfg);
-    framework::train::check_batch(cfg, framework::fsdp::data_parallel_size(cfg.parallel, world));
+    framework::train::check_batch(cfg, static_cast<int>(layout.data_parallel()));
     framework::train::check_pipeline(cfg, world);
   } catch (const std::exception& e) {
     std::cerr << "train: " << e.what() << std::endl;
@@ -143,17 +143,14 @@ int dry_run(const framework::config::Config& cfg, int nproc) {
   const framework::train::MemoryEstimate m = framework::train::estimate_memory(cfg, world);
   std::printf("train: dry run: model %s, %.0f parameters (%.2f B), largest unit %.0f\n",
               cfg.model.kind.c_str(), size.parameters, size.parameters / 1e9, size.largest_unit);
-  const std::string tensor =
-      mesh.size() > 2 ? " tensor=" + std::to_string(mesh[2]) : std::string();
   const std::string pipeline =
       cfg.parallel.pipeline > 1
           ? "pipeline=" + std::to_string(cfg.parallel.pipeline) + " (" + to_string(cfg.parallel.pipeline_schedule) + ", " +
                 std::to_string(cfg.parallel.pipeline * cfg.parallel.stages_per_rank) + " stages) x "
           : std::string();
-  std::printf("train: dry run: world %d, layout %s%s replicate=%lld shard=%lld%s, param_dtype %s, "
+  std::printf("train: dry run: world %d, layout %s%s, param_dtype %s, "
               "reduce_dtype %s, activation checkpointing %s, micro_batch_size %lld\n",
-              world, pipeline.c_str(), framework::fsdp::layout_name(mesh).c_str(), static_cast<long long>(mesh[0]),
-              static_cast<long long>(mesh[1]), tensor.c_str(), to_string(cfg.train.mixed_precision.param_dtype),
+              world, pipeline.c_str(), layout.describe().c_str(), to_string(cfg.train.mixed_precision.param_dtype),
               to_string(cfg.train.mixed_precision.reduce_dtype),
               to_string(cfg.model.activation_checkpointing),
               static_cast<long long>(cfg.train.micro_batch_size));
@@ -166,7 +163,6 @@ int dry_run(const framework::config::Config& cfg, int nproc) {
 // parallel layout fits the world. Returns 0, or 2 (a user mistake, printed).
 int place_rank(const Args& args, const framework::config::Config& cfg,
                comm::LaunchEnv& env) {
-  namespace dist = comm;
   try {
     env = comm::detect_launch_env(comm::process_env(), cfg.dist.master_addr, cfg.dist.master_port);
   } catch (const std::invalid_argument& e) {
@@ -181,7 +177,7 @@ int place_rank(const Args& args, const framework::config::Config& cfg,
     return 2;
   }
   try {
-    framework::fsdp::mesh_shape_for(cfg.parallel, env.world_size);
+    framework::parallel::resolve(cfg.parallel, env.world_size);
   } catch (const std::invalid_argument& e) {
     std::cerr << "train: " << args.config_path << ": " << e.what() << std::endl;
     return 2;
@@ -229,7 +225,6 @@ int check_and_lock_unlaunched(const framework::config::Config& cfg,
 }
 
 int run_rank(const Args& args, const framework::config::Config& cfg, const TrainerHooks& hooks) {
-  namespace dist = comm;
   comm::LaunchEnv env;
   if (const int status = place_rank(args, cfg, env); status != 0) return status;
   // Like torchrun's OMP_NUM_THREADS: ranks on one machine share its cores.
@@ -316,7 +311,7 @@ int launch_local_ranks(int argc, char** argv, const Args& args, const LaunchShap
   launch.store_server = comm::host_tcp_store;
   launch.stop_grace_s = cfg.dist.stop_grace_s;
   try {
-    framework::fsdp::mesh_shape_for(cfg.parallel, shape.nproc);
+    framework::parallel::resolve(cfg.parallel, shape.nproc);
   } catch (const std::invalid_argument& e) {
     std::cerr << "train: " << args.config_path << ": " << e.what() << std::endl;
     return 2;

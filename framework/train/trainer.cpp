@@ -135,7 +135,7 @@ StepStats Trainer::State::accumulate_gradients(int64_t to_step) {
   LocalLoss counted{torch::zeros({}, torch::TensorOptions(torch::kDouble).device(device)),
                     (host_targets != data::kIgnoreIndex).sum().to(device)};
   torch::Tensor stats =
-      pack_step_stats(counted, stop_signal().load() != 0, ckpt->busy(), device, tp_rank == 0);
+      pack_step_stats(counted, stop_signal().load() != 0, ckpt->busy(), device, at.tensor == 0);
   test_seam::before_step(to_step, rt.env.rank);
   rt.train->all_reduce(stats);
   StepStats global = unpack_step_stats(stats);
@@ -150,7 +150,7 @@ StepStats Trainer::State::accumulate_gradients(int64_t to_step) {
     fsdp->finish_backward();
     loss_sum += loss.sum.detach().to(torch::kDouble);
   }
-  if (tp_rank != 0) loss_sum.zero_();  // the first rank of the TP group counts it
+  if (at.tensor != 0) loss_sum.zero_();  // the first rank of the TP group counts it
   rt.train->all_reduce(loss_sum);
   global.loss_sum = loss_sum.to(torch::kCPU).item<double>();
   return global;
@@ -228,7 +228,7 @@ StepRecord Trainer::train_step() {
   const double waited_before = s.fsdp->comm_wait_seconds();
   const double pipeline_waited_before = s.pipeline ? s.pipeline->wait_seconds() : 0.0;
   StepStats global;
-  if (s.pp_size > 1) {
+  if (s.layout.pipeline > 1) {
     global = s.pipeline_gradients(step);
   } else if (s.micro_batches > 1) {
     global = s.accumulate_gradients(step);
@@ -247,7 +247,7 @@ StepRecord Trainer::train_step() {
     {
       RECORD_USER_SCOPE("shardkit::step_stats");
       torch::Tensor stats =
-          pack_step_stats(local, stop_signal().load() != 0, s.ckpt->busy(), s.device, s.tp_rank == 0);
+          pack_step_stats(local, stop_signal().load() != 0, s.ckpt->busy(), s.device, s.at.tensor == 0);
       test_seam::before_step(step, s.rt.env.rank);
       s.rt.train->all_reduce(stats);
       global = unpack_step_stats(stats);
@@ -386,7 +386,7 @@ std::string Trainer::sample() {
   State& s = *s_;
   auto* model = dynamic_cast<models::LayeredModelImpl*>(s.user.module.get());
   if (model == nullptr) throw std::runtime_error("train.sample_every: only the built-in models can sample");
-  if (s.pp_size > 1) throw std::runtime_error("train.sample_every: a pipeline's stages do not sample (parallel.pipeline 1)");
+  if (s.layout.pipeline > 1) throw std::runtime_error("train.sample_every: a pipeline's stages do not sample (parallel.pipeline 1)");
   const std::string& spec = s.cfg.data.tokenizer;
   const bool bytes = spec.empty() || spec == "bytes";
   if (!bytes && !s.tokenizer) s.tokenizer = tokenizer::load_tokenizer(spec);
@@ -401,7 +401,7 @@ std::string Trainer::sample() {
   const auto forward = [&](const torch::Tensor& tokens) {
     torch::Tensor logits = s.fsdp->forward([&] { return model->forward(tokens.to(s.device)); });
     // Tensor parallelism: each rank holds its slice of the vocabulary.
-    if (s.tp_size > 1) logits = tp::gather_last_dim(logits, s.mesh->group(2), s.cfg.model.vocab_size);
+    if (s.layout.tensor > 1) logits = tp::gather_last_dim(logits, s.meshes.stage->group(2), s.cfg.model.vocab_size);
     return logits;
   };
   const std::vector<int64_t> ids =
@@ -421,8 +421,8 @@ EvalRecord Trainer::evaluate() {
   if (n <= 0) {
     throw std::runtime_error("train.eval_every: no held-out samples; set data.eval_fraction > 0 (or data.eval_path)");
   }
-  const int64_t world = s.dp_size;  // TP ranks evaluate the same samples
-  const int64_t rank = s.dp_rank;
+  const int64_t world = s.layout.data_parallel();  // TP ranks evaluate the same samples
+  const int64_t rank = s.at.data_parallel;
   const int64_t batch = s.cfg.train.global_batch_size;
   const int64_t local = batch / world;
   const auto pad = s.dataset->eval_sample(0);  // shapes and dtypes of a sample
@@ -447,7 +447,7 @@ EvalRecord Trainer::evaluate() {
     torch::Tensor tgt = torch::stack(targets).to(s.device);
     // In micro-batches, as training runs, so evaluation needs no more memory.
     const int64_t micro = local / s.micro_batches;
-    if (s.pp_size > 1) {
+    if (s.layout.pipeline > 1) {
       // Through the pipeline's stages, forwards only; the last stage counts.
       std::vector<torch::Tensor> firsts;
       for (int64_t m = 0; m < local; m += micro) firsts.push_back(in.narrow(0, m, micro));

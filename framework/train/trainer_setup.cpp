@@ -1,4 +1,4 @@
-// The Trainer's wiring (trainer_state.h): mesh, the model from its kind's
+// The Trainer's wiring (trainer_state.h): the layout's meshes, the model from its kind's
 // spec, tensor parallelism, FSDP, optimizer, data, the checkpoint manager,
 // resume, and the banner. The loop is trainer.cpp.
 #include "framework/train/trainer_state.h"
@@ -39,41 +39,15 @@ std::string rank0_store(const comm::LaunchEnv& env) {
 
 }  // namespace
 
-// The device mesh ({replicate, shard}, or {replicate, shard, tensor} with
-// parallel.tensor > 1; with parallel.pipeline > 1, a pipeline axis outside
-// them, `mesh` then being this rank's stage's part) and this rank's place.
+// The parallel layout (framework/parallel) for this world, its meshes and
+// this rank's place on them.
 void Trainer::State::build_mesh() {
-  const int world = rt.env.world_size;
-  const int rank = rt.env.rank;
-  const int stage_world = fsdp::stage_world_size(cfg.parallel, world);
-  mesh_shape = fsdp::mesh_shape_for(cfg.parallel, world);
+  layout = parallel::resolve(cfg.parallel, rt.env.world_size);
+  at = layout.coordinates(rt.env.rank);
   // With prefetch, all-gathers and gradient reductions overlap: each on its
   // own channel (process groups of their own) of the data-parallel axes.
   const int channels = cfg.parallel.prefetch > 0 ? 2 : 1;
-  std::vector<std::string> names = {"replicate", "shard"};
-  if (mesh_shape.size() == 3) names.push_back("tensor");
-  if (cfg.parallel.pipeline > 1) {
-    std::vector<int64_t> shape = mesh_shape;
-    shape.insert(shape.begin(), cfg.parallel.pipeline);
-    std::vector<std::string> all = names;
-    all.insert(all.begin(), "pipeline");
-    world_mesh = dtensor::DeviceMesh::create(*rt.rendezvous, shape, all, "mesh", channels);
-    std::vector<int> stage_axes;
-    for (int a = 1; a < world_mesh->ndim(); ++a) stage_axes.push_back(a);
-    mesh = world_mesh->submesh(stage_axes);
-    pp_size = cfg.parallel.pipeline;
-    pp_rank = world_mesh->coordinate(0);
-  } else {
-    mesh = dtensor::DeviceMesh::create(*rt.rendezvous, mesh_shape, names, "mesh", channels);
-  }
-  if (mesh_shape.size() == 3) {
-    tp_size = mesh_shape[2];
-    tp_rank = mesh->coordinate(2);
-  }
-  // The tensor axis is innermost, the pipeline outermost:
-  // rank = (pipeline rank x data-parallel size + data-parallel rank) x tensor + tp_rank.
-  dp_size = stage_world / tp_size;
-  dp_rank = (rank % stage_world) / tp_size;
+  meshes = parallel::build_meshes(layout, *rt.rendezvous, channels);
 }
 
 // parallel.pipeline > 1: the model's blocks split into stages; this rank
@@ -81,8 +55,8 @@ void Trainer::State::build_mesh() {
 // other blocks, and the embedding or the head where this rank holds neither
 // end, leave the module before anything is allocated.
 void Trainer::State::split_pipeline_stages() {
-  if (pp_size == 1) return;
-  const std::string key = "parallel.pipeline " + std::to_string(pp_size);
+  if (layout.pipeline == 1) return;
+  const std::string key = "parallel.pipeline " + std::to_string(layout.pipeline);
   std::function<bool(const std::string&)> embeds;
   if (builtin_model) {
     embeds = models::find_model_spec(cfg.model.kind).embeds_parameter;
@@ -102,8 +76,8 @@ void Trainer::State::split_pipeline_stages() {
     throw std::invalid_argument("train.sample_every " + std::to_string(cfg.train.sample_every) +
                                 " generates on one whole model; set it 0 with " + key);
   }
-  pp::check_schedule(cfg.parallel.pipeline_schedule, pp_size, cfg.parallel.stages_per_rank, micro_batches);
-  pipeline = std::make_unique<pp::PipelineRunner>(world_mesh->group(0), cfg.parallel.pipeline_schedule,
+  pp::check_schedule(cfg.parallel.pipeline_schedule, layout.pipeline, cfg.parallel.stages_per_rank, micro_batches);
+  pipeline = std::make_unique<pp::PipelineRunner>(meshes.world->group(0), cfg.parallel.pipeline_schedule,
                                                   cfg.parallel.stages_per_rank, micro_batches);
   const std::vector<std::string> blocks = layered->unit_names();
   stage_spans = pp::split_blocks(blocks, pipeline->stages(), cfg.parallel.pipeline_split_points);
@@ -130,9 +104,9 @@ void Trainer::State::split_pipeline_stages() {
 
 // The global batch over the data-parallel ranks, in micro-batches.
 void Trainer::State::check_batch_split() {
-  check_batch(cfg, static_cast<int>(dp_size));
+  check_batch(cfg, static_cast<int>(layout.data_parallel()));
   const int64_t micro = cfg.train.micro_batch_size;
-  if (micro > 0) micro_batches = cfg.train.global_batch_size / dp_size / micro;
+  if (micro > 0) micro_batches = cfg.train.global_batch_size / layout.data_parallel() / micro;
 }
 
 // This data-parallel rank's loader over the dataset, and the layout's name.
@@ -140,16 +114,14 @@ void Trainer::State::make_loader_and_layout() {
   dataset = user.dataset;
   loader = std::make_unique<data::DataLoader>(dataset, cfg.train.global_batch_size,
                                               static_cast<uint64_t>(cfg.run.seed),
-                                              static_cast<int>(dp_rank), static_cast<int>(dp_size));
+                                              static_cast<int>(at.data_parallel), static_cast<int>(layout.data_parallel()));
   std::ostringstream text;
-  if (pp_size > 1) {
-    text << "pipeline=" << pp_size << " (" << to_string(cfg.parallel.pipeline_schedule) << ", "
+  if (layout.pipeline > 1) {
+    text << "pipeline=" << layout.pipeline << " (" << to_string(cfg.parallel.pipeline_schedule) << ", "
          << pipeline->stages() << " stages, " << micro_batches << " micro-batches) x ";
   }
-  text << fsdp::layout_name(mesh_shape) << " replicate=" << mesh_shape[0]
-       << " shard=" << mesh_shape[1];
-  if (tp_size > 1) text << " tensor=" << tp_size;
-  layout = text.str();
+  text << layout.describe();
+  layout_text = text.str();
 }
 
 // The config's model and data sections as a UserModel, from the model
@@ -185,9 +157,9 @@ void Trainer::State::build_builtin_model() {
   if (cfg.parallel.tensor > 1) {
     // The plan splits the output by vocabulary: each rank holds its slice of
     // the logits, and the cross-entropy is vocabulary-parallel.
-    comm::Group* group = &mesh->group(2);
+    comm::Group* group = &meshes.stage->group(2);
     const int64_t offset =
-        dtensor::chunk_span(cfg.model.vocab_size, cfg.parallel.tensor, mesh->coordinate(2)).offset;
+        dtensor::chunk_span(cfg.model.vocab_size, cfg.parallel.tensor, meshes.stage->coordinate(2)).offset;
     user.tensor_parallel_plan = spec.tp_plan;
     context.vocab_parallel_cross_entropy = [group, offset](const torch::Tensor& logits,
                                                            const torch::Tensor& targets) {
@@ -206,20 +178,20 @@ void Trainer::State::build_builtin_model() {
 // parallel.tensor > 1: the model's plan splits its weights over the mesh's
 // tensor axis before FSDP shards each part over the data-parallel axes.
 void Trainer::State::apply_tensor_parallel() {
-  if (tp_size == 1) return;
+  if (layout.tensor == 1) return;
   if (user.tensor_parallel_plan.empty()) {
-    throw std::invalid_argument("parallel.tensor " + std::to_string(tp_size) +
+    throw std::invalid_argument("parallel.tensor " + std::to_string(layout.tensor) +
                                 ": this model has no tensor-parallel plan (UserModel::tensor_parallel_plan)");
   }
   // A pipeline stage holds only some of the modules the plan names.
-  const tp::Plan plan = pp_size > 1 ? tp::restrict_plan(*user.module, user.tensor_parallel_plan)
+  const tp::Plan plan = layout.pipeline > 1 ? tp::restrict_plan(*user.module, user.tensor_parallel_plan)
                                     : user.tensor_parallel_plan;
-  tp_layout = tp::parallelize_module(*user.module, mesh, 2, plan);
+  tp_layout = tp::parallelize_module(*user.module, meshes.stage, 2, plan);
   if (user.init) user.init = tp::sharded_init(tp_layout, user.init);
 }
 
 // Each rank keeps its shards of the same full model: results do not depend
-// on the world size. REQUIRES: mesh, user.module.
+// on the world size. REQUIRES: meshes.stage, user.module.
 void Trainer::State::shard_model() {
   // The model is initialised on the CPU either way, so a CUDA run starts
   // from the same weights as a CPU run, then moves to the GPU.
@@ -229,17 +201,17 @@ void Trainer::State::shard_model() {
     comm::use_deterministic_cuda(cfg.train.deterministic);
     fsdp::move_to_device(*user.module, device);
   }
-  fsdp::ParallelOptions parallel = cfg.parallel;
+  fsdp::FsdpOptions parallel = parallel::fsdp_options(cfg.parallel);
   parallel.mixed_precision = cfg.train.mixed_precision;
   if (cfg.model.lora.rank > 0 && cfg.model.lora.base_dtype == "bf16") parallel.frozen_dtype = fsdp::PrecisionDtype::kBf16;
   parallel.tensor_parallel = tp_layout.params;
-  fsdp = std::make_unique<fsdp::FullyShardedModel>(user.module, mesh, parallel, user.units,
+  fsdp = std::make_unique<fsdp::FullyShardedModel>(user.module, meshes.stage, parallel, user.units,
                                                    user.init);
-  if (pp_size > 1) {
+  if (layout.pipeline > 1) {
     // Several micro-batches' forwards run before their backwards; the
     // gradient norm spans every stage.
     fsdp->set_hold_root(true);
-    fsdp->set_norm_group(&world_mesh->group(0));
+    fsdp->set_norm_group(&meshes.world->group(0));
   }
   optim = std::make_unique<optim::ShardedAdamW>(*fsdp, cfg.optim, cfg.train.steps,
                                                 optim::resolve_adamw_impl(cfg.train.optimizer_impl, device));
@@ -257,10 +229,10 @@ void Trainer::State::load_initial_weights() {
   torch::NoGradGuard no_grad;
   // A pipeline stage holds some of the model: the file's other tensors are
   // the other stages'. What this stage holds must all be there.
-  const checkpoint::ImportStats st = checkpoint::load_weights_into(sd, cfg.model.init_from, "model.", pp_size > 1);
+  const checkpoint::ImportStats st = checkpoint::load_weights_into(sd, cfg.model.init_from, "model.", layout.pipeline > 1);
   if (!st.missing.empty()) {
     throw std::invalid_argument("model.init_from " + cfg.model.init_from + " has no " +
-                                checkpoint::join_names(st.missing) + " (pipeline stage " + std::to_string(pp_rank) + ")");
+                                checkpoint::join_names(st.missing) + " (pipeline stage " + std::to_string(at.pipeline) + ")");
   }
 }
 
@@ -353,7 +325,7 @@ void Trainer::State::make_checkpoint_manager() {
   checkpoint::PosixOptions posix;
   posix.direct_io = cfg.checkpoint.direct_io;
   ckpt = std::make_unique<checkpoint::CheckpointManager>(
-      ckpt_options, (fs::path(cfg.run.dir) / "checkpoints").string(), *rt.checkpoint, layout,
+      ckpt_options, (fs::path(cfg.run.dir) / "checkpoints").string(), *rt.checkpoint, layout_text,
       hooks.storage ? hooks.storage : checkpoint::posix_storage(posix), manager_hooks);
   // The local tier is never behind the test hooks' storage (that one stands
   // for the durable file system), unless they provide one for it.
@@ -382,7 +354,7 @@ void Trainer::State::start_log(const Resumed& resumed) {
   start.resume_tier = resume_tier;
   start.resume_reason = resume_reason;
   start.world = rt.env.world_size;
-  start.layout = layout;
+  start.layout = layout_text;
   start.device = device.str();
   start.params = params_total;
   if (builtin_model) start.memory_estimate_mib = estimate_memory(cfg, rt.env.world_size).total() / 1048576.0;
@@ -400,7 +372,7 @@ void Trainer::State::print_banner(const std::optional<std::string>& resume_from,
             << (rt.env.agent_store ? ", the agent's store" : "")
             << rank0_store(rt.env)
             << (rt.env.restart_count > 0 ? ", restart " + std::to_string(rt.env.restart_count) : std::string())
-            << "), layout " << layout << ", groups train=" << rt.train->backend_name()
+            << "), layout " << layout_text << ", groups train=" << rt.train->backend_name()
             << " ckpt=" << rt.checkpoint->backend_name() << ", device " << device.str()
             << ", LibTorch " << comm::torch_version() << "\n"
             << "shardkit: model " << user.description << " " << params_total << " params"
@@ -534,11 +506,11 @@ Trainer::Trainer(const config::Config& config, comm::Runtime& runtime, UserModel
   s.shard_model();
   s.params_total = s.param_count();
   s.params_trainable = s.param_count(/*trainable_only=*/true);
-  if (s.pp_size > 1) {
+  if (s.layout.pipeline > 1) {
     // Each stage counts its own parameters; the banner shows the model's.
     torch::Tensor n = torch::tensor({static_cast<double>(s.params_total), static_cast<double>(s.params_trainable)},
                                     torch::kDouble);
-    s.world_mesh->group(0).all_reduce(n);
+    s.meshes.world->group(0).all_reduce(n);
     s.params_total = static_cast<int64_t>(n[0].item<double>());
     s.params_trainable = static_cast<int64_t>(n[1].item<double>());
   }

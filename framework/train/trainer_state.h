@@ -2,7 +2,7 @@
 // Trainer::State: what a Trainer holds, shared by the files that implement
 // it. Internal (not installed):
 //   trainer.cpp        the loop: train_step, run_step, run, evaluate, sample
-//   trainer_setup.cpp  the wiring: mesh, model (from the kind's spec), FSDP,
+//   trainer_setup.cpp  the wiring: meshes, model (from the kind's spec), FSDP,
 //                      optimizer, data, the checkpoint manager, resume, banner
 //   metrics_log.h      rank 0's console lines and metrics.jsonl
 //   state_dict.h       the state-dict items a checkpoint holds
@@ -18,6 +18,7 @@
 #include "framework/dtensor/device_mesh.h"
 #include "framework/fsdp/fully_shard.h"
 #include "framework/optim/sharded_adamw.h"
+#include "framework/parallel/mesh.h"
 #include "framework/pp/pipeline.h"
 #include "framework/tokenizer/tokenizer.h"
 #include "framework/tp/tensor_parallel.h"
@@ -76,22 +77,19 @@ struct Trainer::State {
   comm::HostMallocOutcome host_malloc = comm::HostMallocOutcome::kDefault;
   detail::Clock::time_point started = detail::Clock::now();  // this process's run: wall_s
 
-  // The mesh ({replicate, shard} or {replicate, shard, tensor}) and this
-  // rank's place in it. The ranks of a TP group train on the same batch and
-  // hold the same loss: only the first (tp_rank 0) counts it in the sums.
+  // The parallel layout (framework/parallel): every axis's degree, this
+  // rank's place on them and the meshes (meshes.stage: {replicate, shard[,
+  // tensor]}, what FSDP and TP work on; meshes.world: with the pipeline
+  // axis first). The ranks of a TP group train on the same batch and hold
+  // the same loss: only the first (at.tensor 0) counts it in the sums.
+  // Pipeline parallelism (layout.pipeline > 1): this rank's stages of the
+  // model's blocks and the schedule's runner. The last stage computes the
+  // loss: only its ranks count it in the step's sums.
   torch::Device device{torch::kCPU};  // where the model, optimizer and batches live
-  std::vector<int64_t> mesh_shape;
-  std::shared_ptr<dtensor::DeviceMesh> mesh;
-  int64_t tp_size = 1, tp_rank = 0;
-  int64_t dp_size = 1, dp_rank = 0;  // data-parallel: replicate x shard
-  std::string layout;                // "fsdp replicate=1 shard=2"
-  // Pipeline parallelism (parallel.pipeline > 1): the whole mesh {pipeline,
-  // replicate, shard[, tensor]}, of which `mesh` is this rank's stage's
-  // part; the pipeline axis's group; this rank's stages of the model's
-  // blocks and the schedule's runner. The last stage computes the loss:
-  // only its ranks count it in the step's sums.
-  int64_t pp_size = 1, pp_rank = 0;
-  std::shared_ptr<dtensor::DeviceMesh> world_mesh;
+  parallel::Layout layout;
+  parallel::Layout::Coordinates at;
+  parallel::Meshes meshes;
+  std::string layout_text;  // "fsdp replicate=1 shard=2", as the banner says it
   std::vector<pp::StageSpan> stage_spans;  // every stage's blocks
   std::shared_ptr<models::LayeredModelImpl> layered;  // the built-in model (stages run through it)
   std::unique_ptr<pp::PipelineRunner> pipeline;
@@ -137,7 +135,7 @@ struct Trainer::State {
   State(const config::Config& c, comm::Runtime& r) : cfg(c), rt(r) {}
   ~State() {
     // The hooks tensor parallelism set on the module hold the mesh's groups.
-    if (tp_size > 1 && user.module) tp::clear_hooks(*user.module);
+    if (layout.tensor > 1 && user.module) tp::clear_hooks(*user.module);
   }
 
   // Setup (trainer_setup.cpp), in the constructor's order.
@@ -172,7 +170,7 @@ struct Trainer::State {
   detail::StepStats pipeline_gradients(int64_t to_step);
   models::LayeredModelImpl::Stage stage_of(int64_t stage) const;
   torch::TensorOptions activation_options() const;
-  bool counts_loss() const { return tp_rank == 0 && pp_rank == pp_size - 1; }
+  bool counts_loss() const { return at.tensor == 0 && at.pipeline == layout.pipeline - 1; }
   double finish_gradients();
   double apply_optimizer_step(int64_t to_step);
   void log_step(const StepRecord& rec, const detail::RunSpan& span);

@@ -53,8 +53,7 @@ endforeach()
 # Headers that moved keep their old installed paths as one-line forwarding
 # headers (CMakeLists.txt, _moved_headers): each must include a header that
 # is installed, and no installed header may include a test-only seam.
-set(moved framework/dist/process_group.h framework/dist/runtime.h dist/process_group.h dist/launch_env.h
-  checkpoint/storage/checkpoint_dir.h checkpoint/storage/tiers.h framework/train/options.h)
+set(moved checkpoint/storage/checkpoint_dir.h checkpoint/storage/tiers.h framework/train/options.h)
 foreach(old ${moved})
   if(NOT EXISTS ${prefix}/include/shardkit/${old})
     message(FATAL_ERROR "packaging: the moved header's old path ${old} is not installed")

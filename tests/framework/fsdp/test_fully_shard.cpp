@@ -303,7 +303,7 @@ ScheduleRun run_chain(comm::Runtime& rt, int64_t prefetch) {
     torch::manual_seed(11);
     chain = Chain();
   }
-  fsdp::ParallelOptions options;
+  fsdp::FsdpOptions options;
   options.prefetch = prefetch;
   auto sharded = fsdp::fully_shard(chain.ptr(), mesh, options, fsdp::children_of(*chain, "layers"));
   ScheduleRun out;

@@ -248,7 +248,7 @@ TEST(LlamaMixedPrecision, GatheredParametersAreBf16AndShardsFp32) {
     }
     batches[rt.env.rank] = tokens;
     auto mesh = framework::dtensor::DeviceMesh::create(*rt.rendezvous, {1, 2}, {"replicate", "shard"});
-    framework::fsdp::ParallelOptions options;
+    framework::fsdp::FsdpOptions options;
     options.mixed_precision.param_dtype = framework::fsdp::PrecisionDtype::kBf16;
     framework::fsdp::FullyShardedModel fsdp(
         model, mesh, options, model->unit_names(),
@@ -521,7 +521,7 @@ TEST(LlamaAccumulation, HsdpAndDdpAllReduceOncePerStepAndMatchSyncingEveryMicroB
           model = models::make_model(cfg.model, false);
         }
         framework::fsdp::FullyShardedModel fsdp(
-            model, mesh, framework::fsdp::ParallelOptions{}, model->unit_names(),
+            model, mesh, framework::fsdp::FsdpOptions{}, model->unit_names(),
             [model](const std::string& n, const torch::Tensor& t) { model->init_parameter(n, t); });
         fsdp.set_schedule_logging(true);
         for (int m = 0; m < 3; ++m) {

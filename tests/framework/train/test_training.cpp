@@ -254,7 +254,7 @@ TEST(GradientClipping, ClipsByTheTrueGlobalNormAcrossShards) {
       model = models::make_model(cfg.model);
     }
     first_params[rt.env.rank] = model->parameters()[0].detach().clone();
-    framework::fsdp::FullyShardedModel fsdp(model, mesh, cfg.parallel, framework::fsdp::children_of(*model, "blocks"));
+    framework::fsdp::FullyShardedModel fsdp(model, mesh, framework::parallel::fsdp_options(cfg.parallel), framework::fsdp::children_of(*model, "blocks"));
     torch::Tensor tokens;
     {
       auto lock = testing_support::seed_global_generator(11);
@@ -293,7 +293,7 @@ TEST(FsdpMemory, PeakParamsAndGradsAreShardsPlusRootPlusOneUnit) {
     }
     first_params[rt.env.rank] = model->parameters()[0].detach().clone();
     batches[rt.env.rank] = tokens;
-    framework::fsdp::FullyShardedModel fsdp(model, mesh, cfg.parallel, framework::fsdp::children_of(*model, "blocks"));
+    framework::fsdp::FullyShardedModel fsdp(model, mesh, framework::parallel::fsdp_options(cfg.parallel), framework::fsdp::children_of(*model, "blocks"));
     fsdp.forward([&] { return model->forward(tokens); }).pow(2).mean().backward();
     fsdp.finish_backward();
     const auto& st = fsdp.memory_stats();
@@ -364,7 +364,7 @@ AdamWTrace run_sharded_adamw(const AdamWCase& c, AdamWImpl impl) {
       auto ps = model->parameters();
       for (size_t i = 0; i < ps.size(); ++i) ps[i].copy_(c.initial[i]);
     }
-    framework::fsdp::FullyShardedModel fsdp(model, mesh, c.cfg.parallel,
+    framework::fsdp::FullyShardedModel fsdp(model, mesh, framework::parallel::fsdp_options(c.cfg.parallel),
                                             framework::fsdp::children_of(*model, "blocks"));
     framework::optim::ShardedAdamW opt(fsdp, c.cfg.optim, kAdamWSteps, impl);
     std::vector<torch::Tensor> locals = fsdp.local_params();

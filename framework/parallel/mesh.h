@@ -1,0 +1,31 @@
+#pragma once
+// The device meshes of a parallel layout (layout.h), built once per run:
+// the world mesh (with the pipeline axis outermost when there is one) and
+// this rank's stage mesh, {replicate, shard} or {replicate, shard, tensor},
+// which FSDP and TP work on. A parallelism asks for its mesh here; it does
+// no mesh arithmetic of its own.
+#include "framework/dtensor/device_mesh.h"
+#include "framework/parallel/layout.h"
+
+#include <memory>
+
+namespace framework::parallel {
+
+struct Meshes {
+  // {pipeline, replicate, shard[, tensor]} with a pipeline; else the stage mesh.
+  std::shared_ptr<dtensor::DeviceMesh> world;
+  // This rank's stage: the axes the data-parallel and tensor-parallel
+  // collectives run on.
+  std::shared_ptr<dtensor::DeviceMesh> stage;
+  // The pipeline axis's group (send/recv between stages). REQUIRES:
+  // pipeline > 1.
+  comm::Group& pipeline_group() const { return world->group(0); }
+};
+
+// (all ranks of the world) Creates the meshes' process groups through
+// `rendezvous`. `channels` 2 gives every axis a second set of process groups
+// (FSDP's prefetch: all-gathers do not queue behind reduce-scatters).
+// REQUIRES: layout.world() is the rendezvous's world size.
+Meshes build_meshes(const Layout& layout, comm::Rendezvous& rendezvous, int channels);
+
+}  // namespace framework::parallel

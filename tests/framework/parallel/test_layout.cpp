@@ -1,0 +1,112 @@
+// framework/parallel: the layout's degrees resolved against a world size,
+// its rules, each rank's coordinates and the banner's names. Pure and
+// torch-free (it runs in test_config).
+#include "framework/parallel/layout.h"
+
+#include <gtest/gtest.h>
+
+#include <map>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <tuple>
+
+namespace {
+
+using framework::parallel::check_config;
+using framework::parallel::Layout;
+using framework::parallel::ParallelConfig;
+using framework::parallel::resolve;
+
+ParallelConfig degrees(int64_t replicate, int64_t shard, int64_t tensor = 1, int64_t pipeline = 1) {
+  ParallelConfig c;
+  c.replicate = replicate;
+  c.shard = shard;
+  c.tensor = tensor;
+  c.pipeline = pipeline;
+  return c;
+}
+
+std::string refusal(const ParallelConfig& c, int64_t world) {
+  try {
+    resolve(c, world);
+  } catch (const std::invalid_argument& e) {
+    return e.what();
+  }
+  return "(accepted)";
+}
+
+TEST(ParallelLayout, TheDerivedDegreeTakesWhatTheWorldLeaves) {
+  const Layout fsdp = resolve(ParallelConfig{}, 4);  // the defaults: replicate 1, shard -1
+  EXPECT_EQ(std::make_tuple(fsdp.pipeline, fsdp.replicate, fsdp.shard, fsdp.tensor), std::make_tuple(1, 1, 4, 1));
+  EXPECT_EQ(fsdp.describe(), "fsdp replicate=1 shard=4");
+  const Layout ddp = resolve(degrees(-1, 1), 4);
+  EXPECT_EQ(ddp.replicate, 4);
+  EXPECT_EQ(ddp.describe(), "ddp replicate=4 shard=1");
+  const Layout hsdp_tp = resolve(degrees(2, -1, 2), 8);
+  EXPECT_EQ(hsdp_tp.shard, 2);
+  EXPECT_EQ(hsdp_tp.data_parallel(), 4);
+  EXPECT_EQ(hsdp_tp.describe(), "hsdp+tp replicate=2 shard=2 tensor=2");
+  const Layout pp = resolve(degrees(1, -1, 2, 2), 8);
+  EXPECT_EQ(pp.stage_world(), 4);
+  EXPECT_EQ(pp.shard, 2);
+  EXPECT_EQ(pp.world(), 8);
+  EXPECT_EQ(pp.stage_shape(), (std::vector<int64_t>{1, 2, 2}));
+  EXPECT_EQ(pp.stage_axis_names(), (std::vector<std::string>{"replicate", "shard", "tensor"}));
+  EXPECT_EQ(resolve(degrees(1, 1), 1).describe(), "single replicate=1 shard=1");
+  EXPECT_EQ(resolve(degrees(1, 1, 2), 2).describe(), "tp replicate=1 shard=1 tensor=2");
+}
+
+TEST(ParallelLayout, DegreesThatDoNotFitTheWorldAreRefusedNamingTheKeys) {
+  EXPECT_EQ(refusal(degrees(1, -1, 1, 3), 4), "parallel.pipeline (3) does not divide the world size 4");
+  EXPECT_EQ(refusal(degrees(1, -1, 2), 3), "parallel.tensor (2) does not divide the world size 3");
+  EXPECT_EQ(refusal(degrees(-1, -1), 4), "parallel.replicate and parallel.shard cannot both be -1");
+  EXPECT_EQ(refusal(degrees(3, -1), 4), "parallel.replicate (3) x parallel.shard (-1) does not match the world size 4");
+  EXPECT_EQ(refusal(degrees(2, 2, 2), 4),
+            "parallel.replicate (2) x parallel.shard (2) does not match the data-parallel size 2");
+}
+
+TEST(ParallelLayout, CoordinatesPutTheTensorAxisInnermostAndThePipelineOutermost) {
+  const Layout l = resolve(degrees(2, 2, 2, 2), 16);
+  std::set<std::tuple<int64_t, int64_t, int64_t>> seen;
+  for (int64_t rank = 0; rank < l.world(); ++rank) {
+    const Layout::Coordinates c = l.coordinates(rank);
+    EXPECT_EQ(rank, (c.pipeline * l.data_parallel() + c.data_parallel) * l.tensor + c.tensor) << rank;
+    seen.insert({c.pipeline, c.data_parallel, c.tensor});
+  }
+  EXPECT_EQ(seen.size(), 16u);  // every rank its own place
+  EXPECT_EQ(l.coordinates(1).tensor, 1);  // a tensor group is consecutive ranks
+  EXPECT_EQ(l.coordinates(8).pipeline, 1);
+}
+
+TEST(ParallelLayout, RulesWithoutAWorldSizeNameEachKeyAsTheCallerDescribesIt) {
+  const auto describe = [](const std::string& path) { return path + " (from test)"; };
+  try {
+    check_config(degrees(-1, -1), describe);
+    FAIL() << "accepted both degrees derived";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_EQ(std::string(e.what()), "parallel.replicate (from test) and parallel.shard (from test) are both -1; at "
+                                     "most one degree can be derived from the world size");
+  }
+  ParallelConfig staged;
+  staged.stages_per_rank = 2;
+  try {
+    check_config(staged, describe);
+    FAIL() << "accepted stages_per_rank without a pipeline";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_EQ(std::string(e.what()), "parallel.stages_per_rank (from test) needs parallel.pipeline (from test) above 1");
+  }
+  ParallelConfig interleaved = degrees(1, -1, 1, 2);
+  interleaved.pipeline_schedule = framework::pp::Schedule::kInterleaved1F1B;
+  try {
+    check_config(interleaved, describe);
+    FAIL() << "accepted interleaved_1f1b with one stage per rank";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("parallel.pipeline_schedule (from test), parallel.stages_per_rank (from test): "),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_NO_THROW(check_config(ParallelConfig{}, describe));
+}
+
+}  // namespace
