@@ -158,10 +158,10 @@ StepStats Trainer::State::accumulate_gradients(int64_t to_step) {
 
 models::LayeredModelImpl::Stage Trainer::State::stage_of(int64_t stage) const {
   models::LayeredModelImpl::Stage out;
-  out.first = stage_spans[stage].first;
-  out.end = stage_spans[stage].end;
-  out.embed = pipeline->is_first(stage);
-  out.head = pipeline->is_last(stage);
+  out.first = pipeline.spans[stage].first;
+  out.end = pipeline.spans[stage].end;
+  out.embed = pipeline.runner->is_first(stage);
+  out.head = pipeline.runner->is_last(stage);
   return out;
 }
 
@@ -204,14 +204,14 @@ StepStats Trainer::State::pipeline_gradients(int64_t to_step) {
   pp::StageCallbacks cb;
   cb.forward = [&](int64_t stage, int64_t m, const torch::Tensor& input) {
     layered->set_stage(stage_of(stage));
-    if (!pipeline->is_last(stage)) return fsdp->forward([&] { return layered->forward(input); });
+    if (!pipeline.runner->is_last(stage)) return fsdp->forward([&] { return layered->forward(input); });
     const LossSum loss = fsdp->forward([&] { return user.loss(input, targets[m]); });
     loss_sum += loss.sum.detach().to(torch::kDouble);
     return loss.sum / global_tokens;
   };
   cb.before_backward = [&](bool last) { fsdp->set_requires_gradient_sync(last); };
   cb.after_backward = [&] { fsdp->end_micro_backward(); };
-  pipeline->run_step(inputs, {micro, host_inputs.size(1), cfg.model.d_model}, activation_options(), cb);
+  pipeline.runner->run_step(inputs, {micro, host_inputs.size(1), cfg.model.d_model}, activation_options(), cb);
   fsdp->set_requires_gradient_sync(true);
   if (!counts_loss()) loss_sum.zero_();
   rt.train->all_reduce(loss_sum);
@@ -226,7 +226,7 @@ StepRecord Trainer::train_step() {
   const int64_t step = s.step + 1;
   auto t0 = Clock::now();
   const double waited_before = s.fsdp->comm_wait_seconds();
-  const double pipeline_waited_before = s.pipeline ? s.pipeline->wait_seconds() : 0.0;
+  const double pipeline_waited_before = s.pipeline.runner ? s.pipeline.runner->wait_seconds() : 0.0;
   StepStats global;
   if (s.layout.pipeline > 1) {
     global = s.pipeline_gradients(step);
@@ -273,13 +273,13 @@ StepRecord Trainer::train_step() {
   rec.checkpoint_busy = global.ckpt_busy > 0;
   rec.step_time_s = seconds_since(t0);
   rec.comm_wait_s = s.fsdp->comm_wait_seconds() - waited_before;
-  if (s.pipeline) {
-    rec.pipeline_wait_s = s.pipeline->wait_seconds() - pipeline_waited_before;
-    rec.pipeline_peak_held = s.pipeline->peak_held();
+  if (s.pipeline.runner) {
+    rec.pipeline_wait_s = s.pipeline.runner->wait_seconds() - pipeline_waited_before;
+    rec.pipeline_peak_held = s.pipeline.runner->peak_held();
   }
-  const int64_t tokens_per_step = s.cfg.train.global_batch_size * s.dataset->seq_len();
+  const int64_t tokens_per_step = s.cfg.train.global_batch_size * s.user.dataset->seq_len();
   rec.tokens_per_s = static_cast<double>(tokens_per_step) / std::max(rec.step_time_s, 1e-9);
-  rec.mfu_percent = s.mfu.percent(rec.tokens_per_s);
+  rec.mfu_percent = s.reports.mfu.percent(rec.tokens_per_s);
   s.history.push_back(rec);
   return rec;
 }
@@ -300,7 +300,7 @@ void Trainer::State::log_step(const StepRecord& rec, const RunSpan& span) {
   progress.first_step = span.first_step;
   progress.last_step = span.last_step;
   progress.run_s = seconds_since(span.start);
-  log->step(rec, progress);
+  reports.log->step(rec, progress);
 }
 
 // One value per rank, indexed by rank (a small all-reduce, every rank).
@@ -321,26 +321,26 @@ std::vector<double> Trainer::State::gather_per_rank(double mine) {
 void Trainer::State::log_checkpoint_events() {
   const std::vector<checkpoint::CheckpointEvent> events = ckpt->take_events();
   for (const auto& ev : events) {
-    saves_failed += ev.ok ? 0 : 1;
-    last_save = ev;
-    if (!rank_events) rank_events = std::make_unique<RankEventLog>(cfg.run.dir, rt.env.rank);
-    rank_events->checkpoint(ev);
-    if (is_logger) log->checkpoint(ev, ckpt->tiered());
+    saves.failed += ev.ok ? 0 : 1;
+    saves.last = ev;
+    if (!reports.rank_events) reports.rank_events = std::make_unique<RankEventLog>(cfg.run.dir, rt.env.rank);
+    reports.rank_events->checkpoint(ev);
+    if (is_logger) reports.log->checkpoint(ev, ckpt->tiered());
   }
   // direct_io auto times each save's data file and may change its way
   // (direct_io.h): say so, after the save that changed it.
-  if (is_logger && !events.empty() && !direct_io_choice.empty()) {
+  if (is_logger && !events.empty() && !direct_io.text.empty()) {
     const bool direct = checkpoint::use_direct_io(checkpoint::DirectIo::kAuto, ckpt->dir());
-    if (direct != direct_io_direct) {
+    if (direct != direct_io.direct) {
       std::cout << "shardkit: checkpoint.direct_io auto: now " << checkpoint::describe_auto_direct_io(ckpt->dir())
                 << std::endl;
-      direct_io_direct = direct;
+      direct_io.direct = direct;
     }
   }
   for (const auto& f : ckpt->take_retention_failures()) {
     std::cerr << "shardkit: warning: checkpoint step " << f.step << " committed, but retention ("
               << f.tier << " tier, keep_last) failed on rank " << rt.env.rank << ": " << f.error << std::endl;
-    if (is_logger) log->retention_failure(f);
+    if (is_logger) reports.log->retention_failure(f);
   }
 }
 
@@ -352,7 +352,7 @@ void Trainer::State::checkpoint_if_due(StepRecord& rec, int64_t last) {
   const checkpoint::DueSave done = ckpt->save_if_due(rec.step, last, rec.stop_requested, rec.checkpoint_busy,
                                                      [this] { return make_state_dict(); });
   if (!done.warning.empty() && is_logger) std::cerr << "shardkit: warning: " << done.warning << std::endl;
-  if (done.skipped && is_logger) log->checkpoint_skipped(rec.step);
+  if (done.skipped && is_logger) reports.log->checkpoint_skipped(rec.step);
   rec.checkpoint_skipped = done.skipped;
   rec.checkpoint_started = done.started;
   rec.checkpoint_blocking_s = done.blocking_s;
@@ -373,12 +373,12 @@ void Trainer::State::finish_checkpoints() {
 
 // profile.every: a trace of the window that ended with this step.
 void Trainer::State::after_step_profile() {
-  const std::string snapshot = profiler->after_step_memory(step, span->last_step);
-  if (!snapshot.empty() && is_logger) log->memory_snapshot(step, snapshot);
-  if (!profiler->enabled()) return;
-  const std::string trace = profiler->after_step(step, span->last_step);
+  const std::string snapshot = reports.profiler->after_step_memory(step, span->last_step);
+  if (!snapshot.empty() && is_logger) reports.log->memory_snapshot(step, snapshot);
+  if (!reports.profiler->enabled()) return;
+  const std::string trace = reports.profiler->after_step(step, span->last_step);
   if (trace.empty() || !is_logger) return;
-  log->profile(std::max<int64_t>(1, step - cfg.profile.active + 1), step, StepProfiler::backend(),
+  reports.log->profile(std::max<int64_t>(1, step - cfg.profile.active + 1), step, StepProfiler::backend(),
                fs::path(trace).parent_path().string());
 }
 
@@ -417,7 +417,7 @@ std::string Trainer::sample() {
 EvalRecord Trainer::evaluate() {
   State& s = *s_;
   auto t0 = Clock::now();
-  const int64_t n = std::min(s.dataset->eval_size(), s.cfg.train.eval_samples);
+  const int64_t n = std::min(s.user.dataset->eval_size(), s.cfg.train.eval_samples);
   if (n <= 0) {
     throw std::runtime_error("train.eval_every: no held-out samples; set data.eval_fraction > 0 (or data.eval_path)");
   }
@@ -425,7 +425,7 @@ EvalRecord Trainer::evaluate() {
   const int64_t rank = s.at.data_parallel;
   const int64_t batch = s.cfg.train.global_batch_size;
   const int64_t local = batch / world;
-  const auto pad = s.dataset->eval_sample(0);  // shapes and dtypes of a sample
+  const auto pad = s.user.dataset->eval_sample(0);  // shapes and dtypes of a sample
   torch::NoGradGuard no_grad;
   torch::Tensor loss_sum = torch::zeros({}, torch::TensorOptions(torch::kDouble).device(s.device));
   torch::Tensor tokens = torch::zeros({}, torch::TensorOptions(torch::kDouble).device(s.device));
@@ -435,7 +435,7 @@ EvalRecord Trainer::evaluate() {
     for (int64_t r = 0; r < local; ++r) {
       const int64_t j = first + rank * local + r;
       if (j < n) {
-        auto [in, tgt] = s.dataset->eval_sample(j);
+        auto [in, tgt] = s.user.dataset->eval_sample(j);
         inputs.push_back(in);
         targets.push_back(tgt);
       } else {  // padding: every rank runs the same number of forwards
@@ -454,13 +454,13 @@ EvalRecord Trainer::evaluate() {
       pp::StageCallbacks cb;
       cb.forward = [&](int64_t stage, int64_t m, const torch::Tensor& input) {
         s.layered->set_stage(s.stage_of(stage));
-        if (!s.pipeline->is_last(stage)) return s.fsdp->forward([&] { return s.layered->forward(input); });
+        if (!s.pipeline.runner->is_last(stage)) return s.fsdp->forward([&] { return s.layered->forward(input); });
         const LossSum loss = s.fsdp->forward([&] { return s.user.loss(input, tgt.narrow(0, m * micro, micro)); });
         loss_sum += loss.sum.to(torch::kDouble);
         tokens += loss.count.to(torch::kDouble);
         return torch::Tensor();
       };
-      s.pipeline->run_forward(firsts, {micro, in.size(1), s.cfg.model.d_model}, s.activation_options(), cb);
+      s.pipeline.runner->run_forward(firsts, {micro, in.size(1), s.cfg.model.d_model}, s.activation_options(), cb);
       continue;
     }
     for (int64_t m = 0; m < local; m += micro) {
@@ -487,13 +487,13 @@ EvalRecord Trainer::evaluate() {
 StepRecord Trainer::run_step() {
   State& s = *s_;
   if (!s.span) s.span = RunSpan{s.step + 1, s.last_step(), Clock::now()};
-  s.profiler->before_step(s.step + 1);
+  s.reports.profiler->before_step(s.step + 1);
   StepRecord rec;
   try {
     rec = train_step();
   } catch (const c10::OutOfMemoryError&) {
     // profile.memory_snapshot: what the allocator held when it ran out.
-    const std::string snapshot = s.profiler->write_oom_snapshot(s.step + 1);
+    const std::string snapshot = s.reports.profiler->write_oom_snapshot(s.step + 1);
     if (!snapshot.empty()) {
       std::cerr << "shardkit: rank " << s.rt.env.rank << " ran out of GPU memory in step " << s.step + 1
                 << "; memory snapshot: " << snapshot << std::endl;
@@ -511,12 +511,12 @@ StepRecord Trainer::run_step() {
   const int64_t every = s.cfg.train.eval_every;
   if (every > 0 && (s.step % every == 0 || s.step == s.cfg.train.steps)) {
     const EvalRecord eval = evaluate();
-    if (s.is_logger) s.log->eval(eval);
+    if (s.is_logger) s.reports.log->eval(eval);
   }
   const int64_t sample_every = s.cfg.train.sample_every;
   if (sample_every > 0 && (s.step % sample_every == 0 || s.step == s.cfg.train.steps)) {
     const std::string text = sample();
-    if (s.is_logger) s.log->sample(s.step, s.cfg.train.sample_prompt, text);
+    if (s.is_logger) s.reports.log->sample(s.step, s.cfg.train.sample_prompt, text);
   }
   return rec;
 }
@@ -533,15 +533,15 @@ int Trainer::run() {
   s.finish_checkpoints();
   // on_error: warn kept training past failed saves; a run whose last save
   // failed has not saved where it ended, and says so in its status.
-  const bool last_save_failed = s.last_save && !s.last_save->ok;
+  const bool last_save_failed = s.saves.last && !s.saves.last->ok;
   if (s.is_logger) {
-    s.log->end(s.step, stopped_by_signal);
+    s.reports.log->end(s.step, stopped_by_signal);
     std::cout << "shardkit: " << (stopped_by_signal ? "stopped by signal" : "finished")
               << " at step " << s.step << std::endl;
     if (last_save_failed) {
-      std::cerr << "train: " << s.saves_failed << " checkpoint save(s) failed "
-                << "(checkpoint.on_error: warn), the last one too: step " << s.last_save->step
-                << " (" << s.last_save->path << "): " << s.last_save->error << std::endl;
+      std::cerr << "train: " << s.saves.failed << " checkpoint save(s) failed "
+                << "(checkpoint.on_error: warn), the last one too: step " << s.saves.last->step
+                << " (" << s.saves.last->path << "): " << s.saves.last->error << std::endl;
     }
   }
   if (last_save_failed) return 1;

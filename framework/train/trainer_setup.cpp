@@ -77,16 +77,16 @@ void Trainer::State::split_pipeline_stages() {
                                 " generates on one whole model; set it 0 with " + key);
   }
   pp::check_schedule(cfg.parallel.pipeline_schedule, layout.pipeline, cfg.parallel.stages_per_rank, micro_batches);
-  pipeline = std::make_unique<pp::PipelineRunner>(meshes.world->group(0), cfg.parallel.pipeline_schedule,
+  pipeline.runner = std::make_unique<pp::PipelineRunner>(meshes.world->group(0), cfg.parallel.pipeline_schedule,
                                                   cfg.parallel.stages_per_rank, micro_batches);
   const std::vector<std::string> blocks = layered->unit_names();
-  stage_spans = pp::split_blocks(blocks, pipeline->stages(), cfg.parallel.pipeline_split_points);
+  pipeline.spans = pp::split_blocks(blocks, pipeline.runner->stages(), cfg.parallel.pipeline_split_points);
   std::vector<std::string> mine;
   bool first = false, last = false;
-  for (int64_t stage : pipeline->local_stages()) {
-    first |= pipeline->is_first(stage);
-    last |= pipeline->is_last(stage);
-    for (int64_t b = stage_spans[stage].first; b < stage_spans[stage].end; ++b) mine.push_back(blocks[b]);
+  for (int64_t stage : pipeline.runner->local_stages()) {
+    first |= pipeline.runner->is_first(stage);
+    last |= pipeline.runner->is_last(stage);
+    for (int64_t b = pipeline.spans[stage].first; b < pipeline.spans[stage].end; ++b) mine.push_back(blocks[b]);
   }
   const auto in_any = [](const std::vector<std::string>& units, const std::string& name) {
     for (const std::string& u : units) {
@@ -109,19 +109,23 @@ void Trainer::State::check_batch_split() {
   if (micro > 0) micro_batches = cfg.train.global_batch_size / layout.data_parallel() / micro;
 }
 
-// This data-parallel rank's loader over the dataset, and the layout's name.
-void Trainer::State::make_loader_and_layout() {
-  dataset = user.dataset;
-  loader = std::make_unique<data::DataLoader>(dataset, cfg.train.global_batch_size,
+// This data-parallel rank's loader over the dataset.
+void Trainer::State::make_loader() {
+  loader = std::make_unique<data::DataLoader>(user.dataset, cfg.train.global_batch_size,
                                               static_cast<uint64_t>(cfg.run.seed),
                                               static_cast<int>(at.data_parallel), static_cast<int>(layout.data_parallel()));
+}
+
+// The layout as the banner, metrics.jsonl and the checkpoints' metadata
+// name it: "pipeline=2 (1f1b, 2 stages, 4 micro-batches) x fsdp replicate=1 shard=2".
+std::string Trainer::State::layout_text() const {
   std::ostringstream text;
   if (layout.pipeline > 1) {
     text << "pipeline=" << layout.pipeline << " (" << to_string(cfg.parallel.pipeline_schedule) << ", "
-         << pipeline->stages() << " stages, " << micro_batches << " micro-batches) x ";
+         << pipeline.runner->stages() << " stages, " << micro_batches << " micro-batches) x ";
   }
   text << layout.describe();
-  layout_text = text.str();
+  return text.str();
 }
 
 // The config's model and data sections as a UserModel, from the model
@@ -260,7 +264,7 @@ checkpoint::DcpLoadStats Trainer::State::load_dcp(const std::string& dir) {
 Trainer::State::Resumed Trainer::State::resume_or_initialise() {
   Resumed out;
   const bool lora = cfg.model.lora.rank > 0;
-  if (resume_source == ResumeSource::kDcp) {
+  if (resume.source == ResumeSource::kDcp) {
     const std::string resume = cfg.checkpoint.resume;
     // A PyTorch DCP checkpoint (torchtitan, FSDP2): model and AdamW state,
     // resharded to this world; the data position follows its step.
@@ -294,9 +298,9 @@ Trainer::State::Resumed Trainer::State::resume_or_initialise() {
       out.stats = r->stats;
       out.skipped = std::move(r->skipped);
       if (ckpt->tiered()) {
-        resume_tier = r->tier;
-        resume_reason = r->reason;
-        resume_notes = r->notes;
+        resume.tier = r->tier;
+        resume.reason = r->reason;
+        resume.notes = r->notes;
       }
     }
   }
@@ -325,7 +329,7 @@ void Trainer::State::make_checkpoint_manager() {
   checkpoint::PosixOptions posix;
   posix.direct_io = cfg.checkpoint.direct_io;
   ckpt = std::make_unique<checkpoint::CheckpointManager>(
-      ckpt_options, (fs::path(cfg.run.dir) / "checkpoints").string(), *rt.checkpoint, layout_text,
+      ckpt_options, (fs::path(cfg.run.dir) / "checkpoints").string(), *rt.checkpoint, layout_text(),
       hooks.storage ? hooks.storage : checkpoint::posix_storage(posix), manager_hooks);
   // The local tier is never behind the test hooks' storage (that one stands
   // for the durable file system), unless they provide one for it.
@@ -334,8 +338,8 @@ void Trainer::State::make_checkpoint_manager() {
   // choice is per process), not inside the first save, and say what won.
   if (!hooks.storage && posix.direct_io == checkpoint::DirectIo::kAuto) {
     const checkpoint::DirectIoProbe probe = checkpoint::cached_direct_io_probe(ckpt->dir());
-    direct_io_choice = probe.detail;
-    direct_io_direct = probe.use_direct;
+    direct_io.text = probe.detail;
+    direct_io.direct = probe.use_direct;
   }
   if (ckpt->stages(device.is_cuda())) {
     // Host (pinned, for GPU state) staging buffers now, not at the first
@@ -346,20 +350,20 @@ void Trainer::State::make_checkpoint_manager() {
 
 // Rank 0: metrics.jsonl's start record, the resume's warnings, the banner.
 void Trainer::State::start_log(const Resumed& resumed) {
-  log = std::make_unique<MetricsLog>(cfg, started);
+  reports.log = std::make_unique<MetricsLog>(cfg, started);
   RunStart start;
   start.step = step;
   start.resumed_from = resumed.from;
   start.resumed = resumed.stats;
-  start.resume_tier = resume_tier;
-  start.resume_reason = resume_reason;
+  start.resume_tier = resume.tier;
+  start.resume_reason = resume.reason;
   start.world = rt.env.world_size;
-  start.layout = layout_text;
+  start.layout = layout_text();
   start.device = device.str();
-  start.params = params_total;
+  start.params = params.total;
   if (builtin_model) start.memory_estimate_mib = estimate_memory(cfg, rt.env.world_size).total() / 1048576.0;
-  log->start(start);
-  log->resume_skipped(resumed.skipped);
+  reports.log->start(start);
+  reports.log->resume_skipped(resumed.skipped);
   print_banner(resumed.from, resumed.stats);
 }
 
@@ -372,19 +376,19 @@ void Trainer::State::print_banner(const std::optional<std::string>& resume_from,
             << (rt.env.agent_store ? ", the agent's store" : "")
             << rank0_store(rt.env)
             << (rt.env.restart_count > 0 ? ", restart " + std::to_string(rt.env.restart_count) : std::string())
-            << "), layout " << layout_text << ", groups train=" << rt.train->backend_name()
+            << "), layout " << layout_text() << ", groups train=" << rt.train->backend_name()
             << " ckpt=" << rt.checkpoint->backend_name() << ", device " << device.str()
             << ", LibTorch " << comm::torch_version() << "\n"
-            << "shardkit: model " << user.description << " " << params_total << " params"
-            << (params_trainable < params_total ? " (" + std::to_string(params_trainable) + " trainable: " +
+            << "shardkit: model " << user.description << " " << params.total << " params"
+            << (params.trainable < params.total ? " (" + std::to_string(params.trainable) + " trainable: " +
                                                       lora_description() + ")"
                                                 : std::string())
             << ", "
             << fsdp->unit_names().size() << " units, " << std::fixed << std::setprecision(2)
-            << st.sharded_param_bytes / 1048576.0 << std::defaultfloat << " MiB on this rank; data " << dataset->describe() << std::endl;
+            << st.sharded_param_bytes / 1048576.0 << std::defaultfloat << " MiB on this rank; data " << user.dataset->describe() << std::endl;
   print_run_lines();
-  if (!direct_io_choice.empty()) {
-    std::cout << "shardkit: checkpoint.direct_io auto: " << direct_io_choice << " in " << ckpt->dir() << std::endl;
+  if (!direct_io.text.empty()) {
+    std::cout << "shardkit: checkpoint.direct_io auto: " << direct_io.text << " in " << ckpt->dir() << std::endl;
   }
   if (builtin_model) {
     std::cout << "shardkit: memory estimate per rank "
@@ -400,9 +404,9 @@ void Trainer::State::print_banner(const std::optional<std::string>& resume_from,
     }
     std::cout << ")" << (cfg.checkpoint.model_only ? ", model only" : "")
               << "; continuing after step " << step << std::endl;
-    if (!resume_tier.empty()) {
-      std::cout << "shardkit: resume tier: " << resume_tier << " (" << resume_reason << ")" << std::endl;
-      for (const std::string& note : resume_notes) std::cout << "shardkit: resume: " << note << std::endl;
+    if (!resume.tier.empty()) {
+      std::cout << "shardkit: resume tier: " << resume.tier << " (" << resume.reason << ")" << std::endl;
+      for (const std::string& note : resume.notes) std::cout << "shardkit: resume: " << note << std::endl;
     }
   }
 }
@@ -431,16 +435,16 @@ void Trainer::State::print_run_lines() {
     }
   }
   std::cout << std::endl;
-  if (mfu.missing.empty()) {
-    std::cout << "shardkit: MFU against " << mfu.peak_flops / 1e12 << " TFLOP/s per device ("
-              << mfu.peak_source << "), " << std::scientific << std::setprecision(3)
-              << mfu.flops_per_token << std::defaultfloat << " FLOPs per token" << std::endl;
+  if (reports.mfu.missing.empty()) {
+    std::cout << "shardkit: MFU against " << reports.mfu.peak_flops / 1e12 << " TFLOP/s per device ("
+              << reports.mfu.peak_source << "), " << std::scientific << std::setprecision(3)
+              << reports.mfu.flops_per_token << std::defaultfloat << " FLOPs per token" << std::endl;
   } else {
-    std::cout << "shardkit: MFU not reported: " << mfu.missing << std::endl;
+    std::cout << "shardkit: MFU not reported: " << reports.mfu.missing << std::endl;
   }
-  if (profiler->enabled()) {
+  if (reports.profiler->enabled()) {
     std::cout << "shardkit: profiler traces of the last " << cfg.profile.active << " of every "
-              << cfg.profile.every << " steps (" << StepProfiler::backend() << ") in " << profiler->dir()
+              << cfg.profile.every << " steps (" << StepProfiler::backend() << ") in " << reports.profiler->dir()
               << std::endl;
   }
   if (host_malloc == comm::HostMallocOutcome::kEnvironment) {
@@ -504,23 +508,23 @@ Trainer::Trainer(const config::Config& config, comm::Runtime& runtime, UserModel
   s.split_pipeline_stages();
   s.apply_tensor_parallel();
   s.shard_model();
-  s.params_total = s.param_count();
-  s.params_trainable = s.param_count(/*trainable_only=*/true);
+  s.params.total = s.param_count();
+  s.params.trainable = s.param_count(/*trainable_only=*/true);
   if (s.layout.pipeline > 1) {
     // Each stage counts its own parameters; the banner shows the model's.
-    torch::Tensor n = torch::tensor({static_cast<double>(s.params_total), static_cast<double>(s.params_trainable)},
+    torch::Tensor n = torch::tensor({static_cast<double>(s.params.total), static_cast<double>(s.params.trainable)},
                                     torch::kDouble);
     s.meshes.world->group(0).all_reduce(n);
-    s.params_total = static_cast<int64_t>(n[0].item<double>());
-    s.params_trainable = static_cast<int64_t>(n[1].item<double>());
+    s.params.total = static_cast<int64_t>(n[0].item<double>());
+    s.params.trainable = static_cast<int64_t>(n[1].item<double>());
   }
-  s.profiler = std::make_unique<StepProfiler>(s.cfg.profile, s.cfg.run.dir, runtime.env.rank,
+  s.reports.profiler = std::make_unique<StepProfiler>(s.cfg.profile, s.cfg.run.dir, runtime.env.rank,
                                               s.device.is_cuda());
-  s.make_loader_and_layout();
-  s.mfu = mfu_basis(s.user.flops_per_token, s.cfg.train.peak_tflops, comm::cuda_device_name(s.device),
+  s.make_loader();
+  s.reports.mfu = mfu_basis(s.user.flops_per_token, s.cfg.train.peak_tflops, comm::cuda_device_name(s.device),
                     runtime.env.world_size);
-  s.resume_source = resume_source(s.cfg);
-  if (s.resume_source == ResumeSource::kAutoAfterDcp) {
+  s.resume.source = resume_source(s.cfg);
+  if (s.resume.source == ResumeSource::kAutoAfterDcp) {
     // The DCP directory was the run's initial load; it has its own now.
     s.cfg.checkpoint.resume = "auto";
   }

@@ -66,6 +66,55 @@ struct StepStats {
 constexpr int64_t kStepStatsSlots = 4;
 static_assert(sizeof(StepStats) == kStepStatsSlots * sizeof(double), "one slot per field");
 
+// What the resume chose (resume_or_initialise), for the banner and the
+// start event.
+struct ResumeChoice {
+  ResumeSource source = ResumeSource::kConfig;
+  std::string tier;  // tiers: local | durable, and why
+  std::string reason;
+  std::vector<std::string> notes;
+};
+
+// checkpoint.direct_io auto: what the probe of checkpoint.dir chose and why
+// (direct_io.h), for the banner (empty text for true and false), and
+// whether auto's latest line (the banner, or a save's) named O_DIRECT: a
+// save that changes the way (auto learns from its own files) prints a line.
+struct DirectIoChoice {
+  std::string text;
+  bool direct = false;
+};
+
+// The saves of this run that finished: how many failed (on_error: warn
+// keeps going) and the last one.
+struct SaveOutcomes {
+  int64_t failed = 0;
+  std::optional<checkpoint::CheckpointEvent> last;
+};
+
+// Every stage's parameters, unsharded (the banner), and of those what
+// trains (LoRA: the adapters).
+struct ParamCounts {
+  int64_t total = 0;
+  int64_t trainable = 0;
+};
+
+// Pipeline parallelism (layout.pipeline > 1): every stage's blocks and the
+// schedule's runner.
+struct PipelineStages {
+  std::vector<pp::StageSpan> spans;
+  std::unique_ptr<pp::PipelineRunner> runner;
+};
+
+// What a run reports as it goes: rank 0's log lines and metrics.jsonl,
+// every rank's checkpoint timeline, the profiler (profile.every) and the
+// MFU basis of the step lines.
+struct Reports {
+  std::unique_ptr<MetricsLog> log;            // rank 0 only
+  std::unique_ptr<RankEventLog> rank_events;  // every rank, from its first save
+  std::unique_ptr<StepProfiler> profiler;
+  MfuBasis mfu;
+};
+
 }  // namespace detail
 
 struct Trainer::State {
@@ -89,12 +138,9 @@ struct Trainer::State {
   parallel::Layout layout;
   parallel::Layout::Coordinates at;
   parallel::Meshes meshes;
-  std::string layout_text;  // "fsdp replicate=1 shard=2", as the banner says it
-  std::vector<pp::StageSpan> stage_spans;  // every stage's blocks
+  detail::PipelineStages pipeline;
   std::shared_ptr<models::LayeredModelImpl> layered;  // the built-in model (stages run through it)
-  std::unique_ptr<pp::PipelineRunner> pipeline;
-  int64_t params_total = 0;  // every stage's parameters, unsharded (the banner)
-  int64_t params_trainable = 0;  // of those, what trains (LoRA: the adapters)
+  detail::ParamCounts params;
   std::string lora_base;  // LoRA: the lora.base item its checkpoints carry (config/run_items.h)
 
   // The model and what trains it.
@@ -102,7 +148,6 @@ struct Trainer::State {
   tp::TensorParallelLayout tp_layout;
   std::unique_ptr<fsdp::FullyShardedModel> fsdp;
   std::unique_ptr<optim::ShardedAdamW> optim;
-  std::shared_ptr<data::Dataset> dataset;
   std::unique_ptr<data::DataLoader> loader;
   std::unique_ptr<tokenizer::Tokenizer> tokenizer;  // data.tokenizer, loaded at the first sample
   int64_t micro_batches = 1;  // per step and rank (train.micro_batch_size)
@@ -111,26 +156,13 @@ struct Trainer::State {
   int64_t step = 0;
   std::vector<StepRecord> history;
   std::optional<detail::RunSpan> span;  // of the run() (or run_step() calls) in progress
-  std::unique_ptr<StepProfiler> profiler;  // profile.every
-  std::unique_ptr<MetricsLog> log;         // rank 0 only
-  std::unique_ptr<RankEventLog> rank_events;  // every rank: its checkpoints' timeline
-  MfuBasis mfu;
+  detail::Reports reports;
 
   // Checkpoints.
   std::unique_ptr<checkpoint::CheckpointManager> ckpt;
-  ResumeSource resume_source = ResumeSource::kConfig;
-  std::string resume_tier;  // tiers: local | durable, and why
-  std::string resume_reason;
-  std::vector<std::string> resume_notes;
-  // checkpoint.direct_io auto: what the probe of checkpoint.dir chose and
-  // why (direct_io.h), for the banner; empty for true and false.
-  std::string direct_io_choice;
-  // Whether auto's latest line (the banner, or a save's) named O_DIRECT: a
-  // save that changes the way (direct_io.h: auto learns from its own files)
-  // prints a line.
-  bool direct_io_direct = false;
-  int64_t saves_failed = 0;  // this run, kept going by on_error: warn
-  std::optional<checkpoint::CheckpointEvent> last_save;
+  detail::ResumeChoice resume;
+  detail::DirectIoChoice direct_io;
+  detail::SaveOutcomes saves;
 
   State(const config::Config& c, comm::Runtime& r) : cfg(c), rt(r) {}
   ~State() {
@@ -145,7 +177,8 @@ struct Trainer::State {
   void split_pipeline_stages();
   void apply_tensor_parallel();
   void shard_model();
-  void make_loader_and_layout();
+  void make_loader();
+  std::string layout_text() const;  // "fsdp replicate=1 shard=2", as the banner says it
   void make_checkpoint_manager();
   // What the constructor resumed from (from: nothing, a fresh start).
   struct Resumed {
