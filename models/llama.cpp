@@ -2,6 +2,7 @@
 
 #include "comm/torch_compat.h"
 #include "models/forward_hooks.h"
+#include "models/lora_names.h"
 
 #include <algorithm>
 #include <cmath>
@@ -30,9 +31,7 @@ bool ends_with(const std::string& s, const std::string& tail) {
 
 }  // namespace
 
-bool is_lora_parameter(const std::string& name) {
-  return name.find(".lora_A.") != std::string::npos || name.find(".lora_B.") != std::string::npos;
-}
+bool is_lora_parameter(const std::string& name) { return lora_parameter(name).has_value(); }
 
 RMSNormImpl::RMSNormImpl(int64_t dim, double eps, bool materialize)
     : eps_(eps), weight_(register_parameter("weight", make_param({dim}, materialize))) {}

@@ -48,6 +48,14 @@ struct LoraInfo {
   std::string base_hash;
 };
 
+// One of a LoRA run's adapter tensors (RunAdapter::lora_tensor): the model
+// parameter it changes and which factor it is (A [rank, in] or B [out,
+// rank]; the merged weight is W + alpha / rank x B A).
+struct LoraTensor {
+  std::string target;
+  bool is_a = false;
+};
+
 // What checkpoint/ does not know of the run that wrote a checkpoint. To
 // this library the run's settings are bytes items like any other; a run
 // adapter, implemented above it, reads them: the trainer's
@@ -80,6 +88,10 @@ class RunAdapter {
   virtual std::optional<LoraInfo> lora(const ReadBytesItem& /*read*/, const std::string& /*where*/) const {
     return std::nullopt;
   }
+  // Whether model parameter `parameter` (a model.* item without its
+  // prefix) is a LoRA adapter tensor, and of which parameter; nullopt for
+  // any other (the model's own naming: checkpoint/ knows none).
+  virtual std::optional<LoraTensor> lora_tensor(const std::string& /*parameter*/) const { return std::nullopt; }
 };
 
 struct ExportOptions {

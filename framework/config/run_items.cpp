@@ -4,6 +4,7 @@
 #include "checkpoint/interop/hf.h"
 #include "framework/config/config.h"
 #include "models/hf_adapter.h"
+#include "models/lora_names.h"
 
 #include <nlohmann/json.hpp>
 
@@ -58,6 +59,12 @@ class TrainerRunAdapter : public checkpoint::RunAdapter {
     const std::optional<Config> cfg = saved_config(read, where);
     if (!cfg || cfg->data.tokenizer == "bytes") return "";
     return cfg->data.tokenizer;
+  }
+
+  std::optional<checkpoint::LoraTensor> lora_tensor(const std::string& parameter) const override {
+    const std::optional<models::LoraParameter> p = models::lora_parameter(parameter);
+    if (!p) return std::nullopt;
+    return checkpoint::LoraTensor{p->target, p->is_a};
   }
 
   std::optional<checkpoint::LoraInfo> lora(const ReadBytesItem& read, const std::string& where) const override {

@@ -1,6 +1,7 @@
 // framework/config: YAML -> Config, validation messages, --set overrides,
 // to_yaml round trips, and the repository's configs/*.yaml.
 #include "framework/config/config.h"
+#include "framework/config/run_items.h"
 #include "support/paths.h"
 
 #include <gtest/gtest.h>
@@ -756,4 +757,21 @@ TEST(ConfigReference, DocsTableMatchesTheSchema) {
   EXPECT_EQ(page.substr(b + begin.size(), e - b - begin.size()),
             framework::config::reference_markdown())
       << "regenerate the table in docs/config-reference.md with: build/train --config-reference";
+}
+
+// The exports (checkpoint/interop/export_lora.cpp) know a LoRA adapter's
+// tensors only through the run adapter: which weight each changes and
+// which factor it is.
+TEST(RunAdapter, NamesEachLoraTensorByTheWeightItChangesAndItsFactor) {
+  const std::shared_ptr<const checkpoint::RunAdapter> run = framework::config::make_run_adapter();
+  const std::optional<checkpoint::LoraTensor> a = run->lora_tensor("layers.3.attn.q_proj.lora_A.weight");
+  ASSERT_TRUE(a.has_value());
+  EXPECT_EQ(a->target, "layers.3.attn.q_proj.weight");
+  EXPECT_TRUE(a->is_a);
+  const std::optional<checkpoint::LoraTensor> b = run->lora_tensor("layers.0.mlp.down_proj.lora_B.weight");
+  ASSERT_TRUE(b.has_value());
+  EXPECT_EQ(b->target, "layers.0.mlp.down_proj.weight");
+  EXPECT_FALSE(b->is_a);
+  EXPECT_FALSE(run->lora_tensor("layers.0.attn.q_proj.weight").has_value());
+  EXPECT_FALSE(run->lora_tensor("embed.weight").has_value());
 }
