@@ -12,6 +12,7 @@
 #include "checkpoint/codec/chunk_reader.h"
 #include "checkpoint/format/metadata.h"
 #include "checkpoint/interop/export.h"
+#include "checkpoint/interop/streaming.h"
 #include "checkpoint/interop/weights_file.h"
 #include "checkpoint/storage/storage.h"
 
