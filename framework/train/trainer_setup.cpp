@@ -77,7 +77,7 @@ void Trainer::State::split_pipeline_stages() {
                                 " generates on one whole model; set it 0 with " + key);
   }
   pp::check_schedule(cfg.parallel.pipeline_schedule, layout.pipeline, cfg.parallel.stages_per_rank, micro_batches);
-  pipeline.runner = std::make_unique<pp::PipelineRunner>(meshes.world->group(0), cfg.parallel.pipeline_schedule,
+  pipeline.runner = std::make_unique<pp::PipelineRunner>(meshes.pipeline_group(), cfg.parallel.pipeline_schedule,
                                                   cfg.parallel.stages_per_rank, micro_batches);
   const std::vector<std::string> blocks = layered->unit_names();
   pipeline.spans = pp::split_blocks(blocks, pipeline.runner->stages(), cfg.parallel.pipeline_split_points);
@@ -215,7 +215,7 @@ void Trainer::State::shard_model() {
     // Several micro-batches' forwards run before their backwards; the
     // gradient norm spans every stage.
     fsdp->set_hold_root(true);
-    fsdp->set_norm_group(&meshes.world->group(0));
+    fsdp->set_norm_group(&meshes.pipeline_group());
   }
   optim = std::make_unique<optim::ShardedAdamW>(*fsdp, cfg.optim, cfg.train.steps,
                                                 optim::resolve_adamw_impl(cfg.train.optimizer_impl, device));
@@ -514,7 +514,7 @@ Trainer::Trainer(const config::Config& config, comm::Runtime& runtime, UserModel
     // Each stage counts its own parameters; the banner shows the model's.
     torch::Tensor n = torch::tensor({static_cast<double>(s.params.total), static_cast<double>(s.params.trainable)},
                                     torch::kDouble);
-    s.meshes.world->group(0).all_reduce(n);
+    s.meshes.pipeline_group().all_reduce(n);
     s.params.total = static_cast<int64_t>(n[0].item<double>());
     s.params.trainable = static_cast<int64_t>(n[1].item<double>());
   }
