@@ -125,13 +125,7 @@ ModelSpec stacked_spec(bool gpt) {
   spec.kind = gpt ? "gpt" : "mlp";
   spec.description = gpt ? "GPT-2 style: learned positions, LayerNorm, multi-head attention, GELU MLP"
                          : "residual MLP blocks (no attention), learned positions";
-  spec.build = [gpt](const ModelOptions& o, bool) {
-    if (o.lora.rank > 0) {
-      throw std::invalid_argument("model.lora.rank " + std::to_string(o.lora.rank) + " needs model.kind llama, not " +
-                                  o.kind);
-    }
-    return build_stacked(o, gpt);
-  };
+  spec.build = [gpt](const ModelOptions& o, bool) { return build_stacked(o, gpt); };
   spec.size = [gpt](const ModelOptions& o) { return stacked_size(o, gpt); };
   spec.flops_per_token = [gpt](const ModelOptions& o) {
     const double d = static_cast<double>(o.d_model);
@@ -263,6 +257,18 @@ const ModelSpec& find_model_spec(const std::string& kind) {
   throw std::invalid_argument("model.kind '" + kind + "' is not a registered model (" + known + ")");
 }
 
+void check_tensor_parallel_plan(const ModelOptions& o, int64_t tensor) {
+  if (tensor <= 1 || !find_model_spec(o.kind).tp_plan.empty()) return;
+  throw std::invalid_argument("parallel.tensor " + std::to_string(tensor) + " needs model.kind llama (model.kind is " +
+                              o.kind + ", which has no tensor-parallel plan)");
+}
+
+void check_lora_support(const ModelOptions& o) {
+  if (o.lora.rank <= 0 || o.kind == "llama") return;
+  throw std::invalid_argument("model.lora.rank " + std::to_string(o.lora.rank) + " needs model.kind llama, not " +
+                              o.kind);
+}
+
 std::vector<std::string> registered_model_kinds() {
   SpecRegistry& r = spec_registry();
   std::lock_guard<std::mutex> lock(r.mutex);
@@ -284,6 +290,7 @@ void validate_model_options(const ModelOptions& o) {
 
 std::shared_ptr<LayeredModelImpl> make_model(const ModelOptions& options, bool materialize) {
   validate_model_options(options);
+  check_lora_support(options);
   return find_model_spec(options.kind).build(options, materialize);
 }
 

@@ -127,6 +127,16 @@ void register_model_spec(ModelSpec spec);
 const ModelSpec& find_model_spec(const std::string& kind);
 bool has_model_spec(const std::string& kind);
 
+// parallel.tensor `tensor` above 1 needs the kind's tensor-parallel plan
+// (ModelSpec::tp_plan; of the built-in kinds, llama's). Throws
+// std::invalid_argument naming both keys; the kind's head rules under TP
+// are check_model_options'.
+void check_tensor_parallel_plan(const ModelOptions& options, int64_t tensor);
+
+// model.lora.rank above 0 needs a kind with LoRA adapters (llama). Throws
+// std::invalid_argument naming both keys. make_model and preflight call it.
+void check_lora_support(const ModelOptions& options);
+
 // Every registered kind, sorted: the built-in gpt, llama and mlp, and yours.
 std::vector<std::string> registered_model_kinds();
 

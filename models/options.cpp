@@ -48,8 +48,9 @@ void check_gpt(const ModelOptions& o, int64_t, const KeyNamer& name) { check_hea
 
 void check_lora(const ModelOptions& o, const KeyNamer& name) {
   const LoraOptions& l = o.lora;
-  if (l.rank < 0) refuse(name("model.lora.rank", text(l.rank)) + " must be >= 0 (0: LoRA off)");
-  if (l.rank == 0) return;
+  // rank's range (>= 0, 0: off) is the config schema's; a rank below 1 is
+  // off. Which kinds take adapters is check_lora_support's (model_spec.h).
+  if (l.rank <= 0) return;
   if (l.alpha <= 0) refuse(name("model.lora.alpha", text(l.alpha)) + " must be positive");
   if (l.dropout < 0 || l.dropout >= 1) refuse(name("model.lora.dropout", text(l.dropout)) + " must be in [0, 1)");
   try {

@@ -11,6 +11,10 @@
 #include <cstdio>
 #include <cstring>
 #include <memory>
+#include <stdexcept>
+
+#include <sys/stat.h>
+#include <unistd.h>
 #include <sstream>
 
 namespace framework::data {
@@ -29,7 +33,34 @@ std::vector<uint8_t> read_file(const std::string& path) {
   return bytes;
 }
 
+[[noreturn]] void refuse(const std::string& message) { throw std::invalid_argument(message); }
+
+std::string quoted(const std::string& path) { return "'" + path + "'"; }
+
 }  // namespace
+
+void check_text_file(const std::string& path, int64_t seq_len, double eval_fraction) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) refuse("data.path: cannot open " + quoted(path) + ": " + std::strerror(errno));
+  if (S_ISDIR(st.st_mode)) refuse("data.path: " + quoted(path) + " is a directory, not a text file");
+  if (!S_ISREG(st.st_mode)) refuse("data.path: " + quoted(path) + " is not a regular file");
+  if (::access(path.c_str(), R_OK) != 0) refuse("data.path: cannot read " + quoted(path) + ": " + std::strerror(errno));
+  const auto size = static_cast<int64_t>(st.st_size);
+  const int64_t need = seq_len + 1;
+  if (size < need) {
+    refuse("data.path: " + quoted(path) + " has " + std::to_string(size) + " bytes; model.seq_len " +
+           std::to_string(seq_len) + " needs at least " + std::to_string(need));
+  }
+  if (eval_fraction <= 0) return;
+  const auto held_out = static_cast<int64_t>(static_cast<double>(size) * eval_fraction);
+  if (held_out < need || size - held_out < need) {
+    std::ostringstream fraction;
+    fraction << eval_fraction;
+    refuse("data.eval_fraction " + fraction.str() + " splits " + quoted(path) + " (" + std::to_string(size) +
+           " bytes) into " + std::to_string(size - held_out) + " training and " + std::to_string(held_out) +
+           " held-out bytes; each part needs at least model.seq_len + 1 = " + std::to_string(need));
+  }
+}
 
 TextDataset::TextDataset(const std::string& path, int64_t seq_len, uint64_t seed,
                          double eval_fraction, const std::string& tokenizer, int64_t vocab_limit)

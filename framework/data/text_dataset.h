@@ -11,6 +11,12 @@
 
 namespace framework::data {
 
+// A text file's rules, from its size alone (nothing is read): data.path is
+// a readable regular file of at least seq_len + 1 bytes, and eval_fraction
+// leaves both parts that long. Throws std::invalid_argument naming the key,
+// the file and the sizes. Preflight runs it before any rank reads the file.
+void check_text_file(const std::string& path, int64_t seq_len, double eval_fraction);
+
 class TextDataset : public Dataset {
  public:
   static constexpr int64_t kVocabSize = 256;

@@ -51,6 +51,23 @@ Layout resolve(const ParallelConfig& config, int64_t world) {
   return layout;
 }
 
+int64_t split_batch(const ParallelConfig& config, const Layout& layout, int64_t global_batch, int64_t micro_batch) {
+  const int64_t ranks = layout.data_parallel();
+  if (global_batch % ranks != 0) {
+    refuse("train.global_batch_size (" + text(global_batch) + ") must be divisible by the data-parallel ranks (" +
+           text(ranks) + ")");
+  }
+  if (micro_batch > 0 && global_batch % (micro_batch * ranks) != 0) {
+    refuse("train.global_batch_size (" + text(global_batch) + ") must be divisible by train.micro_batch_size (" +
+           text(micro_batch) + ") x data-parallel ranks (" + text(ranks) + ")");
+  }
+  const int64_t micro_batches = micro_batch > 0 ? global_batch / ranks / micro_batch : 1;
+  if (layout.pipeline > 1) {
+    pp::check_schedule(config.pipeline_schedule, layout.pipeline, config.stages_per_rank, micro_batches);
+  }
+  return micro_batches;
+}
+
 void check_config(const ParallelConfig& config, const std::function<std::string(const std::string&)>& describe) {
   if (config.replicate == -1 && config.shard == -1) {
     refuse(describe("parallel.replicate") + " and " + describe("parallel.shard") +

@@ -100,6 +100,15 @@ fsdp::FsdpOptions fsdp_options(const ParallelConfig& config);
 // the size they do not divide or match.
 Layout resolve(const ParallelConfig& config, int64_t world);
 
+// The global batch over a layout's data-parallel ranks: an even split and,
+// with a micro-batch size (train.micro_batch_size; 0: none), whole
+// micro-batches of it; a pipeline's schedule gets enough of them
+// (pp::check_schedule). Returns the micro-batches per step (1 without a
+// micro-batch size). Throws std::invalid_argument naming the keys and the
+// values. The train command's dry run and preflight call it before any rank
+// starts, the Trainer when it builds its mesh.
+int64_t split_batch(const ParallelConfig& config, const Layout& layout, int64_t global_batch, int64_t micro_batch);
+
 // The rules that need no world size, run when the config is loaded.
 // `describe(path)` is how a key is named in the message ("parallel.shard
 // (-1, configs/x.yaml:4)"); throws std::invalid_argument.

@@ -14,6 +14,7 @@
 #include "comm/launch_env.h"
 #include "framework/tokenizer/tokenizer.h"
 #include "framework/data/dataset.h"
+#include "framework/data/text_dataset.h"
 #include "comm/device.h"
 #include "framework/fsdp/fully_shard.h"
 #include "framework/optim/sharded_adamw.h"
@@ -84,31 +85,11 @@ void check_writable_dir(const std::string& key, const std::string& dir) {
 
 void check_data(const config::Config& cfg) {
   if (cfg.data.kind == data::DataKind::kText) {
-    const std::string& path = cfg.data.path;
-    struct stat st {};
-    if (::stat(path.c_str(), &st) != 0)
-      fail("data.path: cannot open " + quoted(path) + ": " + std::strerror(errno));
-    if (S_ISDIR(st.st_mode)) fail("data.path: " + quoted(path) + " is a directory, not a text file");
-    if (!S_ISREG(st.st_mode)) fail("data.path: " + quoted(path) + " is not a regular file");
-    if (::access(path.c_str(), R_OK) != 0)
-      fail("data.path: cannot read " + quoted(path) + ": " + std::strerror(errno));
-    const int64_t need = cfg.model.seq_len + 1;
-    if (static_cast<int64_t>(st.st_size) < need)
-      fail("data.path: " + quoted(path) + " has " + std::to_string(st.st_size) +
-           " bytes; model.seq_len " + std::to_string(cfg.model.seq_len) + " needs at least " +
-           std::to_string(need));
-  }
-  if (cfg.data.kind == data::DataKind::kText && cfg.data.eval_fraction > 0) {
-    struct stat st {};
-    ::stat(cfg.data.path.c_str(), &st);
-    const auto size = static_cast<int64_t>(st.st_size);
-    const auto held_out = static_cast<int64_t>(static_cast<double>(size) * cfg.data.eval_fraction);
-    const int64_t need = cfg.model.seq_len + 1;
-    if (held_out < need || size - held_out < need)
-      fail("data.eval_fraction " + [&] { std::ostringstream o; o << cfg.data.eval_fraction; return o.str(); }() + " splits " +
-           quoted(cfg.data.path) + " (" + std::to_string(size) + " bytes) into " +
-           std::to_string(size - held_out) + " training and " + std::to_string(held_out) +
-           " held-out bytes; each part needs at least model.seq_len + 1 = " + std::to_string(need));
+    try {
+      data::check_text_file(cfg.data.path, cfg.model.seq_len, cfg.data.eval_fraction);
+    } catch (const std::invalid_argument& e) {
+      fail(e.what());
+    }
   }
   const bool tokenizer = !cfg.data.tokenizer.empty() && cfg.data.tokenizer != "bytes";
   if (tokenizer && cfg.data.kind == data::DataKind::kSynthetic)
@@ -485,40 +466,23 @@ MemoryEstimate estimate_memory(const config::Config& cfg, int world_size) {
   return m;
 }
 
-void check_batch(const config::Config& cfg, int world_size) {
-  const int64_t micro = cfg.train.micro_batch_size;
-  const int64_t global = cfg.train.global_batch_size;
-  if (global % world_size != 0) {
-    fail("train.global_batch_size (" + std::to_string(global) +
-         ") must be divisible by the data-parallel ranks (" + std::to_string(world_size) + ")");
-  }
-  if (micro > 0 && global % (micro * world_size) != 0) {
-    fail("train.global_batch_size (" + std::to_string(global) +
-         ") must be divisible by train.micro_batch_size (" + std::to_string(micro) +
-         ") x data-parallel ranks (" + std::to_string(world_size) + ")");
-  }
+void check_pipeline_sampling(const config::Config& cfg) {
+  if (cfg.parallel.pipeline <= 1 || cfg.train.sample_every <= 0) return;
+  fail("train.sample_every " + std::to_string(cfg.train.sample_every) +
+       " generates on one whole model; set it 0 with parallel.pipeline " + std::to_string(cfg.parallel.pipeline));
 }
 
-void check_tensor_parallel_model(const config::Config& cfg) {
-  if (cfg.parallel.tensor <= 1) return;
-  if (!models::find_model_spec(cfg.model.kind).tp_plan.empty()) return;
-  fail("parallel.tensor " + std::to_string(cfg.parallel.tensor) + " needs model.kind llama (model.kind is " +
-       cfg.model.kind + ", which has no tensor-parallel plan)");
-}
-
-void check_pipeline(const config::Config& cfg, int world_size) {
+void check_parallel(const config::Config& cfg, int world_size) {
   const auto& par = cfg.parallel;
-  if (par.pipeline <= 1) return;
-  const std::string key = "parallel.pipeline " + std::to_string(par.pipeline);
-  const models::ModelSpec& spec = models::find_model_spec(cfg.model.kind);
-  if (!spec.embeds_parameter) fail(key + ": model.kind " + cfg.model.kind + " has no pipeline split");
-  if (cfg.train.sample_every > 0) {
-    fail("train.sample_every " + std::to_string(cfg.train.sample_every) + " generates on one whole model; set it 0 with " + key);
-  }
   try {
-    const int64_t local = cfg.train.global_batch_size / parallel::resolve(par, world_size).data_parallel();
-    const int64_t micro = cfg.train.micro_batch_size > 0 ? local / cfg.train.micro_batch_size : 1;
-    pp::check_schedule(par.pipeline_schedule, par.pipeline, par.stages_per_rank, micro);
+    const parallel::Layout layout = parallel::resolve(par, world_size);
+    models::check_tensor_parallel_plan(cfg.model, layout.tensor);
+    parallel::split_batch(par, layout, cfg.train.global_batch_size, cfg.train.micro_batch_size);
+    if (layout.pipeline == 1) return;
+    const std::string key = "parallel.pipeline " + std::to_string(par.pipeline);
+    const models::ModelSpec& spec = models::find_model_spec(cfg.model.kind);
+    if (!spec.embeds_parameter) fail(key + ": model.kind " + cfg.model.kind + " has no pipeline split");
+    check_pipeline_sampling(cfg);
     // The blocks by name, from the model built without storage (llama) or
     // its block count: what the split points must name.
     std::vector<std::string> blocks;
@@ -609,14 +573,11 @@ PreflightReport preflight(const config::Config& cfg, int world_size, int local_r
   PreflightReport report;
   check_directories(cfg);
   check_optimizer(cfg);
+  check_parallel(cfg, world_size);
   try {
-    check_batch(cfg, static_cast<int>(parallel::resolve(cfg.parallel, world_size).data_parallel()));
+    models::check_lora_support(cfg.model);
   } catch (const std::invalid_argument& e) {
     fail(e.what());
-  }
-  check_pipeline(cfg, world_size);
-  if (cfg.model.lora.rank > 0 && cfg.model.kind != "llama") {
-    fail("model.lora.rank " + std::to_string(cfg.model.lora.rank) + " needs model.kind llama, not " + cfg.model.kind);
   }
   check_data(cfg);
   report.memory = estimate_memory(cfg, world_size);

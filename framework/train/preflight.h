@@ -52,21 +52,19 @@ struct MemoryEstimate {
 
 MemoryEstimate estimate_memory(const config::Config& cfg, int world_size);
 
-// train.global_batch_size against the data-parallel ranks (`world_size`)
-// and train.micro_batch_size. Throws PreflightError naming the values. The
-// train command's dry run and preflight call it before any rank starts, the
-// Trainer when it builds its mesh.
-void check_batch(const config::Config& cfg, int world_size);
-
-// parallel.tensor above 1 with the config's model: its kind's spec must
-// have a tensor-parallel plan (models::ModelSpec::tp_plan; of the built-in
-// kinds, llama's). Throws PreflightError naming both keys. The dry run and
-// the Trainer (building the config's model) call it.
-void check_tensor_parallel_model(const config::Config& cfg);
-// parallel.pipeline > 1: the model kind splits, the schedule's micro-batch
-// rule at this world size, the split points name blocks. Exits through the
-// same error as check_batch, naming the key.
-void check_pipeline(const config::Config& cfg, int world_size);
+// The config's parallel layout for a job of `world_size` ranks, with the
+// config's model and batch: the degrees (parallel::resolve), the model
+// kind's tensor-parallel plan (models::check_tensor_parallel_plan), the
+// batch's split (parallel::split_batch: data-parallel ranks, micro-batches,
+// the pipeline schedule's rule) and, with a pipeline, that the kind splits
+// into stages at parallel.pipeline_split_points. Throws PreflightError
+// naming the keys and values. The dry run and preflight call it before any
+// rank starts; each rule lives where it is named.
+void check_parallel(const config::Config& cfg, int world_size);
+// train.sample_every with parallel.pipeline above 1: no rank holds the
+// whole model to generate from. Throws PreflightError naming both keys;
+// check_parallel and the Trainer (splitting its stages) call it.
+void check_pipeline_sampling(const config::Config& cfg);
 
 // "412.3 MiB (params 10.0 MiB, grads 10.0 MiB, optimizer 20.0 MiB, ...)"
 std::string describe(const MemoryEstimate& m);

@@ -131,10 +131,8 @@ int dry_run(const framework::config::Config& cfg, int nproc) {
   }
   framework::parallel::Layout layout;
   try {
+    framework::train::check_parallel(cfg, world);
     layout = framework::parallel::resolve(cfg.parallel, world);
-    framework::train::check_tensor_parallel_model(cfg);
-    framework::train::check_batch(cfg, static_cast<int>(layout.data_parallel()));
-    framework::train::check_pipeline(cfg, world);
   } catch (const std::exception& e) {
     std::cerr << "train: " << e.what() << std::endl;
     return 2;

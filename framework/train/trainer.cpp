@@ -29,6 +29,7 @@ namespace fs = std::filesystem;
 using checkpoint::seconds_since;
 using detail::Clock;
 using detail::LocalLoss;
+using detail::MicroBatches;
 using detail::RunSpan;
 using detail::StepStats;
 using detail::kStepStatsSlots;
@@ -93,17 +94,6 @@ int64_t Trainer::State::last_step() const {
   return tc.stop_at > 0 ? std::min(tc.stop_at, tc.steps) : tc.steps;
 }
 
-LocalLoss Trainer::State::forward_next_batch() {
-  auto [host_inputs, host_targets] = [&] {
-    RECORD_USER_SCOPE("shardkit::data");
-    return loader->next();
-  }();
-  torch::Tensor inputs = host_inputs.to(device);
-  torch::Tensor targets = host_targets.to(device);
-  const LossSum loss = fsdp->forward([&] { return user.loss(inputs, targets); });
-  return {loss.sum, loss.count};
-}
-
 // After backward: FSDP's last reduce-scatters, then clipping by the global
 // norm. Returns the norm before clipping (0 with train.grad_clip off).
 double Trainer::State::finish_gradients() {
@@ -122,38 +112,72 @@ double Trainer::State::apply_optimizer_step(int64_t to_step) {
   return lr;
 }
 
-// Gradient accumulation (train.micro_batch_size): the step's global token
-// count first, in the step's all-reduce with the stop and busy flags (each
-// micro-batch's loss is normalised by it, so the gradient does not depend
-// on the micro-batch size); then each micro-batch's forward and backward
-// (FSDP reduce-scatters each; DDP all-reduces only the last); then the
-// loss sum for the log, in a second small all-reduce.
-StepStats Trainer::State::accumulate_gradients(int64_t to_step) {
-  auto [host_inputs, host_targets] = loader->next();
-  const int64_t rows = host_inputs.size(0);
-  const int64_t micro = cfg.train.micro_batch_size;
-  LocalLoss counted{torch::zeros({}, torch::TensorOptions(torch::kDouble).device(device)),
-                    (host_targets != data::kIgnoreIndex).sum().to(device)};
-  torch::Tensor stats =
-      pack_step_stats(counted, stop_signal().load() != 0, ckpt->busy(), device, at.tensor == 0);
-  test_seam::before_step(to_step, rt.env.rank);
-  rt.train->all_reduce(stats);
-  StepStats global = unpack_step_stats(stats);
-  const double global_tokens = std::max(1.0, global.tokens);
-  torch::Tensor loss_sum = torch::zeros({1}, torch::TensorOptions(torch::kDouble).device(device));
-  for (int64_t first = 0; first < rows; first += micro) {
-    fsdp->set_requires_gradient_sync(first + micro >= rows);
-    torch::Tensor inputs = host_inputs.narrow(0, first, micro).to(device);
-    torch::Tensor targets = host_targets.narrow(0, first, micro).to(device);
-    const LossSum loss = fsdp->forward([&] { return user.loss(inputs, targets); });
-    (loss.sum / global_tokens).backward();
-    fsdp->finish_backward();
-    loss_sum += loss.sum.detach().to(torch::kDouble);
+// The step's gradients, one path for every layout. First the step's small
+// all-reduce: the global count of targets that count, and whether any rank
+// was asked to stop or is still saving (its host read is the step's first).
+// Each micro-batch's loss is normalised by that count, so the gradient is the
+// global mean's at any world size and micro-batch size. Then the
+// micro-batches' forwards and backwards as the layout runs them
+// (run_micro_batches), then the loss sum for the log, in a second small
+// all-reduce, counted once per tensor-parallel group (by the last stage).
+StepStats Trainer::State::compute_gradients(int64_t to_step) {
+  auto [host_inputs, host_targets] = [&] {
+    RECORD_USER_SCOPE("shardkit::data");
+    return loader->next();
+  }();
+  MicroBatches batches;
+  const int64_t micro = host_inputs.size(0) / micro_batches;
+  for (int64_t m = 0; m < micro_batches; ++m) {
+    batches.inputs.push_back(host_inputs.narrow(0, m * micro, micro).to(device));
+    batches.targets.push_back(host_targets.narrow(0, m * micro, micro).to(device));
   }
-  if (at.tensor != 0) loss_sum.zero_();  // the first rank of the TP group counts it
+  const LocalLoss counted{torch::zeros({}, torch::TensorOptions(torch::kDouble).device(device)),
+                          (host_targets != data::kIgnoreIndex).sum().to(device)};
+  StepStats global;
+  {
+    // Every rank leaves this all-reduce at about the same time: a profile's
+    // common origin for the ranks' timelines (bench/pipeline_schedules.py).
+    RECORD_USER_SCOPE("shardkit::step_stats");
+    torch::Tensor stats = pack_step_stats(counted, stop_signal().load() != 0, ckpt->busy(), device, counts_loss());
+    test_seam::before_step(to_step, rt.env.rank);
+    rt.train->all_reduce(stats);
+    global = unpack_step_stats(stats);
+  }
+  torch::Tensor loss_sum = torch::zeros({1}, torch::TensorOptions(torch::kDouble).device(device));
+  run_micro_batches(batches, std::max(1.0, global.tokens), loss_sum);
+  if (!counts_loss()) loss_sum.zero_();
   rt.train->all_reduce(loss_sum);
   global.loss_sum = loss_sum.to(torch::kCPU).item<double>();
   return global;
+}
+
+// The layout's part of a step: the pipeline's schedule over this rank's
+// stages (pipeline > 1), else the micro-batches in order on this rank's
+// whole model (FSDP, DDP, HSDP, TP). Adds this rank's loss sum to
+// `loss_sum`; each loss is divided by `global_tokens` before its backward.
+void Trainer::State::run_micro_batches(const MicroBatches& batches, double global_tokens, torch::Tensor& loss_sum) {
+  if (pipeline.runner) {
+    run_pipeline_schedule(batches, global_tokens, loss_sum);
+    return;
+  }
+  // FSDP reduce-scatters every micro-batch's gradients (DDP all-reduces
+  // only the last's); the last one's wait is finish_gradients'.
+  const size_t n = batches.inputs.size();
+  for (size_t m = 0; m < n; ++m) {
+    const bool last = m + 1 == n;
+    fsdp->set_requires_gradient_sync(last);
+    LossSum loss;
+    {
+      RECORD_USER_SCOPE("shardkit::forward");
+      loss = fsdp->forward([&] { return user.loss(batches.inputs[m], batches.targets[m]); });
+    }
+    {
+      RECORD_USER_SCOPE("shardkit::backward");
+      (loss.sum / global_tokens).backward();
+    }
+    if (!last) fsdp->finish_backward();
+    loss_sum += loss.sum.detach().to(torch::kDouble);
+  }
 }
 
 models::LayeredModelImpl::Stage Trainer::State::stage_of(int64_t stage) const {
@@ -172,51 +196,26 @@ torch::TensorOptions Trainer::State::activation_options() const {
   return torch::TensorOptions().dtype(bf16 ? torch::kBFloat16 : torch::kFloat).device(device);
 }
 
-// Pipeline parallelism: the step's token count first (in the step's
-// all-reduce, counted by the last stage, which computes the loss), then the
-// schedule's forwards and backwards over the micro-batches
-// (train.micro_batch_size), each stage's FSDP reducing every backward pass
-// (the replicate axis's all-reduce once, with the step's last), then the
-// loss sum for the log.
-StepStats Trainer::State::pipeline_gradients(int64_t to_step) {
-  auto [host_inputs, host_targets] = loader->next();
-  const int64_t rows = host_inputs.size(0);
-  const int64_t micro = rows / micro_batches;
-  LocalLoss counted{torch::zeros({}, torch::TensorOptions(torch::kDouble).device(device)),
-                    (host_targets != data::kIgnoreIndex).sum().to(device)};
-  torch::Tensor stats = pack_step_stats(counted, stop_signal().load() != 0, ckpt->busy(), device, counts_loss());
-  test_seam::before_step(to_step, rt.env.rank);
-  StepStats global;
-  {
-    // Every rank leaves this all-reduce at about the same time: a profile's
-    // common origin for the stages' timelines (bench/pipeline_schedules.py).
-    RECORD_USER_SCOPE("shardkit::step_stats");
-    rt.train->all_reduce(stats);
-    global = unpack_step_stats(stats);
-  }
-  const double global_tokens = std::max(1.0, global.tokens);
-  std::vector<torch::Tensor> inputs, targets;
-  for (int64_t m = 0; m < micro_batches; ++m) {
-    inputs.push_back(host_inputs.narrow(0, m * micro, micro).to(device));
-    targets.push_back(host_targets.narrow(0, m * micro, micro).to(device));
-  }
-  torch::Tensor loss_sum = torch::zeros({1}, torch::TensorOptions(torch::kDouble).device(device));
+// Pipeline parallelism: the schedule's forwards and backwards over the
+// micro-batches, each stage's FSDP reducing every backward pass (the
+// replicate axis's all-reduce once, with the step's last); the last stage
+// computes the loss.
+void Trainer::State::run_pipeline_schedule(const MicroBatches& batches, double global_tokens,
+                                           torch::Tensor& loss_sum) {
   pp::StageCallbacks cb;
   cb.forward = [&](int64_t stage, int64_t m, const torch::Tensor& input) {
     layered->set_stage(stage_of(stage));
     if (!pipeline.runner->is_last(stage)) return fsdp->forward([&] { return layered->forward(input); });
-    const LossSum loss = fsdp->forward([&] { return user.loss(input, targets[m]); });
+    const LossSum loss = fsdp->forward([&] { return user.loss(input, batches.targets[m]); });
     loss_sum += loss.sum.detach().to(torch::kDouble);
     return loss.sum / global_tokens;
   };
   cb.before_backward = [&](bool last) { fsdp->set_requires_gradient_sync(last); };
   cb.after_backward = [&] { fsdp->end_micro_backward(); };
-  pipeline.runner->run_step(inputs, {micro, host_inputs.size(1), cfg.model.d_model}, activation_options(), cb);
+  const torch::Tensor& first = batches.inputs.front();
+  pipeline.runner->run_step(batches.inputs, {first.size(0), first.size(1), cfg.model.d_model}, activation_options(),
+                            cb);
   fsdp->set_requires_gradient_sync(true);
-  if (!counts_loss()) loss_sum.zero_();
-  rt.train->all_reduce(loss_sum);
-  global.loss_sum = loss_sum.to(torch::kCPU).item<double>();
-  return global;
 }
 
 StepRecord Trainer::train_step() {
@@ -227,36 +226,7 @@ StepRecord Trainer::train_step() {
   auto t0 = Clock::now();
   const double waited_before = s.fsdp->comm_wait_seconds();
   const double pipeline_waited_before = s.pipeline.runner ? s.pipeline.runner->wait_seconds() : 0.0;
-  StepStats global;
-  if (s.layout.pipeline > 1) {
-    global = s.pipeline_gradients(step);
-  } else if (s.micro_batches > 1) {
-    global = s.accumulate_gradients(step);
-  } else {
-    // The step's phases are named for a profiler (llama_ref --profile-trace):
-    // forward, the step's stats (all-reduce and host read), backward, the
-    // gradients' last reductions and clipping, the optimizer.
-    LocalLoss local;
-    {
-      RECORD_USER_SCOPE("shardkit::forward");
-      local = s.forward_next_batch();
-    }
-    // One small all-reduce per step, on the training device: global loss
-    // sum, global token count, and whether any rank was asked to stop or is
-    // still saving. Its result is the one host read of the step.
-    {
-      RECORD_USER_SCOPE("shardkit::step_stats");
-      torch::Tensor stats =
-          pack_step_stats(local, stop_signal().load() != 0, s.ckpt->busy(), s.device, s.at.tensor == 0);
-      test_seam::before_step(step, s.rt.env.rank);
-      s.rt.train->all_reduce(stats);
-      global = unpack_step_stats(stats);
-    }
-    // Normalising by the global token count and summing gradients across
-    // ranks gives the gradient of the global mean at any world size.
-    RECORD_USER_SCOPE("shardkit::backward");
-    (local.sum / std::max(1.0, global.tokens)).backward();
-  }
+  const StepStats global = s.compute_gradients(step);
   const double global_tokens = std::max(1.0, global.tokens);
   StepRecord rec;
   {

@@ -72,11 +72,7 @@ void Trainer::State::split_pipeline_stages() {
                                   "models::LayeredModelImpl and UserModel::embeds_parameter is set");
     }
   }
-  if (cfg.train.sample_every > 0) {
-    throw std::invalid_argument("train.sample_every " + std::to_string(cfg.train.sample_every) +
-                                " generates on one whole model; set it 0 with " + key);
-  }
-  pp::check_schedule(cfg.parallel.pipeline_schedule, layout.pipeline, cfg.parallel.stages_per_rank, micro_batches);
+  check_pipeline_sampling(cfg);
   pipeline.runner = std::make_unique<pp::PipelineRunner>(meshes.pipeline_group(), cfg.parallel.pipeline_schedule,
                                                   cfg.parallel.stages_per_rank, micro_batches);
   const std::vector<std::string> blocks = layered->unit_names();
@@ -104,9 +100,12 @@ void Trainer::State::split_pipeline_stages() {
 
 // The global batch over the data-parallel ranks, in micro-batches.
 void Trainer::State::check_batch_split() {
-  check_batch(cfg, static_cast<int>(layout.data_parallel()));
-  const int64_t micro = cfg.train.micro_batch_size;
-  if (micro > 0) micro_batches = cfg.train.global_batch_size / layout.data_parallel() / micro;
+  try {
+    micro_batches = parallel::split_batch(cfg.parallel, layout, cfg.train.global_batch_size,
+                                          cfg.train.micro_batch_size);
+  } catch (const std::invalid_argument& e) {
+    throw PreflightError(e.what());
+  }
 }
 
 // This data-parallel rank's loader over the dataset.
@@ -133,7 +132,11 @@ std::string Trainer::State::layout_text() const {
 // from the same seed, each block one FSDP unit, with the spec's loss.
 void Trainer::State::build_builtin_model() {
   const models::ModelSpec& spec = models::find_model_spec(cfg.model.kind);
-  check_tensor_parallel_model(cfg);
+  try {
+    models::check_tensor_parallel_plan(cfg.model, layout.tensor);
+  } catch (const std::invalid_argument& e) {
+    throw PreflightError(e.what());
+  }
   std::shared_ptr<models::LayeredModelImpl> model;
   {
     // LibTorch's init functions draw from the process-wide generator; ranks

@@ -48,6 +48,13 @@ struct LocalLoss {
   torch::Tensor tokens;
 };
 
+// A step's batch on the training device, in its micro-batches (one
+// without train.micro_batch_size).
+struct MicroBatches {
+  std::vector<torch::Tensor> inputs;
+  std::vector<torch::Tensor> targets;
+};
+
 // What run() needs to decide when to log and to estimate the time left.
 struct RunSpan {
   int64_t first_step;  // the first step this run() takes
@@ -198,9 +205,9 @@ struct Trainer::State {
   // The loop (trainer.cpp).
   checkpoint::StateDict make_state_dict();
   int64_t last_step() const;
-  detail::LocalLoss forward_next_batch();
-  detail::StepStats accumulate_gradients(int64_t to_step);
-  detail::StepStats pipeline_gradients(int64_t to_step);
+  detail::StepStats compute_gradients(int64_t to_step);
+  void run_micro_batches(const detail::MicroBatches& batches, double global_tokens, torch::Tensor& loss_sum);
+  void run_pipeline_schedule(const detail::MicroBatches& batches, double global_tokens, torch::Tensor& loss_sum);
   models::LayeredModelImpl::Stage stage_of(int64_t stage) const;
   torch::TensorOptions activation_options() const;
   bool counts_loss() const { return at.tensor == 0 && at.pipeline == layout.pipeline - 1; }

@@ -5,6 +5,7 @@
 // process; resume in the same layout (bit-exact) and across layouts.
 #include "framework/pp/pipeline.h"
 #include "framework/pp/schedule.h"
+#include "framework/train/preflight.h"
 #include "framework/train/trainer.h"
 #include "framework/data/dataset.h"
 #include "framework/fsdp/fully_shard.h"
@@ -433,5 +434,24 @@ TEST(PipelineTraining, TooFewMicroBatchesOrAnUnknownSplitPointIsRefusedNamingThe
   cfg.parallel.pipeline_split_points = "model.layers.7";
   const std::string split = message(cfg, 2);
   EXPECT_NE(split.find("parallel.pipeline_split_points: 'model.layers.7' names no block"), std::string::npos) << split;
+  // The same rules before any rank starts (train's preflight and dry run).
+  auto refused = [](const framework::config::Config& c, int world) {
+    try {
+      framework::train::check_parallel(c, world);
+    } catch (const framework::train::PreflightError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(refused(cfg, 2).find("parallel.pipeline_split_points: 'model.layers.7' names no block"),
+            std::string::npos);
+  cfg.parallel.pipeline_split_points = "";
+  EXPECT_EQ(refused(cfg, 2), "no error");
+  cfg.train.micro_batch_size = 8;
+  EXPECT_NE(refused(cfg, 2).find("train.micro_batch_size"), std::string::npos);
+  cfg.train.micro_batch_size = 2;
+  cfg.train.sample_every = 5;
+  EXPECT_EQ(refused(cfg, 2), "train.sample_every 5 generates on one whole model; set it 0 with parallel.pipeline 2");
+  EXPECT_NE(message(cfg, 2).find("train.sample_every 5 generates on one whole model"), std::string::npos);
   fs::remove_all(cfg.run.dir);
 }
