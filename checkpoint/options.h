@@ -10,69 +10,77 @@ namespace checkpoint {
 // The enum-like keys of this section, each parsed once (by the config loader,
 // or by whoever fills CheckpointOptions from text) with parse_<name>, and
 // written back with to_string (the config's YAML spellings); each k<Name>s
-// array lists the values in the order the allowed values are named
-// (comm/enum_text.h).
+// table lists the values with their spellings in the order the allowed values
+// are named (comm/enum_text.h). Each parse_<name> throws
+// std::invalid_argument naming the key, the value and the allowed values,
+// e.g. "checkpoint.mode 'x' is not one of sync, async, overlap".
 
 // checkpoint.compression.codec.
 enum class Codec { kNone, kZstd };
+inline constexpr comm::EnumName<Codec> kCodecs[] = {{Codec::kNone, "none"}, {Codec::kZstd, "zstd"}};
+inline const char* to_string(Codec codec) { return comm::enum_text(codec, kCodecs); }
+inline Codec parse_codec(const std::string& codec) {
+  return comm::parse_enum("checkpoint.compression.codec", codec, kCodecs);
+}
+
 // checkpoint.compression.byte_group: group bytes by significance before
 // compressing; auto: for floats.
 enum class ByteGroup { kAuto, kOn, kOff };
+inline constexpr comm::EnumName<ByteGroup> kByteGroups[] = {
+    {ByteGroup::kAuto, "auto"}, {ByteGroup::kOn, "on"}, {ByteGroup::kOff, "off"}};
+inline const char* to_string(ByteGroup byte_group) { return comm::enum_text(byte_group, kByteGroups); }
+inline ByteGroup parse_byte_group(const std::string& byte_group) {
+  return comm::parse_enum("checkpoint.compression.byte_group", byte_group, kByteGroups);
+}
+
 // checkpoint.mode (manager.h describes the modes).
 enum class SaveMode { kSync, kAsync, kOverlap };
+inline constexpr comm::EnumName<SaveMode> kSaveModes[] = {
+    {SaveMode::kSync, "sync"}, {SaveMode::kAsync, "async"}, {SaveMode::kOverlap, "overlap"}};
+inline const char* to_string(SaveMode mode) { return comm::enum_text(mode, kSaveModes); }
+inline SaveMode parse_save_mode(const std::string& mode) {
+  return comm::parse_enum("checkpoint.mode", mode, kSaveModes);
+}
+
 // checkpoint.on_error: a failed save stops training (fail) or is logged (warn).
 enum class OnError { kFail, kWarn };
+inline constexpr comm::EnumName<OnError> kOnErrors[] = {{OnError::kFail, "fail"}, {OnError::kWarn, "warn"}};
+inline const char* to_string(OnError on_error) { return comm::enum_text(on_error, kOnErrors); }
+inline OnError parse_on_error(const std::string& on_error) {
+  return comm::parse_enum("checkpoint.on_error", on_error, kOnErrors);
+}
+
 // checkpoint.when_busy: what a due save does while the previous one is still
 // in flight.
 enum class WhenBusy { kWait, kSkip };
+inline constexpr comm::EnumName<WhenBusy> kWhenBusys[] = {{WhenBusy::kWait, "wait"}, {WhenBusy::kSkip, "skip"}};
+inline const char* to_string(WhenBusy when_busy) { return comm::enum_text(when_busy, kWhenBusys); }
+inline WhenBusy parse_when_busy(const std::string& when_busy) {
+  return comm::parse_enum("checkpoint.when_busy", when_busy, kWhenBusys);
+}
+
 // checkpoint.device_snapshot (CheckpointOptions::device_snapshot).
 enum class DeviceSnapshot { kAuto, kOn, kOff };
-
-inline constexpr Codec kCodecs[] = {Codec::kNone, Codec::kZstd};
-inline constexpr ByteGroup kByteGroups[] = {ByteGroup::kAuto, ByteGroup::kOn, ByteGroup::kOff};
-inline constexpr SaveMode kSaveModes[] = {SaveMode::kSync, SaveMode::kAsync, SaveMode::kOverlap};
-inline constexpr OnError kOnErrors[] = {OnError::kFail, OnError::kWarn};
-inline constexpr WhenBusy kWhenBusys[] = {WhenBusy::kWait, WhenBusy::kSkip};
-inline constexpr DeviceSnapshot kDeviceSnapshots[] = {DeviceSnapshot::kAuto, DeviceSnapshot::kOn,
-                                                      DeviceSnapshot::kOff};
-
-// "none" | "zstd", ...: the YAML spelling.
-const char* to_string(Codec codec);
-const char* to_string(ByteGroup byte_group);
-const char* to_string(SaveMode mode);
-const char* to_string(OnError on_error);
-const char* to_string(WhenBusy when_busy);
-const char* to_string(DeviceSnapshot device_snapshot);
-
-// Each throws std::invalid_argument naming the key, the value and the
-// allowed values, e.g. "checkpoint.mode 'x' is not one of sync, async, overlap".
-Codec parse_codec(const std::string& codec);
-ByteGroup parse_byte_group(const std::string& byte_group);
-SaveMode parse_save_mode(const std::string& mode);
-OnError parse_on_error(const std::string& on_error);
-WhenBusy parse_when_busy(const std::string& when_busy);
-DeviceSnapshot parse_device_snapshot(const std::string& device_snapshot);
+inline constexpr comm::EnumName<DeviceSnapshot> kDeviceSnapshots[] = {
+    {DeviceSnapshot::kAuto, "auto"}, {DeviceSnapshot::kOn, "on"}, {DeviceSnapshot::kOff, "off"}};
+inline const char* to_string(DeviceSnapshot device_snapshot) {
+  return comm::enum_text(device_snapshot, kDeviceSnapshots);
+}
+inline DeviceSnapshot parse_device_snapshot(const std::string& device_snapshot) {
+  return comm::parse_enum("checkpoint.device_snapshot", device_snapshot, kDeviceSnapshots);
+}
 
 // checkpoint.direct_io (PosixOptions::direct_io, storage/direct_io.h): auto:
 // measured by a probe; true: O_DIRECT where the file system takes it (else
 // page cache, silently); false: page cache. The spellings are the YAML
-// booleans the key took when it was a bool, plus auto.
+// booleans the key took when it was a bool, plus auto: "auto" | "true" |
+// "false".
 enum class DirectIo { kAuto, kOn, kOff };
-inline constexpr DirectIo kDirectIos[] = {DirectIo::kAuto, DirectIo::kOn, DirectIo::kOff};
+inline constexpr comm::EnumName<DirectIo> kDirectIos[] = {
+    {DirectIo::kAuto, "auto"}, {DirectIo::kOn, "true"}, {DirectIo::kOff, "false"}};
+inline const char* to_string(DirectIo direct_io) { return comm::enum_text(direct_io, kDirectIos); }
 
-// "auto" | "true" | "false".
-inline const char* to_string(DirectIo direct_io) {
-  switch (direct_io) {
-    case DirectIo::kAuto: return "auto";
-    case DirectIo::kOn: return "true";
-    case DirectIo::kOff: return "false";
-  }
-  return "?";
-}
-
-// Also takes True/TRUE/False/FALSE, as the key did as a bool. Throws
-// std::invalid_argument naming checkpoint.direct_io, the value and the
-// allowed values.
+// Also takes True/TRUE/False/FALSE, as the key did as a bool.
 inline DirectIo parse_direct_io(const std::string& text) {
   if (text == "True" || text == "TRUE") return DirectIo::kOn;
   if (text == "False" || text == "FALSE") return DirectIo::kOff;
@@ -147,76 +155,5 @@ struct CheckpointOptions {
   LocalTierOptions local;
   DurableTierOptions durable;
 };
-
-inline const char* to_string(Codec codec) {
-  switch (codec) {
-    case Codec::kNone: return "none";
-    case Codec::kZstd: return "zstd";
-  }
-  return "?";
-}
-
-inline const char* to_string(ByteGroup byte_group) {
-  switch (byte_group) {
-    case ByteGroup::kAuto: return "auto";
-    case ByteGroup::kOn: return "on";
-    case ByteGroup::kOff: return "off";
-  }
-  return "?";
-}
-
-inline const char* to_string(SaveMode mode) {
-  switch (mode) {
-    case SaveMode::kSync: return "sync";
-    case SaveMode::kAsync: return "async";
-    case SaveMode::kOverlap: return "overlap";
-  }
-  return "?";
-}
-
-inline const char* to_string(OnError on_error) {
-  switch (on_error) {
-    case OnError::kFail: return "fail";
-    case OnError::kWarn: return "warn";
-  }
-  return "?";
-}
-
-inline const char* to_string(WhenBusy when_busy) {
-  switch (when_busy) {
-    case WhenBusy::kWait: return "wait";
-    case WhenBusy::kSkip: return "skip";
-  }
-  return "?";
-}
-
-inline const char* to_string(DeviceSnapshot device_snapshot) {
-  switch (device_snapshot) {
-    case DeviceSnapshot::kAuto: return "auto";
-    case DeviceSnapshot::kOn: return "on";
-    case DeviceSnapshot::kOff: return "off";
-  }
-  return "?";
-}
-
-inline Codec parse_codec(const std::string& codec) {
-  return comm::parse_enum("checkpoint.compression.codec", codec, kCodecs);
-}
-inline ByteGroup parse_byte_group(const std::string& byte_group) {
-  return comm::parse_enum("checkpoint.compression.byte_group", byte_group, kByteGroups);
-}
-inline SaveMode parse_save_mode(const std::string& mode) {
-  return comm::parse_enum("checkpoint.mode", mode, kSaveModes);
-}
-inline OnError parse_on_error(const std::string& on_error) {
-  return comm::parse_enum("checkpoint.on_error", on_error, kOnErrors);
-}
-inline WhenBusy parse_when_busy(const std::string& when_busy) {
-  return comm::parse_enum("checkpoint.when_busy", when_busy, kWhenBusys);
-}
-inline DeviceSnapshot parse_device_snapshot(const std::string& device_snapshot) {
-  return comm::parse_enum("checkpoint.device_snapshot", device_snapshot,
-                                    kDeviceSnapshots);
-}
 
 }  // namespace checkpoint

@@ -12,47 +12,27 @@ namespace comm {
 // dist.backend. auto: nccl when train.device is cuda and the build has NCCL,
 // else gloo.
 enum class Backend { kAuto, kGloo, kNccl };
-// train.device.
-enum class DeviceKind { kCpu, kCuda };
-// run.host_malloc (host_malloc.h): keep freed host memory for reuse, or
-// glibc's defaults.
-enum class HostMalloc { kKeep, kDefault };
-
-inline constexpr Backend kBackends[] = {Backend::kAuto, Backend::kGloo, Backend::kNccl};
-inline constexpr DeviceKind kDeviceKinds[] = {DeviceKind::kCpu, DeviceKind::kCuda};
-inline constexpr HostMalloc kHostMallocs[] = {HostMalloc::kKeep, HostMalloc::kDefault};
-
-inline const char* to_string(Backend backend) {
-  switch (backend) {
-    case Backend::kAuto: return "auto";
-    case Backend::kGloo: return "gloo";
-    case Backend::kNccl: return "nccl";
-  }
-  return "?";
-}
-
-inline const char* to_string(DeviceKind device) {
-  switch (device) {
-    case DeviceKind::kCpu: return "cpu";
-    case DeviceKind::kCuda: return "cuda";
-  }
-  return "?";
-}
-
-inline const char* to_string(HostMalloc host_malloc) {
-  switch (host_malloc) {
-    case HostMalloc::kKeep: return "keep";
-    case HostMalloc::kDefault: return "default";
-  }
-  return "?";
-}
-
+inline constexpr EnumName<Backend> kBackends[] = {
+    {Backend::kAuto, "auto"}, {Backend::kGloo, "gloo"}, {Backend::kNccl, "nccl"}};
+inline const char* to_string(Backend backend) { return enum_text(backend, kBackends); }
 inline Backend parse_backend(const std::string& backend) {
   return parse_enum("dist.backend", backend, kBackends);
 }
+
+// train.device.
+enum class DeviceKind { kCpu, kCuda };
+inline constexpr EnumName<DeviceKind> kDeviceKinds[] = {{DeviceKind::kCpu, "cpu"}, {DeviceKind::kCuda, "cuda"}};
+inline const char* to_string(DeviceKind device) { return enum_text(device, kDeviceKinds); }
 inline DeviceKind parse_device_kind(const std::string& device) {
   return parse_enum("train.device", device, kDeviceKinds);
 }
+
+// run.host_malloc (host_malloc.h): keep freed host memory for reuse, or
+// glibc's defaults.
+enum class HostMalloc { kKeep, kDefault };
+inline constexpr EnumName<HostMalloc> kHostMallocs[] = {{HostMalloc::kKeep, "keep"},
+                                                        {HostMalloc::kDefault, "default"}};
+inline const char* to_string(HostMalloc host_malloc) { return enum_text(host_malloc, kHostMallocs); }
 inline HostMalloc parse_host_malloc(const std::string& host_malloc) {
   return parse_enum("run.host_malloc", host_malloc, kHostMallocs);
 }

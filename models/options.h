@@ -3,9 +3,10 @@
 #include <cstdint>
 #include <functional>
 #include <optional>
-#include <stdexcept>
 #include <string>
 #include <vector>
+
+#include "comm/enum_text.h"
 
 namespace models {
 
@@ -14,30 +15,15 @@ namespace models {
 // selective (every N-th block, N = activation_checkpointing_every).
 enum class ActivationCheckpointing { kNone, kFull, kSelective };
 
-inline constexpr ActivationCheckpointing kActivationCheckpointings[] = {
-    ActivationCheckpointing::kNone, ActivationCheckpointing::kFull,
-    ActivationCheckpointing::kSelective};
-
+inline constexpr comm::EnumName<ActivationCheckpointing> kActivationCheckpointings[] = {
+    {ActivationCheckpointing::kNone, "none"}, {ActivationCheckpointing::kFull, "full"},
+    {ActivationCheckpointing::kSelective, "selective"}};
 inline const char* to_string(ActivationCheckpointing mode) {
-  switch (mode) {
-    case ActivationCheckpointing::kNone: return "none";
-    case ActivationCheckpointing::kFull: return "full";
-    case ActivationCheckpointing::kSelective: return "selective";
-  }
-  return "?";
+  return comm::enum_text(mode, kActivationCheckpointings);
 }
-
-// Throws std::invalid_argument naming the key and the allowed values (as
-// comm/enum_text.h's parse_enum words it; models/ includes no comm/ header
-// but torch_compat.h).
+// Throws std::invalid_argument naming the key and the allowed values.
 inline ActivationCheckpointing parse_activation_checkpointing(const std::string& mode) {
-  std::string allowed;
-  for (ActivationCheckpointing value : kActivationCheckpointings) {
-    if (mode == to_string(value)) return value;
-    allowed += (allowed.empty() ? "" : ", ") + std::string(to_string(value));
-  }
-  throw std::invalid_argument("model.activation_checkpointing '" + mode + "' is not one of " +
-                              allowed);
+  return comm::parse_enum("model.activation_checkpointing", mode, kActivationCheckpointings);
 }
 
 // Llama 3.1's frequency scaling of the rotary embedding (Hugging Face's

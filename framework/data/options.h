@@ -12,28 +12,14 @@ enum class DataKind { kSynthetic, kText, kTokens, kSft };
 // data.task: the synthetic task (synthetic_dataset.h).
 enum class SyntheticTask { kCopy, kReverse, kAdd };
 
-inline constexpr DataKind kDataKinds[] = {DataKind::kSynthetic, DataKind::kText, DataKind::kTokens, DataKind::kSft};
-inline constexpr SyntheticTask kSyntheticTasks[] = {SyntheticTask::kCopy, SyntheticTask::kReverse,
-                                                    SyntheticTask::kAdd};
+inline constexpr comm::EnumName<DataKind> kDataKinds[] = {
+    {DataKind::kSynthetic, "synthetic"}, {DataKind::kText, "text"}, {DataKind::kTokens, "tokens"},
+    {DataKind::kSft, "sft"}};
+inline constexpr comm::EnumName<SyntheticTask> kSyntheticTasks[] = {
+    {SyntheticTask::kCopy, "copy"}, {SyntheticTask::kReverse, "reverse"}, {SyntheticTask::kAdd, "add"}};
 
-inline const char* to_string(DataKind kind) {
-  switch (kind) {
-    case DataKind::kSynthetic: return "synthetic";
-    case DataKind::kText: return "text";
-    case DataKind::kTokens: return "tokens";
-    case DataKind::kSft: return "sft";
-  }
-  return "?";
-}
-
-inline const char* to_string(SyntheticTask task) {
-  switch (task) {
-    case SyntheticTask::kCopy: return "copy";
-    case SyntheticTask::kReverse: return "reverse";
-    case SyntheticTask::kAdd: return "add";
-  }
-  return "?";
-}
+inline const char* to_string(DataKind kind) { return comm::enum_text(kind, kDataKinds); }
+inline const char* to_string(SyntheticTask task) { return comm::enum_text(task, kSyntheticTasks); }
 
 // Each throws std::invalid_argument naming the key and the allowed values.
 inline DataKind parse_data_kind(const std::string& kind) {

@@ -13,15 +13,9 @@ namespace framework::fsdp {
 // A dtype of train.mixed_precision (param_dtype, reduce_dtype).
 enum class PrecisionDtype { kFp32, kBf16 };
 
-inline constexpr PrecisionDtype kPrecisionDtypes[] = {PrecisionDtype::kFp32, PrecisionDtype::kBf16};
-
-inline const char* to_string(PrecisionDtype dtype) {
-  switch (dtype) {
-    case PrecisionDtype::kFp32: return "fp32";
-    case PrecisionDtype::kBf16: return "bf16";
-  }
-  return "?";
-}
+inline constexpr comm::EnumName<PrecisionDtype> kPrecisionDtypes[] = {{PrecisionDtype::kFp32, "fp32"},
+                                                                      {PrecisionDtype::kBf16, "bf16"}};
+inline const char* to_string(PrecisionDtype dtype) { return comm::enum_text(dtype, kPrecisionDtypes); }
 
 // "fp32" | "bf16"; throws std::invalid_argument naming `key` (e.g.
 // "train.mixed_precision.param_dtype") and the allowed values.

@@ -11,18 +11,10 @@ namespace framework::optim {
 // resolve_adamw_impl); auto: the fastest this build has.
 enum class OptimizerImpl { kAuto, kFused, kForeach, kForLoop };
 
-inline constexpr OptimizerImpl kOptimizerImpls[] = {OptimizerImpl::kAuto, OptimizerImpl::kFused,
-                                                    OptimizerImpl::kForeach, OptimizerImpl::kForLoop};
-
-inline const char* to_string(OptimizerImpl impl) {
-  switch (impl) {
-    case OptimizerImpl::kAuto: return "auto";
-    case OptimizerImpl::kFused: return "fused";
-    case OptimizerImpl::kForeach: return "foreach";
-    case OptimizerImpl::kForLoop: return "for_loop";
-  }
-  return "?";
-}
+inline constexpr comm::EnumName<OptimizerImpl> kOptimizerImpls[] = {
+    {OptimizerImpl::kAuto, "auto"}, {OptimizerImpl::kFused, "fused"},
+    {OptimizerImpl::kForeach, "foreach"}, {OptimizerImpl::kForLoop, "for_loop"}};
+inline const char* to_string(OptimizerImpl impl) { return comm::enum_text(impl, kOptimizerImpls); }
 
 // Throws std::invalid_argument naming the key and the allowed values.
 inline OptimizerImpl parse_optimizer_impl(const std::string& impl) {

@@ -17,17 +17,10 @@ namespace framework::pp {
 //                    s on pipeline rank s mod P: a smaller bubble.
 enum class Schedule { kGpipe, k1F1B, kInterleaved1F1B };
 
-inline constexpr Schedule kSchedules[] = {Schedule::kGpipe, Schedule::k1F1B, Schedule::kInterleaved1F1B};
-
-inline const char* to_string(Schedule schedule) {
-  switch (schedule) {
-    case Schedule::kGpipe: return "gpipe";
-    case Schedule::k1F1B: return "1f1b";
-    case Schedule::kInterleaved1F1B: return "interleaved_1f1b";
-  }
-  return "?";
-}
-
+inline constexpr comm::EnumName<Schedule> kSchedules[] = {
+    {Schedule::kGpipe, "gpipe"}, {Schedule::k1F1B, "1f1b"},
+    {Schedule::kInterleaved1F1B, "interleaved_1f1b"}};
+inline const char* to_string(Schedule schedule) { return comm::enum_text(schedule, kSchedules); }
 inline Schedule parse_schedule(const std::string& text) {
   return comm::parse_enum("parallel.pipeline_schedule", text, kSchedules);
 }
