@@ -267,6 +267,59 @@ Work Group::reduce_scatter_async(at::Tensor out, const at::Tensor& in, ReduceOp 
                });
 }
 
+void Group::all_to_all(at::Tensor& out, const at::Tensor& in, const std::vector<int64_t>& out_splits,
+                       const std::vector<int64_t>& in_splits) {
+  all_to_all_async(out, in, out_splits, in_splits).wait();
+}
+
+Work Group::all_to_all_async(at::Tensor out, const at::Tensor& in, std::vector<int64_t> out_splits,
+                             std::vector<int64_t> in_splits) {
+  const size_t n = ranks_.size();
+  TORCH_CHECK(in_splits.size() == n && out_splits.size() == n, "all_to_all: ", in_splits.size(), " in and ",
+              out_splits.size(), " out splits for ", n, " members");
+  TORCH_CHECK(out.is_contiguous(), "all_to_all: output must be contiguous");
+  TORCH_CHECK(out.scalar_type() == in.scalar_type(), "all_to_all: dtype mismatch ", out.dtype(), " vs ",
+              in.dtype());
+  TORCH_CHECK(in.dim() >= 1 && out.dim() == in.dim() && out.sizes().slice(1) == in.sizes().slice(1),
+              "all_to_all: output ", out.sizes(), " and input ", in.sizes(), " differ past dim 0");
+  int64_t sent = 0, received = 0;
+  for (size_t i = 0; i < n; ++i) {
+    TORCH_CHECK(in_splits[i] >= 0 && out_splits[i] >= 0, "all_to_all: negative split for member ", i);
+    sent += in_splits[i];
+    received += out_splits[i];
+  }
+  TORCH_CHECK(sent == in.size(0) && received == out.size(0), "all_to_all: splits of ", sent, " and ", received,
+              " rows for an input of ", in.size(0), " and an output of ", out.size(0));
+  if (n == 1) {
+    out.copy_(in);
+    return Work();
+  }
+  at::Tensor wire_in = in.contiguous();
+  at::Tensor wire_out = out;
+  if (needs_bf16_bits(in)) {  // Gloo moves bits, not bf16
+    wire_in = wire_in.view(at::kHalf);
+    wire_out = wire_out.view(at::kHalf);
+  }
+  at::Tensor staged_in = on_backend_device(wire_in, backend_is_cuda());
+  at::Tensor staged_out = on_backend_device(wire_out, backend_is_cuda());
+  return start("all_to_all",
+               [&] {
+                 c10d::AllToAllOptions opts;
+                 return backend_->pg->alltoall_base(staged_out, staged_in, out_splits, in_splits, opts);
+               },
+               [wire_out, staged_out, staged_in]() mutable { copy_back(wire_out, staged_out); });
+}
+
+std::vector<int64_t> Group::all_to_all_counts(const std::vector<int64_t>& send) {
+  const size_t n = ranks_.size();
+  TORCH_CHECK(send.size() == n, "all_to_all_counts: ", send.size(), " counts for ", n, " members");
+  at::Tensor in = at::tensor(send, at::kLong);
+  at::Tensor out = at::empty({static_cast<int64_t>(n)}, at::kLong);
+  const std::vector<int64_t> ones(n, 1);
+  all_to_all(out, in, ones, ones);
+  return std::vector<int64_t>(out.data_ptr<int64_t>(), out.data_ptr<int64_t>() + n);
+}
+
 void Group::broadcast(at::Tensor& tensor, int root) {
   TORCH_CHECK(root >= 0 && root < size(), "broadcast: root ", root, " out of range");
   if (size() == 1 || tensor.numel() == 0) return;

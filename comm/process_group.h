@@ -105,6 +105,23 @@ class Group {
   Work all_gather_async(at::Tensor out, const at::Tensor& in);
   Work reduce_scatter_async(at::Tensor out, const at::Tensor& in, ReduceOp op = ReduceOp::kSum);
 
+  // All-to-all along dim 0 with uneven splits (expert parallelism's token
+  // dispatch and return): the first in_splits[0] rows of `in` go to member
+  // 0, the next in_splits[1] to member 1, and so on; `out` receives, in
+  // member order, out_splits[i] rows from member i. A split may be 0.
+  // REQUIRES: size() entries in each split list, in.size(0) ==
+  // sum(in_splits), out contiguous with out.size(0) == sum(out_splits), the
+  // same dtype and the same size in every other dim; out_splits[i] here is
+  // in_splits[rank()] at member i (all_to_all_counts exchanges them). Every
+  // member calls it. Exact (bytes are moved, nothing is computed).
+  void all_to_all(at::Tensor& out, const at::Tensor& in, const std::vector<int64_t>& out_splits,
+                  const std::vector<int64_t>& in_splits);
+  Work all_to_all_async(at::Tensor out, const at::Tensor& in, std::vector<int64_t> out_splits,
+                        std::vector<int64_t> in_splits);
+  // Member j gets send[j] from each member: returns what member i sent this
+  // one, by i (the out_splits of an all_to_all whose in_splits are `send`).
+  std::vector<int64_t> all_to_all_counts(const std::vector<int64_t>& send);
+
   // Byte payloads of any length (plans, metadata, small state).
   std::vector<Bytes> all_gather_bytes(const Bytes& mine);
   Bytes broadcast_bytes(const Bytes& payload, int root);

@@ -47,7 +47,8 @@ class PipelineRunner {
  public:
   // `group`: the pipeline axis (member p is pipeline rank p). Stage s runs
   // on member s mod P. REQUIRES: check_schedule(schedule, P,
-  // stages_per_rank, micro_batches) passed; group outlives the runner.
+  // stages_per_rank, micro_batches) passed (parallel::split_batch runs it
+  // for the Trainer); group outlives the runner.
   PipelineRunner(comm::Group& group, Schedule schedule, int64_t stages_per_rank, int64_t micro_batches);
 
   int64_t ranks() const { return ranks_; }

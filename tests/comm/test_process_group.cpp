@@ -164,6 +164,62 @@ TEST_P(CollectivesAcrossWorlds, AsyncFormsGiveTheBlockingBitsWhileInFlightOnTwoG
   });
 }
 
+// Rows member `from` sends member `to` in the all-to-all test: uneven, and
+// 0 for some pairs (a member's own rows included).
+int64_t rows_between(int from, int to) { return (from + 2 * to) % 3; }
+
+// Row k of what member `from` sends member `to`: [from, to, k] as values.
+at::Tensor rows_sent(int from, int to, at::ScalarType dtype) {
+  const int64_t n = rows_between(from, to);
+  at::Tensor out = at::empty({n, 3}, at::kFloat);
+  for (int64_t k = 0; k < n; ++k) {
+    out[k][0] = from;
+    out[k][1] = to;
+    out[k][2] = k + 0.5;
+  }
+  return out.to(dtype);
+}
+
+TEST_P(CollectivesAcrossWorlds, AllToAllMovesUnevenSplitsInMemberOrder) {
+  const int world = GetParam();
+  run_ranks(world, [&](RankContext& ctx) {
+    auto g = ctx.make_group("experts");
+    std::vector<int64_t> send;
+    for (int j = 0; j < world; ++j) send.push_back(rows_between(ctx.rank, j));
+    const std::vector<int64_t> receive = g->all_to_all_counts(send);
+    for (int i = 0; i < world; ++i) EXPECT_EQ(receive[i], rows_between(i, ctx.rank)) << "from member " << i;
+    for (auto dtype : {at::kFloat, at::kBFloat16, at::kLong}) {
+      std::vector<at::Tensor> parts, expected_parts;
+      for (int j = 0; j < world; ++j) parts.push_back(rows_sent(ctx.rank, j, dtype));
+      for (int i = 0; i < world; ++i) expected_parts.push_back(rows_sent(i, ctx.rank, dtype));
+      const at::Tensor in = at::cat(parts);
+      const at::Tensor expected = at::cat(expected_parts);
+      at::Tensor out = at::full({expected.size(0), 3}, -1, dtype);
+      g->all_to_all(out, in, receive, send);
+      EXPECT_TRUE(at::equal(out, expected)) << dtype << "\n" << out << "\n" << expected;
+      // The async form, and back again: the inverse splits return every row
+      // to its sender in its place (the expert layer's return trip).
+      at::Tensor back = at::empty_like(in);
+      comm::Work w = g->all_to_all_async(back, out, send, receive);
+      w.wait();
+      EXPECT_TRUE(at::equal(back, in)) << dtype;
+    }
+    // Nothing to move anywhere (no token routed to a remote expert).
+    const std::vector<int64_t> none(world, 0);
+    at::Tensor empty_in = at::empty({0, 3});
+    at::Tensor empty_out = at::empty({0, 3});
+    g->all_to_all(empty_out, empty_in, none, none);
+    EXPECT_EQ(empty_out.size(0), 0);
+    // Splits that do not add up to the tensors are refused before anything moves.
+    at::Tensor in = at::zeros({2, 3});
+    at::Tensor out = at::zeros({2, 3});
+    std::vector<int64_t> wrong(world, 0);
+    wrong[0] = 3;
+    EXPECT_THROW(g->all_to_all(out, in, wrong, wrong), c10::Error);
+    EXPECT_FALSE(g->broken());
+  });
+}
+
 INSTANTIATE_TEST_SUITE_P(Worlds, CollectivesAcrossWorlds, ::testing::Values(2, 3, 4));
 
 TEST(CheckpointGroup, RunsCollectivesFromABackgroundThreadWhileTrainingGroupIsBusy) {
@@ -226,6 +282,31 @@ TEST(DeadPeer, CollectiveAgainstAStuckPeerTimesOutNamingTheOperation) {
   }, /*timeout_s=*/3.0);
   EXPECT_NE(message.find("all_reduce"), std::string::npos) << message;
   EXPECT_NE(message.find("'train'"), std::string::npos) << message;
+}
+
+TEST(DeadPeer, AllToAllAgainstAStuckPeerTimesOutNamingTheOperation) {
+  std::string message;
+  run_ranks(2, [&](RankContext& ctx) {
+    std::vector<int> all{0, 1};
+    auto g = ctx.rendezvous.new_group("experts", all);
+    if (ctx.rank == 1) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(6000));
+      return;
+    }
+    at::Tensor in = at::ones({3, 4});
+    at::Tensor out = at::zeros({2, 4});
+    auto start = std::chrono::steady_clock::now();
+    try {
+      g->all_to_all(out, in, {1, 1}, {1, 2});
+      ADD_FAILURE() << "all_to_all against a stuck peer returned";
+    } catch (const DistError& e) {
+      message = e.what();
+    }
+    const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    EXPECT_LT(waited, 5.5);  // the 3 s timeout, not the peer's 6 s
+    EXPECT_THROW(g->barrier(), DistError);
+  }, /*timeout_s=*/3.0);
+  EXPECT_NE(message.find("all_to_all on group 'experts'"), std::string::npos) << message;
 }
 
 TEST(DeadPeer, CollectiveAgainstAPeerThatLeftFailsInsteadOfHanging) {
