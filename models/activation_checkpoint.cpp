@@ -9,6 +9,15 @@
 namespace models {
 namespace {
 
+thread_local bool recomputing = false;
+thread_local bool first_pass = false;
+
+struct RecomputeScope {
+  bool before = recomputing;
+  RecomputeScope() { recomputing = true; }
+  ~RecomputeScope() { recomputing = before; }
+};
+
 torch::Tensor cpu_rng_state() {
   auto gen = at::detail::getDefaultCPUGenerator();
   std::lock_guard<std::mutex> lock(gen.mutex());
@@ -40,6 +49,7 @@ class CheckpointBackward : public torch::autograd::Node {
       const torch::Tensor now = cpu_rng_state();
       set_cpu_rng_state(rng_state_);
       torch::AutoGradMode enable(true);
+      RecomputeScope recompute;
       try {
         out = fn_(x);
       } catch (...) {
@@ -67,13 +77,24 @@ class CheckpointBackward : public torch::autograd::Node {
 
 }  // namespace
 
+bool recomputing_activations() { return recomputing; }
+bool checkpointed_first_pass() { return first_pass; }
+
 torch::Tensor checkpoint_activations(BlockFn fn, const torch::Tensor& input) {
   if (!torch::GradMode::is_enabled()) return fn(input);
   torch::Tensor rng = cpu_rng_state();
   torch::Tensor out;
   {
     torch::NoGradGuard no_grad;
-    out = fn(input.detach());
+    const bool before = first_pass;
+    first_pass = true;
+    try {
+      out = fn(input.detach());
+    } catch (...) {
+      first_pass = before;
+      throw;
+    }
+    first_pass = before;
   }
   auto node = std::shared_ptr<CheckpointBackward>(
       new CheckpointBackward(std::move(fn), input.detach(), std::move(rng)),

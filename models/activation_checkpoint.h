@@ -38,4 +38,13 @@ using BlockFn = std::function<torch::Tensor(const torch::Tensor&)>;
 
 torch::Tensor checkpoint_activations(BlockFn fn, const torch::Tensor& input);
 
+// True on this thread while a checkpointed call's forward runs again for
+// its backward: what a module counts once per forward (a mixture of
+// experts' loads) it skips then.
+bool recomputing_activations();
+// True on this thread while a checkpointed call runs its first forward
+// (without grad mode, its backward to come): with grad mode on and
+// !recomputing_activations(), what counts as a training forward.
+bool checkpointed_first_pass();
+
 }  // namespace models

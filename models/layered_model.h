@@ -79,6 +79,9 @@ std::shared_ptr<LayeredModelImpl> make_model(const ModelOptions& options, bool m
 // (nothing allocated; doubles, so absurd sizes do not overflow).
 struct ModelSize {
   double parameters = 0;       // all of them
+  // Those one token's forward multiplies by (a mixture of experts: k of
+  // its routed experts); the kind's size sets it, else all of them.
+  double active_parameters = 0;
   double largest_unit = 0;     // one block, or the rest (embeddings, final norm, head)
   double largest_parameter = 0;  // elements
   double activation_floats_per_sample = 0;  // kept for backward, roughly

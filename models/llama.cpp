@@ -10,11 +10,7 @@
 #include <stdexcept>
 
 namespace models {
-namespace {
 
-// A parameter of `sizes`: allocated (its values set by init_parameter
-// later), or, unmaterialised, a tensor of that shape whose storage holds no
-// bytes. The allocation is never touched before it is freed.
 torch::Tensor make_param(std::vector<int64_t> sizes, bool materialize) {
   torch::Tensor t = torch::empty(sizes);
   if (!materialize) {
@@ -24,6 +20,8 @@ torch::Tensor make_param(std::vector<int64_t> sizes, bool materialize) {
   }
   return t;
 }
+
+namespace {
 
 bool ends_with(const std::string& s, const std::string& tail) {
   return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
@@ -191,6 +189,18 @@ LlamaAttentionImpl::LlamaAttentionImpl(const ModelOptions& o, bool materialize)
   k_proj_ = register_module("k_proj", Projection(o.d_model, n_kv_heads_ * head_dim_, materialize));
   v_proj_ = register_module("v_proj", Projection(o.d_model, n_kv_heads_ * head_dim_, materialize));
   o_proj_ = register_module("o_proj", Projection(n_heads_ * head_dim_, o.d_model, materialize));
+  if (o.qk_norm) {
+    q_norm_ = register_module("q_norm", RMSNorm(head_dim_, o.norm_eps, materialize));
+    k_norm_ = register_module("k_norm", RMSNorm(head_dim_, o.norm_eps, materialize));
+  }
+}
+
+torch::Tensor LlamaAttentionImpl::rotate_q(const torch::Tensor& q, const RotaryTables& rope) {
+  return apply_rotary(q_norm_ ? q_norm_->forward(q) : q, rope);
+}
+
+torch::Tensor LlamaAttentionImpl::rotate_k(const torch::Tensor& k, const RotaryTables& rope) {
+  return apply_rotary(k_norm_ ? k_norm_->forward(k) : k, rope);
 }
 
 torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x, const RotaryTables& rope) {
@@ -201,8 +211,8 @@ torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x, const RotaryTa
   auto heads = [&](const torch::Tensor& t) {
     return t.view({batch, len, -1, head_dim_}).transpose(1, 2);  // [B, n, T, hd]
   };
-  torch::Tensor q = apply_rotary(heads(q_proj_->forward(x)), rope);
-  torch::Tensor k = apply_rotary(heads(k_proj_->forward(x)), rope);
+  torch::Tensor q = rotate_q(heads(q_proj_->forward(x)), rope);
+  torch::Tensor k = rotate_k(heads(k_proj_->forward(x)), rope);
   torch::Tensor v = heads(v_proj_->forward(x));
   const int64_t local_heads = q.size(1), local_kv = k.size(1);
   if (local_kv != local_heads) {
@@ -225,8 +235,8 @@ torch::Tensor LlamaAttentionImpl::forward_cached(const torch::Tensor& x, const R
   auto heads = [&](const torch::Tensor& t, int64_t n) {
     return t.view({batch, len, n, head_dim_}).transpose(1, 2);  // [B, n, T, hd]
   };
-  torch::Tensor q = apply_rotary(heads(q_proj_->forward(x), n_heads_), rope);
-  torch::Tensor k = apply_rotary(heads(k_proj_->forward(x), n_kv_heads_), rope);
+  torch::Tensor q = rotate_q(heads(q_proj_->forward(x), n_heads_), rope);
+  torch::Tensor k = rotate_k(heads(k_proj_->forward(x), n_kv_heads_), rope);
   torch::Tensor v = heads(v_proj_->forward(x), n_kv_heads_);
   const int64_t past = k_cache.defined() ? k_cache.size(2) : 0;
   k_cache = past > 0 ? torch::cat({k_cache, k}, 2) : k;
@@ -257,22 +267,27 @@ torch::Tensor LlamaMlpImpl::forward(const torch::Tensor& x) {
   return down_proj_->forward(torch::silu(gate_proj_->forward(x)) * up_proj_->forward(x));
 }
 
-LlamaBlockImpl::LlamaBlockImpl(const ModelOptions& o, int64_t d_ff, bool materialize)
+LlamaBlockImpl::LlamaBlockImpl(const ModelOptions& o, int64_t layer, int64_t d_ff, bool materialize)
     : input_layernorm_(register_module("input_layernorm", RMSNorm(o.d_model, o.norm_eps, materialize))),
       self_attn_(register_module("self_attn", LlamaAttention(o, materialize))),
       post_attention_layernorm_(
-          register_module("post_attention_layernorm", RMSNorm(o.d_model, o.norm_eps, materialize))),
-      mlp_(register_module("mlp", LlamaMlp(o.d_model, d_ff, materialize))) {}
+          register_module("post_attention_layernorm", RMSNorm(o.d_model, o.norm_eps, materialize))) {
+  if (is_moe_layer(o, layer)) {
+    moe_ = register_module("mlp", MoeFeedForward(o, materialize));
+  } else {
+    mlp_ = register_module("mlp", LlamaMlp(o.d_model, d_ff, materialize));
+  }
+}
 
 torch::Tensor LlamaBlockImpl::forward(const torch::Tensor& x, const RotaryTables& rope) {
   torch::Tensor h = x + self_attn_->forward(input_layernorm_->forward(x), rope);
-  return h + mlp_->forward(post_attention_layernorm_->forward(h));
+  return h + mlp(post_attention_layernorm_->forward(h));
 }
 
 torch::Tensor LlamaBlockImpl::forward_cached(const torch::Tensor& x, const RotaryTables& rope,
                                              torch::Tensor& k, torch::Tensor& v) {
   torch::Tensor h = x + self_attn_->forward_cached(input_layernorm_->forward(x), rope, k, v);
-  return h + mlp_->forward(post_attention_layernorm_->forward(h));
+  return h + mlp(post_attention_layernorm_->forward(h));
 }
 
 LlamaBodyImpl::LlamaBodyImpl(const ModelOptions& o, int64_t d_ff, bool materialize) {
@@ -280,7 +295,7 @@ LlamaBodyImpl::LlamaBodyImpl(const ModelOptions& o, int64_t d_ff, bool materiali
   embed_tokens = register_module("embed_tokens", TokenEmbedding(o.vocab_size, o.d_model, materialize));
   auto layers = register_module("layers", torch::nn::ModuleList());
   for (int64_t i = 0; i < o.n_layers; ++i) {
-    blocks.push_back(LlamaBlock(o, d_ff, materialize));
+    blocks.push_back(LlamaBlock(o, i, d_ff, materialize));
     layers->push_back(blocks.back());
   }
   norm = register_module("norm", RMSNorm(o.d_model, o.norm_eps, materialize));
@@ -341,7 +356,7 @@ void LlamaModelImpl::init_parameter(const std::string& name, const torch::Tensor
     return;
   }
   double std = 0.02;
-  if (ends_with(name, "o_proj.weight") || ends_with(name, "down_proj.weight")) {
+  if (ends_with(name, "o_proj.weight") || ends_with(name, "down_proj.weight")) {  // experts' too
     std /= std::sqrt(2.0 * static_cast<double>(options_.n_layers));
   }
   // splitmix64 of (seed, index): one independent stream per parameter.

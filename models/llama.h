@@ -25,6 +25,7 @@
 // model can be built unallocated and each rank fills in one parameter at
 // a time while sharding it (FullyShardedModel's ParamInit).
 #include "models/layered_model.h"
+#include "models/moe.h"
 
 #include <cstdint>
 #include <string>
@@ -32,6 +33,11 @@
 #include <vector>
 
 namespace models {
+
+// A parameter of `sizes`: allocated (its values set by init_parameter
+// later), or, unmaterialised, a tensor of that shape whose storage holds no
+// bytes. The allocation is never touched before it is freed.
+torch::Tensor make_param(std::vector<int64_t> sizes, bool materialize);
 
 // x / rms(x) * weight, the statistics in fp32 (as autocast keeps them),
 // the result in x's dtype.
@@ -155,8 +161,13 @@ class LlamaAttentionImpl : public torch::nn::Module {
                                torch::Tensor& v);
 
  private:
+  // q and k [B, n, T, hd] -> their heads' RMSNorm (model.qk_norm), then rotary.
+  torch::Tensor rotate_q(const torch::Tensor& q, const RotaryTables& rope);
+  torch::Tensor rotate_k(const torch::Tensor& k, const RotaryTables& rope);
+
   int64_t n_heads_, n_kv_heads_, head_dim_;
   Projection q_proj_{nullptr}, k_proj_{nullptr}, v_proj_{nullptr}, o_proj_{nullptr};
+  RMSNorm q_norm_{nullptr}, k_norm_{nullptr};  // model.qk_norm
 };
 TORCH_MODULE(LlamaAttention);
 
@@ -170,9 +181,11 @@ class LlamaMlpImpl : public torch::nn::Module {
 };
 TORCH_MODULE(LlamaMlp);
 
+// Block `layer`: its "mlp" is the dense SwiGLU, or a mixture of experts
+// where is_moe_layer(options, layer).
 class LlamaBlockImpl : public torch::nn::Module {
  public:
-  LlamaBlockImpl(const ModelOptions& options, int64_t d_ff, bool materialize);
+  LlamaBlockImpl(const ModelOptions& options, int64_t layer, int64_t d_ff, bool materialize);
   torch::Tensor forward(const torch::Tensor& h, const RotaryTables& rope);
   torch::Tensor forward_cached(const torch::Tensor& h, const RotaryTables& rope, torch::Tensor& k,
                                torch::Tensor& v);
@@ -181,7 +194,9 @@ class LlamaBlockImpl : public torch::nn::Module {
   RMSNorm input_layernorm_{nullptr};
   LlamaAttention self_attn_{nullptr};
   RMSNorm post_attention_layernorm_{nullptr};
+  torch::Tensor mlp(const torch::Tensor& x) { return moe_ ? moe_->forward(x) : mlp_->forward(x); }
   LlamaMlp mlp_{nullptr};
+  MoeFeedForward moe_{nullptr};
 };
 TORCH_MODULE(LlamaBlock);
 

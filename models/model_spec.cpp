@@ -163,16 +163,31 @@ ModelSize llama_size(const ModelOptions& o) {
   const double hd = d / static_cast<double>(o.n_heads);
   const double kv = static_cast<double>(o.n_kv_heads > 0 ? o.n_kv_heads : o.n_heads) * hd;
   const double ff = static_cast<double>(llama_d_ff(o));
-  const double block = 2 * d + (d * d + 2 * d * kv + d * d) + 3 * d * ff;
+  const double attention = 2 * d + (d * d + 2 * d * kv + d * d) + (o.qk_norm ? 2 * hd : 0);
+  double block = attention + 3 * d * ff;
   // norms, q k v (rotated and repeated), scores and softmax (per head, per
   // key; the matmul path), attention out, projections, the SwiGLU's gate,
   // up, activation and product, residuals
-  const double block_acts = 12 * d + 4 * ff + 2 * static_cast<double>(o.n_heads) * s;
+  double block_acts = 12 * d + 4 * ff + 2 * static_cast<double>(o.n_heads) * s;
+  double largest_parameter = d * ff;
+  if (o.moe.num_experts > 0) {
+    // A mixture of experts: the router, every expert, the shared ones; each
+    // token's rows are copied k times into the experts (input, SwiGLU
+    // parts, output), plus the router's scores.
+    const double E = static_cast<double>(o.moe.num_experts), k = static_cast<double>(o.moe.top_k);
+    const double fe = static_cast<double>(moe_expert_d_ff(o));
+    const double shared = static_cast<double>(o.moe.num_shared_experts) * fe;
+    block = std::max(block, attention + E * d + E * 3 * d * fe + 3 * d * shared);
+    block_acts = std::max(block_acts, 12 * d + k * (2 * d + 4 * fe) + 4 * shared + 3 * E);
+    largest_parameter = std::max(largest_parameter, E * d * fe);
+  }
   const double rest = v * d + d + (o.tie_weights ? 0 : d * v);
+  const ParameterCounts counts = llama_parameter_counts(o);
   ModelSize size;
-  size.parameters = rest + static_cast<double>(o.n_layers) * block;
+  size.parameters = counts.total;
+  size.active_parameters = counts.active;
   size.largest_unit = std::max(rest, block);
-  size.largest_parameter = std::max(v * d, d * ff);
+  size.largest_parameter = std::max(v * d, largest_parameter);
   size.activation_floats_per_sample = s * (static_cast<double>(o.n_layers) * block_acts + 2 * v + 3 * d);
   size.block_activation_floats_per_sample = s * block_acts;
   return size;
@@ -188,7 +203,8 @@ ModelSpec llama_spec() {
   spec.size = llama_size;
   spec.flops_per_token = [](const ModelOptions& o) {
     const double embedding = static_cast<double>(o.vocab_size) * static_cast<double>(o.d_model);
-    return palm_flops_per_token(o, llama_size(o).parameters, o.tie_weights ? 0.0 : embedding, true);
+    // A mixture of experts multiplies by its active parameters only.
+    return palm_flops_per_token(o, llama_size(o).active_parameters, o.tie_weights ? 0.0 : embedding, true);
   };
   spec.tp_plan = llama_tp_plan();
   spec.embeds_parameter = [](const std::string& name) { return name.rfind("model.embed_tokens.", 0) == 0; };
@@ -258,12 +274,39 @@ const ModelSpec& find_model_spec(const std::string& kind) {
 }
 
 void check_tensor_parallel_plan(const ModelOptions& o, int64_t tensor) {
+  if (tensor > 1 && o.moe.num_experts > 0) {
+    throw std::invalid_argument("parallel.tensor " + std::to_string(tensor) + " with model.moe.num_experts " +
+                                std::to_string(o.moe.num_experts) +
+                                ": tensor parallelism of a mixture of experts is not supported yet");
+  }
   if (tensor <= 1 || !find_model_spec(o.kind).tp_plan.empty()) return;
   throw std::invalid_argument("parallel.tensor " + std::to_string(tensor) + " needs model.kind llama (model.kind is " +
                               o.kind + ", which has no tensor-parallel plan)");
 }
 
+void check_pipeline_support(const ModelOptions& o, int64_t pipeline) {
+  if (pipeline <= 1) return;
+  if (o.moe.num_experts > 0) {
+    throw std::invalid_argument("parallel.pipeline " + std::to_string(pipeline) + " with model.moe.num_experts " +
+                                std::to_string(o.moe.num_experts) +
+                                ": pipeline parallelism of a mixture of experts is not supported yet");
+  }
+  if (!find_model_spec(o.kind).embeds_parameter) {
+    throw std::invalid_argument("parallel.pipeline " + std::to_string(pipeline) + ": model.kind " + o.kind +
+                                " has no pipeline split");
+  }
+}
+
 void check_lora_support(const ModelOptions& o) {
+  if (o.lora.rank > 0 && o.moe.num_experts > 0) {
+    for (const std::string& t : lora_targets(o.lora)) {
+      if (t == "q_proj" || t == "k_proj" || t == "v_proj" || t == "o_proj") continue;
+      throw std::invalid_argument("model.lora.targets names " + t + " with model.moe.num_experts " +
+                                  std::to_string(o.moe.num_experts) +
+                                  ": adapters on a mixture of experts' MLPs are not supported; target the "
+                                  "attention projections (q_proj, k_proj, v_proj, o_proj)");
+    }
+  }
   if (o.lora.rank <= 0 || o.kind == "llama") return;
   throw std::invalid_argument("model.lora.rank " + std::to_string(o.lora.rank) + " needs model.kind llama, not " +
                               o.kind);

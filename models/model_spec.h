@@ -128,10 +128,16 @@ const ModelSpec& find_model_spec(const std::string& kind);
 bool has_model_spec(const std::string& kind);
 
 // parallel.tensor `tensor` above 1 needs the kind's tensor-parallel plan
-// (ModelSpec::tp_plan; of the built-in kinds, llama's). Throws
+// (ModelSpec::tp_plan; of the built-in kinds, llama's), and no mixture of
+// experts (not yet). Throws
 // std::invalid_argument naming both keys; the kind's head rules under TP
 // are check_model_options'.
 void check_tensor_parallel_plan(const ModelOptions& options, int64_t tensor);
+
+// parallel.pipeline `pipeline` above 1 needs the kind's pipeline split
+// (ModelSpec::embeds_parameter) and no mixture of experts (not yet).
+// Throws std::invalid_argument naming the keys.
+void check_pipeline_support(const ModelOptions& options, int64_t pipeline);
 
 // model.lora.rank above 0 needs a kind with LoRA adapters (llama). Throws
 // std::invalid_argument naming both keys. make_model and preflight call it.

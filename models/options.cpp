@@ -13,6 +13,8 @@ int64_t llama_d_ff(const ModelOptions& o) {
   return (hidden + 255) / 256 * 256;
 }
 
+int64_t moe_expert_d_ff(const ModelOptions& o) { return o.moe.d_ff > 0 ? o.moe.d_ff : llama_d_ff(o); }
+
 namespace {
 
 [[noreturn]] void refuse(const std::string& message) { throw std::invalid_argument(message); }
@@ -60,8 +62,28 @@ void check_lora(const ModelOptions& o, const KeyNamer& name) {
   }
 }
 
+void check_moe(const ModelOptions& o, const KeyNamer& name) {
+  const MoeOptions& m = o.moe;
+  if (m.num_experts < 0) refuse(name("model.moe.num_experts", text(m.num_experts)) + " must be >= 0 (0: dense)");
+  if (m.num_experts == 0) return;
+  const std::string experts = name("model.moe.num_experts", text(m.num_experts));
+  if (m.top_k < 1 || m.top_k > m.num_experts)
+    refuse(name("model.moe.top_k", text(m.top_k)) + " must be in [1, " + experts + "]");
+  if (m.d_ff < 0) refuse(name("model.moe.d_ff", text(m.d_ff)) + " must be >= 0 (0: model.d_ff)");
+  if (m.route_scale <= 0) refuse(name("model.moe.route_scale", text(m.route_scale)) + " must be positive");
+  if (m.num_shared_experts < 0)
+    refuse(name("model.moe.num_shared_experts", text(m.num_shared_experts)) + " must be >= 0");
+  if (m.first_dense_layers < 0 || m.first_dense_layers >= o.n_layers)
+    refuse(name("model.moe.first_dense_layers", text(m.first_dense_layers)) + " must be in [0, " +
+           name("model.n_layers", text(o.n_layers)) + "): at least one block is a mixture of experts");
+  if (m.aux_loss_coef < 0) refuse(name("model.moe.aux_loss_coef", text(m.aux_loss_coef)) + " must be >= 0");
+  if (m.load_balance_rate < 0)
+    refuse(name("model.moe.load_balance_rate", text(m.load_balance_rate)) + " must be >= 0");
+}
+
 void check_llama(const ModelOptions& o, int64_t tensor, const KeyNamer& name) {
   check_heads(o, name);
+  check_moe(o, name);
   const std::string heads = name("model.n_heads", text(o.n_heads));
   const std::string kv_heads = name("model.n_kv_heads", text(o.n_kv_heads));
   if (o.n_kv_heads < 0) refuse(kv_heads + " must be >= 0 (0: model.n_heads)");

@@ -57,6 +57,37 @@ struct LoraOptions {
 std::vector<std::string> lora_target_choices();
 std::vector<std::string> lora_targets(const LoraOptions& options);
 
+// model.moe.score_func: how the router turns its logits into scores.
+// softmax over the experts (Mixtral, Qwen3-MoE) | sigmoid of each
+// (DeepSeek-V3).
+enum class MoeScoreFunc { kSoftmax, kSigmoid };
+
+inline constexpr comm::EnumName<MoeScoreFunc> kMoeScoreFuncs[] = {{MoeScoreFunc::kSoftmax, "softmax"},
+                                                                  {MoeScoreFunc::kSigmoid, "sigmoid"}};
+inline const char* to_string(MoeScoreFunc f) { return comm::enum_text(f, kMoeScoreFuncs); }
+inline MoeScoreFunc parse_moe_score_func(const std::string& text) {
+  return comm::parse_enum("model.moe.score_func", text, kMoeScoreFuncs);
+}
+
+// A mixture of experts in place of the SwiGLU MLP (model.moe.*, llama;
+// docs/moe.md). Names and meanings follow torchtitan's MoEArgs and the
+// Hugging Face configs (in brackets). num_experts 0: a dense model.
+struct MoeOptions {
+  int64_t num_experts = 0;         // routed experts [num_experts, n_routed_experts]
+  int64_t top_k = 2;               // experts per token [num_experts_per_tok]
+  int64_t d_ff = 0;                // each expert's width; 0: the model's d_ff [moe_intermediate_size]
+  MoeScoreFunc score_func = MoeScoreFunc::kSoftmax;
+  bool route_norm = false;         // renormalise the top-k weights to sum 1 [norm_topk_prob]
+  double route_scale = 1.0;        // the routed output's factor [routed_scaling_factor]
+  int64_t num_shared_experts = 0;  // one SwiGLU of width this x d_ff that every token takes [n_shared_experts]
+  int64_t first_dense_layers = 0;  // leading blocks with the dense MLP [first_k_dense_replace]
+  double aux_loss_coef = 0;        // the load-balancing loss's weight [router_aux_loss_coef]
+  // DeepSeek-V3's auxiliary-loss-free balancing: a per-expert bias added to
+  // the scores for the choice only, moved by this much after every step
+  // towards the mean load (torchtitan's load_balance_coeff); 0: off.
+  double load_balance_rate = 0;
+};
+
 struct ModelOptions {
   std::string kind = "gpt";  // gpt | mlp | llama
   int64_t vocab_size = 32;
@@ -82,7 +113,19 @@ struct ModelOptions {
   // empty: random init. Ignored when resuming from a checkpoint.
   std::string init_from;
   LoraOptions lora;
+  // llama: an RMSNorm over each head's dimensions of q and of k, before the
+  // rotary embedding (Qwen3's q_norm, k_norm).
+  bool qk_norm = false;
+  MoeOptions moe;
 };
+
+// Whether block `layer` of a model of these options is a mixture of experts.
+inline bool is_moe_layer(const ModelOptions& options, int64_t layer) {
+  return options.moe.num_experts > 0 && layer >= options.moe.first_dense_layers;
+}
+
+// Each expert's width (model.moe.d_ff, or the model's d_ff).
+int64_t moe_expert_d_ff(const ModelOptions& options);
 
 // The adapters' parameter count of a llama with these options (0 with LoRA
 // off): what trains, for the memory estimate.

@@ -206,6 +206,37 @@ std::vector<Key> build_schema() {
       {SHARDKIT_CONFIG_FIELD(model.lora.targets), names_list(true),
        "The projections that get adapters, a YAML list or comma-separated: q_proj, k_proj, v_proj, "
        "o_proj, gate_proj, up_proj, down_proj (PEFT's target_modules)."},
+      {SHARDKIT_CONFIG_FIELD(model.qk_norm), any_value(),
+       "llama: an RMSNorm over each head's dimensions of q and of k before the rotary embedding "
+       "(Qwen3's q_norm and k_norm)."},
+      {SHARDKIT_CONFIG_FIELD(model.moe.num_experts), at_least(0),
+       "llama: a mixture of this many routed SwiGLU experts in place of each block's MLP "
+       "(docs/moe.md); 0: dense. Hugging Face num_experts / n_routed_experts."},
+      {SHARDKIT_CONFIG_FIELD(model.moe.top_k), at_least(1),
+       "Experts each token is routed to, at most model.moe.num_experts (num_experts_per_tok). "
+       "Dropless: every token reaches all of them."},
+      {SHARDKIT_CONFIG_FIELD(model.moe.d_ff), at_least(0),
+       "Each expert's inner width (moe_intermediate_size); 0: model.d_ff's."},
+      {SHARDKIT_CONFIG_ENUM(model.moe.score_func, models::parse_moe_score_func), one_of_enum(models::kMoeScoreFuncs),
+       "The router's scores: softmax over the experts (Mixtral, Qwen3-MoE) or sigmoid of each "
+       "(DeepSeek-V3)."},
+      {SHARDKIT_CONFIG_FIELD(model.moe.route_norm), any_value(),
+       "Renormalise each token's top-k weights to sum 1 (norm_topk_prob; Mixtral always does)."},
+      {SHARDKIT_CONFIG_FIELD(model.moe.route_scale), above(0),
+       "Factor on the routed experts' weights (routed_scaling_factor)."},
+      {SHARDKIT_CONFIG_FIELD(model.moe.num_shared_experts), at_least(0),
+       "Shared experts every token goes through, as one SwiGLU of width this times the expert "
+       "width (n_shared_experts)."},
+      {SHARDKIT_CONFIG_FIELD(model.moe.first_dense_layers), at_least(0),
+       "The first this many blocks keep the dense MLP of width model.d_ff (first_k_dense_replace)."},
+      {SHARDKIT_CONFIG_FIELD(model.moe.aux_loss_coef), at_least(0),
+       "Weight of the load-balancing auxiliary loss, num_experts x sum over experts of (share of "
+       "the top-k choices) x (mean router probability), per MoE block and averaged over them "
+       "(router_aux_loss_coef); 0: off."},
+      {SHARDKIT_CONFIG_FIELD(model.moe.load_balance_rate), at_least(0),
+       "DeepSeek-V3's auxiliary-loss-free balancing: a per-expert bias on the scores, for the "
+       "choice only, moved by this much after each step towards the mean load (its gamma; "
+       "torchtitan's load_balance_coeff); 0: off."},
       {SHARDKIT_CONFIG_FIELD(model.init_from), any_value(),
        "Initialize model weights from a safetensors or torch.save file of full weights, a PyTorch "
        "DCP checkpoint, or a Hugging Face Llama directory (config.json gives the model keys; "

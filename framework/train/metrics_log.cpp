@@ -135,6 +135,24 @@ MfuBasis mfu_basis(double flops_per_token, double peak_tflops, const std::string
   return m;
 }
 
+namespace {
+
+// Each MoE layer's busiest expert over the mean load (1: balanced).
+std::vector<double> load_imbalance(const StepRecord& rec) {
+  std::vector<double> out;
+  for (const std::vector<double>& loads : rec.expert_loads) {
+    double sum = 0, most = 0;
+    for (double l : loads) {
+      sum += l;
+      most = std::max(most, l);
+    }
+    out.push_back(sum > 0 ? most * static_cast<double>(loads.size()) / sum : 0.0);
+  }
+  return out;
+}
+
+}  // namespace
+
 void MetricsLog::step(const StepRecord& rec, const StepProgress& p) {
   const double per_step = p.run_s / static_cast<double>(rec.step - p.first_step + 1);
   std::ostringstream line;
@@ -143,6 +161,11 @@ void MetricsLog::step(const StepRecord& rec, const StepProgress& p) {
        << rec.lr << std::fixed << " | grad_norm " << std::setprecision(3) << rec.grad_norm << " | "
        << std::setprecision(0) << rec.tokens_per_s << " tok/s | ";
   if (rec.mfu_percent > 0) line << "mfu " << std::setprecision(1) << rec.mfu_percent << "% | ";
+  const std::vector<double> imbalance = load_imbalance(rec);
+  if (!imbalance.empty()) {
+    line << "moe aux " << std::setprecision(4) << rec.moe_aux_loss << " load max/mean " << std::setprecision(2)
+         << *std::max_element(imbalance.begin(), imbalance.end()) << " | ";
+  }
   line << std::setprecision(3) << rec.step_time_s << " s/step | rss " << std::setprecision(0)
        << *std::max_element(p.peak_rss_mib.begin(), p.peak_rss_mib.end()) << " MiB | elapsed "
        << format_duration(seconds_since(started_)) << " | ETA "
@@ -160,6 +183,11 @@ void MetricsLog::step(const StepRecord& rec, const StepProgress& p) {
                       {"peak_rss_mib", p.peak_rss_mib}};
   if (!p.peak_gpu_mib.empty()) j["peak_gpu_mib"] = p.peak_gpu_mib;
   if (rec.mfu_percent > 0) j["mfu_percent"] = rec.mfu_percent;
+  if (!imbalance.empty()) {
+    j["moe_aux_loss"] = rec.moe_aux_loss;
+    j["expert_load"] = rec.expert_loads;
+    j["expert_load_max_over_mean"] = imbalance;
+  }
   if (rec.pipeline_peak_held > 0) {
     j["pipeline_wait_s"] = rec.pipeline_wait_s;
     j["pipeline_peak_held"] = rec.pipeline_peak_held;
@@ -175,6 +203,12 @@ void MetricsLog::step(const StepRecord& rec, const StepProgress& p) {
         {"comm_wait_s", rec.comm_wait_s},
         {"memory/peak_rss_mib", *std::max_element(p.peak_rss_mib.begin(), p.peak_rss_mib.end())}};
     if (rec.mfu_percent > 0) scalars.emplace_back("mfu_percent", rec.mfu_percent);
+    if (!imbalance.empty()) {
+      scalars.emplace_back("moe/aux_loss", rec.moe_aux_loss);
+      for (size_t l = 0; l < imbalance.size(); ++l) {
+        scalars.emplace_back("moe/load_max_over_mean/moe_layer_" + std::to_string(l), imbalance[l]);
+      }
+    }
     if (!p.peak_gpu_mib.empty()) {
       scalars.emplace_back("memory/peak_gpu_mib",
                            *std::max_element(p.peak_gpu_mib.begin(), p.peak_gpu_mib.end()));

@@ -479,9 +479,8 @@ void check_parallel(const config::Config& cfg, int world_size) {
     models::check_tensor_parallel_plan(cfg.model, layout.tensor);
     parallel::split_batch(par, layout, cfg.train.global_batch_size, cfg.train.micro_batch_size);
     if (layout.pipeline == 1) return;
-    const std::string key = "parallel.pipeline " + std::to_string(par.pipeline);
+    models::check_pipeline_support(cfg.model, layout.pipeline);
     const models::ModelSpec& spec = models::find_model_spec(cfg.model.kind);
-    if (!spec.embeds_parameter) fail(key + ": model.kind " + cfg.model.kind + " has no pipeline split");
     check_pipeline_sampling(cfg);
     // The blocks by name, from the model built without storage (llama) or
     // its block count: what the split points must name.

@@ -141,6 +141,11 @@ int dry_run(const framework::config::Config& cfg, int nproc) {
   const framework::train::MemoryEstimate m = framework::train::estimate_memory(cfg, world);
   std::printf("train: dry run: model %s, %.0f parameters (%.2f B), largest unit %.0f\n",
               cfg.model.kind.c_str(), size.parameters, size.parameters / 1e9, size.largest_unit);
+  if (cfg.model.moe.num_experts > 0) {
+    std::printf("train: dry run: mixture of experts: %.0f parameters active per token (%.2f B; top-%lld of %lld experts)\n",
+                size.active_parameters, size.active_parameters / 1e9, static_cast<long long>(cfg.model.moe.top_k),
+                static_cast<long long>(cfg.model.moe.num_experts));
+  }
   const std::string pipeline =
       cfg.parallel.pipeline > 1
           ? "pipeline=" + std::to_string(cfg.parallel.pipeline) + " (" + to_string(cfg.parallel.pipeline_schedule) + ", " +

@@ -145,9 +145,26 @@ StepStats Trainer::State::compute_gradients(int64_t to_step) {
   }
   torch::Tensor loss_sum = torch::zeros({1}, torch::TensorOptions(torch::kDouble).device(device));
   run_micro_batches(batches, std::max(1.0, global.tokens), loss_sum);
+  if (!moe.empty()) {
+    // The MoE layers' statistics ride on the same all-reduce.
+    std::vector<torch::Tensor> parts{loss_sum};
+    double aux = 0, weight = 0;
+    std::vector<torch::Tensor> loads;
+    for (models::MoeFeedForwardImpl* layer : moe) {
+      models::MoeLayerStats st = layer->take_stats();
+      aux += st.aux_loss;
+      weight = st.aux_weight;  // the same for every layer
+      loads.push_back(st.loads.to(device));
+    }
+    parts.push_back(torch::tensor({aux / static_cast<double>(moe.size()), weight}, torch::kDouble).to(device));
+    for (torch::Tensor& l : loads) parts.push_back(l);
+    loss_sum = torch::cat(parts);
+  }
   if (!counts_loss()) loss_sum.zero_();
   rt.train->all_reduce(loss_sum);
-  global.loss_sum = loss_sum.to(torch::kCPU).item<double>();
+  const torch::Tensor host = loss_sum.to(torch::kCPU);
+  global.loss_sum = host[0].item<double>();
+  if (!moe.empty()) moe_step_stats = host.narrow(0, 1, host.size(0) - 1);
   return global;
 }
 
@@ -218,6 +235,20 @@ void Trainer::State::run_pipeline_schedule(const MicroBatches& batches, double g
   fsdp->set_requires_gradient_sync(true);
 }
 
+void Trainer::State::finish_moe_step(StepRecord& rec) {
+  const torch::Tensor& st = moe_step_stats;
+  const double weight = st[1].item<double>();
+  rec.moe_aux_loss = weight > 0 ? st[0].item<double>() / weight : 0.0;
+  int64_t at = 2;
+  for (models::MoeFeedForwardImpl* layer : moe) {
+    const int64_t e = layer->num_experts();
+    const torch::Tensor loads = st.narrow(0, at, e);
+    at += e;
+    layer->update_bias(loads);
+    rec.expert_loads.emplace_back(loads.data_ptr<double>(), loads.data_ptr<double>() + e);
+  }
+}
+
 StepRecord Trainer::train_step() {
   State& s = *s_;
   TORCH_CHECK(s.step < s.cfg.train.steps, "train_step: already at train.steps (",
@@ -237,6 +268,7 @@ StepRecord Trainer::train_step() {
     RECORD_USER_SCOPE("shardkit::optimizer");
     rec.lr = s.apply_optimizer_step(step);
   }
+  if (!s.moe.empty()) s.finish_moe_step(rec);
   rec.step = step;
   rec.loss = global.loss_sum / global_tokens;
   rec.stop_requested = global.stop_requested > 0;

@@ -68,6 +68,12 @@ struct StepRecord {
   bool checkpoint_started = false;    // save() of this step was called
   bool checkpoint_skipped = false;    // due, but a save was in flight (when_busy: skip)
   double checkpoint_blocking_s = 0;   // time this rank's save() call held the loop
+  // A mixture of experts (model.moe), over the global batch: the auxiliary
+  // load-balancing loss (mean over the MoE layers; computed whether or not
+  // model.moe.aux_loss_coef trains on it), and each MoE layer's tokens per
+  // expert (top-k choices). Empty without MoE layers.
+  double moe_aux_loss = 0;
+  std::vector<std::vector<double>> expert_loads;
 };
 
 // A validation pass over the held-out samples (data.eval_fraction).

@@ -59,11 +59,8 @@ void Trainer::State::split_pipeline_stages() {
   const std::string key = "parallel.pipeline " + std::to_string(layout.pipeline);
   std::function<bool(const std::string&)> embeds;
   if (builtin_model) {
+    models::check_pipeline_support(cfg.model, layout.pipeline);
     embeds = models::find_model_spec(cfg.model.kind).embeds_parameter;
-    if (!embeds) {
-      throw std::invalid_argument(key + ": model.kind " + cfg.model.kind +
-                                  " has no pipeline split (ModelSpec::embeds_parameter)");
-    }
   } else {
     layered = std::dynamic_pointer_cast<models::LayeredModelImpl>(user.module);
     embeds = user.embeds_parameter;
@@ -106,6 +103,23 @@ void Trainer::State::check_batch_split() {
   } catch (const std::invalid_argument& e) {
     throw PreflightError(e.what());
   }
+}
+
+// ", 1234 active per token (top-2 of 8 experts in 3 of 4 blocks)" for a
+// built-in mixture of experts, else "".
+std::string Trainer::State::moe_description() const {
+  if (moe.empty() || !builtin_model) return "";
+  const models::MoeOptions& m = cfg.model.moe;
+  return ", " + std::to_string(static_cast<int64_t>(models::model_size(cfg.model).active_parameters)) +
+         " active per token (top-" + std::to_string(m.top_k) + " of " + std::to_string(m.num_experts) +
+         " experts in " + std::to_string(moe.size()) + " of " + std::to_string(cfg.model.n_layers) + " blocks)";
+}
+
+// The model's MoE layers, told the global batch their auxiliary loss is a
+// share of.
+void Trainer::State::find_moe_layers() {
+  moe = models::moe_layers(*user.module);
+  for (models::MoeFeedForwardImpl* layer : moe) layer->set_global_batch_sequences(cfg.train.global_batch_size);
 }
 
 // This data-parallel rank's loader over the dataset.
@@ -386,7 +400,7 @@ void Trainer::State::print_banner(const std::optional<std::string>& resume_from,
             << (params.trainable < params.total ? " (" + std::to_string(params.trainable) + " trainable: " +
                                                       lora_description() + ")"
                                                 : std::string())
-            << ", "
+            << moe_description() << ", "
             << fsdp->unit_names().size() << " units, " << std::fixed << std::setprecision(2)
             << st.sharded_param_bytes / 1048576.0 << std::defaultfloat << " MiB on this rank; data " << user.dataset->describe() << std::endl;
   print_run_lines();
@@ -511,6 +525,7 @@ Trainer::Trainer(const config::Config& config, comm::Runtime& runtime, UserModel
   s.split_pipeline_stages();
   s.apply_tensor_parallel();
   s.shard_model();
+  s.find_moe_layers();
   s.params.total = s.param_count();
   s.params.trainable = s.param_count(/*trainable_only=*/true);
   if (s.layout.pipeline > 1) {

@@ -25,6 +25,7 @@
 #include "framework/train/metrics_log.h"
 #include "framework/train/preflight.h"
 #include "framework/train/profiler.h"
+#include "models/moe.h"
 
 #include <torch/torch.h>
 
@@ -158,6 +159,11 @@ struct Trainer::State {
   std::unique_ptr<data::DataLoader> loader;
   std::unique_ptr<tokenizer::Tokenizer> tokenizer;  // data.tokenizer, loaded at the first sample
   int64_t micro_batches = 1;  // per step and rank (train.micro_batch_size)
+  // The model's mixture-of-experts layers (model.moe), and their step's
+  // statistics summed over the data-parallel ranks: [aux loss x its
+  // weight, the weight, then each layer's loads].
+  std::vector<models::MoeFeedForwardImpl*> moe;
+  torch::Tensor moe_step_stats;
 
   // Progress.
   int64_t step = 0;
@@ -185,6 +191,8 @@ struct Trainer::State {
   void apply_tensor_parallel();
   void shard_model();
   void make_loader();
+  void find_moe_layers();
+  std::string moe_description() const;
   std::string layout_text() const;  // "fsdp replicate=1 shard=2", as the banner says it
   void make_checkpoint_manager();
   // What the constructor resumed from (from: nothing, a fresh start).
@@ -206,6 +214,9 @@ struct Trainer::State {
   checkpoint::StateDict make_state_dict();
   int64_t last_step() const;
   detail::StepStats compute_gradients(int64_t to_step);
+  // This step's MoE statistics (moe_step_stats) into `rec`, and the
+  // auxiliary-loss-free bias update of every layer from its global loads.
+  void finish_moe_step(StepRecord& rec);
   void run_micro_batches(const detail::MicroBatches& batches, double global_tokens, torch::Tensor& loss_sum);
   void run_pipeline_schedule(const detail::MicroBatches& batches, double global_tokens, torch::Tensor& loss_sum);
   models::LayeredModelImpl::Stage stage_of(int64_t stage) const;

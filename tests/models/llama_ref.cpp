@@ -78,6 +78,18 @@ nlohmann::json settings(const Config& cfg) {
             {"rope_theta", m.rope_theta},
             {"norm_eps", m.norm_eps},
             {"tie_weights", m.tie_weights},
+            {"qk_norm", m.qk_norm},
+            {"moe",
+             {{"num_experts", m.moe.num_experts},
+              {"top_k", m.moe.top_k},
+              {"d_ff", models::moe_expert_d_ff(m)},
+              {"score_func", to_string(m.moe.score_func)},
+              {"route_norm", m.moe.route_norm},
+              {"route_scale", m.moe.route_scale},
+              {"num_shared_experts", m.moe.num_shared_experts},
+              {"first_dense_layers", m.moe.first_dense_layers},
+              {"aux_loss_coef", m.moe.aux_loss_coef},
+              {"load_balance_rate", m.moe.load_balance_rate}}},
             {"activation_checkpointing", to_string(m.activation_checkpointing)},
             {"lora",
              {{"rank", m.lora.rank},
@@ -187,14 +199,24 @@ void run(Config cfg, const fs::path& out, const Extras& extras) {
     };
     write_tensor(out / "probe_tokens.bin", probe);
     write_tensor(out / "probe_logits.bin", probe_logits());
+    // A mixture of experts: each MoE layer's choices for the probe,
+    // [layers, 2 * seq_len, k].
+    if (const auto layers = models::moe_layers(*model); !layers.empty()) {
+      std::vector<torch::Tensor> routes;
+      for (const models::MoeFeedForwardImpl* layer : layers) routes.push_back(layer->last_choices().to(torch::kCPU));
+      write_tensor(out / "probe_routes.bin", torch::stack(routes));
+    }
 
     nlohmann::json result = settings(cfg);
-    std::vector<double> losses, norms, lrs;
+    std::vector<double> losses, norms, lrs, aux_losses;
+    std::vector<std::vector<std::vector<double>>> loads;
     for (int64_t s = 0; s < compared_steps; ++s) {
       const auto rec = trainer.train_step();
       losses.push_back(rec.loss);
       norms.push_back(rec.grad_norm);
       lrs.push_back(rec.lr);
+      aux_losses.push_back(rec.moe_aux_loss);
+      loads.push_back(rec.expert_loads);
     }
     recording = false;
     // After the compared steps: the weights and the probe's logits again
@@ -206,6 +228,10 @@ void run(Config cfg, const fs::path& out, const Extras& extras) {
     result["losses"] = losses;
     result["grad_norms"] = norms;
     result["lrs"] = lrs;
+    if (cfg.model.moe.num_experts > 0) {
+      result["moe_aux_losses"] = aux_losses;  // per step, mean over the MoE layers
+      result["expert_loads"] = loads;         // per step, per MoE layer, per expert
+    }
     auto time_k_steps = [&](const std::string& median_key, const std::string& all_key) {
       std::vector<double> times;
       for (int64_t s = 0; s < time_steps; ++s) times.push_back(trainer.train_step().step_time_s);

@@ -1,6 +1,8 @@
 """A plain-PyTorch reference Llama (Llama 3 architecture, Hugging Face names
 and rotate-half RoPE) and a replay of shardkit's training step, used to check
 build/llama_ref (tests/models/test_llama_parity.py, bench/step_compare.py).
+Optionally Qwen3's q/k norm and a mixture-of-experts feed-forward
+(tests/models/moe_reference.py: Qwen3-MoE, Mixtral, DeepSeek-V3 routing).
 
 Plain torch ops only (no SDPA, no torch.func): runs on torch 1.13 and 2.x.
 """
@@ -15,6 +17,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from moe_reference import MoE, MoeArgs, keeps_fp32, route_margins
+
 IGNORE_INDEX = -100
 
 
@@ -23,7 +27,7 @@ IGNORE_INDEX = -100
 class ModelArgs:
     def __init__(self, vocab_size, seq_len, d_model, n_layers, n_heads, n_kv_heads,
                  d_ff, rope_theta=10000.0, norm_eps=1e-5, tie_weights=False,
-                 rope_scaling=None, lora=None):
+                 rope_scaling=None, lora=None, qk_norm=False, moe=None):
         self.vocab_size = int(vocab_size)
         self.seq_len = int(seq_len)
         self.d_model = int(d_model)
@@ -39,6 +43,8 @@ class ModelArgs:
         self.lora_rank = int(lora.get("rank", 0) or 0)
         self.lora_alpha = float(lora.get("alpha", 16.0))
         self.lora_targets = list(lora.get("targets") or [])
+        self.qk_norm = bool(qk_norm)
+        self.moe = MoeArgs(moe, self.d_ff)
 
     @classmethod
     def from_result(cls, m):
@@ -46,7 +52,7 @@ class ModelArgs:
         return cls(m["vocab_size"], m["seq_len"], m["d_model"], m["n_layers"], m["n_heads"],
                    m.get("n_kv_heads") or m["n_heads"], m["d_ff"], m.get("rope_theta", 10000.0),
                    m.get("norm_eps", 1e-5), m.get("tie_weights", False), m.get("rope_scaling"),
-                   m.get("lora"))
+                   m.get("lora"), m.get("qk_norm", False), m.get("moe"))
 
 
 class RMSNorm(nn.Module):
@@ -139,12 +145,20 @@ class Attention(nn.Module):
         self.k_proj = linear(args, "k_proj", args.d_model, args.n_kv_heads * self.hd)
         self.v_proj = linear(args, "v_proj", args.d_model, args.n_kv_heads * self.hd)
         self.o_proj = linear(args, "o_proj", args.n_heads * self.hd, args.d_model)
+        if args.qk_norm:  # Qwen3: per-head RMSNorm of q and k, [head_dim] weights
+            self.q_norm = RMSNorm(self.hd, args.norm_eps)
+            self.k_norm = RMSNorm(self.hd, args.norm_eps)
 
     def forward(self, x, cos, sin):
         a = self.args
         B, T, _ = x.shape
-        q = self.q_proj(x).view(B, T, a.n_heads, self.hd).transpose(1, 2)
-        k = self.k_proj(x).view(B, T, a.n_kv_heads, self.hd).transpose(1, 2)
+        q = self.q_proj(x).view(B, T, a.n_heads, self.hd)
+        k = self.k_proj(x).view(B, T, a.n_kv_heads, self.hd)
+        if a.qk_norm:  # over each head's dimensions, before the rotary embedding
+            q = self.q_norm(q)
+            k = self.k_norm(k)
+        q = q.transpose(1, 2)
+        k = k.transpose(1, 2)
         v = self.v_proj(x).view(B, T, a.n_kv_heads, self.hd).transpose(1, 2)
         cos = cos.to(q.dtype)
         sin = sin.to(q.dtype)
@@ -174,12 +188,13 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, args):
+    def __init__(self, args, layer=0):
         super().__init__()
         self.input_layernorm = RMSNorm(args.d_model, args.norm_eps)
         self.self_attn = Attention(args)
         self.post_attention_layernorm = RMSNorm(args.d_model, args.norm_eps)
-        self.mlp = MLP(args)
+        # blocks < model.moe.first_dense_layers keep the dense MLP
+        self.mlp = MoE(args.d_model, args.moe) if args.moe.is_moe_layer(layer) else MLP(args)
 
     def forward(self, x, cos, sin):
         h = x + self.self_attn(self.input_layernorm(x), cos, sin)
@@ -190,7 +205,7 @@ class LlamaModel(nn.Module):
     def __init__(self, args):
         super().__init__()
         self.embed_tokens = nn.Embedding(args.vocab_size, args.d_model)
-        self.layers = nn.ModuleList([DecoderLayer(args) for _ in range(args.n_layers)])
+        self.layers = nn.ModuleList([DecoderLayer(args, i) for i in range(args.n_layers)])
         self.norm = RMSNorm(args.d_model, args.norm_eps)
 
 
@@ -217,6 +232,16 @@ class Llama(nn.Module):
             return F.linear(x, self.model.embed_tokens.weight)
         return self.lm_head(x)
 
+    def moe_blocks(self):
+        """The MoE feed-forwards, in layer order (empty for a dense model)."""
+        return [layer.mlp for layer in self.model.layers if isinstance(layer.mlp, MoE)]
+
+    def aux_loss(self):
+        """The last forward's load-balancing loss: the mean over the MoE
+        layers of each one's (None when off)."""
+        terms = [b.last_aux for b in self.moe_blocks() if b.last_aux is not None]
+        return torch.stack(terms).mean() if terms else None
+
     def load_hf_state(self, tensors):
         """Copies {HF name: tensor} into the parameters; every name must match."""
         own = dict(self.named_parameters())
@@ -233,12 +258,27 @@ class Llama(nn.Module):
                 p.copy_(t.to(p.dtype))
 
 
-def loss_fn(logits, targets):
+def ce_sum(logits, targets):
+    """Summed fp32 cross-entropy over the targets that are not IGNORE_INDEX."""
     V = logits.shape[-1]
-    s = F.cross_entropy(logits.float().reshape(-1, V), targets.reshape(-1),
-                        ignore_index=IGNORE_INDEX, reduction="sum")
-    n = (targets != IGNORE_INDEX).sum()
-    return s / n
+    return F.cross_entropy(logits.float().reshape(-1, V), targets.reshape(-1),
+                           ignore_index=IGNORE_INDEX, reduction="sum")
+
+
+def loss_fn(logits, targets):
+    return ce_sum(logits, targets) / (targets != IGNORE_INDEX).sum()
+
+
+def compute_copy(model, dtype):
+    """A copy of the fp32 model in dtype for bf16/fp16 compute; the balancing
+    biases stay fp32 (they only choose experts, and are updated in fp32)."""
+    import copy
+    c = copy.deepcopy(model).to(dtype)
+    master = dict(model.named_parameters())
+    for name, p in c.named_parameters():
+        if keeps_fp32(name):
+            p.data = master[name].detach().clone().float()
+    return c
 
 
 # ---------------------------------------------------------------- files
@@ -313,6 +353,9 @@ def load_run(d):
     if os.path.exists(os.path.join(d, "final.safetensors")):
         run["final"] = load_safetensors(os.path.join(d, "final.safetensors"))
         run["final_probe_logits"] = read_bin(os.path.join(d, "final_probe_logits.bin"), "float32", (-1, T, V))
+    rp = os.path.join(d, "probe_routes.bin")
+    if os.path.exists(rp):  # MoE: int64 [n_moe_layers, probes * seq_len, top_k], shaped by compare_run
+        run["probe_routes"] = read_bin(rp, "int64")
     ip, tp = os.path.join(d, "inputs.bin"), os.path.join(d, "targets.bin")
     if os.path.exists(ip):
         run["inputs"] = read_bin(ip, "int64", (-1, G, T))
@@ -347,15 +390,33 @@ def adamw_kwargs(impl):
 
 
 def train(model, inputs, targets, optim, total_steps, grad_clip, param_dtype="fp32",
-          n_steps=None, on_step=None, optimizer_impl=None):
+          n_steps=None, on_step=None, optimizer_impl=None, micro_batch_size=None, moe_stats=None):
     """Replays shardkit's training: one optimizer step per entry of inputs
     ([steps, B, T]); returns (losses, grad_norms, lrs).
 
+    micro_batch_size (None: B): the step runs micro-batches of that many rows
+    in order, accumulating gradients; each one's objective is its summed
+    cross-entropy over the step's count of targets (so the step's gradient is
+    that of the global mean), plus, for MoE with aux_loss_coef c, c x its
+    load-balancing loss x (its rows / B). The reported loss is the
+    cross-entropy alone; the grad norm is the whole objective's. With MoE
+    load balancing, each MoE layer's bias moves after the optimizer step by
+    the step's loads (all micro-batches).
+
+    moe_stats: a dict to fill, per step, with "loads" (per MoE layer, the
+    top-k choices per expert, a list of lists), "margins" (the smallest gap
+    between a token's k-th and (k+1)-th selection score over the step's
+    tokens and MoE layers: where the replay came nearest to a routing tie)
+    and "aux" (the load-balancing loss as the objective weighs it: the sum
+    over micro-batches of their aux x rows / B, i.e. the mean over equal
+    micro-batches; None when aux_loss_coef is 0).
+
     param_dtype "bf16": fp32 masters and AdamW; a bf16 copy of the model runs
-    forward/backward each step, its gradients converted to fp32."""
+    forward/backward each micro-batch, its gradients converted to fp32 and
+    accumulated on the masters."""
     dtype = _DT[param_dtype]
     every = list(model.parameters())
-    params = [p for p in every if p.requires_grad]  # LoRA: the adapters
+    params = [p for p in every if p.requires_grad]  # LoRA: the adapters; never the MoE biases
     opt = torch.optim.AdamW(params, lr=float(optim["lr"]),
                             betas=(float(optim.get("beta1", 0.9)), float(optim.get("beta2", 0.95))),
                             eps=float(optim.get("eps", 1e-8)),
@@ -363,27 +424,50 @@ def train(model, inputs, targets, optim, total_steps, grad_clip, param_dtype="fp
                             **adamw_kwargs(optimizer_impl))
     compute = model
     if dtype != torch.float32:
-        import copy
-        compute = copy.deepcopy(model).to(dtype)
+        compute = compute_copy(model, dtype)
     cparams = list(compute.parameters())
+    moe = model.args.moe
+    aux_coef = moe.aux_loss_coef if moe.enabled else 0.0
     n_steps = inputs.shape[0] if n_steps is None else n_steps
     losses, norms, lrs = [], [], []
     for i in range(n_steps):
         s = i + 1
         x = inputs[i % inputs.shape[0]]
         y = targets[i % targets.shape[0]]
+        B = x.shape[0]
+        mb = int(micro_batch_size) if micro_batch_size else B
         if compute is not model:
             with torch.no_grad():
                 for cp, p in zip(cparams, every):
-                    cp.copy_(p.to(dtype))
+                    cp.copy_(p)  # rounds to dtype as p.to(dtype) does; the MoE biases stay fp32
                     cp.grad = None
         for p in params:
             p.grad = None
-        loss = loss_fn(compute(x), y)
-        loss.backward()
-        if compute is not model:
-            for cp, p in zip(cparams, every):
-                p.grad = None if cp.grad is None else cp.grad.float()
+        n_targets = (y != IGNORE_INDEX).sum()
+        loss = 0.0
+        loads = None
+        margin = float("inf")
+        aux_step = 0.0 if aux_coef > 0 else None
+        for r0 in range(0, B, mb):
+            xm, ym = x[r0:r0 + mb], y[r0:r0 + mb]
+            ce = ce_sum(compute(xm), ym) / n_targets
+            objective = ce
+            if aux_coef > 0:
+                aux = compute.aux_loss() * (xm.shape[0] / B)
+                objective = objective + aux_coef * aux
+                aux_step += float(aux)
+            objective.backward()
+            loss = loss + ce.detach()
+            if compute is not model:
+                for cp, p in zip(cparams, every):
+                    if cp.grad is not None:
+                        p.grad = cp.grad.float() if p.grad is None else p.grad + cp.grad.float()
+                        cp.grad = None
+            step_loads = [b.last_load for b in compute.moe_blocks()]
+            loads = step_loads if loads is None else [a + b for a, b in zip(loads, step_loads)]
+            if moe_stats is not None:
+                for b in compute.moe_blocks():
+                    margin = min(margin, float(route_margins(b.last_select, b.last_routes.shape[-1]).min()))
         if grad_clip and grad_clip > 0:
             gn = float(torch.nn.utils.clip_grad_norm_(params, grad_clip))
         else:
@@ -392,9 +476,15 @@ def train(model, inputs, targets, optim, total_steps, grad_clip, param_dtype="fp
         for g in opt.param_groups:
             g["lr"] = lr
         opt.step()
+        for block, load in zip(model.moe_blocks(), loads or []):
+            block.gate.balance(load)  # no-op unless load_balance_rate > 0
         losses.append(float(loss))
         norms.append(gn)
         lrs.append(lr)
+        if moe_stats is not None:
+            moe_stats.setdefault("loads", []).append([load.tolist() for load in loads or []])
+            moe_stats.setdefault("margins", []).append(margin)
+            moe_stats.setdefault("aux", []).append(aux_step)
         if on_step is not None:
             on_step(i)
     return losses, norms, lrs
@@ -413,5 +503,22 @@ def probe_logits(model, tokens, param_dtype="fp32"):
     with torch.no_grad():
         if dtype == torch.float32:
             return model(tokens).float()
-        import copy
-        return copy.deepcopy(model).to(dtype)(tokens).float()
+        return compute_copy(model, dtype)(tokens).float()
+
+
+def probe_routes(model, tokens, param_dtype="fp32"):
+    """The experts each MoE layer chooses for tokens [P, T], in layer order:
+    (routes int64 [n_moe_layers, P*T, k] in topk's order, margins fp32
+    [n_moe_layers, P*T]: each token's gap between its k-th and (k+1)-th
+    selection score, how near its choice is to a tie; inf when k = E)."""
+    dtype = _DT[param_dtype]
+    with torch.no_grad():
+        m = model if dtype == torch.float32 else compute_copy(model, dtype)
+        m(tokens)
+        routes, margins = [], []
+        for b in m.moe_blocks():
+            routes.append(b.last_routes.clone())
+            margins.append(route_margins(b.last_select, b.last_routes.shape[-1]))
+    if not routes:
+        return torch.zeros(0, tokens.numel(), 0, dtype=torch.int64), torch.zeros(0, tokens.numel())
+    return torch.stack(routes), torch.stack(margins)
