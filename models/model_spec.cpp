@@ -284,6 +284,19 @@ void check_tensor_parallel_plan(const ModelOptions& o, int64_t tensor) {
                               o.kind + ", which has no tensor-parallel plan)");
 }
 
+void check_expert_parallel(const ModelOptions& o, int64_t expert) {
+  if (expert <= 1) return;
+  if (o.moe.num_experts <= 0) {
+    throw std::invalid_argument("parallel.expert " + std::to_string(expert) +
+                                " needs a mixture of experts (model.moe.num_experts > 0)");
+  }
+  if (o.moe.num_experts % expert != 0) {
+    throw std::invalid_argument("parallel.expert (" + std::to_string(expert) + ") must divide model.moe.num_experts (" +
+                                std::to_string(o.moe.num_experts) +
+                                "): each expert-parallel rank holds the same number of experts");
+  }
+}
+
 void check_pipeline_support(const ModelOptions& o, int64_t pipeline) {
   if (pipeline <= 1) return;
   if (o.moe.num_experts > 0) {

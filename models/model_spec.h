@@ -134,6 +134,10 @@ bool has_model_spec(const std::string& kind);
 // are check_model_options'.
 void check_tensor_parallel_plan(const ModelOptions& options, int64_t tensor);
 
+// parallel.expert `expert` above 1 needs a mixture of experts whose
+// experts it divides. Throws std::invalid_argument naming the keys.
+void check_expert_parallel(const ModelOptions& options, int64_t expert);
+
 // parallel.pipeline `pipeline` above 1 needs the kind's pipeline split
 // (ModelSpec::embeds_parameter) and no mixture of experts (not yet).
 // Throws std::invalid_argument naming the keys.

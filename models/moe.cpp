@@ -115,7 +115,8 @@ torch::Tensor MoeFeedForwardImpl::forward(const torch::Tensor& x) {
   const torch::Tensor counts_cpu = loads.to(torch::kCPU);
   std::vector<int64_t> counts(counts_cpu.data_ptr<int64_t>(), counts_cpu.data_ptr<int64_t>() + E);
 
-  torch::Tensor routed = experts_->forward(rows.index_select(0, token), counts);  // [N k, d]
+  torch::Tensor routed = dispatch_ ? dispatch_(rows.index_select(0, token), counts, *experts_)
+                                   : experts_->forward(rows.index_select(0, token), counts);  // [N k, d]
   routed = routed * weights.reshape({-1}).index_select(0, order).unsqueeze(1).to(routed.scalar_type());
   torch::Tensor out = torch::zeros_like(rows).index_add(0, token, routed);
   if (shared_experts_) out = out + shared_experts_->forward(rows);
@@ -150,6 +151,20 @@ torch::Tensor MoeFeedForwardImpl::forward(const torch::Tensor& x) {
     }
   }
   return out.view(x.sizes());
+}
+
+void MoeFeedForwardImpl::set_expert_parallel(int64_t first, int64_t count, ExpertDispatch dispatch) {
+  TORCH_CHECK(first >= 0 && count > 0 && first + count <= options_.num_experts, "set_expert_parallel: experts [",
+              first, ", ", first + count, ") of ", options_.num_experts);
+  torch::NoGradGuard no_grad;
+  for (ExpertWeight* w : {&experts_->gate_proj, &experts_->up_proj, &experts_->down_proj}) {
+    torch::Tensor& p = (*w)->weight;
+    std::vector<int64_t> shape = p.sizes().vec();
+    shape[0] = count;
+    const bool has_storage = p.storage().nbytes() > 0 || p.numel() == 0;
+    p.set_data(has_storage ? p.narrow(0, first, count).clone() : make_param(shape, false).to(p.device()));
+  }
+  dispatch_ = std::move(dispatch);
 }
 
 MoeLayerStats MoeFeedForwardImpl::take_stats() {

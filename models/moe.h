@@ -27,6 +27,7 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -76,6 +77,13 @@ struct MoeLayerStats {
   double aux_weight = 0;  // the weights summed (1 over a whole global batch)
 };
 
+// Expert parallelism's hook (framework/ep): `rows` grouped by global
+// expert, `counts` this rank's rows per global expert [num_experts];
+// returns the experts' outputs in the same row order, computed by `local`
+// (this rank's experts) and the other ranks'.
+using ExpertDispatch = std::function<torch::Tensor(const torch::Tensor& rows, const std::vector<int64_t>& counts,
+                                                   GroupedExpertsImpl& local)>;
+
 class MoeFeedForwardImpl : public torch::nn::Module {
  public:
   MoeFeedForwardImpl(const ModelOptions& options, bool materialize);
@@ -93,6 +101,10 @@ class MoeFeedForwardImpl : public torch::nn::Module {
   // No effect without load_balance_rate.
   void update_bias(const torch::Tensor& loads);
   int64_t num_experts() const { return options_.num_experts; }
+  // Expert parallelism: keep experts [first, first + count) only (the
+  // stacked parameters' rows; without storage when they had none) and
+  // route through `dispatch`.
+  void set_expert_parallel(int64_t first, int64_t count, ExpertDispatch dispatch);
   // The experts the last forward chose, [B*T, k] in topk's order (tests and
   // the PyTorch reference compare them).
   const torch::Tensor& last_choices() const { return last_choices_; }
@@ -104,6 +116,7 @@ class MoeFeedForwardImpl : public torch::nn::Module {
   int64_t global_batch_ = 0;
   MoeRouter gate_{nullptr};
   GroupedExperts experts_{nullptr};
+  ExpertDispatch dispatch_;  // expert parallelism; empty: every expert here
   std::shared_ptr<LlamaMlpImpl> shared_experts_;  // null without shared experts
   torch::Tensor loads_;
   torch::Tensor last_choices_;

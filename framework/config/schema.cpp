@@ -292,6 +292,11 @@ std::vector<Key> build_schema() {
        "Tensor-parallel degree: the innermost mesh axis (replicate x shard x tensor), so a TP "
        "group is consecutive ranks on one node. 1: none. Needs model.kind llama (or a "
        "UserModel with a plan); replicate x shard is then world / tensor."},
+      {SHARDKIT_CONFIG_FIELD(parallel.expert), at_least(1),
+       "Expert-parallel degree of a mixture of experts (docs/moe.md): its routed experts split over "
+       "this many ranks of the shard axis, tokens sent to their experts and back by all-to-all; "
+       "must divide parallel.shard and model.moe.num_experts. The experts' FSDP shards over the "
+       "rest of the shard axis (shard / expert). 1: none."},
       {SHARDKIT_CONFIG_FIELD(parallel.pipeline), at_least(1),
        "Pipeline-parallel degree: the outermost mesh axis (pipeline x replicate x shard x "
        "tensor). The model's blocks split into pipeline x parallel.stages_per_rank stages, "

@@ -252,6 +252,15 @@ void FullyShardedModel::set_mesh_and_precision() {
   } else {
     param_mesh_ = mesh_;
   }
+  if (options_.expert_parallel.mesh) {
+    TORCH_CHECK(mesh_->ndim() == 2, "fully_shard: expert parallelism with tensor parallelism is not supported");
+    expert_mesh_ = options_.expert_parallel.mesh;
+    TORCH_CHECK(expert_mesh_->ndim() == 3 &&
+                    expert_mesh_->size(1) * expert_mesh_->size(2) == mesh_->size(shard_axis_) &&
+                    expert_mesh_->size(0) == mesh_->size(replicate_axis_),
+                "fully_shard: the expert mesh must be {replicate, expert_shard, expert} over the shard axis");
+    expert_param_mesh_ = expert_mesh_->permuted({0, 2, 1});
+  }
   param_dtype_ = to_scalar_type(options_.mixed_precision.param_dtype);
   reduce_dtype_ = to_scalar_type(options_.mixed_precision.reduce_dtype);
   mixed_ = param_dtype_ != torch::kFloat || reduce_dtype_ != torch::kFloat;
@@ -298,7 +307,6 @@ std::vector<const torch::nn::Module*> FullyShardedModel::make_units(
 // (FSDP) and files it in the unit's bucket of its dtype and trainability.
 void FullyShardedModel::add_param(const std::string& name, const torch::Tensor& p, Unit& unit,
                                   size_t index, const ParamInit& init) {
-  const int64_t shards = mesh_->size(shard_axis_);
   ParamSlot slot;
   slot.index = index;
   slot.name = name;
@@ -306,6 +314,12 @@ void FullyShardedModel::add_param(const std::string& name, const torch::Tensor& 
   slot.trainable = p.requires_grad();
   slot.rows = p.size(0);
   slot.global_shape = p.sizes().vec();
+  if (auto ep = options_.expert_parallel.params.find(name); ep != options_.expert_parallel.params.end()) {
+    TORCH_CHECK(expert_mesh_, "fully_shard: parameter ", name, " is expert-parallel but no expert mesh was given");
+    slot.expert = true;
+    slot.global_shape = ep->second;
+  }
+  const int64_t shards = bucket_shards(slot.expert);
   if (auto tp = options_.tensor_parallel.find(name); tp != options_.tensor_parallel.end()) {
     if (tensor_axis_ < 0 && tp->second.dim >= 0) {
       throw std::invalid_argument("fully_shard: parameter " + name +
@@ -315,7 +329,7 @@ void FullyShardedModel::add_param(const std::string& name, const torch::Tensor& 
     slot.global_shape = tp->second.global_shape;
   }
   slot.row_numel = slot.rows == 0 ? 0 : p.numel() / slot.rows;
-  slot.mine = chunk_span(slot.rows, shards, mesh_->coordinate(shard_axis_));
+  slot.mine = chunk_span(slot.rows, shards, bucket_coordinate(slot.expert));
   if (unmaterialised(p)) {
     // Materialise this one parameter: it is sliced and freed below.
     alloc_storage(p, static_cast<size_t>(tensor_bytes(p)));
@@ -329,16 +343,19 @@ void FullyShardedModel::add_param(const std::string& name, const torch::Tensor& 
                                             ? (options_.frozen_dtype == PrecisionDtype::kBf16 ? torch::kBFloat16
                                                                                                 : p.scalar_type())
                                             : p.scalar_type();
-  if (shards == 1 && !cast && shard_dtype == p.scalar_type()) {
+  // An expert's rows keep a shard of their own even when their group is this
+  // rank alone: the module's tensor is gathered for a unit and freed after.
+  const bool whole = shards == 1 && !slot.expert;
+  if (whole && !cast && shard_dtype == p.scalar_type()) {
     slot.local = p;  // DDP: the optimizer updates the module parameter itself
   } else {
     slot.local = p.narrow(0, slot.mine.offset, slot.mine.size).to(shard_dtype, false, true).set_requires_grad(slot.trainable);
   }
   if (cast) {
     p.set_data(torch::empty(p.sizes(), p.options().dtype(param_dtype_)));
-    if (shards == 1) raw_flat(p).copy_(slot.local.reshape({-1}));
+    if (whole) raw_flat(p).copy_(slot.local.reshape({-1}));
   }
-  if (shards > 1) free_storage(p);  // one full parameter at a time
+  if (!whole) free_storage(p);  // one full parameter at a time
   add_to_bucket(unit, std::move(slot));
 }
 
@@ -348,18 +365,20 @@ void FullyShardedModel::add_to_bucket(Unit& unit, ParamSlot slot) {
   const torch::Tensor& p = slot.full;
   size_t b = 0;
   while (b < unit.buckets.size() &&
-         (unit.buckets[b].dtype != p.scalar_type() || unit.buckets[b].trainable != slot.trainable)) {
+         (unit.buckets[b].dtype != p.scalar_type() || unit.buckets[b].trainable != slot.trainable ||
+          unit.buckets[b].expert != slot.expert)) {
     ++b;
   }
   if (b == unit.buckets.size()) {
     unit.buckets.emplace_back();
     unit.buckets.back().dtype = p.scalar_type();
     unit.buckets.back().trainable = slot.trainable;
+    unit.buckets.back().expert = slot.expert;
   }
   Bucket& bucket = unit.buckets[b];
   slot.bucket = b;
   slot.seg_offset = bucket.seg_numel;
-  bucket.seg_numel += chunk_capacity(slot.rows, mesh_->size(shard_axis_)) * slot.row_numel;
+  bucket.seg_numel += chunk_capacity(slot.rows, bucket_shards(slot.expert)) * slot.row_numel;
   bucket.members.push_back(unit.params.size());
   unit.full_bytes += tensor_bytes(p);
   unit.trainable += slot.trainable ? 1 : 0;
@@ -428,6 +447,18 @@ std::vector<std::string> FullyShardedModel::unit_names() const {
 
 std::vector<std::pair<std::string, torch::Tensor>> FullyShardedModel::buffers() const {
   return buffers_;
+}
+
+int64_t FullyShardedModel::bucket_shards(bool expert) const {
+  return expert ? expert_mesh_->size(1) : mesh_->size(shard_axis_);
+}
+
+int64_t FullyShardedModel::bucket_coordinate(bool expert) const {
+  return expert ? expert_mesh_->coordinate(1) : mesh_->coordinate(shard_axis_);
+}
+
+comm::Group& FullyShardedModel::bucket_group(bool expert, int channel) {
+  return expert ? expert_mesh_->group(1, channel) : mesh_->group(shard_axis_, channel);
 }
 
 bool FullyShardedModel::param_trainable(size_t index) const {

@@ -346,6 +346,14 @@ class FullyShardedModel {
   int replicate_axis_ = 0;
   int tensor_axis_ = -1;  // 2 on a {replicate, shard, tensor} mesh
   std::shared_ptr<dtensor::DeviceMesh> param_mesh_;  // what the DTensors live on
+  // Expert parallelism (FsdpOptions::expert_parallel): its mesh
+  // {replicate, expert_shard, expert} and the view {replicate, expert,
+  // expert_shard} its parameters' DTensors live on; null without.
+  std::shared_ptr<dtensor::DeviceMesh> expert_mesh_, expert_param_mesh_;
+  // A bucket's shard group: the shard axis, or the expert-shard axis.
+  int64_t bucket_shards(bool expert) const;
+  int64_t bucket_coordinate(bool expert) const;
+  comm::Group& bucket_group(bool expert, int channel);
   std::vector<std::unique_ptr<Unit>> units_;  // units_[0] is the root
   std::vector<std::pair<Unit*, size_t>> param_index_;  // model parameter order -> (unit, slot)
   std::vector<std::pair<std::string, torch::Tensor>> buffers_;

@@ -75,6 +75,9 @@ struct ParamSlot {
   // along tp_dim over the mesh's tensor axis (-1: whole on every TP rank).
   int64_t tp_dim = -1;
   std::vector<int64_t> global_shape;
+  // Expert parallelism: `full` is this rank's experts (rows of dim 0 of
+  // global_shape), sharded over the expert-shard group only.
+  bool expert = false;
 };
 
 // The parameters of one unit that share a dtype and trainability: one flat
@@ -82,6 +85,7 @@ struct ParamSlot {
 struct Bucket {
   torch::ScalarType dtype = torch::kFloat;
   bool trainable = true;
+  bool expert = false;          // its members' rows are sharded over the expert-shard group
   std::vector<size_t> members;  // indices into Unit::params
   int64_t seg_numel = 0;        // padded elements per shard member in the flat buffers
   torch::Tensor grad_buffer;    // this rank's reduced gradients (keeps .grad views alive)

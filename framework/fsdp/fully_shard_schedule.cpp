@@ -120,8 +120,14 @@ void FullyShardedModel::issue_gather(Unit& unit) {
       const ParamSlot& p = unit.params[m];
       send.narrow(0, p.seg_offset, p.mine.size * p.row_numel).copy_(p.local.reshape({-1}));
     }
-    torch::Tensor recv = torch::empty({shards * bucket.seg_numel}, dtype);
-    unit.gather_work.push_back(mesh_->group(shard_axis_, kGatherChannel).all_gather_async(recv, send));
+    const int64_t group_shards = bucket_shards(bucket.expert);
+    if (group_shards == 1) {  // experts whole on this rank: nothing to gather
+      unit.gather_work.emplace_back();
+      unit.gather_recv.push_back(send);
+      continue;
+    }
+    torch::Tensor recv = torch::empty({group_shards * bucket.seg_numel}, dtype);
+    unit.gather_work.push_back(bucket_group(bucket.expert, kGatherChannel).all_gather_async(recv, send));
     unit.gather_recv.push_back(recv);
   }
   live_bytes_ += unit.full_bytes;
@@ -132,7 +138,6 @@ void FullyShardedModel::finish_gather(Unit& unit) {
   if (!unit.gathering) return;
   RECORD_USER_SCOPE("shardkit::fsdp_gather");
   torch::NoGradGuard no_grad;
-  const int64_t shards = mesh_->size(shard_axis_);
   std::vector<comm::Work> work = std::move(unit.gather_work);
   std::vector<torch::Tensor> recv = std::move(unit.gather_recv);
   unit.gather_work.clear();
@@ -141,6 +146,7 @@ void FullyShardedModel::finish_gather(Unit& unit) {
   try {
     for (size_t b = 0; b < unit.buckets.size(); ++b) {
       const Bucket& bucket = unit.buckets[b];
+      const int64_t shards = bucket_shards(bucket.expert);
       timed_wait(work[b], comm_wait_s_);
       for (size_t m : bucket.members) {
         const ParamSlot& p = unit.params[m];
@@ -348,7 +354,7 @@ void FullyShardedModel::take_replicated_grads(Unit& unit, Bucket& bucket, Reduce
 // buffer, and its reduce-scatter over the shard axis issued on the
 // reduction channel; the full gradients are freed.
 void FullyShardedModel::issue_reduce_scatter(Unit& unit, Bucket& bucket, ReducePart& part) {
-  const int64_t shards = mesh_->size(shard_axis_);
+  const int64_t shards = bucket_shards(bucket.expert);
   const auto comm = unit.params[bucket.members.front()].local.options().requires_grad(false).dtype(
       comm_dtype(bucket.dtype));
   part.send = torch::zeros({shards * bucket.seg_numel}, comm);
@@ -363,8 +369,14 @@ void FullyShardedModel::issue_reduce_scatter(Unit& unit, Bucket& bucket, ReduceP
           .copy_(flat.narrow(0, span.offset * p.row_numel, span.size * p.row_numel));
     }
   }
-  part.mine = torch::empty({bucket.seg_numel}, comm);
-  part.rs = mesh_->group(shard_axis_, kReduceChannel).reduce_scatter_async(part.mine, part.send);
+  if (shards == 1) {
+    // Experts whole on this rank: their gradients are this rank's already
+    // (every expert-parallel rank's tokens reached them).
+    part.mine = part.send;
+  } else {
+    part.mine = torch::empty({bucket.seg_numel}, comm);
+    part.rs = bucket_group(bucket.expert, kReduceChannel).reduce_scatter_async(part.mine, part.send);
+  }
   // The send buffer now holds what the full gradients held.
   for (size_t m : bucket.members) {
     ParamSlot& p = unit.params[m];
@@ -458,6 +470,13 @@ std::vector<std::string> FullyShardedModel::param_names() const {
 dtensor::DTensor FullyShardedModel::like_param(size_t index, torch::Tensor local) const {
   const auto& [unit, slot] = param_index_.at(index);
   const ParamSlot& p = unit->params[slot];
+  if (p.expert) {
+    // On the {replicate, expert, expert_shard} view: the experts' rows,
+    // then FSDP's rows of them.
+    const Placement rows = bucket_shards(true) > 1 ? Placement::shard(0) : Placement::replicate();
+    return dtensor::DTensor(std::move(local), p.global_shape, expert_param_mesh_,
+                            {Placement::replicate(), Placement::shard(0), rows});
+  }
   const Placement fsdp = mesh_->size(shard_axis_) > 1 ? Placement::shard(0) : Placement::replicate();
   if (tensor_axis_ < 0) {
     return dtensor::DTensor(std::move(local), p.full.sizes().vec(), mesh_,

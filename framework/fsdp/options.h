@@ -2,11 +2,16 @@
 // FSDP's options: resharding, prefetch, mixed precision, frozen shards, and
 // how tensor parallelism split the parameters it shards. Torch-free.
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
 #include "comm/enum_text.h"
+
+namespace framework::dtensor {
+class DeviceMesh;
+}
 
 namespace framework::fsdp {
 
@@ -73,6 +78,19 @@ struct FsdpOptions {
   // over the data-parallel axes and its DTensors carry both placements.
   // Not a config key.
   std::unordered_map<std::string, TensorParallelParam> tensor_parallel;
+  // Expert parallelism (framework/ep): `params` (name -> the whole
+  // parameter's shape) hold this rank's rows of dim 0 only, its experts,
+  // split over the mesh's expert axis, which borrows its ranks from the
+  // shard axis. FSDP shards those rows further over the rest of the shard
+  // axis only, and gathers and reduces them over that group: `mesh` is
+  // {replicate, expert_shard, expert}, the same ranks as the stage mesh
+  // (shard = expert_shard x expert, expert innermost). Their gradients
+  // already hold every expert-parallel rank's tokens. Not a config key.
+  struct ExpertParallel {
+    std::shared_ptr<dtensor::DeviceMesh> mesh;
+    std::unordered_map<std::string, std::vector<int64_t>> params;
+  };
+  ExpertParallel expert_parallel;
 };
 
 }  // namespace framework::fsdp

@@ -48,6 +48,19 @@ Layout resolve(const ParallelConfig& config, int64_t world) {
   }
   layout.replicate = r;
   layout.shard = s;
+  if (config.expert < 1 || s % config.expert != 0) {
+    refuse("parallel.expert (" + text(config.expert) + ") must divide the shard degree " + text(s) +
+           ": expert parallelism borrows its ranks from the shard axis");
+  }
+  if (config.expert > 1 && config.tensor > 1) {
+    refuse("parallel.expert (" + text(config.expert) + ") with parallel.tensor (" + text(config.tensor) +
+           ") is not supported yet");
+  }
+  if (config.expert > 1 && config.pipeline > 1) {
+    refuse("parallel.expert (" + text(config.expert) + ") with parallel.pipeline (" + text(config.pipeline) +
+           ") is not supported yet");
+  }
+  layout.expert = config.expert;
   return layout;
 }
 
@@ -120,6 +133,7 @@ std::string Layout::data_parallel_name() const {
 
 std::string Layout::describe() const {
   std::string out = data_parallel_name() + " replicate=" + text(replicate) + " shard=" + text(shard);
+  if (expert > 1) out += " expert=" + text(expert);
   if (tensor > 1) out += " tensor=" + text(tensor);
   return out;
 }

@@ -42,6 +42,11 @@ struct ParallelConfig {
   int64_t shard = -1;
   // Tensor-parallel degree: the innermost axis. 1: none.
   int64_t tensor = 1;
+  // Expert-parallel degree (a mixture of experts, docs/moe.md): the routed
+  // experts split over this many ranks of the shard axis, which the
+  // experts' FSDP then shards over the rest (shard = expert_shard x
+  // expert, expert innermost). 1: none.
+  int64_t expert = 1;
   // Pipeline-parallel degree: the outermost axis. The model's blocks split
   // into pipeline x stages_per_rank stages (stage s on pipeline rank s mod
   // pipeline), evenly or at pipeline_split_points (comma-separated block
@@ -62,6 +67,13 @@ struct Layout {
   int64_t replicate = 1;
   int64_t shard = 1;
   int64_t tensor = 1;
+  int64_t expert = 1;  // of the shard axis's ranks
+
+  // The experts' FSDP degree: the shard axis's ranks that hold the same experts.
+  int64_t expert_shard() const { return shard / expert; }
+  // The experts' mesh {replicate, expert_shard, expert}: the stage's ranks
+  // (REQUIRES tensor 1), the shard axis factored.
+  std::vector<int64_t> expert_shape() const { return {replicate, expert_shard(), expert}; }
 
   int64_t world() const { return pipeline * stage_world(); }
   // The ranks of one pipeline stage (all of them without a pipeline).

@@ -10,6 +10,10 @@ Meshes build_meshes(const Layout& layout, comm::Rendezvous& rendezvous, int chan
   if (layout.pipeline == 1) {
     meshes.stage = dtensor::DeviceMesh::create(rendezvous, shape, names, "mesh", channels);
     meshes.world = meshes.stage;
+    if (layout.expert > 1) {
+      meshes.expert = dtensor::DeviceMesh::create(rendezvous, layout.expert_shape(),
+                                                  {"replicate", "expert_shard", "expert"}, "expert_mesh", channels);
+    }
     return meshes;
   }
   shape.insert(shape.begin(), layout.pipeline);

@@ -17,6 +17,10 @@ struct Meshes {
   // This rank's stage: the axes the data-parallel and tensor-parallel
   // collectives run on.
   std::shared_ptr<dtensor::DeviceMesh> stage;
+  // Expert parallelism (layout.expert > 1): {replicate, expert_shard,
+  // expert} over the stage's ranks; the expert axis's group moves tokens
+  // (all-to-all), the expert_shard axis's shards the experts. Else null.
+  std::shared_ptr<dtensor::DeviceMesh> expert;
   // The pipeline axis's group (send/recv between stages). REQUIRES:
   // pipeline > 1.
   comm::Group& pipeline_group() const { return world->group(0); }

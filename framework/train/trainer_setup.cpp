@@ -211,6 +211,23 @@ void Trainer::State::apply_tensor_parallel() {
   if (user.init) user.init = tp::sharded_init(tp_layout, user.init);
 }
 
+// parallel.expert > 1: each MoE layer keeps its share of the routed experts
+// and sends tokens to the others over the expert axis; FSDP shards the
+// experts over the rest of the shard axis.
+void Trainer::State::apply_expert_parallel() {
+  if (layout.expert == 1) return;
+  try {
+    if (builtin_model) models::check_expert_parallel(cfg.model, layout.expert);
+    ep_layout = ep::parallelize_experts(*user.module, meshes.expert);
+  } catch (const std::invalid_argument& e) {
+    throw PreflightError(e.what());
+  }
+  if (ep_layout.params.empty()) {
+    throw PreflightError("parallel.expert " + std::to_string(layout.expert) + ": the model has no mixture-of-experts layer");
+  }
+  if (user.init) user.init = ep::expert_init(ep_layout, user.init);
+}
+
 // Each rank keeps its shards of the same full model: results do not depend
 // on the world size. REQUIRES: meshes.stage, user.module.
 void Trainer::State::shard_model() {
@@ -226,6 +243,7 @@ void Trainer::State::shard_model() {
   parallel.mixed_precision = cfg.train.mixed_precision;
   if (cfg.model.lora.rank > 0 && cfg.model.lora.base_dtype == "bf16") parallel.frozen_dtype = fsdp::PrecisionDtype::kBf16;
   parallel.tensor_parallel = tp_layout.params;
+  if (layout.expert > 1) parallel.expert_parallel = {meshes.expert, ep_layout.params};
   fsdp = std::make_unique<fsdp::FullyShardedModel>(user.module, meshes.stage, parallel, user.units,
                                                    user.init);
   if (layout.pipeline > 1) {
@@ -524,6 +542,7 @@ Trainer::Trainer(const config::Config& config, comm::Runtime& runtime, UserModel
   if (s.builtin_model) s.build_builtin_model();
   s.split_pipeline_stages();
   s.apply_tensor_parallel();
+  s.apply_expert_parallel();
   s.shard_model();
   s.find_moe_layers();
   s.params.total = s.param_count();

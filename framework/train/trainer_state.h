@@ -22,6 +22,7 @@
 #include "framework/pp/pipeline.h"
 #include "framework/tokenizer/tokenizer.h"
 #include "framework/tp/tensor_parallel.h"
+#include "framework/ep/expert_parallel.h"
 #include "framework/train/metrics_log.h"
 #include "framework/train/preflight.h"
 #include "framework/train/profiler.h"
@@ -154,6 +155,7 @@ struct Trainer::State {
   // The model and what trains it.
   UserModel user;  // the model, units, loss and data (built-in: from the kind's spec)
   tp::TensorParallelLayout tp_layout;
+  ep::ExpertParallelLayout ep_layout;
   std::unique_ptr<fsdp::FullyShardedModel> fsdp;
   std::unique_ptr<optim::ShardedAdamW> optim;
   std::unique_ptr<data::DataLoader> loader;
@@ -189,6 +191,7 @@ struct Trainer::State {
   void build_builtin_model();
   void split_pipeline_stages();
   void apply_tensor_parallel();
+  void apply_expert_parallel();
   void shard_model();
   void make_loader();
   void find_moe_layers();
