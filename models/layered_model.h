@@ -83,6 +83,12 @@ struct ModelSize {
   // its routed experts); the kind's size sets it, else all of them.
   double active_parameters = 0;
   double largest_unit = 0;     // one block, or the rest (embeddings, final norm, head)
+  // A mixture of experts: the largest block and the parameters outside
+  // the blocks (largest_unit is the larger), and one MoE block's routed
+  // experts, which expert parallelism splits. 0 where the kind does not say.
+  double largest_block = 0;
+  double outside_blocks = 0;
+  double routed_experts_per_block = 0;
   double largest_parameter = 0;  // elements
   double activation_floats_per_sample = 0;  // kept for backward, roughly
   double block_activation_floats_per_sample = 0;  // of those, one block's

@@ -187,6 +187,11 @@ ModelSize llama_size(const ModelOptions& o) {
   size.parameters = counts.total;
   size.active_parameters = counts.active;
   size.largest_unit = std::max(rest, block);
+  size.largest_block = block;
+  size.outside_blocks = rest;
+  if (o.moe.num_experts > 0) {
+    size.routed_experts_per_block = static_cast<double>(o.moe.num_experts) * 3 * d * static_cast<double>(moe_expert_d_ff(o));
+  }
   size.largest_parameter = std::max(v * d, largest_parameter);
   size.activation_floats_per_sample = s * (static_cast<double>(o.n_layers) * block_acts + 2 * v + 3 * d);
   size.block_activation_floats_per_sample = s * block_acts;

@@ -4,21 +4,33 @@
 
 #include <torch/autograd.h>
 
+#include <chrono>
 #include <numeric>
 #include <stdexcept>
 
 namespace framework::ep {
 namespace {
 
+// Adds the seconds of its scope to `total` (when given).
+struct Timer {
+  double* total;
+  std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
+  explicit Timer(double* t) : total(t) {}
+  ~Timer() {
+    if (total) *total += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
+};
+
 class AllToAllFn : public torch::autograd::Function<AllToAllFn> {
  public:
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& input,
                                std::vector<int64_t> out_splits, std::vector<int64_t> in_splits,
-                               comm::Group* group) {
+                               comm::Group* group, double* seconds) {
     ctx->saved_data["out"] = c10::IValue(out_splits);
     ctx->saved_data["in"] = c10::IValue(in_splits);
     ctx->saved_data["group"] = reinterpret_cast<int64_t>(group);
-    return exchange(input, out_splits, in_splits, *group);
+    ctx->saved_data["seconds"] = reinterpret_cast<int64_t>(seconds);
+    return exchange(input, out_splits, in_splits, *group, seconds);
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
@@ -26,13 +38,15 @@ class AllToAllFn : public torch::autograd::Function<AllToAllFn> {
     const std::vector<int64_t> out_splits = ctx->saved_data["out"].toIntVector();
     const std::vector<int64_t> in_splits = ctx->saved_data["in"].toIntVector();
     auto* group = reinterpret_cast<comm::Group*>(ctx->saved_data["group"].toInt());
+    auto* seconds = reinterpret_cast<double*>(ctx->saved_data["seconds"].toInt());
     // The rows this rank received go back where they came from.
-    return {exchange(grads[0], in_splits, out_splits, *group), torch::Tensor(), torch::Tensor(),
-            torch::Tensor()};
+    return {exchange(grads[0], in_splits, out_splits, *group, seconds), torch::Tensor(), torch::Tensor(),
+            torch::Tensor(), torch::Tensor()};
   }
 
   static torch::Tensor exchange(const torch::Tensor& input, const std::vector<int64_t>& out_splits,
-                                const std::vector<int64_t>& in_splits, comm::Group& group) {
+                                const std::vector<int64_t>& in_splits, comm::Group& group, double* seconds) {
+    const Timer timer(seconds);
     const int64_t rows = std::accumulate(out_splits.begin(), out_splits.end(), int64_t{0});
     std::vector<int64_t> shape = input.sizes().vec();
     shape[0] = rows;
@@ -46,7 +60,7 @@ class AllToAllFn : public torch::autograd::Function<AllToAllFn> {
 // The dispatch of one layer (models::ExpertDispatch) over `group`, this
 // rank keeping `local` of the experts.
 torch::Tensor dispatch(const torch::Tensor& rows, const std::vector<int64_t>& counts,
-                       models::GroupedExpertsImpl& experts, comm::Group& group) {
+                       models::GroupedExpertsImpl& experts, comm::Group& group, double* seconds) {
   const int64_t ranks = group.size();
   const int64_t local = experts.num_experts();
   TORCH_CHECK(static_cast<int64_t>(counts.size()) == ranks * local, "expert parallelism: ", counts.size(),
@@ -56,7 +70,10 @@ torch::Tensor dispatch(const torch::Tensor& rows, const std::vector<int64_t>& co
   torch::Tensor send_counts = torch::tensor(counts, long_cpu).to(rows.device());
   torch::Tensor recv_counts = torch::empty({ranks * local}, long_cpu.device(rows.device()));
   const std::vector<int64_t> even(static_cast<size_t>(ranks), local);
-  group.all_to_all(recv_counts, send_counts, even, even);
+  {
+    const Timer timer(seconds);
+    group.all_to_all(recv_counts, send_counts, even, even);
+  }
   const torch::Tensor got = recv_counts.to(torch::kCPU);
   const int64_t* rc = got.data_ptr<int64_t>();
   std::vector<int64_t> in_splits(static_cast<size_t>(ranks), 0), out_splits(static_cast<size_t>(ranks), 0);
@@ -66,7 +83,7 @@ torch::Tensor dispatch(const torch::Tensor& rows, const std::vector<int64_t>& co
       out_splits[r] += rc[r * local + e];
     }
   }
-  const torch::Tensor received = AllToAllFn::apply(rows, out_splits, in_splits, &group);
+  const torch::Tensor received = AllToAllFn::apply(rows, out_splits, in_splits, &group, seconds);
   // Received rank by rank, each rank's rows by expert; the experts want
   // theirs together: every rank's rows of expert 0, then of expert 1...
   std::vector<int64_t> start(static_cast<size_t>(ranks * local));
@@ -88,14 +105,14 @@ torch::Tensor dispatch(const torch::Tensor& rows, const std::vector<int64_t>& co
   const torch::Tensor perm = torch::tensor(order, long_cpu).to(rows.device());
   const torch::Tensor inverse = torch::empty_like(perm).index_copy_(0, perm, torch::arange(offset, perm.options()));
   const torch::Tensor outputs = experts.forward(received.index_select(0, perm), per_expert);
-  return AllToAllFn::apply(outputs.index_select(0, inverse), in_splits, out_splits, &group);
+  return AllToAllFn::apply(outputs.index_select(0, inverse), in_splits, out_splits, &group, seconds);
 }
 
 }  // namespace
 
 torch::Tensor all_to_all(const torch::Tensor& input, const std::vector<int64_t>& out_splits,
-                         const std::vector<int64_t>& in_splits, comm::Group& group) {
-  return AllToAllFn::apply(input, out_splits, in_splits, &group);
+                         const std::vector<int64_t>& in_splits, comm::Group& group, double* seconds) {
+  return AllToAllFn::apply(input, out_splits, in_splits, &group, seconds);
 }
 
 ExpertParallelLayout parallelize_experts(torch::nn::Module& module, std::shared_ptr<dtensor::DeviceMesh> mesh) {
@@ -103,6 +120,7 @@ ExpertParallelLayout parallelize_experts(torch::nn::Module& module, std::shared_
   layout.size = mesh->size(2);
   layout.rank = mesh->coordinate(2);
   comm::Group* group = &mesh->group(2);
+  double* seconds = layout.all_to_all_seconds.get();
   for (const auto& item : module.named_modules("", /*include_self=*/false)) {
     auto* moe = dynamic_cast<models::MoeFeedForwardImpl*>(item.value().get());
     if (moe == nullptr) continue;
@@ -120,9 +138,10 @@ ExpertParallelLayout parallelize_experts(torch::nn::Module& module, std::shared_
     }
     // `mesh` keeps the group alive for the module's life (the trainer's meshes).
     moe->set_expert_parallel(layout.rank * count, count,
-                             [group](const torch::Tensor& rows, const std::vector<int64_t>& counts,
-                                     models::GroupedExpertsImpl& local) {
-                               return dispatch(rows, counts, local, *group);
+                             [group, seconds, keep = layout.all_to_all_seconds](
+                                 const torch::Tensor& rows, const std::vector<int64_t>& counts,
+                                 models::GroupedExpertsImpl& local) {
+                               return dispatch(rows, counts, local, *group, seconds);
                              });
   }
   return layout;

@@ -34,6 +34,9 @@ struct ExpertParallelLayout {
   std::unordered_map<std::string, std::vector<int64_t>> params;
   int64_t size = 1;  // expert-parallel ranks
   int64_t rank = 0;  // this rank's coordinate on the expert axis
+  // Seconds this rank spent in the layers' all-to-alls so far, forward and
+  // backward (the counts' exchange too); on NCCL, the time to enqueue them.
+  std::shared_ptr<double> all_to_all_seconds = std::make_shared<double>(0.0);
 };
 
 // Makes every mixture-of-experts layer under `module` keep its experts
@@ -52,7 +55,8 @@ FullInit expert_init(const ExpertParallelLayout& layout, FullInit full_init);
 // Rows of `input` to the members of `group`: in_splits[i] rows to member i;
 // out_splits[i] rows from member i. Differentiable: the gradient goes back
 // by the reverse exchange.
+// `seconds` (optional) adds the time of both exchanges.
 torch::Tensor all_to_all(const torch::Tensor& input, const std::vector<int64_t>& out_splits,
-                         const std::vector<int64_t>& in_splits, comm::Group& group);
+                         const std::vector<int64_t>& in_splits, comm::Group& group, double* seconds = nullptr);
 
 }  // namespace framework::ep

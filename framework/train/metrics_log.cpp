@@ -188,6 +188,7 @@ void MetricsLog::step(const StepRecord& rec, const StepProgress& p) {
     j["expert_load"] = rec.expert_loads;
     j["expert_load_max_over_mean"] = imbalance;
   }
+  if (cfg_.parallel.expert > 1) j["all_to_all_s"] = rec.all_to_all_s;
   if (rec.pipeline_peak_held > 0) {
     j["pipeline_wait_s"] = rec.pipeline_wait_s;
     j["pipeline_peak_held"] = rec.pipeline_peak_held;
@@ -205,6 +206,7 @@ void MetricsLog::step(const StepRecord& rec, const StepProgress& p) {
     if (rec.mfu_percent > 0) scalars.emplace_back("mfu_percent", rec.mfu_percent);
     if (!imbalance.empty()) {
       scalars.emplace_back("moe/aux_loss", rec.moe_aux_loss);
+      if (cfg_.parallel.expert > 1) scalars.emplace_back("moe/all_to_all_s", rec.all_to_all_s);
       for (size_t l = 0; l < imbalance.size(); ++l) {
         scalars.emplace_back("moe/load_max_over_mean/moe_layer_" + std::to_string(l), imbalance[l]);
       }

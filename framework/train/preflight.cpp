@@ -393,12 +393,20 @@ void check_resume(const config::Config& cfg, PreflightReport& report) {
 
 MemoryEstimate estimate_memory(const config::Config& cfg, int world_size) {
   const models::ModelSize size = models::model_size(cfg.model);
-  double shard = 1, tensor = 1;
+  double shard = 1, tensor = 1, expert = 1;
   try {
     const parallel::Layout layout = parallel::resolve(cfg.parallel, world_size);
     shard = static_cast<double>(layout.shard);
     tensor = static_cast<double>(layout.tensor);
+    expert = static_cast<double>(layout.expert);
   } catch (const std::invalid_argument&) {
+  }
+  // Expert parallelism: a rank gathers only its share of a block's routed
+  // experts (over its expert_shard group).
+  double largest_unit = size.largest_unit;
+  if (expert > 1 && size.routed_experts_per_block > 0) {
+    largest_unit = std::max(size.outside_blocks,
+                            size.largest_block - size.routed_experts_per_block * (1 - 1 / expert));
   }
   MemoryEstimate m;
   constexpr double kFloat = 4;
@@ -425,7 +433,7 @@ MemoryEstimate estimate_memory(const config::Config& cfg, int world_size) {
     // Parameters and gradients of the unit in backward; with prefetch N,
     // N more units gathered ahead and up to N reductions' buffers in flight.
     const double prefetch = static_cast<double>(std::max<int64_t>(cfg.parallel.prefetch, 0));
-    m.gathered = (2 + 2 * prefetch) * size.largest_unit / tensor * compute;
+    m.gathered = (2 + 2 * prefetch) * largest_unit / tensor * compute;
   } else if (bf16) {
     m.gathered = 2 * size.parameters / tensor * compute;  // DDP: bf16 parameters and gradients beside the masters
   }

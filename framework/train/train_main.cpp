@@ -145,6 +145,13 @@ int dry_run(const framework::config::Config& cfg, int nproc) {
     std::printf("train: dry run: mixture of experts: %.0f parameters active per token (%.2f B; top-%lld of %lld experts)\n",
                 size.active_parameters, size.active_parameters / 1e9, static_cast<long long>(cfg.model.moe.top_k),
                 static_cast<long long>(cfg.model.moe.num_experts));
+    if (layout.expert > 1) {
+      std::printf("train: dry run: expert parallelism %lld: a rank holds %lld of each MoE block's %lld experts, "
+                  "sharded over %lld rank(s); never all of them\n",
+                  static_cast<long long>(layout.expert),
+                  static_cast<long long>(cfg.model.moe.num_experts / layout.expert),
+                  static_cast<long long>(cfg.model.moe.num_experts), static_cast<long long>(layout.expert_shard()));
+    }
   }
   const std::string pipeline =
       cfg.parallel.pipeline > 1

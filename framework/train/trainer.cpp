@@ -257,6 +257,7 @@ StepRecord Trainer::train_step() {
   auto t0 = Clock::now();
   const double waited_before = s.fsdp->comm_wait_seconds();
   const double pipeline_waited_before = s.pipeline.runner ? s.pipeline.runner->wait_seconds() : 0.0;
+  const double all_to_all_before = *s.ep_layout.all_to_all_seconds;
   const StepStats global = s.compute_gradients(step);
   const double global_tokens = std::max(1.0, global.tokens);
   StepRecord rec;
@@ -275,6 +276,7 @@ StepRecord Trainer::train_step() {
   rec.checkpoint_busy = global.ckpt_busy > 0;
   rec.step_time_s = seconds_since(t0);
   rec.comm_wait_s = s.fsdp->comm_wait_seconds() - waited_before;
+  rec.all_to_all_s = *s.ep_layout.all_to_all_seconds - all_to_all_before;
   if (s.pipeline.runner) {
     rec.pipeline_wait_s = s.pipeline.runner->wait_seconds() - pipeline_waited_before;
     rec.pipeline_peak_held = s.pipeline.runner->peak_held();

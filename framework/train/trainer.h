@@ -74,6 +74,9 @@ struct StepRecord {
   // expert (top-k choices). Empty without MoE layers.
   double moe_aux_loss = 0;
   std::vector<std::vector<double>> expert_loads;
+  // Expert parallelism, this rank: seconds in the MoE layers' all-to-alls
+  // (forward and backward; on NCCL the time to enqueue them). 0 without.
+  double all_to_all_s = 0;
 };
 
 // A validation pass over the held-out samples (data.eval_fraction).
