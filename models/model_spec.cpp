@@ -279,10 +279,11 @@ const ModelSpec& find_model_spec(const std::string& kind) {
 }
 
 void check_tensor_parallel_plan(const ModelOptions& o, int64_t tensor) {
-  if (tensor > 1 && o.moe.num_experts > 0) {
-    throw std::invalid_argument("parallel.tensor " + std::to_string(tensor) + " with model.moe.num_experts " +
-                                std::to_string(o.moe.num_experts) +
-                                ": tensor parallelism of a mixture of experts is not supported yet");
+  if (tensor > 1 && o.qk_norm) {
+    // Each tensor-parallel rank normalises its own heads: the norms' weights
+    // would need their gradients summed over the tensor axis.
+    throw std::invalid_argument("parallel.tensor " + std::to_string(tensor) +
+                                " with model.qk_norm true is not supported yet");
   }
   if (tensor <= 1 || !find_model_spec(o.kind).tp_plan.empty()) return;
   throw std::invalid_argument("parallel.tensor " + std::to_string(tensor) + " needs model.kind llama (model.kind is " +

@@ -128,8 +128,9 @@ const ModelSpec& find_model_spec(const std::string& kind);
 bool has_model_spec(const std::string& kind);
 
 // parallel.tensor `tensor` above 1 needs the kind's tensor-parallel plan
-// (ModelSpec::tp_plan; of the built-in kinds, llama's), and no mixture of
-// experts (not yet). Throws
+// (ModelSpec::tp_plan; of the built-in kinds, llama's). A mixture of
+// experts' MoE blocks stay whole on every tensor-parallel rank (the plan
+// splits the attention and the dense blocks' MLPs). Throws
 // std::invalid_argument naming both keys; the kind's head rules under TP
 // are check_model_options'.
 void check_tensor_parallel_plan(const ModelOptions& options, int64_t tensor);

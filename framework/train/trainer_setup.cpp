@@ -204,9 +204,12 @@ void Trainer::State::apply_tensor_parallel() {
     throw std::invalid_argument("parallel.tensor " + std::to_string(layout.tensor) +
                                 ": this model has no tensor-parallel plan (UserModel::tensor_parallel_plan)");
   }
-  // A pipeline stage holds only some of the modules the plan names.
-  const tp::Plan plan = layout.pipeline > 1 ? tp::restrict_plan(*user.module, user.tensor_parallel_plan)
-                                    : user.tensor_parallel_plan;
+  // A pipeline stage holds only some of the modules the plan names; a
+  // mixture of experts has the dense MLPs' modules in its dense blocks only
+  // (its MoE blocks stay whole on every tensor-parallel rank).
+  const bool partial = layout.pipeline > 1 || (builtin_model && cfg.model.moe.num_experts > 0);
+  const tp::Plan plan = partial ? tp::restrict_plan(*user.module, user.tensor_parallel_plan)
+                                : user.tensor_parallel_plan;
   tp_layout = tp::parallelize_module(*user.module, meshes.stage, 2, plan);
   if (user.init) user.init = tp::sharded_init(tp_layout, user.init);
 }

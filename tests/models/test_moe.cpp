@@ -195,11 +195,19 @@ TEST(MixtureOfExperts, BadKeysAreRefusedNamingThem) {
   EXPECT_NE(refusal(o).find("model.lora.targets names gate_proj with model.moe.num_experts 6"), std::string::npos)
       << refusal(o);
   o = moe_options();
+  o.qk_norm = true;
   try {
     check_tensor_parallel_plan(o, 2);
-    ADD_FAILURE() << "tensor parallelism of an MoE was accepted";
+    ADD_FAILURE() << "tensor parallelism with q/k norm was accepted";
   } catch (const std::invalid_argument& e) {
-    EXPECT_NE(std::string(e.what()).find("parallel.tensor 2 with model.moe.num_experts 6"), std::string::npos);
+    EXPECT_NE(std::string(e.what()).find("parallel.tensor 2 with model.qk_norm true"), std::string::npos);
+  }
+  o = moe_options();
+  try {
+    check_pipeline_support(o, 2);
+    ADD_FAILURE() << "pipeline parallelism of an MoE was accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("parallel.pipeline 2 with model.moe.num_experts 6"), std::string::npos);
   }
 }
 
