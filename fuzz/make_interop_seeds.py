@@ -89,6 +89,18 @@ put("fuzz_hf_config", "llama3.json", json.dumps(llama, indent=2).encode())
 plain = dict(llama, rope_scaling=None, tie_word_embeddings=True)
 del plain["num_key_value_heads"], plain["head_dim"]
 put("fuzz_hf_config", "llama.json", json.dumps(plain).encode())
+# The mixtures of experts (models/hf_moe.cpp), as their export writes them.
+qwen3_moe = dict(plain, architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe", head_dim=8,
+                 num_experts=4, num_experts_per_tok=2, moe_intermediate_size=24, norm_topk_prob=True,
+                 decoder_sparse_step=1, mlp_only_layers=[0], output_router_logits=True,
+                 router_aux_loss_coef=0.01, use_sliding_window=False, sliding_window=None, max_window_layers=2)
+del qwen3_moe["mlp_bias"]
+put("fuzz_hf_config", "qwen3_moe.json", json.dumps(qwen3_moe, indent=2).encode())
+mixtral = dict(plain, architectures=["MixtralForCausalLM"], model_type="mixtral", intermediate_size=24,
+               num_local_experts=4, num_experts_per_tok=2, output_router_logits=False, router_aux_loss_coef=0.0,
+               router_jitter_noise=0.0, sliding_window=None)
+del mixtral["mlp_bias"]
+put("fuzz_hf_config", "mixtral.json", json.dumps(mixtral, indent=2).encode())
 
 # DCP .metadata as torch 2.6's dcp.save wrote it (torch 1.13 has no DCP).
 put("fuzz_dcp_metadata", "torch26_world2.metadata",

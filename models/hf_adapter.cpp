@@ -9,6 +9,11 @@
 namespace models {
 
 std::string llama_config_json(const ModelOptions& o, const std::string& torch_dtype) {
+  if (o.moe.num_experts > 0) {
+    throw std::invalid_argument("model.moe.num_experts is " + std::to_string(o.moe.num_experts) +
+                                ": LlamaForCausalLM has no mixture of experts");
+  }
+  if (o.qk_norm) throw std::invalid_argument("model.qk_norm is true: LlamaForCausalLM has no q/k norm");
   nlohmann::json j;
   j["architectures"] = {"LlamaForCausalLM"};
   j["model_type"] = "llama";
@@ -95,6 +100,8 @@ std::vector<HfConfigValue> read_llama_config_json(const std::string& text) {
       {"model.norm_eps", number("rms_norm_eps", 1e-6), "rms_norm_eps"},
       {"model.rope_theta", number("rope_theta", 10000.0), "rope_theta"},
       {"model.tie_weights", j.value("tie_word_embeddings", false), "tie_word_embeddings"},
+      {"model.qk_norm", false, "model_type (no q/k norm)"},
+      {"model.moe.num_experts", int64_t{0}, "model_type (dense)"},
   };
   if (!j.contains("rope_scaling") || j["rope_scaling"].is_null()) {
     out.push_back({"model.rope_scaling.factor", 0.0, "rope_scaling (none)"});
@@ -129,8 +136,10 @@ struct HfRegistry {
     HfAdapter llama;
     llama.model_type = "llama";
     llama.architecture = "LlamaForCausalLM";
-    llama.config_json = llama_config_json;
-    llama.read_config_json = read_llama_config_json;
+    llama.other_types = {{"qwen3_moe", "Qwen3MoeForCausalLM"}, {"mixtral", "MixtralForCausalLM"}};
+    llama.config_json = llama_hf_config_json;
+    llama.read_config_json = read_llama_hf_config_json;
+    llama.renamed = llama_hf_renamed;
     llama.tied_weights = {{"lm_head.weight", "model.embed_tokens.weight"}};
     adapters.emplace("llama", std::move(llama));
   }
@@ -162,9 +171,13 @@ std::vector<HfConfigValue> read_config_json_unguarded(const std::string& text) {
     std::lock_guard<std::mutex> lock(r.mutex);
     for (const auto& [kind, adapter] : r.adapters) {
       if (!adapter.read_config_json) continue;
-      if (adapter.model_type == type) read = adapter.read_config_json;
-      known += (known.empty() ? "" : ", ") + adapter.model_type + " (" + adapter.architecture +
-               ") as model.kind " + kind;
+      std::vector<HfModelType> types = {{adapter.model_type, adapter.architecture}};
+      types.insert(types.end(), adapter.other_types.begin(), adapter.other_types.end());
+      for (const HfModelType& t : types) {
+        if (t.model_type == type) read = adapter.read_config_json;
+        known += (known.empty() ? "" : ", ") + t.model_type + " (" + t.architecture + ")";
+      }
+      known += " as model.kind " + kind;
     }
   }
   if (!read) {

@@ -40,6 +40,7 @@
 #include "checkpoint/interop/dcp.h"
 #include "checkpoint/interop/export.h"
 #include "checkpoint/interop/hf.h"
+#include "framework/config/config.h"
 #include "framework/config/run_items.h"
 #include "checkpoint/format/metadata.h"
 #include "checkpoint/storage/storage.h"
@@ -864,10 +865,27 @@ int run_export(const std::string& path, const ExportArgs& args) {
 
 // ---------------------------------------------------------------- import-hf
 
+// The directory's tensors that our model of its config.json names
+// otherwise (a mixture of experts' experts, stacked); none when it has no
+// config.json we read (its tensors keep their names, as before).
+std::vector<checkpoint::RenamedTensor> hf_dir_renames(const std::string& src) {
+  const std::string path = checkpoint::join_path(src, "config.json");
+  std::shared_ptr<checkpoint::Storage> storage = checkpoint::posix_storage();
+  if (!storage->exists(path)) return {};
+  std::string text(storage->file_size(path), '\0');
+  storage->read_at(path, 0, text.data(), text.size());
+  try {
+    return framework::config::hf_renames(framework::config::hf_model_options(text, path));
+  } catch (const framework::config::ConfigError&) {
+    return {};
+  }
+}
+
 int run_import_hf(const std::string& src, const std::string& dst, int threads) {
   checkpoint::HfImportOptions options;
   options.io_threads = threads;
   options.step_item = framework::config::kStepItem;
+  options.renames = hf_dir_renames(src);
   const checkpoint::HfImportStats stats = checkpoint::import_hf_checkpoint(src, dst, options);
   std::cout << "imported " << stats.tensors << " tensors (" << human_bytes(stats.bytes) << " as float32) from "
             << printable(src) << " into " << printable(dst);

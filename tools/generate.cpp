@@ -89,6 +89,12 @@ std::string lora_base_dir(const std::string& path, const std::string& base_arg) 
   return base;
 }
 
+// The weights at `path` under our names (a Hugging Face mixture of
+// experts' experts stack into ours).
+checkpoint::WeightsFile hf_weights(const std::string& path, const models::ModelOptions& model) {
+  return checkpoint::WeightsFile::open(path).renamed(framework::config::hf_renames(model));
+}
+
 std::pair<framework::config::Config, std::shared_ptr<models::LayeredModelImpl>> load_model(
     const std::string& path, const std::string& base_arg) {
   if (!is_dir(path)) throw UsageError("--checkpoint: " + path + " is not a directory");
@@ -145,11 +151,11 @@ std::pair<framework::config::Config, std::shared_ptr<models::LayeredModelImpl>> 
   torch::NoGradGuard no_grad;
   if (lora) {
     const std::string base = lora_base_dir(path, base_arg);
-    checkpoint::load_weights_into(base_sd, base, "model.", false);
+    checkpoint::load_weights_into(base_sd, hf_weights(base, cfg.model), "model.", false);
     std::cerr << "generate: LoRA adapters of " << path << " on the base " << base << std::endl;
   }
   if (hf) {
-    checkpoint::load_weights_into(sd, path, "model.", false);
+    checkpoint::load_weights_into(sd, hf_weights(path, cfg.model), "model.", false);
   } else {
     checkpoint::LoadOptions model_only;
     model_only.filter = [](const std::string& n) { return n.rfind("model.", 0) == 0; };

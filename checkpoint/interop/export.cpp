@@ -50,31 +50,78 @@ float half_to_float(uint16_t h) {
 
 namespace export_detail {
 
+std::vector<Box> item_slabs(const ExportItem& e, size_t element_size, uint64_t slab_bytes) {
+  const Box full = full_box(e.shape());
+  std::vector<Box> slabs = dim0_slabs(full, rows_per_slab(full, element_size, slab_bytes));
+  if (e.row >= 0) {
+    for (Box& b : slabs) {
+      b.offsets.insert(b.offsets.begin(), e.row);
+      b.sizes.insert(b.sizes.begin(), 1);
+    }
+  }
+  return slabs;
+}
+
 // Feeds the row-major bytes of `e` (converted to e.dtype) to `sink`, one slab
 // of dim-0 rows at a time (see export.h).
 void stream_item(ChunkReader& reader, const ExportItem& e, uint64_t slab_bytes, const Sink& sink) {
   const ItemMeta& item = *e.item;
-  const uint64_t numel = *checked_numel(item.global_shape);
-  if (numel == 0) return;
+  if (*checked_numel(e.shape()) == 0) return;
   const size_t esize = element_size(item.dtype);
-  const int64_t rows = item.global_shape.empty() ? 1 : item.global_shape[0];
-  const uint64_t row_elems = numel / static_cast<uint64_t>(rows);
-  const Box full = full_box(item.global_shape);
-  const int64_t per_slab = rows_per_slab(full, esize, slab_bytes);
-  std::vector<uint8_t> buf(static_cast<uint64_t>(per_slab) * row_elems * esize);
+  std::vector<uint8_t> buf;
   std::vector<uint8_t> converted;
-  if (e.dtype != item.dtype) converted.resize(buf.size() / esize * element_size(e.dtype));
-
-  for (const Box& slab : dim0_slabs(full, per_slab)) {
+  for (const Box& slab : item_slabs(e, esize, slab_bytes)) {
     const uint64_t n = static_cast<uint64_t>(slab.numel());
+    buf.resize(n * esize);
     for (const ReadRequest& req : plan_reads(item, slab)) reader.read_into(item, req, buf.data());
     if (e.dtype == item.dtype) {
       sink(buf.data(), n * esize);
     } else {
+      converted.resize(n * element_size(e.dtype));
       convert_float_elements(item.dtype, e.dtype, buf.data(), n, converted.data());
       sink(converted.data(), n * element_size(e.dtype));
     }
   }
+}
+
+std::vector<ExportItem> renamed_items(const std::vector<ExportItem>& items, const std::vector<RenamedTensor>& renames,
+                                      const std::string& step_dir) {
+  std::map<std::string, const RenamedTensor*> by_name;
+  for (const RenamedTensor& r : renames) by_name[r.name] = &r;
+  std::vector<ExportItem> out;
+  for (const ExportItem& e : items) {
+    auto it = by_name.find(e.name);
+    if (it == by_name.end()) {
+      out.push_back(e);
+      continue;
+    }
+    const RenamedTensor& r = *it->second;
+    if (!r.split) {
+      out.push_back(e);
+      out.back().name = r.parts.at(0);
+      continue;
+    }
+    const std::vector<int64_t>& shape = e.item->global_shape;
+    if (e.row >= 0 || shape.empty() || shape[0] != static_cast<int64_t>(r.parts.size())) {
+      throw FormatError(step_dir + ": item " + e.item->name + " has shape " + shape_to_string(shape) + ", not " +
+                        std::to_string(r.parts.size()) + " rows, one per tensor " + r.parts.front() + ", ...");
+    }
+    for (size_t row = 0; row < r.parts.size(); ++row) {
+      ExportItem part = e;
+      part.name = r.parts[row];
+      part.row = static_cast<int64_t>(row);
+      part.nbytes = e.nbytes / r.parts.size();
+      out.push_back(std::move(part));
+    }
+  }
+  std::sort(out.begin(), out.end(), [](const ExportItem& a, const ExportItem& b) { return a.name < b.name; });
+  for (size_t i = 1; i < out.size(); ++i) {
+    if (out[i].name == out[i - 1].name) {
+      throw FormatError(step_dir + ": items " + out[i - 1].item->name + " and " + out[i].item->name +
+                        " would both be written as " + out[i].name);
+    }
+  }
+  return out;
 }
 
 std::vector<ExportItem> select_items(const CheckpointMeta& meta, const std::string& step_dir,

@@ -18,8 +18,9 @@
 #include <string>
 #include <vector>
 
-#include "checkpoint/storage/storage.h"
 #include "checkpoint/format/types.h"
+#include "checkpoint/interop/renamed_tensor.h"
+#include "checkpoint/storage/storage.h"
 
 namespace checkpoint {
 
@@ -88,6 +89,16 @@ class RunAdapter {
   virtual std::optional<LoraInfo> lora(const ReadBytesItem& /*read*/, const std::string& /*where*/) const {
     return std::nullopt;
   }
+  // The model parameters that the Hugging Face model of `config_json` (the
+  // config.json an HF export writes) names or lays out otherwise than the
+  // checkpoint does: a mixture of experts' stacked experts, one tensor per
+  // expert there. Empty: every name is Hugging Face's (the dense llama), or
+  // `config_json` is not one it reads (a checkpoint of ckpt import-hf of
+  // another model keeps the directory's names). `where`: the checkpoint.
+  virtual std::vector<RenamedTensor> hf_renames(const std::string& /*config_json*/,
+                                                const std::string& /*where*/) const {
+    return {};
+  }
   // Whether model parameter `parameter` (a model.* item without its
   // prefix) is a LoRA adapter tensor, and of which parameter; nullopt for
   // any other (the model's own naming: checkpoint/ knows none).
@@ -151,7 +162,9 @@ struct ExportStats {
 // task_type CAUSAL_LM, r, lora_alpha, lora_dropout, target_modules,
 // base_model_name_or_path: the recorded base).
 // kHf writes a Hugging Face model directory `out_path` (as <out_path>.tmp,
-// renamed): the model's tensors under their own names in safetensors shards
+// renamed): the model's tensors under their own names (or those
+// RunAdapter::hf_renames gives: a stacked expert tensor [E, ...] as E
+// tensors, each streamed from its rows) in safetensors shards
 // of at most max_shard_bytes (model.safetensors when one is enough, else
 // model-0000K-of-0000N.safetensors with model.safetensors.index.json), and
 // config.json from the run's settings (options.run: the built-in llama's is

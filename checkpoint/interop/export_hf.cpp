@@ -39,6 +39,11 @@ std::string hf_config_json(const CheckpointMeta& meta, ChunkReader& reader, cons
   return j.dump(2) + "\n";
 }
 
+std::vector<RenamedTensor> hf_renames(const std::string& config, const std::string& step_dir,
+                                      const ExportOptions& options) {
+  return options.run ? options.run->hf_renames(config, step_dir) : std::vector<RenamedTensor>{};
+}
+
 bool regular_file(Storage& storage, const std::string& path) {
   return storage.stat(path).type == FileType::kFile;
 }
@@ -160,8 +165,9 @@ ExportStats export_hf(const std::string& step_dir, const std::string& out_dir, c
   ExportOptions model_only = options;
   model_only.only = "model";
   ExportStats stats;
-  const std::vector<ExportItem> items = select_items(meta, step_dir, model_only, stats);
+  std::vector<ExportItem> items = select_items(meta, step_dir, model_only, stats);
   const std::string config = hf_config_json(meta, reader, step_dir, items, options);
+  items = renamed_items(items, hf_renames(config, step_dir, options), step_dir);
   stats.tokenizer = export_tokenizer(*storage, meta, reader, step_dir, options, stats);
   const uint64_t slab_bytes = std::max<uint64_t>(options.slab_bytes, 1);
   write_hf_dir(*storage, out_dir, items, meta, config,

@@ -12,6 +12,7 @@
 #include "checkpoint/codec/chunk_reader.h"
 #include "checkpoint/format/metadata.h"
 #include "checkpoint/interop/export.h"
+#include "checkpoint/interop/renamed_tensor.h"
 #include "checkpoint/interop/streaming.h"
 #include "checkpoint/interop/weights_file.h"
 #include "checkpoint/storage/storage.h"
@@ -27,13 +28,33 @@ namespace checkpoint::export_detail {
 // torch.save's archive layout, whatever the file is called.
 inline constexpr const char* kArchiveName = "archive";
 
-// One tensor item to write.
+// One tensor item to write: the item, or one row of its dim 0 (that dim
+// dropped: a stacked expert, RenamedTensor::split).
 struct ExportItem {
   const ItemMeta* item = nullptr;
   std::string name;     // in the output
   DType dtype;          // in the output
   uint64_t nbytes = 0;  // in the output
+  int64_t row = -1;     // -1: the whole item
+
+  // In the output.
+  std::vector<int64_t> shape() const {
+    if (row < 0) return item->global_shape;
+    return std::vector<int64_t>(item->global_shape.begin() + 1, item->global_shape.end());
+  }
 };
+
+// The boxes (in the item's coordinates) that cover `e` in row-major order,
+// each of at most slab_bytes of `element_size`-byte elements (at least one
+// row of the output's dim 0; one box for a 0-d output).
+std::vector<Box> item_slabs(const ExportItem& e, size_t element_size, uint64_t slab_bytes);
+
+// `items` under Hugging Face's names: an item that `renames` names takes
+// its part's name, or (split) becomes one item per row, named by the parts;
+// the rest keep theirs. Sorted by name. Throws FormatError naming
+// `step_dir` for a split item whose dim 0 is not the parts' count.
+std::vector<ExportItem> renamed_items(const std::vector<ExportItem>& items, const std::vector<RenamedTensor>& renames,
+                                      const std::string& step_dir);
 
 using Sink = std::function<void(const uint8_t*, size_t)>;
 
@@ -62,7 +83,7 @@ class SafetensorsWriter : public ExportWriter {
                     const CheckpointMeta& meta)
       : file_(file) {
     std::vector<SafetensorsTensor> tensors;
-    for (const ExportItem& e : items) tensors.push_back({e.name, e.dtype, e.item->global_shape});
+    for (const ExportItem& e : items) tensors.push_back({e.name, e.dtype, e.shape()});
     const std::vector<uint8_t> header =
         encode_safetensors_header(tensors, {{"format", "pt"}, {"step", std::to_string(meta.step)}});
     file_.append(header.data(), header.size());
@@ -106,6 +127,10 @@ ExportStats export_peft(const std::string& step_dir, const std::string& out_dir,
 // the tokenizer's files).
 std::string hf_config_json(const CheckpointMeta& meta, ChunkReader& reader, const std::string& step_dir,
                            const std::vector<ExportItem>& items, const ExportOptions& options);
+// The run adapter's renames for the HF directory of `config` (none without
+// a run adapter).
+std::vector<RenamedTensor> hf_renames(const std::string& config, const std::string& step_dir,
+                                      const ExportOptions& options);
 std::string export_tokenizer(Storage& storage, const CheckpointMeta& meta, ChunkReader& reader,
                              const std::string& step_dir, const ExportOptions& options, ExportStats& stats);
 void write_hf_dir(Storage& storage, const std::string& out_dir, const std::vector<ExportItem>& items,

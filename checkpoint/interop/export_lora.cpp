@@ -176,19 +176,24 @@ ExportStats export_hf_merged(const std::string& step_dir, const std::string& out
     metas.push_back(std::move(m));
   }
   ExportStats stats;
-  const std::vector<ExportItem> items = base_items(metas, options);
+  std::vector<ExportItem> items = base_items(metas, options);
   const std::string config = hf_config_json(meta, reader, step_dir, items, options);
+  // A base of our names (a safetensors file of ours) is written under
+  // Hugging Face's; a Hugging Face base has them already.
+  items = renamed_items(items, hf_renames(config, step_dir, options), step_dir);
   stats.tokenizer = export_tokenizer(*storage, meta, reader, step_dir, options, stats);
   const uint64_t slab_bytes = std::max<uint64_t>(options.slab_bytes, 1);
   // Each base tensor by slabs of rows; an adapted one as W + scale x B A.
   const ItemSource source = [&](const ExportItem& e, const Sink& sink) {
     const ItemMeta& m = *e.item;
-    if (*checked_numel(m.global_shape) == 0) return;
+    if (*checked_numel(e.shape()) == 0) return;
     const size_t esize = element_size(m.dtype);
-    const Box full = full_box(m.global_shape);
     auto it = adapters.find(m.name);
+    if (it != adapters.end() && e.row >= 0) {
+      throw FormatError(step_dir + ": " + m.name + " has an adapter but is written split, as " + e.name);
+    }
     std::vector<uint8_t> raw, out;
-    for (const Box& slab : dim0_slabs(full, rows_per_slab(full, std::max<size_t>(esize, 8), slab_bytes))) {
+    for (const Box& slab : item_slabs(e, std::max<size_t>(esize, 8), slab_bytes)) {
       const uint64_t n = static_cast<uint64_t>(slab.numel());
       raw.resize(n * esize);
       weights.read_box(m.name, slab, raw.data());

@@ -54,7 +54,7 @@ HfImportStats import_hf_checkpoint(const std::string& src, const std::string& st
     throw FormatError(src + ": not a Hugging Face model directory (no " + kHfSingleName + " or " +
                       kHfIndexName + ")");
   }
-  const WeightsFile weights = WeightsFile::open(src, storage);
+  const WeightsFile weights = WeightsFile::open(src, storage).renamed(options.renames);
   if (weights.tensors().empty()) throw FormatError(src + ": nothing to import: no tensors");
   if (storage->exists(step_dir)) {
     throw IoError(step_dir + ": exists; import-hf writes a new checkpoint directory");

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "checkpoint/interop/renamed_tensor.h"
 #include "checkpoint/storage/storage.h"
 
 namespace checkpoint {
@@ -20,6 +21,10 @@ struct HfImportOptions {
   // starts from the import (the trainer's: framework/config/run_items.h);
   // empty: none.
   std::string step_item;
+  // Tensors the directory names or lays out otherwise than the model that
+  // will resume the import (the tool asks the model's Hugging Face adapter:
+  // a mixture of experts' experts stack into ours); empty: its own names.
+  std::vector<RenamedTensor> renames;
 };
 
 struct HfImportStats {
@@ -31,7 +36,7 @@ struct HfImportStats {
 // Converts the weights of the Hugging Face model directory `src`
 // (model.safetensors, or the shards model.safetensors.index.json lists)
 // into a committed model-only checkpoint `step_dir` (created; it must not
-// exist): item model.<name> per tensor, floating-point tensors as float32
+// exist): item model.<name> per tensor (after options.renames), floating-point tensors as float32
 // (the trainer's master dtype), and options.step_item 0. Streaming: at most
 // slab_bytes of a tensor in memory at a time. The metadata records
 // info["imported_from"] = "huggingface", info["source"] and, when `src`

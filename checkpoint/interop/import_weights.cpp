@@ -34,7 +34,13 @@ void fill_entry(const WeightsFile& file, const ImportJob& job) {
 
 ImportStats load_weights_into(StateDict& state, const std::string& path, const std::string& prefix,
                               bool allow_partial, std::shared_ptr<Storage> storage) {
-  const WeightsFile file = WeightsFile::open(path, storage ? storage : posix_storage());
+  return load_weights_into(state, WeightsFile::open(path, storage ? storage : posix_storage()), prefix,
+                           allow_partial);
+}
+
+ImportStats load_weights_into(StateDict& state, const WeightsFile& file, const std::string& prefix,
+                              bool allow_partial) {
+  const std::string& path = file.path();
   ImportStats stats;
   std::vector<std::string> mismatches;
   std::set<std::string> used;

@@ -7,6 +7,7 @@
 // Call sequence: (every rank) build the state dict of the fresh model as for
 // a checkpoint load, then load_weights_into. Ranks that hold replicas each
 // read their copy.
+#include "checkpoint/interop/weights_file.h"
 #include "checkpoint/state_dict.h"
 #include "checkpoint/storage/storage.h"
 
@@ -36,5 +37,11 @@ struct ImportStats {
 // The file is read through `storage` (null: the POSIX file system).
 ImportStats load_weights_into(StateDict& state, const std::string& path, const std::string& prefix,
                               bool allow_partial, std::shared_ptr<Storage> storage = nullptr);
+
+// The same from a file already open: for one read under our names
+// (WeightsFile::renamed: a Hugging Face mixture of experts' experts stack
+// into ours).
+ImportStats load_weights_into(StateDict& state, const WeightsFile& file, const std::string& prefix,
+                              bool allow_partial);
 
 }  // namespace checkpoint

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <map>
 #include <stdexcept>
 
 #include "checkpoint/format/byte_order.h"
@@ -427,6 +428,88 @@ void WeightsFile::open_hf() {
       add(*t);
     }
   }
+}
+
+namespace {
+
+// `chunk` of a tensor moved to row `row` of a tensor stacked along a new dim
+// 0: its bytes stay where they are, its box gains that dim.
+WeightsChunk as_row(WeightsChunk chunk, int64_t row) {
+  chunk.box.offsets.insert(chunk.box.offsets.begin(), row);
+  chunk.box.sizes.insert(chunk.box.sizes.begin(), 1);
+  return chunk;
+}
+
+std::string listed(const std::vector<std::string>& names) {
+  std::string out = "'" + names.front() + "'";
+  if (names.size() > 1) out += " and " + std::to_string(names.size() - 1) + " more";
+  return out;
+}
+
+}  // namespace
+
+WeightsFile WeightsFile::renamed(const std::vector<RenamedTensor>& renames) const {
+  std::map<size_t, WeightsTensorInfo> made;  // by the position of its first part
+  std::vector<bool> gone(tensors_.size(), false);
+  for (const RenamedTensor& r : renames) {
+    if (r.parts.empty() || (!r.split && r.parts.size() != 1)) {
+      throw std::invalid_argument("WeightsFile::renamed: '" + r.name + "' needs one part, or split");
+    }
+    if (index_.count(r.name) != 0) continue;  // the file has ours
+    std::vector<size_t> at;
+    std::vector<std::string> missing;
+    for (const std::string& part : r.parts) {
+      auto it = index_.find(part);
+      if (it == index_.end()) {
+        missing.push_back(part);
+      } else {
+        at.push_back(it->second);
+      }
+    }
+    if (at.empty()) continue;
+    if (!missing.empty()) {
+      throw error_in(path_, "has '" + tensors_[at.front()].name + "' but not " + listed(missing) +
+                                ", which with it make our '" + r.name + "'");
+    }
+    const WeightsTensorInfo& first = tensors_[at.front()];
+    WeightsTensorInfo info = first;
+    info.name = r.name;
+    if (r.split) {
+      info.shape.insert(info.shape.begin(), static_cast<int64_t>(at.size()));
+      info.nbytes = checked_nbytes(path_, r.name, info.shape, info.dtype);
+      info.data_offset = 0;
+      info.chunks.clear();
+      for (size_t row = 0; row < at.size(); ++row) {
+        const WeightsTensorInfo& t = tensors_[at[row]];
+        if (t.dtype != first.dtype || t.shape != first.shape) {
+          throw error_in(path_, "'" + t.name + "' is " + dtype_name(t.dtype) + " " + shape_to_string(t.shape) +
+                                    ", '" + first.name + "' " + dtype_name(first.dtype) + " " +
+                                    shape_to_string(first.shape) + ": they cannot stack into our '" + r.name + "'");
+        }
+        if (t.chunks.empty()) {
+          info.chunks.push_back(as_row(WeightsChunk{full_box(t.shape), path_, t.data_offset}, row));
+        }
+        for (const WeightsChunk& c : t.chunks) info.chunks.push_back(as_row(c, row));
+      }
+    }
+    for (size_t i : at) gone[i] = true;
+    made[*std::min_element(at.begin(), at.end())] = std::move(info);
+  }
+  WeightsFile out;
+  out.storage_ = storage_;
+  out.path_ = path_;
+  out.format_ = format_;
+  out.metadata_ = metadata_;
+  for (size_t i = 0; i < tensors_.size(); ++i) {
+    if (auto it = made.find(i); it != made.end()) out.tensors_.push_back(std::move(it->second));
+    if (!gone[i]) out.tensors_.push_back(tensors_[i]);
+  }
+  for (size_t i = 0; i < out.tensors_.size(); ++i) {
+    if (!out.index_.emplace(out.tensors_[i].name, i).second) {
+      throw error_in(path_, "two tensors would be named '" + out.tensors_[i].name + "'");
+    }
+  }
+  return out;
 }
 
 const WeightsTensorInfo* WeightsFile::find(const std::string& name) const {

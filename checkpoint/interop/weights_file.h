@@ -19,8 +19,9 @@
 #include <string>
 #include <vector>
 
-#include "checkpoint/storage/storage.h"
 #include "checkpoint/format/types.h"
+#include "checkpoint/interop/renamed_tensor.h"
+#include "checkpoint/storage/storage.h"
 
 namespace checkpoint {
 
@@ -69,6 +70,15 @@ class WeightsFile {
   // ranges of the file. Throws FormatError for an unknown name or a box
   // outside the tensor. Thread-safe (reads only).
   void read_box(const std::string& name, const Box& box, uint8_t* dst) const;
+  // This file under our names: each of `renames` whose parts it holds (and
+  // not the name itself) is listed as its name in place of its parts. A
+  // split one is a tensor [parts, part shape...] whose row r lies where part
+  // r lies, so read_box of a box of it reads only the bytes of the rows the
+  // box covers (each rank reads the experts of its own shards). A rename
+  // none of whose parts is here changes nothing. Throws FormatError naming
+  // the file for a rename some of whose parts are missing, or whose parts
+  // differ in dtype or shape (a split one's are all one dtype and shape).
+  WeightsFile renamed(const std::vector<RenamedTensor>& renames) const;
   // "safetensors", "torch", "dcp" or "hf".
   const std::string& format() const { return format_; }
   const std::string& path() const { return path_; }

@@ -261,32 +261,28 @@ std::string read_file(const std::string& path) {
   return text;
 }
 
-// model.init_from naming a Hugging Face model directory (config.json beside
-// its safetensors): config.json gives the model section, read by the
-// adapter of its model_type (models/hf_adapter.h). A key the config did not
-// set takes config.json's value; one set to another value is an error
-// naming both.
-void apply_hf_model_config(const std::string& dir, Config* cfg, Origins* origins) {
-  const std::string path = dir + (dir.empty() || dir.back() == '/' ? "" : "/") + "config.json";
-  std::FILE* probe = std::fopen(path.c_str(), "rb");
-  if (probe == nullptr) return;  // not a Hugging Face directory: init_from reads it as weights
-  std::fclose(probe);
+// The model keys of a Hugging Face config.json (`text`; `where` names it in
+// messages: "model.init_from: DIR/config.json"), read by the adapter of its
+// model_type (models/hf_adapter.h). A key the config did not set takes
+// config.json's value; one set to another value is an error naming both
+// (`path`, the file).
+void apply_hf_config_json(const std::string& text, const std::string& where, const std::string& path, Config* cfg,
+                          Origins* origins) {
   std::vector<models::HfConfigValue> values;
   try {
-    values = models::read_hf_config_json(read_file(path));
+    values = models::read_hf_config_json(text);
   } catch (const std::invalid_argument& e) {
-    fail("model.init_from: " + path + ": " + e.what());
+    fail(where + ": " + e.what());
   }
   for (const models::HfConfigValue& v : values) {
     const Key* key = find_key(v.key);
-    if (key == nullptr) fail("model.init_from: " + path + ": " + v.field + " maps to no key " + v.key);
+    if (key == nullptr) fail(where + ": " + v.field + " maps to no key " + v.key);
     // Through the key's own parse, so its type and range hold.
-    const std::string text = std::holds_alternative<std::string>(v.value)
-                                 ? std::get<std::string>(v.value)
-                                 : format_value(v.value);
+    const std::string value_text = std::holds_alternative<std::string>(v.value)
+                                       ? std::get<std::string>(v.value)
+                                       : format_value(v.value);
     Value value;
-    if (auto problem = parse_value(*key, text, false, &value))
-      fail("model.init_from: " + path + ": " + v.field + ": " + *problem);
+    if (auto problem = parse_value(*key, value_text, false, &value)) fail(where + ": " + v.field + ": " + *problem);
     if (origins->count(v.key) != 0 && key->get(*cfg) != value) {
       fail(describe_key(v.key, *cfg, *origins) + " disagrees with " + v.field + " " +
            format_value(value) + " in " + path);
@@ -294,6 +290,16 @@ void apply_hf_model_config(const std::string& dir, Config* cfg, Origins* origins
     key->set(*cfg, value);
     (*origins)[v.key] = path;
   }
+}
+
+// model.init_from naming a Hugging Face model directory (config.json beside
+// its safetensors): config.json gives the model section.
+void apply_hf_model_config(const std::string& dir, Config* cfg, Origins* origins) {
+  const std::string path = dir + (dir.empty() || dir.back() == '/' ? "" : "/") + "config.json";
+  std::FILE* probe = std::fopen(path.c_str(), "rb");
+  if (probe == nullptr) return;  // not a Hugging Face directory: init_from reads it as weights
+  std::fclose(probe);
+  apply_hf_config_json(read_file(path), "model.init_from: " + path, path, cfg, origins);
 }
 
 }  // namespace
@@ -311,6 +317,13 @@ Config parse_config(const std::string& yaml_text, const std::string& source_name
   }
   check_consistency(cfg, origins);
   return cfg;
+}
+
+models::ModelOptions hf_model_options(const std::string& config_json, const std::string& where) {
+  Config cfg;
+  Origins origins;
+  apply_hf_config_json(config_json, where, where, &cfg, &origins);
+  return cfg.model;
 }
 
 Config load_config(const std::string& path, const std::vector<std::string>& overrides) {

@@ -72,6 +72,12 @@ Config parse_config(const std::string& yaml_text,
                     const std::string& source_name,
                     const std::vector<std::string>& overrides = {});
 
+// The model a Hugging Face config.json (text) describes, as model.init_from
+// of its directory reads it: model.kind and the keys the adapter of its
+// model_type sets (models/hf_adapter.h), the rest at their defaults.
+// Throws ConfigError naming `where` for a config.json no adapter reads.
+models::ModelOptions hf_model_options(const std::string& config_json, const std::string& where);
+
 // The full effective configuration, every key, nested by section.
 // parse_config(to_yaml(cfg), ...) == cfg for any cfg that passes validation.
 std::string to_yaml(const Config& cfg);

@@ -39,7 +39,22 @@ class TrainerRunAdapter : public checkpoint::RunAdapter {
       throw checkpoint::FormatError(where + ": model.kind is " + cfg->model.kind +
                                     ", which has no Hugging Face counterpart (llama has)");
     }
-    return hf->config_json(cfg->model, torch_dtype);
+    try {
+      return hf->config_json(cfg->model, torch_dtype);
+    } catch (const std::invalid_argument& e) {
+      throw checkpoint::FormatError(where + ": the run's model has no Hugging Face counterpart: " + e.what());
+    }
+  }
+
+  std::vector<checkpoint::RenamedTensor> hf_renames(const std::string& config_json,
+                                                    const std::string& where) const override {
+    // Not one of ours (a checkpoint of ckpt import-hf, whose recorded
+    // config.json no adapter reads): it kept the directory's names.
+    try {
+      return framework::config::hf_renames(hf_model_options(config_json, where));
+    } catch (const ConfigError&) {
+      return {};
+    }
   }
 
   checkpoint::DcpParamGroup optimizer_param_group(const ReadBytesItem& read, const std::string& where,
@@ -89,6 +104,14 @@ class TrainerRunAdapter : public checkpoint::RunAdapter {
 };
 
 }  // namespace
+
+std::vector<checkpoint::RenamedTensor> hf_renames(const models::ModelOptions& options) {
+  const models::HfAdapter* hf = models::find_hf_adapter(options.kind);
+  if (hf == nullptr || !hf->renamed) return {};
+  std::vector<checkpoint::RenamedTensor> out;
+  for (const models::HfTensorNames& t : hf->renamed(options)) out.push_back({t.name, t.hf, t.split});
+  return out;
+}
 
 std::string encode_lora_base(const LoraBase& base) {
   return nlohmann::ordered_json{{"path", base.path}, {"hash", base.hash}}.dump();

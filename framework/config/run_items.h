@@ -10,9 +10,12 @@
 //   options.run = framework::config::make_run_adapter();
 //   checkpoint::export_checkpoint(step_dir, out, options);
 #include "checkpoint/interop/export.h"
+#include "checkpoint/interop/renamed_tensor.h"
+#include "models/options.h"
 
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace framework::config {
 
@@ -39,9 +42,18 @@ LoraBase decode_lora_base(const std::string& bytes, const std::string& where);
 // weights, reading each tensor byte once.
 LoraBase lora_base_of(const std::string& init_from);
 
+// The parameters of a model of these options that its kind's Hugging Face
+// format names or lays out otherwise (models::HfAdapter::renamed: a
+// mixture of experts' stacked experts, one tensor per expert there), for
+// reading a Hugging Face directory under our names (WeightsFile::renamed)
+// and for writing one. Empty for a kind without an adapter.
+std::vector<checkpoint::RenamedTensor> hf_renames(const models::ModelOptions& options);
+
 // Reads the config item with parse_config; hf_config_json asks the
 // model.kind's Hugging Face adapter (models::find_hf_adapter), the
-// optimizer group is optim.*, the tokenizer data.tokenizer.
+// optimizer group is optim.*, the tokenizer data.tokenizer; hf_renames
+// reads the config.json (hf_model_options) and asks its adapter (none for
+// a config.json no adapter reads).
 std::shared_ptr<const checkpoint::RunAdapter> make_run_adapter();
 
 }  // namespace framework::config

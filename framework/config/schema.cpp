@@ -239,8 +239,8 @@ std::vector<Key> build_schema() {
        "torchtitan's load_balance_coeff); 0: off."},
       {SHARDKIT_CONFIG_FIELD(model.init_from), any_value(),
        "Initialize model weights from a safetensors or torch.save file of full weights, a PyTorch "
-       "DCP checkpoint, or a Hugging Face Llama directory (config.json gives the model keys; "
-       "safetensors, sharded or not); ignored when resuming from a checkpoint, except by a LoRA run "
+       "DCP checkpoint, or a Hugging Face Llama, Qwen3-MoE or Mixtral directory (config.json gives the "
+       "model keys; safetensors, sharded or not); ignored when resuming from a checkpoint, except by a LoRA run "
        "(model.lora.rank > 0), whose checkpoints hold the adapters: it reads its base from here again, and "
        "the base's weights must hash as the checkpoint recorded."},
 

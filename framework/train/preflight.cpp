@@ -138,8 +138,9 @@ void check_init_from(const config::Config& cfg) {
     fail("model.init_from: cannot read " + quoted(path) + ": " + std::strerror(errno));
   try {
     // Only its header (safetensors), directory and index (torch.save), or
-    // metadata and archive directories (DCP).
-    checkpoint::WeightsFile::open(path);
+    // metadata and archive directories (DCP); and a Hugging Face mixture of
+    // experts' per-expert tensors, that they stack into ours.
+    checkpoint::WeightsFile::open(path).renamed(config::hf_renames(cfg.model));
   } catch (const checkpoint::FormatError& e) {
     fail(std::string("model.init_from: ") + e.what());
   } catch (const checkpoint::IoError& e) {

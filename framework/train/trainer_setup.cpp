@@ -271,7 +271,11 @@ void Trainer::State::load_initial_weights() {
   torch::NoGradGuard no_grad;
   // A pipeline stage holds some of the model: the file's other tensors are
   // the other stages'. What this stage holds must all be there.
-  const checkpoint::ImportStats st = checkpoint::load_weights_into(sd, cfg.model.init_from, "model.", layout.pipeline > 1);
+  // A Hugging Face directory's names where they are not ours (a mixture of
+  // experts: one tensor per expert, each rank reading its experts' bytes).
+  const checkpoint::WeightsFile file =
+      checkpoint::WeightsFile::open(cfg.model.init_from).renamed(config::hf_renames(cfg.model));
+  const checkpoint::ImportStats st = checkpoint::load_weights_into(sd, file, "model.", layout.pipeline > 1);
   if (!st.missing.empty()) {
     throw std::invalid_argument("model.init_from " + cfg.model.init_from + " has no " +
                                 checkpoint::join_names(st.missing) + " (pipeline stage " + std::to_string(at.pipeline) + ")");

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "checkpoint/interop/export.h"
+#include "checkpoint/interop/hf.h"
 #include "checkpoint/interop/import_weights.h"
 #include "checkpoint/load.h"
 #include "checkpoint/format/metadata.h"
@@ -354,6 +355,163 @@ TEST_F(InteropTest, LoadWeightsIntoSuggestsOnlyModelForPrefixedNames) {
   } catch (const FormatError& e) {
     EXPECT_NE(std::string(e.what()).find("--only model"), std::string::npos) << e.what();
   }
+}
+
+// ---------------------------------------------------------------- renamed tensors
+
+// Names the test checkpoint's tensors as a Hugging Face mixture of experts
+// does its stacked experts: w [7, 5] as 7 tensors experts.K.w [5], h (fp16
+// [6, 2]) as 6 tensors experts.K.h [2], and b as router.b.
+std::vector<RenamedTensor> moe_like_renames(int64_t w_parts = 7) {
+  RenamedTensor w{"w", {}, true}, h{"h", {}, true};
+  for (int64_t k = 0; k < w_parts; ++k) w.parts.push_back("experts." + std::to_string(k) + ".w");
+  for (int64_t k = 0; k < 6; ++k) h.parts.push_back("experts." + std::to_string(k) + ".h");
+  return {w, h, RenamedTensor{"b", {"router.b"}, false}};
+}
+
+class RenamingRunAdapter : public RunAdapter {
+ public:
+  explicit RenamingRunAdapter(std::vector<RenamedTensor> renames) : renames_(std::move(renames)) {}
+  std::optional<std::string> hf_config_json(const ReadBytesItem&, const std::string&,
+                                            const std::string& torch_dtype) const override {
+    return "{\"model_type\": \"test\", \"torch_dtype\": \"" + torch_dtype + "\"}\n";
+  }
+  DcpParamGroup optimizer_param_group(const ReadBytesItem&, const std::string&,
+                                      const DcpParamGroup& fallback) const override {
+    return fallback;
+  }
+  std::string tokenizer(const ReadBytesItem&, const std::string&) const override { return ""; }
+  std::vector<RenamedTensor> hf_renames(const std::string&, const std::string&) const override { return renames_; }
+
+ private:
+  std::vector<RenamedTensor> renames_;
+};
+
+ExportOptions renaming_hf_export(std::vector<RenamedTensor> renames) {
+  ExportOptions options;
+  options.format = ExportFormat::kHf;
+  options.run = std::make_shared<RenamingRunAdapter>(std::move(renames));
+  options.slab_bytes = 8;        // slabs within each expert's row
+  options.max_shard_bytes = 48;  // the parts of one tensor in several files
+  return options;
+}
+
+// Fills every model tensor of the test checkpoint into a 3-way dim-0 split
+// from `file`, as rank `rank` of 3, and checks each rank read only its rows.
+void expect_three_way_load(const WeightsFile& file) {
+  for (int rank = 0; rank < 3; ++rank) {
+    StateDict sd;
+    std::map<std::string, torch::Tensor> expected;
+    uint64_t bytes = 0;
+    for (const GlobalTensor& g : global_tensors()) {
+      if (g.name.rfind("model.", 0) != 0) continue;
+      torch::Tensor want = g.full;
+      if (want.dim() == 0) {
+        sd.add_tensor(g.name, torch::zeros_like(want));
+      } else {
+        auto [lo, hi] = part_range(want.size(0), rank, 3);
+        std::vector<int64_t> sizes = want.sizes().vec(), offsets(want.dim(), 0);
+        sizes[0] = hi - lo;
+        offsets[0] = lo;
+        sd.add_tensor(g.name, torch::zeros(sizes, want.options()), want.sizes().vec(), offsets);
+        want = want.narrow(0, lo, hi - lo);
+      }
+      expected[g.name] = want;
+      bytes += want.nbytes();
+    }
+    const ImportStats stats = load_weights_into(sd, file, "model.", false);
+    EXPECT_EQ(stats.tensors, expected.size());
+    EXPECT_EQ(stats.bytes_read, bytes) << "rank " << rank;
+    for (const TensorEntry& t : sd.tensors()) {
+      EXPECT_TRUE(same_bits(t.local, expected[t.name])) << t.name << " rank " << rank;
+    }
+  }
+}
+
+TEST_F(InteropTest, HfExportSplitsStackedItemsAndRenamedStacksThemBackInAnySharding) {
+  export_checkpoint(*ckpt_, out("hf_split"), renaming_hf_export(moe_like_renames()));
+  const WeightsFile raw = WeightsFile::open(out("hf_split"));
+  ASSERT_EQ(raw.format(), "hf");
+  EXPECT_TRUE(fs::exists(out("hf_split") + "/model.safetensors.index.json"));
+  EXPECT_EQ(raw.find("w"), nullptr);
+  EXPECT_EQ(raw.find("b"), nullptr);
+  const torch::Tensor w = global_tensors()[0].full;
+  for (int64_t k = 0; k < 7; ++k) {
+    const WeightsTensorInfo* info = raw.find("experts." + std::to_string(k) + ".w");
+    ASSERT_NE(info, nullptr) << k;
+    EXPECT_EQ(info->shape, std::vector<int64_t>{5});
+    torch::Tensor got = torch::empty({5});
+    raw.read_box(info->name, full_box(info->shape), static_cast<uint8_t*>(got.data_ptr()));
+    EXPECT_TRUE(same_bits(got, w[k])) << k;
+  }
+  ASSERT_NE(raw.find("experts.5.h"), nullptr);
+  EXPECT_EQ(raw.find("experts.5.h")->dtype, DType::kFloat16);
+  ASSERT_NE(raw.find("router.b"), nullptr);
+  EXPECT_EQ(raw.find("router.b")->shape, std::vector<int64_t>{9});
+
+  // Under our names again: every tensor, read in any split, a rank reading
+  // only the bytes of its own rows (its experts).
+  const WeightsFile ours = raw.renamed(moe_like_renames());
+  EXPECT_EQ(ours.find("experts.0.w"), nullptr);
+  ASSERT_NE(ours.find("w"), nullptr);
+  EXPECT_EQ(ours.find("w")->shape, (std::vector<int64_t>{7, 5}));
+  EXPECT_EQ(ours.find("h")->shape, (std::vector<int64_t>{6, 2}));
+  expect_three_way_load(ours);
+
+  // ckpt import-hf with the same renames: our names, and an export gives
+  // the Hugging Face tensors back.
+  HfImportOptions import;
+  import.renames = moe_like_renames();
+  import_hf_checkpoint(out("hf_split"), out("hf_split_imported"), import);
+  const CheckpointMeta meta = read_committed_metadata(*posix_storage(), out("hf_split_imported"));
+  ASSERT_NE(meta.find("model.w"), nullptr);
+  EXPECT_EQ(meta.find("model.w")->global_shape, (std::vector<int64_t>{7, 5}));
+  EXPECT_EQ(meta.find("model.experts.0.w"), nullptr);
+  ExportOptions back = renaming_hf_export(moe_like_renames());
+  back.dtype = DType::kFloat32;
+  export_checkpoint(out("hf_split_imported"), out("hf_split_back"), back);
+  const WeightsFile again = WeightsFile::open(out("hf_split_back"));
+  ASSERT_NE(again.find("experts.6.w"), nullptr);
+  torch::Tensor got = torch::empty({5});
+  again.read_box("experts.6.w", full_box({5}), static_cast<uint8_t*>(got.data_ptr()));
+  EXPECT_TRUE(same_bits(got, w[6]));
+}
+
+TEST_F(InteropTest, HfExportRefusesASplitWhoseRowsAreNotItsParts) {
+  try {
+    export_checkpoint(*ckpt_, out("hf_bad_split"), renaming_hf_export(moe_like_renames(3)));
+    FAIL() << "expected a refusal";
+  } catch (const FormatError& e) {
+    EXPECT_NE(std::string(e.what()).find("item model.w has shape [7, 5], not 3 rows"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(fs::exists(out("hf_bad_split")));
+}
+
+TEST_F(InteropTest, RenamedRefusesPartsThatAreMissingOrDoNotStack) {
+  const WeightsFile f = WeightsFile::open(export_model(ExportFormat::kSafetensors, "stack.safetensors"));
+  auto refusal = [&](const std::vector<RenamedTensor>& renames) -> std::string {
+    try {
+      f.renamed(renames);
+    } catch (const FormatError& e) {
+      return e.what();
+    }
+    return "";
+  };
+  EXPECT_NE(refusal({{"x", {"w", "cols"}, true}}).find("they cannot stack into our 'x'"), std::string::npos);
+  EXPECT_NE(refusal({{"x", {"w", "w.1", "w.2"}, true}}).find("has 'w' but not 'w.1' and 1 more"), std::string::npos)
+      << refusal({{"x", {"w", "w.1", "w.2"}, true}});
+  // None of the parts here, or ours here already: nothing changes.
+  EXPECT_EQ(f.renamed({{"x", {"y", "z"}, true}}).tensors().size(), f.tensors().size());
+  const WeightsFile kept = f.renamed({{"w", {"cols"}, false}});
+  EXPECT_EQ(kept.find("w")->shape, (std::vector<int64_t>{7, 5}));
+  EXPECT_NE(kept.find("cols"), nullptr);
+  // One file's tensor as the one row of a stack.
+  const WeightsFile one = f.renamed({{"stacked_w", {"w"}, true}});
+  ASSERT_NE(one.find("stacked_w"), nullptr);
+  EXPECT_EQ(one.find("w"), nullptr);
+  torch::Tensor got = torch::empty({1, 3, 5});
+  one.read_box("stacked_w", Box{{0, 2, 0}, {1, 3, 5}}, static_cast<uint8_t*>(got.data_ptr()));
+  EXPECT_TRUE(same_bits(got, global_tensors()[0].full.narrow(0, 2, 3).unsqueeze(0)));
 }
 
 // ---------------------------------------------------------------- ckpt export

@@ -7,6 +7,9 @@
 // DIR/probe_tokens.bin  int64 [2, seq_len]; probe_logits.bin float32
 //                       [2, seq_len, vocab]: the initial model's logits
 // DIR/final.safetensors, final_probe_logits.bin  the same after the steps
+// DIR/final_hf/         the final weights as ckpt export --format hf writes
+//                       them (not for LoRA; a model no Hugging Face format
+//                       expresses: result.json hf_export_refused instead)
 // DIR/inputs.bin, targets.bin  int64 [steps, global_batch, seq_len]: the
 //                       batches the steps trained on, in order
 // DIR/result.json       per-step losses, grad_norms, lrs, the settings,
@@ -25,9 +28,11 @@
 //                       gradients: result.json optimizer_step_s {impl: median}
 // The run follows train.optimizer_impl and train.fused_kernels as `train`
 // does (result.json: optimizer_impl, fused_kernels).
+#include "checkpoint/errors.h"
 #include "checkpoint/interop/export.h"
 #include "checkpoint/save.h"
 #include "framework/config/config.h"
+#include "framework/config/run_items.h"
 #include "framework/data/dataset.h"
 #include "comm/device.h"
 #include "comm/torch_compat.h"
@@ -177,16 +182,33 @@ void run(Config cfg, const fs::path& out, const Extras& extras) {
     framework::train::Trainer trainer(cfg, rt, user);
 
     // The weights (every parameter, a LoRA run's frozen base too), through
-    // a checkpoint and the safetensors export.
+    // a checkpoint (with the run's config, as train saves it) and the
+    // safetensors export.
+    const std::string yaml = framework::config::to_yaml(cfg);
     auto export_weights = [&](const std::string& name) {
       const fs::path ckpt_dir = out / (name + "_checkpoint");
       fs::remove_all(ckpt_dir);
       checkpoint::StateDict state = framework::train::get_state_dict(trainer.model(), nullptr);
       for (auto& t : state.tensors()) t.local = t.local.to(torch::kCPU);  // a CUDA run's too
+      state.add_bytes(framework::config::kConfigItem, std::vector<uint8_t>(yaml.begin(), yaml.end()));
       checkpoint::save_state_dict(state, ckpt_dir.string(), *rt.checkpoint, checkpoint::SaveOptions{});
       checkpoint::ExportOptions exp;
       exp.only = "model";
       checkpoint::export_checkpoint(ckpt_dir.string(), (out / (name + ".safetensors")).string(), exp);
+    };
+    // The same checkpoint as ckpt export --format hf writes it, for the
+    // reference to load by Hugging Face's names and config.json alone; the
+    // refusal's one line for a model no Hugging Face format expresses.
+    std::string hf_refusal;
+    auto export_hf = [&](const std::string& name) {
+      checkpoint::ExportOptions exp;
+      exp.format = checkpoint::ExportFormat::kHf;
+      exp.run = framework::config::make_run_adapter();
+      try {
+        checkpoint::export_checkpoint((out / (name + "_checkpoint")).string(), (out / (name + "_hf")).string(), exp);
+      } catch (const checkpoint::FormatError& e) {
+        hf_refusal = e.what();
+      }
     };
     export_weights("init");
 
@@ -222,9 +244,11 @@ void run(Config cfg, const fs::path& out, const Extras& extras) {
     // After the compared steps: the weights and the probe's logits again
     // (a LoRA run's adapters are then non-zero).
     export_weights("final");
+    if (cfg.model.lora.rank == 0) export_hf("final");  // a LoRA run's checkpoint is no Hugging Face base
     write_tensor(out / "final_probe_logits.bin", probe_logits());
     write_tensor(out / "inputs.bin", torch::cat(inputs));
     write_tensor(out / "targets.bin", torch::cat(targets));
+    if (!hf_refusal.empty()) result["hf_export_refused"] = hf_refusal;
     result["losses"] = losses;
     result["grad_norms"] = norms;
     result["lrs"] = lrs;

@@ -353,6 +353,8 @@ def load_run(d):
     if os.path.exists(os.path.join(d, "final.safetensors")):
         run["final"] = load_safetensors(os.path.join(d, "final.safetensors"))
         run["final_probe_logits"] = read_bin(os.path.join(d, "final_probe_logits.bin"), "float32", (-1, T, V))
+    if os.path.isdir(os.path.join(d, "final_hf")):  # the final weights as a Hugging Face directory
+        run["hf_dir"] = os.path.join(d, "final_hf")
     rp = os.path.join(d, "probe_routes.bin")
     if os.path.exists(rp):  # MoE: int64 [n_moe_layers, probes * seq_len, top_k], shaped by compare_run
         run["probe_routes"] = read_bin(rp, "int64")

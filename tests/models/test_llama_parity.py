@@ -15,6 +15,14 @@ Mixture-of-experts cases (m, x, v, w) also compare the experts the initial
 model routes the probe tokens to (probe_routes.bin, int64 [n_moe_layers,
 2 * seq_len, top_k]) and every parameter after the steps (final.safetensors),
 the DeepSeek-V3 balancing bias included.
+
+Every case but LoRA's also checks the Hugging Face export of the final
+weights (final_hf/, as ckpt export --format hf writes it): the reference
+loads it by Hugging Face's tensor names and config.json fields alone
+(hf_reference.py: LlamaForCausalLM, Qwen3MoeForCausalLM for m, Mixtral for
+x), and its logits for the probe must be ours after the steps; for v and w,
+which neither MoE format expresses, the export must have been refused in one
+line naming the model.moe key.
 """
 
 import argparse
@@ -282,6 +290,8 @@ def compare_run(name, run, tol, fp32_losses=None, fp32_probe=None):
         check_step_moe(t, res, moe_stats, tol)
     if args.lora_rank > 0 and "final" in run:
         check_lora(t, run, model, pdt, tol)
+    if args.lora_rank == 0:
+        check_hf(t, run, pdt, tol)
     if "param_abs" in tol:
         check_final(t, run, model, pdt, tol)
     if fp32_probe is not None:
@@ -334,6 +344,63 @@ def check_lora(t, run, model, pdt, tol):
     dd = float((ref.probe_logits(m0, run["probe_tokens"], pdt).double() - theirs.double()).abs().max())
     t.check(dd > 10 * lim, "adapters have an effect", "base-only vs LoRA logits: max abs %.3g (must exceed %.3g)"
             % (dd, 10 * lim))
+
+
+def hf_format(m):
+    """(model_type, None) that ckpt export --format hf must write for
+    result.json's model m, or (None, the model.* key its refusal names): the
+    first rule m breaks, in the exporter's order (docs/moe.md)."""
+    moe = m.get("moe") or {}
+    if int(moe.get("num_experts", 0) or 0) == 0:
+        return ("llama", None) if not m.get("qk_norm") else (None, "model.qk_norm")
+    if moe.get("score_func", "softmax") != "softmax":
+        return None, "model.moe.score_func"
+    if float(moe.get("route_scale", 1.0)) != 1.0:
+        return None, "model.moe.route_scale"
+    if int(moe.get("num_shared_experts", 0) or 0) > 0:
+        return None, "model.moe.num_shared_experts"
+    if float(moe.get("load_balance_rate", 0) or 0) > 0:
+        return None, "model.moe.load_balance_rate"
+    if m.get("qk_norm"):
+        return "qwen3_moe", None
+    if not moe.get("route_norm"):
+        return None, "model.moe.route_norm"
+    if int(moe.get("first_dense_layers", 0) or 0) > 0:
+        return None, "model.moe.first_dense_layers"
+    return "mixtral", None
+
+
+def check_hf(t, run, pdt, tol):
+    """The Hugging Face export of the final weights, loaded by Hugging Face's
+    names and config.json alone (hf_reference.py), gives our final probe
+    logits; or, for a model neither format expresses, the export was refused
+    in one line naming the key."""
+    import hf_reference as hf_ref
+    res = run["result"]
+    kind, key = hf_format(res["model"])
+    refused = res.get("hf_export_refused")
+    if key is not None:
+        t.check(refused is not None and (": " + key + " is ") in refused and "\n" not in refused,
+                "Hugging Face export refused", "expected one line naming %s; got %r" % (key, refused))
+        return
+    if refused is not None or "hf_dir" not in run:
+        t.check(False, "Hugging Face export", "refused: %r" % refused if refused else "final_hf/ missing")
+        return
+    try:
+        model, _, cfg = hf_ref.load_hf_dir(run["hf_dir"])
+    except (ValueError, KeyError) as e:
+        t.check(False, "Hugging Face directory", "%s: %s" % (type(e).__name__, e))
+        return
+    t.check(cfg["model_type"] == kind, "Hugging Face format", "model_type %s (expected %s), architectures %s"
+            % (cfg["model_type"], kind, cfg.get("architectures")))
+    ours = run["final_probe_logits"]
+    theirs = ref.probe_logits(model, run["probe_tokens"], pdt)
+    d = float((ours.double() - theirs.double()).abs().max())
+    scale = float(theirs.abs().max())
+    factor = tol["logits_abs"] if "logits_abs" in tol else tol["logits_abs_scaled"]
+    lim = factor * max(1.0, scale)
+    t.add("final logits from HF (%s)" % kind, d, d / max(scale, 1e-12), "abs %.0e x max(1,%.2g)"
+          % (factor, scale), d <= lim)
 
 
 def check_routes(t, run, model, args, pdt, tol):
@@ -485,7 +552,8 @@ def fake_run(d, sets, perturb=None):
     "norm" (grad norms x 1.001), and for MoE "route" (one probe token's
     first expert replaced), "aux" (trained without the aux loss),
     "balance" (the bias never moved), "bias" (a final bias off by 1e-5),
-    "loads" (one choice moved between experts in result.json's expert_loads)."""
+    "loads" (one choice moved between experts in result.json's expert_loads),
+    "hf" (experts 0 and 1 of the first MoE layer swapped in final_hf/)."""
     os.makedirs(d, exist_ok=True)
     g = lambda k: sets.get(k, BASE[k])
     truthy = lambda v: str(v).lower() in ("1", "true", "yes")
@@ -560,6 +628,12 @@ def fake_run(d, sets, perturb=None):
         name = sorted(n for n in final if ref.keeps_fp32(n))[0]
         final[name][0] += 1e-5
     ref.save_safetensors(os.path.join(d, "final.safetensors"), final)
+    kind, key = hf_format(m)
+    if key is not None:
+        refusal = "%s/final_checkpoint: the run's model has no Hugging Face counterpart: %s is ..." % (d, key)
+    elif args.lora_rank == 0:
+        import hf_reference as hf_ref
+        hf_ref.write_hf_dir(os.path.join(d, "final_hf"), model, swap_experts=(perturb == "hf"))
     if perturb == "lr":
         lrs = [lr / 1.001 for lr in lrs]  # a wrong update, reported lrs right
     if perturb == "norm":
@@ -567,6 +641,8 @@ def fake_run(d, sets, perturb=None):
     res = {"losses": losses, "grad_norms": norms, "lrs": lrs, "model": m, "optim": optim, "train": train,
            "mixed_precision": {"param_dtype": pdt, "reduce_dtype": "fp32"}, "attention": "matmul",
            "threads": torch.get_num_threads(), "device": "cpu"}
+    if key is not None:
+        res["hf_export_refused"] = refusal
     if args.moe.enabled:  # as llama_ref: per step, loads per layer per expert (doubles), mean aux
         res["expert_loads"] = [[[float(v) for v in layer] for layer in step] for step in moe_stats["loads"]]
         res["moe_aux_losses"] = [a or 0.0 for a in moe_stats["aux"]]
@@ -685,7 +761,7 @@ def self_test(workdir):
     cases = {c[0]: c for c in CASES}
     for perturb, case in (("logits", "a"), ("lr", "a"), ("norm", "a"),
                           ("route", "m"), ("aux", "m"), ("balance", "v"), ("bias", "v"), ("balance", "w"),
-                          ("loads", "x")):
+                          ("loads", "x"), ("hf", "m"), ("hf", "x")):
         d = os.path.join(workdir, "self_bad_%s_%s" % (case, perturb))
         fake_run(d, cases[case][2], perturb)
         t = compare_run(case + "/" + perturb, ref.load_run(d), cases[case][3])

@@ -34,12 +34,15 @@ const std::vector<std::string> kAllKeys = {
     "model.norm_eps", "model.rope_scaling.factor", "model.rope_scaling.low_freq_factor",
     "model.rope_scaling.high_freq_factor", "model.rope_scaling.original_max_position",
     "model.activation_checkpointing", "model.activation_checkpointing_every",
-    "model.lora.rank", "model.lora.alpha", "model.lora.dropout", "model.lora.base_dtype", "model.lora.targets", "model.init_from",
+    "model.lora.rank", "model.lora.alpha", "model.lora.dropout", "model.lora.base_dtype", "model.lora.targets",
+    "model.qk_norm", "model.moe.num_experts", "model.moe.top_k", "model.moe.d_ff", "model.moe.score_func",
+    "model.moe.route_norm", "model.moe.route_scale", "model.moe.num_shared_experts", "model.moe.first_dense_layers",
+    "model.moe.aux_loss_coef", "model.moe.load_balance_rate", "model.init_from",
     "data.kind", "data.task", "data.path", "data.eval_fraction", "data.eval_path", "data.check_tokens",
     "data.tokenizer", "data.packed",
     "optim.lr", "optim.min_lr", "optim.warmup_steps", "optim.weight_decay", "optim.beta1",
     "optim.beta2", "optim.eps",
-    "parallel.replicate", "parallel.shard", "parallel.tensor", "parallel.pipeline",
+    "parallel.replicate", "parallel.shard", "parallel.tensor", "parallel.expert", "parallel.pipeline",
     "parallel.pipeline_schedule", "parallel.stages_per_rank", "parallel.pipeline_split_points",
     "parallel.reshard_after_forward", "parallel.prefetch",
     "dist.backend", "dist.timeout_s", "dist.stop_grace_s", "dist.master_addr", "dist.master_port",
@@ -135,6 +138,17 @@ Config non_default_config() {
   c.model.lora.dropout = 0.05;
   c.model.lora.base_dtype = "bf16";
   c.model.lora.targets = "q_proj,k_proj,v_proj,o_proj";
+  c.model.qk_norm = true;
+  c.model.moe.num_experts = 4;
+  c.model.moe.top_k = 3;
+  c.model.moe.d_ff = 64;
+  c.model.moe.score_func = models::MoeScoreFunc::kSigmoid;
+  c.model.moe.route_norm = true;
+  c.model.moe.route_scale = 2.5;
+  c.model.moe.num_shared_experts = 1;
+  c.model.moe.first_dense_layers = 1;
+  c.model.moe.aux_loss_coef = 0.01;
+  c.model.moe.load_balance_rate = 0.001;
   c.data.kind = framework::data::DataKind::kTokens;
   c.data.task = framework::data::SyntheticTask::kAdd;
   c.data.path = "data/train_*.bin";
@@ -153,6 +167,7 @@ Config non_default_config() {
   c.parallel.replicate = 2;
   c.parallel.shard = 4;
   c.parallel.tensor = 2;
+  c.parallel.expert = 2;
   c.parallel.pipeline = 2;
   c.parallel.pipeline_schedule = framework::pp::Schedule::kInterleaved1F1B;
   c.parallel.stages_per_rank = 2;

@@ -7,8 +7,10 @@
 #include "framework/dtensor/device_mesh.h"
 #include "models/activation_checkpoint.h"
 #include "framework/fsdp/fully_shard.h"
+#include "checkpoint/interop/export.h"
 #include "checkpoint/interop/import_weights.h"
 #include "checkpoint/interop/weights_file.h"
+#include "framework/config/run_items.h"
 #include "framework/train/state_dict.h"
 #include "framework/parallel/layout.h"
 #include "framework/train/trainer.h"
@@ -23,7 +25,10 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <nlohmann/json.hpp>
+
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <mutex>
 
@@ -641,6 +646,137 @@ TEST(LlamaFromHuggingFace, EachRankHoldsItsShardsPlusOneConversionBuffer) {
     }
   }
   fs::remove_all(dir);
+}
+
+// Every parameter of a Trainer of `cfg` at `world` ranks, whole, by name:
+// after `cfg.train.steps` steps when `steps`, else as it starts
+// (model.init_from loaded).
+std::map<std::string, torch::Tensor> trainer_params(const framework::config::Config& cfg, int world, bool steps) {
+  std::map<std::string, torch::Tensor> out;
+  std::mutex mu;
+  run_runtimes(world, [&](comm::Runtime& rt) {
+    Trainer trainer(cfg, rt);
+    if (steps) {
+      EXPECT_EQ(trainer.run(), 0);
+    }
+    auto& model = trainer.model();
+    std::map<std::string, torch::Tensor> full;
+    for (size_t i = 0; i < model.local_params().size(); ++i) full[model.param_names()[i]] = model.param_dtensor(i).full_tensor();
+    if (rt.env.rank == 0) {
+      std::lock_guard<std::mutex> lock(mu);
+      out = std::move(full);
+    }
+  });
+  return out;
+}
+
+// A llama mixture of experts through Hugging Face and back (docs/moe.md,
+// "Hugging Face in and out"): a run's checkpoint exported with ckpt
+// export's run adapter is a Qwen3MoeForCausalLM (q/k norm) or
+// MixtralForCausalLM directory, one tensor per expert under Hugging Face's
+// names; model.init_from that directory at 2 ranks (each reading its own
+// experts' bytes) starts from the run's parameters bit for bit. LoRA on the
+// attention of the Qwen3-MoE base trains, and --merge-lora writes the base
+// with the adapters merged, its experts untouched.
+TEST(LlamaMoeHuggingFace, ExportSplitsTheExpertsAndInitFromStacksThemBackBitForBit) {
+  for (const bool qwen3 : {true, false}) {
+    const std::string tag = qwen3 ? "qwen3_moe" : "mixtral";
+    auto cfg = llama_config(llama_scratch("moe_hf_" + tag));
+    cfg.train.steps = 2;
+    cfg.checkpoint.interval = 2;
+    cfg.model.qk_norm = qwen3;
+    cfg.model.moe.num_experts = 4;
+    cfg.model.moe.top_k = 2;
+    cfg.model.moe.d_ff = 24;
+    cfg.model.moe.route_norm = !qwen3;  // Qwen3-MoE's norm_topk_prob may be false; Mixtral's never
+    cfg.model.moe.first_dense_layers = qwen3 ? 1 : 0;
+    cfg.model.moe.aux_loss_coef = 0.01;
+    const std::map<std::string, torch::Tensor> trained = trainer_params(cfg, 2, true);
+    const std::string step_dir = cfg.run.dir + "/checkpoints/step_2", hf = cfg.run.dir + "_hf";
+    checkpoint::ExportOptions to_hf;
+    to_hf.format = checkpoint::ExportFormat::kHf;
+    to_hf.run = framework::config::make_run_adapter();
+    checkpoint::export_checkpoint(step_dir, hf, to_hf);
+
+    const checkpoint::WeightsFile file = checkpoint::WeightsFile::open(hf);
+    std::ifstream config_file(hf + "/config.json");
+    const nlohmann::json config = nlohmann::json::parse(config_file);
+    EXPECT_EQ(config["model_type"], qwen3 ? "qwen3_moe" : "mixtral") << tag;
+    const int64_t d = cfg.model.d_model, inner = 24;
+    size_t experts_tensors = 0;
+    for (int64_t layer = 0; layer < cfg.model.n_layers; ++layer) {
+      const std::string at = "model.layers." + std::to_string(layer) + ".";
+      if (layer < cfg.model.moe.first_dense_layers) {
+        EXPECT_NE(file.find(at + "mlp.gate_proj.weight"), nullptr) << tag << " dense layer " << layer;
+        continue;
+      }
+      const std::string moe = at + (qwen3 ? "mlp." : "block_sparse_moe.");
+      EXPECT_EQ(file.find(at + "mlp.experts.gate_proj.weight"), nullptr) << tag;
+      ASSERT_NE(file.find(moe + "gate.weight"), nullptr) << tag << " " << moe;
+      EXPECT_EQ(file.find(moe + "gate.weight")->shape, (std::vector<int64_t>{4, d}));
+      for (int e = 0; e < 4; ++e) {
+        const std::string expert = moe + "experts." + std::to_string(e) + ".";
+        const std::vector<std::pair<std::string, std::vector<int64_t>>> shapes =
+            qwen3 ? std::vector<std::pair<std::string, std::vector<int64_t>>>{{"gate_proj", {inner, d}},
+                                                                            {"up_proj", {inner, d}},
+                                                                            {"down_proj", {d, inner}}}
+                  : std::vector<std::pair<std::string, std::vector<int64_t>>>{
+                        {"w1", {inner, d}}, {"w3", {inner, d}}, {"w2", {d, inner}}};
+        for (const auto& [name, shape] : shapes) {
+          const checkpoint::WeightsTensorInfo* t = file.find(expert + name + ".weight");
+          ASSERT_NE(t, nullptr) << expert + name;
+          EXPECT_EQ(t->shape, shape) << expert + name;
+          ++experts_tensors;
+        }
+      }
+      EXPECT_EQ(file.find(at + "self_attn.q_norm.weight") != nullptr, qwen3) << tag;
+    }
+    EXPECT_EQ(experts_tensors, static_cast<size_t>(3 * 4 * (cfg.model.n_layers - cfg.model.moe.first_dense_layers)));
+
+    auto from_hf = cfg;
+    from_hf.run.dir = cfg.run.dir + "_from_hf";
+    from_hf.checkpoint.interval = 0;
+    from_hf.model.init_from = hf;
+    const std::map<std::string, torch::Tensor> loaded = trainer_params(from_hf, 2, false);
+    ASSERT_EQ(loaded.size(), trained.size()) << tag;
+    for (const auto& [name, want] : trained) {
+      ASSERT_EQ(loaded.count(name), 1u) << tag << " " << name;
+      EXPECT_TRUE(torch::equal(loaded.at(name), want)) << tag << ": " << name << " differs after the round trip";
+    }
+
+    if (qwen3) {
+      auto lora = from_hf;
+      lora.run.dir = cfg.run.dir + "_lora";
+      lora.checkpoint.interval = 2;
+      lora.model.lora.rank = 4;
+      lora.model.lora.targets = "q_proj,v_proj";
+      const std::map<std::string, torch::Tensor> tuned = trainer_params(lora, 2, true);
+      for (const auto& [name, want] : trained) {
+        EXPECT_TRUE(torch::equal(tuned.at(name), want)) << "LoRA changed the frozen " << name;
+      }
+      EXPECT_GT(tuned.at("model.layers.1.self_attn.q_proj.lora_B.weight").abs().max().item<double>(), 0);
+      checkpoint::ExportOptions merged = to_hf;
+      merged.merge_lora = true;
+      checkpoint::export_checkpoint(lora.run.dir + "/checkpoints/step_2", lora.run.dir + "_merged", merged);
+      const checkpoint::WeightsFile m = checkpoint::WeightsFile::open(lora.run.dir + "_merged");
+      EXPECT_EQ(m.tensors().size(), file.tensors().size());
+      auto read = [](const checkpoint::WeightsFile& f, const std::string& name) {
+        const checkpoint::WeightsTensorInfo* t = f.find(name);
+        EXPECT_NE(t, nullptr) << name;
+        torch::Tensor out = torch::empty(t->shape, torch::kFloat);
+        f.read_box(name, checkpoint::full_box(t->shape), static_cast<uint8_t*>(out.data_ptr()));
+        return out;
+      };
+      const std::string expert = "model.layers.2.mlp.experts.3.down_proj.weight", q = "model.layers.2.self_attn.q_proj.weight";
+      EXPECT_TRUE(torch::equal(read(m, expert), read(file, expert)));
+      EXPECT_FALSE(torch::equal(read(m, q), read(file, q)));
+      fs::remove_all(lora.run.dir);
+      fs::remove_all(lora.run.dir + "_merged");
+    }
+    fs::remove_all(cfg.run.dir);
+    fs::remove_all(hf);
+    fs::remove_all(from_hf.run.dir);
+  }
 }
 
 // Generation: the KV cache gives the logits of a forward over the whole

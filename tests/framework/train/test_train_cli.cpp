@@ -403,6 +403,93 @@ TEST(TrainCli, GenerateContinuesAPromptFromACheckpointOrItsHuggingFaceExport) {
   fs::remove_all(root);
 }
 
+// A llama mixture of experts through the binaries, as a user takes it to
+// Hugging Face and back (docs/moe.md, "Hugging Face in and out"), for each
+// format: trained on 2 ranks, ckpt export --format hf writes Qwen3-MoE (q/k
+// norm) or Mixtral; generate gives the same greedy tokens from the
+// checkpoint, the directory and its ckpt import-hf; import-hf then export
+// gives the directory's tensors back bit for bit; train --nproc 2 from the
+// directory (model.init_from) and from the imported checkpoint are the same
+// run; an MoE neither format expresses is refused in one line naming the
+// key.
+TEST(TrainCli, MoeHuggingFaceRoundTripsGeneratesAndTrainsFromEitherForm) {
+  for (const bool qwen3 : {true, false}) {
+    const std::string root = cli_scratch(qwen3 ? "moe_hf_qwen3" : "moe_hf_mixtral");
+    const std::string yaml = root + ".yaml";
+    std::ofstream(yaml) << "model:\n  kind: llama\n  vocab_size: 32\n  seq_len: 16\n  d_model: 32\n  n_layers: 3\n"
+                           "  n_heads: 4\n  n_kv_heads: 2\n  d_ff: 48\n  qk_norm: "
+                        << (qwen3 ? "true" : "false")
+                        << "\n  moe:\n    num_experts: 4\n    top_k: 2\n    d_ff: 24\n    route_norm: true\n"
+                           "    first_dense_layers: "
+                        << (qwen3 ? 1 : 0)
+                        << "\n    aux_loss_coef: 0.01\n"
+                           "train:\n  steps: 3\n  global_batch_size: 8\n  log_every: 1\n"
+                           "data:\n  kind: synthetic\n  task: copy\n  eval_fraction: 0\n"
+                           "checkpoint:\n  interval: 3\n  direct_io: \"false\"\n";
+    Result t = run("--nproc 2 --config " + yaml + " --set run.dir=" + root + "/run");
+    ASSERT_EQ(t.status, 0) << t.output;
+    const std::string ck = root + "/run/checkpoints/step_3", hf = root + "/hf";
+    Result e = run_ckpt("export " + ck + " --format hf --out " + hf);
+    ASSERT_EQ(e.status, 0) << e.output;
+    nlohmann::json config;
+    std::ifstream(hf + "/config.json") >> config;
+    EXPECT_EQ(config["architectures"][0], qwen3 ? "Qwen3MoeForCausalLM" : "MixtralForCausalLM");
+    const checkpoint::WeightsFile exported = checkpoint::WeightsFile::open(hf);
+    EXPECT_NE(exported.find(qwen3 ? "model.layers.2.mlp.experts.3.down_proj.weight"
+                                  : "model.layers.2.block_sparse_moe.experts.3.w2.weight"),
+              nullptr);
+
+    Result i = run_ckpt("import-hf " + hf + " " + root + "/imported");
+    ASSERT_EQ(i.status, 0) << i.output;
+    Result b = run_ckpt("export " + root + "/imported --format hf --out " + root + "/hf_back");
+    ASSERT_EQ(b.status, 0) << b.output;
+    const checkpoint::WeightsFile back = checkpoint::WeightsFile::open(root + "/hf_back");
+    ASSERT_EQ(back.tensors().size(), exported.tensors().size());
+    for (const checkpoint::WeightsTensorInfo& want : exported.tensors()) {
+      const checkpoint::WeightsTensorInfo* got = back.find(want.name);
+      ASSERT_NE(got, nullptr) << want.name;
+      std::vector<uint8_t> a(want.nbytes), c(want.nbytes);
+      exported.read_box(want.name, checkpoint::full_box(want.shape), a.data());
+      back.read_box(want.name, checkpoint::full_box(want.shape), c.data());
+      EXPECT_EQ(a, c) << want.name << " differs after import-hf and export";
+    }
+
+    nlohmann::json ids;
+    for (const std::string& from : {ck, hf, root + "/imported"}) {
+      Result g = run_generate("--checkpoint " + from + " --prompt-ids 1,2,3,4 --max-new-tokens 12 --ids");
+      ASSERT_EQ(g.status, 0) << g.output;
+      if (ids.is_null()) ids = ids_line(g.output)["ids"];
+      EXPECT_EQ(ids_line(g.output)["ids"], ids) << from;
+    }
+    ASSERT_EQ(ids.size(), 12u);
+
+    Result a = run("--nproc 2 --config " + yaml + " --set run.dir=" + root + "/from_hf --set model.init_from=" + hf +
+                   " --set checkpoint.interval=0");
+    ASSERT_EQ(a.status, 0) << a.output;
+    Result m = run("--nproc 2 --config " + yaml + " --set run.dir=" + root + "/from_import --set checkpoint.resume=" +
+                   root + "/imported --set checkpoint.model_only=true --set checkpoint.interval=0");
+    ASSERT_EQ(m.status, 0) << m.output;
+    const auto la = losses(root + "/from_hf"), lm = losses(root + "/from_import");
+    ASSERT_EQ(la.size(), 3u);
+    EXPECT_EQ(la, lm);
+
+    // Shared experts: neither format has them.
+    Result s = run("--config " + yaml + " --set run.dir=" + root + "/shared --set model.moe.num_shared_experts=1"
+                   " --set train.steps=1 --set checkpoint.interval=1");
+    ASSERT_EQ(s.status, 0) << s.output;
+    Result r = run_ckpt("export " + root + "/shared/checkpoints/step_1 --format hf --out " + root + "/hf_shared");
+    EXPECT_EQ(r.status, 1) << r.output;
+    EXPECT_NE(r.output.find("model.moe.num_shared_experts is 1: Qwen3MoeForCausalLM and MixtralForCausalLM have no "
+                            "shared experts"),
+              std::string::npos)
+        << r.output;
+    EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << r.output;
+    EXPECT_FALSE(fs::exists(root + "/hf_shared"));
+    fs::remove_all(root);
+    fs::remove(yaml);
+  }
+}
+
 namespace {
 
 // A float tensor of a weights file, whole, as doubles.
