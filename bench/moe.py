@@ -4,7 +4,7 @@ parameters per token, side by side in one invocation, and how evenly the
 router spreads the tokens with and without balancing (issue #70).
 
   bench/moe.py [--train build/train] [--device cpu|cuda] [--worlds 1,2,4]
-               [--steps 12] [--rounds 2] [--per-rank-batch 8]
+               [--expert-degrees world,2] [--steps 12] [--rounds 2] [--per-rank-batch 8]
                [--balance-steps 100] [--balance-warmup 10] [--balance-world 1]
                [--balance-rates 0.001,0.01] [--aux-coef 0.01]
                [--data text|copy|reverse|add] [--text FILE]
@@ -24,10 +24,18 @@ the same data, seed, attention, d_model, layers, seq_len and per-rank batch
          FLOPs as the dense block, and the router's E x d_model more (both
          banners' counts are in the JSON).
 
-1. Throughput and memory, per world in --worlds, dense and moe alternated,
-   --rounds times (each value the median of its rounds; every round's
-   values are in the row's "rounds"). Each run takes --steps steps; per run,
-   over steps 3..steps of metrics.jsonl:
+1. Throughput and memory, per world in --worlds, dense, moe and moe with
+   expert parallelism alternated, --rounds times (each value the median of
+   its rounds; every round's values are in the side's "rounds"). The moe
+   runs in each expert layout of the world besides plain FSDP:
+     parallel.expert E for each E of --expert-degrees ("world": the world;
+     default world,2) above 1 that divides the world and --experts: each
+     rank holds experts / E of the routed experts and tokens travel to them
+     by all-to-all; the experts' FSDP runs over the world / E ranks that
+     hold the same experts (docs/moe.md, "Expert parallelism"). At worlds
+     2 and 4 by default: EP 2 (world 2), EP 4 and EP 2 x FSDP 2 (world 4).
+   Each run takes --steps steps; per run, over steps 3..steps of
+   metrics.jsonl:
      tokens_per_s   the median of the job's tokens per second (all ranks);
      tokens_per_s_best
                     its best step (the highest over the steps and rounds):
@@ -38,8 +46,17 @@ the same data, seed, attention, d_model, layers, seq_len and per-rank batch
                     activations, LibTorch's own), the largest over the steps;
      peak_gpu_mib   with --device cuda, each rank's peak allocated device
                     memory (metrics.jsonl's peak_gpu_mib).
+     all_to_all_s   with expert parallelism, the median of rank 0's seconds
+                    in the step's all-to-alls (forward and backward;
+                    metrics.jsonl's all_to_all_s, which is rank 0's);
+     all_to_all_share
+                    the median over the steps of rank 0's all_to_all_s /
+                    step_time_s, the all-to-alls' share of its step. An
+                    all-to-all's seconds include waiting for the slowest
+                    rank of the expert group to reach it.
    The moe runs here balance with the bias (model.moe.load_balance_rate
-   0.001, no auxiliary loss). Ratios are moe / dense.
+   0.001, no auxiliary loss). Ratios are moe / dense (each layout's moe
+   against the same world's dense).
 2. Load balance: the moe model at --balance-world ranks for --balance-steps
    steps, once per routing variant, on the same data and seed:
      none       no balancing (load_balance_rate 0, aux_loss_coef 0);
@@ -53,9 +70,10 @@ the same data, seed, attention, d_model, layers, seq_len and per-rank batch
    starts), over the steps after --balance-warmup, and over the last quarter
    of the steps; the loss over the last 10 steps; vs_none = the overall
    after warm-up over the none variant's.
-3. The all-to-all's share of the step: expert parallelism (parallel.expert)
-   does not exist yet, so it is not measured: the JSON's "all_to_all" and
-   each throughput row's "all_to_all_share" are null, with the reason.
+3. The all-to-all's share of the step, per expert layout: each row's
+   "all_to_all_share" and "all_to_all_s" ({layout: value}, null at a world
+   with no expert layout) and the top-level "all_to_all" (every layout's
+   share and seconds, and how they are measured).
 
 Data (--data): text (default) is language modelling over --text's bytes
 (vocabulary 256; default docs/benchmarks.md, the largest page of docs/;
@@ -71,8 +89,9 @@ Precision: fp32 on the CPU (as bench/llama_sizes.py's CPU runs), bf16 compute wi
 (--dtype overrides). The defaults finish in a few minutes on a 2-core CPU
 machine; on a GPU machine pass bigger sizes (--d-model, --expert-ff,
 --seq-len, ...); worlds above the GPUs that nvidia-smi lists are skipped
-(NCCL takes one GPU per rank). Prints two tables and one JSON object (and
-writes it to --json-out).
+(NCCL takes one GPU per rank), and so are expert degrees that divide the
+world but not --experts (listed in the JSON's "skipped_expert_layouts").
+Prints two tables and one JSON object (and writes it to --json-out).
 """
 import argparse
 import hashlib
@@ -91,7 +110,10 @@ sys.path.insert(0, HERE)
 from llama_sizes import WARMUP, run_train, train_sets  # noqa: E402
 
 PROG = "moe"
-A2A_NOTE = "not measured: no expert parallelism yet (parallel.expert)"
+A2A_MEASURE = ("rank 0's: the median over the timed steps of its all_to_all_s / step_time_s (metrics.jsonl "
+               "carries rank 0's), then the median over rounds; the all-to-alls' seconds include waiting for the "
+               "slowest rank of the expert group")
+A2A_NONE = "not measured: no expert layout at these worlds (parallel.expert needs a world of 2 or more)"
 # The throughput runs' balancing (and no auxiliary loss).
 THROUGHPUT_BALANCE_RATE = 0.001
 
@@ -125,6 +147,31 @@ def model_sets(size, variant):
                  "model.moe.route_norm": "true", "model.moe.route_scale": 1.0,
                  "model.moe.aux_loss_coef": 0, "model.moe.load_balance_rate": 0})
     return sets
+
+
+def expert_layouts(world, degrees, experts):
+    """The expert layouts run at `world` besides plain FSDP, the largest
+    expert degree first: [(expert, expert_shard)], and the degrees left out
+    because they divide the world but not `experts`."""
+    run, skipped = [], []
+    for d in degrees:
+        e = world if d == "world" else d
+        if e <= 1 or world % e or any(x == e for x, _ in run):
+            continue
+        if experts % e:
+            skipped.append(e)
+            continue
+        run.append((e, world // e))
+    return sorted(run, reverse=True), sorted(set(skipped))
+
+
+def layout_key(expert, expert_shard):
+    """The JSON's name of an expert layout: ep4, ep2xfsdp2."""
+    return f"ep{expert}" + (f"xfsdp{expert_shard}" if expert_shard > 1 else "")
+
+
+def layout_label(expert, expert_shard):
+    return f"EP {expert}" + (f" x FSDP {expert_shard}" if expert_shard > 1 else "")
 
 
 def job_sets(a, size, world, steps, run_dir, variant, extra=None):
@@ -170,11 +217,18 @@ def throughput(job):
     timed = [r for k, r in sorted(job["steps"].items()) if k > WARMUP]
     if not timed:
         fail("no steps after the warm-up in metrics.jsonl (--steps too small)", 1)
-    return {"tokens_per_s": statistics.median(r["tokens_per_s"] for r in timed),
-            "tokens_per_s_best": max(r["tokens_per_s"] for r in timed),
-            "step_s": statistics.median(r["step_time_s"] for r in timed),
-            "peak_rss_mib": per_rank_peak(timed, "peak_rss_mib"),
-            "peak_gpu_mib": per_rank_peak(timed, "peak_gpu_mib")}
+    out = {"tokens_per_s": statistics.median(r["tokens_per_s"] for r in timed),
+           "tokens_per_s_best": max(r["tokens_per_s"] for r in timed),
+           "step_s": statistics.median(r["step_time_s"] for r in timed),
+           "peak_rss_mib": per_rank_peak(timed, "peak_rss_mib"),
+           "peak_gpu_mib": per_rank_peak(timed, "peak_gpu_mib")}
+    if any("all_to_all_s" in r for r in timed):
+        if not all("all_to_all_s" in r for r in timed):
+            fail("all_to_all_s missing from some steps of metrics.jsonl", 1)
+        out["all_to_all_s"] = statistics.median(r["all_to_all_s"] for r in timed)
+        out["all_to_all_share"] = statistics.median(r["all_to_all_s"] / max(r["step_time_s"], 1e-12)
+                                                    for r in timed)
+    return out
 
 
 def mean(xs):
@@ -224,6 +278,37 @@ def ratio(x, y):
     return x / y if x is not None and y else None
 
 
+def side_summary(rs, world):
+    """One side's rounds folded: medians over rounds (per rank for memory)."""
+    side = {
+        "tokens_per_s": statistics.median(x["tokens_per_s"] for x in rs),
+        "tokens_per_s_best": max(x["tokens_per_s_best"] for x in rs),
+        "step_s": statistics.median(x["step_s"] for x in rs),
+        # Per rank, the median over rounds of each rank's peak.
+        "peak_rss_mib": [statistics.median(x["peak_rss_mib"][i] for x in rs) for i in range(world)],
+        "peak_gpu_mib": ([statistics.median(x["peak_gpu_mib"][i] for x in rs) for i in range(world)]
+                         if all(x["peak_gpu_mib"] for x in rs) else None),
+    }
+    if all("all_to_all_s" in x for x in rs):
+        side["all_to_all_s"] = statistics.median(x["all_to_all_s"] for x in rs)
+        side["all_to_all_share"] = statistics.median(x["all_to_all_share"] for x in rs)
+    side["rounds"] = rs
+    return side
+
+
+def over(m, d):
+    """m / d for tokens/s, the best step, the step and the peaks (the
+    largest rank's)."""
+    return {
+        "tokens_per_s": ratio(m["tokens_per_s"], d["tokens_per_s"]),
+        "tokens_per_s_best": ratio(m["tokens_per_s_best"], d["tokens_per_s_best"]),
+        "step_s": ratio(m["step_s"], d["step_s"]),
+        "peak_rss_mib": ratio(max(m["peak_rss_mib"]), max(d["peak_rss_mib"])),
+        "peak_gpu_mib": ratio(max(m["peak_gpu_mib"]), max(d["peak_gpu_mib"]))
+        if m["peak_gpu_mib"] and d["peak_gpu_mib"] else None,
+    }
+
+
 def main():
     ap = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n")[0] + " ...",
                                  epilog=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -233,6 +318,10 @@ def main():
     ap.add_argument("--dtype", choices=["fp32", "bf16"], default=None,
                     help="train.mixed_precision.param_dtype (default fp32 on the CPU, bf16 on CUDA)")
     ap.add_argument("--worlds", default="1,2,4")
+    ap.add_argument("--expert-degrees", default="world,2",
+                    help="parallel.expert values run beside FSDP at each world: comma-separated numbers or 'world' "
+                         "(the world); each above 1 that divides the world and --experts runs; 'none': no expert "
+                         "parallelism (default world,2: EP 2 at world 2, EP 4 and EP 2 x FSDP 2 at world 4)")
     ap.add_argument("--steps", type=int, default=12, help="steps of each throughput run (3.. are timed)")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--balance-steps", type=int, default=100)
@@ -278,6 +367,16 @@ def main():
         fail("--worlds and --balance-rates are comma-separated numbers")
     if any(w < 1 for w in worlds) or any(r <= 0 for r in rates):
         fail("--worlds must be >= 1 and --balance-rates > 0")
+    degrees = []
+    if a.expert_degrees.strip() not in ("", "none"):
+        for d in a.expert_degrees.split(","):
+            d = d.strip()
+            if d == "world":
+                degrees.append(d)
+            elif d.isdigit() and int(d) >= 1:
+                degrees.append(int(d))
+            else:
+                fail(f"--expert-degrees: {d!r} is neither a number >= 1 nor 'world'")
     a.vocab = 256
     data = {"kind": a.data}
     if a.data == "text":
@@ -302,46 +401,61 @@ def main():
     a.workdir = a.workdir or tempfile.mkdtemp(prefix="moe_bench.")
     os.makedirs(a.workdir, exist_ok=True)
 
-    # 1. Throughput and memory, dense and moe alternated.
+    # 1. Throughput and memory: dense, moe (FSDP) and moe in each expert
+    # layout, alternated within each world and round.
     bias = {"model.moe.load_balance_rate": THROUGHPUT_BALANCE_RATE}
-    rounds = {w: {"dense": [], "moe": []} for w in worlds}
+    layouts, skipped_layouts = {}, []
+    for w in worlds:
+        layouts[w], left_out = expert_layouts(w, degrees, size["experts"])
+        skipped_layouts += [{"world": w, "expert": e, "reason": f"{e} does not divide --experts {size['experts']}"}
+                            for e in left_out]
+    sides = {w: ["dense", "moe"] + [layout_key(e, s) for e, s in layouts[w]] for w in worlds}
+    rounds = {w: {side: [] for side in sides[w]} for w in worlds}
     counts = {}
     for r in range(a.rounds):
         for w in worlds:
-            for variant in ("dense", "moe"):
-                job = run_job(a, size, w, a.steps, variant, f"{variant}_w{w}_r{r}", bias if variant == "moe" else None)
-                counts[variant] = {"params": job["params"], "active_params": job["active_params"]}
+            jobs = [("dense", "dense", None), ("moe", "moe", bias)]
+            jobs += [(layout_key(e, s), "moe", dict(bias, **{"parallel.expert": e})) for e, s in layouts[w]]
+            for side, variant, extra in jobs:
+                job = run_job(a, size, w, a.steps, variant, f"{side}_w{w}_r{r}", extra)
+                if side in ("dense", "moe"):
+                    counts[variant] = {"params": job["params"], "active_params": job["active_params"]}
                 t = throughput(job)
-                rounds[w][variant].append(t)
-                print(f"world {w} {variant:5s} round {r}: {t['tokens_per_s']:.0f} tok/s, step {t['step_s']:.3f} s, "
-                      f"peak RSS {max(t['peak_rss_mib']):.0f} MiB", file=sys.stderr)
+                if side not in ("dense", "moe") and "all_to_all_s" not in t:
+                    fail(f"world {w} {side}: no all_to_all_s in metrics.jsonl (is parallel.expert on?)", 1)
+                rounds[w][side].append(t)
+                a2a = (f", all-to-all {t['all_to_all_s']:.3f} s ({100 * t['all_to_all_share']:.0f}% of the step)"
+                       if "all_to_all_s" in t else "")
+                print(f"world {w} {side:10s} round {r}: {t['tokens_per_s']:.0f} tok/s, step {t['step_s']:.3f} s, "
+                      f"peak RSS {max(t['peak_rss_mib']):.0f} MiB{a2a}", file=sys.stderr)
     rows = []
+    a2a_layouts = []
     for w in worlds:
         row = {"world": w, "global_batch": size["per_rank_batch"] * w, "tokens_per_step":
                size["per_rank_batch"] * w * size["seq_len"]}
         for variant in ("dense", "moe"):
-            rs = rounds[w][variant]
-            row[variant] = {
-                "tokens_per_s": statistics.median(x["tokens_per_s"] for x in rs),
-                "tokens_per_s_best": max(x["tokens_per_s_best"] for x in rs),
-                "step_s": statistics.median(x["step_s"] for x in rs),
-                # Per rank, the median over rounds of each rank's peak.
-                "peak_rss_mib": [statistics.median(x["peak_rss_mib"][i] for x in rs) for i in range(w)],
-                "peak_gpu_mib": ([statistics.median(x["peak_gpu_mib"][i] for x in rs) for i in range(w)]
-                                 if all(x["peak_gpu_mib"] for x in rs) else None),
-                "rounds": rs,
-            }
+            row[variant] = side_summary(rounds[w][variant], w)
         d, m = row["dense"], row["moe"]
-        row["moe_over_dense"] = {
-            "tokens_per_s": ratio(m["tokens_per_s"], d["tokens_per_s"]),
-            "tokens_per_s_best": ratio(m["tokens_per_s_best"], d["tokens_per_s_best"]),
-            "step_s": ratio(m["step_s"], d["step_s"]),
-            "peak_rss_mib": ratio(max(m["peak_rss_mib"]), max(d["peak_rss_mib"])),
-            "peak_gpu_mib": ratio(max(m["peak_gpu_mib"]), max(d["peak_gpu_mib"]))
-            if m["peak_gpu_mib"] and d["peak_gpu_mib"] else None,
-        }
-        row["all_to_all_s"] = None  # expert parallelism's dispatch and combine: not measured yet
-        row["all_to_all_share"] = None
+        row["moe_over_dense"] = over(m, d)
+        # The moe in each expert layout, each with its ratios to the dense
+        # and to the moe under plain FSDP at this world.
+        row["moe_ep"] = {}
+        for e, s in layouts[w]:
+            key = layout_key(e, s)
+            ep = dict({"layout": layout_label(e, s), "expert": e, "expert_shard": s},
+                      **side_summary(rounds[w][key], w))
+            ep["moe_over_dense"] = over(ep, d)
+            ep["over_moe_fsdp"] = over(ep, m)
+            row["moe_ep"][key] = ep
+            a2a_layouts.append({"layout": key, "label": ep["layout"], "world": w, "expert": e, "expert_shard": s,
+                                "share_of_step": ep["all_to_all_share"], "seconds": ep["all_to_all_s"],
+                                "step_s": ep["step_s"],
+                                "share_of_step_rounds": [x["all_to_all_share"] for x in ep["rounds"]],
+                                "seconds_rounds": [x["all_to_all_s"] for x in ep["rounds"]]})
+        # The all-to-all's seconds and share of the step, one entry per
+        # expert layout of this world (null where there is none).
+        row["all_to_all_s"] = {k: ep["all_to_all_s"] for k, ep in row["moe_ep"].items()} or None
+        row["all_to_all_share"] = {k: ep["all_to_all_share"] for k, ep in row["moe_ep"].items()} or None
         rows.append(row)
 
     # 2. Load balance on the same data and seed.
@@ -377,26 +491,42 @@ def main():
           f"data {a.data}{' ' + data['path'] if a.data == 'text' else ''}")
     gpu = any(r["dense"]["peak_gpu_mib"] for r in rows)
     rng = " (rounds' range)" if a.rounds > 1 else ""
-    head = ["world", "dense tok/s" + rng, "MoE tok/s" + rng, "MoE/dense", "dense best", "MoE best",
+    head = ["world", "MoE layout", "dense tok/s" + rng, "MoE tok/s" + rng, "MoE/dense", "dense best", "MoE best",
             "MoE/dense best", "dense peak RSS MiB by rank",
             "MoE peak RSS MiB by rank", "MoE/dense"]
     if gpu:
         head += ["dense peak GPU MiB", "MoE peak GPU MiB", "MoE/dense"]
+    head += ["all-to-all share of step (rank 0)" + rng, "all-to-all s/step (rank 0)"]
     print("| " + " | ".join(head) + " |")
     print("|" + "---|" * len(head))
     for r in rows:
-        d, m, q = r["dense"], r["moe"], r["moe_over_dense"]
-        cells = [str(r["world"]), spread(d, "tokens_per_s"), spread(m, "tokens_per_s"), f"{q['tokens_per_s']:.2f}",
-                 f"{d['tokens_per_s_best']:.0f}", f"{m['tokens_per_s_best']:.0f}", f"{q['tokens_per_s_best']:.2f}",
-                 " / ".join(f"{x:.0f}" for x in d["peak_rss_mib"]), " / ".join(f"{x:.0f}" for x in m["peak_rss_mib"]),
-                 f"{q['peak_rss_mib']:.2f}"]
-        if gpu:
-            cells += [" / ".join(f"{x:.0f}" for x in d["peak_gpu_mib"] or []),
-                      " / ".join(f"{x:.0f}" for x in m["peak_gpu_mib"] or []), fmt(q["peak_gpu_mib"], "%.2f")]
-        print("| " + " | ".join(cells) + " |")
-    print(f"all-to-all share of the step: {A2A_NOTE}")
+        d = r["dense"]
+        moes = [(f"FSDP {r['world']}", r["moe"], r["moe_over_dense"])]
+        moes += [(ep["layout"], ep, ep["moe_over_dense"]) for ep in r["moe_ep"].values()]
+        for label, m, q in moes:
+            cells = [str(r["world"]), label, spread(d, "tokens_per_s"), spread(m, "tokens_per_s"),
+                     f"{q['tokens_per_s']:.2f}", f"{d['tokens_per_s_best']:.0f}", f"{m['tokens_per_s_best']:.0f}",
+                     f"{q['tokens_per_s_best']:.2f}", " / ".join(f"{x:.0f}" for x in d["peak_rss_mib"]),
+                     " / ".join(f"{x:.0f}" for x in m["peak_rss_mib"]), f"{q['peak_rss_mib']:.2f}"]
+            if gpu:
+                cells += [" / ".join(f"{x:.0f}" for x in d["peak_gpu_mib"] or []),
+                          " / ".join(f"{x:.0f}" for x in m["peak_gpu_mib"] or []), fmt(q["peak_gpu_mib"], "%.2f")]
+            if "all_to_all_share" in m:
+                shares = [x["all_to_all_share"] for x in m["rounds"]]
+                cells += [f"{m['all_to_all_share']:.2f}" + (f" ({min(shares):.2f}-{max(shares):.2f})"
+                                                             if len(shares) > 1 else ""),
+                          f"{m['all_to_all_s']:.4f}"]
+            else:
+                cells += ["-", "-"]
+            print("| " + " | ".join(cells) + " |")
+    if a2a_layouts:
+        print(f"all-to-all share of the step: {A2A_MEASURE}")
+    else:
+        print(f"all-to-all share of the step: {A2A_NONE}")
     if skipped:
         print(f"worlds {skipped} skipped: more ranks than GPUs")
+    for x in skipped_layouts:
+        print(f"world {x['world']} expert {x['expert']} skipped: {x['reason']}")
     print()
     head = ["routing", "max/mean steps 1-%d" % a.balance_warmup, "after warm-up, by MoE layer", "overall",
             "worst layer", "last quarter", "vs none", "loss (last 10)"]
@@ -418,10 +548,16 @@ def main():
         "throughput_moe_load_balance_rate": THROUGHPUT_BALANCE_RATE,
         "params": {"dense": dn, "moe": mo,
                    "active_moe_over_dense": ratio(mo["active_params"], dn["active_params"])},
-        "rows": rows, "skipped_worlds": skipped,
+        "expert_degrees": degrees,
+        "rows": rows, "skipped_worlds": skipped, "skipped_expert_layouts": skipped_layouts,
         "balance": {"world": a.balance_world, "steps": a.balance_steps, "warmup": a.balance_warmup,
                     "variants": bal},
-        "all_to_all": {"share_of_step": None, "seconds": None, "note": A2A_NOTE},
+        # One entry per expert layout (keyed as each row's moe_ep), and
+        # every layout's details in "layouts".
+        "all_to_all": {"share_of_step": {x["layout"]: x["share_of_step"] for x in a2a_layouts} or None,
+                       "seconds": {x["layout"]: x["seconds"] for x in a2a_layouts} or None,
+                       "layouts": a2a_layouts, "measured_on": "rank 0",
+                       "note": A2A_MEASURE if a2a_layouts else A2A_NONE},
     }
     print(json.dumps(result))
     if a.json_out:

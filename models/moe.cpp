@@ -62,8 +62,12 @@ torch::Tensor GroupedExpertsImpl::forward(const torch::Tensor& rows, const std::
   TORCH_CHECK(start == rows.size(0), "experts: counts sum to ", start, ", rows ", rows.size(0));
   if (outs.empty()) {
     // No token here: a zero-row result that still depends on every weight,
-    // so that each has a gradient (zeros) and FSDP's reduction sees it.
-    return rows.new_zeros({0, d.size(1)}) + 0 * (g.sum() + u.sum() + d.sum()).to(rows.scalar_type());
+    // so that each has a gradient (zeros) and FSDP's reduction sees it, and
+    // on `rows`: under expert parallelism `rows` came by all-to-all, whose
+    // backward is a collective every rank of the expert group must run,
+    // also the one whose experts received nothing.
+    return rows.new_zeros({0, d.size(1)}) +
+           0 * (g.sum() + u.sum() + d.sum() + rows.sum()).to(rows.scalar_type());
   }
   return outs.size() == 1 ? outs[0] : torch::cat(outs);
 }

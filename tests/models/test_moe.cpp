@@ -101,6 +101,29 @@ TEST(MixtureOfExperts, GroupedExpertsEqualATokenByTokenLoopForEachRouting) {
   }
 }
 
+// Experts that receive no row still give every weight a (zero) gradient
+// and pass one back to their (empty) input: under expert parallelism that
+// input came by all-to-all, whose backward every rank of the expert group
+// must run, also one whose experts got no token (the bench's EP 4 run
+// where the router had collapsed onto other ranks' experts hung Gloo).
+TEST(MixtureOfExperts, ExpertsWithoutRowsStillReachTheirWeightsAndTheirInput) {
+  torch::manual_seed(5);
+  GroupedExperts experts(2, 16, 12, /*materialize=*/true);
+  torch::Tensor rows = torch::randn({0, 16}, torch::requires_grad());
+  torch::Tensor out = experts->forward(rows, {0, 0});
+  EXPECT_EQ(out.sizes(), (std::vector<int64_t>{0, 16}));
+  std::vector<torch::Tensor> inputs = {rows, experts->gate_proj->weight, experts->up_proj->weight,
+                                       experts->down_proj->weight};
+  // Throws ("not used in the graph") for an input the result does not reach.
+  const auto grads = torch::autograd::grad({out.sum()}, inputs);
+  ASSERT_EQ(grads.size(), inputs.size());
+  for (size_t i = 0; i < grads.size(); ++i) {
+    ASSERT_TRUE(grads[i].defined()) << i;
+    EXPECT_EQ(grads[i].sizes(), inputs[i].sizes()) << i;
+    EXPECT_EQ(grads[i].abs().sum().item<double>(), 0.0) << i;
+  }
+}
+
 TEST(MixtureOfExperts, FirstDenseLayersSharedExpertsAndQkNormHaveTheirParameters) {
   ModelOptions o = moe_options();
   o.moe.first_dense_layers = 1;

@@ -7,10 +7,14 @@ Runs the benchmark as a user does on a small llama through the real `train`
 (worlds 1 and 2, a few steps) and checks what it reports against what must
 hold whatever the machine's speed: the dense and MoE models' active
 parameters differ by the routers' weights alone, every world has both
-sides' tokens/s and each rank's peak RSS, every routing variant's max/mean
-per MoE layer lies in [1, E / K], the auxiliary loss is reported only
-where it is on, and the all-to-all is left unmeasured (null, with the
-reason) instead of a number.
+sides' tokens/s and each rank's peak RSS, world 2 also has the MoE with
+expert parallelism 2 (its row, its tokens/s and peak RSS per rank, and
+the all-to-all's seconds and share of the step, in (0, 1), in the row and
+in the top-level all_to_all), world 1 has no expert layout (null), every
+routing variant's max/mean per MoE layer lies in [1, E / K], and the
+auxiliary loss is reported only where it is on. Which expert layouts a
+world gets (EP 4 and EP 2 x FSDP 2 at world 4) is checked on the
+bench's function without running them, to keep the test fast.
 """
 import json
 import os
@@ -22,12 +26,26 @@ import unittest
 TRAIN = None
 SOURCE_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BENCH = os.path.join(SOURCE_DIR, "bench", "moe.py")
+sys.path.insert(0, os.path.join(SOURCE_DIR, "bench"))
+import moe as moe_bench  # noqa: E402
 SMALL = ["--seq-len", "32", "--d-model", "64", "--n-layers", "3", "--n-heads", "4", "--n-kv-heads", "2",
          "--experts", "4", "--top-k", "2", "--expert-ff", "32", "--shared", "1", "--first-dense", "1",
          "--per-rank-batch", "2"]
 
 
 class MoeBench(unittest.TestCase):
+    def test_expert_layouts_of_each_world(self):
+        degrees = ["world", 2]  # the default, --expert-degrees world,2
+        self.assertEqual(moe_bench.expert_layouts(1, degrees, 8), ([], []))
+        self.assertEqual(moe_bench.expert_layouts(2, degrees, 8), ([(2, 1)], []))
+        self.assertEqual(moe_bench.expert_layouts(4, degrees, 8), ([(4, 1), (2, 2)], []))
+        self.assertEqual(moe_bench.expert_layouts(8, degrees, 8), ([(8, 1), (2, 4)], []))
+        # 4 does not divide 6 experts: left out, and said so.
+        self.assertEqual(moe_bench.expert_layouts(4, degrees, 6), ([(2, 2)], [4]))
+        self.assertEqual(moe_bench.expert_layouts(3, degrees, 8), ([], [3]))
+        self.assertEqual([moe_bench.layout_key(4, 1), moe_bench.layout_key(2, 2)], ["ep4", "ep2xfsdp2"])
+        self.assertEqual(moe_bench.layout_label(2, 2), "EP 2 x FSDP 2")
+
     def test_moe_against_dense_and_the_balance_variants(self):
         with tempfile.TemporaryDirectory() as d:
             out = os.path.join(d, "r.json")
@@ -37,7 +55,8 @@ class MoeBench(unittest.TestCase):
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True,
                                timeout=600)
             self.assertEqual(p.returncode, 0, p.stdout)
-            self.assertIn("all-to-all share of the step: not measured: no expert parallelism yet", p.stdout)
+            self.assertIn("all-to-all share of the step: rank 0's", p.stdout)
+            self.assertIn("| 2 | EP 2 | ", p.stdout)
             with open(out) as f:
                 r = json.load(f)
             self.assertEqual(r["dense_d_ff"], (2 + 1) * 32)
@@ -48,14 +67,35 @@ class MoeBench(unittest.TestCase):
             self.assertGreater(moe["params"], moe["active_params"])
             self.assertEqual([row["world"] for row in r["rows"]], [1, 2])
             for row in r["rows"]:
-                for side in ("dense", "moe"):
-                    self.assertGreater(row[side]["tokens_per_s"], 0)
-                    self.assertEqual(len(row[side]["peak_rss_mib"]), row["world"])
-                    self.assertIsNone(row[side]["peak_gpu_mib"])
-                self.assertIsNone(row["all_to_all_share"])
+                sides = [row["dense"], row["moe"]] + list(row["moe_ep"].values())
+                for side in sides:
+                    self.assertGreater(side["tokens_per_s"], 0)
+                    self.assertEqual(len(side["peak_rss_mib"]), row["world"])
+                    self.assertIsNone(side["peak_gpu_mib"])
                 self.assertGreater(row["moe_over_dense"]["tokens_per_s"], 0)
-            self.assertIsNone(r["all_to_all"]["share_of_step"])
-            self.assertIn("no expert parallelism", r["all_to_all"]["note"])
+                self.assertNotIn("all_to_all_share", row["moe"])
+            w1, w2 = r["rows"]
+            self.assertEqual(w1["moe_ep"], {})
+            self.assertIsNone(w1["all_to_all_share"])
+            self.assertIsNone(w1["all_to_all_s"])
+            self.assertEqual(list(w2["moe_ep"]), ["ep2"])
+            ep2 = w2["moe_ep"]["ep2"]
+            self.assertEqual((ep2["layout"], ep2["expert"], ep2["expert_shard"]), ("EP 2", 2, 1))
+            self.assertGreater(ep2["moe_over_dense"]["tokens_per_s"], 0)
+            self.assertGreater(ep2["over_moe_fsdp"]["tokens_per_s"], 0)
+            self.assertEqual(list(w2["all_to_all_share"]), ["ep2"])
+            share, secs = w2["all_to_all_share"]["ep2"], w2["all_to_all_s"]["ep2"]
+            self.assertGreater(share, 0)
+            self.assertLess(share, 1)
+            self.assertGreater(secs, 0)
+            self.assertLess(secs, ep2["step_s"])
+            a2a = r["all_to_all"]
+            self.assertEqual(a2a["share_of_step"], {"ep2": share})
+            self.assertEqual(a2a["seconds"], {"ep2": secs})
+            self.assertEqual([(x["layout"], x["world"], x["expert"], x["expert_shard"]) for x in a2a["layouts"]],
+                             [("ep2", 2, 2, 1)])
+            self.assertEqual(a2a["measured_on"], "rank 0")
+            self.assertEqual(r["skipped_expert_layouts"], [])
             variants = r["balance"]["variants"]
             self.assertEqual([v["variant"] for v in variants], ["none", "bias=0.01", "aux=0.01"])
             for v in variants:
