@@ -355,7 +355,8 @@ std::string bytes_of(const torch::Tensor& t) {
 
 // A llama trained under tensor parallelism x FSDP (TP 2 x FSDP 2, 4 ranks):
 // its checkpoint's whole tensors, gathered from the 2-D placements.
-TinyCheckpoint make_tensor_parallel_checkpoint(const std::string& tag) {
+// moe: a mixture of experts (docs/moe.md) at EP 2 x FSDP 2 instead of TP.
+TinyCheckpoint make_tensor_parallel_checkpoint(const std::string& tag, bool moe = false) {
   TinyCheckpoint c;
   c.run = fs::temp_directory_path() / ("shardkit_dcp_" + tag + "_" + std::to_string(::getpid()));
   fs::remove_all(c.run);
@@ -374,6 +375,13 @@ TinyCheckpoint make_tensor_parallel_checkpoint(const std::string& tag) {
   cfg.model.n_layers = 2;
   cfg.model.d_ff = 48;
   cfg.parallel.tensor = 2;
+  if (moe) {
+    cfg.parallel.tensor = 1;
+    cfg.parallel.expert = 2;
+    cfg.model.moe.num_experts = 4;
+    cfg.model.moe.d_ff = 16;
+    cfg.model.moe.load_balance_rate = 0.01;
+  }
   std::mutex mu;
   testing_support::run_runtimes(4, [&](comm::Runtime& rt) {
     framework::train::Trainer trainer(cfg, rt);
@@ -657,8 +665,60 @@ TEST(DcpPython, PythonDcpLoadReadsOurExportAtOneAndTwoRanks) {
 // The DCP export of a tensor-parallel checkpoint: whole tensors, read back
 // exactly by our reader and, where a python3 with torch is found (the
 // Debian 13 leg), by PyTorch's own DCP loader.
+void check_export_loads_in_torch_dcp(TinyCheckpoint c);
+
 TEST(DcpPython, ATensorParallelCheckpointExportLoadsInTorchDcp) {
-  TinyCheckpoint c = make_tensor_parallel_checkpoint("tpexport");
+  check_export_loads_in_torch_dcp(make_tensor_parallel_checkpoint("tpexport"));
+}
+
+// The same for an expert-parallel mixture of experts (EP 2 x FSDP 2): each
+// expert at its global row of the whole tensors; and the export is a
+// model.init_from of an EP 4 run, which holds exactly the same weights.
+TEST(DcpPython, AnExpertParallelCheckpointExportLoadsInTorchDcpAndInitsAnotherExpertLayout) {
+  TinyCheckpoint c = make_tensor_parallel_checkpoint("epexport", /*moe=*/true);
+  ASSERT_TRUE(c.expected.count("model.model.layers.1.mlp.experts.up_proj.weight"));
+  EXPECT_EQ(c.expected.at("model.model.layers.1.mlp.experts.up_proj.weight").first.size(0), 4);
+  const std::string out = (c.run / "dcp_init").string();
+  ExportOptions options;
+  options.format = ExportFormat::kDcp;
+  options.run = framework::config::make_run_adapter();
+  export_checkpoint(c.step_dir, out, options);
+  framework::config::Config cfg;
+  cfg.run.dir = (c.run / "ep4").string();
+  cfg.train.steps = 1;
+  cfg.train.global_batch_size = 4;
+  cfg.model.kind = "llama";
+  cfg.model.tie_weights = false;
+  cfg.model.vocab_size = 34;
+  cfg.model.seq_len = 8;
+  cfg.model.d_model = 32;
+  cfg.model.n_heads = 4;
+  cfg.model.n_kv_heads = 2;
+  cfg.model.n_layers = 2;
+  cfg.model.d_ff = 48;
+  cfg.model.moe.num_experts = 4;
+  cfg.model.moe.d_ff = 16;
+  cfg.model.moe.load_balance_rate = 0.01;
+  cfg.model.init_from = out;
+  cfg.parallel.expert = 4;
+  std::mutex mu;
+  size_t compared = 0;
+  testing_support::run_runtimes(4, [&](comm::Runtime& rt) {
+    framework::train::Trainer trainer(cfg, rt);
+    auto& sharded = trainer.model();
+    for (size_t i = 0; i < sharded.param_names().size(); ++i) {
+      const std::string name = sharded.param_names()[i];
+      const torch::Tensor p = sharded.param_dtensor(i).full_tensor().contiguous();
+      std::lock_guard<std::mutex> lock(mu);
+      EXPECT_TRUE(torch::equal(p, c.expected.at("model." + name).first)) << name;
+      if (rt.env.rank == 0) ++compared;
+    }
+  });
+  EXPECT_EQ(compared * 2, c.expected.size());  // a model and an exp_avg entry each
+  check_export_loads_in_torch_dcp(std::move(c));
+}
+
+void check_export_loads_in_torch_dcp(TinyCheckpoint c) {
   const std::string out = (c.run / "dcp").string();
   ExportOptions options;
   options.format = ExportFormat::kDcp;
