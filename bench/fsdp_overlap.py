@@ -309,7 +309,7 @@ def run_job(args, link, case, dtype, world, prefetch, work, tag, trace_step=0, a
         # While the timed steps ran: how much of the cores' time nobody
         # used (every process on a core waiting at once).
         out["idle_share"] = ThreadCpu.idle_share(threads["idle"], min(r["start"] for r in steps),
-                                                 max(r["end"] for r in steps), cores)
+                                                 max(r["end"] for r in steps), os.cpu_count() or 1)
     return out
 
 

@@ -97,7 +97,8 @@ std::unique_ptr<framework::fsdp::FullyShardedModel> shard_model(
   };
   if (l.tensor > 1) {
     framework::tp::TensorParallelLayout layout =
-        framework::tp::parallelize_module(*model, mesh, 2, framework::tp::llama_plan());
+        framework::tp::parallelize_module(
+            *model, mesh, 2, framework::tp::restrict_plan(*model, framework::tp::llama_plan()));
     po.tensor_parallel = layout.params;
     init = framework::tp::sharded_init(layout, init);
   }

@@ -50,6 +50,9 @@ TpPlan llama_tp_plan() {
       {"model.layers.*.mlp.up_proj", TpStyle::kColwise},
       {"model.layers.*.mlp.down_proj", TpStyle::kRowwise},
       {"lm_head", TpStyle::kColwise},
+      // model.qk_norm: each rank normalises its own heads.
+      {"model.layers.*.self_attn.q_norm", TpStyle::kSumGrads},
+      {"model.layers.*.self_attn.k_norm", TpStyle::kSumGrads},
   };
 }
 
@@ -279,12 +282,6 @@ const ModelSpec& find_model_spec(const std::string& kind) {
 }
 
 void check_tensor_parallel_plan(const ModelOptions& o, int64_t tensor) {
-  if (tensor > 1 && o.qk_norm) {
-    // Each tensor-parallel rank normalises its own heads: the norms' weights
-    // would need their gradients summed over the tensor axis.
-    throw std::invalid_argument("parallel.tensor " + std::to_string(tensor) +
-                                " with model.qk_norm true is not supported yet");
-  }
   if (tensor <= 1 || !find_model_spec(o.kind).tp_plan.empty()) return;
   throw std::invalid_argument("parallel.tensor " + std::to_string(tensor) + " needs model.kind llama (model.kind is " +
                               o.kind + ", which has no tensor-parallel plan)");
@@ -305,11 +302,6 @@ void check_expert_parallel(const ModelOptions& o, int64_t expert) {
 
 void check_pipeline_support(const ModelOptions& o, int64_t pipeline) {
   if (pipeline <= 1) return;
-  if (o.moe.num_experts > 0) {
-    throw std::invalid_argument("parallel.pipeline " + std::to_string(pipeline) + " with model.moe.num_experts " +
-                                std::to_string(o.moe.num_experts) +
-                                ": pipeline parallelism of a mixture of experts is not supported yet");
-  }
   if (!find_model_spec(o.kind).embeds_parameter) {
     throw std::invalid_argument("parallel.pipeline " + std::to_string(pipeline) + ": model.kind " + o.kind +
                                 " has no pipeline split");

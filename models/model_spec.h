@@ -140,7 +140,7 @@ void check_tensor_parallel_plan(const ModelOptions& options, int64_t tensor);
 void check_expert_parallel(const ModelOptions& options, int64_t expert);
 
 // parallel.pipeline `pipeline` above 1 needs the kind's pipeline split
-// (ModelSpec::embeds_parameter) and no mixture of experts (not yet).
+// (ModelSpec::embeds_parameter).
 // Throws std::invalid_argument naming the keys.
 void check_pipeline_support(const ModelOptions& options, int64_t pipeline);
 

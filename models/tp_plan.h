@@ -9,7 +9,11 @@
 
 namespace models {
 
-enum class TpStyle { kColwise, kRowwise, kReplicate };
+// kSumGrads: whole on every rank like kReplicate, but each rank's gradient
+// covers only its own part of the work (a per-head norm, model.qk_norm, over
+// this rank's heads): FSDP sums the gradients over the tensor group, as
+// Megatron-LM does for its q/k layernorms.
+enum class TpStyle { kColwise, kRowwise, kReplicate, kSumGrads };
 
 struct TpPlanEntry {
   // A submodule's name in named_modules(); "*" stands for one whole name

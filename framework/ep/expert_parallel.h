@@ -41,7 +41,7 @@ struct ExpertParallelLayout {
 
 // Makes every mixture-of-experts layer under `module` keep its experts
 // [rank x E / size, (rank + 1) x E / size) and dispatch through the expert
-// axis (axis 2) of `mesh` ({replicate, expert_shard, expert};
+// axis (axis 2) of `mesh` ({replicate, expert_shard, expert[, tensor]};
 // parallel::Meshes::expert). Throws std::invalid_argument when the axis
 // does not divide a layer's experts, naming both.
 ExpertParallelLayout parallelize_experts(torch::nn::Module& module, std::shared_ptr<dtensor::DeviceMesh> mesh);

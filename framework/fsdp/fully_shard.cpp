@@ -253,13 +253,16 @@ void FullyShardedModel::set_mesh_and_precision() {
     param_mesh_ = mesh_;
   }
   if (options_.expert_parallel.mesh) {
-    TORCH_CHECK(mesh_->ndim() == 2, "fully_shard: expert parallelism with tensor parallelism is not supported");
     expert_mesh_ = options_.expert_parallel.mesh;
-    TORCH_CHECK(expert_mesh_->ndim() == 3 &&
+    // With tensor parallelism the experts are whole on every tensor rank:
+    // the expert mesh's fourth axis is the stage's tensor axis.
+    const bool tp = tensor_axis_ >= 0;
+    TORCH_CHECK(expert_mesh_->ndim() == (tp ? 4 : 3) &&
                     expert_mesh_->size(1) * expert_mesh_->size(2) == mesh_->size(shard_axis_) &&
-                    expert_mesh_->size(0) == mesh_->size(replicate_axis_),
-                "fully_shard: the expert mesh must be {replicate, expert_shard, expert} over the shard axis");
-    expert_param_mesh_ = expert_mesh_->permuted({0, 2, 1});
+                    expert_mesh_->size(0) == mesh_->size(replicate_axis_) &&
+                    (!tp || expert_mesh_->size(3) == mesh_->size(tensor_axis_)),
+                "fully_shard: the expert mesh must be {replicate, expert_shard, expert[, tensor]} over the shard axis");
+    expert_param_mesh_ = tp ? expert_mesh_->permuted({0, 2, 1, 3}) : expert_mesh_->permuted({0, 2, 1});
   }
   param_dtype_ = to_scalar_type(options_.mixed_precision.param_dtype);
   reduce_dtype_ = to_scalar_type(options_.mixed_precision.reduce_dtype);
@@ -327,6 +330,7 @@ void FullyShardedModel::add_param(const std::string& name, const torch::Tensor& 
     }
     slot.tp_dim = tp->second.dim;
     slot.global_shape = tp->second.global_shape;
+    slot.tp_sum_grads = tp->second.sum_grads && tensor_axis_ >= 0 && mesh_->size(tensor_axis_) > 1;
   }
   slot.row_numel = slot.rows == 0 ? 0 : p.numel() / slot.rows;
   slot.mine = chunk_span(slot.rows, shards, bucket_coordinate(slot.expert));

@@ -352,6 +352,7 @@ class FullyShardedModel {
   std::shared_ptr<dtensor::DeviceMesh> expert_mesh_, expert_param_mesh_;
   // A bucket's shard group: the shard axis, or the expert-shard axis.
   int64_t bucket_shards(bool expert) const;
+  void sum_grads_over_tensor_axis(Unit& unit, const Bucket& bucket);
   int64_t bucket_coordinate(bool expert) const;
   comm::Group& bucket_group(bool expert, int channel);
   std::vector<std::unique_ptr<Unit>> units_;  // units_[0] is the root

@@ -74,6 +74,8 @@ struct ParamSlot {
   // Tensor parallelism: `full` is this rank's part of global_shape, split
   // along tp_dim over the mesh's tensor axis (-1: whole on every TP rank).
   int64_t tp_dim = -1;
+  // Whole on every TP rank, each rank's gradient a part (TensorParallelParam::sum_grads).
+  bool tp_sum_grads = false;
   std::vector<int64_t> global_shape;
   // Expert parallelism: `full` is this rank's experts (rows of dim 0 of
   // global_shape), sharded over the expert-shard group only.

@@ -327,6 +327,23 @@ void FullyShardedModel::reduce_grads(Unit& unit) {
   if (options_.prefetch <= 0) drain_reductions();
 }
 
+// Tensor parallelism's sum_grads parameters (a per-head norm): each TP
+// rank's gradient covers its heads; the whole gradient is their sum, on
+// every TP rank before the data-parallel reduction. One small blocking
+// all-reduce each, in the same order on every TP rank (the autograd
+// graph's), on the tensor group its forward hooks use.
+void FullyShardedModel::sum_grads_over_tensor_axis(Unit& unit, const Bucket& bucket) {
+  for (size_t m : bucket.members) {
+    ParamSlot& p = unit.params[m];
+    if (!p.tp_sum_grads) continue;
+    if (!p.full.grad().defined()) {  // unused on this rank: its part is zero
+      p.full.mutable_grad() = torch::zeros_like(p.full);
+      if (mesh_->size(shard_axis_) > 1) live_bytes_ += tensor_bytes(p.full);  // issue_reduce_scatter frees it
+    }
+    mesh_->group(tensor_axis_).all_reduce(p.full.mutable_grad());
+  }
+}
+
 // DDP: the bucket's gradients as one flat tensor, for one all-reduce
 // across replicas with those of the micro-batches that skipped it. The
 // parameter is its own shard, so once its .grad views the reduced sum, a
@@ -338,6 +355,7 @@ void FullyShardedModel::take_replicated_grads(Unit& unit, Bucket& bucket, Reduce
         "count them twice: call set_requires_gradient_sync(false) before every backward of a "
         "step but the last, and zero_grad() before the next step");
   }
+  sum_grads_over_tensor_axis(unit, bucket);
   const auto local_options = unit.params[bucket.members.front()].local.options().requires_grad(false);
   torch::Tensor flat = torch::zeros({bucket.seg_numel}, local_options.dtype(comm_dtype(bucket.dtype)));
   for (size_t m : bucket.members) {
@@ -354,6 +372,7 @@ void FullyShardedModel::take_replicated_grads(Unit& unit, Bucket& bucket, Reduce
 // buffer, and its reduce-scatter over the shard axis issued on the
 // reduction channel; the full gradients are freed.
 void FullyShardedModel::issue_reduce_scatter(Unit& unit, Bucket& bucket, ReducePart& part) {
+  sum_grads_over_tensor_axis(unit, bucket);
   const int64_t shards = bucket_shards(bucket.expert);
   const auto comm = unit.params[bucket.members.front()].local.options().requires_grad(false).dtype(
       comm_dtype(bucket.dtype));
@@ -471,11 +490,12 @@ dtensor::DTensor FullyShardedModel::like_param(size_t index, torch::Tensor local
   const auto& [unit, slot] = param_index_.at(index);
   const ParamSlot& p = unit->params[slot];
   if (p.expert) {
-    // On the {replicate, expert, expert_shard} view: the experts' rows,
-    // then FSDP's rows of them.
+    // On the {replicate, expert, expert_shard[, tensor]} view: the experts'
+    // rows, then FSDP's rows of them (whole on every tensor rank).
     const Placement rows = bucket_shards(true) > 1 ? Placement::shard(0) : Placement::replicate();
-    return dtensor::DTensor(std::move(local), p.global_shape, expert_param_mesh_,
-                            {Placement::replicate(), Placement::shard(0), rows});
+    std::vector<Placement> placements{Placement::replicate(), Placement::shard(0), rows};
+    if (expert_param_mesh_->ndim() == 4) placements.push_back(Placement::replicate());
+    return dtensor::DTensor(std::move(local), p.global_shape, expert_param_mesh_, std::move(placements));
   }
   const Placement fsdp = mesh_->size(shard_axis_) > 1 ? Placement::shard(0) : Placement::replicate();
   if (tensor_axis_ < 0) {

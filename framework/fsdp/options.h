@@ -45,6 +45,9 @@ struct MixedPrecisionPolicy {
 struct TensorParallelParam {
   int64_t dim = -1;
   std::vector<int64_t> global_shape;
+  // Whole on every TP rank (dim -1), each rank's gradient a part of the
+  // whole one (tp::Style sum_grads): summed over the tensor axis.
+  bool sum_grads = false;
 };
 
 // FSDP's own options (FSDP2's fully_shard arguments). The degrees of the
@@ -84,8 +87,10 @@ struct FsdpOptions {
   // shard axis. FSDP shards those rows further over the rest of the shard
   // axis only, and gathers and reduces them over that group: `mesh` is
   // {replicate, expert_shard, expert}, the same ranks as the stage mesh
-  // (shard = expert_shard x expert, expert innermost). Their gradients
-  // already hold every expert-parallel rank's tokens. Not a config key.
+  // (shard = expert_shard x expert, expert innermost), with the stage's
+  // tensor axis fourth when the stage mesh has one (the experts whole on
+  // every tensor rank). Their gradients already hold every
+  // expert-parallel rank's tokens. Not a config key.
   struct ExpertParallel {
     std::shared_ptr<dtensor::DeviceMesh> mesh;
     std::unordered_map<std::string, std::vector<int64_t>> params;

@@ -52,14 +52,6 @@ Layout resolve(const ParallelConfig& config, int64_t world) {
     refuse("parallel.expert (" + text(config.expert) + ") must divide the shard degree " + text(s) +
            ": expert parallelism borrows its ranks from the shard axis");
   }
-  if (config.expert > 1 && config.tensor > 1) {
-    refuse("parallel.expert (" + text(config.expert) + ") with parallel.tensor (" + text(config.tensor) +
-           ") is not supported yet");
-  }
-  if (config.expert > 1 && config.pipeline > 1) {
-    refuse("parallel.expert (" + text(config.expert) + ") with parallel.pipeline (" + text(config.pipeline) +
-           ") is not supported yet");
-  }
   layout.expert = config.expert;
   return layout;
 }
@@ -103,6 +95,16 @@ void check_config(const ParallelConfig& config, const std::function<std::string(
 std::vector<int64_t> Layout::stage_shape() const {
   if (tensor > 1) return {replicate, shard, tensor};
   return {replicate, shard};
+}
+
+std::vector<int64_t> Layout::expert_shape() const {
+  if (tensor > 1) return {replicate, expert_shard(), expert, tensor};
+  return {replicate, expert_shard(), expert};
+}
+
+std::vector<std::string> Layout::expert_axis_names() const {
+  if (tensor > 1) return {"replicate", "expert_shard", "expert", "tensor"};
+  return {"replicate", "expert_shard", "expert"};
 }
 
 std::vector<std::string> Layout::stage_axis_names() const {

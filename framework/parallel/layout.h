@@ -71,9 +71,13 @@ struct Layout {
 
   // The experts' FSDP degree: the shard axis's ranks that hold the same experts.
   int64_t expert_shard() const { return shard / expert; }
-  // The experts' mesh {replicate, expert_shard, expert}: the stage's ranks
-  // (REQUIRES tensor 1), the shard axis factored.
-  std::vector<int64_t> expert_shape() const { return {replicate, expert_shard(), expert}; }
+  // The experts' mesh {replicate, expert_shard, expert[, tensor]}: a
+  // stage's ranks with the shard axis factored (the tensor axis only when
+  // tensor > 1: tensor parallelism leaves the experts whole, so each
+  // tensor-parallel rank runs the same experts on the same tokens), and
+  // its axis names.
+  std::vector<int64_t> expert_shape() const;
+  std::vector<std::string> expert_axis_names() const;
 
   int64_t world() const { return pipeline * stage_world(); }
   // The ranks of one pipeline stage (all of them without a pipeline).

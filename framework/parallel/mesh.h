@@ -18,8 +18,9 @@ struct Meshes {
   // collectives run on.
   std::shared_ptr<dtensor::DeviceMesh> stage;
   // Expert parallelism (layout.expert > 1): {replicate, expert_shard,
-  // expert} over the stage's ranks; the expert axis's group moves tokens
-  // (all-to-all), the expert_shard axis's shards the experts. Else null.
+  // expert[, tensor]} over the stage's ranks (Layout::expert_shape); the
+  // expert axis's group moves tokens (all-to-all), the expert_shard axis's
+  // shards the experts. Else null.
   std::shared_ptr<dtensor::DeviceMesh> expert;
   // The pipeline axis's group (send/recv between stages). REQUIRES:
   // pipeline > 1.

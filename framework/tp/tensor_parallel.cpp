@@ -173,7 +173,8 @@ Style parse_style(const std::string& name, const std::string& what) {
   if (name == "colwise") return Style::kColwise;
   if (name == "rowwise") return Style::kRowwise;
   if (name == "replicate") return Style::kReplicate;
-  throw std::invalid_argument(what + ": style must be colwise, rowwise or replicate, got '" + name + "'");
+  if (name == "sum_grads") return Style::kSumGrads;
+  throw std::invalid_argument(what + ": style must be colwise, rowwise, replicate or sum_grads, got '" + name + "'");
 }
 
 std::string to_string(Style style) {
@@ -181,6 +182,7 @@ std::string to_string(Style style) {
     case Style::kColwise: return "colwise";
     case Style::kRowwise: return "rowwise";
     case Style::kReplicate: return "replicate";
+    case Style::kSumGrads: return "sum_grads";
   }
   return "?";
 }
@@ -328,6 +330,10 @@ TensorParallelLayout parallelize_module(torch::nn::Module& module,
                                     it->second + "'");
       }
       if (entry.style == Style::kReplicate) continue;
+      if (entry.style == Style::kSumGrads) {
+        for (const auto& p : sub.value()->named_parameters()) layout.params[name + "." + p.key()].sum_grads = true;
+        continue;
+      }
       split_module(*sub.value(), name, entry, what, mesh, group, layout, module);
     }
     if (!found) throw std::invalid_argument(what + " matches no submodule of the model");

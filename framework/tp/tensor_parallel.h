@@ -18,6 +18,9 @@
 //             range, zeros the others, and the rows are all-reduced.
 //   replicate parameters whole on every TP rank, nothing communicated
 //             (norms). Every parameter the plan does not name is replicated.
+//   sum_grads whole on every TP rank, but each rank's gradient covers only
+//             its heads (a per-head norm: model.qk_norm): FSDP sums the
+//             gradients over the TP group before it reduces them.
 //
 // Over a colwise projection followed by a rowwise one (attention's q/k/v
 // then o; the MLP's gate/up then down) a block needs two all-reduces in
@@ -51,7 +54,7 @@ namespace framework::tp {
 // declares its plan without depending on this library.
 using Style = models::TpStyle;
 
-// "colwise" | "rowwise" | "replicate"; throws std::invalid_argument naming
+// "colwise" | "rowwise" | "replicate" | "sum_grads"; throws std::invalid_argument naming
 // `what` otherwise.
 Style parse_style(const std::string& name, const std::string& what);
 std::string to_string(Style style);

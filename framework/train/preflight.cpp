@@ -416,10 +416,14 @@ MemoryEstimate estimate_memory(const config::Config& cfg, int world_size) {
   const bool bf16 = cfg.train.mixed_precision.param_dtype == fsdp::PrecisionDtype::kBf16;
   const double compute = bf16 ? 2 : kFloat;
   // Tensor parallelism splits nearly every parameter (all but the norms)
-  // over the tensor axis before FSDP shards each part.
+  // over the tensor axis before FSDP shards each part; a mixture of
+  // experts' routed experts stay whole on every tensor rank.
   // A pipeline stage holds about 1 / pipeline of the parameters.
   const double stages = static_cast<double>(std::max<int64_t>(1, cfg.parallel.pipeline));
-  m.params = size.parameters / (shard * tensor * stages) * kFloat;
+  const double moe_blocks =
+      cfg.model.moe.num_experts > 0 ? static_cast<double>(cfg.model.n_layers - cfg.model.moe.first_dense_layers) : 0;
+  const double whole_on_tp = tensor > 1 ? size.routed_experts_per_block * moe_blocks : 0;
+  m.params = ((size.parameters - whole_on_tp) / tensor + whole_on_tp) / (shard * stages) * kFloat;
   m.grads = m.params;
   m.optimizer = 2 * m.params;
   if (cfg.model.lora.rank > 0) {
@@ -434,7 +438,8 @@ MemoryEstimate estimate_memory(const config::Config& cfg, int world_size) {
     // Parameters and gradients of the unit in backward; with prefetch N,
     // N more units gathered ahead and up to N reductions' buffers in flight.
     const double prefetch = static_cast<double>(std::max<int64_t>(cfg.parallel.prefetch, 0));
-    m.gathered = (2 + 2 * prefetch) * largest_unit / tensor * compute;
+    // (A mixture of experts' block is not split by tensor parallelism.)
+    m.gathered = (2 + 2 * prefetch) * largest_unit / (whole_on_tp > 0 ? 1 : tensor) * compute;
   } else if (bf16) {
     m.gathered = 2 * size.parameters / tensor * compute;  // DDP: bf16 parameters and gradients beside the masters
   }

@@ -145,26 +145,34 @@ StepStats Trainer::State::compute_gradients(int64_t to_step) {
   }
   torch::Tensor loss_sum = torch::zeros({1}, torch::TensorOptions(torch::kDouble).device(device));
   run_micro_batches(batches, std::max(1.0, global.tokens), loss_sum);
-  if (!moe.empty()) {
-    // The MoE layers' statistics ride on the same all-reduce.
-    std::vector<torch::Tensor> parts{loss_sum};
-    double aux = 0, weight = 0;
-    std::vector<torch::Tensor> loads;
-    for (models::MoeFeedForwardImpl* layer : moe) {
-      models::MoeLayerStats st = layer->take_stats();
-      aux += st.aux_loss;
-      weight = st.aux_weight;  // the same for every layer
-      loads.push_back(st.loads.to(device));
+  if (!moe_names.empty()) {
+    // The MoE layers' statistics ride on the same all-reduce: a slot for
+    // every layer of the model (a pipeline stage fills its own), each
+    // counted once per tensor-parallel group.
+    int64_t width = 3;
+    std::vector<int64_t> offset;
+    for (const MoeLayerName& l : moe_names) {
+      offset.push_back(width);
+      width += l.experts;
     }
-    parts.push_back(torch::tensor({aux / static_cast<double>(moe.size()), weight}, torch::kDouble).to(device));
-    for (torch::Tensor& l : loads) parts.push_back(l);
-    loss_sum = torch::cat(parts);
+    torch::Tensor stats = torch::zeros({width}, torch::TensorOptions(torch::kDouble).device(device));
+    stats.narrow(0, 0, 1).copy_(loss_sum);
+    double aux = 0, weight = 0;
+    for (size_t i = 0; i < moe.size(); ++i) {
+      models::MoeLayerStats st = moe[i]->take_stats();
+      aux += st.aux_loss;
+      weight += st.aux_weight;
+      stats.narrow(0, offset[moe_index[i]], moe_names[moe_index[i]].experts).copy_(st.loads);
+    }
+    stats.narrow(0, 1, 2).copy_(torch::tensor({aux, weight}, torch::kDouble));
+    if (at.tensor != 0) stats.narrow(0, 1, width - 1).zero_();
+    loss_sum = stats;
   }
-  if (!counts_loss()) loss_sum.zero_();
+  if (!counts_loss()) loss_sum.narrow(0, 0, 1).zero_();
   rt.train->all_reduce(loss_sum);
   const torch::Tensor host = loss_sum.to(torch::kCPU);
   global.loss_sum = host[0].item<double>();
-  if (!moe.empty()) moe_step_stats = host.narrow(0, 1, host.size(0) - 1);
+  if (!moe_names.empty()) moe_step_stats = host.narrow(0, 1, host.size(0) - 1);
   return global;
 }
 
@@ -237,15 +245,19 @@ void Trainer::State::run_pipeline_schedule(const MicroBatches& batches, double g
 
 void Trainer::State::finish_moe_step(StepRecord& rec) {
   const torch::Tensor& st = moe_step_stats;
+  // The weight is each layer's (1 over a global batch) summed over the
+  // layers: the loss recorded is the mean over the MoE layers.
   const double weight = st[1].item<double>();
   rec.moe_aux_loss = weight > 0 ? st[0].item<double>() / weight : 0.0;
-  int64_t at = 2;
-  for (models::MoeFeedForwardImpl* layer : moe) {
-    const int64_t e = layer->num_experts();
-    const torch::Tensor loads = st.narrow(0, at, e);
-    at += e;
-    layer->update_bias(loads);
-    rec.expert_loads.emplace_back(loads.data_ptr<double>(), loads.data_ptr<double>() + e);
+  int64_t pos = 2;
+  for (const MoeLayerName& l : moe_names) {
+    const torch::Tensor loads = st.narrow(0, pos, l.experts);
+    pos += l.experts;
+    rec.expert_loads.emplace_back(loads.data_ptr<double>(), loads.data_ptr<double>() + l.experts);
+  }
+  for (size_t i = 0; i < moe.size(); ++i) {
+    const std::vector<double>& loads = rec.expert_loads[moe_index[i]];
+    moe[i]->update_bias(torch::tensor(loads, torch::kDouble));
   }
 }
 
@@ -269,7 +281,7 @@ StepRecord Trainer::train_step() {
     RECORD_USER_SCOPE("shardkit::optimizer");
     rec.lr = s.apply_optimizer_step(step);
   }
-  if (!s.moe.empty()) s.finish_moe_step(rec);
+  if (!s.moe_names.empty()) s.finish_moe_step(rec);
   rec.step = step;
   rec.loss = global.loss_sum / global_tokens;
   rec.stop_requested = global.stop_requested > 0;

@@ -72,6 +72,7 @@ void Trainer::State::split_pipeline_stages() {
   check_pipeline_sampling(cfg);
   pipeline.runner = std::make_unique<pp::PipelineRunner>(meshes.pipeline_group(), cfg.parallel.pipeline_schedule,
                                                   cfg.parallel.stages_per_rank, micro_batches);
+  name_moe_layers();  // before the other stages' blocks leave the module
   const std::vector<std::string> blocks = layered->unit_names();
   pipeline.spans = pp::split_blocks(blocks, pipeline.runner->stages(), cfg.parallel.pipeline_split_points);
   std::vector<std::string> mine;
@@ -108,18 +109,46 @@ void Trainer::State::check_batch_split() {
 // ", 1234 active per token (top-2 of 8 experts in 3 of 4 blocks)" for a
 // built-in mixture of experts, else "".
 std::string Trainer::State::moe_description() const {
-  if (moe.empty() || !builtin_model) return "";
+  if (moe_names.empty() || !builtin_model) return "";
   const models::MoeOptions& m = cfg.model.moe;
   return ", " + std::to_string(static_cast<int64_t>(models::model_size(cfg.model).active_parameters)) +
          " active per token (top-" + std::to_string(m.top_k) + " of " + std::to_string(m.num_experts) +
-         " experts in " + std::to_string(moe.size()) + " of " + std::to_string(cfg.model.n_layers) + " blocks)";
+         " experts in " + std::to_string(moe_names.size()) + " of " + std::to_string(cfg.model.n_layers) + " blocks)";
 }
 
-// The model's MoE layers, told the global batch their auxiliary loss is a
+namespace {
+
+std::vector<std::pair<std::string, models::MoeFeedForwardImpl*>> named_moe_layers(torch::nn::Module& root) {
+  std::vector<std::pair<std::string, models::MoeFeedForwardImpl*>> out;
+  for (const auto& m : root.named_modules("", /*include_self=*/true)) {
+    if (auto* moe = dynamic_cast<models::MoeFeedForwardImpl*>(m.value().get())) out.emplace_back(m.key(), moe);
+  }
+  return out;
+}
+
+}  // namespace
+
+// Every MoE layer of the whole model, before a pipeline split: the step's
+// statistics have a slot for each on every rank.
+void Trainer::State::name_moe_layers() {
+  moe_names.clear();
+  for (const auto& [name, layer] : named_moe_layers(*user.module)) moe_names.push_back({name, layer->num_experts()});
+}
+
+// This rank's MoE layers, told the global batch their auxiliary loss is a
 // share of.
 void Trainer::State::find_moe_layers() {
-  moe = models::moe_layers(*user.module);
-  for (models::MoeFeedForwardImpl* layer : moe) layer->set_global_batch_sequences(cfg.train.global_batch_size);
+  if (layout.pipeline == 1) name_moe_layers();
+  moe.clear();
+  moe_index.clear();
+  for (const auto& [name, layer] : named_moe_layers(*user.module)) {
+    size_t i = 0;
+    while (i < moe_names.size() && moe_names[i].name != name) ++i;
+    TORCH_CHECK(i < moe_names.size(), "find_moe_layers: ", name, " was not in the model before its pipeline split");
+    moe.push_back(layer);
+    moe_index.push_back(i);
+    layer->set_global_batch_sequences(cfg.train.global_batch_size);
+  }
 }
 
 // This data-parallel rank's loader over the dataset.
@@ -204,10 +233,11 @@ void Trainer::State::apply_tensor_parallel() {
     throw std::invalid_argument("parallel.tensor " + std::to_string(layout.tensor) +
                                 ": this model has no tensor-parallel plan (UserModel::tensor_parallel_plan)");
   }
-  // A pipeline stage holds only some of the modules the plan names; a
-  // mixture of experts has the dense MLPs' modules in its dense blocks only
-  // (its MoE blocks stay whole on every tensor-parallel rank).
-  const bool partial = layout.pipeline > 1 || (builtin_model && cfg.model.moe.num_experts > 0);
+  // A pipeline stage holds only some of the modules the plan names; the
+  // built-in llama's plan names modules its options may leave out (q/k
+  // norm; a mixture of experts has the dense MLPs' modules in its dense
+  // blocks only, its MoE blocks whole on every tensor-parallel rank).
+  const bool partial = layout.pipeline > 1 || builtin_model;
   const tp::Plan plan = partial ? tp::restrict_plan(*user.module, user.tensor_parallel_plan)
                                 : user.tensor_parallel_plan;
   tp_layout = tp::parallelize_module(*user.module, meshes.stage, 2, plan);

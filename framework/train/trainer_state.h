@@ -161,10 +161,19 @@ struct Trainer::State {
   std::unique_ptr<data::DataLoader> loader;
   std::unique_ptr<tokenizer::Tokenizer> tokenizer;  // data.tokenizer, loaded at the first sample
   int64_t micro_batches = 1;  // per step and rank (train.micro_batch_size)
-  // The model's mixture-of-experts layers (model.moe), and their step's
-  // statistics summed over the data-parallel ranks: [aux loss x its
-  // weight, the weight, then each layer's loads].
+  // The model's mixture-of-experts layers (model.moe): every stage's, by
+  // name and expert count in module order (recorded before a pipeline
+  // split drops the other stages' blocks), and this rank's, each with its
+  // index in that list. Their step's statistics, summed over the ranks
+  // (each layer counted on one tensor rank of its stage): [aux loss x its
+  // weight, the weight, then every layer's loads in that order].
+  struct MoeLayerName {
+    std::string name;
+    int64_t experts = 0;
+  };
+  std::vector<MoeLayerName> moe_names;
   std::vector<models::MoeFeedForwardImpl*> moe;
+  std::vector<size_t> moe_index;
   torch::Tensor moe_step_stats;
 
   // Progress.
@@ -194,6 +203,7 @@ struct Trainer::State {
   void apply_expert_parallel();
   void shard_model();
   void make_loader();
+  void name_moe_layers();
   void find_moe_layers();
   std::string moe_description() const;
   std::string layout_text() const;  // "fsdp replicate=1 shard=2", as the banner says it

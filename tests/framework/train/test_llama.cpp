@@ -1039,7 +1039,8 @@ LlamaRun train_ep(framework::config::Config cfg, int world, int64_t expert, int6
 // Expert parallelism against one process over 20 steps, fp32: the experts
 // split over 2 and 4 ranks (each rank all of its experts), split over 2
 // and sharded over the 2 left (EP 2 x FSDP 2), and under HSDP; plain FSDP
-// of the same MoE, and tensor parallelism of its dense parts, too. Losses within 1e-5, grad norms 1e-4, parameters
+// of the same MoE, and tensor parallelism of its dense parts, alone, under
+// FSDP and beside expert parallelism (EP 2 x TP 2). Losses within 1e-5, grad norms 1e-4, parameters
 // 1e-4 (expect_close).
 TEST(MoeExpertParallel, Ep2Ep4Ep2xFsdp2AndHsdpMatchOneProcessOverTwentySteps) {
   auto cfg = moe_config(llama_scratch("moe_eq"));
@@ -1052,14 +1053,15 @@ TEST(MoeExpertParallel, Ep2Ep4Ep2xFsdp2AndHsdpMatchOneProcessOverTwentySteps) {
   expect_close(train_ep(cfg, 4, 2), ref, 1e-5, "EP 2 x FSDP 2");
   expect_close(train_ep(cfg, 4, 2, 2), ref, 1e-5, "HSDP 2 x EP 2");
   // Tensor parallelism of the attention and the dense block, the MoE
-  // blocks whole on both tensor-parallel ranks, alone and under FSDP 2 (q/k
-  // norm with tensor parallelism is refused: check_tensor_parallel_plan).
+  // blocks whole on both tensor-parallel ranks, alone, under FSDP 2 and
+  // beside expert parallelism (EP 2 x TP 2: each tensor rank's experts
+  // split over the 2 ranks of its shard axis). The q/k norms' gradients
+  // are summed over the tensor axis (each rank normalises its own heads).
   auto tp = cfg;
-  tp.model.qk_norm = false;
-  const LlamaRun tp_ref = train(tp, 1);
   tp.parallel.tensor = 2;
-  expect_close(train(tp, 2), tp_ref, 1e-5, "TP 2");
-  expect_close(train(tp, 4), tp_ref, 1e-5, "FSDP 2 x TP 2");
+  expect_close(train(tp, 2), ref, 1e-5, "TP 2");
+  expect_close(train(tp, 4), ref, 1e-5, "FSDP 2 x TP 2");
+  expect_close(train_ep(tp, 4, 2), ref, 1e-5, "EP 2 x TP 2");
   fs::remove_all(cfg.run.dir);
 }
 

@@ -345,6 +345,67 @@ TEST(PipelineTraining, WithFsdpAndTensorParallelMatchesOneProcess) {
   }
 }
 
+// A mixture of experts (docs/moe.md) split into pipeline stages, against
+// one process over 20 fp32 steps: PP 2 (1F1B, and interleaved with a
+// stage that holds only the dense first block), PP 2 x EP 2 (each stage's
+// experts split over its 2 ranks, tokens through the all-to-all between
+// the pipeline's sends) and PP 2 x EP 2 x TP 2. The MoE has a dense first
+// block, a shared expert, q/k norm, the aux loss (per micro-batch of 2
+// sequences in every layout: the same objective) and the bias balancing,
+// whose loads every stage reports for its own blocks. Then a PP 2 x EP 2
+// checkpoint resumes at world 1 within rounding.
+TEST(PipelineTraining, AMixtureOfExpertsUnderPp2AndPp2xEp2MatchesOneProcess) {
+  auto moe = [](const std::string& tag) {
+    auto c = pp_config(tag);
+    c.model.moe.num_experts = 4;
+    c.model.moe.top_k = 2;
+    c.model.moe.d_ff = 8;
+    c.model.moe.route_norm = true;
+    c.model.moe.num_shared_experts = 1;
+    c.model.moe.first_dense_layers = 1;
+    c.model.moe.aux_loss_coef = 0.01;
+    c.model.moe.load_balance_rate = 0.01;
+    c.model.qk_norm = true;
+    return c;
+  };
+  const auto one = moe("moe_one");
+  const PpRun whole = pp_train(one, 1);
+  ASSERT_EQ(whole.losses.size(), 20u);
+  struct Case {
+    const char* what;
+    int world;
+    int64_t expert, tensor, per_rank;
+  };
+  for (const Case& c : {Case{"MoE PP 2", 2, 1, 1, 1}, Case{"MoE PP 2 interleaved", 2, 1, 1, 2},
+                        Case{"MoE PP 2 x EP 2", 4, 2, 1, 1}, Case{"MoE PP 2 x EP 2 x TP 2", 8, 2, 2, 1}}) {
+    auto cfg = moe(std::string("moe_pp") + std::to_string(c.world) + std::to_string(c.per_rank));
+    cfg.parallel.pipeline = 2;
+    cfg.parallel.expert = c.expert;
+    cfg.parallel.tensor = c.tensor;
+    cfg.parallel.stages_per_rank = c.per_rank;
+    if (c.per_rank > 1) cfg.parallel.pipeline_schedule = Schedule::kInterleaved1F1B;
+    pp_expect_close(pp_train(cfg, c.world), whole, 1e-5, c.what);
+    if (c.expert > 1 && c.tensor == 1) {
+      // Its checkpoint at step 10 resumes at world 1.
+      auto saved = cfg;
+      saved.run.dir += "_saved";
+      saved.train.stop_at = 10;
+      saved.checkpoint.interval = 10;
+      pp_train(saved, c.world);
+      auto back = moe("moe_back");
+      back.checkpoint.resume = saved.run.dir + "/checkpoints/step_10";
+      const PpRun r = pp_train(back, 1);
+      ASSERT_EQ(r.losses.size(), 10u);
+      for (size_t i = 0; i < 10; ++i) {
+        EXPECT_NEAR(r.losses[i], whole.losses[10 + i], 1e-5 * whole.losses[10 + i]) << "PP 2 x EP 2 -> 1, step " << 11 + i;
+      }
+      for (const auto& d : {saved.run.dir, back.run.dir}) fs::remove_all(d);
+    }
+    fs::remove_all(cfg.run.dir);
+  }
+  fs::remove_all(one.run.dir);
+}
+
 TEST(PipelineTraining, ResumesBitExactInItsLayoutAndWithinRoundingAcrossLayouts) {
   auto cfg = pp_config("resume");
   cfg.parallel.pipeline = 2;

@@ -830,9 +830,10 @@ TEST(TrainCli, MoeTinyLearnsResumesBitExactlyAndLogsItsExperts) {
   EXPECT_EQ(k.status, 2) << k.output;
   EXPECT_NE(k.output.find("model.moe.top_k (9, "), std::string::npos) << k.output;
   EXPECT_NE(k.output.find("must be in [1, model.moe.num_experts (8, "), std::string::npos) << k.output;
-  Result t = run(config + " --set run.dir=" + refused + " --set parallel.pipeline=2 --set parallel.expert=1");
+  Result t = run(config + " --set run.dir=" + refused + " --set model.lora.rank=4 --set model.lora.targets=q_proj,up_proj");
   EXPECT_EQ(t.status, 2) << t.output;
-  EXPECT_NE(t.output.find("parallel.pipeline 2 with model.moe.num_experts 8"), std::string::npos) << t.output;
+  EXPECT_NE(t.output.find("model.lora.targets names up_proj with model.moe.num_experts 8"), std::string::npos)
+      << t.output;
   EXPECT_FALSE(fs::exists(refused));
   fs::remove_all(full);
   fs::remove_all(split);
