@@ -4,9 +4,13 @@
 #include <cinttypes>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <ctime>
 #include <limits>
 #include <random>
 #include <stdexcept>
+
+#include <unistd.h>
 
 namespace comm {
 namespace {
@@ -350,6 +354,30 @@ std::string new_job_id() {
   char text[17];
   std::snprintf(text, sizeof text, "%016" PRIx64, id);
   return text;
+}
+
+double process_age_s() {
+  std::FILE* f = std::fopen("/proc/self/stat", "r");
+  if (f == nullptr) return 0;
+  char text[1024];
+  const size_t n = std::fread(text, 1, sizeof text - 1, f);
+  std::fclose(f);
+  text[n] = '\0';
+  // Field 22, starttime; fields count from after the command's ")", which
+  // may itself hold spaces and parentheses.
+  const char* at = std::strrchr(text, ')');
+  if (at == nullptr) return 0;
+  unsigned long long start_ticks = 0;
+  if (std::sscanf(at + 1, " %*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %*u %*u %*d %*d %*d %*d %*d %*d %llu",
+                  &start_ticks) != 1) {
+    return 0;
+  }
+  timespec now{};
+  const long ticks_per_s = ::sysconf(_SC_CLK_TCK);
+  if (ticks_per_s <= 0 || ::clock_gettime(CLOCK_BOOTTIME, &now) != 0) return 0;
+  const double age = static_cast<double>(now.tv_sec) + now.tv_nsec / 1e9 -
+                     static_cast<double>(start_ticks) / static_cast<double>(ticks_per_s);
+  return std::max(0.0, age);
 }
 
 bool started_by_local_launcher() { return std::getenv(kLaunchedVar) != nullptr; }

@@ -52,6 +52,12 @@ bool started_by_local_launcher();
 // A fresh random job id: 16 hex digits.
 std::string new_job_id();
 
+// Seconds since this process started (exec'd): its start time in
+// /proc/self/stat against CLOCK_BOOTTIME, so loading the program and its
+// libraries counts. The kernel keeps that start time in clock ticks
+// (1/100 s on Linux). 0 where it cannot be read.
+double process_age_s();
+
 // Reads an environment variable; nullopt when unset. Tests pass a map.
 using EnvLookup = std::function<std::optional<std::string>(const std::string&)>;
 EnvLookup process_env();

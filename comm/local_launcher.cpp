@@ -246,6 +246,7 @@ void close_other_fds(const std::vector<int>& keep, long open_max) {
 struct JobRendezvous {
   int port = 0;
   std::string job_id;
+  int attempt = 0;  // TORCHELASTIC_RESTART_COUNT: 0, then one more per restart
 };
 
 ExecPlan make_exec_plan(const LocalLaunchOptions& options, int rank,
@@ -272,6 +273,9 @@ ExecPlan make_exec_plan(const LocalLaunchOptions& options, int rank,
       {kStoreHostedVar, "1"},
       {kJobIdVar, job.job_id},
       {kLaunchedVar, "1"},
+      // torchrun's name, so that a rank reads it as under torchrun: the
+      // store prefix of its attempt (runtime.cpp), "restart i" in its banner.
+      {"TORCHELASTIC_RESTART_COUNT", std::to_string(job.attempt)},
   };
   for (char** entry = environ; entry != nullptr && *entry != nullptr;
        ++entry) {
@@ -342,6 +346,8 @@ class LocalLauncher {
   void begin_stop();
   void reap_exited();
   void record_exit(Rank& rank, int status);
+  void record_failure(Rank& rank, int code, const std::string& what);
+  void run_attempt(const JobRendezvous& job);
   void read_stream(Rank& rank, OutputStream& stream);
   void drain(Rank& rank);
   void forward_lines(const Rank& rank, OutputStream& stream, bool eof);
@@ -366,6 +372,12 @@ class LocalLauncher {
   std::optional<Clock::time_point> kill_deadline_;  // SIGKILL at this time
   bool killed_ = false;
   std::optional<Clock::time_point> drain_deadline_;
+  // Restarts (max_restarts): the attempt under way, whether its group is to
+  // start again once every rank has exited, and whether the launcher was
+  // asked to stop (SIGINT/SIGTERM), which rules out any restart.
+  int attempt_ = 0;
+  bool restart_pending_ = false;
+  bool stop_requested_ = false;
 };
 
 void LocalLauncher::start_ranks(const JobRendezvous& job) {
@@ -456,6 +468,12 @@ void LocalLauncher::handle_signal_bytes() {
     for (ssize_t i = 0; i < n; ++i) {
       int sig = bytes[i];
       if (sig == SIGINT || sig == SIGTERM) {
+        stop_requested_ = true;
+        if (restart_pending_) {
+          restart_pending_ = false;
+          write_all(2, "launcher: " + signal_name(sig) +
+                           " received; the group will not be restarted\n");
+        }
         signal_running(sig);
         begin_stop();
       }
@@ -466,27 +484,37 @@ void LocalLauncher::handle_signal_bytes() {
 
 void LocalLauncher::record_exit(Rank& rank, int status) {
   rank.running = false;
-  std::optional<int> code;
-  std::string message;
   if (WIFEXITED(status) && WEXITSTATUS(status) != 0) {
-    code = WEXITSTATUS(status);
-    message = "launcher: rank " + std::to_string(rank.index) +
-              " exited with status " + std::to_string(*code) + "\n";
-    if (*code == kExitResumable) {
-      message = "launcher: rank " + std::to_string(rank.index) +
-                " stopped after its final save (status 75); run the same command to resume\n";
-    }
+    const int code = WEXITSTATUS(status);
+    record_failure(rank, code,
+                   code == kExitResumable
+                       ? "stopped after its final save (status 75)"
+                       : "exited with status " + std::to_string(code));
   } else if (WIFSIGNALED(status)) {
-    int sig = WTERMSIG(status);
-    code = 128 + sig;
-    message = "launcher: rank " + std::to_string(rank.index) +
-              " killed by signal " + std::to_string(sig) + " (" +
-              signal_name(sig) + ")\n";
+    const int sig = WTERMSIG(status);
+    record_failure(rank, 128 + sig,
+                   "killed by signal " + std::to_string(sig) + " (" + signal_name(sig) + ")");
   }
-  if (!code || first_failure_) return;
+}
+
+// The first failure of an attempt decides it: its line on stderr, the
+// others stopped, and whether the group starts again (max_restarts).
+void LocalLauncher::record_failure(Rank& rank, int code, const std::string& what) {
+  if (first_failure_) return;
   first_failure_ = code;
   drain(rank);  // its last words come before our verdict
-  write_all(2, message);
+  // A preemption stop saved and a usage error would only repeat: neither
+  // restarts, nor does a group the launcher was told to stop.
+  restart_pending_ = attempt_ < options_.max_restarts && code != kExitResumable &&
+                     code != kExitUsage && !stop_requested_;
+  std::string message = "launcher: rank " + std::to_string(rank.index) + " " + what;
+  if (restart_pending_) {
+    message += "; restarting the group (restart " + std::to_string(attempt_ + 1) + " of " +
+               std::to_string(options_.max_restarts) + ")";
+  } else if (code == kExitResumable) {
+    message += "; run the same command to resume";
+  }
+  write_all(2, message + "\n");
   signal_running(SIGTERM);
   begin_stop();
 }
@@ -502,13 +530,7 @@ void LocalLauncher::reap_exited() {
       // Someone else reaped it (a SIGCHLD handler of the caller?); treat as
       // a failure we cannot describe better.
       rank.running = false;
-      if (!first_failure_) {
-        first_failure_ = 1;
-        write_all(2, "launcher: rank " + std::to_string(rank.index) +
-                         " vanished (reaped elsewhere)\n");
-        signal_running(SIGTERM);
-        begin_stop();
-      }
+      record_failure(rank, 1, "vanished (reaped elsewhere)");
     }
   }
 }
@@ -608,6 +630,11 @@ void check_options(const LocalLaunchOptions& options) {
                                 std::to_string(options.master_port) +
                                 " is not 0 or a TCP port");
   }
+  if (options.max_restarts < 0) {
+    throw std::invalid_argument("launcher: max_restarts=" +
+                                std::to_string(options.max_restarts) +
+                                " must not be negative");
+  }
   if (!(options.stop_grace_s >= 0)) {
     throw std::invalid_argument("launcher: stop_grace_s=" +
                                 std::to_string(options.stop_grace_s) +
@@ -700,6 +727,28 @@ int LocalLauncher::run() {
   // stopped by SIGTTIN).
   signals_.emplace();
   sigprocmask(SIG_SETMASK, nullptr, &caller_mask_);
+  // The store server stays up across restarts: a new attempt needs no new
+  // port, and its ranks' keys go under their attempt's prefix
+  // (TORCHELASTIC_RESTART_COUNT), apart from the dead attempt's.
+  for (;; ++attempt_) {
+    job.attempt = attempt_;
+    run_attempt(job);
+    if (!restart_pending_) break;
+    // Every rank of the failed attempt is reaped: start afresh.
+    ranks_.clear();
+    first_failure_.reset();
+    kill_deadline_.reset();
+    killed_ = false;
+    drain_deadline_.reset();
+    restart_pending_ = false;
+  }
+  signals_.reset();
+  return first_failure_.value_or(0);
+}
+
+// Starts every rank and waits until all have exited and their output is
+// forwarded; first_failure_ (and restart_pending_) say how it ended.
+void LocalLauncher::run_attempt(const JobRendezvous& job) {
   start_ranks(job);
   while (true) {
     reap_exited();
@@ -710,8 +759,6 @@ int LocalLauncher::run() {
     }
     poll_and_forward();
   }
-  signals_.reset();
-  return first_failure_.value_or(0);
 }
 
 // Only reached with ranks still running when run() threw: do not leave
@@ -743,12 +790,12 @@ std::vector<std::string> argv_without_nproc(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     // The launcher's own flags, each with one value.
-    if (a == "--nproc" || a == "--nodes" || a == "--nproc-per-node") {
+    if (a == "--nproc" || a == "--nodes" || a == "--nproc-per-node" || a == "--max-restarts") {
       ++i;
       continue;
     }
     if (a.rfind("--nproc=", 0) == 0 || a.rfind("--nodes=", 0) == 0 ||
-        a.rfind("--nproc-per-node=", 0) == 0) {
+        a.rfind("--nproc-per-node=", 0) == 0 || a.rfind("--max-restarts=", 0) == 0) {
       continue;
     }
     out.push_back(std::move(a));

@@ -13,6 +13,10 @@ namespace comm {
 // save; run the same command to resume" (framework/train: kExitPreempted).
 // The launcher says so instead of reporting a failure.
 inline constexpr int kExitResumable = 75;
+// A rank's exit status that means "usage or configuration error" (train's
+// status 2): the same command would fail the same way, so it is never
+// restarted (max_restarts).
+inline constexpr int kExitUsage = 2;
 
 struct LocalLaunchOptions {
   int nproc = 1;  // ranks in all, over all nodes
@@ -31,6 +35,9 @@ struct LocalLaunchOptions {
   StoreServerFactory store_server;
   double stop_grace_s = 10.0;    // SIGTERM, then SIGKILL after this long
   bool prefix_output = true;     // "[rank K] " before each forwarded line
+  // Restarts of the whole group after a rank fails (torchrun's
+  // --max_restarts): 0, the default, never restarts.
+  int max_restarts = 0;
 };
 
 // Makes a new job id (new_job_id), starts the store server on
@@ -49,13 +56,26 @@ struct LocalLaunchOptions {
 // (SIGKILL)"), and the return value is that status (128+signal for a signal).
 // SIGINT and SIGTERM sent to the launcher are forwarded to every rank; the
 // launcher then waits for them and returns as above.
+//
+// Restarts (max_restarts > 0), as torchrun's elastic agent: once every rank
+// of the failed group has exited, all nproc ranks start again, up to
+// max_restarts times, with the same environment (same job id, same store
+// server: it serves the whole job, so each attempt's keys must not collide)
+// plus TORCHELASTIC_RESTART_COUNT = the attempt (0 for the first; set on
+// every attempt, also without restarts). The failing rank's line then ends
+// "; restarting the group (restart i of K)". Not restarted, whatever
+// max_restarts says: a group whose first failure is kExitResumable or
+// kExitUsage, and one stopped by SIGINT/SIGTERM sent to the launcher (a
+// restart already announced is then cancelled, saying so). Once the
+// restarts are spent, the last attempt's failing status is returned.
 // REQUIRES: called from the main thread; installs SIGINT/SIGTERM handlers for
 // its duration.
 int run_local_launcher(const LocalLaunchOptions& options);
 
 // What each launched rank runs: this executable (/proc/self/exe) with the
 // given arguments minus the launcher's flags, so that no rank launches again:
-// "--nproc N", "--nodes N", "--nproc-per-node N" and their "--flag=N" forms.
+// "--nproc N", "--nodes N", "--nproc-per-node N", "--max-restarts K" and
+// their "--flag=N" forms.
 std::vector<std::string> argv_without_nproc(int argc, char** argv);
 
 }  // namespace comm

@@ -4,6 +4,7 @@
 #include "comm/torch_compat.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <memory>
 #include <sstream>
@@ -67,28 +68,40 @@ Rendezvous::Rendezvous(const LaunchEnv& env, std::chrono::milliseconds timeout)
   const bool serves = !env.store_hosted && rank_ == 0;
   // Concurrent single-process runs must not fight over one MASTER_PORT.
   if (serves && world_size_ == 1) port_ = 0;
+  // train --nproc's launcher wrote the job id at the top of its store,
+  // before any attempt started.
+  const bool launcher_store = env.store_hosted && !env.agent_store;
   try {
     store_->store = compat::make_tcp_store(addr_, port_, serves, world_size_, timeout);
     port_ = compat::tcp_store_port(store_->store);
-    // torchrun's agent keeps its store across restarts of the workers: each
-    // attempt's keys apart from the last one's.
-    if (env.agent_store) {
+  } catch (const std::exception& e) {
+    throw DistError(rendezvous_failed(e));
+  }
+  if (launcher_store && !env.job_id.empty()) check_job_id(env.job_id, true);
+  try {
+    // A hosted store (torchrun's agent, train --nproc's launcher) outlives a
+    // restart of the workers: each attempt's keys apart from the last one's.
+    if (env.store_hosted) {
       store_->store = compat::make_prefix_store("shardkit/attempt_" + std::to_string(env.restart_count) + "/",
                                                 store_->store);
     }
   } catch (const std::exception& e) {
-    std::ostringstream msg;
-    msg << "dist: rendezvous at " << endpoint(addr_, port_) << " failed for rank " << rank_
-        << " of " << world_size_ << " (timeout " << timeout.count() / 1000.0 << " s): " << error_message(e);
-    throw DistError(msg.str());
+    throw DistError(rendezvous_failed(e));
   }
   // The agent's store has no job id of ours: its rank 0 writes one, as a
   // rank-0-served store's does.
   if (serves || (env.agent_store && rank_ == 0)) {
     compat::store_set(store_->store, kJobIdKey, env.job_id.empty() ? new_job_id() : env.job_id);
-  } else if (!env.job_id.empty()) {
-    check_job_id(env.job_id, env.store_hosted && !env.agent_store);
+  } else if (!env.job_id.empty() && !launcher_store) {
+    check_job_id(env.job_id, false);
   }
+}
+
+std::string Rendezvous::rendezvous_failed(const std::exception& e) const {
+  std::ostringstream msg;
+  msg << "dist: rendezvous at " << endpoint(addr_, port_) << " failed for rank " << rank_ << " of " << world_size_
+      << " (timeout " << timeout_.count() / 1000.0 << " s): " << error_message(e);
+  return msg.str();
 }
 
 void Rendezvous::check_job_id(const std::string& expected, bool store_hosted) {
@@ -170,6 +183,7 @@ Backend resolve_backend(const DistOptions& options, DeviceKind device) {
 std::unique_ptr<Runtime> init_runtime(const LaunchEnv& env, const DistOptions& options,
                                       DeviceKind device) {
   auto rt = std::make_unique<Runtime>();
+  rt->startup.called_at_s = process_age_s();
   rt->env = env;
   rt->device = select_device(device, env.local_rank);
   Backend train_backend = resolve_backend(options, device);
@@ -186,12 +200,20 @@ std::unique_ptr<Runtime> init_runtime(const LaunchEnv& env, const DistOptions& o
     }
   }
   auto timeout = std::chrono::milliseconds(static_cast<int64_t>(options.timeout_s * 1000.0));
+  using Clock = std::chrono::steady_clock;
+  const auto seconds_since = [](Clock::time_point t) {
+    return std::chrono::duration<double>(Clock::now() - t).count();
+  };
+  const Clock::time_point t0 = Clock::now();
   rt->rendezvous = std::make_unique<Rendezvous>(env, timeout);
+  rt->startup.rendezvous_s = seconds_since(t0);
+  const Clock::time_point t1 = Clock::now();
   std::vector<int> all(env.world_size);
   for (int r = 0; r < env.world_size; ++r) all[r] = r;
   // Same order on every rank: construction blocks until all members join.
   rt->train = rt->rendezvous->new_group("train", all, train_backend);
   rt->checkpoint = rt->rendezvous->new_group("ckpt", all, Backend::kGloo);
+  rt->startup.groups_s = seconds_since(t1);
   return rt;
 }
 

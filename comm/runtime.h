@@ -56,6 +56,8 @@ class Rendezvous {
  private:
   // Throws DistError unless the store's job id is `expected`.
   void check_job_id(const std::string& expected, bool store_hosted);
+  // "dist: rendezvous at <addr:port> failed for rank ..." with e's message.
+  std::string rendezvous_failed(const std::exception& e) const;
 
   std::unique_ptr<Store> store_;
   std::map<std::string, int> groups_made_;  // by name: new_group's <k>
@@ -72,6 +74,15 @@ struct Runtime {
   std::unique_ptr<Rendezvous> rendezvous;
   std::shared_ptr<Group> train;       // training collectives (Gloo or NCCL)
   std::shared_ptr<Group> checkpoint;  // checkpoint collectives, always Gloo
+  // Where init_runtime's time went, for the trainer's start-up record:
+  // this process's age (process_age_s, launch_env.h) when it was called, and
+  // the seconds of the rendezvous and of building the two groups.
+  struct StartupTimes {
+    double called_at_s = 0;
+    double rendezvous_s = 0;
+    double groups_s = 0;
+  };
+  StartupTimes startup;
 };
 
 // Resolves dist.backend (auto -> nccl for cuda when built with it, else

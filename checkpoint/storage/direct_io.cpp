@@ -11,14 +11,19 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <sstream>
 #include <thread>
+#include <vector>
 
 namespace checkpoint {
 
@@ -128,6 +133,7 @@ DirectIoProbe probe_direct_io(const std::string& dir, uint64_t bytes, int trials
       } catch (const Refused& r) {
         p.accepted = false;
         p.direct_s = 0;
+        p.refused_errno = r.error_number;
         p.detail = std::string("O_DIRECT refused here: ") + std::strerror(r.error_number);
       }
     }
@@ -151,8 +157,9 @@ struct FileSystemRecord {
   DirectIoLearned learned;
 };
 
-std::mutex g_mu;  // guards g_by_device; held through a probe (they are rare)
+std::mutex g_mu;  // guards g_by_device and g_remember_in; held through a probe (they are rare)
 std::map<dev_t, FileSystemRecord> g_by_device;
+std::string g_remember_in;  // remember_direct_io_probes_in's file; "" for none
 
 // The directory whose file system `dir` is on: `dir`, or for one not made
 // yet its nearest existing ancestor (where it will be made). False, with
@@ -166,10 +173,25 @@ bool existing_dir(const std::string& dir, std::string& at, dev_t& device) {
   return true;
 }
 
+// The probe of `device`: the one remembered in g_remember_in, else a new
+// one of `at` (remembered there). Holds g_mu.
+DirectIoProbe remembered_or_new_probe(dev_t device, const std::string& at) {
+  if (g_remember_in.empty()) return probe_direct_io(at);
+  if (std::optional<DirectIoProbe> known = read_remembered_probe(g_remember_in, device)) {
+    known->dir = at;
+    return *known;
+  }
+  DirectIoProbe probe = probe_direct_io(at);
+  write_remembered_probe(g_remember_in, device, probe);
+  return probe;
+}
+
 // The record of `device`, probing `at` first if it has none. Holds g_mu.
 FileSystemRecord& record_locked(dev_t device, const std::string& at) {
   auto it = g_by_device.find(device);
-  if (it == g_by_device.end()) it = g_by_device.emplace(device, FileSystemRecord{probe_direct_io(at), {}}).first;
+  if (it == g_by_device.end()) {
+    it = g_by_device.emplace(device, FileSystemRecord{remembered_or_new_probe(device, at), {}}).first;
+  }
   return it->second;
 }
 
@@ -186,6 +208,139 @@ FileSystemRecord record_of(const std::string& dir) {
 }  // namespace
 
 DirectIoProbe cached_direct_io_probe(const std::string& dir) { return record_of(dir).probe; }
+
+namespace {
+
+constexpr const char* kRememberedTag = "direct_io_probe/1";
+// A remembered-probes file is a few lines; anything much larger is not one.
+constexpr std::streamsize kMaxRememberedBytes = 1 << 20;
+
+// This boot of this machine: the kernel's random boot id; "" if unreadable.
+std::string boot_id() {
+  std::ifstream in("/proc/sys/kernel/random/boot_id");
+  std::string id;
+  if (!(in >> id)) return "";
+  return id;
+}
+
+// One remembered line, parsed; nullopt for anything malformed.
+struct RememberedLine {
+  std::string boot;
+  uint64_t device = 0;
+  DirectIoProbe probe;
+};
+
+std::optional<RememberedLine> parse_remembered(const std::string& line) {
+  std::istringstream in(line);
+  std::string tag;
+  RememberedLine r;
+  int accepted = -1;
+  int refused_errno = -1;
+  DirectIoProbe& p = r.probe;
+  if (!(in >> tag >> r.boot >> r.device >> accepted >> p.bytes >> p.buffered_s >> p.direct_s >> refused_errno)) {
+    return std::nullopt;
+  }
+  std::string rest;
+  if (in >> rest) return std::nullopt;  // trailing fields: not this version's line
+  const bool times_ok = std::isfinite(p.buffered_s) && std::isfinite(p.direct_s) && p.buffered_s > 0 &&
+                        p.direct_s >= 0 && (accepted == 0 || p.direct_s > 0);
+  if (tag != kRememberedTag || (accepted != 0 && accepted != 1) || p.bytes == 0 || !times_ok ||
+      refused_errno < 0 || refused_errno > 4095) {
+    return std::nullopt;
+  }
+  p.accepted = accepted == 1;
+  if (!p.accepted) {
+    p.direct_s = 0;
+    p.refused_errno = refused_errno;
+    p.detail = std::string("O_DIRECT refused here: ") + std::strerror(refused_errno);
+  }
+  p.use_direct = prefer_direct(p);
+  p.detail = describe(p);
+  return r;
+}
+
+// The lines of `path` that parse; none for a missing, unreadable or
+// oversized file.
+std::vector<RememberedLine> read_remembered_lines(const std::string& path) {
+  std::vector<RememberedLine> lines;
+  std::ifstream in(path);
+  if (!in) return lines;
+  in.seekg(0, std::ios::end);
+  if (in.tellg() > kMaxRememberedBytes) return lines;
+  in.seekg(0);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (std::optional<RememberedLine> r = parse_remembered(line)) lines.push_back(std::move(*r));
+  }
+  return lines;
+}
+
+std::string remembered_line(const std::string& boot, uint64_t device, const DirectIoProbe& p) {
+  const int refused_errno = p.accepted ? 0 : (p.refused_errno > 0 ? p.refused_errno : EINVAL);
+  char text[256];
+  std::snprintf(text, sizeof text, "%s %s %llu %d %llu %.9g %.9g %d", kRememberedTag, boot.c_str(),
+                static_cast<unsigned long long>(device), p.accepted ? 1 : 0,
+                static_cast<unsigned long long>(p.bytes), p.buffered_s, p.accepted ? p.direct_s : 0.0,
+                refused_errno);
+  return text;
+}
+
+}  // namespace
+
+void remember_direct_io_probes_in(const std::string& path) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  g_remember_in = path;
+}
+
+std::optional<DirectIoProbe> read_remembered_probe(const std::string& path, uint64_t device) {
+  try {
+    const std::string boot = boot_id();
+    if (boot.empty()) return std::nullopt;
+    for (RememberedLine& r : read_remembered_lines(path)) {
+      if (r.boot != boot || r.device != device) continue;
+      r.probe.reused_from = path;
+      r.probe.detail += "; probe of an earlier process of this run, reused from " + path;
+      return r.probe;
+    }
+  } catch (const std::exception&) {  // bad_alloc and the like: probe instead
+  }
+  return std::nullopt;
+}
+
+bool write_remembered_probe(const std::string& path, uint64_t device, const DirectIoProbe& probe) {
+  try {
+    const std::string boot = boot_id();
+    if (boot.empty() || probe.failed || probe.bytes == 0) return false;
+    std::string text;
+    for (const RememberedLine& r : read_remembered_lines(path)) {
+      if (r.boot == boot && r.device == device) continue;
+      text += remembered_line(r.boot, r.device, r.probe) + "\n";
+    }
+    text += remembered_line(boot, device, probe) + "\n";
+    std::error_code ec;
+    const std::filesystem::path target(path);
+    if (target.has_parent_path()) std::filesystem::create_directories(target.parent_path(), ec);
+    // One name per process and thread: ranks sharing the file write apart.
+    const std::string tmp = path + ".tmp." + std::to_string(::getpid()) + "." +
+                            std::to_string(std::hash<std::thread::id>{}(std::this_thread::get_id()));
+    {
+      std::ofstream out(tmp, std::ios::trunc);
+      out << text;
+      out.close();
+      if (!out) {
+        ::unlink(tmp.c_str());
+        return false;
+      }
+    }
+    if (::rename(tmp.c_str(), path.c_str()) != 0) {
+      ::unlink(tmp.c_str());
+      return false;
+    }
+    return true;
+  } catch (const std::exception&) {
+    return false;
+  }
+}
 
 namespace {
 

@@ -20,6 +20,7 @@
 // the job shares; O_DIRECT writes go from the caller's memory to the device,
 // but wait for it on every write. docs/benchmarks.md has the numbers.
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "checkpoint/options.h"  // DirectIo, parse_direct_io
@@ -35,7 +36,12 @@ struct DirectIoProbe {
   double buffered_s = 0;     // fastest page-cache write + fsync
   double direct_s = 0;       // fastest O_DIRECT write + fsync; 0 when not accepted
   bool use_direct = false;   // prefer_direct(*this)
+  int refused_errno = 0;     // why O_DIRECT was refused (accepted false, failed false)
   std::string detail;        // one line for a log: what was measured and chosen, or why not
+  // Not measured by this process but read back from the file that
+  // remember_direct_io_probes_in names (an earlier process of the run, say
+  // a rank before a restart, measured it); `detail` then says so.
+  std::string reused_from;
 };
 
 // The choice from the timings: O_DIRECT only where it was accepted and
@@ -52,8 +58,39 @@ DirectIoProbe probe_direct_io(const std::string& dir, uint64_t bytes = uint64_t{
 // probe_direct_io(dir) for the file system `dir` is on (a missing `dir`: its
 // nearest existing ancestor's), once per process: later calls for the same
 // file system (device number) return the first result. Thread-safe;
-// concurrent first calls wait for one probe.
+// concurrent first calls wait for one probe. With a file to remember probes
+// in (remember_direct_io_probes_in), a file system this process has not
+// probed is first looked up there, and a new probe is added to it.
 DirectIoProbe cached_direct_io_probe(const std::string& dir);
+
+// Remembering probes beyond one process (a restarted rank must not write
+// 64 MiB each way again). The file is text, one line per machine boot and
+// file system, each
+//   "direct_io_probe/1 <boot id> <device> <accepted 0|1> <bytes> <buffered_s>
+//    <direct_s> <errno>"
+// (one line; <boot id> from /proc/sys/kernel/random/boot_id, so a device
+// number is never read on another machine or after a reboot, where it may
+// name another file system; <errno> is why O_DIRECT was refused, else 0).
+// Only probes that did not fail are remembered. A line that does not parse,
+// or a file that cannot be read, counts as no line: the file system is
+// probed again; nothing here ever throws or fails a run.
+
+// From now on, cached_direct_io_probe (and everything that asks it) in this
+// process reads and adds to `path`; "" (the default) remembers nothing.
+// Thread-safe.
+void remember_direct_io_probes_in(const std::string& path);
+
+// The probe of file system `device` that `path` remembers for this boot,
+// with reused_from = path; nullopt when there is none (or no readable,
+// well-formed line for it).
+std::optional<DirectIoProbe> read_remembered_probe(const std::string& path, uint64_t device);
+
+// Writes `probe` as the line of `device` (for this boot) into `path`,
+// keeping the other lines that parse: a new file next to it, renamed over
+// it (a concurrent writer's line may be lost, never half-written). Makes
+// the missing directories of `path`. False when it could not (or when
+// `probe` failed, or this boot's id is unreadable); never throws.
+bool write_remembered_probe(const std::string& path, uint64_t device, const DirectIoProbe& probe);
 
 // What auto has measured of its own checkpoint files on one file system:
 // the latest file of at least learn_min_bytes written each way: its bytes

@@ -334,6 +334,29 @@ void MetricsLog::sample(int64_t step, const std::string& prompt, const std::stri
   write({{"event", "sample"}, {"step", step}, {"prompt", prompt}, {"text", text}});
 }
 
+void MetricsLog::startup(int64_t step, const StartupPhases& p) {
+  std::ostringstream line;
+  line << std::fixed << std::setprecision(2) << "shardkit: startup " << p.total_s << " s (load " << p.load_s
+       << ", rendezvous " << p.rendezvous_s << ", groups " << p.groups_s << ", model " << p.model_s << ", data "
+       << p.data_s << ", checkpoint " << p.checkpoint_s << ", resume " << p.resume_s << ", other " << p.other_s
+       << ")";
+  std::cout << line.str() << std::endl;
+  write({{"event", "startup"},
+         {"time", utc_timestamp()},
+         {"step", step},
+         {"restart", p.restart},
+         {"startup_s", p.total_s},
+         {"load_s", p.load_s},
+         {"rendezvous_s", p.rendezvous_s},
+         {"groups_s", p.groups_s},
+         {"model_s", p.model_s},
+         {"data_s", p.data_s},
+         {"checkpoint_s", p.checkpoint_s},
+         {"resume_s", p.resume_s},
+         {"other_s", p.other_s},
+         {"wall_s", seconds_since(started_)}});
+}
+
 void MetricsLog::end(int64_t step, bool stopped_by_signal) {
   out_ << nlohmann::json({{"event", "end"},
                           {"time", utc_timestamp()},

@@ -2,7 +2,7 @@
 // Rank 0's record of a run: the console's progress lines and
 // <run.dir>/metrics.jsonl, one JSON object per line (docs/training.md,
 // "metrics.jsonl"): a record per logged step, and events (start, eval,
-// checkpoint, retention, resume_skipped, profile, sample, end), and with
+// startup, checkpoint, retention, resume_skipped, profile, sample, end), and with
 // metrics.tensorboard the same scalars as TensorBoard event files in
 // <run.dir>/tb (tensorboard.h). The Trainer decides what happened; this
 // sink only writes it down.
@@ -63,6 +63,22 @@ struct RunStart {
   std::optional<double> memory_estimate_mib;  // built-in models
 };
 
+// Where one process's start-up went, from its exec to the start of its
+// first step (the "startup" record), in seconds. Rank 0's, once per
+// process: after a restart it is the restarted rank's.
+struct StartupPhases {
+  double total_s = 0;       // exec to the first step
+  double load_s = 0;        // exec to the rendezvous: the program and LibTorch loaded, config, checks
+  double rendezvous_s = 0;  // connected to the store, job id checked
+  double groups_s = 0;      // the train and ckpt process groups built
+  double model_s = 0;       // mesh, model built and sharded, optimizer (not the dataset)
+  double data_s = 0;        // the dataset opened and its loader made
+  double checkpoint_s = 0;  // the checkpoint manager: direct_io probe (or its reuse), staging buffers
+  double resume_s = 0;      // the newest checkpoint found and loaded, the data positioned
+  double other_s = 0;       // the rest: total less the phases above
+  int restart = 0;          // the attempt (TORCHELASTIC_RESTART_COUNT)
+};
+
 // Where the step is within the run() (for the ETA) and the ranks' peaks.
 struct StepProgress {
   int64_t first_step = 0;  // the first step this run() takes
@@ -97,6 +113,8 @@ class MetricsLog {
   MetricsLog(const config::Config& cfg, std::chrono::steady_clock::time_point started);
 
   void start(const RunStart& start);
+  // "shardkit: startup 1.23 s (load 0.45, ...)" and the "startup" record.
+  void startup(int64_t step, const StartupPhases& phases);
   // Damaged checkpoints resume set aside: a warning each on stderr.
   void resume_skipped(const std::vector<checkpoint::SkippedCheckpoint>& skipped);
   // The progress line and the step's record.

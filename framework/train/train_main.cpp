@@ -38,6 +38,7 @@ struct Args {
   int nproc = 0;           // 0: not given
   int nodes = 0;           // 0: not given (1 node)
   int nproc_per_node = 0;  // 0: not given
+  int max_restarts = -1;   // -1: not given (0 restarts)
   bool print_config = false;
   bool config_reference = false;
   bool dry_run = false;
@@ -60,6 +61,7 @@ void on_launcher_gone(int) {
 struct LaunchShape {
   int nproc = 0;  // ranks in all; 0: no launch, this process is a rank
   int nodes = 1;
+  int max_restarts = 0;  // restarts of the group after a rank fails
 };
 
 // P ranks in all from "--nproc P", "--nproc P --nodes N", "--nodes N
@@ -93,6 +95,14 @@ LaunchShape resolve_launch_shape(const Args& args) {
   } else if (args.nodes > 0) {
     throw std::invalid_argument("--nodes " + std::to_string(args.nodes) +
                                 " needs --nproc or --nproc-per-node (how many ranks to start)");
+  }
+  if (args.max_restarts >= 0) {
+    if (shape.nproc == 0) {
+      throw std::invalid_argument("--max-restarts " + std::to_string(args.max_restarts) +
+                                  " needs --nproc or --nproc-per-node (the local launcher restarts its "
+                                  "ranks; under torchrun, use its --max_restarts)");
+    }
+    shape.max_restarts = args.max_restarts;
   }
   return shape;
 }
@@ -288,6 +298,10 @@ int parse_command_line(int argc, char** argv, Args& args) {
   app.add_option("--nproc-per-node", args.nproc_per_node,
                  "start M local ranks per simulated node (--nodes x M in all)")
       ->check(CLI::Range(1, 4096));
+  app.add_option("--max-restarts", args.max_restarts,
+                 "with --nproc: start the whole group again after a rank fails, up to K times "
+                 "(like torchrun --max_restarts; default 0); the run resumes from its newest checkpoint")
+      ->check(CLI::Range(0, 1000000));
   app.add_flag("--print-config", args.print_config, "print the effective config and exit");
   app.add_flag("--dry-run", args.dry_run,
                "print the model size and the memory estimate per rank for the world (--nproc, "
@@ -320,6 +334,7 @@ int launch_local_ranks(int argc, char** argv, const Args& args, const LaunchShap
   launch.argv = comm::argv_without_nproc(argc, argv);
   launch.store_server = comm::host_tcp_store;
   launch.stop_grace_s = cfg.dist.stop_grace_s;
+  launch.max_restarts = shape.max_restarts;
   try {
     framework::parallel::resolve(cfg.parallel, shape.nproc);
   } catch (const std::invalid_argument& e) {

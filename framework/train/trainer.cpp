@@ -539,6 +539,7 @@ StepRecord Trainer::run_step() {
 
 int Trainer::run() {
   State& s = *s_;
+  s.log_startup_once();
   s.span = RunSpan{s.step + 1, s.last_step(), Clock::now()};
   const RunSpan span = *s.span;
   bool stopped_by_signal = false;

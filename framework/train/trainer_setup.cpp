@@ -16,6 +16,8 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
+#include <atomic>
 #include <filesystem>
 #include <iomanip>
 #include <iostream>
@@ -220,7 +222,9 @@ void Trainer::State::build_builtin_model() {
                                                  const torch::Tensor& targets) {
     return loss(*model, inputs, targets, context);
   };
+  const detail::Clock::time_point data_started = detail::Clock::now();
   user.dataset = data::make_dataset(cfg.data, cfg.model, static_cast<uint64_t>(cfg.run.seed));
+  startup.data_s += std::chrono::duration<double>(detail::Clock::now() - data_started).count();
   user.description = cfg.model.kind;
   if (spec.flops_per_token) user.flops_per_token = spec.flops_per_token(cfg.model);
 }
@@ -409,6 +413,10 @@ void Trainer::State::make_checkpoint_manager() {
   // direct_io auto: probe checkpoint.dir's file system now (every rank: the
   // choice is per process), not inside the first save, and say what won.
   if (!hooks.storage && posix.direct_io == checkpoint::DirectIo::kAuto) {
+    // Remembered for the run: a restarted rank (train --max-restarts,
+    // torchrun, a requeue) reuses the probe rather than writing 64 MiB each
+    // way again before its first step.
+    checkpoint::remember_direct_io_probes_in((fs::path(cfg.run.dir) / kDirectIoProbesFile).string());
     const checkpoint::DirectIoProbe probe = checkpoint::cached_direct_io_probe(ckpt->dir());
     direct_io.text = probe.detail;
     direct_io.direct = probe.use_direct;
@@ -437,6 +445,20 @@ void Trainer::State::start_log(const Resumed& resumed) {
   reports.log->start(start);
   reports.log->resume_skipped(resumed.skipped);
   print_banner(resumed.from, resumed.stats);
+}
+
+void Trainer::State::log_startup_once() {
+  static std::atomic<bool> logged{false};
+  if (!is_logger || logged.exchange(true)) return;
+  StartupPhases& p = startup;
+  p.total_s = comm::process_age_s();
+  p.load_s = rt.startup.called_at_s;
+  p.rendezvous_s = rt.startup.rendezvous_s;
+  p.groups_s = rt.startup.groups_s;
+  p.restart = rt.env.restart_count;
+  p.other_s = std::max(0.0, p.total_s - (p.load_s + p.rendezvous_s + p.groups_s + p.model_s + p.data_s +
+                                         p.checkpoint_s + p.resume_s));
+  reports.log->startup(step, p);
 }
 
 void Trainer::State::print_banner(const std::optional<std::string>& resume_from,
@@ -562,6 +584,14 @@ Trainer::Trainer(const config::Config& config, comm::Runtime& runtime, UserModel
                  TrainerHooks hooks)
     : s_(std::make_unique<State>(config, runtime)) {
   State& s = *s_;
+  // Start-up phases: seconds since the previous lap.
+  detail::Clock::time_point lap_at = detail::Clock::now();
+  const auto lap = [&lap_at] {
+    const detail::Clock::time_point now = detail::Clock::now();
+    const double seconds = std::chrono::duration<double>(now - lap_at).count();
+    lap_at = now;
+    return seconds;
+  };
   // Before the model and its buffers are allocated: every later free of a
   // step's host buffers stays in the process (run.host_malloc).
   s.host_malloc = comm::apply_host_malloc(s.cfg.run.host_malloc);
@@ -592,9 +622,12 @@ Trainer::Trainer(const config::Config& config, comm::Runtime& runtime, UserModel
     s.params.total = static_cast<int64_t>(n[0].item<double>());
     s.params.trainable = static_cast<int64_t>(n[1].item<double>());
   }
+  s.startup.model_s = lap() - s.startup.data_s;  // the dataset counts as data
   s.reports.profiler = std::make_unique<StepProfiler>(s.cfg.profile, s.cfg.run.dir, runtime.env.rank,
                                               s.device.is_cuda());
+  lap();
   s.make_loader();
+  s.startup.data_s += lap();
   s.reports.mfu = mfu_basis(s.user.flops_per_token, s.cfg.train.peak_tflops, comm::cuda_device_name(s.device),
                     runtime.env.world_size);
   s.resume.source = resume_source(s.cfg);
@@ -602,8 +635,11 @@ Trainer::Trainer(const config::Config& config, comm::Runtime& runtime, UserModel
     // The DCP directory was the run's initial load; it has its own now.
     s.cfg.checkpoint.resume = "auto";
   }
+  lap();
   s.make_checkpoint_manager();
+  s.startup.checkpoint_s = lap();
   const State::Resumed resumed = s.resume_or_initialise();
+  s.startup.resume_s = lap();
 
   if (s.is_logger) s.start_log(resumed);
 }

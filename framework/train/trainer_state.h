@@ -126,6 +126,10 @@ struct Reports {
 
 }  // namespace detail
 
+// In run.dir: the direct_io probes of the run's processes, which a restarted
+// rank reuses (checkpoint/storage/direct_io.h, remember_direct_io_probes_in).
+inline constexpr const char* kDirectIoProbesFile = ".direct_io_probes";
+
 struct Trainer::State {
   config::Config cfg;
   comm::Runtime& rt;
@@ -188,6 +192,10 @@ struct Trainer::State {
   detail::DirectIoChoice direct_io;
   detail::SaveOutcomes saves;
 
+  // This process's start-up (the constructor fills in its phases, run()
+  // the rest and logs it once per process on rank 0).
+  StartupPhases startup;
+
   State(const config::Config& c, comm::Runtime& r) : cfg(c), rt(r) {}
   ~State() {
     // The hooks tensor parallelism set on the module hold the mesh's groups.
@@ -218,6 +226,8 @@ struct Trainer::State {
   checkpoint::DcpLoadStats load_dcp(const std::string& dir);
   void load_initial_weights();
   void start_log(const Resumed& resumed);
+  // Rank 0, at the first run() of this process: the start-up line and record.
+  void log_startup_once();
   void print_banner(const std::optional<std::string>& resume_from, const checkpoint::LoadStats& resumed);
   void print_run_lines();
   int64_t param_count(bool trainable_only = false) const;  // elements of all parameters, unsharded

@@ -9,7 +9,9 @@
 #include <cstring>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <functional>
+#include <optional>
 #include <thread>
 
 #include <fcntl.h>
@@ -19,6 +21,7 @@
 #include <sys/statfs.h>
 #include <unistd.h>
 
+#include "checkpoint/storage/direct_io.h"
 #include "checkpoint/storage/storage.h"
 #include "support/faulty_storage.h"
 #include "support/skip.h"
@@ -495,6 +498,80 @@ TEST_F(StorageTest, DirectIoProbeIsCachedPerFileSystem) {
   EXPECT_EQ(a.buffered_s, b.buffered_s);
   EXPECT_EQ(a.direct_s, b.direct_s);
   EXPECT_EQ(a.detail, b.detail);
+}
+
+// Remembered probes (remember_direct_io_probes_in): what a restarted rank
+// reads back instead of probing again.
+TEST_F(StorageTest, ARememberedProbeReadsBackForItsFileSystemOnlyAndSaysItWasReused) {
+  const std::string file = dir_ + "/run/.direct_io_probes";  // its directory is made
+  DirectIoProbe p = timed_probe(true, 0.25, 0.125);
+  p.bytes = uint64_t{64} << 20;
+  p.use_direct = prefer_direct(p);
+  ASSERT_TRUE(write_remembered_probe(file, 41, p));
+  DirectIoProbe refused = timed_probe(false, 0.5, 0);
+  refused.bytes = uint64_t{64} << 20;
+  refused.refused_errno = EINVAL;
+  ASSERT_TRUE(write_remembered_probe(file, 42, refused));
+  const std::optional<DirectIoProbe> a = read_remembered_probe(file, 41);
+  ASSERT_TRUE(a.has_value());
+  EXPECT_TRUE(a->accepted);
+  EXPECT_EQ(a->bytes, p.bytes);
+  EXPECT_EQ(a->buffered_s, 0.25);
+  EXPECT_EQ(a->direct_s, 0.125);
+  EXPECT_TRUE(a->use_direct);
+  EXPECT_EQ(a->reused_from, file);
+  EXPECT_EQ(a->detail.rfind("O_DIRECT (64 MiB each way: ", 0), 0u) << a->detail;
+  EXPECT_NE(a->detail.find("; probe of an earlier process of this run, reused from " + file), std::string::npos)
+      << a->detail;
+  const std::optional<DirectIoProbe> b = read_remembered_probe(file, 42);
+  ASSERT_TRUE(b.has_value());
+  EXPECT_FALSE(b->accepted);
+  EXPECT_FALSE(b->use_direct);
+  EXPECT_EQ(b->detail.rfind("page cache (O_DIRECT refused here: " + std::string(std::strerror(EINVAL)), 0), 0u)
+      << b->detail;
+  EXPECT_FALSE(read_remembered_probe(file, 43).has_value()) << "another file system";
+  // A new probe of a file system replaces its line and keeps the others.
+  p.buffered_s = 0.0625;
+  p.use_direct = prefer_direct(p);
+  ASSERT_TRUE(write_remembered_probe(file, 41, p));
+  EXPECT_EQ(read_remembered_probe(file, 41)->buffered_s, 0.0625);
+  EXPECT_FALSE(read_remembered_probe(file, 41)->use_direct);
+  EXPECT_TRUE(read_remembered_probe(file, 42).has_value());
+}
+
+TEST_F(StorageTest, ADamagedOrMissingRememberedProbesFileMeansProbingAgainNeverAnError) {
+  const std::string file = dir_ + "/.direct_io_probes";
+  EXPECT_FALSE(read_remembered_probe(file, 41).has_value()) << "no file";
+  std::string boot;
+  std::ifstream("/proc/sys/kernel/random/boot_id") >> boot;
+  ASSERT_FALSE(boot.empty());
+  const std::string dev = " 41 ";
+  for (const std::string& text : {
+           std::string("\x01\x02garbage\n"),
+           "direct_io_probe/1 " + boot + dev + "1 67108864 0.25\n",                // cut short
+           "direct_io_probe/1 " + boot + dev + "1 67108864 0.25 nan 0\n",          // not a time
+           "direct_io_probe/1 " + boot + dev + "1 67108864 -1 0.125 0\n",          // negative
+           "direct_io_probe/1 " + boot + dev + "2 67108864 0.25 0.125 0\n",        // accepted 2
+           "direct_io_probe/1 " + boot + dev + "1 67108864 0.25 0.125 0 extra\n",  // another version's line
+           "direct_io_probe/9 " + boot + dev + "1 67108864 0.25 0.125 0\n",
+           "direct_io_probe/1 not-this-boot" + dev + "1 67108864 0.25 0.125 0\n",
+       }) {
+    std::ofstream(file, std::ios::trunc) << text;
+    EXPECT_FALSE(read_remembered_probe(file, 41).has_value()) << text;
+  }
+  // The well-formed line reads back; then a directory where the file should
+  // be: nothing to read, nothing written, no throw.
+  std::ofstream(file, std::ios::trunc) << "direct_io_probe/1 " + boot + dev + "1 67108864 0.25 0.125 0\n";
+  EXPECT_TRUE(read_remembered_probe(file, 41).has_value());
+  const std::string not_a_file = dir_ + "/a_directory";
+  posix_storage()->make_dirs(not_a_file);
+  EXPECT_FALSE(read_remembered_probe(not_a_file, 41).has_value());
+  EXPECT_FALSE(write_remembered_probe(not_a_file, 41, timed_probe(true, 0.25, 0.125)));
+  DirectIoProbe failed = timed_probe(true, 0.25, 0.125);
+  failed.bytes = 1 << 20;
+  failed.failed = true;
+  EXPECT_FALSE(write_remembered_probe(file, 44, failed)) << "a failed probe is not remembered";
+  EXPECT_FALSE(read_remembered_probe(file, 44).has_value());
 }
 
 TEST_F(StorageTest, AutoDirectIoWritesTheWayItsProbeChoseAndTheSameBytes) {

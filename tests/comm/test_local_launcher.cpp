@@ -365,6 +365,99 @@ TEST(ArgvWithoutNproc, DropsEveryLauncherFlagInBothFormsAndKeepsTheRest) {
                                       "--print-config"}));
 }
 
+TEST(ArgvWithoutNproc, DropsMaxRestartsInBothForms) {
+  std::vector<std::string> args{"train", "--max-restarts", "3", "--config", "c.yaml",
+                                "--max-restarts=2", "--nproc", "2", "--set", "a=1"};
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  std::vector<std::string> kept = argv_without_nproc(static_cast<int>(argv.size()), argv.data());
+  EXPECT_EQ(std::vector<std::string>(kept.begin() + 1, kept.end()),
+            (std::vector<std::string>{"--config", "c.yaml", "--set", "a=1"}));
+}
+
+// Each rank appends "<attempt> <job id> <port>" to $1/starts.<rank>.
+const char* kRecordStart =
+    "echo \"$TORCHELASTIC_RESTART_COUNT $SHARDKIT_JOB_ID $MASTER_PORT\" >> \"$1/starts.$RANK\"; ";
+
+std::vector<std::string> read_lines(const fs::path& path) {
+  std::vector<std::string> lines;
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  return lines;
+}
+
+size_t count_of(const std::string& text, const std::string& part) {
+  size_t n = 0;
+  for (size_t at = text.find(part); at != std::string::npos; at = text.find(part, at + 1)) ++n;
+  return n;
+}
+
+TEST_F(LocalLauncherTest, AFailedGroupStartsAgainWithTheNextAttemptTheSameJobAndStore) {
+  // Attempt 0: rank 1 fails once rank 0 is up; attempt 1: both succeed.
+  LocalLaunchOptions options = shell_ranks(
+      2, std::string(kRecordStart) +
+             "if [ \"$RANK\" = 1 ] && [ \"$TORCHELASTIC_RESTART_COUNT\" = 0 ]; then "
+             "  while [ ! -e \"$1/starts.0\" ]; do sleep 0.05; done; exit 3; fi; "
+             "if [ \"$TORCHELASTIC_RESTART_COUNT\" = 0 ]; then exec sleep 60; fi; "
+             "echo \"done $TORCHELASTIC_RESTART_COUNT\"");
+  options.max_restarts = 2;
+  LaunchOutcome r = launch(options);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_LT(r.seconds, 20);
+  EXPECT_TRUE(contains(r.err, "launcher: rank 1 exited with status 3; restarting the group (restart 1 of 2)\n"))
+      << r.err;
+  EXPECT_EQ(count_of(r.err, "restarting"), 1u) << r.err;
+  EXPECT_TRUE(contains(r.out, "[rank 0] done 1\n")) << r.out;
+  EXPECT_TRUE(contains(r.out, "[rank 1] done 1\n")) << r.out;
+  const ServerRecord server = read_server_record(dir_);
+  const std::string same_job = server.job_id + " " + std::to_string(server.port);
+  for (int k : {0, 1}) {
+    EXPECT_EQ(read_lines(dir_ / ("starts." + std::to_string(k))),
+              (std::vector<std::string>{"0 " + same_job, "1 " + same_job}))
+        << "rank " << k;
+  }
+}
+
+TEST_F(LocalLauncherTest, ExhaustedRestartsReturnTheLastFailuresStatus) {
+  LocalLaunchOptions options = shell_ranks(
+      2, std::string(kRecordStart) +
+             "if [ \"$RANK\" = 1 ]; then while [ \"$(wc -l 2>/dev/null < \"$1/starts.0\" || echo 0)\" -lt "
+             "$((TORCHELASTIC_RESTART_COUNT + 1)) ]; do sleep 0.05; done; kill -KILL $$; fi; exec sleep 60");
+  options.max_restarts = 2;
+  LaunchOutcome r = launch(options);
+  EXPECT_EQ(r.exit_code, 128 + SIGKILL) << r.err;
+  EXPECT_LT(r.seconds, 30);
+  EXPECT_TRUE(contains(r.err, "launcher: rank 1 killed by signal 9 (SIGKILL); restarting the group (restart 1 of 2)\n"))
+      << r.err;
+  EXPECT_TRUE(contains(r.err, "launcher: rank 1 killed by signal 9 (SIGKILL); restarting the group (restart 2 of 2)\n"))
+      << r.err;
+  EXPECT_TRUE(contains(r.err, "launcher: rank 1 killed by signal 9 (SIGKILL)\n")) << r.err;
+  EXPECT_EQ(count_of(r.err, "restarting"), 2u) << r.err;
+  EXPECT_EQ(read_lines(dir_ / "starts.1").size(), 3u);
+}
+
+TEST_F(LocalLauncherTest, WithoutMaxRestartsAFailedGroupIsNotRestarted) {
+  LaunchOutcome r = launch(shell_ranks(2, std::string(kRecordStart) +
+                                              "if [ \"$RANK\" = 1 ]; then exit 4; fi; exec sleep 60"));
+  EXPECT_EQ(r.exit_code, 4) << r.err;
+  EXPECT_TRUE(contains(r.err, "launcher: rank 1 exited with status 4\n")) << r.err;
+  EXPECT_EQ(read_lines(dir_ / "starts.1").size(), 1u);
+}
+
+TEST_F(LocalLauncherTest, APreemptionStopOrAUsageErrorIsNotRestarted) {
+  for (int code : {kExitResumable, kExitUsage}) {
+    fs::remove(dir_ / "starts.1");
+    LocalLaunchOptions options = shell_ranks(
+        2, std::string(kRecordStart) + "if [ \"$RANK\" = 1 ]; then exit " + std::to_string(code) +
+               "; fi; exec sleep 60");
+    options.max_restarts = 3;
+    LaunchOutcome r = launch(options);
+    EXPECT_EQ(r.exit_code, code) << r.err;
+    EXPECT_FALSE(contains(r.err, "restarting")) << r.err;
+    EXPECT_EQ(read_lines(dir_ / "starts.1").size(), 1u) << "status " << code;
+  }
+}
+
 TEST_F(LocalLauncherTest, RanksReachTheStoreServerWhichIsUpBeforeAnyRankStarts) {
   // bash, for its /dev/tcp: a rank that cannot connect exits 1.
   LaunchOutcome r = launch(shell_ranks(

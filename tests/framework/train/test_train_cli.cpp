@@ -7,7 +7,9 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <signal.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <array>
 #include <cstdio>
@@ -17,6 +19,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -837,4 +840,169 @@ TEST(TrainCli, MoeTinyLearnsResumesBitExactlyAndLogsItsExperts) {
   EXPECT_FALSE(fs::exists(refused));
   fs::remove_all(full);
   fs::remove_all(split);
+}
+
+namespace {
+
+// A process whose stdout and stderr (together) the test reads line by line
+// as they come: build/<tool> with `args`, exec'd directly (its pid is the
+// launcher's).
+class StreamedRun {
+ public:
+  StreamedRun(const std::string& tool, const std::vector<std::string>& args) {
+    int fds[2];
+    if (pipe(fds) != 0) throw std::runtime_error("pipe failed");
+    std::vector<std::string> argv{testing_support::binary_dir() + "/" + tool};
+    argv.insert(argv.end(), args.begin(), args.end());
+    std::vector<char*> cargv;
+    for (std::string& a : argv) cargv.push_back(a.data());
+    cargv.push_back(nullptr);
+    std::fflush(nullptr);
+    pid_ = fork();
+    if (pid_ == 0) {
+      dup2(fds[1], 1);
+      dup2(fds[1], 2);
+      close(fds[0]);
+      close(fds[1]);
+      execv(cargv[0], cargv.data());
+      _exit(127);
+    }
+    close(fds[1]);
+    in_ = fdopen(fds[0], "r");
+  }
+  ~StreamedRun() {
+    if (in_ != nullptr) fclose(in_);
+    if (pid_ > 0 && !reaped_) {
+      kill(pid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
+    }
+  }
+  pid_t pid() const { return pid_; }
+  // The next line (without its newline); false at EOF.
+  bool next_line(std::string& line) {
+    line.clear();
+    int c;
+    while ((c = fgetc(in_)) != EOF && c != '\n') line.push_back(static_cast<char>(c));
+    return c != EOF || !line.empty();
+  }
+  int wait() {
+    int raw = 0;
+    waitpid(pid_, &raw, 0);
+    reaped_ = true;
+    return WIFEXITED(raw) ? WEXITSTATUS(raw) : 128 + WTERMSIG(raw);
+  }
+
+ private:
+  pid_t pid_ = -1;
+  FILE* in_ = nullptr;
+  bool reaped_ = false;
+};
+
+// The child of `parent` whose environment has RANK=<rank>; -1 if none.
+pid_t child_with_rank(pid_t parent, int rank) {
+  for (const auto& entry : fs::directory_iterator("/proc")) {
+    const std::string name = entry.path().filename();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream status(entry.path() / "status");
+    std::string line;
+    pid_t ppid = -1;
+    while (std::getline(status, line)) {
+      if (line.rfind("PPid:", 0) == 0) ppid = std::atoi(line.c_str() + 5);
+    }
+    if (ppid != parent) continue;
+    std::ifstream environ_file(entry.path() / "environ", std::ios::binary);
+    std::string var;
+    while (std::getline(environ_file, var, '\0')) {
+      if (var == "RANK=" + std::to_string(rank)) return static_cast<pid_t>(std::atoi(name.c_str()));
+    }
+  }
+  return -1;
+}
+
+}  // namespace
+
+// train --nproc 2 --max-restarts 1, as torchrun --max_restarts: one worker
+// is killed with SIGKILL after the first commit; the launcher says so,
+// stops the other, starts both again (TORCHELASTIC_RESTART_COUNT 1), which
+// resume from the newest committed checkpoint without probing direct_io
+// again, and the run ends 0 with every step's loss equal to an
+// uninterrupted run's, bit for bit. Each process logs its start-up once.
+TEST(TrainCli, MaxRestartsRestartsTheGroupAfterAWorkerIsKilledAndTheRunResumesBitExactly) {
+  const std::string full = cli_scratch("restart_full"), faulted = cli_scratch("restart_faulted");
+  auto args = [](const std::string& dir) {
+    return std::vector<std::string>{
+        "--nproc", "2", "--config", testing_support::source_dir() + "/configs/default.yaml", "--set",
+        "run.dir=" + dir, "--set", "train.steps=60", "--set", "train.log_every=1", "--set", "train.eval_every=0",
+        "--set", "checkpoint.interval=10", "--set", "checkpoint.mode=async", "--set", "dist.stop_grace_s=3"};
+  };
+  std::string joined;
+  for (const std::string& a : args(full)) joined += a + " ";
+  Result a = run(joined);
+  ASSERT_EQ(a.status, 0) << a.output;
+
+  std::vector<std::string> restart_args = args(faulted);
+  restart_args.push_back("--max-restarts=1");
+  StreamedRun b("train", restart_args);
+  std::string out, line;
+  pid_t killed = -1;
+  int64_t newest_commit = -1;  // before the restart
+  size_t restart_at = std::string::npos;
+  while (b.next_line(line)) {
+    out += line + "\n";
+    const size_t commit = line.find("checkpoint step ");
+    if (restart_at == std::string::npos && commit != std::string::npos &&
+        line.find(" committed ") != std::string::npos) {
+      newest_commit = std::atoll(line.c_str() + commit + 16);
+    }
+    if (killed < 0 && newest_commit >= 10) {
+      killed = child_with_rank(b.pid(), 1);
+      ASSERT_GT(killed, 0) << "no rank 1 under the launcher\n" << out;
+      ASSERT_EQ(kill(killed, SIGKILL), 0);
+    }
+    if (restart_at == std::string::npos && line.find("restarting the group") != std::string::npos) {
+      restart_at = out.size() - line.size() - 1;
+    }
+  }
+  const int status = b.wait();
+  ASSERT_EQ(status, 0) << out;
+  ASSERT_GT(killed, 0) << "the run never committed step 10\n" << out;
+  EXPECT_NE(out.find("launcher: rank 1 killed by signal 9 (SIGKILL); restarting the group (restart 1 of 1)"),
+            std::string::npos)
+      << out;
+  ASSERT_NE(restart_at, std::string::npos) << out;
+  const std::string before = out.substr(0, restart_at), after = out.substr(restart_at);
+  EXPECT_NE(after.find("shardkit: world 2 (train --nproc, restart 1)"), std::string::npos) << after;
+  EXPECT_NE(after.find("resumed from " + faulted + "/checkpoints/step_" + std::to_string(newest_commit) + " "),
+            std::string::npos)
+      << "not resumed from the newest commit, step " << newest_commit << "\n" << after;
+  EXPECT_NE(out.find("finished at step 60"), std::string::npos) << out;
+  // The first attempt probed direct_io and remembered it; the restarted
+  // ranks reused it.
+  EXPECT_NE(before.find("checkpoint.direct_io auto: "), std::string::npos) << before;
+  EXPECT_EQ(before.find("probe of an earlier process of this run, reused from"), std::string::npos) << before;
+  EXPECT_NE(after.find("probe of an earlier process of this run, reused from " + faulted + "/.direct_io_probes"),
+            std::string::npos)
+      << after;
+  EXPECT_TRUE(fs::exists(faulted + "/.direct_io_probes"));
+  // One start-up record per attempt.
+  std::vector<int> startups;
+  std::ifstream metrics(faulted + "/metrics.jsonl");
+  for (std::string l; std::getline(metrics, l);) {
+    const auto j = nlohmann::json::parse(l);
+    if (j.value("event", "") != "startup") continue;
+    startups.push_back(j["restart"].get<int>());
+    for (const char* key : {"startup_s", "load_s", "rendezvous_s", "groups_s", "model_s", "data_s", "checkpoint_s",
+                            "resume_s", "other_s"}) {
+      EXPECT_GE(j.at(key).get<double>(), 0) << l;
+    }
+  }
+  EXPECT_EQ(startups, (std::vector<int>{0, 1}));
+  EXPECT_NE(after.find("shardkit: startup "), std::string::npos) << after;
+
+  const auto want = losses(full), got = losses(faulted);
+  ASSERT_EQ(want.size(), 60u);
+  ASSERT_EQ(got.size(), 60u);
+  for (int64_t s = 1; s <= 60; ++s) EXPECT_EQ(got.at(s), want.at(s)) << "step " << s << " is not bit-identical";
+  fs::remove_all(full);
+  fs::remove_all(faulted);
 }
