@@ -22,7 +22,7 @@ std::string llama_config_json(const ModelOptions& o, const std::string& torch_dt
   j["num_hidden_layers"] = o.n_layers;
   j["num_attention_heads"] = o.n_heads;
   j["num_key_value_heads"] = o.n_kv_heads > 0 ? o.n_kv_heads : o.n_heads;
-  j["head_dim"] = o.d_model / o.n_heads;
+  j["head_dim"] = llama_head_dim(o);
   j["vocab_size"] = o.vocab_size;
   j["max_position_embeddings"] = o.seq_len;
   j["rms_norm_eps"] = o.norm_eps;
@@ -83,10 +83,13 @@ std::vector<HfConfigValue> read_llama_config_json(const std::string& text) {
   };
   const int64_t hidden = integer(j, "hidden_size");
   const int64_t heads = integer(j, "num_attention_heads");
-  if (j.contains("head_dim") && j["head_dim"].is_number_integer() && heads > 0 &&
-      j["head_dim"].get<int64_t>() * heads != hidden) {
-    unsupported("head_dim " + std::to_string(j["head_dim"].get<int64_t>()) +
-                " is not hidden_size / num_attention_heads");
+  // head_dim: model.head_dim when it is not hidden_size / num_attention_heads
+  // (Qwen3-MoE's released models), else 0, which means that width.
+  int64_t head_dim = 0;
+  if (j.contains("head_dim") && !j["head_dim"].is_null()) {
+    head_dim = integer(j, "head_dim");
+    if (head_dim <= 0) refuse_json("head_dim is " + std::to_string(head_dim) + "; it must be positive");
+    if (heads > 0 && hidden % heads == 0 && head_dim == hidden / heads) head_dim = 0;
   }
   const bool has_kv = j.contains("num_key_value_heads") && !j["num_key_value_heads"].is_null();
   std::vector<HfConfigValue> out = {
@@ -94,6 +97,7 @@ std::vector<HfConfigValue> read_llama_config_json(const std::string& text) {
       {"model.d_model", hidden, "hidden_size"},
       {"model.n_heads", heads, "num_attention_heads"},
       {"model.n_kv_heads", has_kv ? integer(j, "num_key_value_heads") : heads, "num_key_value_heads"},
+      {"model.head_dim", head_dim, "head_dim"},
       {"model.n_layers", integer(j, "num_hidden_layers"), "num_hidden_layers"},
       {"model.d_ff", integer(j, "intermediate_size"), "intermediate_size"},
       {"model.vocab_size", integer(j, "vocab_size"), "vocab_size"},

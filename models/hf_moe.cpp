@@ -216,9 +216,10 @@ std::string mixtral_config_json(const ModelOptions& o, const std::string& torch_
   return dump(j);
 }
 
-// Qwen3MoeForCausalLM: the llama's fields (head_dim must be hidden_size /
-// num_attention_heads), q/k norm, and the experts; decoder_sparse_step 1
-// and a prefix mlp_only_layers only.
+// Qwen3MoeForCausalLM: the llama's fields (head_dim among them, which the
+// released models set apart from hidden_size / num_attention_heads), q/k
+// norm, and the experts; decoder_sparse_step 1 and a prefix mlp_only_layers
+// only.
 std::vector<HfConfigValue> read_qwen3_moe_config_json(const std::string& text) {
   const Fields f(text);
   if (f.integer("decoder_sparse_step", 1) != 1) {

@@ -157,7 +157,7 @@ torch::Tensor ProjectionImpl::forward(const torch::Tensor& x) {
 }
 
 torch::Tensor rope_inverse_frequencies(const ModelOptions& o) {
-  const int64_t head_dim = o.d_model / o.n_heads;
+  const int64_t head_dim = llama_head_dim(o);
   torch::Tensor exponents = torch::arange(0, head_dim, 2, torch::kFloat) / static_cast<double>(head_dim);
   torch::Tensor inv_freq = 1.0 / torch::pow(torch::full({}, o.rope_theta, torch::kFloat), exponents);
   const RopeScalingOptions& s = o.rope_scaling;
@@ -184,7 +184,7 @@ torch::Tensor apply_rotary(const torch::Tensor& x, const RotaryTables& rope) {
 LlamaAttentionImpl::LlamaAttentionImpl(const ModelOptions& o, bool materialize)
     : n_heads_(o.n_heads),
       n_kv_heads_(o.n_kv_heads > 0 ? o.n_kv_heads : o.n_heads),
-      head_dim_(o.d_model / o.n_heads) {
+      head_dim_(llama_head_dim(o)) {
   q_proj_ = register_module("q_proj", Projection(o.d_model, n_heads_ * head_dim_, materialize));
   k_proj_ = register_module("k_proj", Projection(o.d_model, n_kv_heads_ * head_dim_, materialize));
   v_proj_ = register_module("v_proj", Projection(o.d_model, n_kv_heads_ * head_dim_, materialize));

@@ -13,6 +13,8 @@
 //   model.layers.N.mlp.{gate,up,down}_proj.weight   [d_ff, d] / [d, d_ff]
 //   model.norm.weight                               [d_model]
 //   lm_head.weight                                  [vocab, d_model] (absent when tied)
+// hd is model.head_dim, or d_model / n_heads when 0 (llama_head_dim): heads
+// * hd need not be d_model (Qwen3-MoE's released models).
 // Rotary layout: Hugging Face's rotate-half (the first and second halves of
 // each head's dimensions form the rotated pairs), not Meta's interleaved
 // pairs; Meta's original checkpoints need HF's q/k permutation on import.

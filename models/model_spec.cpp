@@ -60,16 +60,16 @@ namespace {
 
 // ---------------------------------------------------------------- every kind
 
-// 6 x the parameters that multiply + 12 x layers x d_model x seq_len
-// (attention's scores and weighted sum, forward and backward): PaLM's
-// estimate, as torchtitan counts it. `lookup`: embedding parameters that
-// are looked up, not multiplied (a tied output projection multiplies them).
+// 6 x the parameters that multiply + 12 x layers x attention width x
+// seq_len (attention's scores and weighted sum, forward and backward; the
+// width is n_heads x head_dim, PaLM's H x Q): PaLM's estimate, as torchtitan
+// counts it. `lookup`: embedding parameters that are looked up, not
+// multiplied (a tied output projection multiplies them). `attention_width`
+// 0: no attention.
 double palm_flops_per_token(const ModelOptions& o, double parameters, double lookup,
-                            bool attention) {
+                            double attention_width) {
   const double matmul = parameters - lookup;
-  const double attn = attention ? 12.0 * static_cast<double>(o.n_layers) *
-                                      static_cast<double>(o.d_model) * static_cast<double>(o.seq_len)
-                                : 0.0;
+  const double attn = 12.0 * static_cast<double>(o.n_layers) * attention_width * static_cast<double>(o.seq_len);
   return 6.0 * matmul + attn;
 }
 
@@ -136,7 +136,7 @@ ModelSpec stacked_spec(bool gpt) {
     // multiplies the token embedding.
     const double lookup = static_cast<double>(o.seq_len) * d +
                           (o.tie_weights ? 0.0 : static_cast<double>(o.vocab_size) * d);
-    return palm_flops_per_token(o, stacked_size(o, gpt).parameters, lookup, gpt);
+    return palm_flops_per_token(o, stacked_size(o, gpt).parameters, lookup, gpt ? d : 0.0);
   };
   spec.embeds_parameter = [](const std::string& name) {
     return name.rfind("tok_emb.", 0) == 0 || name.rfind("pos_emb.", 0) == 0;
@@ -163,16 +163,19 @@ ModelSize llama_size(const ModelOptions& o) {
   const double d = static_cast<double>(o.d_model);
   const double v = static_cast<double>(o.vocab_size);
   const double s = static_cast<double>(o.seq_len);
-  const double hd = d / static_cast<double>(o.n_heads);
+  const double hd = static_cast<double>(llama_head_dim(o));
+  const double q = static_cast<double>(llama_attention_width(o));  // n_heads * head_dim
   const double kv = static_cast<double>(o.n_kv_heads > 0 ? o.n_kv_heads : o.n_heads) * hd;
   const double ff = static_cast<double>(llama_d_ff(o));
-  const double attention = 2 * d + (d * d + 2 * d * kv + d * d) + (o.qk_norm ? 2 * hd : 0);
+  const double attention = 2 * d + (d * q + 2 * d * kv + q * d) + (o.qk_norm ? 2 * hd : 0);
   double block = attention + 3 * d * ff;
   // norms, q k v (rotated and repeated), scores and softmax (per head, per
   // key; the matmul path), attention out, projections, the SwiGLU's gate,
-  // up, activation and product, residuals
-  double block_acts = 12 * d + 4 * ff + 2 * static_cast<double>(o.n_heads) * s;
-  double largest_parameter = d * ff;
+  // up, activation and product, residuals: the q/k/v and attention-out
+  // ones are q wide (n_heads * head_dim), the rest d_model
+  const double attention_acts = 6 * d + 6 * q + 2 * static_cast<double>(o.n_heads) * s;
+  double block_acts = attention_acts + 4 * ff;
+  double largest_parameter = std::max(d * ff, d * q);
   if (o.moe.num_experts > 0) {
     // A mixture of experts: the router, every expert, the shared ones; each
     // token's rows are copied k times into the experts (input, SwiGLU
@@ -181,7 +184,7 @@ ModelSize llama_size(const ModelOptions& o) {
     const double fe = static_cast<double>(moe_expert_d_ff(o));
     const double shared = static_cast<double>(o.moe.num_shared_experts) * fe;
     block = std::max(block, attention + E * d + E * 3 * d * fe + 3 * d * shared);
-    block_acts = std::max(block_acts, 12 * d + k * (2 * d + 4 * fe) + 4 * shared + 3 * E);
+    block_acts = std::max(block_acts, attention_acts + k * (2 * d + 4 * fe) + 4 * shared + 3 * E);
     largest_parameter = std::max(largest_parameter, E * d * fe);
   }
   const double rest = v * d + d + (o.tie_weights ? 0 : d * v);
@@ -212,7 +215,8 @@ ModelSpec llama_spec() {
   spec.flops_per_token = [](const ModelOptions& o) {
     const double embedding = static_cast<double>(o.vocab_size) * static_cast<double>(o.d_model);
     // A mixture of experts multiplies by its active parameters only.
-    return palm_flops_per_token(o, llama_size(o).active_parameters, o.tie_weights ? 0.0 : embedding, true);
+    return palm_flops_per_token(o, llama_size(o).active_parameters, o.tie_weights ? 0.0 : embedding,
+                                static_cast<double>(llama_attention_width(o)));
   };
   spec.tp_plan = llama_tp_plan();
   spec.embeds_parameter = [](const std::string& name) { return name.rfind("model.embed_tokens.", 0) == 0; };

@@ -201,9 +201,10 @@ std::vector<MoeFeedForwardImpl*> moe_layers(torch::nn::Module& root) {
 
 ParameterCounts llama_parameter_counts(const ModelOptions& o) {
   const double d = static_cast<double>(o.d_model);
-  const double hd = d / static_cast<double>(o.n_heads);
+  const double hd = static_cast<double>(llama_head_dim(o));
+  const double q = static_cast<double>(llama_attention_width(o));
   const double kv = static_cast<double>(o.n_kv_heads > 0 ? o.n_kv_heads : o.n_heads) * hd;
-  const double attn = d * d * 2 + 2 * d * kv + (o.qk_norm ? 2 * hd : 0);
+  const double attn = d * q * 2 + 2 * d * kv + (o.qk_norm ? 2 * hd : 0);
   const double norms = 2 * d;
   const double dense_mlp = 3 * d * static_cast<double>(llama_d_ff(o));
   const double embed = static_cast<double>(o.vocab_size) * d;

@@ -13,6 +13,12 @@ int64_t llama_d_ff(const ModelOptions& o) {
   return (hidden + 255) / 256 * 256;
 }
 
+int64_t llama_head_dim(const ModelOptions& o) {
+  return o.head_dim > 0 ? o.head_dim : o.d_model / o.n_heads;
+}
+
+int64_t llama_attention_width(const ModelOptions& o) { return o.n_heads * llama_head_dim(o); }
+
 int64_t moe_expert_d_ff(const ModelOptions& o) { return o.moe.d_ff > 0 ? o.moe.d_ff : llama_d_ff(o); }
 
 namespace {
@@ -38,12 +44,14 @@ void check_sizes(const ModelOptions& o, const KeyNamer& name) {
     refuse(name("model.d_ff", text(o.d_ff)) + " must be >= 0 (0: the kind's default)");
 }
 
-// gpt and llama: d_model split into whole heads.
-void check_heads(const ModelOptions& o, const KeyNamer& name) {
+// gpt and llama: d_model split into whole heads (`head_dim` 0), or heads
+// of their own width (llama's model.head_dim).
+void check_heads(const ModelOptions& o, const KeyNamer& name, int64_t head_dim = 0) {
   if (o.n_heads <= 0) refuse(name("model.n_heads", text(o.n_heads)) + " must be positive");
-  if (o.d_model % o.n_heads != 0)
+  if (head_dim == 0 && o.d_model % o.n_heads != 0)
     refuse(name("model.d_model", text(o.d_model)) + " must be divisible by " +
-           name("model.n_heads", text(o.n_heads)) + " for model.kind " + o.kind);
+           name("model.n_heads", text(o.n_heads)) + " for model.kind " + o.kind +
+           (o.kind == "llama" ? " (or set model.head_dim)" : ""));
 }
 
 void check_gpt(const ModelOptions& o, int64_t, const KeyNamer& name) { check_heads(o, name); }
@@ -82,7 +90,9 @@ void check_moe(const ModelOptions& o, const KeyNamer& name) {
 }
 
 void check_llama(const ModelOptions& o, int64_t tensor, const KeyNamer& name) {
-  check_heads(o, name);
+  if (o.head_dim < 0)
+    refuse(name("model.head_dim", text(o.head_dim)) + " must be >= 0 (0: model.d_model / model.n_heads)");
+  check_heads(o, name, o.head_dim);
   check_moe(o, name);
   const std::string heads = name("model.n_heads", text(o.n_heads));
   const std::string kv_heads = name("model.n_kv_heads", text(o.n_kv_heads));
@@ -91,7 +101,10 @@ void check_llama(const ModelOptions& o, int64_t tensor, const KeyNamer& name) {
   if (o.n_heads % kv != 0)
     refuse(heads + " must be divisible by " + kv_heads +
            " (each key/value head serves a whole group of query heads)");
-  if ((o.d_model / o.n_heads) % 2 != 0)
+  if (o.head_dim > 0 && o.head_dim % 2 != 0)
+    refuse(name("model.head_dim", text(o.head_dim)) +
+           " must be even for llama (rotary embeddings rotate pairs of dimensions)");
+  if (o.head_dim == 0 && (o.d_model / o.n_heads) % 2 != 0)
     refuse(name("model.d_model", text(o.d_model)) + " / " + heads +
            " must be even for llama (rotary embeddings rotate pairs of dimensions)");
   if (o.rope_theta <= 0) refuse(name("model.rope_theta", text(o.rope_theta)) + " must be positive");
@@ -167,12 +180,15 @@ std::vector<std::string> lora_targets(const LoraOptions& options) {
 double lora_parameter_count(const ModelOptions& o) {
   if (o.lora.rank <= 0 || o.kind != "llama") return 0;
   const double d = static_cast<double>(o.d_model);
-  const double hd = d / static_cast<double>(o.n_heads);
+  const double hd = static_cast<double>(llama_head_dim(o));
+  const double q = static_cast<double>(llama_attention_width(o));
   const double kv = static_cast<double>(o.n_kv_heads > 0 ? o.n_kv_heads : o.n_heads) * hd;
   const double ff = static_cast<double>(llama_d_ff(o));
   double per_layer = 0;
   for (const std::string& t : lora_targets(o.lora)) {
     double in = d, out = d;
+    if (t == "q_proj") out = q;
+    if (t == "o_proj") in = q;
     if (t == "k_proj" || t == "v_proj") out = kv;
     if (t == "gate_proj" || t == "up_proj") out = ff;
     if (t == "down_proj") in = ff;

@@ -98,6 +98,10 @@ struct ModelOptions {
   // llama: key/value heads of grouped-query attention; 0: n_heads. Must
   // divide n_heads.
   int64_t n_kv_heads = 0;
+  // llama: each attention head's width; 0: d_model / n_heads. Qwen3-MoE's
+  // released models set it otherwise (Qwen3-30B-A3B: d_model 2048, 32
+  // heads of 128), so q/k/v/o are not square in d_model.
+  int64_t head_dim = 0;
   // 0: 4 * d_model (gpt, mlp); llama: 8/3 * d_model rounded up to a
   // multiple of 256, as Llama's multiple_of.
   int64_t d_ff = 0;
@@ -134,6 +138,12 @@ double lora_parameter_count(const ModelOptions& options);
 // The d_ff a llama of these options uses (model.d_ff, or its default).
 int64_t llama_d_ff(const ModelOptions& options);
 
+// Each attention head's width a llama of these options uses
+// (model.head_dim, or d_model / n_heads), and the width of its queries and
+// attention output (n_heads * head_dim: q_proj's rows, o_proj's columns).
+int64_t llama_head_dim(const ModelOptions& options);
+int64_t llama_attention_width(const ModelOptions& options);
+
 // Names a key in a model error: `key` and `value` give "model.n_heads (4)"
 // by default; the config's namer adds where the value came from
 // ("model.n_heads (4, configs/x.yaml:7)").
@@ -147,7 +157,8 @@ using ModelCheck =
 
 // The rules of options.kind, in one place for the config (at load, naming
 // where each value came from) and for make_model: every kind's sizes are
-// positive; gpt and llama split d_model into whole heads; llama's key/value
+// positive; gpt and llama split d_model into whole heads (llama: unless
+// model.head_dim sets their width); llama's key/value
 // heads divide its query heads, its head dimension is even (rotary pairs),
 // its rope_scaling frequencies are ordered, and with tensor > 1 every rank
 // holds whole heads of an untied model. Then the check the kind was

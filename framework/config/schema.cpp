@@ -166,10 +166,16 @@ std::vector<Key> build_schema() {
       {SHARDKIT_CONFIG_FIELD(model.d_model), at_least(1), "Hidden width."},
       {SHARDKIT_CONFIG_FIELD(model.n_layers), at_least(1), "Number of blocks."},
       {SHARDKIT_CONFIG_FIELD(model.n_heads), at_least(1),
-       "Attention heads (gpt, llama); must divide model.d_model."},
+       "Attention heads (gpt, llama); must divide model.d_model (llama: unless model.head_dim is "
+       "set)."},
       {SHARDKIT_CONFIG_FIELD(model.n_kv_heads), at_least(0),
        "llama: key/value heads (grouped-query attention); must divide model.n_heads; 0: "
        "model.n_heads."},
+      {SHARDKIT_CONFIG_FIELD(model.head_dim), at_least(0),
+       "llama: each attention head's width (q_proj [n_heads * head_dim, d_model], k_proj and "
+       "v_proj [n_kv_heads * head_dim, d_model], o_proj [d_model, n_heads * head_dim]; RoPE and "
+       "q/k norm over it); must be even. 0: model.d_model / model.n_heads. Hugging Face's "
+       "head_dim (Qwen3-30B-A3B: 128 with d_model 2048 and 32 heads)."},
       {SHARDKIT_CONFIG_FIELD(model.d_ff), at_least(0),
        "MLP inner width; 0: 4 * d_model (gpt, mlp), or 8/3 * d_model rounded up to a multiple "
        "of 256 (llama)."},

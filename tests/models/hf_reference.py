@@ -50,17 +50,16 @@ def read_tensors(d):
 
 
 def model_args(cfg):
-    """ModelArgs from config.json's fields; raises ValueError for what the
-    reference cannot be (another model type, sparse steps, a head_dim of its
-    own)."""
+    """ModelArgs from config.json's fields (head_dim, as Hugging Face's
+    attention reads it, when present); raises ValueError for what the
+    reference cannot be (another model type, sparse steps)."""
     kind = cfg.get("model_type")
     if kind not in ARCHITECTURES:
         raise ValueError("model_type %r: not one of %s" % (kind, sorted(ARCHITECTURES)))
     if cfg.get("architectures") != [ARCHITECTURES[kind]]:
         raise ValueError("architectures %r for model_type %s" % (cfg.get("architectures"), kind))
     hidden, heads = cfg["hidden_size"], cfg["num_attention_heads"]
-    if cfg.get("head_dim") not in (None, hidden // heads):
-        raise ValueError("head_dim %s is not hidden_size / num_attention_heads" % cfg["head_dim"])
+    head_dim = cfg.get("head_dim") or hidden // heads
     rs = cfg.get("rope_scaling")
     rope_scaling = None
     if rs:
@@ -91,7 +90,7 @@ def model_args(cfg):
                          cfg["num_hidden_layers"], heads, cfg.get("num_key_value_heads") or heads, d_ff,
                          cfg.get("rope_theta", 10000.0), cfg.get("rms_norm_eps", 1e-6),
                          cfg.get("tie_word_embeddings", False), rope_scaling,
-                         qk_norm=(kind == "qwen3_moe"), moe=moe)
+                         qk_norm=(kind == "qwen3_moe"), moe=moe, head_dim=head_dim)
 
 
 def reference_names(tensors, kind, args):
@@ -134,7 +133,7 @@ def write_hf_dir(d, model, swap_experts=False):
     kind = "llama" if not a.moe.enabled else ("qwen3_moe" if a.qk_norm else "mixtral")
     cfg = {"architectures": [ARCHITECTURES[kind]], "model_type": kind, "hidden_size": a.d_model,
            "intermediate_size": a.d_ff, "num_hidden_layers": a.n_layers, "num_attention_heads": a.n_heads,
-           "num_key_value_heads": a.n_kv_heads, "head_dim": a.d_model // a.n_heads, "vocab_size": a.vocab_size,
+           "num_key_value_heads": a.n_kv_heads, "head_dim": a.head_dim, "vocab_size": a.vocab_size,
            "max_position_embeddings": a.seq_len, "rms_norm_eps": a.norm_eps, "rope_theta": a.rope_theta,
            "tie_word_embeddings": a.tie_weights, "rope_scaling": None, "torch_dtype": "float32"}
     if float(a.rope_scaling.get("factor", 0) or 0) > 0:

@@ -79,6 +79,7 @@ nlohmann::json settings(const Config& cfg) {
             {"n_layers", m.n_layers},
             {"n_heads", m.n_heads},
             {"n_kv_heads", m.n_kv_heads > 0 ? m.n_kv_heads : m.n_heads},
+            {"head_dim", models::llama_head_dim(m)},
             {"d_ff", models::llama_d_ff(m)},
             {"rope_theta", m.rope_theta},
             {"norm_eps", m.norm_eps},

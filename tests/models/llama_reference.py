@@ -27,13 +27,16 @@ IGNORE_INDEX = -100
 class ModelArgs:
     def __init__(self, vocab_size, seq_len, d_model, n_layers, n_heads, n_kv_heads,
                  d_ff, rope_theta=10000.0, norm_eps=1e-5, tie_weights=False,
-                 rope_scaling=None, lora=None, qk_norm=False, moe=None):
+                 rope_scaling=None, lora=None, qk_norm=False, moe=None, head_dim=None):
         self.vocab_size = int(vocab_size)
         self.seq_len = int(seq_len)
         self.d_model = int(d_model)
         self.n_layers = int(n_layers)
         self.n_heads = int(n_heads)
         self.n_kv_heads = int(n_kv_heads) if n_kv_heads else int(n_heads)
+        # Each head's width: Hugging Face's config.head_dim, which Qwen3-MoE
+        # sets apart from d_model / n_heads; None or 0: that quotient.
+        self.head_dim = int(head_dim) if head_dim else self.d_model // self.n_heads
         self.d_ff = int(d_ff)
         self.rope_theta = float(rope_theta)
         self.norm_eps = float(norm_eps)
@@ -52,7 +55,7 @@ class ModelArgs:
         return cls(m["vocab_size"], m["seq_len"], m["d_model"], m["n_layers"], m["n_heads"],
                    m.get("n_kv_heads") or m["n_heads"], m["d_ff"], m.get("rope_theta", 10000.0),
                    m.get("norm_eps", 1e-5), m.get("tie_weights", False), m.get("rope_scaling"),
-                   m.get("lora"), m.get("qk_norm", False), m.get("moe"))
+                   m.get("lora"), m.get("qk_norm", False), m.get("moe"), m.get("head_dim"))
 
 
 class RMSNorm(nn.Module):
@@ -68,7 +71,7 @@ class RMSNorm(nn.Module):
 
 
 def rope_inv_freq(args):
-    hd = args.d_model // args.n_heads
+    hd = args.head_dim
     inv_freq = 1.0 / (args.rope_theta ** (torch.arange(0, hd, 2).float() / hd))
     rs = args.rope_scaling
     factor = float(rs.get("factor", 0.0) or 0.0)
@@ -140,7 +143,7 @@ class Attention(nn.Module):
     def __init__(self, args):
         super().__init__()
         self.args = args
-        self.hd = args.d_model // args.n_heads
+        self.hd = args.head_dim
         self.q_proj = linear(args, "q_proj", args.d_model, args.n_heads * self.hd)
         self.k_proj = linear(args, "k_proj", args.d_model, args.n_kv_heads * self.hd)
         self.v_proj = linear(args, "v_proj", args.d_model, args.n_kv_heads * self.hd)

@@ -11,7 +11,7 @@ its per-step losses / grad norms / learning rates. The reference loads the same
 weights, replays the same batches with torch.optim.AdamW and the same schedule,
 and every quantity is compared within a stated tolerance. Exit 1 on any mismatch.
 
-Mixture-of-experts cases (m, x, v, w) also compare the experts the initial
+Mixture-of-experts cases (m, x, v, w, q) also compare the experts the initial
 model routes the probe tokens to (probe_routes.bin, int64 [n_moe_layers,
 2 * seq_len, top_k]) and every parameter after the steps (final.safetensors),
 the DeepSeek-V3 balancing bias included.
@@ -19,7 +19,7 @@ the DeepSeek-V3 balancing bias included.
 Every case but LoRA's also checks the Hugging Face export of the final
 weights (final_hf/, as ckpt export --format hf writes it): the reference
 loads it by Hugging Face's tensor names and config.json fields alone
-(hf_reference.py: LlamaForCausalLM, Qwen3MoeForCausalLM for m, Mixtral for
+(hf_reference.py: LlamaForCausalLM, Qwen3MoeForCausalLM for m and q, Mixtral for
 x), and its logits for the probe must be ours after the steps; for v and w,
 which neither MoE format expresses, the export must have been refused in one
 line naming the model.moe key.
@@ -157,6 +157,13 @@ CASES = [
      dict(MOE_BASE, **{"model.moe.top_k": 3, "model.moe.d_ff": 24, "model.moe.score_func": "sigmoid",
                        "model.moe.route_scale": 2.5, "model.moe.num_shared_experts": 1,
                        "model.moe.first_dense_layers": 1, "model.moe.load_balance_rate": 0.001}), MOE_TOL),
+    # Qwen3-30B-A3B's attention shape: head_dim set apart from d_model /
+    # n_heads (2048 / 32 = 64 there, head_dim 128), so q_proj and o_proj are
+    # [n_heads * head_dim, d_model] and [d_model, n_heads * head_dim], and
+    # RoPE and the q/k norms run over head_dim. Its gradient norms (~0.8)
+    # stay under the base's clip of 1, so clip at 0.5 to exercise it.
+    ("q", "fp32, case m with head_dim 16 apart from d_model 32 / n_heads 4",
+     dict(MOE_M, **{"model.d_model": 32, "model.head_dim": 16, "train.grad_clip": 0.5}), MOE_TOL),
     ("w", "fp32, case m with micro_batch_size 2, activation_checkpointing full, bias balancing 0.01",
      dict(MOE_M, **{"train.micro_batch_size": 2, "model.activation_checkpointing": "full",
                     "model.moe.load_balance_rate": 0.01}), MOE_TOL),
@@ -393,6 +400,9 @@ def check_hf(t, run, pdt, tol):
         return
     t.check(cfg["model_type"] == kind, "Hugging Face format", "model_type %s (expected %s), architectures %s"
             % (cfg["model_type"], kind, cfg.get("architectures")))
+    want_hd = res["model"].get("head_dim")
+    t.check(want_hd is None or cfg.get("head_dim") == want_hd, "Hugging Face head_dim",
+            "config.json head_dim %s (expected %s)" % (cfg.get("head_dim"), want_hd))
     ours = run["final_probe_logits"]
     theirs = ref.probe_logits(model, run["probe_tokens"], pdt)
     d = float((ours.double() - theirs.double()).abs().max())
@@ -552,6 +562,7 @@ def fake_run(d, sets, perturb=None):
     "norm" (grad norms x 1.001), and for MoE "route" (one probe token's
     first expert replaced), "aux" (trained without the aux loss),
     "balance" (the bias never moved), "bias" (a final bias off by 1e-5),
+    "head_dim" (final_hf/config.json without its head_dim),
     "loads" (one choice moved between experts in result.json's expert_loads),
     "hf" (experts 0 and 1 of the first MoE layer swapped in final_hf/)."""
     os.makedirs(d, exist_ok=True)
@@ -560,6 +571,7 @@ def fake_run(d, sets, perturb=None):
     m = {"vocab_size": int(g("model.vocab_size")), "seq_len": int(g("model.seq_len")),
          "d_model": int(g("model.d_model")), "n_layers": int(g("model.n_layers")),
          "n_heads": int(g("model.n_heads")), "n_kv_heads": int(g("model.n_kv_heads")),
+         "head_dim": int(sets.get("model.head_dim", 0)) or int(g("model.d_model")) // int(g("model.n_heads")),
          "d_ff": int(g("model.d_ff")), "rope_theta": float(g("model.rope_theta")),
          "norm_eps": float(g("model.norm_eps")), "tie_weights": truthy(g("model.tie_weights")),
          "rope_scaling": {"factor": float(sets.get("model.rope_scaling.factor", 0)),
@@ -634,6 +646,13 @@ def fake_run(d, sets, perturb=None):
     elif args.lora_rank == 0:
         import hf_reference as hf_ref
         hf_ref.write_hf_dir(os.path.join(d, "final_hf"), model, swap_experts=(perturb == "hf"))
+        if perturb == "head_dim":  # config.json without head_dim: Hugging Face reads hidden / heads
+            path = os.path.join(d, "final_hf", "config.json")
+            with open(path) as f:
+                cfg = json.load(f)
+            del cfg["head_dim"]
+            with open(path, "w") as f:
+                json.dump(cfg, f, indent=2)
     if perturb == "lr":
         lrs = [lr / 1.001 for lr in lrs]  # a wrong update, reported lrs right
     if perturb == "norm":
@@ -761,7 +780,7 @@ def self_test(workdir):
     cases = {c[0]: c for c in CASES}
     for perturb, case in (("logits", "a"), ("lr", "a"), ("norm", "a"),
                           ("route", "m"), ("aux", "m"), ("balance", "v"), ("bias", "v"), ("balance", "w"),
-                          ("loads", "x"), ("hf", "m"), ("hf", "x")):
+                          ("loads", "x"), ("hf", "m"), ("hf", "x"), ("head_dim", "q")):
         d = os.path.join(workdir, "self_bad_%s_%s" % (case, perturb))
         fake_run(d, cases[case][2], perturb)
         t = compare_run(case + "/" + perturb, ref.load_run(d), cases[case][3])

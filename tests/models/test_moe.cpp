@@ -150,6 +150,47 @@ TEST(MixtureOfExperts, FirstDenseLayersSharedExpertsAndQkNormHaveTheirParameters
   EXPECT_EQ(size.parameters - size.active_parameters, 2 * (6 - 2) * expert);
 }
 
+// model.head_dim apart from d_model / n_heads (Qwen3-MoE's released models):
+// q/k/v/o and the q/k norms take its width, and the size the memory
+// estimate, the banner and MFU use counts them so.
+TEST(MixtureOfExperts, AHeadDimOfItsOwnSizesTheAttentionAndItsCount) {
+  ModelOptions o = moe_options();
+  o.qk_norm = true;
+  o.head_dim = 6;  // d_model 16 / 4 heads would be 4
+  auto model = moe_model(o);
+  auto params = model->named_parameters();
+  EXPECT_EQ(params["model.layers.0.self_attn.q_proj.weight"].sizes(), (std::vector<int64_t>{24, 16}));
+  EXPECT_EQ(params["model.layers.0.self_attn.k_proj.weight"].sizes(), (std::vector<int64_t>{12, 16}));
+  EXPECT_EQ(params["model.layers.0.self_attn.v_proj.weight"].sizes(), (std::vector<int64_t>{12, 16}));
+  EXPECT_EQ(params["model.layers.0.self_attn.o_proj.weight"].sizes(), (std::vector<int64_t>{16, 24}));
+  EXPECT_EQ(params["model.layers.0.self_attn.q_norm.weight"].sizes(), (std::vector<int64_t>{6}));
+  int64_t count = 0;
+  for (const auto& p : model->parameters()) count += p.numel();
+  EXPECT_EQ(static_cast<int64_t>(model_size(o).parameters), count);
+  torch::Tensor tokens = torch::randint(o.vocab_size, {2, o.seq_len}, torch::kLong);
+  EXPECT_EQ(model->forward(tokens).sizes(), (std::vector<int64_t>{2, o.seq_len, o.vocab_size}));
+
+  // Qwen3-30B-A3B (config.json): 30.5B parameters, 3.3B active, as released.
+  ModelOptions q;
+  q.kind = "llama";
+  q.vocab_size = 151936;
+  q.seq_len = 4096;
+  q.d_model = 2048;
+  q.n_layers = 48;
+  q.n_heads = 32;
+  q.n_kv_heads = 4;
+  q.head_dim = 128;
+  q.d_ff = 6144;
+  q.tie_weights = false;
+  q.qk_norm = true;
+  q.moe.num_experts = 128;
+  q.moe.top_k = 8;
+  q.moe.d_ff = 768;
+  const ModelSize qwen = model_size(q);
+  EXPECT_NEAR(qwen.parameters / 1e9, 30.53, 0.01);
+  EXPECT_NEAR(qwen.active_parameters / 1e9, 3.35, 0.01);
+}
+
 TEST(MixtureOfExperts, AuxiliaryLossReachesTheRouterAlsoThroughActivationCheckpointing) {
   ModelOptions o = moe_options();
   o.moe.aux_loss_coef = 0.5;

@@ -30,7 +30,7 @@ const std::vector<std::string> kAllKeys = {
     "train.mixed_precision.reduce_dtype",
     "profile.every", "profile.active", "profile.dir", "profile.memory_snapshot", "metrics.tensorboard",
     "model.kind", "model.vocab_size", "model.seq_len", "model.d_model", "model.n_layers",
-    "model.n_heads", "model.n_kv_heads", "model.d_ff", "model.tie_weights", "model.rope_theta",
+    "model.n_heads", "model.n_kv_heads", "model.head_dim", "model.d_ff", "model.tie_weights", "model.rope_theta",
     "model.norm_eps", "model.rope_scaling.factor", "model.rope_scaling.low_freq_factor",
     "model.rope_scaling.high_freq_factor", "model.rope_scaling.original_max_position",
     "model.activation_checkpointing", "model.activation_checkpointing_every",
@@ -117,6 +117,7 @@ Config non_default_config() {
   c.train.mixed_precision.reduce_dtype = framework::fsdp::PrecisionDtype::kBf16;
   c.model.kind = "mlp";
   c.model.n_kv_heads = 3;
+  c.model.head_dim = 24;
   c.model.rope_theta = 500000.0;
   c.model.norm_eps = 1e-6;
   c.model.rope_scaling.factor = 8.0;
@@ -721,6 +722,21 @@ TEST(Config, LlamaShapeAndBatchErrorsNameTheKeys) {
   EXPECT_NE(e.find("model.n_kv_heads (3"), std::string::npos) << e;
   e = parse_error("model:\n  kind: llama\n  d_model: 12\n  n_heads: 4\n");
   EXPECT_NE(e.find("must be even"), std::string::npos) << e;
+  // model.head_dim: heads of their own width; d_model need not divide then.
+  e = parse_error("model:\n  kind: llama\n  d_model: 30\n  n_heads: 4\n");
+  EXPECT_NE(e.find("model.d_model (30"), std::string::npos) << e;
+  EXPECT_NE(e.find("model.head_dim"), std::string::npos) << e;
+  e = parse_error("model:\n  kind: llama\n  head_dim: -8\n");
+  EXPECT_NE(e.find("model.head_dim"), std::string::npos) << e;
+  EXPECT_EQ(e.find('\n'), std::string::npos) << e;
+  e = parse_error("model:\n  kind: llama\n  head_dim: 7\n");
+  EXPECT_NE(e.find("model.head_dim (7"), std::string::npos) << e;
+  EXPECT_NE(e.find("must be even"), std::string::npos) << e;
+  const Config wide = parse_config("model:\n  kind: llama\n  d_model: 30\n  n_heads: 4\n  head_dim: 16\n", "x.yaml");
+  EXPECT_EQ(models::llama_attention_width(wide.model), 64);
+  e = parse_error("model:\n  kind: llama\n  d_model: 30\n  n_heads: 4\n  n_kv_heads: 2\n  head_dim: 16\n"
+                  "parallel:\n  tensor: 4\n");
+  EXPECT_NE(e.find("parallel.tensor (4"), std::string::npos) << e;
   e = parse_error("train:\n  global_batch_size: 8\n  micro_batch_size: 16\n");
   EXPECT_NE(e.find("train.micro_batch_size (16"), std::string::npos) << e;
   e = parse_error("train:\n  mixed_precision:\n    param_dtype: fp16\n");

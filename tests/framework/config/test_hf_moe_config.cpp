@@ -96,6 +96,7 @@ void expect_same_moe(const models::ModelOptions& got, const models::ModelOptions
   EXPECT_EQ(got.n_layers, want.n_layers) << what;
   EXPECT_EQ(got.n_heads, want.n_heads) << what;
   EXPECT_EQ(got.n_kv_heads, want.n_kv_heads) << what;
+  EXPECT_EQ(got.head_dim, want.head_dim) << what;
   EXPECT_EQ(got.vocab_size, want.vocab_size) << what;
   EXPECT_EQ(got.norm_eps, want.norm_eps) << what;
   EXPECT_EQ(got.rope_theta, want.rope_theta) << what;
@@ -158,6 +159,40 @@ TEST(HfMoeConfig, MixtralConfigJsonHasItsFieldsAndReadsBackAsTheSameModel) {
   expect_same_moe(hf_model_options(text, "mixtral"), o, "mixtral");
 }
 
+// Qwen3-30B-A3B's attention: 32 heads of 128 over hidden_size 2048, not
+// 2048 / 32. config.json's head_dim becomes model.head_dim and goes back out;
+// one that is hidden_size / num_attention_heads is the default, 0.
+TEST(HfMoeConfig, AHeadDimApartFromHiddenOverHeadsImportsAndExportsBack) {
+  nlohmann::json j = nlohmann::json::parse(config_json(qwen3_moe_like()));
+  j["head_dim"] = 16;  // hidden_size 32, 4 heads: 8 by division
+  models::ModelOptions o = hf_model_options(j.dump(), "qwen3 head_dim 16");
+  EXPECT_EQ(o.head_dim, 16);
+  EXPECT_EQ(models::llama_head_dim(o), 16);
+  EXPECT_EQ(models::llama_attention_width(o), 64);
+  EXPECT_EQ(nlohmann::json::parse(config_json(o))["head_dim"], 16);
+  models::ModelOptions want = qwen3_moe_like();
+  want.head_dim = 16;
+  expect_same_moe(hf_model_options(config_json(o), "back"), want, "qwen3 head_dim 16 back");
+
+  // hidden_size not divisible by num_attention_heads: only head_dim gives the width.
+  j["hidden_size"] = 30;
+  EXPECT_EQ(hf_model_options(j.dump(), "hidden 30").head_dim, 16);
+  j["hidden_size"] = 32;
+  j["head_dim"] = 8;
+  EXPECT_EQ(hf_model_options(j.dump(), "head_dim 8").head_dim, 0);
+  j.erase("head_dim");
+  EXPECT_EQ(hf_model_options(j.dump(), "no head_dim").head_dim, 0);
+
+  // The dense llama's LlamaForCausalLM takes it the same way.
+  models::ModelOptions dense = qwen3_moe_like();
+  dense.moe.num_experts = 0;
+  dense.qk_norm = false;
+  dense.head_dim = 12;
+  const std::string dense_json = config_json(dense);
+  EXPECT_EQ(nlohmann::json::parse(dense_json)["head_dim"], 12);
+  EXPECT_EQ(hf_model_options(dense_json, "llama head_dim 12").head_dim, 12);
+}
+
 // Hugging Face trains with router_aux_loss_coef only when
 // output_router_logits is set (Qwen3-30B-A3B ships 0.001 and false).
 TEST(HfMoeConfig, TheAuxLossCoefficientCountsOnlyWithOutputRouterLogits) {
@@ -212,7 +247,8 @@ TEST(HfMoeConfig, UnsupportedConfigJsonFieldsAreRefusedInOneLineNamingThem) {
       {qwen, "decoder_sparse_step", 2},
       {qwen, "mlp_only_layers", nlohmann::json({1})},
       {qwen, "mlp_only_layers", nlohmann::json({0, 2})},
-      {qwen, "head_dim", 16},  // Qwen3-30B-A3B's kind: not hidden_size / num_attention_heads
+      {qwen, "head_dim", 0},
+      {qwen, "head_dim", "wide"},
       {qwen, "use_sliding_window", true},
       {qwen, "attention_bias", true},
       {mixtral, "sliding_window", 4096},

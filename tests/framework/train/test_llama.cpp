@@ -691,6 +691,8 @@ TEST(LlamaMoeHuggingFace, ExportSplitsTheExpertsAndInitFromStacksThemBackBitForB
     cfg.model.moe.route_norm = !qwen3;  // Qwen3-MoE's norm_topk_prob may be false; Mixtral's never
     cfg.model.moe.first_dense_layers = qwen3 ? 1 : 0;
     cfg.model.moe.aux_loss_coef = 0.01;
+    // Qwen3-30B-A3B's kind of attention: heads of 16 where 32 / 4 would be 8.
+    cfg.model.head_dim = qwen3 ? 16 : 0;
     const std::map<std::string, torch::Tensor> trained = trainer_params(cfg, 2, true);
     const std::string step_dir = cfg.run.dir + "/checkpoints/step_2", hf = cfg.run.dir + "_hf";
     checkpoint::ExportOptions to_hf;
@@ -703,6 +705,11 @@ TEST(LlamaMoeHuggingFace, ExportSplitsTheExpertsAndInitFromStacksThemBackBitForB
     const nlohmann::json config = nlohmann::json::parse(config_file);
     EXPECT_EQ(config["model_type"], qwen3 ? "qwen3_moe" : "mixtral") << tag;
     const int64_t d = cfg.model.d_model, inner = 24;
+    const int64_t head_dim = qwen3 ? 16 : 8;
+    EXPECT_EQ(config["head_dim"], head_dim) << tag;
+    EXPECT_EQ(file.find("model.layers.0.self_attn.q_proj.weight")->shape, (std::vector<int64_t>{4 * head_dim, d})) << tag;
+    EXPECT_EQ(file.find("model.layers.0.self_attn.k_proj.weight")->shape, (std::vector<int64_t>{2 * head_dim, d})) << tag;
+    EXPECT_EQ(file.find("model.layers.0.self_attn.o_proj.weight")->shape, (std::vector<int64_t>{d, 4 * head_dim})) << tag;
     size_t experts_tensors = 0;
     for (int64_t layer = 0; layer < cfg.model.n_layers; ++layer) {
       const std::string at = "model.layers." + std::to_string(layer) + ".";
@@ -901,6 +908,21 @@ TEST(LlamaGeneration, KvCacheGivesTheLogitsOfAFullForwardAndTheSameTokens) {
         << "position " << t << ": " << (step - full.narrow(1, t, 1)).abs().max().item<double>();
   }
   EXPECT_EQ(cache.length, 16);
+  ASSERT_EQ(cache.k.at(0).size(3), 8);  // d_model 32 / 4 heads
+  {
+    // model.head_dim 12 apart from 32 / 4: the cache holds heads of 12.
+    auto wide_cfg = cfg.model;
+    wide_cfg.head_dim = 12;
+    wide_cfg.qk_norm = true;
+    auto wide = models::make_model(wide_cfg, true);
+    auto* wide_llama = dynamic_cast<models::LlamaModelImpl*>(wide.get());
+    torch::Tensor wide_full = wide->forward(tokens);
+    models::KvCache wide_cache;
+    torch::Tensor head = wide_llama->forward_cached(tokens.narrow(1, 0, 9), wide_cache);
+    torch::Tensor tail = wide_llama->forward_cached(tokens.narrow(1, 9, 7), wide_cache);
+    EXPECT_TRUE(torch::allclose(torch::cat({head, tail}, 1), wide_full, 1e-5, 1e-5));
+    EXPECT_EQ(wide_cache.k.at(0).sizes(), (std::vector<int64_t>{2, 2, 16, 12}));
+  }
   const std::vector<int64_t> prompt = {3, 1, 4, 1};
   models::SamplingOptions greedy;
   const auto cached = models::generate(*model, cfg.model.seq_len, prompt, 12, greedy);

@@ -422,6 +422,8 @@ TEST(TrainCli, MoeHuggingFaceRoundTripsGeneratesAndTrainsFromEitherForm) {
     std::ofstream(yaml) << "model:\n  kind: llama\n  vocab_size: 32\n  seq_len: 16\n  d_model: 32\n  n_layers: 3\n"
                            "  n_heads: 4\n  n_kv_heads: 2\n  d_ff: 48\n  qk_norm: "
                         << (qwen3 ? "true" : "false")
+                        // Qwen3-30B-A3B's kind of attention: heads of 12 where 32 / 4 is 8.
+                        << "\n  head_dim: " << (qwen3 ? 12 : 0)
                         << "\n  moe:\n    num_experts: 4\n    top_k: 2\n    d_ff: 24\n    route_norm: true\n"
                            "    first_dense_layers: "
                         << (qwen3 ? 1 : 0)
@@ -437,6 +439,7 @@ TEST(TrainCli, MoeHuggingFaceRoundTripsGeneratesAndTrainsFromEitherForm) {
     nlohmann::json config;
     std::ifstream(hf + "/config.json") >> config;
     EXPECT_EQ(config["architectures"][0], qwen3 ? "Qwen3MoeForCausalLM" : "MixtralForCausalLM");
+    EXPECT_EQ(config["head_dim"], qwen3 ? 12 : 8);
     const checkpoint::WeightsFile exported = checkpoint::WeightsFile::open(hf);
     EXPECT_NE(exported.find(qwen3 ? "model.layers.2.mlp.experts.3.down_proj.weight"
                                   : "model.layers.2.block_sparse_moe.experts.3.w2.weight"),
@@ -447,6 +450,9 @@ TEST(TrainCli, MoeHuggingFaceRoundTripsGeneratesAndTrainsFromEitherForm) {
     Result b = run_ckpt("export " + root + "/imported --format hf --out " + root + "/hf_back");
     ASSERT_EQ(b.status, 0) << b.output;
     const checkpoint::WeightsFile back = checkpoint::WeightsFile::open(root + "/hf_back");
+    nlohmann::json config_back;
+    std::ifstream(root + "/hf_back/config.json") >> config_back;
+    EXPECT_EQ(config_back["head_dim"], qwen3 ? 12 : 8);
     ASSERT_EQ(back.tensors().size(), exported.tensors().size());
     for (const checkpoint::WeightsTensorInfo& want : exported.tensors()) {
       const checkpoint::WeightsTensorInfo* got = back.find(want.name);
@@ -488,6 +494,16 @@ TEST(TrainCli, MoeHuggingFaceRoundTripsGeneratesAndTrainsFromEitherForm) {
         << r.output;
     EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << r.output;
     EXPECT_FALSE(fs::exists(root + "/hf_shared"));
+
+    // A bad model.head_dim, or none where d_model does not split into the heads.
+    for (const std::string& bad : {std::string("--set model.head_dim=-4"),
+                                   std::string("--set model.d_model=30 --set model.head_dim=0")}) {
+      Result h = run("--config " + yaml + " --set run.dir=" + root + "/bad_head_dim " + bad);
+      EXPECT_EQ(h.status, 2) << bad << ": " << h.output;
+      EXPECT_NE(h.output.find("model.head_dim"), std::string::npos) << bad << ": " << h.output;
+      EXPECT_EQ(std::count(h.output.begin(), h.output.end(), '\n'), 1) << bad << ": " << h.output;
+    }
+    EXPECT_FALSE(fs::exists(root + "/bad_head_dim"));
     fs::remove_all(root);
     fs::remove(yaml);
   }

@@ -900,6 +900,14 @@ TEST(ModelSpecs, LlamaFlopsAndHuggingFaceConfigComeFromTheBuiltModel) {
   EXPECT_EQ(j["num_key_value_heads"], 2);
   EXPECT_EQ(j["intermediate_size"], models::llama_d_ff(o));
   EXPECT_EQ(j["torch_dtype"], "bfloat16");
+  // model.head_dim 20 apart from 48 / 4: attention's term is n_heads x head_dim wide.
+  o.head_dim = 20;
+  auto wide = models::make_model(o);
+  double wide_params = 0;
+  for (const auto& p : wide->parameters()) wide_params += static_cast<double>(p.numel());
+  EXPECT_EQ(spec.size(o).parameters, wide_params);
+  EXPECT_DOUBLE_EQ(spec.flops_per_token(o), 6 * (wide_params - embedding) + 12.0 * 2 * (4 * 20) * 32);
+  EXPECT_EQ(nlohmann::json::parse(spec.hf->config_json(o, "float32"))["head_dim"], 20);
   EXPECT_FALSE(models::find_model_spec("gpt").hf.has_value());
   EXPECT_TRUE(models::find_model_spec("gpt").tp_plan.empty());
 }
