@@ -22,7 +22,15 @@ records (the save at step k-1, if any). Per mode:
     during them), summed, over the same iterations without checkpoints;
   - before_save: iterations 3 .. N, which no save touches, over the same
     iterations without checkpoints: the noise between two runs.
+  - all_over_none: iterations 3 .. S over the same without checkpoints:
+    for every-step-local, whose saves touch every iteration, the step cost
+    of per-step snapshots.
 The target (#36): around_save <= 1.01 in overlap mode.
+
+every-step-local is docs/fault-tolerance.md's recommended fast-recovery
+configuration: a snapshot every step (checkpoint.interval 1, overlap) into
+a node-local tier in memory (checkpoint.local.dir under /dev/shm, keep_last
+1), flushed to checkpoint.dir every 50th (checkpoint.durable.every 50).
 
 Modes: none (no saves), sync, async, overlap (checkpoint.device_snapshot
 auto: on a GPU with the memory to spare, the state is first copied in device
@@ -48,6 +56,9 @@ MODES = {
     "overlap": {"checkpoint.mode": "overlap"},
     "overlap-snapshot": {"checkpoint.mode": "overlap", "checkpoint.device_snapshot": "on"},
     "overlap-chunked": {"checkpoint.mode": "overlap", "checkpoint.device_snapshot": "off"},
+    # checkpoint.local.dir: a directory under /dev/shm made per run (main()).
+    "every-step-local": {"checkpoint.mode": "overlap", "checkpoint.interval": 1, "checkpoint.local.keep_last": 1,
+                         "checkpoint.durable.every": 50},
 }
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
@@ -72,7 +83,8 @@ def main():
     ap.add_argument("--config", default=os.path.join(REPO, "configs", "llama_tiny.yaml"))
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     ap.add_argument("--modes", default="none,async,overlap",
-                    help="comma-separated: none, sync, async, overlap, overlap-snapshot, overlap-chunked")
+                    help="comma-separated: none, sync, async, overlap, overlap-snapshot, overlap-chunked, "
+                         "every-step-local")
     ap.add_argument("--interval", type=int, default=20, help="the save's step (checkpoint.interval)")
     ap.add_argument("--steps", type=int, default=None, help="steps per run (default 2 x interval)")
     ap.add_argument("--json", default=None)
@@ -102,9 +114,13 @@ def main():
         sets = train_sets(size, a.device, steps)
         sets.update({"train.log_every": 1, "run.dir": run_dir, "checkpoint.resume": "never",
                      "checkpoint.keep_last": 1})
+        shm = None
         if mode != "none":
             sets.update({"checkpoint.interval": a.interval})
             sets.update(MODES[mode])
+        if mode == "every-step-local":
+            shm = tempfile.mkdtemp(prefix="train_ckpt_bench_", dir="/dev/shm")
+            sets["checkpoint.local.dir"] = shm + "/{node}"
         for kv in a.set:
             k, _, v = kv.partition("=")
             sets[k] = v
@@ -115,6 +131,8 @@ def main():
               flush=True)
         if mode != "none":
             shutil.rmtree(os.path.join(run_dir, "checkpoints"), ignore_errors=True)
+        if shm:
+            shutil.rmtree(shm, ignore_errors=True)
 
     base = iterations(runs["none"]["steps"])
     n = a.interval
@@ -131,6 +149,7 @@ def main():
         r_before, n_before = ratio(it, base, before)
         r_around, n_around = ratio(it, base, around)
         r_save, _ = ratio(it, base, [n + 1])
+        r_all, n_all = ratio(it, base, range(3, steps + 1))
         report["modes"][mode] = {
             "blocking_s": ev["blocking_s"] if ev else None, "stage_s": ev["stage_s"] if ev else None,
             "write_s": ev["write_s"] if ev else None, "staging": ev.get("staging") if ev else None, "plan_s": ev["plan_s"] if ev else None,
@@ -138,6 +157,7 @@ def main():
             "save_iteration_s": it.get(n + 1), "save_iteration_over_none": r_save,
             "around_save_over_none": r_around, "around_save_iterations": n_around,
             "before_save_over_none": r_before, "before_save_iterations": n_before,
+            "all_over_none": r_all, "all_iterations": n_all,
             "process_wall_s": runs[mode]["wall_s"],
         }
     report["target_overlap_around_save_max"] = 1.01
@@ -147,14 +167,15 @@ def main():
     print("Llama training with a checkpoint at step %d of %d, world 1, %s, %.2fB params, %d tokens/step"
           % (n, steps, a.device, report["n_params"] / 1e9, report["tokens_per_step"]))
     print("  iteration without checkpoints (median of steps 3..%d): %.4f s" % (n, report["baseline_iteration_s"]))
-    print("  %-8s %10s %10s %12s %14s %14s %12s" % ("mode", "blocking", "GiB", "save iter", "save iter/none",
-                                                     "around/none", "before/none"))
+    print("  %-16s %10s %10s %12s %14s %14s %12s %10s" % ("mode", "blocking", "GiB", "save iter", "save iter/none",
+                                                              "around/none", "before/none", "all/none"))
     fmt = lambda v, f: f % v if isinstance(v, (int, float)) else "-"
     for mode, m in report["modes"].items():
-        print("  %-8s %10s %10s %12s %14s %14s %12s" % (
+        print("  %-16s %10s %10s %12s %14s %14s %12s %10s" % (
             mode, fmt(m["blocking_s"], "%.4f"), fmt(m["bytes"] and m["bytes"] / 2**30, "%.2f"),
             fmt(m["save_iteration_s"], "%.4f"), fmt(m["save_iteration_over_none"], "%.3f"),
-            fmt(m["around_save_over_none"], "%.4f"), fmt(m["before_save_over_none"], "%.4f")))
+            fmt(m["around_save_over_none"], "%.4f"), fmt(m["before_save_over_none"], "%.4f"),
+            fmt(m["all_over_none"], "%.4f")))
     print("  around = iterations %d..%d (%d) while the save runs; target: overlap around/none <= 1.01: %s"
           % (n + 1, steps, len(around), {True: "met", False: "MISSED", None: "n/a"}[report["target_met"]]))
     if a.json:

@@ -55,8 +55,35 @@ std::string new_job_id();
 // Seconds since this process started (exec'd): its start time in
 // /proc/self/stat against CLOCK_BOOTTIME, so loading the program and its
 // libraries counts. The kernel keeps that start time in clock ticks
-// (1/100 s on Linux). 0 where it cannot be read.
+// (1/100 s on Linux). 0 where it cannot be read. In a standby process that
+// the launcher activated (wait_if_standby): seconds since its activation,
+// since it became a rank then.
 double process_age_s();
+
+// Standby processes (LocalLaunchOptions::standby): the local launcher
+// starts a copy of the program per rank ahead of a restart, with
+// kStandbyFdVar naming an inherited socket and kStandbyEnvVar holding room
+// for the rank's variables, and no rank variables. Such a copy loads its
+// libraries, runs their static initialisers, calls wait_if_standby() and
+// blocks there until the launcher activates it with the rank's variables
+// (RANK, WORLD_SIZE, ..., TORCHELASTIC_RESTART_COUNT: what an exec'd rank
+// gets). A restart then costs no program load.
+inline constexpr const char* kStandbyFdVar = "SHARDKIT_STANDBY_FD";
+inline constexpr const char* kStandbyEnvVar = "SHARDKIT_STANDBY_ENV";
+// Bytes of room kStandbyEnvVar holds (spaces) for the rank's variables.
+inline constexpr size_t kStandbyEnvRoom = 4096;
+
+// Call first in main, before anything reads the environment. In a process
+// without kStandbyFdVar: returns false at once. In a standby: blocks until
+// the launcher sends the rank's variables (NAME=VALUE entries, each ended by
+// a NUL, then one more NUL), sets them (setenv), writes them over
+// kStandbyEnvVar's room so that /proc/<pid>/environ shows them as an exec'd
+// rank's does, unsets kStandbyFdVar and returns true. A standby whose
+// launcher closes the socket (or dies) without activating it exits 0 there.
+// Not thread-safe: call it before any thread starts.
+bool wait_if_standby();
+// True in a standby that wait_if_standby() activated.
+bool activated_standby();
 
 // Reads an environment variable; nullopt when unset. Tests pass a map.
 using EnvLookup = std::function<std::optional<std::string>(const std::string&)>;

@@ -7,6 +7,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/types.h>
 #include <sys/wait.h>
@@ -205,6 +206,7 @@ struct ExecPlan {
   std::string exec_error_prefix;
   std::vector<int> inherited_fds;  // ascending, all >= 3
   long open_max = 0;               // for close_other_fds without close_range
+  int standby_fd = -1;             // a standby's socket: inherited across exec
 };
 
 // The fds >= 3 that a child of this process would inherit now.
@@ -249,19 +251,13 @@ struct JobRendezvous {
   int attempt = 0;  // TORCHELASTIC_RESTART_COUNT: 0, then one more per restart
 };
 
-ExecPlan make_exec_plan(const LocalLaunchOptions& options, int rank,
-                        const JobRendezvous& job,
-                        const std::vector<int>& inherited_fds) {
-  ExecPlan plan;
-  plan.inherited_fds = inherited_fds;
-  plan.open_max = sysconf(_SC_OPEN_MAX);
-  plan.argv_storage = options.argv;
-  for (std::string& arg : plan.argv_storage) plan.argv.push_back(arg.data());
-  plan.argv.push_back(nullptr);
-
+// What an exec'd rank (or an activated standby) gets on top of the
+// launcher's environment.
+std::vector<std::pair<std::string, std::string>> rank_vars(const LocalLaunchOptions& options, int rank,
+                                                           const JobRendezvous& job) {
   // Simulated nodes: consecutive ranks share a node, as under torchrun.
   const int per_node = options.nproc / options.nodes;
-  const std::vector<std::pair<std::string, std::string>> launch_vars = {
+  return {
       {"RANK", std::to_string(rank)},
       {"WORLD_SIZE", std::to_string(options.nproc)},
       {"LOCAL_RANK", std::to_string(rank % per_node)},
@@ -277,21 +273,66 @@ ExecPlan make_exec_plan(const LocalLaunchOptions& options, int rank,
       // store prefix of its attempt (runtime.cpp), "restart i" in its banner.
       {"TORCHELASTIC_RESTART_COUNT", std::to_string(job.attempt)},
   };
+}
+
+// An exec plan with the launcher's environment, less the variables `vars`
+// names, plus `vars`.
+ExecPlan make_plan(const LocalLaunchOptions& options, const std::vector<std::pair<std::string, std::string>>& vars,
+                   const std::vector<int>& inherited_fds) {
+  ExecPlan plan;
+  plan.inherited_fds = inherited_fds;
+  plan.open_max = sysconf(_SC_OPEN_MAX);
+  plan.argv_storage = options.argv;
+  for (std::string& arg : plan.argv_storage) plan.argv.push_back(arg.data());
+  plan.argv.push_back(nullptr);
   for (char** entry = environ; entry != nullptr && *entry != nullptr;
        ++entry) {
     std::string var(*entry);
     std::string name = var.substr(0, var.find('='));
     bool overridden = std::any_of(
-        launch_vars.begin(), launch_vars.end(),
+        vars.begin(), vars.end(),
         [&](const auto& kv) { return kv.first == name; });
     if (!overridden) plan.env_storage.push_back(var);
   }
-  for (const auto& [name, value] : launch_vars) {
+  for (const auto& [name, value] : vars) {
     plan.env_storage.push_back(name + "=" + value);
   }
   for (std::string& var : plan.env_storage) plan.envp.push_back(var.data());
   plan.envp.push_back(nullptr);
   plan.exec_error_prefix = "launcher: cannot run " + options.argv[0] + ": ";
+  return plan;
+}
+
+ExecPlan make_exec_plan(const LocalLaunchOptions& options, int rank,
+                        const JobRendezvous& job,
+                        const std::vector<int>& inherited_fds) {
+  return make_plan(options, rank_vars(options, rank, job), inherited_fds);
+}
+
+// A standby's plan: no rank variables (they come at its activation), the
+// socket it waits on, and room for the rank's variables.
+ExecPlan make_standby_plan(const LocalLaunchOptions& options, const JobRendezvous& job, int control_fd,
+                           std::vector<int> inherited_fds) {
+  std::vector<std::pair<std::string, std::string>> vars = rank_vars(options, 0, job);
+  for (auto& [name, value] : vars) value.clear();
+  inherited_fds.push_back(control_fd);
+  std::sort(inherited_fds.begin(), inherited_fds.end());
+  ExecPlan plan = make_plan(options, {{kStandbyFdVar, std::to_string(control_fd)},
+                                      {kStandbyEnvVar, std::string(kStandbyEnvRoom, ' ')}},
+                            inherited_fds);
+  // Leave the rank variables out altogether: a standby is no rank yet.
+  std::vector<std::string> kept;
+  for (std::string& var : plan.env_storage) {
+    const std::string name = var.substr(0, var.find('='));
+    if (std::none_of(vars.begin(), vars.end(), [&](const auto& kv) { return kv.first == name; })) {
+      kept.push_back(std::move(var));
+    }
+  }
+  plan.env_storage = std::move(kept);
+  plan.standby_fd = control_fd;
+  plan.envp.clear();
+  for (std::string& var : plan.env_storage) plan.envp.push_back(var.data());
+  plan.envp.push_back(nullptr);
   return plan;
 }
 
@@ -317,6 +358,7 @@ ExecPlan make_exec_plan(const LocalLaunchOptions& options, int rank,
   dup2(out_fd, 1);
   dup2(err_fd, 2);
   close_other_fds(plan.inherited_fds, plan.open_max);
+  if (plan.standby_fd >= 0) fcntl(plan.standby_fd, F_SETFD, 0);
   execvpe(plan.argv[0], plan.argv.data(), plan.envp.data());
   int err = errno;
   write_all(2, plan.exec_error_prefix.data(), plan.exec_error_prefix.size());
@@ -341,6 +383,14 @@ class LocalLauncher {
  private:
   void start_ranks(const JobRendezvous& job);
   void start_rank(int index, const JobRendezvous& job, int stdin_fd);
+  // fork + exec of `plan` with stdin `stdin_fd` and fresh output pipes.
+  void spawn(const ExecPlan& plan, int stdin_fd, const std::string& what, pid_t& pid, int& out_fd,
+             int& err_fd);
+  void maybe_start_standbys(const JobRendezvous& job);
+  void start_standbys(const JobRendezvous& job);
+  bool activate_standby(size_t index, const JobRendezvous& job);
+  void reap_standbys();
+  void stop_standbys() noexcept;
   void handle_signal_bytes();
   void signal_running(int sig);
   void begin_stop();
@@ -378,6 +428,17 @@ class LocalLauncher {
   int attempt_ = 0;
   bool restart_pending_ = false;
   bool stop_requested_ = false;
+  // Standbys (options_.standby): one per rank, for the next attempt.
+  struct Standby {
+    pid_t pid = -1;
+    bool alive = false;
+    int control_fd = -1;  // the launcher's end of the standby's socket
+    OutputStream out;
+    OutputStream err;
+  };
+  std::vector<Standby> standbys_;
+  bool standbys_failed_ = false;  // could not start them: not tried again
+  Clock::time_point attempt_started_{};
 };
 
 void LocalLauncher::start_ranks(const JobRendezvous& job) {
@@ -385,16 +446,20 @@ void LocalLauncher::start_ranks(const JobRendezvous& job) {
   if (stdin_fd < 0) throw_errno("open /dev/null");
   ranks_.reserve(static_cast<size_t>(options_.nproc));
   try {
-    for (int i = 0; i < options_.nproc; ++i) start_rank(i, job, stdin_fd);
+    for (int i = 0; i < options_.nproc; ++i) {
+      if (!activate_standby(static_cast<size_t>(i), job)) start_rank(i, job, stdin_fd);
+    }
   } catch (...) {
     ::close(stdin_fd);
+    stop_standbys();
     throw;
   }
   ::close(stdin_fd);
+  stop_standbys();  // those not activated (their rank started afresh)
 }
 
-void LocalLauncher::start_rank(int index, const JobRendezvous& job, int stdin_fd) {
-  ExecPlan plan = make_exec_plan(options_, index, job, inherited_fds_);
+void LocalLauncher::spawn(const ExecPlan& plan, int stdin_fd, const std::string& what, pid_t& pid,
+                          int& out_fd, int& err_fd) {
   int out_pipe[2];
   int err_pipe[2];
   make_pipe(out_pipe);
@@ -412,7 +477,7 @@ void LocalLauncher::start_rank(int index, const JobRendezvous& job, int stdin_fd
   for (int sig : kHandledSignals) sigaddset(&block, sig);
   sigprocmask(SIG_BLOCK, &block, nullptr);
   pid_t launcher_pid = getpid();
-  pid_t pid = fork();
+  pid = fork();
   if (pid == 0) {
     exec_rank(plan, *signals_, caller_mask_, launcher_pid, stdin_fd,
               out_pipe[1], err_pipe[1]);
@@ -426,19 +491,152 @@ void LocalLauncher::start_rank(int index, const JobRendezvous& job, int stdin_fd
     ::close(out_pipe[0]);
     ::close(err_pipe[0]);
     errno = fork_errno;
-    throw_errno("fork for rank " + std::to_string(index));
+    throw_errno("fork for " + what);
   }
+  out_fd = out_pipe[0];
+  err_fd = err_pipe[0];
+  set_cloexec_nonblock(out_fd, true);
+  set_cloexec_nonblock(err_fd, true);
+}
+
+void LocalLauncher::start_rank(int index, const JobRendezvous& job, int stdin_fd) {
+  ExecPlan plan = make_exec_plan(options_, index, job, inherited_fds_);
   Rank rank;
   rank.index = index;
-  rank.pid = pid;
+  spawn(plan, stdin_fd, "rank " + std::to_string(index), rank.pid, rank.out.fd, rank.err.fd);
   rank.running = true;
-  rank.out.fd = out_pipe[0];
   rank.out.target = 1;
-  rank.err.fd = err_pipe[0];
   rank.err.target = 2;
-  set_cloexec_nonblock(rank.out.fd, true);
-  set_cloexec_nonblock(rank.err.fd, true);
   ranks_.push_back(std::move(rank));
+}
+
+// Standbys for the next attempt, once this one has run standby_delay_s (its
+// ranks' own start-up goes first), while a restart is still possible.
+void LocalLauncher::maybe_start_standbys(const JobRendezvous& job) {
+  if (!options_.standby || standbys_failed_ || !standbys_.empty() || first_failure_ || stop_requested_ ||
+      attempt_ >= options_.max_restarts) {
+    return;
+  }
+  if (Clock::now() - attempt_started_ < std::chrono::duration<double>(options_.standby_delay_s)) return;
+  try {
+    start_standbys(job);
+  } catch (const std::exception& e) {
+    stop_standbys();
+    standbys_failed_ = true;
+    write_all(2, std::string(e.what()) + "; restarts start the ranks afresh\n");
+  }
+}
+
+void LocalLauncher::start_standbys(const JobRendezvous& job) {
+  int stdin_fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+  if (stdin_fd < 0) throw_errno("open /dev/null");
+  try {
+    for (int i = 0; i < options_.nproc; ++i) {
+      int pair[2];
+      if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair) != 0) throw_errno("socketpair for a standby");
+      for (int& fd : pair) {
+        if (fd < 3) {  // never clobbered by the child's dup2 onto 0..2
+          const int moved = fcntl(fd, F_DUPFD_CLOEXEC, 3);
+          ::close(fd);
+          fd = moved;
+        }
+      }
+      Standby standby;
+      standby.control_fd = pair[0];
+      try {
+        const ExecPlan plan = make_standby_plan(options_, job, pair[1], inherited_fds_);
+        spawn(plan, stdin_fd, "the standby of rank " + std::to_string(i), standby.pid, standby.out.fd,
+              standby.err.fd);
+      } catch (...) {
+        ::close(pair[0]);
+        ::close(pair[1]);
+        throw;
+      }
+      ::close(pair[1]);
+      standby.alive = true;
+      standby.out.target = 1;
+      standby.err.target = 2;
+      standbys_.push_back(std::move(standby));
+    }
+  } catch (...) {
+    ::close(stdin_fd);
+    throw;
+  }
+  ::close(stdin_fd);
+}
+
+// Sends the standby of rank `index` its rank's variables; it becomes that
+// rank. False when there is none (or it died): start the rank afresh.
+bool LocalLauncher::activate_standby(size_t index, const JobRendezvous& job) {
+  if (index >= standbys_.size() || !standbys_[index].alive) return false;
+  Standby& standby = standbys_[index];
+  std::string message;
+  for (const auto& [name, value] : rank_vars(options_, static_cast<int>(index), job)) {
+    message += name + "=" + value;
+    message.push_back('\0');
+  }
+  message.push_back('\0');
+  size_t sent = 0;
+  while (sent < message.size()) {
+    const ssize_t n = ::send(standby.control_fd, message.data() + sent, message.size() - sent, MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;  // it died: stop_standbys() reaps it
+    sent += static_cast<size_t>(n);
+  }
+  ::close(standby.control_fd);
+  standby.control_fd = -1;
+  standby.alive = false;
+  Rank rank;
+  rank.index = static_cast<int>(index);
+  rank.pid = standby.pid;
+  rank.running = true;
+  rank.out = standby.out;
+  rank.err = standby.err;
+  standby.out.fd = -1;
+  standby.err.fd = -1;
+  standby.pid = -1;
+  ranks_.push_back(std::move(rank));
+  return true;
+}
+
+// A standby that exited before it was needed: its output is forwarded under
+// its rank's prefix, with a line saying so; the next restart starts that
+// rank afresh.
+void LocalLauncher::reap_standbys() {
+  for (size_t i = 0; i < standbys_.size(); ++i) {
+    Standby& standby = standbys_[i];
+    if (!standby.alive) continue;
+    int status = 0;
+    if (waitpid(standby.pid, &status, WNOHANG) != standby.pid) continue;
+    standby.alive = false;
+    standby.pid = -1;
+    Rank shown;
+    shown.index = static_cast<int>(i);
+    for (OutputStream* stream : {&standby.out, &standby.err}) {
+      for (int reads = 0; reads < 64 && stream->fd >= 0; ++reads) read_stream(shown, *stream);
+    }
+    const std::string how = WIFSIGNALED(status)
+                                ? "was killed by signal " + std::to_string(WTERMSIG(status)) + " (" +
+                                      signal_name(WTERMSIG(status)) + ")"
+                                : "exited with status " + std::to_string(WEXITSTATUS(status));
+    write_all(2, "launcher: the standby of rank " + std::to_string(i) + " " + how +
+                     " before it was needed; a restart starts rank " + std::to_string(i) + " afresh\n");
+  }
+}
+
+void LocalLauncher::stop_standbys() noexcept {
+  for (Standby& standby : standbys_) {
+    if (standby.pid > 0) {
+      kill(-standby.pid, SIGKILL);
+      kill(standby.pid, SIGKILL);
+      waitpid(standby.pid, nullptr, 0);
+    }
+    for (int* fd : {&standby.control_fd, &standby.out.fd, &standby.err.fd}) {
+      if (*fd >= 0) ::close(*fd);
+      *fd = -1;
+    }
+  }
+  standbys_.clear();
 }
 
 // Each rank leads its own process group, so a signal sent to the group also
@@ -742,6 +940,7 @@ int LocalLauncher::run() {
     drain_deadline_.reset();
     restart_pending_ = false;
   }
+  stop_standbys();
   signals_.reset();
   return first_failure_.value_or(0);
 }
@@ -749,9 +948,12 @@ int LocalLauncher::run() {
 // Starts every rank and waits until all have exited and their output is
 // forwarded; first_failure_ (and restart_pending_) say how it ended.
 void LocalLauncher::run_attempt(const JobRendezvous& job) {
+  attempt_started_ = Clock::now();
   start_ranks(job);
   while (true) {
     reap_exited();
+    reap_standbys();
+    maybe_start_standbys(job);
     if (finished()) break;
     if (kill_deadline_ && !killed_ && Clock::now() >= *kill_deadline_) {
       signal_running(SIGKILL);
@@ -764,6 +966,7 @@ void LocalLauncher::run_attempt(const JobRendezvous& job) {
 // Only reached with ranks still running when run() threw: do not leave
 // orphans behind.
 void LocalLauncher::kill_and_reap_all() noexcept {
+  stop_standbys();
   for (Rank& rank : ranks_) {
     if (rank.running) {
       kill(-rank.pid, SIGKILL);

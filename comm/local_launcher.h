@@ -38,6 +38,15 @@ struct LocalLaunchOptions {
   // Restarts of the whole group after a rank fails (torchrun's
   // --max_restarts): 0, the default, never restarts.
   int max_restarts = 0;
+  // With max_restarts > 0: keep a standby process per rank, loaded and
+  // waiting (comm::wait_if_standby, launch_env.h), so that a restart
+  // activates them instead of starting the program again. The program must
+  // call comm::wait_if_standby() first in main. The standbys of an attempt
+  // start standby_delay_s after its ranks (so they do not slow its start);
+  // a restart before then, or of a rank whose standby died, starts the rank
+  // afresh. Standbys left at the end are killed.
+  bool standby = false;
+  double standby_delay_s = 3.0;
 };
 
 // Makes a new job id (new_job_id), starts the store server on
@@ -68,6 +77,9 @@ struct LocalLaunchOptions {
 // kExitUsage, and one stopped by SIGINT/SIGTERM sent to the launcher (a
 // restart already announced is then cancelled, saying so). Once the
 // restarts are spent, the last attempt's failing status is returned.
+// With `standby`, each restart activates the standbys instead (same
+// environment, same prefixes; a standby's process started earlier, so a
+// rank's start-up from its activation skips the program's load).
 // REQUIRES: called from the main thread; installs SIGINT/SIGTERM handlers for
 // its duration.
 int run_local_launcher(const LocalLaunchOptions& options);

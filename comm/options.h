@@ -46,6 +46,12 @@ struct DistOptions {
   // the other ranks get SIGTERM, then SIGKILL after this many seconds (a
   // rank stuck in a collective cannot act on SIGTERM).
   double stop_grace_s = 10.0;
+  // train --nproc --max-restarts: keep a loaded standby process per rank,
+  // which a restart activates instead of starting the program again (no
+  // load of LibTorch on the restart's path); they start standby_delay_s
+  // after each attempt's ranks.
+  bool standby = true;
+  double standby_delay_s = 3.0;
   // Rendezvous address for SLURM launches (torchrun sets MASTER_ADDR itself).
   // Empty: MASTER_ADDR from the environment, else 127.0.0.1.
   std::string master_addr = "";

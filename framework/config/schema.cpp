@@ -336,6 +336,13 @@ std::vector<Key> build_schema() {
       {SHARDKIT_CONFIG_FIELD(dist.stop_grace_s), at_least(0),
        "train --nproc: when a rank fails or the launcher is signalled, the other ranks get SIGTERM "
        "(a clean stop, saving where checkpoints are on) and SIGKILL after this many seconds."},
+      {SHARDKIT_CONFIG_FIELD(dist.standby), any_value(),
+       "train --nproc --max-restarts: keep one standby process per rank, loaded and waiting, "
+       "which a restart activates as that rank instead of starting the program again (the "
+       "restart skips the program's and LibTorch's load); false: restarted ranks start afresh."},
+      {SHARDKIT_CONFIG_FIELD(dist.standby_delay_s), at_least(0),
+       "dist.standby: the standbys start this many seconds after each attempt's ranks, so "
+       "that they do not slow its start-up; a failure before then restarts ranks afresh."},
       {SHARDKIT_CONFIG_FIELD(dist.master_addr), any_value(),
        "Rendezvous address; empty: MASTER_ADDR, else 127.0.0.1."},
       {SHARDKIT_CONFIG_FIELD(dist.master_port), between(0, 65535),

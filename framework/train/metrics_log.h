@@ -67,8 +67,10 @@ struct RunStart {
 // first step (the "startup" record), in seconds. Rank 0's, once per
 // process: after a restart it is the restarted rank's.
 struct StartupPhases {
-  double total_s = 0;       // exec to the first step
-  double load_s = 0;        // exec to the rendezvous: the program and LibTorch loaded, config, checks
+  // From exec, or for a standby of the local launcher from its activation
+  // (comm::wait_if_standby: it was loaded before the failure).
+  double total_s = 0;       // exec (or activation) to the first step
+  double load_s = 0;        // exec (or activation) to the rendezvous: the program and LibTorch loaded, config, checks
   double rendezvous_s = 0;  // connected to the store, job id checked
   double groups_s = 0;      // the train and ckpt process groups built
   double model_s = 0;       // mesh, model built and sharded, optimizer (not the dataset)
@@ -77,6 +79,7 @@ struct StartupPhases {
   double resume_s = 0;      // the newest checkpoint found and loaded, the data positioned
   double other_s = 0;       // the rest: total less the phases above
   int restart = 0;          // the attempt (TORCHELASTIC_RESTART_COUNT)
+  bool standby = false;     // an activated standby (comm::activated_standby)
 };
 
 // Where the step is within the run() (for the ETA) and the ranks' peaks.

@@ -24,6 +24,7 @@
 #include <c10/util/Exception.h>
 
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -31,6 +32,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -152,7 +154,7 @@ void check_memory(const config::Config& cfg, const MemoryEstimate& m, int local_
   if (cfg.train.device == comm::DeviceKind::kCuda) {
     // Everything but the host staging lives on the rank's GPU.
     const double device_bytes = comm::cuda_device_total_bytes(0);
-    const double need = m.total() - m.staging;
+    const double need = m.total() - m.host_only();
     if (device_bytes > 0 && need > device_bytes) {
       std::ostringstream msg;
       msg << "model (" << cfg.model.kind << ", model.d_model " << cfg.model.d_model
@@ -165,8 +167,8 @@ void check_memory(const config::Config& cfg, const MemoryEstimate& m, int local_
     }
     // The host holds the staging buffers (pinned) only.
     const std::optional<double> available = available_memory_bytes();
-    if (available && m.staging * local_ranks > *available) {
-      fail("checkpoint staging needs about " + mib(m.staging * local_ranks) +
+    if (available && m.host_only() * local_ranks > *available) {
+      fail("checkpoint staging and the local tier need about " + mib(m.host_only() * local_ranks) +
            " of host memory for " + std::to_string(local_ranks) + " ranks, but this machine has " +
            mib(*available) + " available; use checkpoint.mode: sync");
     }
@@ -392,7 +394,19 @@ void check_resume(const config::Config& cfg, PreflightReport& report) {
 
 }  // namespace
 
-MemoryEstimate estimate_memory(const config::Config& cfg, int world_size) {
+bool local_tier_in_memory(const std::string& dir_pattern) {
+  namespace fs = std::filesystem;
+  if (dir_pattern.empty()) return false;
+  fs::path dir = fs::path(dir_pattern.substr(0, dir_pattern.find('{'))).lexically_normal();
+  std::error_code ec;
+  while (!dir.empty() && !fs::is_directory(dir, ec)) dir = dir.parent_path();
+  struct statfs st {};
+  if (dir.empty() || ::statfs(dir.c_str(), &st) != 0) return false;
+  constexpr long kTmpfsMagic = 0x01021994, kRamfsMagic = static_cast<long>(0x858458f6);
+  return static_cast<long>(st.f_type) == kTmpfsMagic || static_cast<long>(st.f_type) == kRamfsMagic;
+}
+
+MemoryEstimate estimate_memory(const config::Config& cfg, int world_size, int nodes) {
   const models::ModelSize size = models::model_size(cfg.model);
   double shard = 1, tensor = 1, expert = 1;
   try {
@@ -477,6 +491,14 @@ MemoryEstimate estimate_memory(const config::Config& cfg, int world_size) {
   const bool staged =
       cfg.checkpoint.interval > 0 && cfg.checkpoint.mode != checkpoint::SaveMode::kSync;
   m.staging = staged ? m.params + m.optimizer : 0;
+  const std::string local_dir = config::local_tier_pattern(cfg);
+  if (cfg.checkpoint.interval > 0 && local_tier_in_memory(local_dir)) {
+    // keep_last 0 keeps every checkpoint of the run.
+    const int64_t saves = (cfg.train.steps + cfg.checkpoint.interval - 1) / cfg.checkpoint.interval;
+    const int64_t keep = cfg.checkpoint.local.keep_last > 0 ? std::min(cfg.checkpoint.local.keep_last, saves) : saves;
+    const double copies = cfg.checkpoint.local.partner && nodes > 1 ? 2 : 1;
+    m.local_tier = (m.params + m.optimizer) * static_cast<double>(keep + 1) * copies;
+  }
   return m;
 }
 
@@ -514,7 +536,8 @@ void check_parallel(const config::Config& cfg, int world_size) {
 std::string describe(const MemoryEstimate& m) {
   return mib(m.total()) + " (params " + mib(m.params) + ", grads " + mib(m.grads) +
          ", optimizer " + mib(m.optimizer) + ", gathered unit " + mib(m.gathered) +
-         ", activations " + mib(m.activations) + ", checkpoint staging " + mib(m.staging) + ")";
+         ", activations " + mib(m.activations) + ", checkpoint staging " + mib(m.staging) +
+         (m.local_tier > 0 ? ", local tier in memory " + mib(m.local_tier) : std::string()) + ")";
 }
 
 std::optional<double> available_memory_bytes() {

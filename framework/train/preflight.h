@@ -47,10 +47,23 @@ struct MemoryEstimate {
   double gathered = 0;     // the largest FSDP unit, all-gathered, with its gradient
   double activations = 0;  // kept for backward, this rank's micro-batch
   double staging = 0;      // host copy of the state for async/overlap saves
-  double total() const { return params + grads + optimizer + gathered + activations + staging; }
+  // Host memory of a node-local checkpoint tier on tmpfs (checkpoint.local.dir
+  // on /dev/shm): this rank's files of the newest checkpoint.local.keep_last
+  // commits and the one being written, and as much again for the partner
+  // copies (checkpoint.local.partner, with more than one node). 0 for a
+  // tier on disk.
+  double local_tier = 0;
+  double total() const { return params + grads + optimizer + gathered + activations + staging + local_tier; }
+  double host_only() const { return staging + local_tier; }  // off the GPU on a CUDA run
 };
 
-MemoryEstimate estimate_memory(const config::Config& cfg, int world_size);
+// `nodes`: the job's nodes (partner copies need more than one).
+MemoryEstimate estimate_memory(const config::Config& cfg, int world_size, int nodes = 1);
+
+// True when `dir_pattern` (checkpoint.local.dir, "{node}" left in) lies on
+// tmpfs or ramfs: its files are held in memory. Checks the deepest existing
+// directory above it.
+bool local_tier_in_memory(const std::string& dir_pattern);
 
 // The config's parallel layout for a job of `world_size` ranks, with the
 // config's model and batch: the degrees (parallel::resolve), the model

@@ -335,6 +335,8 @@ int launch_local_ranks(int argc, char** argv, const Args& args, const LaunchShap
   launch.store_server = comm::host_tcp_store;
   launch.stop_grace_s = cfg.dist.stop_grace_s;
   launch.max_restarts = shape.max_restarts;
+  launch.standby = cfg.dist.standby;
+  launch.standby_delay_s = cfg.dist.standby_delay_s;
   try {
     framework::parallel::resolve(cfg.parallel, shape.nproc);
   } catch (const std::invalid_argument& e) {
@@ -392,6 +394,9 @@ int launch_local_ranks(int argc, char** argv, const Args& args, const LaunchShap
 }  // namespace
 
 int train_main(int argc, char** argv, const TrainerHooks& hooks) {
+  // A standby of train --nproc --max-restarts waits here, loaded, until a
+  // restart makes it a rank (its environment then is a rank's).
+  comm::wait_if_standby();
   Args args;
   if (const int status = parse_command_line(argc, argv, args); status >= 0) return status;
 

@@ -441,7 +441,7 @@ void Trainer::State::start_log(const Resumed& resumed) {
   start.layout = layout_text();
   start.device = device.str();
   start.params = params.total;
-  if (builtin_model) start.memory_estimate_mib = estimate_memory(cfg, rt.env.world_size).total() / 1048576.0;
+  if (builtin_model) start.memory_estimate_mib = estimate_memory(cfg, rt.env.world_size, rt.env.nodes).total() / 1048576.0;
   reports.log->start(start);
   reports.log->resume_skipped(resumed.skipped);
   print_banner(resumed.from, resumed.stats);
@@ -456,6 +456,7 @@ void Trainer::State::log_startup_once() {
   p.rendezvous_s = rt.startup.rendezvous_s;
   p.groups_s = rt.startup.groups_s;
   p.restart = rt.env.restart_count;
+  p.standby = comm::activated_standby();
   p.other_s = std::max(0.0, p.total_s - (p.load_s + p.rendezvous_s + p.groups_s + p.model_s + p.data_s +
                                          p.checkpoint_s + p.resume_s));
   reports.log->startup(step, p);
@@ -486,7 +487,7 @@ void Trainer::State::print_banner(const std::optional<std::string>& resume_from,
   }
   if (builtin_model) {
     std::cout << "shardkit: memory estimate per rank "
-              << describe(estimate_memory(cfg, rt.env.world_size)) << std::endl;
+              << describe(estimate_memory(cfg, rt.env.world_size, rt.env.nodes)) << std::endl;
   }
   if (!resume_from && !cfg.model.init_from.empty()) {
     std::cout << "shardkit: model initialised from " << cfg.model.init_from << std::endl;

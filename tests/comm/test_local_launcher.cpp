@@ -418,6 +418,109 @@ TEST_F(LocalLauncherTest, AFailedGroupStartsAgainWithTheNextAttemptTheSameJobAnd
   }
 }
 
+// A shell standby: records itself, then reads its rank's variables from the
+// launcher's socket (NUL-separated entries, until the launcher closes it)
+// and exports them, as comm::wait_if_standby does in train. bash: dash
+// redirects only fds 0-9.
+const char* kShellStandby =
+    "if [ -n \"$SHARDKIT_STANDBY_FD\" ]; then "
+    "  echo \"$$ rank=$RANK\" >> \"$1/standbys\"; "
+    "  eval \"$(tr '\\0' '\\n' <&$SHARDKIT_STANDBY_FD | grep = | sed 's/^/export /')\"; "
+    "  echo $$ > \"$1/activated.$RANK.$TORCHELASTIC_RESTART_COUNT\"; "
+    "fi; ";
+
+size_t line_count(const fs::path& path) {
+  std::ifstream in(path);
+  size_t n = 0;
+  for (std::string line; std::getline(in, line);) ++n;
+  return n;
+}
+
+// With standbys, each restart activates the processes the launcher started
+// ahead of it (loaded, without rank variables), which then run as the
+// ranks of the new attempt with the same job, store and attempt numbers.
+TEST_F(LocalLauncherTest, RestartsActivateTheStandbysStartedAheadOfThem) {
+  LocalLaunchOptions options = shell_ranks(
+      2, std::string(kShellStandby) + kRecordStart +
+             "if [ \"$RANK\" = 1 ] && [ \"$TORCHELASTIC_RESTART_COUNT\" -lt 2 ]; then "
+             "  while [ \"$(cat \"$1/standbys\" 2>/dev/null | wc -l)\" -lt "
+             "$((2 * TORCHELASTIC_RESTART_COUNT + 2)) ]; do sleep 0.05; done; kill -KILL $$; fi; "
+             "if [ \"$TORCHELASTIC_RESTART_COUNT\" -lt 2 ]; then exec sleep 60; fi; "
+             "echo \"done $TORCHELASTIC_RESTART_COUNT\"");
+  options.argv[0] = "/bin/bash";
+  options.max_restarts = 2;
+  options.standby = true;
+  options.standby_delay_s = 0.2;
+  LaunchOutcome r = launch(options);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_LT(r.seconds, 30);
+  EXPECT_EQ(count_of(r.err, "restarting"), 2u) << r.err;
+  EXPECT_TRUE(contains(r.out, "[rank 0] done 2\n")) << r.out;
+  EXPECT_TRUE(contains(r.out, "[rank 1] done 2\n")) << r.out;
+  // Two standbys per restart (none after the last), each without a rank.
+  const std::vector<std::string> standbys = read_lines(dir_ / "standbys");
+  ASSERT_EQ(standbys.size(), 4u) << r.err;
+  std::set<std::string> standby_pids;
+  for (const std::string& line : standbys) {
+    EXPECT_NE(line.find(" rank="), std::string::npos) << line;
+    EXPECT_EQ(line.substr(line.find(" rank=")), " rank=") << "a standby had a rank: " << line;
+    standby_pids.insert(line.substr(0, line.find(' ')));
+  }
+  // Each attempt after the first ran on activated standbys, one per rank.
+  for (int attempt : {1, 2}) {
+    for (int rank : {0, 1}) {
+      const auto pid = read_lines(dir_ / ("activated." + std::to_string(rank) + "." + std::to_string(attempt)));
+      ASSERT_EQ(pid.size(), 1u) << "rank " << rank << " attempt " << attempt << " was not a standby\n" << r.err;
+      EXPECT_EQ(standby_pids.erase(pid[0]), 1u) << pid[0];
+    }
+  }
+  const ServerRecord server = read_server_record(dir_);
+  const std::string same_job = server.job_id + " " + std::to_string(server.port);
+  for (int k : {0, 1}) {
+    EXPECT_EQ(read_lines(dir_ / ("starts." + std::to_string(k))),
+              (std::vector<std::string>{"0 " + same_job, "1 " + same_job, "2 " + same_job}))
+        << "rank " << k;
+  }
+}
+
+// A standby that dies before it is needed is reported, and the restart
+// starts its rank afresh; standbys nobody needed are killed at the end.
+TEST_F(LocalLauncherTest, ADeadStandbyIsReplacedByAFreshRankAndUnusedStandbysDoNotOutliveTheJob) {
+  LocalLaunchOptions options = shell_ranks(
+      2, std::string(kShellStandby) + kRecordStart +
+             "if [ \"$TORCHELASTIC_RESTART_COUNT\" = 0 ] && [ \"$RANK\" = 1 ]; then "
+             "  while [ \"$(cat \"$1/standbys\" 2>/dev/null | wc -l)\" -lt 2 ]; do sleep 0.05; done; "
+             "  kill -KILL $(tail -n 1 \"$1/standbys\" | cut -d' ' -f1); sleep 0.5; exit 5; fi; "
+             "if [ \"$TORCHELASTIC_RESTART_COUNT\" = 0 ]; then exec sleep 60; fi; "
+             "if [ \"$RANK\" = 0 ]; then "
+             "  while [ \"$(cat \"$1/standbys\" 2>/dev/null | wc -l)\" -lt 4 ]; do sleep 0.05; done; fi; "
+             "echo \"done $TORCHELASTIC_RESTART_COUNT\"");
+  options.argv[0] = "/bin/bash";
+  options.max_restarts = 2;
+  options.standby = true;
+  options.standby_delay_s = 0.2;
+  LaunchOutcome r = launch(options);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  const std::vector<std::string> standbys = read_lines(dir_ / "standbys");
+  ASSERT_EQ(standbys.size(), 4u) << r.err;
+  EXPECT_TRUE(contains(r.err, "was killed by signal 9 (SIGKILL) before it was needed; a restart starts rank"))
+      << r.err;
+  EXPECT_TRUE(contains(r.err, "launcher: rank 1 exited with status 5; restarting the group (restart 1 of 2)"))
+      << r.err;
+  // One of attempt 1's ranks was the surviving standby, the other started
+  // afresh (no activation record).
+  int activated = 0;
+  for (int rank : {0, 1}) activated += fs::exists(dir_ / ("activated." + std::to_string(rank) + ".1")) ? 1 : 0;
+  EXPECT_EQ(activated, 1);
+  EXPECT_EQ(line_count(dir_ / "starts.0"), 2u);
+  EXPECT_EQ(line_count(dir_ / "starts.1"), 2u);
+  // Attempt 1's standbys were never needed: gone with the job.
+  for (size_t i = 2; i < 4; ++i) {
+    const pid_t pid = std::atoi(standbys[i].c_str());
+    EXPECT_NE(::kill(pid, 0), 0) << "standby " << pid << " outlived the launcher";
+  }
+}
+
 TEST_F(LocalLauncherTest, ExhaustedRestartsReturnTheLastFailuresStatus) {
   LocalLaunchOptions options = shell_ranks(
       2, std::string(kRecordStart) +

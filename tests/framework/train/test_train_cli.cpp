@@ -935,14 +935,36 @@ pid_t child_with_rank(pid_t parent, int rank) {
   return -1;
 }
 
+// The children of `parent` waiting as standbys (comm::wait_if_standby names
+// them "standby-rank").
+int standby_children(pid_t parent) {
+  int n = 0;
+  for (const auto& entry : fs::directory_iterator("/proc")) {
+    const std::string name = entry.path().filename();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream status(entry.path() / "status");
+    std::string line, comm;
+    pid_t ppid = -1;
+    while (std::getline(status, line)) {
+      if (line.rfind("PPid:", 0) == 0) ppid = std::atoi(line.c_str() + 5);
+      if (line.rfind("Name:", 0) == 0) comm = line.substr(line.find_first_not_of(" \t", 5));
+    }
+    if (ppid == parent && comm == "standby-rank") ++n;
+  }
+  return n;
+}
+
 }  // namespace
 
-// train --nproc 2 --max-restarts 1, as torchrun --max_restarts: one worker
+// train --nproc 2 --max-restarts 2, as torchrun --max_restarts: one worker
 // is killed with SIGKILL after the first commit; the launcher says so,
 // stops the other, starts both again (TORCHELASTIC_RESTART_COUNT 1), which
 // resume from the newest committed checkpoint without probing direct_io
 // again, and the run ends 0 with every step's loss equal to an
 // uninterrupted run's, bit for bit. Each process logs its start-up once.
+// Both restarts activate the standbys (dist.standby) the launcher started
+// ahead of them: the second kill finds rank 1 by its RANK in
+// /proc/<pid>/environ, which an activated standby shows as an exec'd rank.
 TEST(TrainCli, MaxRestartsRestartsTheGroupAfterAWorkerIsKilledAndTheRunResumesBitExactly) {
   const std::string full = cli_scratch("restart_full"), faulted = cli_scratch("restart_faulted");
   auto args = [](const std::string& dir) {
@@ -957,10 +979,14 @@ TEST(TrainCli, MaxRestartsRestartsTheGroupAfterAWorkerIsKilledAndTheRunResumesBi
   ASSERT_EQ(a.status, 0) << a.output;
 
   std::vector<std::string> restart_args = args(faulted);
-  restart_args.push_back("--max-restarts=1");
+  restart_args.push_back("--max-restarts=2");
+  for (const char* set : {"dist.standby_delay_s=0"}) {
+    restart_args.push_back("--set");
+    restart_args.push_back(set);
+  }
   StreamedRun b("train", restart_args);
   std::string out, line;
-  pid_t killed = -1;
+  pid_t killed = -1, killed_again = -1;
   int64_t newest_commit = -1;  // before the restart
   size_t restart_at = std::string::npos;
   while (b.next_line(line)) {
@@ -970,7 +996,7 @@ TEST(TrainCli, MaxRestartsRestartsTheGroupAfterAWorkerIsKilledAndTheRunResumesBi
         line.find(" committed ") != std::string::npos) {
       newest_commit = std::atoll(line.c_str() + commit + 16);
     }
-    if (killed < 0 && newest_commit >= 10) {
+    if (killed < 0 && newest_commit >= 10 && standby_children(b.pid()) == 2) {
       killed = child_with_rank(b.pid(), 1);
       ASSERT_GT(killed, 0) << "no rank 1 under the launcher\n" << out;
       ASSERT_EQ(kill(killed, SIGKILL), 0);
@@ -978,11 +1004,25 @@ TEST(TrainCli, MaxRestartsRestartsTheGroupAfterAWorkerIsKilledAndTheRunResumesBi
     if (restart_at == std::string::npos && line.find("restarting the group") != std::string::npos) {
       restart_at = out.size() - line.size() - 1;
     }
+    // Once the restarted group committed again and its own standbys wait:
+    // the second kill, of an activated standby.
+    if (restart_at != std::string::npos && killed_again < 0 && commit != std::string::npos &&
+        line.find(" committed ") != std::string::npos && out.size() - line.size() - 1 > restart_at &&
+        standby_children(b.pid()) == 2) {
+      killed_again = child_with_rank(b.pid(), 1);
+      ASSERT_GT(killed_again, 0) << "no rank 1 (an activated standby) in /proc/<pid>/environ\n" << out;
+      ASSERT_NE(killed_again, killed);
+      ASSERT_EQ(kill(killed_again, SIGKILL), 0);
+    }
   }
   const int status = b.wait();
   ASSERT_EQ(status, 0) << out;
   ASSERT_GT(killed, 0) << "the run never committed step 10\n" << out;
-  EXPECT_NE(out.find("launcher: rank 1 killed by signal 9 (SIGKILL); restarting the group (restart 1 of 1)"),
+  EXPECT_NE(out.find("launcher: rank 1 killed by signal 9 (SIGKILL); restarting the group (restart 1 of 2)"),
+            std::string::npos)
+      << out;
+  ASSERT_GT(killed_again, 0) << "the restarted group never committed with its standbys up\n" << out;
+  EXPECT_NE(out.find("launcher: rank 1 killed by signal 9 (SIGKILL); restarting the group (restart 2 of 2)"),
             std::string::npos)
       << out;
   ASSERT_NE(restart_at, std::string::npos) << out;
@@ -1007,13 +1047,17 @@ TEST(TrainCli, MaxRestartsRestartsTheGroupAfterAWorkerIsKilledAndTheRunResumesBi
     const auto j = nlohmann::json::parse(l);
     if (j.value("event", "") != "startup") continue;
     startups.push_back(j["restart"].get<int>());
+    // Attempts 1 and 2 ran on activated standbys: start-up counts from the
+    // activation, with no program load in it.
+    EXPECT_EQ(j.at("standby").get<bool>(), j["restart"].get<int>() > 0) << l;
     for (const char* key : {"startup_s", "load_s", "rendezvous_s", "groups_s", "model_s", "data_s", "checkpoint_s",
                             "resume_s", "other_s"}) {
       EXPECT_GE(j.at(key).get<double>(), 0) << l;
     }
   }
-  EXPECT_EQ(startups, (std::vector<int>{0, 1}));
+  EXPECT_EQ(startups, (std::vector<int>{0, 1, 2}));
   EXPECT_NE(after.find("shardkit: startup "), std::string::npos) << after;
+  EXPECT_NE(after.find(" s from the standby's activation (load "), std::string::npos) << after;
 
   const auto want = losses(full), got = losses(faulted);
   ASSERT_EQ(want.size(), 60u);
