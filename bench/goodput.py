@@ -276,7 +276,7 @@ def job_command(a, leg, launcher, sets, run_id):
         conf += ["--set", f"{k}={v}"]
     if launcher == "train":
         return leg.wrap([leg.train, "--nproc", "2", "--max-restarts", str(a.max_restarts)] + conf)
-    cmd = ["python3", os.path.join(leg.work, "torchrun"), "--nproc_per_node", "2", "--max_restarts",
+    cmd = ["/usr/bin/python3", os.path.join(leg.work, "torchrun"), "--nproc_per_node", "2", "--max_restarts",
            str(a.max_restarts), "--monitor_interval", str(a.monitor_interval), "--rdzv_id", run_id,
            "--rdzv_backend", "c10d", "--rdzv_endpoint", f"127.0.0.1:{free_port()}"]
     if leg.torch_major() >= 2:
