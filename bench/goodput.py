@@ -42,6 +42,13 @@ to one, or a new configuration; --set KEY=VALUE to all):
 Per launcher, configuration and T it reports:
   goodput    the fault-free run's wall time over the faulted run's, the same
              steps (a fault-free run of each launcher and configuration);
+  accounted  1 - the failures' back_s (below) over the faulted wall time:
+             the same share from the failures' own times, which the
+             machine's drift between two runs does not move;
+  vs_reference
+             the first configuration's (--configs) fault-free wall time over
+             this faulted run's: what a configuration's own steady cost (a
+             checkpoint every step) adds to its failures' cost;
 per failure:
   restart_s  the launcher's part: from the kill (time.time() just before
              os.kill) to the new rank 0 process's start (its startup record's
@@ -552,8 +559,16 @@ def main():
         legs = prepare_legs(a, work)
         for leg in legs:
             for launcher in launchers:
+                these = []
                 for config in a.config_list:
-                    rows += bench_one(a, leg, launcher, config)
+                    these += bench_one(a, leg, launcher, config)
+                # Against the first configuration's fault-free run: what the
+                # job costs, a configuration's own steady overhead included.
+                ref = next(r["fault_free_wall_s"] for r in these if r["config"] == a.config_list[0])
+                for r in these:
+                    r["reference_config"] = a.config_list[0]
+                    r["goodput_vs_reference"] = ref / r["wall_s"]
+                rows += these
     except BenchError as e:
         fail(str(e) + (f"\n(work directory kept: {work})" if a.keep else ""))
     finally:
@@ -597,6 +612,7 @@ def bench_one(a, leg, launcher, config):
         row = {"leg": leg.name, "launcher": launcher, "config": config, "mtbf_s": mtbf, "steps": a.steps,
                "kills": len(fails), "fault_free_wall_s": base["wall_s"], "wall_s": res["wall_s"],
                "goodput": base["wall_s"] / res["wall_s"],
+               "goodput_accounted": 1 - sum(f["back_s"] or 0 for f in fails) / res["wall_s"],
                "restart_s": mean(f["restart_s"] for f in fails), "startup_s": mean(f["startup_s"] for f in fails),
                "startup_phases": {k[:-2]: mean(f["startup_phases"][k[:-2]] for f in fails) for k in STARTUP_PHASES}
                if fails else None,
@@ -615,7 +631,8 @@ def fmt(v, f="%.2f"):
 
 
 def report(a, rows):
-    head = ["leg", "launcher", "config", "T s", "kills", "fault-free s", "faulted s", "goodput", "restart s",
+    head = ["leg", "launcher", "config", "T s", "kills", "fault-free s", "faulted s", "goodput", "accounted",
+            f"vs {a.config_list[0]}", "restart s",
             "startup s", "load s", "resume s", "redone steps", "back s", "losses", "lost ckpts"]
     print("| " + " | ".join(head) + " |")
     print("|" + "---|" * len(head))
@@ -623,11 +640,15 @@ def report(a, rows):
         ph = r["startup_phases"] or {}
         print("| " + " | ".join([r["leg"], r["launcher"], r["config"], f"{r['mtbf_s']:g}", str(r["kills"]),
                                  fmt(r["fault_free_wall_s"], "%.1f"), fmt(r["wall_s"], "%.1f"),
-                                 fmt(r["goodput"], "%.3f"), fmt(r["restart_s"]), fmt(r["startup_s"]),
+                                 fmt(r["goodput"], "%.3f"), fmt(r["goodput_accounted"], "%.3f"),
+                                 fmt(r["goodput_vs_reference"], "%.3f"), fmt(r["restart_s"]), fmt(r["startup_s"]),
                                  fmt(ph.get("load")), fmt(ph.get("resume")), fmt(r["steps_redone"], "%.1f"),
                                  fmt(r["back_s"]), "bit-equal", "0"]) + " |")
-    print("(per failure, means; restart: kill to the new process's start; startup: its start to its first step;"
-          " back: kill to the last step before it logged again)")
+    print(f"(goodput: the fault-free run's wall time over the faulted run's, same configuration; accounted: 1 -"
+          f" the failures' back s over the faulted wall time; vs {a.config_list[0]}: {a.config_list[0]}'s fault-free"
+          " wall time over this faulted run's. Per failure, means: restart: kill to the new process's start;"
+          " startup: its start to its first step; back: kill until the step last logged before it is logged"
+          " again)")
     for r in rows:
         for i, f in enumerate(r["failures"]):
             print(f"  {r['leg']}/{r['launcher']}/{r['config']} T={r['mtbf_s']:g} kill {i + 1}: rank {f['rank']} at "
