@@ -42,7 +42,8 @@ to one, or a new configuration; --set KEY=VALUE to all):
 Per launcher, configuration and T it reports:
   goodput    the fault-free run's wall time over the faulted run's, the same
              steps (a fault-free run of each launcher and configuration);
-  accounted  1 - the failures' back_s (below) over the faulted wall time:
+  accounted  1 - the time lost to failures (the union of the spans from
+             each kill to its back_s, below) over the faulted wall time:
              the same share from the failures' own times, which the
              machine's drift between two runs does not move;
   vs_reference
@@ -428,7 +429,9 @@ def failure_figures(res, att, tag):
             raise BenchError(f"{tag}: kill {i + 1}: step_{committed} was committed before the kill, but the "
                              f"restart resumed from {new['start'].get('resumed_from')!r} (step {resumed}): "
                              "a committed checkpoint was lost")
-        back = next((r for r in new["steps"] if r["step"] >= last), None)
+        # The first time the run logs the step it had reached again: in this
+        # attempt, or a later one when the next kill came first.
+        back = next((r for later in att[i + 1:] for r in later["steps"] if r["step"] >= last), None)
         out.append({
             "kill_time": f["kill_time"], "rank": f["rank"], "attempt": f["attempt"],
             "trained_s": round(f["trained_s"], 3), "step_at_kill": f["step_at_kill"],
@@ -442,6 +445,21 @@ def failure_figures(res, att, tag):
             "back_s": utc_seconds(back["time"]) - f["kill_time"] if back else None,
         })
     return out
+
+
+def lost_s(fails):
+    """The time the failures cost: the union of the spans from each kill
+    until the run is back at its step (a later kill may fall inside one)."""
+    spans = sorted((f["kill_time"], f["kill_time"] + f["back_s"]) for f in fails if f["back_s"] is not None)
+    total, end = 0.0, None
+    for lo, hi in spans:
+        if end is None or lo > end:
+            total += hi - lo
+            end = hi
+        elif hi > end:
+            total += hi - end
+            end = hi
+    return total
 
 
 # --- the benchmark ---------------------------------------------------------------
@@ -612,7 +630,7 @@ def bench_one(a, leg, launcher, config):
         row = {"leg": leg.name, "launcher": launcher, "config": config, "mtbf_s": mtbf, "steps": a.steps,
                "kills": len(fails), "fault_free_wall_s": base["wall_s"], "wall_s": res["wall_s"],
                "goodput": base["wall_s"] / res["wall_s"],
-               "goodput_accounted": 1 - sum(f["back_s"] or 0 for f in fails) / res["wall_s"],
+               "goodput_accounted": 1 - lost_s(fails) / res["wall_s"],
                "restart_s": mean(f["restart_s"] for f in fails), "startup_s": mean(f["startup_s"] for f in fails),
                "startup_phases": {k[:-2]: mean(f["startup_phases"][k[:-2]] for f in fails) for k in STARTUP_PHASES}
                if fails else None,
