@@ -6,7 +6,8 @@ workers die at random (issue #71).
                    [--configs default,fast] [--mtbf 30,60,120] [--steps 6000]
                    [--seed 71] [--quick] [--set KEY=VALUE]...
                    [--config-set NAME:KEY=VALUE]... [--max-restarts 1000]
-                   [--monitor-interval 0.5] [--json F] [--keep]
+                   [--monitor-interval 0.5] [--timeout S] [--json F] [--keep]
+                   [--train build/train] [--trixie-train build-trixie/train]
 
 Every job is configs/llama_tiny.yaml on 2 ranks (train.log_every=1,
 train.eval_every=0), started by a launcher that restarts the group after a
@@ -367,7 +368,8 @@ def run_job(a, leg, launcher, overrides, tag, timeout, kills=None):
     if rc != 0:
         with open(log_path, errors="replace") as f:
             text = f.read()[-3000:]
-        raise BenchError(f"{tag}: the launcher exited with status {rc}; its log ({log_path}) ends:\n{text}")
+        where = f" ({log_path})" if a.keep else ""
+        raise BenchError(f"{tag}: the launcher exited with status {rc}; its log{where} ends:\n{text}")
     return {"wall_s": wall, "records": tail.records, "failures": failures, "log": log_path, "run_dir": run_dir}
 
 
