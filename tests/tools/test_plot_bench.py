@@ -5,7 +5,8 @@
       The script on benchmark JSON written here, shaped as the benchmarks
       write it (bench/scale_bench.cpp; bench/ckpt_bench.cpp with
       bench/bench_util.cpp's compression rows and bench/cuda_bench.cpp's
-      --device cuda output; bench/dcp_compare.py; scripts/gpu-check), on
+      --device cuda output; bench/dcp_compare.py; scripts/gpu-check;
+      bench/goodput.py, also without a KIND), on
       docs/data/ac_bench.json, and on bad input (exit 2, one line naming the
       file).
 
