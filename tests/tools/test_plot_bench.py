@@ -5,7 +5,8 @@
       The script on benchmark JSON written here, shaped as the benchmarks
       write it (bench/scale_bench.cpp; bench/ckpt_bench.cpp with
       bench/bench_util.cpp's compression rows and bench/cuda_bench.cpp's
-      --device cuda output; bench/dcp_compare.py; scripts/gpu-check), on
+      --device cuda output; bench/dcp_compare.py; scripts/gpu-check;
+      bench/goodput.py, also without a KIND), on
       docs/data/ac_bench.json, and on bad input (exit 2, one line naming the
       file).
 
@@ -168,6 +169,24 @@ def gpu_check_json(dcp=None):
             "targets": [{"target": "load to GPU <= DCP load", "value": 3.1, "limit": 6.2, "met": True}]}
 
 
+def goodput_json():
+    """bench/goodput.py --json's shape: a row per leg, launcher,
+    configuration and T."""
+    rows = []
+    for launcher in ("train", "torchrun"):
+        for config, redone in (("default", 22.0), ("fast", 0.5)):
+            for t in (30, 60, 120):
+                restart = 0.3 if launcher == "train" else 1.2
+                rows.append({"leg": "debian12", "launcher": launcher, "config": config, "mtbf_s": float(t),
+                             "steps": 6000, "kills": 240 // t, "fault_free_wall_s": 300.0,
+                             "wall_s": 300.0 + 240 / t * (restart + 4 + redone * 0.05),
+                             "goodput": 300.0 / (300.0 + 240 / t * (restart + 4 + redone * 0.05)),
+                             "restart_s": restart, "startup_s": 4.0, "steps_redone": redone,
+                             "back_s": restart + 4 + redone * 0.05, "failures": []})
+    return {"benchmark": "goodput", "command": "bench/goodput.py --json goodput.json",
+            "date": "2026-12-04T23:00:00Z", "steps": 6000, "seed": 71, "cores": 2, "rows": rows}
+
+
 class Case(unittest.TestCase):
     def setUp(self):
         self.tmp = tempfile.TemporaryDirectory(prefix="shardkit_plot_bench_")
@@ -315,6 +334,16 @@ class PlotBenchDraws(Case):
         self.assert_png(os.path.join(self.dir, "pipeline_schedules.png"), self.plot("pipeline", path))
 
 
+    def test_goodput_curves_and_failure_times_kind_from_the_json(self):
+        path = self.write("goodput.json", goodput_json())
+        result = self.plot(path)  # no KIND: the JSON's "benchmark" names it
+        self.assert_png(os.path.join(self.dir, "goodput.png"), result)
+        self.assertIn("goodput, debian12 train default", result.stdout)
+        self.assertIn("T 30, 60, 120", result.stdout)
+        out = os.path.join(self.dir, "g.png")
+        self.assert_png(out, self.plot("goodput", path, "--out", out))
+
+
 class PlotBenchRefuses(Case):
     def test_missing_file(self):
         missing = os.path.join(self.dir, "nope.json")
@@ -391,6 +420,17 @@ class PlotBenchRefuses(Case):
         self.assertEqual(result.returncode, 2)
         self.assertIn(f"plot-bench: {path}: \"rows\" holds no row", result.stderr)
         self.assertNotIn("Traceback", result.stderr)
+
+    def test_goodput_row_without_goodput_and_scale_json_for_goodput(self):
+        data = goodput_json()
+        del data["rows"][2]["goodput"]
+        path = self.write("goodput.json", data)
+        self.assert_refused(self.plot("goodput", path), path, '"rows[2]" lacks goodput')
+        scale = self.write("scale.json", scale_json())
+        self.assert_refused(self.plot("goodput", scale), scale, "KIND scale's JSON")
+
+    def test_json_without_kind_whose_benchmark_names_none(self):
+        self.assert_refused(self.plot(AC_JSON), AC_JSON, "no KIND given")
 
     def test_unknown_kind_is_a_usage_error(self):
         result = self.plot("speed", AC_JSON)
