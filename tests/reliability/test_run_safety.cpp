@@ -85,11 +85,18 @@ TEST(RunSafety, AllowConfigChangeResumesAnywayAndSaysWhatChanged) {
   const TrainSpec first = finished_run(root);
   auto again = first;
   again.sets = {"train.steps=6", "run.seed=99", "train.global_batch_size=4",
-                "checkpoint.allow_config_change=true", "checkpoint.interval=0"};
+                "checkpoint.allow_config_change=true", "checkpoint.interval=0",
+                // The next batch is another one then: the audit says so.
+                "checkpoint.resume_audit=warn"};
   RunResult r = run_train(again, root / "again.log");
   EXPECT_EQ(r.exit_code, 0) << tail(r.output);
   EXPECT_TRUE(contains(r.output, "warning: resuming " + (first.ckpt_dir / "step_4").string() +
                                      " although it was saved with other settings: run.seed"))
+      << tail(r.output);
+  EXPECT_TRUE(contains(r.output, "warning: checkpoint.resume_audit: resuming " + (first.ckpt_dir / "step_4").string() +
+                                     ", step 5 would train on another batch than the saved run would have: "
+                                     "another seed (saved 1234, now 99); another train.global_batch_size "
+                                     "(saved 8, now 4)"))
       << tail(r.output);
   EXPECT_TRUE(contains(r.output, "continuing after step 4")) << tail(r.output);
   EXPECT_FALSE(contains(r.output, "frame #")) << tail(r.output);
