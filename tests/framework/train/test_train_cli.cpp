@@ -213,7 +213,7 @@ void expect_resume_audits(const std::string& data, const std::string& step6, dou
   r = resume("1", " --set checkpoint.resume_audit=off");
   EXPECT_EQ(r.status, 0) << r.output;
   EXPECT_EQ(r.output.find("resume audit"), std::string::npos) << r.output;
-  EXPECT_EQ(r.output.find("resume_audit"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("checkpoint.resume_audit"), std::string::npos) << r.output;
   // The two shards swapped under each other's names.
   write_bytes(shard0, original1);
   write_bytes(shard1, original0);
