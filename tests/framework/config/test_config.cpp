@@ -187,6 +187,7 @@ Config non_default_config() {
   c.checkpoint.resume = "never";
   c.checkpoint.resume_fallback = false;
   c.checkpoint.allow_config_change = true;
+  c.checkpoint.resume_audit = checkpoint::ResumeAudit::kWarn;
   c.checkpoint.on_error = checkpoint::OnError::kWarn;
   c.checkpoint.save_on_signal = false;
   c.checkpoint.when_busy = checkpoint::WhenBusy::kSkip;
