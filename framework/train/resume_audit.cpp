@@ -221,7 +221,7 @@ std::string explain_batch_difference(const NextBatchRecord& saved, const NextBat
 
 AuditVerdict audit_resume(const checkpoint::StateDict& sd, const data::DataLoader& loader,
                           const DataIdentity& identity, checkpoint::ResumeAudit mode,
-                          const std::string& checkpoint_path) {
+                          const std::string& checkpoint_path, bool config_change_allowed) {
   AuditVerdict v;
   const checkpoint::BytesEntry* position = find_bytes(sd, config::kLoaderItem);
   const checkpoint::BytesEntry* saved = find_bytes(sd, config::kNextBatchItem);
@@ -256,6 +256,15 @@ AuditVerdict audit_resume(const checkpoint::StateDict& sd, const data::DataLoade
   const std::string what = "checkpoint.resume_audit: resuming " + checkpoint_path + ", step " + step +
                            " would train on another batch than the saved run would have: " +
                            explain_batch_difference(before, now);
+  // The seed or batch size changed on purpose, the data files did not.
+  const bool allowed = config_change_allowed && before.data.files == now.data.files &&
+                       (before.data.seed != now.data.seed ||
+                        before.data.global_batch_size != now.data.global_batch_size);
+  if (allowed) {
+    v.outcome = AuditOutcome::kDiffers;
+    v.message = what + " (checkpoint.allow_config_change: resuming anyway)";
+    return v;
+  }
   if (mode == checkpoint::ResumeAudit::kError) {
     throw ResumeAuditError(what + ". Resuming would mix two runs: put the data back as it was, or set "
                                   "checkpoint.resume_audit: warn to resume anyway");

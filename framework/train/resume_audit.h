@@ -98,9 +98,12 @@ struct AuditVerdict {
 // After set_run_state on `sd` loaded from `checkpoint_path`: compares the
 // batch `loader` yields next with the data.next_batch item. `identity`:
 // data_identity_of this run's data (only read on a difference). Throws
-// ResumeAuditError for a difference when `mode` is error.
+// ResumeAuditError for a difference when `mode` is error, except one that
+// run.seed or train.global_batch_size alone explain when
+// `config_change_allowed` (checkpoint.allow_config_change: the user changed
+// them on purpose), which is a warning.
 AuditVerdict audit_resume(const checkpoint::StateDict& sd, const data::DataLoader& loader,
                           const DataIdentity& identity, checkpoint::ResumeAudit mode,
-                          const std::string& checkpoint_path);
+                          const std::string& checkpoint_path, bool config_change_allowed = false);
 
 }  // namespace framework::train

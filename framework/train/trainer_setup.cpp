@@ -401,7 +401,8 @@ Trainer::State::Resumed Trainer::State::resume_or_initialise() {
 // global batch), so on a difference all throw ResumeAuditError together and
 // no rank is left waiting in a collective; rank 0 says why.
 void Trainer::State::audit_resumed_batch(const checkpoint::StateDict& sd, const std::string& path) {
-  const AuditVerdict v = audit_resume(sd, *loader, identity_of_data(), cfg.checkpoint.resume_audit, path);
+  const AuditVerdict v = audit_resume(sd, *loader, identity_of_data(), cfg.checkpoint.resume_audit, path,
+                                      cfg.checkpoint.allow_config_change);
   if (!is_logger || v.message.empty()) return;
   if (v.outcome == AuditOutcome::kDiffers) {
     std::cerr << "shardkit: warning: " << v.message << std::endl;
