@@ -87,6 +87,17 @@ inline DirectIo parse_direct_io(const std::string& text) {
   return comm::parse_enum("checkpoint.direct_io", text, kDirectIos);
 }
 
+// checkpoint.resume_audit: what a resume does when the batch it would train
+// on next is not the one the checkpoint recorded (the trainer's audit,
+// framework/train/resume_audit.h): error (exit 2), warn, or off (no check).
+enum class ResumeAudit { kError, kWarn, kOff };
+inline constexpr comm::EnumName<ResumeAudit> kResumeAudits[] = {
+    {ResumeAudit::kError, "error"}, {ResumeAudit::kWarn, "warn"}, {ResumeAudit::kOff, "off"}};
+inline const char* to_string(ResumeAudit resume_audit) { return comm::enum_text(resume_audit, kResumeAudits); }
+inline ResumeAudit parse_resume_audit(const std::string& resume_audit) {
+  return comm::parse_enum("checkpoint.resume_audit", resume_audit, kResumeAudits);
+}
+
 struct CompressionOptions {
   Codec codec = Codec::kNone;
   int level = 3;                          // zstd level, 1..19
@@ -133,6 +144,8 @@ struct CheckpointOptions {
   // Resume a checkpoint saved under another model, data, seed or batch
   // configuration (the trainer refuses by default, naming the keys).
   bool allow_config_change = false;
+  // Resume: compare the next batch with the one the checkpoint recorded.
+  ResumeAudit resume_audit = ResumeAudit::kError;
   OnError on_error = OnError::kFail;
   bool save_on_signal = true;        // SIGTERM triggers a final save
   WhenBusy when_busy = WhenBusy::kWait;  // a save still in flight

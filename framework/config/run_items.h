@@ -24,6 +24,14 @@ inline constexpr const char* kStepItem = "train.step";     // int64, the last st
 inline constexpr const char* kLoaderItem = "data.loader";  // the data loader's position
 inline constexpr const char* kRngItem = "rng.cpu";         // LibTorch's CPU generator state
 inline constexpr const char* kConfigItem = "config";       // the effective config (to_yaml)
+// The resume audit's record (framework/train/resume_audit.h): JSON with the
+// XXH3 of the next global batch's token ids and the data's identity (files,
+// seed, batch size). Absent from checkpoints saved before it existed.
+inline constexpr const char* kNextBatchItem = "data.next_batch";
+inline constexpr const char* kLastLossItem = "train.last_loss";  // double (8 bytes LE), the saved step's loss
+// LibTorch's CUDA generator state of the saving rank's device; only in the
+// checkpoints of a run on a GPU.
+inline constexpr const char* kRngCudaItem = "rng.cuda";
 // A LoRA run's base (model.lora.rank > 0): its checkpoints hold the
 // adapters, not the frozen base, and this item says which base they go on.
 inline constexpr const char* kLoraBaseItem = "lora.base";

@@ -366,6 +366,11 @@ std::vector<Key> build_schema() {
       {SHARDKIT_CONFIG_FIELD(checkpoint.allow_config_change), any_value(),
        "resume even though the checkpoint was saved with other model, data, run.seed or "
        "train.global_batch_size values (they are listed); false: refuse to resume."},
+      {SHARDKIT_CONFIG_ENUM(checkpoint.resume_audit, checkpoint::parse_resume_audit), one_of_enum(checkpoint::kResumeAudits),
+       "Resume: hash the global batch the run trains on next and compare it with the one the "
+       "checkpoint recorded when it was saved; on a difference, name what changed (a data file, "
+       "the shards' order, run.seed, train.global_batch_size). error: exit 2; warn: say so and "
+       "train on; off: no check. Checkpoints without the record resume with a note."},
       {SHARDKIT_CONFIG_ENUM(checkpoint.on_error, checkpoint::parse_on_error), one_of_enum(checkpoint::kOnErrors),
        "A failed save stops training (fail) or is logged (warn)."},
       {SHARDKIT_CONFIG_FIELD(checkpoint.save_on_signal), any_value(),

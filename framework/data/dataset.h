@@ -11,6 +11,7 @@
 #include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
 namespace framework::data {
 
@@ -29,6 +30,11 @@ class Dataset {
   // REQUIRES: index >= 0. Thread-safe (const, no shared mutable state).
   virtual std::pair<torch::Tensor, torch::Tensor> sample(int64_t index) const = 0;
   virtual std::string describe() const = 0;
+  // The files sample() reads, in the order they make the data stream (token
+  // shards in name order; a text or JSONL file); empty for data made up in
+  // memory. A resume's audit records their names, sizes and a fingerprint
+  // (framework/train/resume_audit.h) to say what changed under a run.
+  virtual std::vector<std::string> files() const { return {}; }
 
   // The held-out (validation) samples, disjoint from every sample(i): how
   // many there are (0: none; synthetic: unbounded) and the j-th.

@@ -58,6 +58,7 @@ class SftDataset : public Dataset {
   int64_t vocab_size() const override { return vocab_size_; }
   std::pair<torch::Tensor, torch::Tensor> sample(int64_t index) const override;
   std::string describe() const override;
+  std::vector<std::string> files() const override { return {path_}; }
   int64_t eval_size() const override { return stats_.eval_windows; }
   std::pair<torch::Tensor, torch::Tensor> eval_sample(int64_t j) const override;
 

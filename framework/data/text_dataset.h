@@ -35,6 +35,7 @@ class TextDataset : public Dataset {
   int64_t vocab_size() const override { return vocab_size_; }
   std::pair<torch::Tensor, torch::Tensor> sample(int64_t index) const override;
   std::string describe() const override;
+  std::vector<std::string> files() const override { return {path_}; }
   int64_t eval_size() const override;
   std::pair<torch::Tensor, torch::Tensor> eval_sample(int64_t j) const override;
 

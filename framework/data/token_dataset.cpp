@@ -248,6 +248,12 @@ std::pair<torch::Tensor, torch::Tensor> TokenDataset::eval_sample(int64_t j) con
   return window(shards_, shard_starts_, eval_begin_ + j * options_.seq_len);
 }
 
+std::vector<std::string> TokenDataset::files() const {
+  std::vector<std::string> out;
+  for (const TokenShard& s : shards_) out.push_back(s.path);
+  return out;
+}
+
 std::string TokenDataset::describe() const {
   std::ostringstream out;
   out << "tokens '" << options_.path << "' (" << shards_.size() << (shards_.size() == 1 ? " shard" : " shards")

@@ -53,6 +53,7 @@ class TokenDataset : public Dataset {
   int64_t vocab_size() const override { return options_.vocab_size; }
   std::pair<torch::Tensor, torch::Tensor> sample(int64_t index) const override;
   std::string describe() const override;
+  std::vector<std::string> files() const override;  // the training shards, in stream order
   int64_t eval_size() const override;
   std::pair<torch::Tensor, torch::Tensor> eval_sample(int64_t j) const override;
 

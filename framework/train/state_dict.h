@@ -23,8 +23,10 @@
 #include "framework/data/loader.h"
 #include "framework/fsdp/fully_shard.h"
 #include "framework/optim/sharded_adamw.h"
+#include "framework/train/resume_audit.h"
 
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -61,19 +63,46 @@ checkpoint::StateDict get_run_state_dict(fsdp::FullyShardedModel& model, optim::
                                          const data::DataLoader& loader, int64_t step,
                                          const config::Config& config, const std::string& lora_base = {});
 
+// What the trainer records beside the state for a resume to check itself
+// (resume_audit.h).
+struct RunRecords {
+  std::string lora_base;  // as above
+  // The loss of the step saved (train.last_loss); NaN when none was taken
+  // in this process yet.
+  double last_loss = std::numeric_limits<double>::quiet_NaN();
+  // The data's identity (data_identity_of, computed once per run); with it,
+  // the data.next_batch item: the hash of the global batch the loader
+  // yields next. Null: no data.next_batch item.
+  const DataIdentity* data = nullptr;
+  // A CUDA device: its generator's state as the rng.cuda item (none on
+  // the CPU).
+  torch::Device device{torch::kCPU};
+};
+
+// get_run_state_dict's items plus data.next_batch, train.last_loss and
+// rng.cuda (framework/config/run_items.h).
+checkpoint::StateDict get_run_state_dict(fsdp::FullyShardedModel& model, optim::ShardedAdamW& optimizer,
+                                         const data::DataLoader& loader, int64_t step,
+                                         const config::Config& config, const RunRecords& records);
+
 // After a load into get_run_state_dict's items: hands the optimizer its
-// state, the loader its position and the CPU generator its state, and
-// returns the step. A checkpoint imported from PyTorch DCP (an empty
+// state, the loader its position and the CPU generator its state (and the
+// CUDA generator of `device` its, when that is a GPU and the item holds
+// one), and returns the step. A checkpoint imported from PyTorch DCP (an empty
 // loader item) continues the data at its step and keeps the generator.
 // `allow_config_change` (checkpoint.allow_config_change): the loader keeps
 // its own seed and batch size.
 int64_t set_run_state(checkpoint::StateDict& sd, fsdp::FullyShardedModel& model,
-                      optim::ShardedAdamW& optimizer, data::DataLoader& loader, bool allow_config_change);
+                      optim::ShardedAdamW& optimizer, data::DataLoader& loader, bool allow_config_change,
+                      const torch::Device& device = torch::kCPU);
 
 // An int64 as the 8-byte little-endian bytes item the state dict uses
 // (optimizer steps, train.step), and back: throws std::runtime_error naming
 // `what` when the item is not 8 bytes.
 std::vector<uint8_t> int64_bytes(int64_t v);
 int64_t bytes_int64(const std::vector<uint8_t>& bytes, const std::string& what);
+// A double as 8 little-endian bytes (its IEEE-754 bits), and back.
+std::vector<uint8_t> double_bytes(double v);
+double bytes_double(const std::vector<uint8_t>& bytes, const std::string& what);
 
 }  // namespace framework::train

@@ -7,6 +7,7 @@
 #include "framework/fsdp/fully_shard.h"
 #include "framework/data/token_dataset.h"
 #include "framework/train/preflight.h"
+#include "framework/train/resume_audit.h"
 #include "framework/train/run_lock.h"
 #include "checkpoint/error_text.h"
 #include "framework/train/train_main.h"
@@ -273,6 +274,10 @@ int run_rank(const Args& args, const framework::config::Config& cfg, const Train
     auto runtime = comm::init_runtime(env, cfg.dist, cfg.train.device);
     framework::train::Trainer trainer(cfg, *runtime, hooks);
     return trainer.run();
+  } catch (const ResumeAuditError& e) {
+    // Every rank found the same difference; rank 0 says it once.
+    if (env.rank == 0) std::cerr << "train: " << e.what() << std::endl;
+    return 2;
   } catch (const std::exception& e) {
     std::cerr << "train: rank " << env.rank << " failed: " << checkpoint::error_text(e)
               << std::endl;

@@ -86,7 +86,18 @@ StepStats unpack_step_stats(const torch::Tensor& reduced) {
 
 // Everything a resumed run needs, as named items (state_dict.h).
 checkpoint::StateDict Trainer::State::make_state_dict() {
-  return get_run_state_dict(*fsdp, *optim, *loader, step, cfg, lora_base);
+  RunRecords records;
+  records.lora_base = lora_base;
+  // The loss of the step saved (a save follows its step's record).
+  if (!history.empty() && history.back().step == step) records.last_loss = history.back().loss;
+  records.data = &identity_of_data();
+  records.device = device;
+  return get_run_state_dict(*fsdp, *optim, *loader, step, cfg, records);
+}
+
+const DataIdentity& Trainer::State::identity_of_data() {
+  if (!data_identity) data_identity = data_identity_of(loader->dataset(), loader->state());
+  return *data_identity;
 }
 
 int64_t Trainer::State::last_step() const {

@@ -353,7 +353,12 @@ Trainer::State::Resumed Trainer::State::resume_or_initialise() {
     }
   } else {
     checkpoint::StateDict sd = make_state_dict();
-    for (const char* optional : {config::kLoaderItem, config::kRngItem}) sd.find_bytes(optional)->data.clear();
+    // A GPU run's checkpoints hold rng.cuda; a CPU run takes it (and drops it).
+    if (sd.find_bytes(config::kRngCudaItem) == nullptr) sd.add_bytes(config::kRngCudaItem, {});
+    for (const char* optional : {config::kLoaderItem, config::kRngItem, config::kNextBatchItem,
+                                 config::kLastLossItem, config::kRngCudaItem}) {
+      sd.find_bytes(optional)->data.clear();
+    }
     if (lora) sd.find_bytes(config::kLoraBaseItem)->data.clear();
     if (std::optional<checkpoint::ResumeResult> r = ckpt->resume(sd)) {
       if (lora && !sd.find_bytes(config::kLoraBaseItem)->data.empty()) {
@@ -368,7 +373,8 @@ Trainer::State::Resumed Trainer::State::resume_or_initialise() {
       }
       // Model shards were loaded in place.
       if (!cfg.checkpoint.model_only) {
-        step = set_run_state(sd, *fsdp, *optim, *loader, cfg.checkpoint.allow_config_change);
+        step = set_run_state(sd, *fsdp, *optim, *loader, cfg.checkpoint.allow_config_change, device);
+        audit_resumed_batch(sd, r->path);
       }
       out.from = r->path;
       out.stats = r->stats;
@@ -390,15 +396,32 @@ Trainer::State::Resumed Trainer::State::resume_or_initialise() {
   return out;
 }
 
+// Before the first update: is the batch the resumed run trains on next the
+// one the checkpoint recorded? Every rank decides alike (the hash covers the
+// global batch), so on a difference all throw ResumeAuditError together and
+// no rank is left waiting in a collective; rank 0 says why.
+void Trainer::State::audit_resumed_batch(const checkpoint::StateDict& sd, const std::string& path) {
+  const AuditVerdict v = audit_resume(sd, *loader, identity_of_data(), cfg.checkpoint.resume_audit, path,
+                                      cfg.checkpoint.allow_config_change);
+  if (!is_logger || v.message.empty()) return;
+  if (v.outcome == AuditOutcome::kDiffers) {
+    std::cerr << "shardkit: warning: " << v.message << std::endl;
+  } else {
+    std::cout << "shardkit: " << v.message << std::endl;
+  }
+}
+
 // The checkpoint manager over the checkpoint group, on POSIX (or the
 // hooks' storage), with the local tier's placement.
 void Trainer::State::make_checkpoint_manager() {
   // What a checkpoint imported from PyTorch DCP (ckpt import-dcp) lacks:
   // set_run_state derives the data position from the step and keeps the RNG.
+  // What checkpoints saved before the resume audit lack: the audit is skipped.
   checkpoint::ManagerHooks manager_hooks;
   manager_hooks.optional_items = [](const std::string& name) {
     return name == config::kLoaderItem || name == config::kRngItem || name == config::kConfigItem ||
-           name == config::kLoraBaseItem;
+           name == config::kLoraBaseItem || name == config::kNextBatchItem || name == config::kLastLossItem ||
+           name == config::kRngCudaItem;
   };
   checkpoint::CheckpointOptions ckpt_options = cfg.checkpoint;
   ckpt_options.local.dir = config::local_tier_pattern(cfg);

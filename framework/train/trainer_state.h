@@ -26,6 +26,7 @@
 #include "framework/train/metrics_log.h"
 #include "framework/train/preflight.h"
 #include "framework/train/profiler.h"
+#include "framework/train/resume_audit.h"
 #include "models/moe.h"
 
 #include <torch/torch.h>
@@ -155,6 +156,9 @@ struct Trainer::State {
   std::shared_ptr<models::LayeredModelImpl> layered;  // the built-in model (stages run through it)
   detail::ParamCounts params;
   std::string lora_base;  // LoRA: the lora.base item its checkpoints carry (config/run_items.h)
+  // The data's files, seed and batch size, as every checkpoint records them
+  // for the resume audit (resume_audit.h): read at the first need, once.
+  std::optional<DataIdentity> data_identity;
 
   // The model and what trains it.
   UserModel user;  // the model, units, loss and data (built-in: from the kind's spec)
@@ -224,6 +228,7 @@ struct Trainer::State {
   };
   Resumed resume_or_initialise();
   checkpoint::DcpLoadStats load_dcp(const std::string& dir);
+  void audit_resumed_batch(const checkpoint::StateDict& sd, const std::string& path);
   void load_initial_weights();
   void start_log(const Resumed& resumed);
   // Rank 0, at the first run() of this process: the start-up line and record.
@@ -235,6 +240,7 @@ struct Trainer::State {
 
   // The loop (trainer.cpp).
   checkpoint::StateDict make_state_dict();
+  const DataIdentity& identity_of_data();
   int64_t last_step() const;
   detail::StepStats compute_gradients(int64_t to_step);
   // This step's MoE statistics (moe_step_stats) into `rec`, and the

@@ -91,6 +91,14 @@ TEST(RunSafety, AllowConfigChangeResumesAnywayAndSaysWhatChanged) {
   EXPECT_TRUE(contains(r.output, "warning: resuming " + (first.ckpt_dir / "step_4").string() +
                                      " although it was saved with other settings: run.seed"))
       << tail(r.output);
+  EXPECT_TRUE(contains(r.output, "warning: checkpoint.resume_audit: resuming " + (first.ckpt_dir / "step_4").string() +
+                                     ", step 5 would train on another batch than the saved run would have: "
+                                     "another seed (saved 1234, now 99); another train.global_batch_size "
+                                     "(saved 8, now 4)"))
+      << tail(r.output);
+  // Allowed on purpose: a warning, not a refusal (checkpoint.resume_audit error).
+  EXPECT_TRUE(contains(r.output, "(checkpoint.allow_config_change: resuming anyway)"))
+      << tail(r.output);
   EXPECT_TRUE(contains(r.output, "continuing after step 4")) << tail(r.output);
   EXPECT_FALSE(contains(r.output, "frame #")) << tail(r.output);
 }

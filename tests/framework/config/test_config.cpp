@@ -47,7 +47,7 @@ const std::vector<std::string> kAllKeys = {
     "parallel.reshard_after_forward", "parallel.prefetch",
     "dist.backend", "dist.timeout_s", "dist.stop_grace_s", "dist.master_addr", "dist.master_port",
     "checkpoint.dir", "checkpoint.interval", "checkpoint.mode", "checkpoint.keep_last",
-    "checkpoint.resume", "checkpoint.resume_fallback", "checkpoint.allow_config_change", "checkpoint.on_error", "checkpoint.save_on_signal",
+    "checkpoint.resume", "checkpoint.resume_fallback", "checkpoint.allow_config_change", "checkpoint.resume_audit", "checkpoint.on_error", "checkpoint.save_on_signal",
     "checkpoint.when_busy", "checkpoint.allow_partial", "checkpoint.model_only",
     "checkpoint.io_threads", "checkpoint.plan_cache", "checkpoint.direct_io", "checkpoint.device_snapshot", "checkpoint.local.dir", "checkpoint.local.keep_last",
     "checkpoint.local.partner", "checkpoint.durable.every", "checkpoint.compression.codec", "checkpoint.compression.level",
@@ -187,6 +187,7 @@ Config non_default_config() {
   c.checkpoint.resume = "never";
   c.checkpoint.resume_fallback = false;
   c.checkpoint.allow_config_change = true;
+  c.checkpoint.resume_audit = checkpoint::ResumeAudit::kWarn;
   c.checkpoint.on_error = checkpoint::OnError::kWarn;
   c.checkpoint.save_on_signal = false;
   c.checkpoint.when_busy = checkpoint::WhenBusy::kSkip;

@@ -8,6 +8,9 @@
 #include "checkpoint/storage/storage.h"
 #include "framework/fsdp/fully_shard.h"
 #include "framework/optim/sharded_adamw.h"
+#include "framework/data/loader.h"
+#include "framework/data/synthetic_dataset.h"
+#include "framework/train/resume_audit.h"
 #include "framework/train/state_dict.h"
 #include "framework/train/trainer.h"
 #include "support/multi_rank.h"
@@ -145,6 +148,19 @@ TEST(ResumeAcrossWorldSizes, SavedAtTwoResumedAtThreeAndOneContinuesTheLosses) {
   run_and_gather(stopped, kLayouts[1]);
   std::string path = stopped.checkpoint.dir + "/step_10";
   ASSERT_TRUE(fs::exists(path + "/.metadata"));
+
+  // The checkpoint records the whole global batch of step 11 (not a rank's
+  // slice) and step 10's loss; each resume below audits that batch at its
+  // own world size (a difference would throw ResumeAuditError).
+  const auto items = read_checkpoint_items(path);
+  const auto dataset = framework::data::make_dataset(stopped.data, stopped.model, 5);
+  const auto record = framework::train::decode_next_batch(items.at("data.next_batch"), path);
+  EXPECT_EQ(record.batch_hash, framework::train::global_batch_hash(*dataset, 12, 5, 10));
+  EXPECT_NE(record.batch_hash, framework::train::global_batch_hash(*dataset, 12, 5, 9));
+  EXPECT_EQ(record.data.seed, 5u);
+  EXPECT_EQ(record.data.global_batch_size, 12);
+  EXPECT_EQ(framework::train::bytes_double(items.at("train.last_loss"), "train.last_loss"), reference[9]);
+  EXPECT_EQ(items.count("rng.cuda"), 0u);  // trained on the CPU
 
   for (const CkptLayout& l : {kLayouts[2], kLayouts[0], kLayouts[5]}) {
     SCOPED_TRACE(l.name);
@@ -386,4 +402,89 @@ TEST(OptimizerImpls, ACheckpointWrittenUnderOneImplementationResumesUnderEvery) 
     }
   }
   fs::remove_all(root);
+}
+
+namespace {
+
+using framework::train::AuditOutcome;
+using framework::train::DataFile;
+using framework::train::NextBatchRecord;
+
+NextBatchRecord record_of(uint64_t hash, uint64_t seed, std::vector<DataFile> files) {
+  NextBatchRecord r;
+  r.batch_hash = hash;
+  r.data.seed = seed;
+  r.data.global_batch_size = 8;
+  r.data.files = std::move(files);
+  return r;
+}
+
+// A checkpoint's trainer items after a load: the loader's position and,
+// unless empty, the next-batch record.
+checkpoint::StateDict loaded_items(const framework::data::LoaderState& position, std::vector<uint8_t> next_batch) {
+  checkpoint::StateDict sd;
+  sd.add_bytes("data.loader", framework::data::encode_loader_state(position));
+  sd.add_bytes("data.next_batch", std::move(next_batch));
+  return sd;
+}
+
+}  // namespace
+
+// Why the next batch differs, named from the recorded data identity.
+TEST(ResumeAudit, TheExplanationNamesTheSeedAChangedFileOrTheShardOrder) {
+  const DataFile a{"/d/train_000.bin", 100, 1}, b{"/d/train_001.bin", 100, 2};
+  const DataFile b_changed{"/d/train_001.bin", 100, 3};
+  const DataFile a_swapped{"/d/train_000.bin", 100, 2}, b_swapped{"/d/train_001.bin", 100, 1};
+  const auto saved = record_of(0x11, 1234, {a, b});
+  EXPECT_EQ(framework::train::explain_batch_difference(saved, record_of(0x22, 99, {a, b})),
+            "another seed (saved 1234, now 99) (saved hash 0000000000000011, now 0000000000000022)");
+  EXPECT_EQ(framework::train::explain_batch_difference(saved, record_of(0x22, 1234, {a, b_changed})),
+            "a data file changed under the same name (/d/train_001.bin: same size, other bytes) "
+            "(saved hash 0000000000000011, now 0000000000000022)");
+  EXPECT_EQ(framework::train::explain_batch_difference(saved, record_of(0x22, 1234, {a_swapped, b_swapped})),
+            "shards in another order (train_000.bin holds what train_001.bin held, train_001.bin holds what "
+            "train_000.bin held) (saved hash 0000000000000011, now 0000000000000022)");
+  EXPECT_EQ(framework::train::explain_batch_difference(saved, record_of(0x22, 1234, {a, b})),
+            "the next batch differs (saved hash 0000000000000011, now 0000000000000022)");
+  // The same files elsewhere (the data moved) are no difference of their own.
+  const DataFile a_moved{"/e/train_000.bin", 100, 1}, b_moved{"/e/train_001.bin", 100, 2};
+  EXPECT_EQ(framework::train::explain_batch_difference(saved, record_of(0x22, 1234, {a_moved, b_moved})),
+            "the next batch differs (saved hash 0000000000000011, now 0000000000000022)");
+  const auto back = framework::train::decode_next_batch(framework::train::encode_next_batch(saved), "here");
+  EXPECT_EQ(back.batch_hash, saved.batch_hash);
+  EXPECT_EQ(back.data.seed, saved.data.seed);
+  EXPECT_EQ(back.data.files, saved.data.files);
+}
+
+// error throws, warn and off go on; a checkpoint without the record (saved
+// before it existed) or without a loader position (imported) skips with a note.
+TEST(ResumeAudit, ModesAndCheckpointsWithoutTheRecord) {
+  using framework::train::audit_resume;
+  using Mode = checkpoint::ResumeAudit;
+  auto dataset = std::make_shared<framework::data::SyntheticDataset>(framework::data::SyntheticTask::kCopy, 16, 8, 7);
+  framework::data::DataLoader loader(dataset, 8, 7, 0, 1);
+  framework::data::LoaderState position = loader.state();
+  position.next_step = 3;
+  loader.load_state(position);
+  const framework::train::DataIdentity identity = framework::train::data_identity_of(*dataset, position);
+  auto record = record_of(framework::train::global_batch_hash(*dataset, 8, 7, 3), 7, {});
+  const auto same = loaded_items(position, framework::train::encode_next_batch(record));
+  for (Mode mode : {Mode::kError, Mode::kWarn}) {
+    EXPECT_EQ(audit_resume(same, loader, identity, mode, "ck/step_3").outcome, AuditOutcome::kPassed);
+  }
+  record.batch_hash ^= 1;
+  const auto other = loaded_items(position, framework::train::encode_next_batch(record));
+  EXPECT_THROW(audit_resume(other, loader, identity, Mode::kError, "ck/step_3"),
+               framework::train::ResumeAuditError);
+  const auto warned = audit_resume(other, loader, identity, Mode::kWarn, "ck/step_3");
+  EXPECT_EQ(warned.outcome, AuditOutcome::kDiffers);
+  EXPECT_NE(warned.message.find("the next batch differs"), std::string::npos) << warned.message;
+  EXPECT_EQ(audit_resume(other, loader, identity, Mode::kOff, "ck/step_3").outcome, AuditOutcome::kOff);
+  const auto old = audit_resume(loaded_items(position, {}), loader, identity, Mode::kError, "ck/step_3");
+  EXPECT_EQ(old.outcome, AuditOutcome::kNoRecord);
+  EXPECT_EQ(old.message, "resume audit skipped: ck/step_3 was saved before checkpoints recorded their next batch");
+  checkpoint::StateDict imported;
+  imported.add_bytes("data.loader", {});
+  imported.add_bytes("data.next_batch", {});
+  EXPECT_EQ(audit_resume(imported, loader, identity, Mode::kError, "ck/step_3").outcome, AuditOutcome::kImported);
 }

@@ -385,6 +385,8 @@ TEST(CudaCheckpoint, AsyncAndOverlapUnderTrainingCommitExactlyWhatSyncCommitsAnd
     std::string s = "/step_" + std::to_string(step);
     auto sync = read_checkpoint_items(dirs["cuda_sync"] + s);
     ASSERT_GT(sync.size(), 10u);
+    // A GPU run records its CUDA generator (resume_audit's rng.cuda item).
+    EXPECT_FALSE(sync.at("rng.cuda").empty());
     for (const char* mode : {"cuda_async", "cuda_overlap", "cuda_overlap_chunked"}) {
       auto other = read_checkpoint_items(dirs[mode] + s);
       ASSERT_EQ(other.size(), sync.size()) << mode;

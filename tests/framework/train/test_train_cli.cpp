@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <stdexcept>
 #include <string>
@@ -156,6 +157,83 @@ std::string llama_on_tokens(const std::string& dir, const std::string& data) {
          " --set data.path=" + data + "/train_*.bin --set data.eval_path=" + data + "/val.bin";
 }
 
+std::vector<char> read_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::vector<char>(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+void write_bytes(const std::string& path, const std::vector<char>& bytes) {
+  std::ofstream(path, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+}
+
+// checkpoint.resume_audit on `step6` (saved by --nproc 2 on the shards in
+// `data`; step 7's loss was `loss7`): resumed at world 1 the audit passes
+// and step 7 trains alike; a shard changed under its name and the shards in
+// another order each exit 2 naming it (error), or warn and train on (warn),
+// or pass silently (off); another run.seed allowed by allow_config_change
+// is named in a warning and trains on.
+// Leaves `data` as it found it.
+void expect_resume_audits(const std::string& data, const std::string& step6, double loss7) {
+  const std::string root = cli_scratch("resume_audit");
+  int n = 0;
+  const auto resume = [&](const std::string& nproc, const std::string& sets) {
+    return run("--nproc " + nproc + " " + llama_on_tokens(root + "/r" + std::to_string(n++), data) +
+               " --set checkpoint.resume=" + step6 + " --set train.stop_at=7 --set train.eval_every=0" + sets);
+  };
+  const std::string world1 = root + "/r0";
+  Result one = resume("1", "");
+  ASSERT_EQ(one.status, 0) << one.output;
+  EXPECT_NE(one.output.find("resume audit: step 7's batch is the one " + step6 + " recorded"), std::string::npos)
+      << one.output;
+  EXPECT_NEAR(losses(world1).at(7), loss7, 1e-3 * loss7);
+
+  const std::string shard0 = data + "/train_000.bin", shard1 = data + "/train_001.bin";
+  const std::vector<char> original0 = read_bytes(shard0), original1 = read_bytes(shard1);
+  const auto refused = [&](const Result& r, const std::string& why) {
+    EXPECT_EQ(r.status, 2) << r.output;
+    EXPECT_NE(r.output.find("train: checkpoint.resume_audit: resuming " + step6 + ", step 7 would train on "
+                            "another batch than the saved run would have: " + why),
+              std::string::npos) << r.output;
+    EXPECT_EQ(r.output.find("Exception raised from"), std::string::npos) << r.output;
+    EXPECT_EQ(r.output.find("frame #"), std::string::npos) << r.output;
+  };
+  // A shard rewritten under its name, same size: every token one up (mod 32).
+  std::vector<char> changed = original1;
+  for (size_t i = 1024; i < changed.size(); i += 2) changed[i] = static_cast<char>((changed[i] + 1) % 32);
+  write_bytes(shard1, changed);
+  Result r = resume("2", "");
+  refused(r, "a data file changed under the same name (" + shard1 + ": same size, other bytes)");
+  // Said once, by rank 0.
+  EXPECT_EQ(r.output.find("checkpoint.resume_audit: resuming", r.output.find("checkpoint.resume_audit: resuming") + 1),
+            std::string::npos) << r.output;
+  r = resume("1", " --set checkpoint.resume_audit=warn");
+  EXPECT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("shardkit: warning: checkpoint.resume_audit: resuming " + step6), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("a data file changed under the same name"), std::string::npos) << r.output;
+  r = resume("1", " --set checkpoint.resume_audit=off");
+  EXPECT_EQ(r.status, 0) << r.output;
+  EXPECT_EQ(r.output.find("resume audit"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("checkpoint.resume_audit"), std::string::npos) << r.output;
+  // The two shards swapped under each other's names.
+  write_bytes(shard0, original1);
+  write_bytes(shard1, original0);
+  refused(resume("1", ""), "shards in another order (train_000.bin holds what train_001.bin held, train_001.bin "
+                           "holds what train_000.bin held)");
+  // Another seed, allowed on purpose (allow_config_change): the audit names
+  // it in a warning and the run goes on.
+  write_bytes(shard0, original0);
+  write_bytes(shard1, original1);
+  r = resume("1", " --set run.seed=99 --set checkpoint.allow_config_change=true");
+  EXPECT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("shardkit: warning: checkpoint.resume_audit: resuming " + step6 + ", step 7 would train "
+                          "on another batch than the saved run would have: another seed (saved 1234, now 99)"),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("(checkpoint.allow_config_change: resuming anyway)"), std::string::npos) << r.output;
+  fs::remove_all(root);
+}
+
 }  // namespace
 
 // data.kind tokens end to end: a llama trains on llm.c shards with a
@@ -191,6 +269,10 @@ TEST(TrainCli, TrainsOnTokenShardsAndResumesBitExactly) {
   ASSERT_EQ(got.size(), 12u);
   for (int64_t s = 7; s <= 12; ++s) EXPECT_EQ(got.at(s), want.at(s)) << "step " << s;
   EXPECT_LT(want.at(12), want.at(1));
+  const std::string step6 = split + "/ck/step_6";
+  EXPECT_NE(c.output.find("shardkit: resume audit: step 7's batch is the one " + step6 + " recorded"),
+            std::string::npos) << c.output;
+  expect_resume_audits(data, step6, want.at(7));
 
   // One id of 32 in a vocabulary of 32: exit 2, one line, nothing written.
   std::vector<uint16_t> tokens(500, 3);
