@@ -475,7 +475,7 @@ MemoryEstimate estimate_memory(const config::Config& cfg, int world_size) {
     m.activations = micro * held * (blocks / stages * compute + head * kFloat);
   }
   const bool staged =
-      cfg.checkpoint.interval > 0 && cfg.checkpoint.mode != checkpoint::SaveMode::kSync;
+      cfg.checkpoint.interval != 0 && cfg.checkpoint.mode != checkpoint::SaveMode::kSync;
   m.staging = staged ? m.params + m.optimizer : 0;
   return m;
 }

@@ -3,6 +3,7 @@
 #include "checkpoint/interop/weights_file.h"
 #include "checkpoint/format/types.h"
 #include "comm/device.h"
+#include "framework/train/goodput.h"
 #include "support/paths.h"
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -1014,6 +1015,44 @@ TEST(TrainCli, MaxRestartsRestartsTheGroupAfterAWorkerIsKilledAndTheRunResumesBi
   }
   EXPECT_EQ(startups, (std::vector<int>{0, 1}));
   EXPECT_NE(after.find("shardkit: startup "), std::string::npos) << after;
+  // The goodput ledger: one restart record, at the resumed run's first
+  // step, costing the dead attempt's steps past the checkpoint and the time
+  // from its last record; a run that never failed has none.
+  std::vector<nlohmann::json> restarts;
+  int starts = 0;
+  int64_t dead_last_step = 0;
+  double dead_last_time = 0;
+  std::ifstream ledger(faulted + "/metrics.jsonl");
+  for (std::string l; std::getline(ledger, l);) {
+    const auto j = nlohmann::json::parse(l);
+    ASSERT_TRUE(j.contains("time")) << l;
+    const std::string event = j.value("event", "");
+    starts += event == "start";
+    if (event == "restart") restarts.push_back(j);
+    if (starts == 1) dead_last_time = framework::train::parse_utc_timestamp(j["time"]);
+    if (starts == 1 && event.empty()) dead_last_step = std::max(dead_last_step, j["step"].get<int64_t>());
+  }
+  ASSERT_EQ(restarts.size(), 1u) << "restart records in " << faulted << "/metrics.jsonl";
+  const nlohmann::json& r = restarts[0];
+  EXPECT_EQ(r["restart"].get<int>(), 1) << r;
+  EXPECT_EQ(r["step"].get<int64_t>(), newest_commit) << r;
+  EXPECT_GE(dead_last_step, newest_commit);
+  EXPECT_EQ(r["redone_steps"].get<int64_t>(), dead_last_step - newest_commit) << r;
+  EXPECT_GE(r["redone_s"].get<double>(), 0) << r;
+  // From the dead attempt's last record to the restart record's time.
+  const double lost = r["lost_s"].get<double>();
+  EXPECT_GT(lost, 0) << r;
+  EXPECT_NEAR(lost, framework::train::parse_utc_timestamp(r["time"]) - dead_last_time, 0.05) << r;
+  const double goodput = r["goodput"].get<double>(), wall = r["run_wall_s"].get<double>();
+  EXPECT_GT(wall, lost) << r;
+  EXPECT_GT(goodput, 0) << r;
+  EXPECT_LT(goodput, 1) << r;
+  EXPECT_NEAR(goodput, (wall - lost - r["redone_s"].get<double>()) / wall, 1e-9) << r;
+  EXPECT_NE(after.find("shardkit: restart 1 of this run: lost "), std::string::npos) << after;
+  std::ifstream fresh(full + "/metrics.jsonl");
+  for (std::string l; std::getline(fresh, l);) {
+    EXPECT_NE(nlohmann::json::parse(l).value("event", ""), "restart") << "a run that never failed: " << l;
+  }
 
   const auto want = losses(full), got = losses(faulted);
   ASSERT_EQ(want.size(), 60u);
