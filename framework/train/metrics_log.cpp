@@ -49,12 +49,21 @@ MetricsLog::MetricsLog(const config::Config& cfg, std::chrono::steady_clock::tim
   fs::create_directories(cfg.run.dir);
   config::write_effective_config(cfg, cfg.run.dir);
   const fs::path path = fs::path(cfg.run.dir) / "metrics.jsonl";
+  bool torn = false;
   {
-    std::ifstream earlier(path);
-    if (earlier) earlier_ = read_earlier_attempts(earlier);
+    std::ifstream earlier(path, std::ios::binary);
+    if (earlier) {
+      earlier_ = read_earlier_attempts(earlier);
+      earlier.clear();
+      char last = '\n';
+      torn = earlier.seekg(-1, std::ios::end) && earlier.get(last) && last != '\n';
+    }
   }
   out_.open(path, std::ios::app);
   if (!out_) throw std::runtime_error("cannot open " + path.string() + " for appending");
+  // A record a crash cut short: this attempt's first record starts a line
+  // of its own, not the end of that one.
+  if (torn) out_ << "\n";
 }
 
 // Text that is not UTF-8 (a path, a sample's bytes) is written with U+FFFD.
@@ -319,7 +328,7 @@ void MetricsLog::checkpoint_skipped(int64_t step) {
 void MetricsLog::checkpoint_interval(int64_t step, const IntervalChoice& c, int64_t next_save) {
   std::ostringstream line;
   line << std::fixed << std::setprecision(3) << "shardkit: checkpoint.interval auto: every " << c.steps
-       << " steps (Young/Daly: sqrt(2 x save stall " << c.save_stall_s << " s x mtbf " << std::setprecision(0)
+       << (c.steps == 1 ? " step" : " steps") << " (Young/Daly: sqrt(2 x save stall " << c.save_stall_s << " s x mtbf " << std::setprecision(0)
        << c.mtbf_s << " s) = " << std::setprecision(1) << c.interval_s << " s at " << std::setprecision(3)
        << c.step_s << " s/step), next save at step " << next_save << "; expected loss per failure "
        << std::setprecision(1) << c.expected_loss_s << " s";

@@ -420,8 +420,8 @@ std::vector<nlohmann::json> metrics_records(const std::string& run_dir, const st
   std::vector<nlohmann::json> out;
   std::ifstream in(run_dir + "/metrics.jsonl");
   for (std::string line; std::getline(in, line);) {
-    const nlohmann::json j = nlohmann::json::parse(line);
-    if (j.value("event", "") == event) out.push_back(j);
+    const nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (j.is_object() && j.value("event", "") == event) out.push_back(j);
   }
   return out;
 }
@@ -489,8 +489,9 @@ TEST(GoodputLedger, ARestartCountsTheLostTimeAndTheRedoneSteps) {
   EXPECT_DOUBLE_EQ(r.run_wall_s, 40.0);
   EXPECT_DOUBLE_EQ(r.goodput, (40.0 - 12.0 - 6.0) / 40.0);
 
-  // A second crash: the ledger sums the first restart's cost too.
-  text += record_at(40, {{"event", "start"}, {"step", 10}});
+  // A second crash: the ledger sums the first restart's cost too. (The
+  // restarted attempt ended the torn line before its first record.)
+  text += "\n" + record_at(40, {{"event", "start"}, {"step", 10}});
   text += record_at(40, {{"event", "restart"}, {"restart", 1}, {"lost_s", 12.0}, {"redone_s", 6.0}});
   text += record_at(41, {{"step", 11}, {"step_time_s", 1.0}});
   text += record_at(42, {{"step", 12}, {"step_time_s", 3.0}});
@@ -566,5 +567,37 @@ TEST(AutoCheckpointInterval, SavesLandWhereEachDerivationSaidAndTheRecordsAddUp)
   for (int64_t s : want) EXPECT_TRUE(fs::exists(dir + "/checkpoints/step_" + std::to_string(s))) << s;
   // A fresh run records no restart.
   EXPECT_TRUE(metrics_records(dir, "restart").empty());
+  fs::remove_all(dir);
+}
+
+// An attempt killed mid-write left a torn last line and no checkpoint: the
+// next attempt starts over, ends that line before its own records (every
+// later line parses) and records the restart, all 3 logged steps redone.
+TEST(GoodputLedger, ARestartAfterATornLineStartsOnANewLineAndRecordsTheRestart) {
+  const std::string dir = ckpt_scratch("torn_ledger");
+  fs::create_directories(dir);
+  {
+    std::ofstream out(dir + "/metrics.jsonl");
+    out << record_at(0, {{"event", "start"}, {"step", 0}, {"resumed_from", nullptr}});
+    for (int s = 1; s <= 3; ++s) out << record_at(s, {{"step", s}, {"step_time_s", 0.5}, {"loss", 1.0}});
+    out << "{\"step\": 4, \"lo";
+  }
+  auto cfg = base_config(dir);
+  cfg.train.steps = 2;
+  run_runtimes(1, [&](comm::Runtime& rt) {
+    Trainer t(cfg, rt);
+    EXPECT_EQ(t.run(), 0);
+  });
+  std::ifstream in(dir + "/metrics.jsonl");
+  std::vector<std::string> lines;
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  ASSERT_GT(lines.size(), 6u);
+  EXPECT_EQ(lines[4], "{\"step\": 4, \"lo");
+  for (size_t i = 5; i < lines.size(); ++i) EXPECT_TRUE(nlohmann::json::accept(lines[i])) << lines[i];
+  const std::vector<nlohmann::json> restarts = metrics_records(dir, "restart");
+  ASSERT_EQ(restarts.size(), 1u);
+  EXPECT_EQ(restarts[0]["step"].get<int64_t>(), 0);
+  EXPECT_EQ(restarts[0]["redone_steps"].get<int64_t>(), 3);
+  EXPECT_DOUBLE_EQ(restarts[0]["redone_s"].get<double>(), 1.5);
   fs::remove_all(dir);
 }
