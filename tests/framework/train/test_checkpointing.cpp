@@ -531,43 +531,48 @@ TEST(GoodputLedger, AFinishedRunOrAnEmptyFileHasNoEarlierAttempt) {
 // checkpoint.interval auto at world 2: a first save after two steps, then
 // each save derives the next interval from the ranks' mean stall and step
 // time; the saves land exactly where the derivations said, on both ranks.
+// A tiny MTBF saves every step or few; a huge one (an interval of hours)
+// saves only at step 2 and at the last, not at any multiple of 2.
 TEST(AutoCheckpointInterval, SavesLandWhereEachDerivationSaidAndTheRecordsAddUp) {
-  const std::string dir = ckpt_scratch("auto_interval");
-  auto cfg = base_config(dir);
-  cfg.train.steps = 16;
-  cfg.parallel.shard = 2;
-  cfg.checkpoint.interval = checkpoint::kIntervalAuto;
-  cfg.checkpoint.mtbf_s = 0.05;  // a few steps between saves on any machine
-  run_runtimes(2, [&](comm::Runtime& rt) {
-    Trainer t(cfg, rt);
-    EXPECT_EQ(t.run(), 0);
-  });
-  const std::vector<nlohmann::json> derived = metrics_records(dir, "checkpoint_interval");
-  ASSERT_FALSE(derived.empty());
-  std::set<int64_t> want = {2, 16};  // the measuring save, the last step
-  int64_t at = 2;
-  for (const nlohmann::json& d : derived) {
-    EXPECT_EQ(d["step"].get<int64_t>(), at) << d;  // each derivation follows the save it measured
-    const double stall = d["save_stall_s"], step = d["step_s"], mtbf = d["mtbf_s"], interval = d["interval_s"];
-    const int64_t steps = d["interval_steps"];
-    EXPECT_EQ(mtbf, 0.05);
-    EXPECT_GT(stall, 0);
-    EXPECT_GT(step, 0);
-    EXPECT_DOUBLE_EQ(interval, std::sqrt(2 * stall * mtbf)) << d;
-    EXPECT_EQ(steps, std::max<int64_t>(1, std::llround(interval / step))) << d;
-    EXPECT_GE(d["expected_loss_s"].get<double>(), steps / 2.0 * step) << d;
-    EXPECT_EQ(d["next_save_step"].get<int64_t>(), at + steps) << d;
-    at += steps;
-    if (at < 16) want.insert(at);
+  for (const double mtbf_s : {0.05, 1e7}) {
+    const std::string dir = ckpt_scratch("auto_interval");
+    auto cfg = base_config(dir);
+    cfg.train.steps = 16;
+    cfg.parallel.shard = 2;
+    cfg.checkpoint.interval = checkpoint::kIntervalAuto;
+    cfg.checkpoint.mtbf_s = mtbf_s;
+    run_runtimes(2, [&](comm::Runtime& rt) {
+      Trainer t(cfg, rt);
+      EXPECT_EQ(t.run(), 0);
+    });
+    const std::vector<nlohmann::json> derived = metrics_records(dir, "checkpoint_interval");
+    ASSERT_FALSE(derived.empty()) << "mtbf_s " << mtbf_s;
+    std::set<int64_t> want = {2, 16};  // the measuring save, the last step
+    int64_t at = 2;
+    for (const nlohmann::json& d : derived) {
+      EXPECT_EQ(d["step"].get<int64_t>(), at) << d;  // each derivation follows the save it measured
+      const double stall = d["save_stall_s"], step = d["step_s"], mtbf = d["mtbf_s"], interval = d["interval_s"];
+      const int64_t steps = d["interval_steps"];
+      EXPECT_EQ(mtbf, mtbf_s);
+      EXPECT_GT(stall, 0);
+      EXPECT_GT(step, 0);
+      EXPECT_DOUBLE_EQ(interval, std::sqrt(2 * stall * mtbf)) << d;
+      EXPECT_EQ(steps, std::max<int64_t>(1, std::llround(interval / step))) << d;
+      EXPECT_GE(d["expected_loss_s"].get<double>(), steps / 2.0 * step) << d;
+      EXPECT_EQ(d["next_save_step"].get<int64_t>(), at + steps) << d;
+      at += steps;
+      if (at < 16) want.insert(at);
+    }
+    EXPECT_GE(at, 16) << "no derivation after the save at step " << at;
+    if (mtbf_s > 1) EXPECT_EQ(derived.size(), 1u);
+    std::set<int64_t> saved;
+    for (const nlohmann::json& c : metrics_records(dir, "checkpoint")) saved.insert(c["step"].get<int64_t>());
+    EXPECT_EQ(saved, want) << "mtbf_s " << mtbf_s;
+    for (int64_t s : want) EXPECT_TRUE(fs::exists(dir + "/checkpoints/step_" + std::to_string(s))) << s;
+    // A fresh run records no restart.
+    EXPECT_TRUE(metrics_records(dir, "restart").empty());
+    fs::remove_all(dir);
   }
-  EXPECT_GE(at, 16) << "no derivation after the save at step " << at;
-  std::set<int64_t> saved;
-  for (const nlohmann::json& c : metrics_records(dir, "checkpoint")) saved.insert(c["step"].get<int64_t>());
-  EXPECT_EQ(saved, want);
-  for (int64_t s : want) EXPECT_TRUE(fs::exists(dir + "/checkpoints/step_" + std::to_string(s))) << s;
-  // A fresh run records no restart.
-  EXPECT_TRUE(metrics_records(dir, "restart").empty());
-  fs::remove_all(dir);
 }
 
 // An attempt killed mid-write left a torn last line and no checkpoint: the
