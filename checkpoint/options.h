@@ -132,9 +132,16 @@ struct DurableTierOptions {
   int64_t every = 1;
 };
 
+// checkpoint.interval auto: the trainer derives the interval from the
+// measured save stall and step time and checkpoint.mtbf_s (Young/Daly,
+// framework/train/checkpoint_interval.h) and sets it on the manager; the
+// manager itself never sees this value.
+inline constexpr int64_t kIntervalAuto = -1;
+
 struct CheckpointOptions {
   std::string dir = "";        // empty: <run.dir>/checkpoints
-  int64_t interval = 0;        // save every N steps (and at the last); 0: off
+  int64_t interval = 0;        // save every N steps (and at the last); 0: off; kIntervalAuto: derived
+  double mtbf_s = 3600;        // interval auto: the job's mean time between failures, seconds
   SaveMode mode = SaveMode::kSync;
   int64_t keep_last = 0;       // keep the newest N committed; 0: keep all
   std::string resume = "auto"; // auto | never | <path to a checkpoint>

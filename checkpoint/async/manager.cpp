@@ -14,6 +14,7 @@
 #include <chrono>
 #include <map>
 #include <mutex>
+#include <stdexcept>
 
 namespace checkpoint {
 
@@ -124,7 +125,16 @@ std::vector<RetentionFailure> CheckpointManager::take_retention_failures() {
 }
 
 bool CheckpointManager::due(int64_t step, int64_t last_step) const {
-  return options_.interval > 0 && (step % options_.interval == 0 || step == last_step);
+  const int64_t counted = interval_from_ ? step - *interval_from_ : step;
+  return options_.interval > 0 && ((counted > 0 && counted % options_.interval == 0) || step == last_step);
+}
+
+void CheckpointManager::set_interval(int64_t interval, int64_t from_step) {
+  if (interval <= 0) {
+    throw std::invalid_argument("CheckpointManager::set_interval: interval must be > 0, got " + std::to_string(interval));
+  }
+  options_.interval = interval;
+  interval_from_ = from_step;
 }
 
 bool CheckpointManager::stages(bool state_on_device) const {
@@ -550,11 +560,12 @@ std::shared_ptr<CheckpointManager::Job> CheckpointManager::start_job(int64_t ste
     // counted without an interval), and the final save.
     ++local_saves_;
     const int64_t k = options_.durable.every;
-    const int64_t ordinal = options_.interval > 0 ? step / options_.interval : local_saves_;
+    const bool by_step = options_.interval > 0 && !interval_from_;
+    const int64_t ordinal = by_step ? step / options_.interval : local_saves_;
     job->tier.step = step;
     job->tier.started = t0;
     job->tier.event = &job->event;
-    job->tier.flush = final || k <= 1 || (ordinal % k == 0 && (options_.interval <= 0 || step % options_.interval == 0));
+    job->tier.flush = final || k <= 1 || (ordinal % k == 0 && (!by_step || step % options_.interval == 0));
     job->tier.local_path = tiers_->local_step_path(step);
   }
   return job;

@@ -122,8 +122,14 @@ class CheckpointManager {
   const std::string& dir() const { return dir_; }
   const CheckpointOptions& options() const { return options_; }
   bool enabled() const { return options_.interval > 0; }
-  // interval > 0 and (step is a multiple of it, or step == last_step).
+  // interval > 0 and (step is a multiple of it, or step == last_step); after
+  // set_interval, (step - from_step) a multiple of it instead.
   bool due(int64_t step, int64_t last_step) const;
+  // (all ranks, the same values) Saves every `interval` steps counted from
+  // `from_step` from now on (checkpoint.interval auto re-derives it after
+  // each save). REQUIRES: interval > 0. With tiers, durable.every then
+  // counts saves rather than multiples of the interval.
+  void set_interval(int64_t interval, int64_t from_step);
   // True while a save is in flight on this rank.
   bool busy() const;
   // Whether saves stage into host buffers (async and overlap modes, or
@@ -248,6 +254,7 @@ class CheckpointManager {
   std::shared_ptr<Storage> local_storage_;
   std::unique_ptr<TierProtocol> tiers_;  // null without tiers
   int64_t local_saves_ = 0;
+  std::optional<int64_t> interval_from_;  // set_interval's from_step
 };
 
 }  // namespace checkpoint

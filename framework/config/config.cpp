@@ -187,7 +187,8 @@ void apply_override(const std::string& text, Config* cfg, Origins* origins) {
 std::string describe_key(const std::string& path, const Config& cfg, const Origins& origins) {
   auto it = origins.find(path);
   std::string origin = it == origins.end() ? "default" : it->second;
-  return path + " (" + format_value(find_key(path)->get(cfg)) + ", " + origin + ")";
+  const Key* k = find_key(path);
+  return path + " (" + format_key_value(*k, k->get(cfg)) + ", " + origin + ")";
 }
 
 // Checks that involve several keys; run once, after every override.

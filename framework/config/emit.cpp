@@ -74,7 +74,7 @@ std::vector<KeyChange> changed_keys(const Config& was, const Config& now,
     bool wanted = false;
     for (const std::string& p : prefixes) wanted = wanted || path == p || path.rfind(p, 0) == 0;
     if (!wanted || key.get(was) == key.get(now)) continue;
-    changes.push_back({path, format_value(key.get(was)), format_value(key.get(now))});
+    changes.push_back({path, format_key_value(key, key.get(was)), format_key_value(key, key.get(now))});
   }
   return changes;
 }
@@ -93,7 +93,7 @@ std::string to_yaml(const Config& cfg) {
       out += std::string(2 * i, ' ') + section[i] + ":\n";
     open = section;
     out += std::string(2 * section.size(), ' ') + parts.back() + ": " +
-           format_value(key.get(cfg)) + "\n";
+           format_key_value(key, key.get(cfg)) + "\n";
   }
   return out;
 }
@@ -132,7 +132,7 @@ std::string reference_markdown() {
   std::string out = "| key | type | default | meaning |\n|---|---|---|---|\n";
   for (const Key& key : schema()) {
     out += "| `" + std::string(key.path) + "` | " + escape_markdown_cell(type_column(key)) +
-           " | `" + escape_markdown_cell(format_value(key.get(defaults))) + "` | " + escape_markdown_cell(key.doc) +
+           " | `" + escape_markdown_cell(format_key_value(key, key.get(defaults))) + "` | " + escape_markdown_cell(key.doc) +
            " |\n";
   }
   return out;

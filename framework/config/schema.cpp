@@ -351,8 +351,14 @@ std::vector<Key> build_schema() {
 
       {SHARDKIT_CONFIG_FIELD(checkpoint.dir), any_value(),
        "Checkpoint directory; empty: <run.dir>/checkpoints."},
-      {SHARDKIT_CONFIG_FIELD(checkpoint.interval), at_least(0),
-       "Save every N steps and at the last; 0: off."},
+      {SHARDKIT_CONFIG_FIELD(checkpoint.interval), auto_or_at_least(0),
+       "Save every N steps and at the last; 0: off. auto: every sqrt(2 x save stall x "
+       "checkpoint.mtbf_s) seconds of steps (Young/Daly), from the run's own measured save stall and "
+       "step time: a first save after the process's second step measures the stall, and each later "
+       "save derives the interval again; the banner and metrics.jsonl say each choice."},
+      {SHARDKIT_CONFIG_FIELD(checkpoint.mtbf_s), above(0),
+       "checkpoint.interval auto: the job's mean time between failures, seconds (all its nodes "
+       "together); ignored otherwise."},
       {SHARDKIT_CONFIG_ENUM(checkpoint.mode, checkpoint::parse_save_mode), one_of_enum(checkpoint::kSaveModes),
        "sync: block; async: stage to host then write in background; overlap: also stage in "
        "background."},
@@ -488,7 +494,7 @@ std::string describe_range(const Constraint& c) {
 }
 
 bool in_range(const Constraint& c, double v) {
-  if (c.also && v == static_cast<double>(*c.also)) return true;
+  if (c.also && v == static_cast<double>(*c.also)) return !c.word_only;
   if (c.min && (c.min_open ? v <= *c.min : v < *c.min)) return false;
   if (c.max && (c.max_open ? v >= *c.max : v > *c.max)) return false;
   return true;
@@ -586,6 +592,14 @@ Constraint auto_or_above(double min) {
   Constraint c = above(min);
   c.also = 0;
   c.also_word = "auto";
+  return c;
+}
+
+Constraint auto_or_at_least(double min) {
+  Constraint c = at_least(min);
+  c.also = -1;
+  c.also_word = "auto";
+  c.word_only = true;
   return c;
 }
 
@@ -741,6 +755,13 @@ std::string format_value(const Value& value) {
     }
   }
   return out + "\"";
+}
+
+std::string format_key_value(const Key& key, const Value& value) {
+  const Constraint& c = key.constraint;
+  const int64_t* i = std::get_if<int64_t>(&value);
+  if (c.word_only && c.also && c.also_word && i != nullptr && *i == *c.also) return c.also_word;
+  return format_value(value);
 }
 
 }  // namespace framework::config

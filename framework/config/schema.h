@@ -37,6 +37,9 @@ struct Constraint {
   std::optional<int64_t> also;
   // A word the YAML may write for `also` ("auto" for 0).
   const char* also_word = nullptr;
+  // `also` is spelled only as also_word: the number itself is refused and
+  // to_yaml writes the word (checkpoint.interval's auto, kept as -1).
+  bool word_only = false;
 };
 
 Constraint any_value();
@@ -50,6 +53,7 @@ Constraint between(double min, double max);           // [min, max]
 Constraint from_up_to_excl(double min, double max);   // [min, max)
 Constraint minus_one_or_at_least(double min);
 Constraint auto_or_above(double min);  // 0, written 0 or auto, or > min
+Constraint auto_or_at_least(double min);  // auto (kept as -1, written auto), or >= min
 
 struct Key {
   const char* path;  // "checkpoint.compression.level"
@@ -85,5 +89,8 @@ std::string describe_expected(const Key& key);
 
 // The value as YAML text: strings double-quoted, doubles round-trip exactly.
 std::string format_value(const Value& value);
+
+// format_value, but a word_only key's `also` as its word ("auto").
+std::string format_key_value(const Key& key, const Value& value);
 
 }  // namespace framework::config

@@ -49,13 +49,29 @@ MetricsLog::MetricsLog(const config::Config& cfg, std::chrono::steady_clock::tim
   fs::create_directories(cfg.run.dir);
   config::write_effective_config(cfg, cfg.run.dir);
   const fs::path path = fs::path(cfg.run.dir) / "metrics.jsonl";
+  bool torn = false;
+  {
+    std::ifstream earlier(path, std::ios::binary);
+    if (earlier) {
+      earlier_ = read_earlier_attempts(earlier);
+      earlier.clear();
+      char last = '\n';
+      torn = earlier.seekg(-1, std::ios::end) && earlier.get(last) && last != '\n';
+    }
+  }
   out_.open(path, std::ios::app);
   if (!out_) throw std::runtime_error("cannot open " + path.string() + " for appending");
+  // A record a crash cut short: this attempt's first record starts a line
+  // of its own, not the end of that one.
+  if (torn) out_ << "\n";
 }
 
 // Text that is not UTF-8 (a path, a sample's bytes) is written with U+FFFD.
+// Every record has its "time" (the goodput ledger reads the last one).
 void MetricsLog::write(const nlohmann::json& record) {
-  out_ << record.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+  nlohmann::json timed = record;
+  if (!timed.contains("time")) timed["time"] = utc_timestamp();
+  out_ << timed.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
   out_.flush();
 }
 
@@ -254,7 +270,7 @@ void MetricsLog::checkpoint(const checkpoint::CheckpointEvent& ev, bool tiered) 
                       {"blocking_s", ev.blocking_s}, {"stage_s", ev.stage_s},
                       {"write_s", ev.write_s},   {"commit_s", ev.commit_s}, {"bytes", ev.bytes},
                       {"stored_bytes", ev.stored_bytes}, {"ok", ev.ok},   {"path", ev.path},
-                      {"plan_s", ev.plan_s}, {"plan_cached", ev.plan_cached}};
+                      {"plan_s", ev.plan_s}, {"plan_cached", ev.plan_cached}, {"time", utc_timestamp()}};
   if (!ev.staging.empty()) j["staging"] = ev.staging;
   if (tiered) {
     j["tier"] = ev.tier;
@@ -307,6 +323,49 @@ void RankEventLog::checkpoint(const checkpoint::CheckpointEvent& ev) {
 
 void MetricsLog::checkpoint_skipped(int64_t step) {
   std::cout << "checkpoint step " << step << " skipped: previous save still in flight" << std::endl;
+}
+
+void MetricsLog::checkpoint_interval(int64_t step, const IntervalChoice& c, int64_t next_save) {
+  std::ostringstream line;
+  line << std::fixed << std::setprecision(3) << "shardkit: checkpoint.interval auto: every " << c.steps
+       << (c.steps == 1 ? " step" : " steps") << " (Young/Daly: sqrt(2 x save stall " << c.save_stall_s << " s x mtbf " << std::setprecision(0)
+       << c.mtbf_s << " s) = " << std::setprecision(1) << c.interval_s << " s at " << std::setprecision(3)
+       << c.step_s << " s/step), next save at step " << next_save << "; expected loss per failure "
+       << std::setprecision(1) << c.expected_loss_s << " s";
+  std::cout << line.str() << std::endl;
+  write({{"event", "checkpoint_interval"},
+         {"step", step},
+         {"interval_steps", c.steps},
+         {"interval_s", c.interval_s},
+         {"save_stall_s", c.save_stall_s},
+         {"step_s", c.step_s},
+         {"mtbf_s", c.mtbf_s},
+         {"expected_loss_s", c.expected_loss_s},
+         {"next_save_step", next_save},
+         {"wall_s", seconds_since(started_)}});
+}
+
+void MetricsLog::restart(const RestartLedger& r) {
+  std::ostringstream line;
+  line << std::fixed << std::setprecision(1) << "shardkit: restart " << r.restart << " of this run: lost "
+       << r.lost_s << " s since the last attempt's last record, " << r.redone_steps << " steps to redo (about "
+       << r.redone_s << " s) from step " << r.step << "; goodput so far " << std::setprecision(3) << r.goodput
+       << " of " << std::setprecision(1) << r.run_wall_s << " s";
+  std::cout << line.str() << std::endl;
+  write({{"event", "restart"},
+         {"restart", r.restart},
+         {"step", r.step},
+         {"lost_s", r.lost_s},
+         {"redone_steps", r.redone_steps},
+         {"redone_s", r.redone_s},
+         {"run_wall_s", r.run_wall_s},
+         {"goodput", r.goodput},
+         {"wall_s", seconds_since(started_)}});
+  if (tb_) {
+    tb_->scalars(r.step, {{"goodput/lost_s", r.lost_s},
+                          {"goodput/redone_steps", static_cast<double>(r.redone_steps)},
+                          {"goodput/goodput", r.goodput}});
+  }
 }
 
 void MetricsLog::retention_failure(const checkpoint::RetentionFailure& f) {

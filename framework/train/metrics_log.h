@@ -2,7 +2,8 @@
 // Rank 0's record of a run: the console's progress lines and
 // <run.dir>/metrics.jsonl, one JSON object per line (docs/training.md,
 // "metrics.jsonl"): a record per logged step, and events (start, eval,
-// startup, checkpoint, retention, resume_skipped, profile, sample, end), and with
+// startup, restart, checkpoint, checkpoint_interval, retention,
+// resume_skipped, profile, sample, end), each with its "time", and with
 // metrics.tensorboard the same scalars as TensorBoard event files in
 // <run.dir>/tb (tensorboard.h). The Trainer decides what happened; this
 // sink only writes it down.
@@ -13,6 +14,8 @@
 #include "checkpoint/async/manager.h"
 #include "checkpoint/event.h"
 #include "framework/config/config.h"
+#include "framework/train/checkpoint_interval.h"
+#include "framework/train/goodput.h"
 #include "framework/train/tensorboard.h"
 #include "framework/train/trainer.h"
 
@@ -111,9 +114,14 @@ class RankEventLog {
 class MetricsLog {
  public:
   // Creates run.dir with the effective config (config.yaml) and opens
-  // metrics.jsonl to append to; wall_s counts from `started` (the
+  // metrics.jsonl to append to, having read what earlier attempts wrote
+  // there (earlier_attempts()); wall_s counts from `started` (the
   // process's run). Throws std::runtime_error naming the path.
   MetricsLog(const config::Config& cfg, std::chrono::steady_clock::time_point started);
+
+  // An attempt before this one that did not finish (goodput.h), as
+  // metrics.jsonl held it when this log opened.
+  const EarlierAttempts& earlier_attempts() const { return earlier_; }
 
   void start(const RunStart& start);
   // "shardkit: startup 1.23 s (load 0.45, ...)" and the "startup" record.
@@ -126,6 +134,12 @@ class MetricsLog {
   // A finished save (`tiered`: with the tier fields).
   void checkpoint(const checkpoint::CheckpointEvent& ev, bool tiered);
   void checkpoint_skipped(int64_t step);
+  // checkpoint.interval auto: a (re)derived interval at `step`, the next
+  // save at `next_save`; a console line and the "checkpoint_interval" record.
+  void checkpoint_interval(int64_t step, const IntervalChoice& choice, int64_t next_save);
+  // A restart's cost and the goodput so far: a console line, the "restart"
+  // record and TensorBoard's goodput/* at the step resumed from.
+  void restart(const RestartLedger& ledger);
   void retention_failure(const checkpoint::RetentionFailure& failure);
   void profile(int64_t first_step, int64_t step, const std::string& backend, const std::string& dir);
   // profile.memory_snapshot: rank 0's snapshot of a window's end ("memory snapshot step N: PATH").
@@ -140,6 +154,7 @@ class MetricsLog {
   std::ofstream out_;
   std::unique_ptr<TensorBoardWriter> tb_;  // metrics.tensorboard; from start()
   std::chrono::steady_clock::time_point started_;
+  EarlierAttempts earlier_;
 };
 
 }  // namespace framework::train

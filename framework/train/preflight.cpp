@@ -489,12 +489,14 @@ MemoryEstimate estimate_memory(const config::Config& cfg, int world_size, int no
     m.activations = micro * held * (blocks / stages * compute + head * kFloat);
   }
   const bool staged =
-      cfg.checkpoint.interval > 0 && cfg.checkpoint.mode != checkpoint::SaveMode::kSync;
+      cfg.checkpoint.interval != 0 && cfg.checkpoint.mode != checkpoint::SaveMode::kSync;
   m.staging = staged ? m.params + m.optimizer : 0;
   const std::string local_dir = config::local_tier_pattern(cfg);
-  if (cfg.checkpoint.interval > 0 && local_tier_in_memory(local_dir)) {
-    // keep_last 0 keeps every checkpoint of the run.
-    const int64_t saves = (cfg.train.steps + cfg.checkpoint.interval - 1) / cfg.checkpoint.interval;
+  if (cfg.checkpoint.interval != 0 && local_tier_in_memory(local_dir)) {
+    // keep_last 0 keeps every checkpoint of the run (interval auto: up to
+    // one a step).
+    const int64_t interval = cfg.checkpoint.interval == checkpoint::kIntervalAuto ? 1 : cfg.checkpoint.interval;
+    const int64_t saves = (cfg.train.steps + interval - 1) / interval;
     const int64_t keep = cfg.checkpoint.local.keep_last > 0 ? std::min(cfg.checkpoint.local.keep_last, saves) : saves;
     const double copies = cfg.checkpoint.local.partner && nodes > 1 ? 2 : 1;
     m.local_tier = (m.params + m.optimizer) * static_cast<double>(keep + 1) * copies;

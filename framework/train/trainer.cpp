@@ -383,6 +383,23 @@ void Trainer::State::checkpoint_if_due(StepRecord& rec, int64_t last) {
   rec.checkpoint_skipped = done.skipped;
   rec.checkpoint_started = done.started;
   rec.checkpoint_blocking_s = done.blocking_s;
+  if (!auto_interval) return;
+  auto_interval->add_step(rec.step_time_s);
+  // The final save (last step, a stop) has no next one to plan.
+  if (done.started && rec.step < last && !rec.stop_requested) rederive_checkpoint_interval(rec);
+}
+
+void Trainer::State::rederive_checkpoint_interval(const StepRecord& rec) {
+  // The ranks' means: the sum is the same bits on every rank, so every rank
+  // derives the same interval and they keep saving together.
+  torch::Tensor m = torch::tensor({rec.checkpoint_blocking_s, auto_interval->local_step_s()}, torch::kDouble);
+  m = m.to(device);
+  rt.train->all_reduce(m);
+  m = m.to(torch::kCPU) / static_cast<double>(rt.env.world_size);
+  const IntervalChoice choice =
+      auto_interval->derive(m[0].item<double>(), m[1].item<double>(), startup.total_s);
+  ckpt->set_interval(choice.steps, rec.step);
+  if (is_logger) reports.log->checkpoint_interval(rec.step, choice, rec.step + choice.steps);
 }
 
 // A clean exit (done, stop_at, signal) commits the in-flight save first.
@@ -514,6 +531,7 @@ EvalRecord Trainer::evaluate() {
 StepRecord Trainer::run_step() {
   State& s = *s_;
   if (!s.span) s.span = RunSpan{s.step + 1, s.last_step(), Clock::now()};
+  s.log_restart_once();
   s.reports.profiler->before_step(s.step + 1);
   StepRecord rec;
   try {
@@ -551,6 +569,7 @@ StepRecord Trainer::run_step() {
 int Trainer::run() {
   State& s = *s_;
   s.log_startup_once();
+  s.log_restart_once();
   s.span = RunSpan{s.step + 1, s.last_step(), Clock::now()};
   const RunSpan span = *s.span;
   bool stopped_by_signal = false;

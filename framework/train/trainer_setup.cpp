@@ -5,6 +5,7 @@
 
 #include "checkpoint/interop/import_dcp.h"
 #include "checkpoint/interop/import_weights.h"
+#include "checkpoint/timing.h"
 #include "comm/device.h"
 #include "comm/launch_env.h"
 #include "framework/config/run_items.h"
@@ -425,6 +426,12 @@ void Trainer::State::make_checkpoint_manager() {
   };
   checkpoint::CheckpointOptions ckpt_options = cfg.checkpoint;
   ckpt_options.local.dir = config::local_tier_pattern(cfg);
+  if (cfg.checkpoint.interval == checkpoint::kIntervalAuto) {
+    // The first interval only measures; the constructor counts it from the
+    // step resumed, and each save then derives the next (checkpoint_interval.h).
+    ckpt_options.interval = kAutoIntervalFirstSave;
+    auto_interval.emplace(cfg.checkpoint.mtbf_s);
+  }
   checkpoint::PosixOptions posix;
   posix.direct_io = cfg.checkpoint.direct_io;
   ckpt = std::make_unique<checkpoint::CheckpointManager>(
@@ -485,6 +492,14 @@ void Trainer::State::log_startup_once() {
   reports.log->startup(step, p);
 }
 
+void Trainer::State::log_restart_once() {
+  if (!is_logger || restart_logged || !reports.log) return;
+  restart_logged = true;
+  const EarlierAttempts& earlier = reports.log->earlier_attempts();
+  if (!earlier.any) return;
+  reports.log->restart(restart_ledger(earlier, step, checkpoint::unix_seconds_now()));
+}
+
 void Trainer::State::print_banner(const std::optional<std::string>& resume_from,
                                   const checkpoint::LoadStats& resumed) {
   const auto& st = fsdp->memory_stats();
@@ -507,6 +522,12 @@ void Trainer::State::print_banner(const std::optional<std::string>& resume_from,
   print_run_lines();
   if (!direct_io.text.empty()) {
     std::cout << "shardkit: checkpoint.direct_io auto: " << direct_io.text << " in " << ckpt->dir() << std::endl;
+  }
+  if (auto_interval) {
+    std::cout << "shardkit: checkpoint.interval auto: every sqrt(2 x save stall x checkpoint.mtbf_s "
+              << cfg.checkpoint.mtbf_s << " s) of steps (Young/Daly); the first save, at step "
+              << step + kAutoIntervalFirstSave << ", measures the stall, and each save derives the interval again"
+              << std::endl;
   }
   if (builtin_model) {
     std::cout << "shardkit: memory estimate per rank "
@@ -664,6 +685,7 @@ Trainer::Trainer(const config::Config& config, comm::Runtime& runtime, UserModel
   s.startup.checkpoint_s = lap();
   const State::Resumed resumed = s.resume_or_initialise();
   s.startup.resume_s = lap();
+  if (s.auto_interval) s.ckpt->set_interval(kAutoIntervalFirstSave, s.step);
 
   if (s.is_logger) s.start_log(resumed);
 }

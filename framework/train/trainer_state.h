@@ -23,6 +23,7 @@
 #include "framework/tokenizer/tokenizer.h"
 #include "framework/tp/tensor_parallel.h"
 #include "framework/ep/expert_parallel.h"
+#include "framework/train/checkpoint_interval.h"
 #include "framework/train/metrics_log.h"
 #include "framework/train/preflight.h"
 #include "framework/train/profiler.h"
@@ -195,6 +196,10 @@ struct Trainer::State {
   detail::ResumeChoice resume;
   detail::DirectIoChoice direct_io;
   detail::SaveOutcomes saves;
+  // checkpoint.interval auto: the measurements each save derives the
+  // interval from (checkpoint_interval.h); empty otherwise.
+  std::optional<AutoIntervalTracker> auto_interval;
+  bool restart_logged = false;  // log_restart_once
 
   // This process's start-up (the constructor fills in its phases, run()
   // the rest and logs it once per process on rank 0).
@@ -233,6 +238,9 @@ struct Trainer::State {
   void start_log(const Resumed& resumed);
   // Rank 0, at the first run() of this process: the start-up line and record.
   void log_startup_once();
+  // Rank 0, as this Trainer's first step begins: the goodput ledger's
+  // "restart" record when an earlier attempt in run.dir did not finish.
+  void log_restart_once();
   void print_banner(const std::optional<std::string>& resume_from, const checkpoint::LoadStats& resumed);
   void print_run_lines();
   int64_t param_count(bool trainable_only = false) const;  // elements of all parameters, unsharded
@@ -258,6 +266,9 @@ struct Trainer::State {
   void after_step_profile();
   std::vector<double> gather_per_rank(double mine);
   void checkpoint_if_due(StepRecord& rec, int64_t last);
+  // checkpoint.interval auto, after a save at rec.step (all ranks): the
+  // ranks' mean stall and step time, the new interval on the manager.
+  void rederive_checkpoint_interval(const StepRecord& rec);
   void finish_checkpoints();
 };
 

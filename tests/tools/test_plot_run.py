@@ -86,14 +86,18 @@ class PlotRunOnWrittenMetrics(Case):
         new += [checkpoint(5, ok=False), checkpoint(10), {"event": "eval", "step": 10, "val_loss": 2.5, "val_tokens": 64}]
         new += [{"event": "something_new", "step": 12}, checkpoint(20)]
         resumed = [{"event": "resume_skipped", "path": "ck/step_20", "moved_to": "x", "error": "e"},
-                   start(10, "ck/step_10")]
+                   start(10, "ck/step_10"),
+                   {"event": "restart", "step": 10, "restart": 1, "lost_s": 4.0, "redone_steps": 10,
+                    "redone_s": 2.0, "goodput": 0.5}]
         resumed += [step(n, 2.0 - 0.05 * n, time="t", wall_s=1.0, peak_rss_mib=12.5)
                     for n in range(11, 31)]
         resumed += [{"event": "eval", "step": 30, "val_loss": 0.9, "val_tokens": 64}]
         self.write_metrics(old + new + resumed, tail='{"step": 31, "loss": 0.')
         result = self.plot(self.dir)
         self.assert_png(os.path.join(self.dir, "run.png"), result)
-        self.assertIn("steps 1-30, 1 resume (step 10), 2 checkpoints (1 failed), 2 evals", result.stdout)
+        self.assertIn("steps 1-30, 1 resume (step 10), 2 checkpoints (1 failed), 2 evals, "
+                      "1 failure: 4.0 s lost, 10 steps redone, goodput 0.500 (restarted from step 10)",
+                      result.stdout)
         self.assertIn("skipped the last line", result.stderr)
 
     def test_out_names_the_png(self):
@@ -154,6 +158,20 @@ class LastRunSelection(unittest.TestCase):
         self.assertEqual(sorted(run.steps), [1, 6, 7])
         self.assertEqual(run.steps[7]["loss"], 1.5)
         self.assertEqual(run.resumes, [5])
+
+    def test_restart_records_mark_failures_with_the_time_lost(self):
+        restart = {"event": "restart", "step": 5, "restart": 1, "lost_s": 12.5, "redone_steps": 3,
+                   "redone_s": 1.5, "goodput": 0.75}
+        run = self.m.last_run([start(0), step(1, 3.0), checkpoint(5), step(8, 2.0),
+                               start(5, "ck/step_5"), restart, step(6, 1.0)])
+        self.assertEqual([r["step"] for r in run.restarts], [5])
+        self.assertEqual(run.resumes, [5])
+        self.assertEqual(self.m.lost_text(run), "1 failure: 12.5 s lost, 3 steps redone, goodput 0.750")
+        self.assertIn("1 failure: 12.5 s lost, 3 steps redone, goodput 0.750 (restarted from step 5)",
+                      self.m.summary(run))
+        fresh = self.m.last_run([start(0), step(1, 3.0)])
+        self.assertEqual(fresh.restarts, [])
+        self.assertNotIn("failure", self.m.summary(fresh))
 
     def test_without_start_records_a_backward_step_starts_a_new_run(self):
         run = self.m.last_run([step(1, 9.0), step(40, 9.0), step(1, 3.0), step(10, 2.0)])

@@ -45,8 +45,9 @@ const std::vector<std::string> kAllKeys = {
     "parallel.replicate", "parallel.shard", "parallel.tensor", "parallel.expert", "parallel.pipeline",
     "parallel.pipeline_schedule", "parallel.stages_per_rank", "parallel.pipeline_split_points",
     "parallel.reshard_after_forward", "parallel.prefetch",
-    "dist.backend", "dist.timeout_s", "dist.stop_grace_s", "dist.master_addr", "dist.master_port",
-    "checkpoint.dir", "checkpoint.interval", "checkpoint.mode", "checkpoint.keep_last",
+    "dist.backend", "dist.timeout_s", "dist.stop_grace_s", "dist.standby", "dist.standby_delay_s", "dist.master_addr",
+    "dist.master_port",
+    "checkpoint.dir", "checkpoint.interval", "checkpoint.mtbf_s", "checkpoint.mode", "checkpoint.keep_last",
     "checkpoint.resume", "checkpoint.resume_fallback", "checkpoint.allow_config_change", "checkpoint.resume_audit", "checkpoint.on_error", "checkpoint.save_on_signal",
     "checkpoint.when_busy", "checkpoint.allow_partial", "checkpoint.model_only",
     "checkpoint.io_threads", "checkpoint.plan_cache", "checkpoint.direct_io", "checkpoint.device_snapshot", "checkpoint.local.dir", "checkpoint.local.keep_last",
@@ -182,6 +183,7 @@ Config non_default_config() {
   c.dist.master_port = 29501;
   c.checkpoint.dir = "/tmp/ckpt";
   c.checkpoint.interval = 25;
+  c.checkpoint.mtbf_s = 600.5;
   c.checkpoint.mode = checkpoint::SaveMode::kOverlap;
   c.checkpoint.keep_last = 3;
   c.checkpoint.resume = "never";
@@ -258,6 +260,15 @@ const BadConfigCase kBadConfigs[] = {
     {"DirectIoGivenAsYesIsRejected",
      "checkpoint:\n  direct_io: yes\n", "checkpoint.direct_io", "configs/x.yaml:2",
      "expected one of auto|true|false, got \"yes\""},
+    {"IntervalGivenAsAnotherWordIsRejected",
+     "checkpoint:\n  interval: sometimes\n", "checkpoint.interval", "configs/x.yaml:2",
+     "expected auto or an integer >= 0, got \"sometimes\""},
+    {"IntervalOfMinusOneIsRejected",
+     "checkpoint:\n  interval: -1\n", "checkpoint.interval", "configs/x.yaml:2",
+     "expected auto or an integer >= 0, got -1"},
+    {"ZeroMtbfIsRejected",
+     "checkpoint:\n  interval: auto\n  mtbf_s: 0\n", "checkpoint.mtbf_s", "configs/x.yaml:3",
+     "expected a number > 0, got 0"},
     {"DeviceOutsideItsChoicesIsRejected",
      "train:\n  device: tpu\n", "train.device", "configs/x.yaml:2", "one of cpu|cuda"},
     {"ZeroStepsIsRejected",
@@ -715,6 +726,29 @@ TEST(Config, PeakTflopsTakesAutoOrAPositiveNumber) {
   e = parse_error("train:\n  peak_tflops: fast\n");
   EXPECT_NE(e.find("configs/x.yaml:2"), std::string::npos) << e;
   EXPECT_NE(e.find("expected auto or a number > 0, got \"fast\""), std::string::npos) << e;
+}
+
+// checkpoint.interval: an integer as before, or auto (kept as
+// kIntervalAuto), which the effective config writes back as the word, so a
+// checkpoint's config and config.yaml read back the same.
+TEST(Config, CheckpointIntervalTakesAutoAndWritesItBack) {
+  const Config a = parse_config("checkpoint:\n  interval: auto\n  mtbf_s: 120\n", "x.yaml");
+  EXPECT_EQ(a.checkpoint.interval, checkpoint::kIntervalAuto);
+  EXPECT_EQ(a.checkpoint.mtbf_s, 120.0);
+  const std::string yaml = to_yaml(a);
+  EXPECT_NE(yaml.find("  interval: auto\n"), std::string::npos) << yaml;
+  EXPECT_NE(yaml.find("  mtbf_s: 120.0\n"), std::string::npos) << yaml;
+  EXPECT_EQ(parse_config(yaml, "effective.yaml"), a);
+  EXPECT_EQ(parse_config("", "x.yaml", {"checkpoint.interval=auto"}).checkpoint.interval, checkpoint::kIntervalAuto);
+  // Integers are what they were.
+  EXPECT_EQ(parse_config("checkpoint:\n  interval: 0\n", "x.yaml").checkpoint.interval, 0);
+  const Config seven = parse_config("", "x.yaml", {"checkpoint.interval=7"});
+  EXPECT_EQ(seven.checkpoint.interval, 7);
+  EXPECT_NE(to_yaml(seven).find("  interval: 7\n"), std::string::npos);
+  EXPECT_EQ(Config{}.checkpoint.mtbf_s, 3600.0);
+  const std::string e = parse_error("checkpoint:\n  interval: sometimes\n");
+  EXPECT_NE(e.find("checkpoint.interval"), std::string::npos) << e;
+  EXPECT_NE(e.find("expected auto or an integer >= 0"), std::string::npos) << e;
 }
 
 TEST(Config, LlamaShapeAndBatchErrorsNameTheKeys) {

@@ -11,6 +11,8 @@
 #include "framework/data/loader.h"
 #include "framework/data/synthetic_dataset.h"
 #include "framework/train/resume_audit.h"
+#include "framework/train/checkpoint_interval.h"
+#include "framework/train/goodput.h"
 #include "framework/train/state_dict.h"
 #include "framework/train/trainer.h"
 #include "support/multi_rank.h"
@@ -19,8 +21,13 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
 
 namespace fs = std::filesystem;
 using framework::train::Trainer;
@@ -428,6 +435,35 @@ checkpoint::StateDict loaded_items(const framework::data::LoaderState& position,
   return sd;
 }
 
+using framework::train::AutoIntervalTracker;
+using framework::train::EarlierAttempts;
+using framework::train::IntervalChoice;
+using framework::train::RestartLedger;
+using framework::train::read_earlier_attempts;
+using framework::train::restart_ledger;
+using framework::train::young_daly_interval;
+
+// A metrics.jsonl record as the trainer writes it, `at` seconds after
+// 2026-12-01T00:00:00Z.
+std::string record_at(double at, nlohmann::json j) {
+  char buf[64];
+  const int whole = static_cast<int>(at);
+  std::snprintf(buf, sizeof(buf), "2026-12-01T%02d:%02d:%02d.%03dZ", whole / 3600, whole / 60 % 60, whole % 60,
+                static_cast<int>(std::lround((at - whole) * 1000)));
+  j["time"] = buf;
+  return j.dump() + "\n";
+}
+
+std::vector<nlohmann::json> metrics_records(const std::string& run_dir, const std::string& event) {
+  std::vector<nlohmann::json> out;
+  std::ifstream in(run_dir + "/metrics.jsonl");
+  for (std::string line; std::getline(in, line);) {
+    const nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (j.is_object() && j.value("event", "") == event) out.push_back(j);
+  }
+  return out;
+}
+
 }  // namespace
 
 // Why the next batch differs, named from the recorded data identity.
@@ -487,4 +523,183 @@ TEST(ResumeAudit, ModesAndCheckpointsWithoutTheRecord) {
   imported.add_bytes("data.loader", {});
   imported.add_bytes("data.next_batch", {});
   EXPECT_EQ(audit_resume(imported, loader, identity, Mode::kError, "ck/step_3").outcome, AuditOutcome::kImported);
+}
+
+// Young/Daly: every sqrt(2 x stall x MTBF) seconds, in whole steps (at
+// least one); the expected loss per failure is half an interval plus the
+// restart.
+TEST(AutoCheckpointInterval, YoungDalyGivesTheIntervalInWholeSteps) {
+  IntervalChoice c = young_daly_interval(/*save_stall_s=*/2.0, /*step_s=*/0.5, /*mtbf_s=*/3600, /*restart_s=*/10);
+  EXPECT_DOUBLE_EQ(c.interval_s, 120.0);
+  EXPECT_EQ(c.steps, 240);
+  EXPECT_DOUBLE_EQ(c.expected_loss_s, 240 / 2 * 0.5 + 10);
+  EXPECT_EQ(young_daly_interval(2.0, 7.0, 3600, 0).steps, 17);   // 120 / 7 = 17.1
+  EXPECT_EQ(young_daly_interval(2.0, 48.0, 3600, 0).steps, 3);   // 2.5 rounds to nearest (llround: 3)
+  EXPECT_EQ(young_daly_interval(0.0, 0.1, 3600, 0).steps, 1);    // no stall: every step
+  EXPECT_EQ(young_daly_interval(2.0, 500.0, 3600, 0).steps, 1);  // steps longer than the interval
+  // Four times the MTBF, twice the interval.
+  EXPECT_DOUBLE_EQ(young_daly_interval(2.0, 0.5, 4 * 3600, 0).interval_s, 240.0);
+}
+
+// Each save's stall and the steps since the one before are smoothed (half
+// new, half old); the process's first step counts only when alone.
+TEST(AutoCheckpointInterval, TheTrackerSmoothsStallAndStepTime) {
+  AutoIntervalTracker t(/*mtbf_s=*/100);
+  t.add_step(9.0);  // the first step: warm-up
+  EXPECT_DOUBLE_EQ(t.local_step_s(), 9.0);
+  t.add_step(0.5);
+  EXPECT_DOUBLE_EQ(t.local_step_s(), 0.5);
+  IntervalChoice c = t.derive(1.0, t.local_step_s(), 0);
+  EXPECT_DOUBLE_EQ(c.save_stall_s, 1.0);
+  EXPECT_DOUBLE_EQ(c.step_s, 0.5);
+  t.add_step(1.0);
+  t.add_step(2.0);
+  EXPECT_DOUBLE_EQ(t.local_step_s(), 1.5);
+  c = t.derive(3.0, t.local_step_s(), 0);
+  EXPECT_DOUBLE_EQ(c.save_stall_s, 2.0);
+  EXPECT_DOUBLE_EQ(c.step_s, 1.0);
+  EXPECT_DOUBLE_EQ(c.interval_s, 20.0);  // sqrt(2 x 2 x 100)
+  EXPECT_EQ(c.steps, 20);
+}
+
+// A crashed attempt, then its restart: the time from its last record to
+// the new first step is lost, and its steps past the checkpoint are redone.
+TEST(GoodputLedger, ARestartCountsTheLostTimeAndTheRedoneSteps) {
+  std::string text = record_at(0, {{"event", "start"}, {"step", 0}});
+  for (int s = 1; s <= 14; ++s) {
+    text += record_at(2.0 * s, {{"step", s}, {"step_time_s", 1.5}, {"loss", 1.0}});
+    if (s == 10) text += record_at(20.5, {{"event", "checkpoint"}, {"step", 10}});
+  }
+  text += "{\"step\": 15, \"lo";  // torn by the crash
+  std::istringstream in(text);
+  const EarlierAttempts e = read_earlier_attempts(in);
+  ASSERT_TRUE(e.any);
+  EXPECT_EQ(e.last_step, 14);
+  EXPECT_DOUBLE_EQ(e.last_record_unix_s - e.first_start_unix_s, 28.0);
+  EXPECT_DOUBLE_EQ(e.mean_step_s, 1.5);
+  const RestartLedger r = restart_ledger(e, /*resumed_step=*/10, e.first_start_unix_s + 40);
+  EXPECT_EQ(r.restart, 1);
+  EXPECT_EQ(r.step, 10);
+  EXPECT_DOUBLE_EQ(r.lost_s, 12.0);
+  EXPECT_EQ(r.redone_steps, 4);
+  EXPECT_DOUBLE_EQ(r.redone_s, 6.0);
+  EXPECT_DOUBLE_EQ(r.run_wall_s, 40.0);
+  EXPECT_DOUBLE_EQ(r.goodput, (40.0 - 12.0 - 6.0) / 40.0);
+
+  // A second crash: the ledger sums the first restart's cost too. (The
+  // restarted attempt ended the torn line before its first record.)
+  text += "\n" + record_at(40, {{"event", "start"}, {"step", 10}});
+  text += record_at(40, {{"event", "restart"}, {"restart", 1}, {"lost_s", 12.0}, {"redone_s", 6.0}});
+  text += record_at(41, {{"step", 11}, {"step_time_s", 1.0}});
+  text += record_at(42, {{"step", 12}, {"step_time_s", 3.0}});
+  std::istringstream again(text);
+  const EarlierAttempts e2 = read_earlier_attempts(again);
+  EXPECT_EQ(e2.restarts, 1);
+  EXPECT_EQ(e2.last_step, 12);
+  EXPECT_DOUBLE_EQ(e2.mean_step_s, 2.0);
+  const RestartLedger r2 = restart_ledger(e2, 10, e2.first_start_unix_s + 50);
+  EXPECT_EQ(r2.restart, 2);
+  EXPECT_DOUBLE_EQ(r2.lost_s, 8.0);
+  EXPECT_EQ(r2.redone_steps, 2);
+  EXPECT_DOUBLE_EQ(r2.redone_s, 4.0);
+  EXPECT_DOUBLE_EQ(r2.goodput, (50.0 - 12.0 - 6.0 - 8.0 - 4.0) / 50.0);
+}
+
+// A run that finished is no failure: resuming it later (more steps) starts
+// a new ledger, and an empty file has no earlier attempt.
+TEST(GoodputLedger, AFinishedRunOrAnEmptyFileHasNoEarlierAttempt) {
+  std::istringstream empty("");
+  EXPECT_FALSE(read_earlier_attempts(empty).any);
+  std::istringstream finished(record_at(0, {{"event", "start"}, {"step", 0}}) +
+                              record_at(1, {{"step", 1}, {"step_time_s", 1.0}}) +
+                              record_at(2, {{"event", "end"}, {"step", 1}, {"status", "finished"}}));
+  EXPECT_FALSE(read_earlier_attempts(finished).any);
+  std::istringstream stopped(record_at(0, {{"event", "start"}, {"step", 0}}) +
+                             record_at(2, {{"event", "end"}, {"step", 0}, {"status", "stopped"}}));
+  const EarlierAttempts e = read_earlier_attempts(stopped);
+  EXPECT_TRUE(e.any);
+  EXPECT_EQ(e.last_step, 0);
+  EXPECT_EQ(framework::train::parse_utc_timestamp("2026-12-01T00:00:01.250Z") -
+                framework::train::parse_utc_timestamp("2026-12-01T00:00:00.000Z"),
+            1.25);
+  EXPECT_LT(framework::train::parse_utc_timestamp("yesterday"), 0);
+}
+
+// checkpoint.interval auto at world 2: a first save after two steps, then
+// each save derives the next interval from the ranks' mean stall and step
+// time; the saves land exactly where the derivations said, on both ranks.
+// A tiny MTBF saves every step or few; a huge one (an interval of hours)
+// saves only at step 2 and at the last, not at any multiple of 2.
+TEST(AutoCheckpointInterval, SavesLandWhereEachDerivationSaidAndTheRecordsAddUp) {
+  for (const double mtbf_s : {0.05, 1e7}) {
+    const std::string dir = ckpt_scratch("auto_interval");
+    auto cfg = base_config(dir);
+    cfg.train.steps = 16;
+    cfg.parallel.shard = 2;
+    cfg.checkpoint.interval = checkpoint::kIntervalAuto;
+    cfg.checkpoint.mtbf_s = mtbf_s;
+    run_runtimes(2, [&](comm::Runtime& rt) {
+      Trainer t(cfg, rt);
+      EXPECT_EQ(t.run(), 0);
+    });
+    const std::vector<nlohmann::json> derived = metrics_records(dir, "checkpoint_interval");
+    ASSERT_FALSE(derived.empty()) << "mtbf_s " << mtbf_s;
+    std::set<int64_t> want = {2, 16};  // the measuring save, the last step
+    int64_t at = 2;
+    for (const nlohmann::json& d : derived) {
+      EXPECT_EQ(d["step"].get<int64_t>(), at) << d;  // each derivation follows the save it measured
+      const double stall = d["save_stall_s"], step = d["step_s"], mtbf = d["mtbf_s"], interval = d["interval_s"];
+      const int64_t steps = d["interval_steps"];
+      EXPECT_EQ(mtbf, mtbf_s);
+      EXPECT_GT(stall, 0);
+      EXPECT_GT(step, 0);
+      EXPECT_DOUBLE_EQ(interval, std::sqrt(2 * stall * mtbf)) << d;
+      EXPECT_EQ(steps, std::max<int64_t>(1, std::llround(interval / step))) << d;
+      EXPECT_GE(d["expected_loss_s"].get<double>(), steps / 2.0 * step) << d;
+      EXPECT_EQ(d["next_save_step"].get<int64_t>(), at + steps) << d;
+      at += steps;
+      if (at < 16) want.insert(at);
+    }
+    EXPECT_GE(at, 16) << "no derivation after the save at step " << at;
+    if (mtbf_s > 1) EXPECT_EQ(derived.size(), 1u);
+    std::set<int64_t> saved;
+    for (const nlohmann::json& c : metrics_records(dir, "checkpoint")) saved.insert(c["step"].get<int64_t>());
+    EXPECT_EQ(saved, want) << "mtbf_s " << mtbf_s;
+    for (int64_t s : want) EXPECT_TRUE(fs::exists(dir + "/checkpoints/step_" + std::to_string(s))) << s;
+    // A fresh run records no restart.
+    EXPECT_TRUE(metrics_records(dir, "restart").empty());
+    fs::remove_all(dir);
+  }
+}
+
+// An attempt killed mid-write left a torn last line and no checkpoint: the
+// next attempt starts over, ends that line before its own records (every
+// later line parses) and records the restart, all 3 logged steps redone.
+TEST(GoodputLedger, ARestartAfterATornLineStartsOnANewLineAndRecordsTheRestart) {
+  const std::string dir = ckpt_scratch("torn_ledger");
+  fs::create_directories(dir);
+  {
+    std::ofstream out(dir + "/metrics.jsonl");
+    out << record_at(0, {{"event", "start"}, {"step", 0}, {"resumed_from", nullptr}});
+    for (int s = 1; s <= 3; ++s) out << record_at(s, {{"step", s}, {"step_time_s", 0.5}, {"loss", 1.0}});
+    out << "{\"step\": 4, \"lo";
+  }
+  auto cfg = base_config(dir);
+  cfg.train.steps = 2;
+  run_runtimes(1, [&](comm::Runtime& rt) {
+    Trainer t(cfg, rt);
+    EXPECT_EQ(t.run(), 0);
+  });
+  std::ifstream in(dir + "/metrics.jsonl");
+  std::vector<std::string> lines;
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  ASSERT_GT(lines.size(), 6u);
+  EXPECT_EQ(lines[4], "{\"step\": 4, \"lo");
+  for (size_t i = 5; i < lines.size(); ++i) EXPECT_TRUE(nlohmann::json::accept(lines[i])) << lines[i];
+  const std::vector<nlohmann::json> restarts = metrics_records(dir, "restart");
+  ASSERT_EQ(restarts.size(), 1u);
+  EXPECT_EQ(restarts[0]["step"].get<int64_t>(), 0);
+  EXPECT_EQ(restarts[0]["redone_steps"].get<int64_t>(), 3);
+  EXPECT_DOUBLE_EQ(restarts[0]["redone_s"].get<double>(), 1.5);
+  fs::remove_all(dir);
 }

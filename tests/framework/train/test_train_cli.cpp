@@ -3,6 +3,7 @@
 #include "checkpoint/interop/weights_file.h"
 #include "checkpoint/format/types.h"
 #include "comm/device.h"
+#include "framework/train/goodput.h"
 #include "support/paths.h"
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -1140,6 +1141,51 @@ TEST(TrainCli, MaxRestartsRestartsTheGroupAfterAWorkerIsKilledAndTheRunResumesBi
   EXPECT_EQ(startups, (std::vector<int>{0, 1, 2}));
   EXPECT_NE(after.find("shardkit: startup "), std::string::npos) << after;
   EXPECT_NE(after.find(" s from the standby's activation (load "), std::string::npos) << after;
+  // The goodput ledger: one restart record per restart, at the resumed
+  // run's first step, costing the dead attempt's steps past the checkpoint
+  // and the time from its last record; a run that never failed has none.
+  std::vector<nlohmann::json> restarts;
+  int starts = 0;
+  std::map<int, int64_t> last_step;  // attempt (1: the first) -> its last logged step
+  std::map<int, double> last_time;   // -> its last record's time
+  std::ifstream ledger(faulted + "/metrics.jsonl");
+  for (std::string l; std::getline(ledger, l);) {
+    const auto j = nlohmann::json::parse(l);
+    ASSERT_TRUE(j.contains("time")) << l;
+    const std::string event = j.value("event", "");
+    starts += event == "start";
+    if (event == "restart") restarts.push_back(j);
+    last_time[starts] = framework::train::parse_utc_timestamp(j["time"]);
+    if (event.empty()) last_step[starts] = std::max(last_step[starts], j["step"].get<int64_t>());
+  }
+  ASSERT_EQ(restarts.size(), 2u) << "restart records in " << faulted << "/metrics.jsonl";
+  double all_lost = 0, all_redone = 0;
+  for (size_t i = 0; i < restarts.size(); ++i) {
+    const nlohmann::json& r = restarts[i];
+    const int dead = static_cast<int>(i) + 1;  // the attempt that died
+    EXPECT_EQ(r["restart"].get<int>(), dead) << r;
+    if (i == 0) EXPECT_EQ(r["step"].get<int64_t>(), newest_commit) << r;
+    EXPECT_GE(last_step[dead], r["step"].get<int64_t>()) << r;
+    EXPECT_EQ(r["redone_steps"].get<int64_t>(), last_step[dead] - r["step"].get<int64_t>()) << r;
+    EXPECT_GE(r["redone_s"].get<double>(), 0) << r;
+    // From the dead attempt's last record to the restart record's time.
+    const double lost = r["lost_s"].get<double>();
+    EXPECT_GT(lost, 0) << r;
+    EXPECT_NEAR(lost, framework::train::parse_utc_timestamp(r["time"]) - last_time[dead], 0.05) << r;
+    all_lost += lost;
+    all_redone += r["redone_s"].get<double>();
+    const double goodput = r["goodput"].get<double>(), wall = r["run_wall_s"].get<double>();
+    EXPECT_GT(wall, all_lost) << r;
+    EXPECT_GT(goodput, 0) << r;
+    EXPECT_LT(goodput, 1) << r;
+    EXPECT_NEAR(goodput, (wall - all_lost - all_redone) / wall, 1e-9) << r;
+  }
+  EXPECT_NE(after.find("shardkit: restart 1 of this run: lost "), std::string::npos) << after;
+  EXPECT_NE(after.find("shardkit: restart 2 of this run: lost "), std::string::npos) << after;
+  std::ifstream fresh(full + "/metrics.jsonl");
+  for (std::string l; std::getline(fresh, l);) {
+    EXPECT_NE(nlohmann::json::parse(l).value("event", ""), "restart") << "a run that never failed: " << l;
+  }
 
   const auto want = losses(full), got = losses(faulted);
   ASSERT_EQ(want.size(), 60u);
