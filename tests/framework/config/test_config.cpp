@@ -179,6 +179,8 @@ Config non_default_config() {
   c.dist.backend = comm::Backend::kNccl;
   c.dist.timeout_s = 30.5;
   c.dist.stop_grace_s = 4.5;
+  c.dist.standby = false;
+  c.dist.standby_delay_s = 0.5;
   c.dist.master_addr = "10.0.0.1";
   c.dist.master_port = 29501;
   c.checkpoint.dir = "/tmp/ckpt";
