@@ -661,7 +661,9 @@ TEST(AutoCheckpointInterval, SavesLandWhereEachDerivationSaidAndTheRecordsAddUp)
       if (at < 16) want.insert(at);
     }
     EXPECT_GE(at, 16) << "no derivation after the save at step " << at;
-    if (mtbf_s > 1) EXPECT_EQ(derived.size(), 1u);
+    if (mtbf_s > 1) {
+      EXPECT_EQ(derived.size(), 1u);
+    }
     std::set<int64_t> saved;
     for (const nlohmann::json& c : metrics_records(dir, "checkpoint")) saved.insert(c["step"].get<int64_t>());
     EXPECT_EQ(saved, want) << "mtbf_s " << mtbf_s;
