@@ -18,7 +18,10 @@ set(expected
   "Skips.WithEmptyReason=fail"
   "Skips.WithReasonAfterAFailure=fail"
   "SkipsInSetUp.WithReason=notrun"
-  "Passes.Plainly=run")
+  "Passes.Plainly=run"
+  "ForkProbe.ReportsItsProcess=run"
+  "ForkProbe.DiesOfTheSignalItIsAsked=run"
+  "ForkProbe.SleepsUntilKilledWhenAsked=run")
 
 function(run_scratch_ctest dir testfile_body junit)
   file(REMOVE_RECURSE "${dir}")
