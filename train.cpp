@@ -7,4 +7,18 @@
 // The work is framework::train::train_main (framework/train/train_main.h).
 #include "framework/train/train_main.h"
 
-int main(int argc, char** argv) { return framework::train::train_main(argc, argv, {}); }
+#include <cstdio>
+#include <cstdlib>
+#include <iostream>
+
+int main(int argc, char** argv) {
+  const int status = framework::train::train_main(argc, argv, {});
+  // Everything of the run (checkpoints, metrics, TensorBoard files, the
+  // launcher's ranks) has ended inside train_main; what is left at exit is
+  // LibTorch's static destructors, about 0.25 s of wall time in every
+  // process (3 per `train --nproc 2`, a rank restart included).
+  std::cout.flush();
+  std::cerr.flush();
+  std::fflush(nullptr);
+  std::_Exit(status);
+}
