@@ -23,7 +23,8 @@ struct BlockMask {
 };
 
 // From the true positions (CPU int64, [Sq] and [Sk]): decided on the host,
-// so a skipped or unmasked block costs no device work.
+// so a skipped or unmasked block costs no device work; a mask is built on
+// the device (Sq x Sk bools never cross to it).
 BlockMask block_mask(const torch::Tensor& q_pos, const torch::Tensor& k_pos, bool causal,
                      const torch::Device& device) {
   if (!causal) return {};
@@ -31,7 +32,7 @@ BlockMask block_mask(const torch::Tensor& q_pos, const torch::Tensor& k_pos, boo
   const int64_t k_first = k_pos.min().item<int64_t>(), k_last = k_pos.max().item<int64_t>();
   if (k_last <= q_first) return {};
   if (k_first > q_last) return {Visibility::kNone, {}};
-  return {Visibility::kSome, (k_pos.unsqueeze(0) <= q_pos.unsqueeze(1)).to(device)};
+  return {Visibility::kSome, k_pos.to(device).unsqueeze(0) <= q_pos.to(device).unsqueeze(1)};
 }
 
 // The shapes of one call; queries as [B, Hkv, G, Sl, D] (query head
