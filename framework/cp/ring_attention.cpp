@@ -14,26 +14,62 @@ namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
-// Which of a block's keys the queries see.
-enum class Visibility { kNone, kSome, kAll };
-
-struct BlockMask {
-  Visibility visibility = Visibility::kAll;
-  torch::Tensor visible;  // [Sq, Sk] bool, on the queries' device; kSome only
+// A run of a rank's tokens whose positions follow each other: local rows
+// [offset, offset + len), positions [first, first + len). Head-tail gives a
+// rank two (one where its chunks meet), no balancing one.
+struct Segment {
+  int64_t offset, first, len;
 };
 
-// From the true positions (CPU int64, [Sq] and [Sk]): decided on the host,
-// so a skipped or unmasked block costs no device work; a mask is built on
-// the device (Sq x Sk bools never cross to it).
-BlockMask block_mask(const torch::Tensor& q_pos, const torch::Tensor& k_pos, bool causal,
-                     const torch::Device& device) {
-  if (!causal) return {};
-  const int64_t q_first = q_pos.min().item<int64_t>(), q_last = q_pos.max().item<int64_t>();
-  const int64_t k_first = k_pos.min().item<int64_t>(), k_last = k_pos.max().item<int64_t>();
-  if (k_last <= q_first) return {};
-  if (k_first > q_last) return {Visibility::kNone, {}};
-  return {Visibility::kSome, k_pos.to(device).unsqueeze(0) <= q_pos.to(device).unsqueeze(1)};
+// The runs of `positions` ([Sl] int64 on the CPU).
+std::vector<Segment> segments_of(const torch::Tensor& positions) {
+  const torch::Tensor p = positions.contiguous();
+  const int64_t* v = p.data_ptr<int64_t>();
+  std::vector<Segment> out;
+  for (int64_t i = 0; i < p.numel(); ++i) {
+    if (!out.empty() && v[i] == out.back().first + out.back().len) {
+      ++out.back().len;
+    } else {
+      out.push_back({i, v[i], 1});
+    }
+  }
+  return out;
 }
+
+// A piece of a step's work: one segment's queries against one segment's
+// keys. Runs of different ranks cover disjoint ranges of positions, so a
+// query run sees another rank's key run whole or not at all; only a run
+// against itself (the own block) needs the causal mask, and there each
+// query sees at least its own key.
+struct Tile {
+  Segment q, k;
+  torch::Tensor visible;  // [q.len, k.len] bool on the device; undefined: every key seen
+};
+
+// The tiles of the block `k_segments` for the queries `q_segments`, the
+// ones no query sees left out: decided on the host, so a skipped or
+// unmasked tile costs no device work.
+std::vector<Tile> tiles_of(const std::vector<Segment>& q_segments, const std::vector<Segment>& k_segments,
+                           bool causal, const torch::Device& device) {
+  std::vector<Tile> out;
+  const auto positions = torch::TensorOptions(torch::kLong).device(device);
+  for (const Segment& q : q_segments) {
+    for (const Segment& k : k_segments) {
+      if (!causal || k.first + k.len - 1 <= q.first) {
+        out.push_back({q, k, {}});
+      } else if (k.first <= q.first + q.len - 1) {
+        const torch::Tensor kp = torch::arange(k.first, k.first + k.len, positions);
+        const torch::Tensor qp = torch::arange(q.first, q.first + q.len, positions);
+        out.push_back({q, k, kp.unsqueeze(0) <= qp.unsqueeze(1)});
+      }
+    }
+  }
+  return out;
+}
+
+// Rows `s` of t along the sequence dim (3 in every tensor here: [B, Hkv, G,
+// S(, D)] and [2, B, Hkv, S, D]): a view.
+torch::Tensor rows(const torch::Tensor& t, const Segment& s) { return t.narrow(3, s.offset, s.len); }
 
 // The shapes of one call; queries as [B, Hkv, G, Sl, D] (query head
 // kv x G + g reads key/value head kv).
@@ -45,10 +81,12 @@ struct Shape {
 };
 
 // Scores of the queries q5 [B, Hkv, G, Sq, D] (fp32) against the keys k
-// [B, Hkv, Sk, D] (fp32): [B, Hkv, G, Sq, Sk], masked with -inf.
-torch::Tensor block_scores(const torch::Tensor& q5, const torch::Tensor& k, const BlockMask& mask, double scale) {
+// [B, Hkv, Sk, D] (fp32): [B, Hkv, G, Sq, Sk], masked with -inf where
+// `visible` ([Sq, Sk], when defined) is false.
+torch::Tensor tile_scores(const torch::Tensor& q5, const torch::Tensor& k, const torch::Tensor& visible,
+                          double scale) {
   torch::Tensor s = torch::matmul(q5, k.unsqueeze(2).transpose(-2, -1)) * scale;
-  if (mask.visibility == Visibility::kSome) s = s.masked_fill(mask.visible.logical_not(), -kInf);
+  if (visible.defined()) s = s.masked_fill(visible.logical_not(), -kInf);
   return s;
 }
 
@@ -58,35 +96,39 @@ torch::Tensor block_scores(const torch::Tensor& q5, const torch::Tensor& k, cons
 struct OnlineSoftmax {
   torch::Tensor row_max, row_sum, acc;
 
-  // Folds in one block of keys and values (kv [2, B, Hkv, Sk, D]). Rows
-  // that see none of the block keep their state: their maximum is finite
-  // already, since the first block folded in is the rank's own, where each
-  // query sees at least itself.
-  void add(const torch::Tensor& q5, const torch::Tensor& kv, const BlockMask& mask, double scale) {
-    const torch::Tensor k = kv[0].to(torch::kFloat), v = kv[1].to(torch::kFloat);
-    const torch::Tensor s = block_scores(q5, k, mask, scale);
-    const torch::Tensor new_max = torch::maximum(row_max, std::get<0>(s.max(-1)));
-    const torch::Tensor rescale = torch::exp(row_max - new_max);  // the earlier blocks' weight, anew
+  // Folds in one tile: keys and values kv [2, B, Hkv, Sk, D] for the
+  // query rows `q_rows` (q5's rows of tile.q). A row that sees none of the
+  // tile keeps its state; its maximum is finite already or becomes so
+  // (the own block gives every query at least itself).
+  void add(const torch::Tensor& q5, const torch::Tensor& kv, const Tile& tile, double scale) {
+    const torch::Tensor k = rows(kv, tile.k)[0].to(torch::kFloat), v = rows(kv, tile.k)[1].to(torch::kFloat);
+    torch::Tensor run_max = rows(row_max, tile.q), sum = rows(row_sum, tile.q), out = rows(acc, tile.q);
+    const torch::Tensor s = tile_scores(rows(q5, tile.q), k, tile.visible, scale);
+    const torch::Tensor new_max = torch::maximum(run_max, std::get<0>(s.max(-1)));
+    const torch::Tensor rescale = torch::exp(run_max - new_max);  // the earlier tiles' weight, anew
     const torch::Tensor p = torch::exp(s - new_max.unsqueeze(-1));
-    row_sum = row_sum * rescale + p.sum(-1);
-    acc = acc * rescale.unsqueeze(-1) + torch::matmul(p, v.unsqueeze(2));
-    row_max = new_max;
+    sum.copy_(sum * rescale + p.sum(-1));
+    out.copy_(out * rescale.unsqueeze(-1) + torch::matmul(p, v.unsqueeze(2)));
+    run_max.copy_(new_max);
   }
 };
 
-// Adds one block's gradients: into dq5 (fp32, [B, Hkv, G, Sq, D]), and
-// into grad [2, B, Hkv, Sk, D] (fp32: dk, dv). p = exp(s - lse) is the
-// forward's softmax, rebuilt from the saved log-sum-exp.
-void add_block_gradients(const torch::Tensor& q5, const torch::Tensor& kv, const torch::Tensor& dout5,
-                         const torch::Tensor& lse, const torch::Tensor& delta, const BlockMask& mask,
-                         double scale, torch::Tensor& dq5, torch::Tensor& grad) {
-  const torch::Tensor k = kv[0].to(torch::kFloat), v = kv[1].to(torch::kFloat);
-  const torch::Tensor p = torch::exp(block_scores(q5, k, mask, scale) - lse.unsqueeze(-1));
-  const torch::Tensor dp = torch::matmul(dout5, v.unsqueeze(2).transpose(-2, -1));
-  const torch::Tensor ds = p * (dp - delta.unsqueeze(-1));
-  dq5.add_(torch::matmul(ds, k.unsqueeze(2)), scale);
-  grad[0].add_(torch::matmul(ds.transpose(-2, -1), q5).sum(2), scale);
-  grad[1].add_(torch::matmul(p.transpose(-2, -1), dout5).sum(2));
+// Adds one tile's gradients: into dq5 (fp32, [B, Hkv, G, Sl, D]) at the
+// tile's query rows, and into grad [2, B, Hkv, Sk, D] (fp32: dk, dv) at its
+// key rows. p = exp(s - lse) is the forward's softmax, rebuilt from the
+// saved log-sum-exp.
+void add_tile_gradients(const torch::Tensor& q5, const torch::Tensor& kv, const torch::Tensor& dout5,
+                        const torch::Tensor& lse, const torch::Tensor& delta, const Tile& tile, double scale,
+                        const torch::Tensor& dq5, const torch::Tensor& grad) {
+  const torch::Tensor k = rows(kv, tile.k)[0].to(torch::kFloat), v = rows(kv, tile.k)[1].to(torch::kFloat);
+  const torch::Tensor q = rows(q5, tile.q), dout = rows(dout5, tile.q);
+  const torch::Tensor p = torch::exp(tile_scores(q, k, tile.visible, scale) - rows(lse, tile.q).unsqueeze(-1));
+  const torch::Tensor dp = torch::matmul(dout, v.unsqueeze(2).transpose(-2, -1));
+  const torch::Tensor ds = p * (dp - rows(delta, tile.q).unsqueeze(-1));
+  rows(dq5, tile.q).add_(torch::matmul(ds, k.unsqueeze(2)), scale);
+  const torch::Tensor g = rows(grad, tile.k);
+  g[0].add_(torch::matmul(ds.transpose(-2, -1), q).sum(2), scale);
+  g[1].add_(torch::matmul(p.transpose(-2, -1), dout).sum(2));
 }
 
 // Message tags: a pair's key/value blocks and gradient blocks never match
@@ -126,12 +168,14 @@ class RingAttentionFn : public torch::autograd::Function<RingAttentionFn> {
     OnlineSoftmax state{torch::full(shape.rows(), -kInf, fp32), torch::zeros(shape.rows(), fp32),
                         torch::zeros(shape.grouped(), fp32)};
     // Step s holds member (rank - s)'s block: the own block first.
+    const std::vector<Segment> mine = segments_of(positions[rank]);
     torch::Tensor held = torch::stack({k, v}).contiguous();
     for (int64_t step = 0; step < size; ++step) {
       KvHop hop;
       if (step + 1 < size) hop.post(*group, held, step);  // the next block travels during this one
-      const BlockMask mask = block_mask(positions[rank], positions[(rank - step + size) % size], causal, q.device());
-      if (mask.visibility != Visibility::kNone) state.add(q5, held, mask, scale);
+      for (const Tile& tile : tiles_of(mine, segments_of(positions[(rank - step + size) % size]), causal, q.device())) {
+        state.add(q5, held, tile, scale);
+      }
       if (step + 1 < size) held = hop.wait();
     }
     const torch::Tensor out = (state.acc / state.row_sum.unsqueeze(-1)).reshape(q.sizes()).to(q.scalar_type());
@@ -160,6 +204,7 @@ class RingAttentionFn : public torch::autograd::Function<RingAttentionFn> {
     const torch::Tensor delta = (dout5 * out.to(torch::kFloat).reshape(shape.grouped())).sum(-1);
     const auto fp32 = q.options().dtype(torch::kFloat);
     torch::Tensor dq5 = torch::zeros(shape.grouped(), fp32);
+    const std::vector<Segment> mine = segments_of(positions[rank]);
     torch::Tensor held = torch::stack({k, v}).contiguous();
     // Block j's dk and dv: started on member j at step 0, added to on each
     // member it visits, sent on after each step; after the last step one
@@ -176,9 +221,8 @@ class RingAttentionFn : public torch::autograd::Function<RingAttentionFn> {
         grad_recv = group->recv_async(grad_in, prev, grad_tag(step));
       }
       torch::Tensor grad = torch::zeros(shape.kv_pair(), fp32);
-      const BlockMask mask = block_mask(positions[rank], positions[(rank - step + size) % size], causal, q.device());
-      if (mask.visibility != Visibility::kNone) {
-        add_block_gradients(q5, held, dout5, lse, delta, mask, scale, dq5, grad);
+      for (const Tile& tile : tiles_of(mine, segments_of(positions[(rank - step + size) % size]), causal, q.device())) {
+        add_tile_gradients(q5, held, dout5, lse, delta, tile, scale, dq5, grad);
       }
       if (step > 0) {
         grad_recv.wait();

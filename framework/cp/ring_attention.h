@@ -17,8 +17,11 @@
 // Face's repeat_kv).
 //
 // The causal mask comes from the tokens' true positions (the position
-// table): a block that no query sees is skipped, a block that every query
-// sees whole needs no mask.
+// table). A rank's tokens are runs of consecutive positions (two under the
+// head-tail split), and a block is computed run against run: a run of keys
+// that a run of queries does not see is skipped, one it sees whole needs no
+// mask; only a run against itself is masked. Under head-tail every other
+// rank's block then costs each rank half a block.
 //
 //   const torch::Tensor table = cp::position_table(seq_len, group.size(), cp::LoadBalance::kHeadTail);
 //   torch::Tensor out = cp::ring_attention(q, k, v, table, group);   // [B, Hq, S/C, D]
