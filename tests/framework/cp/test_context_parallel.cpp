@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <ostream>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -167,11 +168,13 @@ struct Case {
   int64_t kv_heads;
 };
 
-std::string case_name(const testing::TestParamInfo<Case>& info) {
-  return "C" + std::to_string(info.param.context) +
-         (info.param.balance == cp::LoadBalance::kHeadTail ? "_HeadTail" : "_NoBalance") +
-         (info.param.kv_heads < kQueryHeads ? "_Gqa" : "_Mha");
+std::string case_name(const Case& c) {
+  return "C" + std::to_string(c.context) + (c.balance == cp::LoadBalance::kHeadTail ? "_HeadTail" : "_NoBalance") +
+         (c.kv_heads < kQueryHeads ? "_Gqa" : "_Mha");
 }
+std::string param_name(const testing::TestParamInfo<Case>& info) { return case_name(info.param); }
+// Named (ctest's test names carry the parameter: not its padding bytes).
+void PrintTo(const Case& c, std::ostream* os) { *os << case_name(c); }
 
 class RingAttention : public testing::TestWithParam<Case> {};
 
@@ -195,7 +198,7 @@ INSTANTIATE_TEST_SUITE_P(
                     Case{3, cp::LoadBalance::kNone, 4}, Case{4, cp::LoadBalance::kHeadTail, 2},
                     Case{4, cp::LoadBalance::kNone, 2}, Case{4, cp::LoadBalance::kHeadTail, 4},
                     Case{4, cp::LoadBalance::kNone, 4}),
-    case_name);
+    param_name);
 
 TEST(RingAttentionNonCausal, EqualsWholeSequenceSoftmaxAttention) {
   torch::manual_seed(73);
