@@ -5,7 +5,6 @@ Tested with torch 2.6.0 (Debian python3-torch, CPU only), gloo backend.
 import hashlib
 import json
 import os
-import socket
 
 import torch
 import torch.nn as nn
@@ -53,18 +52,37 @@ def fixed_input():
     return x, y
 
 
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
+def _tcp_store(*args, **kwargs):
+    """A TCPStore with the classic server: Debian's torch 2.6 has no libuv,
+    and a TCPStore made directly asks for it unless told (USE_LIBUV=0 covers
+    only init_process_group's own stores). Older torch has no use_libuv."""
+    import torch.distributed as dist
+    try:
+        return dist.TCPStore(*args, use_libuv=False, **kwargs)
+    except TypeError:
+        return dist.TCPStore(*args, **kwargs)
 
 
-def setup_env(port):
+def parent_store():
+    """The workers' TCPStore server, held by the launching process on a port
+    the kernel picks as it binds: (store, port). Keep the store alive until
+    the workers end. (Picking a free port first and letting rank 0 bind it
+    later raced with the other tests' sockets: "Address already in use".)"""
+    import datetime
+    store = _tcp_store("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                       timeout=datetime.timedelta(seconds=120))
+    return store, store.port
+
+
+def init_worker(rank, world, port, timeout):
+    """Joins rank `rank` of `world` to the gloo group through parent_store()'s
+    server on `port`."""
+    import torch.distributed as dist
     os.environ.setdefault("USE_LIBUV", "0")
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
+    store = _tcp_store("127.0.0.1", port, is_master=False, timeout=timeout)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timeout)
 
 
 def shard_model(model, mesh, log=print, use_fsdp2=False):

@@ -214,10 +214,9 @@ def dump_stacks_if_slow():
 
 def worker(rank, world, port, args, q):
     dump_stacks_if_slow()
-    common.setup_env(port)
     # A rank that fails leaves its peer in a collective: gloo's timeout ends
     # that wait with an error instead of the default 30 minutes.
-    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=120))
+    common.init_worker(rank, world, port, datetime.timedelta(seconds=120))
     try:
         res = model_mode(rank, world, args)
         if rank == 0:
@@ -251,7 +250,7 @@ def main():
         sys.exit(finish(model_mode(0, 1, args), args))
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
-    port = common.free_port()
+    store, port = common.parent_store()  # noqa: F841 (serves the workers until this process ends)
     procs = [ctx.Process(target=worker, args=(r, args.world, port, args, q))
              for r in range(args.world)]
     for p in procs:

@@ -47,9 +47,8 @@ import common  # noqa: E402
 
 
 def worker(rank, world, port, out_dir, flatten_optim, steps, fsdp2, layout):
-    common.setup_env(port)
     # A failing rank leaves its peer in a collective: end that wait in 120 s.
-    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=120))
+    common.init_worker(rank, world, port, datetime.timedelta(seconds=120))
     try:
         _worker(rank, world, out_dir, flatten_optim, steps, fsdp2, layout)
     except Exception:
@@ -163,7 +162,7 @@ def main():
     a = ap.parse_args()
     out = os.path.abspath(a.out_dir)
     world = 2
-    port = common.free_port()
+    store, port = common.parent_store()  # noqa: F841 (serves the workers until mp.spawn returns)
     mp.spawn(worker, args=(world, port, out, a.flatten_optim, a.steps, a.fsdp2, a.layout),
              nprocs=world, join=True)
 
