@@ -86,8 +86,10 @@ void start_server(const char* binary, const std::string& path) {
   }
   close(ready[1]);
   if (pid > 0) waitpid(pid, nullptr, 0);
-  char byte;
-  while (read(ready[0], &byte, 1) > 0 || errno == EINTR) {
+  // Until the end of the stream: a stale errno must not keep this loop going.
+  for (char byte;;) {
+    const ssize_t n = read(ready[0], &byte, 1);
+    if (n == 0 || (n < 0 && errno != EINTR)) break;
   }
   close(ready[0]);
 }
