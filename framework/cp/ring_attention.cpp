@@ -5,6 +5,7 @@
 
 #include <torch/autograd.h>
 
+#include <chrono>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -13,6 +14,26 @@ namespace framework::cp {
 namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+// Adds the wall time of its scope to *total (when total is given).
+class Timed {
+ public:
+  explicit Timed(double* total) : total_(total), start_(Clock::now()) {}
+  ~Timed() {
+    if (total_ != nullptr) *total_ += seconds_since(start_);
+  }
+  Timed(const Timed&) = delete;
+  Timed& operator=(const Timed&) = delete;
+
+ private:
+  double* total_;
+  Clock::time_point start_;
+};
 
 // A run of a rank's tokens whose positions follow each other: local rows
 // [offset, offset + len), positions [first, first + len). Head-tail gives a
@@ -148,7 +169,8 @@ struct KvHop {
     send = group.send_async(held, (rank + 1) % size, kv_tag(step));
     recv = group.recv_async(incoming, (rank + size - 1) % size, kv_tag(step));
   }
-  torch::Tensor wait() {
+  torch::Tensor wait(double* wait_s) {
+    Timed timed(wait_s);
     recv.wait();
     send.wait();
     return incoming;
@@ -159,7 +181,9 @@ class RingAttentionFn : public torch::autograd::Function<RingAttentionFn> {
  public:
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& q,
                                const torch::Tensor& k, const torch::Tensor& v, const torch::Tensor& positions,
-                               comm::Group* group, bool causal) {
+                               comm::Group* group, bool causal, RingStats* stats) {
+    Timed whole(stats != nullptr ? &stats->attention_s : nullptr);
+    double* wait_s = stats != nullptr ? &stats->wait_s : nullptr;
     const Shape shape = shape_of(q, k, v, positions, *group);
     const double scale = 1.0 / std::sqrt(static_cast<double>(shape.dim));
     const int64_t size = group->size(), rank = group->rank();
@@ -176,7 +200,7 @@ class RingAttentionFn : public torch::autograd::Function<RingAttentionFn> {
       for (const Tile& tile : tiles_of(mine, segments_of(positions[(rank - step + size) % size]), causal, q.device())) {
         state.add(q5, held, tile, scale);
       }
-      if (step + 1 < size) held = hop.wait();
+      if (step + 1 < size) held = hop.wait(wait_s);
     }
     const torch::Tensor out = (state.acc / state.row_sum.unsqueeze(-1)).reshape(q.sizes()).to(q.scalar_type());
     const torch::Tensor lse = state.row_max + torch::log(state.row_sum);
@@ -184,6 +208,7 @@ class RingAttentionFn : public torch::autograd::Function<RingAttentionFn> {
     ctx->saved_data["positions"] = positions;
     ctx->saved_data["group"] = reinterpret_cast<int64_t>(group);
     ctx->saved_data["causal"] = causal;
+    ctx->saved_data["stats"] = reinterpret_cast<int64_t>(stats);
     return out;
   }
 
@@ -194,6 +219,9 @@ class RingAttentionFn : public torch::autograd::Function<RingAttentionFn> {
     const torch::Tensor positions = ctx->saved_data["positions"].toTensor();
     auto* group = reinterpret_cast<comm::Group*>(ctx->saved_data["group"].toInt());
     const bool causal = ctx->saved_data["causal"].toBool();
+    auto* stats = reinterpret_cast<RingStats*>(ctx->saved_data["stats"].toInt());
+    Timed whole(stats != nullptr ? &stats->attention_s : nullptr);
+    double* wait_s = stats != nullptr ? &stats->wait_s : nullptr;
     const Shape shape = shape_of(q, k, v, positions, *group);
     const double scale = 1.0 / std::sqrt(static_cast<double>(shape.dim));
     const int64_t size = group->size(), rank = group->rank();
@@ -225,7 +253,10 @@ class RingAttentionFn : public torch::autograd::Function<RingAttentionFn> {
         add_tile_gradients(q5, held, dout5, lse, delta, tile, scale, dq5, grad);
       }
       if (step > 0) {
-        grad_recv.wait();
+        {
+          Timed timed(wait_s);
+          grad_recv.wait();
+        }
         grad.add_(grad_in);
       }
       if (size > 1) {
@@ -233,15 +264,16 @@ class RingAttentionFn : public torch::autograd::Function<RingAttentionFn> {
       } else {
         own_grad = grad;
       }
-      if (step + 1 < size) held = hop.wait();
+      if (step + 1 < size) held = hop.wait(wait_s);
     }
     if (size > 1) {
       own_grad = torch::empty(shape.kv_pair(), fp32);
+      Timed timed(wait_s);
       group->recv_async(own_grad, prev, grad_tag(size)).wait();
       for (comm::Work& w : grad_sends) w.wait();
     }
     return {dq5.reshape(q.sizes()).to(q.scalar_type()), own_grad[0].to(k.scalar_type()),
-            own_grad[1].to(v.scalar_type()), torch::Tensor(), torch::Tensor(), torch::Tensor()};
+            own_grad[1].to(v.scalar_type()), torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 
  private:
@@ -269,8 +301,9 @@ class RingAttentionFn : public torch::autograd::Function<RingAttentionFn> {
 }  // namespace
 
 torch::Tensor ring_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                             const torch::Tensor& positions, comm::Group& group, bool causal) {
-  return RingAttentionFn::apply(q, k, v, positions, &group, causal);
+                             const torch::Tensor& positions, comm::Group& group, bool causal,
+                             RingStats* stats) {
+  return RingAttentionFn::apply(q, k, v, positions, &group, causal, stats);
 }
 
 }  // namespace framework::cp

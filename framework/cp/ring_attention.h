@@ -34,6 +34,17 @@
 
 namespace framework::cp {
 
+// Seconds one rank spent in ring attention, added to by every call given
+// it (forward and backward): the trainer reads them per step for
+// metrics.jsonl, bench/context_parallel.py for the share of the step spent
+// waiting for blocks and the ranks' balance. Host wall time: on CUDA the
+// kernels run asynchronously, so attention_s is the host's and wait_s
+// includes the device work the wait had to finish first.
+struct RingStats {
+  double attention_s = 0;  // inside the forward and the backward
+  double wait_s = 0;       // of which waiting for a key/value or gradient block to arrive
+};
+
 // softmax(q k^T / sqrt(D) + mask) v over the whole sequence, for this
 // rank's queries. q [B, Hq, Sl, D]; k, v [B, Hkv, Sl, D] with Hq a multiple
 // of Hkv; all of this rank's Sl tokens. `positions` [C, Sl] int64 (on the
@@ -41,10 +52,12 @@ namespace framework::cp {
 // in the order member j holds them. `causal`: a query at position i sees
 // the keys at positions <= i (else every key). Returns [B, Hq, Sl, D] in
 // q's dtype. Differentiable in q, k and v (custom backward, over the same
-// group). Every member calls it, with the same shapes and table.
+// group). Every member calls it, with the same shapes and table. `stats`,
+// when given, must outlive the backward; its seconds grow by this call's.
 // REQUIRES: C == group.size(); with `causal`, every query's own position
 // among the keys (true of every split of a sequence).
 torch::Tensor ring_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                             const torch::Tensor& positions, comm::Group& group, bool causal = true);
+                             const torch::Tensor& positions, comm::Group& group, bool causal = true,
+                             RingStats* stats = nullptr);
 
 }  // namespace framework::cp

@@ -131,16 +131,20 @@ Attention whole_sequence_attention(const torch::Tensor& q, const torch::Tensor& 
 
 // The same through ring attention over `context` ranks, gathered back.
 // Every rank returns what it gathered; rank r's result lands in results[r].
+// `stats`, when given, gets each rank's RingStats of the forward and backward.
 std::vector<Attention> ring_attention_split(int64_t context, cp::LoadBalance balance, const torch::Tensor& q,
                                             const torch::Tensor& k, const torch::Tensor& v,
-                                            const torch::Tensor& dout, bool causal) {
+                                            const torch::Tensor& dout, bool causal,
+                                            std::vector<cp::RingStats>* stats = nullptr) {
   std::vector<Attention> results(static_cast<size_t>(context));
+  if (stats != nullptr) stats->assign(static_cast<size_t>(context), cp::RingStats{});
   run_ranks(static_cast<int>(context), [&](RankContext& ctx) {
     auto group = ctx.make_group("cp");
     auto mine = [&](const torch::Tensor& t) { return cp::split_sequence(t, context, ctx.rank, balance, /*dim=*/2); };
     const torch::Tensor ql = mine(q).requires_grad_(), kl = mine(k).requires_grad_(), vl = mine(v).requires_grad_();
     const torch::Tensor table = cp::position_table(q.size(2), context, balance);
-    const torch::Tensor out = cp::ring_attention(ql, kl, vl, table, *group, causal);
+    cp::RingStats* mine_stats = stats != nullptr ? &(*stats)[static_cast<size_t>(ctx.rank)] : nullptr;
+    const torch::Tensor out = cp::ring_attention(ql, kl, vl, table, *group, causal, mine_stats);
     out.backward(mine(dout));
     auto whole = [&](const torch::Tensor& t) { return cp::gather_sequence(t, *group, balance, /*dim=*/2); };
     results[static_cast<size_t>(ctx.rank)] = {whole(out), whole(ql.grad()), whole(kl.grad()), whole(vl.grad())};
@@ -186,7 +190,19 @@ TEST_P(RingAttention, EqualsWholeSequenceCausalAttentionInOutputAndGradients) {
   const torch::Tensor v = torch::randn({kBatch, c.kv_heads, kSeq, kDim});
   const torch::Tensor dout = torch::randn({kBatch, kQueryHeads, kSeq, kDim});
   const Attention whole = whole_sequence_attention(q, k, v, dout, /*causal=*/true);
-  expect_equal_attention(ring_attention_split(c.context, c.balance, q, k, v, dout, /*causal=*/true), whole);
+  std::vector<cp::RingStats> stats;
+  expect_equal_attention(ring_attention_split(c.context, c.balance, q, k, v, dout, /*causal=*/true, &stats), whole);
+  // The seconds the trainer reports (metrics.jsonl): every rank spent some
+  // in attention; waits only where blocks travel, and within attention.
+  for (size_t r = 0; r < stats.size(); ++r) {
+    EXPECT_GT(stats[r].attention_s, 0.0) << "rank " << r;
+    if (c.context == 1) {
+      EXPECT_EQ(stats[r].wait_s, 0.0) << "rank " << r;
+    } else {
+      EXPECT_GT(stats[r].wait_s, 0.0) << "rank " << r;
+    }
+    EXPECT_LE(stats[r].wait_s, stats[r].attention_s) << "rank " << r;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(
