@@ -276,9 +276,9 @@ std::vector<std::pair<std::string, std::string>> rank_vars(const LocalLaunchOpti
 }
 
 // An exec plan with the launcher's environment, less the variables `vars`
-// names, plus `vars`.
+// and `left_out` name, plus `vars`.
 ExecPlan make_plan(const LocalLaunchOptions& options, const std::vector<std::pair<std::string, std::string>>& vars,
-                   const std::vector<int>& inherited_fds) {
+                   const std::vector<int>& inherited_fds, const std::vector<std::string>& left_out = {}) {
   ExecPlan plan;
   plan.inherited_fds = inherited_fds;
   plan.open_max = sysconf(_SC_OPEN_MAX);
@@ -292,6 +292,7 @@ ExecPlan make_plan(const LocalLaunchOptions& options, const std::vector<std::pai
     bool overridden = std::any_of(
         vars.begin(), vars.end(),
         [&](const auto& kv) { return kv.first == name; });
+    overridden = overridden || std::find(left_out.begin(), left_out.end(), name) != left_out.end();
     if (!overridden) plan.env_storage.push_back(var);
   }
   for (const auto& [name, value] : vars) {
@@ -313,26 +314,15 @@ ExecPlan make_exec_plan(const LocalLaunchOptions& options, int rank,
 // socket it waits on, and room for the rank's variables.
 ExecPlan make_standby_plan(const LocalLaunchOptions& options, const JobRendezvous& job, int control_fd,
                            std::vector<int> inherited_fds) {
-  std::vector<std::pair<std::string, std::string>> vars = rank_vars(options, 0, job);
-  for (auto& [name, value] : vars) value.clear();
+  // The rank variables are left out altogether: a standby is no rank yet.
+  std::vector<std::string> rank_names;
+  for (const auto& var : rank_vars(options, 0, job)) rank_names.push_back(var.first);
   inherited_fds.push_back(control_fd);
   std::sort(inherited_fds.begin(), inherited_fds.end());
   ExecPlan plan = make_plan(options, {{kStandbyFdVar, std::to_string(control_fd)},
                                       {kStandbyEnvVar, std::string(kStandbyEnvRoom, ' ')}},
-                            inherited_fds);
-  // Leave the rank variables out altogether: a standby is no rank yet.
-  std::vector<std::string> kept;
-  for (std::string& var : plan.env_storage) {
-    const std::string name = var.substr(0, var.find('='));
-    if (std::none_of(vars.begin(), vars.end(), [&](const auto& kv) { return kv.first == name; })) {
-      kept.push_back(std::move(var));
-    }
-  }
-  plan.env_storage = std::move(kept);
+                            inherited_fds, rank_names);
   plan.standby_fd = control_fd;
-  plan.envp.clear();
-  for (std::string& var : plan.env_storage) plan.envp.push_back(var.data());
-  plan.envp.push_back(nullptr);
   return plan;
 }
 
