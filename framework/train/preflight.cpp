@@ -516,6 +516,7 @@ void check_parallel(const config::Config& cfg, int world_size) {
     const parallel::Layout layout = parallel::resolve(par, world_size);
     models::check_tensor_parallel_plan(cfg.model, layout.tensor);
     models::check_expert_parallel(cfg.model, layout.expert);
+    models::check_context_parallel(cfg.model, layout.context);
     parallel::split_batch(par, layout, cfg.train.global_batch_size, cfg.train.micro_batch_size);
     if (layout.pipeline == 1) return;
     models::check_pipeline_support(cfg.model, layout.pipeline);
