@@ -11,6 +11,7 @@
 #include "checkpoint/interop/import_weights.h"
 #include "checkpoint/interop/weights_file.h"
 #include "framework/config/run_items.h"
+#include "framework/train/preflight.h"
 #include "framework/train/state_dict.h"
 #include "framework/parallel/layout.h"
 #include "framework/train/trainer.h"
@@ -1228,4 +1229,35 @@ TEST(LlamaContextParallel, ACp2CheckpointResumesAtWorldOneAndAtCp4) {
     fs::remove_all(other.run.dir);
   }
   for (const auto& d : {cfg.run.dir, stopped.run.dir}) fs::remove_all(d);
+}
+
+// The dry run's estimate of a rank's activations under context
+// parallelism (train --dry-run): every activation kept is per token, so
+// with the ranks over the batch unchanged, C ranks per sequence keep 1 / C
+// each; a C whose chunks model.seq_len does not split into is marked.
+TEST(LlamaContextParallel, TheDryRunEstimatesActivationsPerRankForC1248) {
+  auto cfg = context_config(llama_scratch("cp_dry"));
+  cfg.model.seq_len = 24;  // head-tail: 2, 4, 8 chunks split it, 16 do not
+  cfg.train.micro_batch_size = 3;
+  cfg.model.activation_checkpointing = models::ActivationCheckpointing::kSelective;
+  cfg.model.activation_checkpointing_every = 2;
+  const auto rows = framework::train::activations_by_context(cfg, 2);
+  ASSERT_EQ(rows.size(), 4u);
+  const double one = rows[0].bytes;
+  EXPECT_EQ(rows[0].context, 1);
+  EXPECT_GT(one, 0);
+  EXPECT_EQ(framework::train::estimate_memory(cfg, 2).activations, one);  // C = 1 is the configured run
+  for (size_t i = 1; i < 3; ++i) {
+    EXPECT_TRUE(rows[i].splits) << rows[i].context;
+    EXPECT_DOUBLE_EQ(rows[i].bytes, one / static_cast<double>(rows[i].context)) << rows[i].context;
+  }
+  EXPECT_EQ(rows[3].context, 8);
+  EXPECT_FALSE(rows[3].splits);
+  // The configured CP 2 at world 4 (the same 2 ranks over the batch) is
+  // the table's C = 2, and its table the same as world 2's.
+  auto cp2 = cfg;
+  cp2.parallel.context = 2;
+  EXPECT_DOUBLE_EQ(framework::train::estimate_memory(cp2, 4).activations, one / 2);
+  const auto again = framework::train::activations_by_context(cp2, 4);
+  for (size_t i = 0; i < 3; ++i) EXPECT_DOUBLE_EQ(again[i].bytes, rows[i].bytes) << rows[i].context;
 }

@@ -879,6 +879,13 @@ TEST(TrainCli, ContextParallelLlamaTrainsAndBadSplitsAndCombinationsExitTwo) {
             std::string::npos) << a.output;
   EXPECT_NE(a.output.find("eval step 2 | val_loss"), std::string::npos) << a.output;
   EXPECT_EQ(losses(dir).size(), 4u);
+  // The dry run: a rank's activations with each sequence over 1, 2, 4, 8 ranks.
+  Result dry = run("--dry-run --nproc 2 " + llama + " --set parallel.context=2 --set model.seq_len=24");
+  EXPECT_EQ(dry.status, 0) << dry.output;
+  EXPECT_NE(dry.output.find("train: dry run: activations per rank at model.seq_len 24, each sequence over C ranks "
+                            "(parallel.context; the batch split 1 way(s) as configured): C=1 "),
+            std::string::npos) << dry.output;
+  EXPECT_NE(dry.output.find(", C=8 - (model.seq_len does not split)"), std::string::npos) << dry.output;
 
   const std::string refused = cli_scratch("cp_refused");
   const auto expect_one_line = [&](const std::string& args, const std::string& want) {
