@@ -863,7 +863,7 @@ TEST(TrainCli, TensorParallelLlamaTrainsAndItsCheckpointResumesUnderFsdp) {
 
 // Context parallelism (#72) from the train binary: llama_tiny (bf16,
 // activation checkpointing, 2 micro-batches) with each sequence split over
-// 2 ranks trains, evaluates and says so in its banner; a sequence that does
+// 2 ranks trains, evaluates, samples and says so in its banner; a sequence that does
 // not split into the chunks, a combination not supported and a model kind
 // that does not split along the sequence exit 2 with one line naming the
 // keys, before anything is written.
@@ -872,8 +872,12 @@ TEST(TrainCli, ContextParallelLlamaTrainsAndBadSplitsAndCombinationsExitTwo) {
   const std::string llama = "--config " + testing_support::source_dir() + "/configs/llama_tiny.yaml --set run.dir=" +
                             dir + " --set train.steps=4 --set train.log_every=1 --set train.eval_every=2"
                             " --set checkpoint.interval=0";
-  Result a = run("--nproc 2 " + llama + " --set parallel.context=2");
+  // A byte-level sample (vocabulary 256) generates on whole sequences, the
+  // split turned off around it and on again for the next step.
+  Result a = run("--nproc 2 " + llama + " --set parallel.context=2 --set model.vocab_size=256"
+                 " --set train.sample_every=3 --set train.sample_tokens=4");
   ASSERT_EQ(a.status, 0) << a.output;
+  EXPECT_NE(a.output.find("sample step 3 | The "), std::string::npos) << a.output;
   EXPECT_NE(a.output.find("layout fsdp replicate=1 shard=2 context=2 (16 tokens per rank of each sequence's 32, "
                           "head_tail)"),
             std::string::npos) << a.output;
