@@ -7,11 +7,26 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
 namespace models {
+
+// Context parallelism (framework/cp), as a model that supports it is told
+// (ModelSpec::set_context_parallel): this rank holds `positions`' tokens of
+// every sequence, and attention over the whole sequence is `attention`
+// (ring attention over the context group). A default value: none.
+struct ContextParallel {
+  // [T_local] int64 on the CPU: the global positions of this rank's tokens,
+  // in the order it holds them (RoPE rotates by these, not the local index).
+  torch::Tensor positions;
+  // Causal attention of this rank's queries over the whole sequence: q [B,
+  // Hq, T_local, hd], k and v [B, Hkv, T_local, hd] (the key/value heads,
+  // before any grouped-query repeat) -> [B, Hq, T_local, hd].
+  std::function<torch::Tensor(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v)> attention;
+};
 
 class LayeredModelImpl : public torch::nn::Module {
  public:

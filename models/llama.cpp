@@ -203,7 +203,8 @@ torch::Tensor LlamaAttentionImpl::rotate_k(const torch::Tensor& k, const RotaryT
   return apply_rotary(k_norm_ ? k_norm_->forward(k) : k, rope);
 }
 
-torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x, const RotaryTables& rope) {
+torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x, const RotaryTables& rope,
+                                          const ContextParallel* context) {
   const int64_t batch = x.size(0), len = x.size(1);
   // Head counts come from the projections' outputs: under tensor
   // parallelism each rank computes n_heads / tensor query heads and
@@ -215,6 +216,12 @@ torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x, const RotaryTa
   torch::Tensor k = rotate_k(heads(k_proj_->forward(x)), rope);
   torch::Tensor v = heads(v_proj_->forward(x));
   const int64_t local_heads = q.size(1), local_kv = k.size(1);
+  if (context != nullptr) {
+    // The whole sequence's attention over the context group; it expands
+    // the key/value heads where it uses them.
+    torch::Tensor out = context->attention(q, k, v);  // [B, H, T, hd]
+    return o_proj_->forward(out.transpose(1, 2).reshape({batch, len, local_heads * head_dim_}));
+  }
   if (local_kv != local_heads) {
     // Query head h reads key/value head h / group (Hugging Face's repeat_kv).
     const int64_t group = local_heads / local_kv;
@@ -279,8 +286,9 @@ LlamaBlockImpl::LlamaBlockImpl(const ModelOptions& o, int64_t layer, int64_t d_f
   }
 }
 
-torch::Tensor LlamaBlockImpl::forward(const torch::Tensor& x, const RotaryTables& rope) {
-  torch::Tensor h = x + self_attn_->forward(input_layernorm_->forward(x), rope);
+torch::Tensor LlamaBlockImpl::forward(const torch::Tensor& x, const RotaryTables& rope,
+                                      const ContextParallel* context) {
+  torch::Tensor h = x + self_attn_->forward(input_layernorm_->forward(x), rope, context);
   return h + mlp(post_attention_layernorm_->forward(h));
 }
 
@@ -397,11 +405,23 @@ std::shared_ptr<torch::nn::Module> LlamaModelImpl::block(int64_t i) {
   return body_->blocks[i].ptr();
 }
 
+void LlamaModelImpl::set_context_parallel(ContextParallel context) {
+  TORCH_CHECK(!context.positions.defined() || (context.positions.dim() == 1 && context.attention),
+              "set_context_parallel: positions [T_local] and an attention function, got positions ",
+              context.positions.sizes());
+  context_ = std::move(context);
+  rope_ = {};  // the positions changed
+}
+
 const RotaryTables& LlamaModelImpl::rotary(int64_t len, const torch::Tensor& like) {
+  const bool split = context_.positions.defined();
+  TORCH_CHECK(!split || context_.positions.size(0) == len, "llama: context parallelism holds ",
+              context_.positions.size(0), " tokens of each sequence, the input has ", len);
   if (!rope_.cos.defined() || rope_.cos.size(0) != len || rope_.cos.device() != like.device() ||
       rope_.cos.scalar_type() != like.scalar_type()) {
-    // Angles in fp32 on the CPU (the same on every device), then cast.
-    torch::Tensor positions = torch::arange(len, torch::kFloat);
+    // Angles in fp32 on the CPU (the same on every device), then cast; a
+    // context-parallel rank's tokens at their true positions.
+    torch::Tensor positions = split ? context_.positions.to(torch::kFloat) : torch::arange(len, torch::kFloat);
     torch::Tensor freqs = torch::outer(positions, inv_freq_);
     torch::Tensor angles = torch::cat({freqs, freqs}, -1);  // [T, hd]
     auto opts = like.options().requires_grad(false);
@@ -413,7 +433,7 @@ const RotaryTables& LlamaModelImpl::rotary(int64_t len, const torch::Tensor& lik
 
 torch::Tensor LlamaModelImpl::block_forward(int64_t i, const torch::Tensor& h) {
   TORCH_CHECK(i >= 0 && i < num_blocks(), "block index ", i, " out of range [0, ", num_blocks(), ")");
-  return body_->blocks[i]->forward(h, rotary(h.size(1), h));
+  return body_->blocks[i]->forward(h, rotary(h.size(1), h), context_.positions.defined() ? &context_ : nullptr);
 }
 
 torch::Tensor LlamaModelImpl::forward_cached(const torch::Tensor& tokens, KvCache& cache) {

@@ -155,7 +155,11 @@ struct KvCache {
 class LlamaAttentionImpl : public torch::nn::Module {
  public:
   LlamaAttentionImpl(const ModelOptions& options, bool materialize);
-  torch::Tensor forward(const torch::Tensor& x, const RotaryTables& rope);
+  // `context`: context parallelism's attention (ContextParallel::attention),
+  // given the rotated queries and the key/value heads; null: this device's
+  // causal attention over x's tokens.
+  torch::Tensor forward(const torch::Tensor& x, const RotaryTables& rope,
+                        const ContextParallel* context = nullptr);
   // x holds positions [cache_len, cache_len + T) (rope for those); k and v
   // are the layer's cache, extended in place. Each new position attends to
   // every cached one and to the new ones up to itself.
@@ -188,7 +192,7 @@ TORCH_MODULE(LlamaMlp);
 class LlamaBlockImpl : public torch::nn::Module {
  public:
   LlamaBlockImpl(const ModelOptions& options, int64_t layer, int64_t d_ff, bool materialize);
-  torch::Tensor forward(const torch::Tensor& h, const RotaryTables& rope);
+  torch::Tensor forward(const torch::Tensor& h, const RotaryTables& rope, const ContextParallel* context = nullptr);
   torch::Tensor forward_cached(const torch::Tensor& h, const RotaryTables& rope, torch::Tensor& k,
                                torch::Tensor& v);
 
@@ -233,6 +237,15 @@ class LlamaModelImpl : public LayeredModelImpl {
   // run past model.seq_len.
   torch::Tensor forward_cached(const torch::Tensor& tokens, KvCache& cache);
 
+  // Context parallelism (framework/cp): from now on every forward takes
+  // this rank's tokens of each sequence (T_local = positions' length),
+  // rotates them by their true positions and attends through
+  // context.attention (the keys and values before the grouped-query
+  // repeat, so only the key/value heads travel). Activation checkpointing
+  // recomputes the attention with the block. A default ContextParallel
+  // turns it off (generation runs on whole sequences).
+  void set_context_parallel(ContextParallel context);
+
  private:
   const RotaryTables& rotary(int64_t len, const torch::Tensor& like);
 
@@ -244,6 +257,7 @@ class LlamaModelImpl : public LayeredModelImpl {
   std::unordered_map<std::string, int64_t> param_index_;
   torch::Tensor inv_freq_;       // fp32, CPU
   RotaryTables rope_;            // cached for the last length, device and dtype
+  ContextParallel context_;      // positions undefined: none
 };
 
 }  // namespace models

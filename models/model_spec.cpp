@@ -222,6 +222,9 @@ ModelSpec llama_spec() {
   spec.embeds_parameter = [](const std::string& name) { return name.rfind("model.embed_tokens.", 0) == 0; };
   spec.use_fused_kernels = [](LayeredModelImpl& model, bool on) { models::use_fused_kernels(model, on); };
   spec.fused_kernels_description = llama_fused_ops_description;
+  spec.set_context_parallel = [](LayeredModelImpl& model, const ContextParallel& context) {
+    dynamic_cast<LlamaModelImpl&>(model).set_context_parallel(context);
+  };
   if (const HfAdapter* hf = find_hf_adapter("llama")) spec.hf = *hf;
   return spec;
 }
@@ -301,6 +304,19 @@ void check_expert_parallel(const ModelOptions& o, int64_t expert) {
     throw std::invalid_argument("parallel.expert (" + std::to_string(expert) + ") must divide model.moe.num_experts (" +
                                 std::to_string(o.moe.num_experts) +
                                 "): each expert-parallel rank holds the same number of experts");
+  }
+}
+
+void check_context_parallel(const ModelOptions& o, int64_t context) {
+  if (context <= 1) return;
+  const std::string key = "parallel.context " + std::to_string(context);
+  if (!find_model_spec(o.kind).set_context_parallel) {
+    throw std::invalid_argument(key + " needs model.kind llama (model.kind is " + o.kind +
+                                ", which does not split along the sequence)");
+  }
+  if (o.moe.num_experts > 0) {
+    throw std::invalid_argument(key + " is not supported with a mixture of experts (model.moe.num_experts " +
+                                std::to_string(o.moe.num_experts) + ")");
   }
 }
 

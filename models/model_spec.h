@@ -17,7 +17,9 @@
 //   - its Hugging Face adapter (config.json out, parameter names, tied
 //     weights), where it has a Hugging Face counterpart;
 //   - embeds_parameter: pipeline parallelism's split of the parameters
-//     outside the blocks between the first stage and the last.
+//     outside the blocks between the first stage and the last;
+//   - set_context_parallel: context parallelism's RoPE positions and ring
+//     attention set on the built model (llama).
 //
 // Example (a kind of your own; tests/models/test_models.cpp has one):
 //   models::ModelSpec spec = models::find_model_spec("gpt");  // start from one
@@ -115,6 +117,12 @@ struct ModelSpec {
   // Empty: the kind is not split into pipeline stages (parallel.pipeline
   // > 1 is refused, naming model.kind). gpt, llama and mlp have it.
   EmbedsParameterFn embeds_parameter;
+  // Context parallelism (parallel.context > 1, framework/cp): sets this
+  // rank's positions and the ring attention on a model this spec built
+  // (layered_model.h: ContextParallel; a default value turns it off).
+  // Empty: the kind is not split along the sequence (refused, naming
+  // model.kind). llama has it.
+  std::function<void(LayeredModelImpl& model, const ContextParallel& context)> set_context_parallel;
 };
 
 // Adds `spec` (or replaces the one of its kind), and its Hugging Face
@@ -138,6 +146,11 @@ void check_tensor_parallel_plan(const ModelOptions& options, int64_t tensor);
 // parallel.expert `expert` above 1 needs a mixture of experts whose
 // experts it divides. Throws std::invalid_argument naming the keys.
 void check_expert_parallel(const ModelOptions& options, int64_t expert);
+
+// parallel.context `context` above 1 needs a kind that splits along the
+// sequence (ModelSpec::set_context_parallel: llama), dense (not yet a
+// mixture of experts). Throws std::invalid_argument naming the keys.
+void check_context_parallel(const ModelOptions& options, int64_t context);
 
 // parallel.pipeline `pipeline` above 1 needs the kind's pipeline split
 // (ModelSpec::embeds_parameter).

@@ -12,6 +12,7 @@
 #include <map>
 
 #include "framework/config/schema.h"
+#include "framework/cp/sequence_split.h"
 #include "framework/pp/schedule.h"
 #include "models/hf_adapter.h"
 
@@ -200,6 +201,14 @@ void check_consistency(const Config& cfg, const Origins& origins) {
     parallel::check_config(cfg.parallel, describe);
   } catch (const std::exception& e) {
     fail(e.what());
+  }
+  if (cfg.parallel.context > 1) {
+    try {
+      // The sequence's split over the context group (framework/cp).
+      cp::check_sequence_split(cfg.model.seq_len, cfg.parallel.context, cfg.parallel.context_load_balance);
+    } catch (const std::exception& e) {
+      fail(e.what());
+    }
   }
   if (cfg.profile.memory_snapshot && cfg.train.device != comm::DeviceKind::kCuda)
     fail(key("profile.memory_snapshot") + " needs " + key("train.device") +

@@ -303,6 +303,18 @@ std::vector<Key> build_schema() {
        "this many ranks of the shard axis, tokens sent to their experts and back by all-to-all; "
        "must divide parallel.shard and model.moe.num_experts. The experts' FSDP shards over the "
        "rest of the shard axis (shard / expert). 1: none."},
+      {SHARDKIT_CONFIG_FIELD(parallel.context), at_least(1),
+       "Context-parallel degree (docs/parallelism.md): each sequence split over this many "
+       "consecutive ranks of the shard axis, which read the same samples and each take their part "
+       "of the sequence (model.seq_len / parallel.context tokens); attention runs as a ring over "
+       "them. Must divide parallel.shard; the batch splits over replicate x shard / context, and "
+       "FSDP shards the parameters over the whole shard axis. Llama only; not yet with "
+       "parallel.tensor, parallel.pipeline, parallel.expert or a mixture of experts. 1: none."},
+      {SHARDKIT_CONFIG_ENUM(parallel.context_load_balance, cp::parse_load_balance), one_of_enum(cp::kLoadBalances),
+       "How a sequence splits over the context group: head_tail (2 x parallel.context equal "
+       "chunks, rank r holding chunks r and 2C-1-r, so every rank has the same causal attention "
+       "work) or none (parallel.context equal chunks in order). model.seq_len must split into "
+       "that many equal chunks."},
       {SHARDKIT_CONFIG_FIELD(parallel.pipeline), at_least(1),
        "Pipeline-parallel degree: the outermost mesh axis (pipeline x replicate x shard x "
        "tensor). The model's blocks split into pipeline x parallel.stages_per_rank stages, "

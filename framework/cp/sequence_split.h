@@ -15,12 +15,23 @@
 //
 //   cp::check_sequence_split(seq_len, context, cp::LoadBalance::kHeadTail);
 //   const std::vector<int64_t> mine = cp::sequence_positions(seq_len, context, rank, balance);
+#include "comm/enum_text.h"
+
 #include <cstdint>
+#include <string>
 #include <vector>
 
 namespace framework::cp {
 
 enum class LoadBalance { kNone, kHeadTail };
+
+// parallel.context_load_balance's spellings.
+inline constexpr comm::EnumName<LoadBalance> kLoadBalances[] = {{LoadBalance::kHeadTail, "head_tail"},
+                                                                {LoadBalance::kNone, "none"}};
+inline const char* to_string(LoadBalance balance) { return comm::enum_text(balance, kLoadBalances); }
+inline LoadBalance parse_load_balance(const std::string& text) {
+  return comm::parse_enum("parallel.context_load_balance", text, kLoadBalances);
+}
 
 // Throws std::invalid_argument, naming model.seq_len and parallel.context
 // with their values, when `seq_len` does not split into the 2C (kHeadTail)

@@ -5,6 +5,7 @@
 #include "framework/pp/schedule.h"
 
 #include <stdexcept>
+#include <utility>
 
 namespace framework::parallel {
 
@@ -25,6 +26,20 @@ fsdp::FsdpOptions fsdp_options(const ParallelConfig& config) {
 
 Layout resolve(const ParallelConfig& config, int64_t world) {
   Layout layout;
+  if (config.context > 1) {
+    // Not yet combined (docs/parallelism.md, "Context parallelism"). In
+    // resolve, not check_config: a config may carry them while it is not run.
+    std::string others;
+    for (const auto& [key, degree] : {std::pair<const char*, int64_t>{"parallel.tensor", config.tensor},
+                                      {"parallel.pipeline", config.pipeline},
+                                      {"parallel.expert", config.expert}}) {
+      if (degree > 1) others += (others.empty() ? "" : ", ") + std::string(key) + " (" + text(degree) + ")";
+    }
+    if (!others.empty()) {
+      refuse("parallel.context (" + text(config.context) + ") is not supported together with " + others +
+             ": context parallelism runs with FSDP, DDP and HSDP only");
+    }
+  }
   if (config.pipeline < 1 || world % config.pipeline != 0) {
     refuse("parallel.pipeline (" + text(config.pipeline) + ") does not divide the world size " + text(world));
   }
@@ -53,18 +68,25 @@ Layout resolve(const ParallelConfig& config, int64_t world) {
            ": expert parallelism borrows its ranks from the shard axis");
   }
   layout.expert = config.expert;
+  if (config.context < 1 || s % config.context != 0) {
+    refuse("parallel.context (" + text(config.context) + ") must divide the shard degree " + text(s) +
+           ": context parallelism borrows its ranks from the shard axis");
+  }
+  layout.context = config.context;
   return layout;
 }
 
 int64_t split_batch(const ParallelConfig& config, const Layout& layout, int64_t global_batch, int64_t micro_batch) {
-  const int64_t ranks = layout.data_parallel();
+  // A context group reads the same samples: the batch splits over the rest.
+  const int64_t ranks = layout.batch_parallel();
+  const std::string what = layout.context > 1 ? "data-parallel ranks / parallel.context (" : "data-parallel ranks (";
   if (global_batch % ranks != 0) {
-    refuse("train.global_batch_size (" + text(global_batch) + ") must be divisible by the data-parallel ranks (" +
-           text(ranks) + ")");
+    refuse("train.global_batch_size (" + text(global_batch) + ") must be divisible by the " + what + text(ranks) +
+           ")");
   }
   if (micro_batch > 0 && global_batch % (micro_batch * ranks) != 0) {
     refuse("train.global_batch_size (" + text(global_batch) + ") must be divisible by train.micro_batch_size (" +
-           text(micro_batch) + ") x data-parallel ranks (" + text(ranks) + ")");
+           text(micro_batch) + ") x " + what + text(ranks) + ")");
   }
   const int64_t micro_batches = micro_batch > 0 ? global_batch / ranks / micro_batch : 1;
   if (layout.pipeline > 1) {
@@ -118,6 +140,8 @@ Layout::Coordinates Layout::coordinates(int64_t rank) const {
   c.pipeline = rank / stage_world();
   c.data_parallel = in_stage / tensor;
   c.tensor = in_stage % tensor;
+  c.batch = c.data_parallel / context;
+  c.context = c.data_parallel % context;
   return c;
 }
 
@@ -136,6 +160,7 @@ std::string Layout::data_parallel_name() const {
 std::string Layout::describe() const {
   std::string out = data_parallel_name() + " replicate=" + text(replicate) + " shard=" + text(shard);
   if (expert > 1) out += " expert=" + text(expert);
+  if (context > 1) out += " context=" + text(context);
   if (tensor > 1) out += " tensor=" + text(tensor);
   return out;
 }

@@ -15,13 +15,19 @@
 //   shard      FSDP: parameters sharded, all-gathered per unit;
 //   tensor     TP: parameters split by the model's plan (framework/tp);
 //   (expert and context parallelism borrow their ranks from the shard axis,
-//   as in torchtitan: shard = expert-FSDP x expert; docs/architecture.md,
-//   "Adding a parallelism", lists what a new axis touches.)
+//   as in torchtitan: shard = expert-FSDP x expert, shard = batch_shard x
+//   context; docs/architecture.md, "Adding a parallelism", lists what a new
+//   axis touches.)
+//   context    CP: each sequence split over `context` consecutive ranks of
+//              the shard axis (framework/cp), which read the same samples;
+//              the batch splits over replicate x batch_shard only, and FSDP
+//              shards the parameters over the whole shard axis.
 //
 // Example:
 //   const parallel::Layout layout = parallel::resolve(cfg.parallel, world);
 //   layout.data_parallel();             // replicate x shard
 //   layout.coordinates(rank).tensor;    // this rank's place on the tensor axis
+#include "framework/cp/sequence_split.h"
 #include "framework/fsdp/options.h"
 #include "framework/pp/options.h"
 
@@ -47,6 +53,14 @@ struct ParallelConfig {
   // experts' FSDP then shards over the rest (shard = expert_shard x
   // expert, expert innermost). 1: none.
   int64_t expert = 1;
+  // Context-parallel degree (framework/cp): each sequence split over this
+  // many consecutive ranks of the shard axis (shard = batch_shard x
+  // context, context innermost), attention run as a ring over them; the
+  // batch splits over replicate x batch_shard. `context_load_balance`: the
+  // head-tail split (2 x context chunks, rank r holding r and 2C-1-r) or
+  // none (context chunks). 1: none.
+  int64_t context = 1;
+  cp::LoadBalance context_load_balance = cp::LoadBalance::kHeadTail;
   // Pipeline-parallel degree: the outermost axis. The model's blocks split
   // into pipeline x stages_per_rank stages (stage s on pipeline rank s mod
   // pipeline), evenly or at pipeline_split_points (comma-separated block
@@ -68,6 +82,14 @@ struct Layout {
   int64_t shard = 1;
   int64_t tensor = 1;
   int64_t expert = 1;  // of the shard axis's ranks
+  int64_t context = 1;  // of the shard axis's ranks, innermost
+
+  // The shard axis's ranks that read different samples (shard / context).
+  int64_t batch_shard() const { return shard / context; }
+  // The context mesh {replicate, batch_shard, context}: a stage's ranks
+  // with the shard axis factored, context innermost, and its axis names.
+  std::vector<int64_t> context_shape() const { return {replicate, batch_shard(), context}; }
+  std::vector<std::string> context_axis_names() const { return {"replicate", "batch_shard", "context"}; }
 
   // The experts' FSDP degree: the shard axis's ranks that hold the same experts.
   int64_t expert_shard() const { return shard / expert; }
@@ -82,8 +104,11 @@ struct Layout {
   int64_t world() const { return pipeline * stage_world(); }
   // The ranks of one pipeline stage (all of them without a pipeline).
   int64_t stage_world() const { return replicate * shard * tensor; }
-  // The data-parallel ranks of a stage: the batch is split over these.
+  // The data-parallel ranks of a stage: FSDP/DDP reduce gradients over these.
   int64_t data_parallel() const { return replicate * shard; }
+  // The ranks the batch is split over: the data-parallel ranks but the
+  // context axis (a context group reads the same samples).
+  int64_t batch_parallel() const { return replicate * batch_shard(); }
 
   // A stage's mesh, {replicate, shard} or, with tensor > 1, {replicate,
   // shard, tensor}, and its axis names; the world mesh puts "pipeline"
@@ -95,6 +120,8 @@ struct Layout {
     int64_t pipeline = 0;       // the pipeline rank
     int64_t data_parallel = 0;  // the rank among the stage's data-parallel ranks
     int64_t tensor = 0;         // the rank on the tensor axis
+    int64_t batch = 0;          // the rank among the ranks the batch is split over
+    int64_t context = 0;        // the rank in its context group
   };
   // REQUIRES: 0 <= rank < world().
   Coordinates coordinates(int64_t rank) const;
@@ -103,7 +130,8 @@ struct Layout {
   // ddp/fsdp/hsdp+tp.
   std::string data_parallel_name() const;
   // A stage's layout as the banner prints it: "fsdp replicate=1 shard=2",
-  // "hsdp+tp replicate=2 shard=2 tensor=2" (the pipeline is the caller's).
+  // "hsdp+tp replicate=2 shard=2 tensor=2", "fsdp replicate=1 shard=4
+  // context=2" (the pipeline is the caller's).
   std::string describe() const;
 };
 
@@ -113,10 +141,11 @@ fsdp::FsdpOptions fsdp_options(const ParallelConfig& config);
 
 // Resolves the derived (-1) degree and checks every degree against
 // `world`: throws std::invalid_argument naming the keys, their values and
-// the size they do not divide or match.
+// the size they do not divide or match, or the combination not supported
+// (parallel.context with parallel.tensor, pipeline or expert).
 Layout resolve(const ParallelConfig& config, int64_t world);
 
-// The global batch over a layout's data-parallel ranks: an even split and,
+// The global batch over a layout's batch ranks (batch_parallel()): an even split and,
 // with a micro-batch size (train.micro_batch_size; 0: none), whole
 // micro-batches of it; a pipeline's schedule gets enough of them
 // (pp::check_schedule). Returns the micro-batches per step (1 without a
@@ -125,7 +154,9 @@ Layout resolve(const ParallelConfig& config, int64_t world);
 // starts, the Trainer when it builds its mesh.
 int64_t split_batch(const ParallelConfig& config, const Layout& layout, int64_t global_batch, int64_t micro_batch);
 
-// The rules that need no world size, run when the config is loaded.
+// The rules that need no world size, run when the config is loaded (the
+// sequence's split over the context group is the config's
+// check_consistency, which knows model.seq_len: cp::check_sequence_split).
 // `describe(path)` is how a key is named in the message ("parallel.shard
 // (-1, configs/x.yaml:4)"); throws std::invalid_argument.
 void check_config(const ParallelConfig& config, const std::function<std::string(const std::string&)>& describe);

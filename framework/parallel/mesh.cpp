@@ -36,6 +36,15 @@ Meshes build_meshes(const Layout& layout, comm::Rendezvous& rendezvous, int chan
     auto world = dtensor::DeviceMesh::create(rendezvous, expert_shape, expert_names, "expert_mesh", channels);
     meshes.expert = piped ? world->submesh(inner_axes(*world)) : world;
   }
+  if (layout.context > 1) {
+    // The same ranks in the same order, the shard axis factored (s =
+    // batch_shard index x context + c). One channel: ring attention's
+    // sends and receives run on the step's thread only. (resolve's callers
+    // refuse context with a pipeline or tensor parallelism: check_config.)
+    TORCH_CHECK(!piped && layout.tensor == 1, "build_meshes: parallel.context with a pipeline or tensor axis");
+    meshes.context = dtensor::DeviceMesh::create(rendezvous, layout.context_shape(), layout.context_axis_names(),
+                                                 "context_mesh", 1);
+  }
   return meshes;
 }
 

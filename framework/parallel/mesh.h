@@ -22,6 +22,13 @@ struct Meshes {
   // expert axis's group moves tokens (all-to-all), the expert_shard axis's
   // shards the experts. Else null.
   std::shared_ptr<dtensor::DeviceMesh> expert;
+  // Context parallelism (layout.context > 1): {replicate, batch_shard,
+  // context} over the stage's ranks (Layout::context_shape); the context
+  // axis's group (consecutive ranks of the shard axis) is ring attention's.
+  // Else null.
+  std::shared_ptr<dtensor::DeviceMesh> context;
+  // The context axis's group. REQUIRES: context > 1.
+  comm::Group& context_group() const { return context->group(2); }
   // The pipeline axis's group (send/recv between stages). REQUIRES:
   // pipeline > 1.
   comm::Group& pipeline_group() const { return world->group(0); }

@@ -1,4 +1,6 @@
 #include "framework/train/preflight.h"
+
+#include "framework/cp/sequence_split.h"
 #include "models/model_spec.h"
 #include "framework/config/run_items.h"
 
@@ -408,12 +410,13 @@ bool local_tier_in_memory(const std::string& dir_pattern) {
 
 MemoryEstimate estimate_memory(const config::Config& cfg, int world_size, int nodes) {
   const models::ModelSize size = models::model_size(cfg.model);
-  double shard = 1, tensor = 1, expert = 1;
+  double shard = 1, tensor = 1, expert = 1, context = 1;
   try {
     const parallel::Layout layout = parallel::resolve(cfg.parallel, world_size);
     shard = static_cast<double>(layout.shard);
     tensor = static_cast<double>(layout.tensor);
     expert = static_cast<double>(layout.expert);
+    context = static_cast<double>(layout.context);
   } catch (const std::invalid_argument&) {
   }
   // Expert parallelism: a rank gathers only its share of a block's routed
@@ -457,9 +460,10 @@ MemoryEstimate estimate_memory(const config::Config& cfg, int world_size, int no
   } else if (bf16) {
     m.gathered = 2 * size.parameters / tensor * compute;  // DDP: bf16 parameters and gradients beside the masters
   }
-  // The ranks of a TP group share a batch.
+  // The ranks of a TP group share a batch, and a context group's its
+  // sequences, each member holding 1 / context of every sequence's tokens.
   const double per_rank_batch = std::ceil(static_cast<double>(cfg.train.global_batch_size) /
-                                          std::max(1.0, world_size / (tensor * stages)));
+                                          std::max(1.0, world_size / (tensor * stages * context)));
   const double micro = cfg.train.micro_batch_size > 0
                            ? std::min(per_rank_batch, static_cast<double>(cfg.train.micro_batch_size))
                            : per_rank_batch;
@@ -479,7 +483,9 @@ MemoryEstimate estimate_memory(const config::Config& cfg, int world_size, int no
   }
   const double blocks = (layers - checkpointed) * block + checkpointed * input +
                         (checkpointed > 0 ? block : 0);
-  m.activations = micro * (blocks * compute + head * kFloat);
+  // Every activation kept is per token (ring attention keeps no score
+  // matrix), so a context-parallel rank keeps 1 / context of them.
+  m.activations = micro * (blocks * compute + head * kFloat) / context;
   if (stages > 1) {
     // A stage runs 1 / pipeline of the blocks, and holds the activations of
     // up to pipeline micro-batches (1f1b, interleaved) or all of them (gpipe).
@@ -516,6 +522,7 @@ void check_parallel(const config::Config& cfg, int world_size) {
     const parallel::Layout layout = parallel::resolve(par, world_size);
     models::check_tensor_parallel_plan(cfg.model, layout.tensor);
     models::check_expert_parallel(cfg.model, layout.expert);
+    models::check_context_parallel(cfg.model, layout.context);
     parallel::split_batch(par, layout, cfg.train.global_batch_size, cfg.train.micro_batch_size);
     if (layout.pipeline == 1) return;
     models::check_pipeline_support(cfg.model, layout.pipeline);
@@ -533,6 +540,30 @@ void check_parallel(const config::Config& cfg, int world_size) {
   } catch (const std::invalid_argument& e) {
     fail(e.what());
   }
+}
+
+std::vector<ContextActivations> activations_by_context(const config::Config& cfg, int world_size) {
+  std::vector<ContextActivations> out;
+  const int64_t configured = std::max<int64_t>(1, cfg.parallel.context);
+  for (int64_t c : {1, 2, 4, 8}) {
+    ContextActivations row;
+    row.context = c;
+    try {
+      cp::check_sequence_split(cfg.model.seq_len, c, cfg.parallel.context_load_balance);
+    } catch (const std::invalid_argument&) {
+      row.splits = false;
+      out.push_back(row);
+      continue;
+    }
+    // The same ranks over the batch, each sequence over c of them.
+    config::Config as = cfg;
+    as.parallel.context = c;
+    if (as.parallel.shard > 0) as.parallel.shard = as.parallel.shard / configured * c;
+    const int world = static_cast<int>(world_size / configured * c);
+    row.bytes = estimate_memory(as, world).activations;
+    out.push_back(row);
+  }
+  return out;
 }
 
 std::string describe(const MemoryEstimate& m) {

@@ -60,6 +60,19 @@ struct MemoryEstimate {
 // `nodes`: the job's nodes (partner copies need more than one).
 MemoryEstimate estimate_memory(const config::Config& cfg, int world_size, int nodes = 1);
 
+// Context parallelism's effect on activations (train --dry-run): the
+// activations per rank (MemoryEstimate::activations) at model.seq_len with
+// each sequence split over C = 1, 2, 4 and 8 ranks, the ranks the batch
+// splits over as configured (a world of world_size / parallel.context x C).
+// `splits` false: model.seq_len does not split into C's chunks
+// (parallel.context_load_balance).
+struct ContextActivations {
+  int64_t context = 1;
+  bool splits = true;
+  double bytes = 0;
+};
+std::vector<ContextActivations> activations_by_context(const config::Config& cfg, int world_size);
+
 // True when `dir_pattern` (checkpoint.local.dir, "{node}" left in) lies on
 // tmpfs or ramfs: its files are held in memory. Checks the deepest existing
 // directory above it.

@@ -13,6 +13,7 @@
 #include "framework/train/train_main.h"
 #include "framework/train/trainer.h"
 #include "models/layered_model.h"
+#include "models/model_spec.h"
 
 #include <CLI/CLI.hpp>
 #include <torch/version.h>
@@ -130,6 +131,32 @@ int run_preflight(const framework::config::Config& cfg, int world, int local_ran
 // the job's world, from the config alone (nothing is allocated, no rank
 // starts). The world: --nproc, else the launcher's (WORLD_SIZE, as a rank
 // reads it: comm/launch_env.h), else 1.
+// The dry run's context-parallel line, where the layout and the model
+// could run it: each sequence over C = 1, 2, 4, 8 ranks, what a rank keeps.
+void print_context_activations(const framework::config::Config& cfg, const framework::parallel::Layout& layout,
+                               int world) {
+  try {
+    models::check_context_parallel(cfg.model, 2);
+  } catch (const std::invalid_argument&) {
+    return;
+  }
+  if (layout.tensor > 1 || layout.pipeline > 1 || layout.expert > 1) return;
+  std::string line;
+  for (const framework::train::ContextActivations& row : framework::train::activations_by_context(cfg, world)) {
+    char value[64];
+    if (row.splits) {
+      std::snprintf(value, sizeof value, "%.1f MiB", row.bytes / 1048576.0);
+    } else {
+      std::snprintf(value, sizeof value, "- (model.seq_len does not split)");
+    }
+    line += (line.empty() ? "" : ", ") + std::string("C=") + std::to_string(row.context) + " " + value;
+  }
+  std::printf("train: dry run: activations per rank at model.seq_len %lld, each sequence over C ranks "
+              "(parallel.context; the batch split %lld way(s) as configured): %s\n",
+              static_cast<long long>(cfg.model.seq_len), static_cast<long long>(layout.batch_parallel()),
+              line.c_str());
+}
+
 int dry_run(const framework::config::Config& cfg, int nproc) {
   int world = nproc;
   if (world <= 0) {
@@ -177,6 +204,7 @@ int dry_run(const framework::config::Config& cfg, int nproc) {
               static_cast<long long>(cfg.train.micro_batch_size));
   std::cout << "train: dry run: memory estimate per rank " << framework::train::describe(m)
             << std::endl;
+  print_context_activations(cfg, layout, world);
   return 0;
 }
 

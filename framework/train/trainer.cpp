@@ -134,7 +134,11 @@ double Trainer::State::apply_optimizer_step(int64_t to_step) {
 StepStats Trainer::State::compute_gradients(int64_t to_step) {
   auto [host_inputs, host_targets] = [&] {
     RECORD_USER_SCOPE("shardkit::data");
-    return loader->next();
+    auto [inputs, targets] = loader->next();
+    // Context parallelism: this rank's part of each sequence; it counts and
+    // sums its own tokens only, so the step's all-reduces give the whole
+    // sequences' count and loss once.
+    return std::make_pair(split_sequence(inputs), split_sequence(targets));
   }();
   MicroBatches batches;
   const int64_t micro = host_inputs.size(0) / micro_batches;
@@ -448,8 +452,16 @@ std::string Trainer::sample() {
     if (s.layout.tensor > 1) logits = tp::gather_last_dim(logits, s.meshes.stage->group(2), s.cfg.model.vocab_size);
     return logits;
   };
-  const std::vector<int64_t> ids =
-      models::generate(*model, s.cfg.model.seq_len, prompt, s.cfg.train.sample_tokens, {}, {}, false, forward);
+  // Generation runs whole sequences on every rank: context parallelism off.
+  s.use_context_parallel(false);
+  std::vector<int64_t> ids;
+  try {
+    ids = models::generate(*model, s.cfg.model.seq_len, prompt, s.cfg.train.sample_tokens, {}, {}, false, forward);
+  } catch (...) {
+    s.use_context_parallel(true);
+    throw;
+  }
+  s.use_context_parallel(true);
   if (bytes) return std::string(ids.begin(), ids.end());
   // The continuation: the whole decoded minus the decoded prompt (pieces may join).
   std::vector<int64_t> all = prompt;
@@ -465,8 +477,9 @@ EvalRecord Trainer::evaluate() {
   if (n <= 0) {
     throw std::runtime_error("train.eval_every: no held-out samples; set data.eval_fraction > 0 (or data.eval_path)");
   }
-  const int64_t world = s.layout.data_parallel();  // TP ranks evaluate the same samples
-  const int64_t rank = s.at.data_parallel;
+  // TP ranks and a context group's ranks evaluate the same samples.
+  const int64_t world = s.layout.batch_parallel();
+  const int64_t rank = s.at.batch;
   const int64_t batch = s.cfg.train.global_batch_size;
   const int64_t local = batch / world;
   const auto pad = s.user.dataset->eval_sample(0);  // shapes and dtypes of a sample
@@ -487,8 +500,9 @@ EvalRecord Trainer::evaluate() {
         targets.push_back(torch::full_like(pad.second, data::kIgnoreIndex));
       }
     }
-    torch::Tensor in = torch::stack(inputs).to(s.device);
-    torch::Tensor tgt = torch::stack(targets).to(s.device);
+    // Context parallelism: each rank its part of each sequence, as in training.
+    torch::Tensor in = s.split_sequence(torch::stack(inputs)).to(s.device);
+    torch::Tensor tgt = s.split_sequence(torch::stack(targets)).to(s.device);
     // In micro-batches, as training runs, so evaluation needs no more memory.
     const int64_t micro = local / s.micro_batches;
     if (s.layout.pipeline > 1) {

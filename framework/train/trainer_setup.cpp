@@ -9,6 +9,8 @@
 #include "comm/device.h"
 #include "comm/launch_env.h"
 #include "framework/config/run_items.h"
+#include "framework/cp/ring_attention.h"
+#include "framework/cp/sequence_tensors.h"
 #include "framework/dtensor/chunk.h"
 #include "framework/train/state_dict.h"
 #include "models/layered_model.h"
@@ -154,11 +156,12 @@ void Trainer::State::find_moe_layers() {
   }
 }
 
-// This data-parallel rank's loader over the dataset.
+// This data-parallel rank's loader over the dataset (a context group's
+// members read the same samples).
 void Trainer::State::make_loader() {
   loader = std::make_unique<data::DataLoader>(user.dataset, cfg.train.global_batch_size,
                                               static_cast<uint64_t>(cfg.run.seed),
-                                              static_cast<int>(at.data_parallel), static_cast<int>(layout.data_parallel()));
+                                              static_cast<int>(at.batch), static_cast<int>(layout.batch_parallel()));
 }
 
 // The layout as the banner, metrics.jsonl and the checkpoints' metadata
@@ -264,6 +267,49 @@ void Trainer::State::apply_expert_parallel() {
     throw PreflightError("parallel.expert " + std::to_string(layout.expert) + ": the model has no mixture-of-experts layer");
   }
   if (user.init) user.init = ep::expert_init(ep_layout, user.init);
+}
+
+// parallel.context > 1: every member of a context group reads the same
+// samples and keeps its part of each sequence (split_sequence); the model
+// rotates those tokens by their true positions and attends over the whole
+// sequence by ring attention over the context group. Parameters are
+// unchanged: FSDP shards them over the whole shard axis and its
+// reduce-scatter sums the context ranks' gradients with the others'.
+void Trainer::State::apply_context_parallel() {
+  if (layout.context == 1) return;
+  const std::string key = "parallel.context " + std::to_string(layout.context);
+  if (!builtin_model) {
+    throw PreflightError(key + ": a UserModel is not split along the sequence; use a model.kind that is (llama)");
+  }
+  try {
+    models::check_context_parallel(cfg.model, layout.context);
+  } catch (const std::invalid_argument& e) {
+    throw PreflightError(e.what());
+  }
+  const cp::LoadBalance balance = cfg.parallel.context_load_balance;
+  const torch::Tensor table = cp::position_table(cfg.model.seq_len, layout.context, balance);
+  comm::Group* group = &meshes.context_group();
+  context_parallel.positions = table[at.context].clone();
+  context_parallel.attention = [table, group](const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v) {
+    return cp::ring_attention(q, k, v, table, *group);
+  };
+  use_context_parallel(true);
+}
+
+void Trainer::State::use_context_parallel(bool on) {
+  if (layout.context == 1) return;
+  models::find_model_spec(cfg.model.kind).set_context_parallel(*layered, on ? context_parallel
+                                                                            : models::ContextParallel{});
+}
+
+torch::Tensor Trainer::State::split_sequence(const torch::Tensor& batch) const {
+  if (layout.context == 1) return batch;
+  if (batch.size(1) != cfg.model.seq_len) {
+    throw std::invalid_argument("parallel.context " + std::to_string(layout.context) + ": the data's sequences have " +
+                                std::to_string(batch.size(1)) + " tokens, not model.seq_len (" +
+                                std::to_string(cfg.model.seq_len) + ")");
+  }
+  return cp::split_sequence(batch, layout.context, at.context, cfg.parallel.context_load_balance, 1);
 }
 
 // Each rank keeps its shards of the same full model: results do not depend
@@ -509,7 +555,12 @@ void Trainer::State::print_banner(const std::optional<std::string>& resume_from,
             << (rt.env.agent_store ? ", the agent's store" : "")
             << rank0_store(rt.env)
             << (rt.env.restart_count > 0 ? ", restart " + std::to_string(rt.env.restart_count) : std::string())
-            << "), layout " << layout_text() << ", groups train=" << rt.train->backend_name()
+            << "), layout " << layout_text()
+            << (layout.context > 1 ? " (" + std::to_string(cfg.model.seq_len / layout.context) +
+                                         " tokens per rank of each sequence's " + std::to_string(cfg.model.seq_len) +
+                                         ", " + cp::to_string(cfg.parallel.context_load_balance) + ")"
+                                   : std::string())
+            << ", groups train=" << rt.train->backend_name()
             << " ckpt=" << rt.checkpoint->backend_name() << ", device " << device.str()
             << ", LibTorch " << comm::torch_version() << "\n"
             << "shardkit: model " << user.description << " " << params.total << " params"
@@ -655,6 +706,7 @@ Trainer::Trainer(const config::Config& config, comm::Runtime& runtime, UserModel
   s.split_pipeline_stages();
   s.apply_tensor_parallel();
   s.apply_expert_parallel();
+  s.apply_context_parallel();
   s.shard_model();
   s.find_moe_layers();
   s.params.total = s.param_count();

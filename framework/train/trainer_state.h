@@ -165,6 +165,9 @@ struct Trainer::State {
   UserModel user;  // the model, units, loss and data (built-in: from the kind's spec)
   tp::TensorParallelLayout tp_layout;
   ep::ExpertParallelLayout ep_layout;
+  // parallel.context > 1: this rank's positions and the ring attention, as
+  // set on the model (the sample's generation turns them off and on).
+  models::ContextParallel context_parallel;
   std::unique_ptr<fsdp::FullyShardedModel> fsdp;
   std::unique_ptr<optim::ShardedAdamW> optim;
   std::unique_ptr<data::DataLoader> loader;
@@ -218,6 +221,12 @@ struct Trainer::State {
   void split_pipeline_stages();
   void apply_tensor_parallel();
   void apply_expert_parallel();
+  void apply_context_parallel();
+  // parallel.context > 1: the model's context parallelism on or off.
+  void use_context_parallel(bool on);
+  // parallel.context > 1: this rank's part of each sequence of a [B, S]
+  // batch (inputs or targets); else the batch.
+  torch::Tensor split_sequence(const torch::Tensor& batch) const;
   void shard_model();
   void make_loader();
   void name_moe_layers();

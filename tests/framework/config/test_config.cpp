@@ -42,7 +42,8 @@ const std::vector<std::string> kAllKeys = {
     "data.tokenizer", "data.packed",
     "optim.lr", "optim.min_lr", "optim.warmup_steps", "optim.weight_decay", "optim.beta1",
     "optim.beta2", "optim.eps",
-    "parallel.replicate", "parallel.shard", "parallel.tensor", "parallel.expert", "parallel.pipeline",
+    "parallel.replicate", "parallel.shard", "parallel.tensor", "parallel.expert", "parallel.context",
+    "parallel.context_load_balance", "parallel.pipeline",
     "parallel.pipeline_schedule", "parallel.stages_per_rank", "parallel.pipeline_split_points",
     "parallel.reshard_after_forward", "parallel.prefetch",
     "dist.backend", "dist.timeout_s", "dist.stop_grace_s", "dist.standby", "dist.standby_delay_s", "dist.master_addr",
@@ -170,6 +171,8 @@ Config non_default_config() {
   c.parallel.shard = 4;
   c.parallel.tensor = 2;
   c.parallel.expert = 2;
+  c.parallel.context = 2;
+  c.parallel.context_load_balance = framework::cp::LoadBalance::kNone;
   c.parallel.pipeline = 2;
   c.parallel.pipeline_schedule = framework::pp::Schedule::kInterleaved1F1B;
   c.parallel.stages_per_rank = 2;

@@ -110,3 +110,60 @@ TEST(ParallelLayout, RulesWithoutAWorldSizeNameEachKeyAsTheCallerDescribesIt) {
 }
 
 }  // namespace
+
+// Context parallelism (#72) borrows its ranks from the shard axis, as
+// consecutive ranks (context innermost): FSDP still shards over the whole
+// shard axis, the batch splits over replicate x shard / context only.
+TEST(ParallelLayout, ContextFoldsIntoTheShardAxisInnermostAndTheBatchSplitsOverTheRest) {
+  ParallelConfig c = degrees(2, -1);
+  c.context = 2;
+  const Layout l = resolve(c, 8);
+  EXPECT_EQ(std::make_tuple(l.replicate, l.shard, l.context, l.batch_shard()), std::make_tuple(2, 4, 2, 2));
+  EXPECT_EQ(l.data_parallel(), 8);
+  EXPECT_EQ(l.batch_parallel(), 4);
+  EXPECT_EQ(l.describe(), "hsdp replicate=2 shard=4 context=2");
+  EXPECT_EQ(l.context_shape(), (std::vector<int64_t>{2, 2, 2}));
+  std::map<int64_t, std::set<int64_t>> groups;  // batch rank -> its context group's ranks
+  for (int64_t rank = 0; rank < 8; ++rank) {
+    const Layout::Coordinates at = l.coordinates(rank);
+    EXPECT_EQ(at.batch * 2 + at.context, at.data_parallel) << rank;
+    groups[at.batch].insert(rank);
+  }
+  ASSERT_EQ(groups.size(), 4u);
+  for (const auto& [batch, ranks] : groups) {
+    EXPECT_EQ(ranks, (std::set<int64_t>{2 * batch, 2 * batch + 1})) << "consecutive ranks of the shard axis";
+  }
+  EXPECT_EQ(framework::parallel::split_batch(c, l, 12, 0), 1);
+  EXPECT_EQ(framework::parallel::split_batch(c, l, 12, 3), 1);  // 12 / 4 batch ranks = 3 = one micro-batch
+  try {
+    framework::parallel::split_batch(c, l, 6, 0);
+    FAIL() << "accepted 6 sequences over 4 batch ranks";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_EQ(std::string(e.what()), "train.global_batch_size (6) must be divisible by the data-parallel ranks / "
+                                     "parallel.context (4)");
+  }
+  ParallelConfig one = degrees(1, -1);
+  one.context = 2;
+  EXPECT_EQ(resolve(one, 2).describe(), "fsdp replicate=1 shard=2 context=2");
+  EXPECT_EQ(resolve(one, 2).batch_parallel(), 1);
+}
+
+TEST(ParallelLayout, AContextDegreeThatDoesNotDivideTheShardOrACombinationNotSupportedIsRefused) {
+  ParallelConfig c = degrees(1, -1);
+  c.context = 3;
+  EXPECT_EQ(refusal(c, 4),
+            "parallel.context (3) must divide the shard degree 4: context parallelism borrows its ranks from the "
+            "shard axis");
+  c.context = 2;
+  c.tensor = 2;
+  c.expert = 2;
+  EXPECT_EQ(refusal(c, 8),
+            "parallel.context (2) is not supported together with parallel.tensor (2), parallel.expert (2): context "
+            "parallelism runs with FSDP, DDP and HSDP only");
+  ParallelConfig piped = degrees(1, -1, 1, 2);
+  piped.context = 2;
+  EXPECT_EQ(refusal(piped, 4),
+            "parallel.context (2) is not supported together with parallel.pipeline (2): context parallelism runs "
+            "with FSDP, DDP and HSDP only");
+  EXPECT_EQ(refusal(degrees(1, -1), 4), "(accepted)");
+}

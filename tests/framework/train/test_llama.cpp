@@ -11,6 +11,7 @@
 #include "checkpoint/interop/import_weights.h"
 #include "checkpoint/interop/weights_file.h"
 #include "framework/config/run_items.h"
+#include "framework/train/preflight.h"
 #include "framework/train/state_dict.h"
 #include "framework/parallel/layout.h"
 #include "framework/train/trainer.h"
@@ -1128,4 +1129,135 @@ TEST(MoeExpertParallel, CheckpointsLoadUnderEveryExpertLayout) {
               std::string::npos) << e.what();
   }
   for (const auto& d : {cfg.run.dir, stopped.run.dir}) fs::remove_all(d);
+}
+
+namespace {
+
+// Context parallelism (#72) on the llama_config sizes over 20 steps: each
+// sequence (16 tokens) split over the context group.
+framework::config::Config context_config(const std::string& dir) {
+  auto c = llama_config(dir);
+  c.train.steps = 20;
+  return c;
+}
+
+LlamaRun train_cp(framework::config::Config cfg, int world, int64_t context,
+                  framework::cp::LoadBalance balance = framework::cp::LoadBalance::kHeadTail) {
+  cfg.parallel.context = context;
+  cfg.parallel.context_load_balance = balance;
+  return train(std::move(cfg), world, 1, -1);
+}
+
+// Losses within 1e-5 (relative) and every final parameter within 1e-5.
+void expect_within_1e5(const LlamaRun& got, const LlamaRun& ref, const std::string& what) {
+  ASSERT_EQ(got.losses.size(), ref.losses.size()) << what;
+  for (size_t i = 0; i < ref.losses.size(); ++i) {
+    EXPECT_NEAR(got.losses[i], ref.losses[i], 1e-5 * std::abs(ref.losses[i])) << what << ": loss of step " << i + 1;
+  }
+  ASSERT_EQ(got.params.size(), ref.params.size()) << what;
+  for (size_t i = 0; i < ref.params.size(); ++i) {
+    EXPECT_TRUE(torch::allclose(got.params[i], ref.params[i], 1e-5, 1e-5))
+        << what << ": parameter " << i << " differs by " << (got.params[i] - ref.params[i]).abs().max().item<double>();
+  }
+}
+
+}  // namespace
+
+// Context parallelism against one process, fp32, 20 steps: CP 2 (world 2)
+// and CP 2 x FSDP 2 (world 4: shard 4, context 2, two context groups
+// reading different samples), with the head-tail split and without load
+// balancing; RoPE at the tokens' true positions, ring attention over the
+// group, the loss and token count summed over every rank once.
+TEST(LlamaContextParallel, Cp2AndCp2xFsdp2MatchOneProcessOverTwentySteps) {
+  auto cfg = context_config(llama_scratch("cp_eq"));
+  const LlamaRun ref = train(cfg, 1);
+  ASSERT_EQ(ref.losses.size(), 20u);
+  EXPECT_LT(ref.losses.back(), ref.losses.front() - 0.05);
+  expect_within_1e5(train_cp(cfg, 2, 2), ref, "CP 2, head-tail");
+  expect_within_1e5(train_cp(cfg, 4, 2), ref, "CP 2 x FSDP 2, head-tail");
+  expect_within_1e5(train_cp(cfg, 2, 2, framework::cp::LoadBalance::kNone), ref, "CP 2, no load balance");
+  expect_within_1e5(train_cp(cfg, 4, 2, framework::cp::LoadBalance::kNone), ref, "CP 2 x FSDP 2, no load balance");
+  fs::remove_all(cfg.run.dir);
+}
+
+// Activation checkpointing recomputes each block's ring attention (its own
+// autograd function, the ring run again in the recompute): bit-identical
+// to CP 2 without it, and so within 1e-5 of one process.
+TEST(LlamaContextParallel, ActivationCheckpointingRecomputesTheRingAttentionBitIdentically) {
+  auto cfg = context_config(llama_scratch("cp_ac"));
+  const LlamaRun plain = train_cp(cfg, 2, 2);
+  auto ac = cfg;
+  ac.model.activation_checkpointing = models::ActivationCheckpointing::kFull;
+  const LlamaRun recomputed = train_cp(ac, 2, 2);
+  expect_identical(recomputed, plain, "CP 2 with full activation checkpointing");
+  fs::remove_all(cfg.run.dir);
+}
+
+// A checkpoint does not depend on the context degree (the parameters are
+// sharded over the whole shard axis as without it): a CP 2 checkpoint
+// resumes bit-exactly at CP 2, and within 1e-5 at world 1 and at CP 4
+// (world 4: 8 chunks of 2 tokens).
+TEST(LlamaContextParallel, ACp2CheckpointResumesAtWorldOneAndAtCp4) {
+  auto cfg = context_config(llama_scratch("cp_ckpt"));
+  const LlamaRun full = train_cp(cfg, 2, 2);
+  auto stopped = cfg;
+  stopped.run.dir = cfg.run.dir + "_stopped";
+  stopped.train.stop_at = 10;
+  stopped.checkpoint.interval = 5;
+  train_cp(stopped, 2, 2);
+  stopped.train.stop_at = 0;
+  const LlamaRun resumed = train_cp(stopped, 2, 2);
+  EXPECT_EQ(resumed.first_step, 10);
+  ASSERT_EQ(resumed.losses.size(), 10u);
+  for (size_t i = 0; i < 10; ++i) EXPECT_EQ(resumed.losses[i], full.losses[10 + i]) << "step " << 11 + i;
+  for (auto [world, context] : {std::pair{1, 1L}, std::pair{4, 4L}}) {
+    auto other = cfg;
+    other.run.dir = cfg.run.dir + "_as" + std::to_string(world) + "x" + std::to_string(context);
+    other.checkpoint.resume = stopped.run.dir + "/checkpoints/step_10";
+    const LlamaRun r = train_cp(other, world, context);
+    EXPECT_EQ(r.first_step, 10);
+    ASSERT_EQ(r.losses.size(), 10u) << "world " << world;
+    for (size_t i = 0; i < 10; ++i) {
+      EXPECT_NEAR(r.losses[i], full.losses[10 + i], 1e-5 * full.losses[10 + i])
+          << "world " << world << " context " << context << ", step " << 11 + i;
+    }
+    ASSERT_EQ(r.params.size(), full.params.size());
+    for (size_t i = 0; i < full.params.size(); ++i) {
+      EXPECT_TRUE(torch::allclose(r.params[i], full.params[i], 1e-5, 1e-5))
+          << "world " << world << " context " << context << ": parameter " << i;
+    }
+    fs::remove_all(other.run.dir);
+  }
+  for (const auto& d : {cfg.run.dir, stopped.run.dir}) fs::remove_all(d);
+}
+
+// The dry run's estimate of a rank's activations under context
+// parallelism (train --dry-run): every activation kept is per token, so
+// with the ranks over the batch unchanged, C ranks per sequence keep 1 / C
+// each; a C whose chunks model.seq_len does not split into is marked.
+TEST(LlamaContextParallel, TheDryRunEstimatesActivationsPerRankForC1248) {
+  auto cfg = context_config(llama_scratch("cp_dry"));
+  cfg.model.seq_len = 24;  // head-tail: 2, 4, 8 chunks split it, 16 do not
+  cfg.train.micro_batch_size = 3;
+  cfg.model.activation_checkpointing = models::ActivationCheckpointing::kSelective;
+  cfg.model.activation_checkpointing_every = 2;
+  const auto rows = framework::train::activations_by_context(cfg, 2);
+  ASSERT_EQ(rows.size(), 4u);
+  const double one = rows[0].bytes;
+  EXPECT_EQ(rows[0].context, 1);
+  EXPECT_GT(one, 0);
+  EXPECT_EQ(framework::train::estimate_memory(cfg, 2).activations, one);  // C = 1 is the configured run
+  for (size_t i = 1; i < 3; ++i) {
+    EXPECT_TRUE(rows[i].splits) << rows[i].context;
+    EXPECT_DOUBLE_EQ(rows[i].bytes, one / static_cast<double>(rows[i].context)) << rows[i].context;
+  }
+  EXPECT_EQ(rows[3].context, 8);
+  EXPECT_FALSE(rows[3].splits);
+  // The configured CP 2 at world 4 (the same 2 ranks over the batch) is
+  // the table's C = 2, and its table the same as world 2's.
+  auto cp2 = cfg;
+  cp2.parallel.context = 2;
+  EXPECT_DOUBLE_EQ(framework::train::estimate_memory(cp2, 4).activations, one / 2);
+  const auto again = framework::train::activations_by_context(cp2, 4);
+  for (size_t i = 0; i < 3; ++i) EXPECT_DOUBLE_EQ(again[i].bytes, rows[i].bytes) << rows[i].context;
 }

@@ -861,6 +861,63 @@ TEST(TrainCli, TensorParallelLlamaTrainsAndItsCheckpointResumesUnderFsdp) {
   fs::remove_all(dir);
 }
 
+// Context parallelism (#72) from the train binary: llama_tiny (bf16,
+// activation checkpointing, 2 micro-batches) with each sequence split over
+// 2 ranks trains, evaluates, samples and says so in its banner; a sequence that does
+// not split into the chunks, a combination not supported and a model kind
+// that does not split along the sequence exit 2 with one line naming the
+// keys, before anything is written.
+TEST(TrainCli, ContextParallelLlamaTrainsAndBadSplitsAndCombinationsExitTwo) {
+  const std::string dir = cli_scratch("cp");
+  const std::string llama = "--config " + testing_support::source_dir() + "/configs/llama_tiny.yaml --set run.dir=" +
+                            dir + " --set train.steps=4 --set train.log_every=1 --set train.eval_every=2"
+                            " --set checkpoint.interval=0";
+  // A byte-level sample (vocabulary 256) generates on whole sequences, the
+  // split turned off around it and on again for the next step.
+  Result a = run("--nproc 2 " + llama + " --set parallel.context=2 --set model.vocab_size=256"
+                 " --set train.sample_every=3 --set train.sample_tokens=4");
+  ASSERT_EQ(a.status, 0) << a.output;
+  EXPECT_NE(a.output.find("sample step 3 | The "), std::string::npos) << a.output;
+  EXPECT_NE(a.output.find("layout fsdp replicate=1 shard=2 context=2 (16 tokens per rank of each sequence's 32, "
+                          "head_tail)"),
+            std::string::npos) << a.output;
+  EXPECT_NE(a.output.find("eval step 2 | val_loss"), std::string::npos) << a.output;
+  EXPECT_EQ(losses(dir).size(), 4u);
+  // The dry run: a rank's activations with each sequence over 1, 2, 4, 8 ranks.
+  Result dry = run("--dry-run --nproc 2 " + llama + " --set parallel.context=2 --set model.seq_len=24");
+  EXPECT_EQ(dry.status, 0) << dry.output;
+  EXPECT_NE(dry.output.find("train: dry run: activations per rank at model.seq_len 24, each sequence over C ranks "
+                            "(parallel.context; the batch split 1 way(s) as configured): C=1 "),
+            std::string::npos) << dry.output;
+  EXPECT_NE(dry.output.find(", C=8 - (model.seq_len does not split)"), std::string::npos) << dry.output;
+
+  const std::string refused = cli_scratch("cp_refused");
+  const auto expect_one_line = [&](const std::string& args, const std::string& want) {
+    Result r = run(args);
+    EXPECT_EQ(r.status, 2) << args << "\n" << r.output;
+    const size_t at = r.output.find(want);
+    ASSERT_NE(at, std::string::npos) << r.output;
+    const size_t begin = r.output.rfind('\n', at), end = r.output.find('\n', at);
+    const std::string line = r.output.substr(begin == std::string::npos ? 0 : begin + 1, end - begin - 1);
+    EXPECT_NE(line.find("parallel.context"), std::string::npos) << line;
+    EXPECT_EQ(r.output.find("Exception raised from"), std::string::npos) << r.output;
+    EXPECT_FALSE(fs::exists(refused)) << args;
+  };
+  const std::string bad = "--nproc 2 " + llama + " --set run.dir=" + refused;
+  // 30 tokens: not 4 equal chunks (head-tail), but 2 (none).
+  expect_one_line(bad + " --set parallel.context=2 --set model.seq_len=30",
+                  "model.seq_len (30) must split into 2 x parallel.context (2) = 4 equal chunks");
+  expect_one_line(bad + " --set parallel.context=2 --set parallel.context_load_balance=none --set model.seq_len=31",
+                  "model.seq_len (31) must split into parallel.context (2) equal chunks");
+  expect_one_line("--nproc 4 " + llama + " --set run.dir=" + refused + " --set parallel.context=2 --set parallel.tensor=2",
+                  "parallel.context (2) is not supported together with parallel.tensor (2)");
+  expect_one_line("--nproc 2 " + common(refused) + " --set parallel.context=2",  // default.yaml: gpt
+                  "parallel.context 2 needs model.kind llama (model.kind is gpt");
+  expect_one_line("--nproc 3 " + llama + " --set run.dir=" + refused + " --set parallel.context=2",
+                  "parallel.context (2) must divide the shard degree 3");
+  fs::remove_all(dir);
+}
+
 // The shipped configs/llama_tiny.yaml must visibly learn: a newcomer's first
 // run. Stopped at step 60 of its 200 (its own learning-rate schedule), copy
 // measures val_loss 0.90 there; chance is ln 32 = 3.47, and the reverse task
