@@ -205,6 +205,10 @@ void MetricsLog::step(const StepRecord& rec, const StepProgress& p) {
     j["expert_load_max_over_mean"] = imbalance;
   }
   if (cfg_.parallel.expert > 1) j["all_to_all_s"] = rec.all_to_all_s;
+  if (!p.context_attention_s.empty()) {
+    j["context_attention_s"] = p.context_attention_s;
+    j["context_wait_s"] = p.context_wait_s;
+  }
   if (rec.pipeline_peak_held > 0) {
     j["pipeline_wait_s"] = rec.pipeline_wait_s;
     j["pipeline_peak_held"] = rec.pipeline_peak_held;
@@ -226,6 +230,12 @@ void MetricsLog::step(const StepRecord& rec, const StepProgress& p) {
       for (size_t l = 0; l < imbalance.size(); ++l) {
         scalars.emplace_back("moe/load_max_over_mean/moe_layer_" + std::to_string(l), imbalance[l]);
       }
+    }
+    if (!p.context_attention_s.empty()) {
+      scalars.emplace_back("context/attention_s_max",
+                           *std::max_element(p.context_attention_s.begin(), p.context_attention_s.end()));
+      scalars.emplace_back("context/wait_s_max",
+                           *std::max_element(p.context_wait_s.begin(), p.context_wait_s.end()));
     }
     if (!p.peak_gpu_mib.empty()) {
       scalars.emplace_back("memory/peak_gpu_mib",

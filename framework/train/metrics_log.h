@@ -92,6 +92,10 @@ struct StepProgress {
   double run_s = 0;        // since this run() started
   std::vector<double> peak_rss_mib;  // per rank
   std::vector<double> peak_gpu_mib;  // per rank; empty on the CPU
+  // parallel.context > 1: each rank's StepRecord::context_attention_s and
+  // context_wait_s; empty without context parallelism.
+  std::vector<double> context_attention_s;
+  std::vector<double> context_wait_s;
 };
 
 // Every rank's own record of its checkpoints,

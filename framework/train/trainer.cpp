@@ -285,6 +285,7 @@ StepRecord Trainer::train_step() {
   const double waited_before = s.fsdp->comm_wait_seconds();
   const double pipeline_waited_before = s.pipeline.runner ? s.pipeline.runner->wait_seconds() : 0.0;
   const double all_to_all_before = *s.ep_layout.all_to_all_seconds;
+  const cp::RingStats ring_before = *s.ring_stats;
   const StepStats global = s.compute_gradients(step);
   const double global_tokens = std::max(1.0, global.tokens);
   StepRecord rec;
@@ -304,6 +305,8 @@ StepRecord Trainer::train_step() {
   rec.step_time_s = seconds_since(t0);
   rec.comm_wait_s = s.fsdp->comm_wait_seconds() - waited_before;
   rec.all_to_all_s = *s.ep_layout.all_to_all_seconds - all_to_all_before;
+  rec.context_attention_s = s.ring_stats->attention_s - ring_before.attention_s;
+  rec.context_wait_s = s.ring_stats->wait_s - ring_before.wait_s;
   if (s.pipeline.runner) {
     rec.pipeline_wait_s = s.pipeline.runner->wait_seconds() - pipeline_waited_before;
     rec.pipeline_peak_held = s.pipeline.runner->peak_held();
@@ -326,6 +329,10 @@ void Trainer::State::log_step(const StepRecord& rec, const RunSpan& span) {
   progress.peak_rss_mib = gather_per_rank(peak_rss_mib());
   if (device.is_cuda()) {
     progress.peak_gpu_mib = gather_per_rank(comm::peak_device_memory_bytes(device) / 1048576.0);
+  }
+  if (layout.context > 1) {
+    progress.context_attention_s = gather_per_rank(rec.context_attention_s);
+    progress.context_wait_s = gather_per_rank(rec.context_wait_s);
   }
   if (!is_logger) return;
   progress.first_step = span.first_step;

@@ -77,6 +77,11 @@ struct StepRecord {
   // Expert parallelism, this rank: seconds in the MoE layers' all-to-alls
   // (forward and backward; on NCCL the time to enqueue them). 0 without.
   double all_to_all_s = 0;
+  // Context parallelism, this rank: seconds in ring attention (forward and
+  // backward) and, of them, waiting for key/value and gradient blocks
+  // (cp::RingStats; host time). 0 without.
+  double context_attention_s = 0;
+  double context_wait_s = 0;
 };
 
 // A validation pass over the held-out samples (data.eval_fraction).

@@ -290,8 +290,9 @@ void Trainer::State::apply_context_parallel() {
   const torch::Tensor table = cp::position_table(cfg.model.seq_len, layout.context, balance);
   comm::Group* group = &meshes.context_group();
   context_parallel.positions = table[at.context].clone();
-  context_parallel.attention = [table, group](const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v) {
-    return cp::ring_attention(q, k, v, table, *group);
+  context_parallel.attention = [table, group, stats = ring_stats](const torch::Tensor& q, const torch::Tensor& k,
+                                                                   const torch::Tensor& v) {
+    return cp::ring_attention(q, k, v, table, *group, /*causal=*/true, stats.get());
   };
   use_context_parallel(true);
 }

@@ -22,6 +22,7 @@
 #include "framework/pp/pipeline.h"
 #include "framework/tokenizer/tokenizer.h"
 #include "framework/tp/tensor_parallel.h"
+#include "framework/cp/ring_attention.h"
 #include "framework/ep/expert_parallel.h"
 #include "framework/train/checkpoint_interval.h"
 #include "framework/train/metrics_log.h"
@@ -168,6 +169,8 @@ struct Trainer::State {
   // parallel.context > 1: this rank's positions and the ring attention, as
   // set on the model (the sample's generation turns them off and on).
   models::ContextParallel context_parallel;
+  // Its ring attention's seconds, summed over the run (per step: StepRecord).
+  std::shared_ptr<cp::RingStats> ring_stats = std::make_shared<cp::RingStats>();
   std::unique_ptr<fsdp::FullyShardedModel> fsdp;
   std::unique_ptr<optim::ShardedAdamW> optim;
   std::unique_ptr<data::DataLoader> loader;

@@ -883,6 +883,26 @@ TEST(TrainCli, ContextParallelLlamaTrainsAndBadSplitsAndCombinationsExitTwo) {
             std::string::npos) << a.output;
   EXPECT_NE(a.output.find("eval step 2 | val_loss"), std::string::npos) << a.output;
   EXPECT_EQ(losses(dir).size(), 4u);
+  // Each rank's seconds in ring attention and, of them, waiting for blocks
+  // (what bench/context_parallel.py reads).
+  std::ifstream metrics(dir + "/metrics.jsonl");
+  int timed = 0;
+  for (std::string l; std::getline(metrics, l);) {
+    const auto j = nlohmann::json::parse(l);
+    if (!j.contains("loss")) continue;
+    ++timed;
+    ASSERT_TRUE(j.contains("context_attention_s") && j.contains("context_wait_s")) << l;
+    ASSERT_EQ(j["context_attention_s"].size(), 2u) << l;
+    ASSERT_EQ(j["context_wait_s"].size(), 2u) << l;
+    for (size_t r = 0; r < 2; ++r) {
+      const double attention = j["context_attention_s"][r].get<double>(), wait = j["context_wait_s"][r].get<double>();
+      EXPECT_GT(attention, 0) << l;
+      EXPECT_GT(wait, 0) << l;
+      EXPECT_LE(wait, attention) << l;
+      EXPECT_LT(attention, j["step_time_s"].get<double>() + 1.0) << l;
+    }
+  }
+  EXPECT_EQ(timed, 4);
   // The dry run: a rank's activations with each sequence over 1, 2, 4, 8 ranks.
   Result dry = run("--dry-run --nproc 2 " + llama + " --set parallel.context=2 --set model.seq_len=24");
   EXPECT_EQ(dry.status, 0) << dry.output;
