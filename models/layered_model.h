@@ -26,6 +26,11 @@ struct ContextParallel {
   // Hq, T_local, hd], k and v [B, Hkv, T_local, hd] (the key/value heads,
   // before any grouped-query repeat) -> [B, Hq, T_local, hd].
   std::function<torch::Tensor(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v)> attention;
+  // The context group's size, and the in-place sum of a tensor over it (no
+  // gradient): what a mixture of experts' auxiliary loss needs to count its
+  // expert shares over the whole sequence, as without the split.
+  int64_t degree = 1;
+  std::function<void(torch::Tensor&)> sum_over_group;
 };
 
 class LayeredModelImpl : public torch::nn::Module {

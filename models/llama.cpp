@@ -409,6 +409,15 @@ void LlamaModelImpl::set_context_parallel(ContextParallel context) {
   TORCH_CHECK(!context.positions.defined() || (context.positions.dim() == 1 && context.attention),
               "set_context_parallel: positions [T_local] and an attention function, got positions ",
               context.positions.sizes());
+  for (MoeFeedForwardImpl* moe : moe_layers(*this)) {
+    // A mixture of experts counts its auxiliary loss's expert shares over
+    // the whole sequence.
+    if (context.positions.defined()) {
+      moe->set_context_parallel(context.degree, context.sum_over_group);
+    } else {
+      moe->set_context_parallel(1, nullptr);
+    }
+  }
   context_ = std::move(context);
   rope_ = {};  // the positions changed
 }

@@ -314,10 +314,6 @@ void check_context_parallel(const ModelOptions& o, int64_t context) {
     throw std::invalid_argument(key + " needs model.kind llama (model.kind is " + o.kind +
                                 ", which does not split along the sequence)");
   }
-  if (o.moe.num_experts > 0) {
-    throw std::invalid_argument(key + " is not supported with a mixture of experts (model.moe.num_experts " +
-                                std::to_string(o.moe.num_experts) + ")");
-  }
 }
 
 void check_pipeline_support(const ModelOptions& o, int64_t pipeline) {

@@ -148,8 +148,8 @@ void check_tensor_parallel_plan(const ModelOptions& options, int64_t tensor);
 void check_expert_parallel(const ModelOptions& options, int64_t expert);
 
 // parallel.context `context` above 1 needs a kind that splits along the
-// sequence (ModelSpec::set_context_parallel: llama), dense (not yet a
-// mixture of experts). Throws std::invalid_argument naming the keys.
+// sequence (ModelSpec::set_context_parallel: llama, dense or a mixture of
+// experts). Throws std::invalid_argument naming the keys.
 void check_context_parallel(const ModelOptions& options, int64_t context);
 
 // parallel.pipeline `pipeline` above 1 needs the kind's pipeline split

@@ -130,7 +130,9 @@ torch::Tensor MoeFeedForwardImpl::forward(const torch::Tensor& x) {
   // recomputation).
   const bool counting = is_training() && !recomputing_activations() &&
                         (torch::GradMode::is_enabled() || checkpointed_first_pass());
-  const double share = global_batch_ > 0 ? static_cast<double>(x.size(0)) / static_cast<double>(global_batch_) : 1.0;
+  // Each of a context group's ranks holds these sequences' 1 / degree.
+  const double share = (global_batch_ > 0 ? static_cast<double>(x.size(0)) / static_cast<double>(global_batch_) : 1.0) /
+                       static_cast<double>(context_degree_);
   if (counting) {
     torch::NoGradGuard no_grad;
     torch::Tensor l = loads.to(torch::kDouble);
@@ -141,7 +143,9 @@ torch::Tensor MoeFeedForwardImpl::forward(const torch::Tensor& x) {
     // choices that went to e (a constant), P_e the mean probability.
     const torch::Tensor probs =
         options_.score_func == MoeScoreFunc::kSoftmax ? scores : scores / scores.sum(-1, true);
-    const torch::Tensor f = loads.to(torch::kFloat).detach() / static_cast<double>(n);
+    torch::Tensor f = loads.to(torch::kFloat).detach();
+    if (sum_over_context_) sum_over_context_(f);  // the whole sequences' choices
+    f = f / static_cast<double>(n * context_degree_);
     const torch::Tensor aux = static_cast<double>(E) * (f * probs.mean(0)).sum();
     if (counting) {
       aux_sum_ += aux.item<double>() * share;
@@ -155,6 +159,13 @@ torch::Tensor MoeFeedForwardImpl::forward(const torch::Tensor& x) {
     }
   }
   return out.view(x.sizes());
+}
+
+void MoeFeedForwardImpl::set_context_parallel(int64_t degree, std::function<void(torch::Tensor&)> sum_over_group) {
+  TORCH_CHECK(degree == 1 || (degree > 1 && sum_over_group),
+              "set_context_parallel: a degree above 1 needs its group's sum; got degree ", degree);
+  context_degree_ = degree;
+  sum_over_context_ = degree > 1 ? std::move(sum_over_group) : nullptr;
 }
 
 void MoeFeedForwardImpl::set_expert_parallel(int64_t first, int64_t count, ExpertDispatch dispatch) {

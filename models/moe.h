@@ -94,6 +94,14 @@ class MoeFeedForwardImpl : public torch::nn::Module {
   // over a step's micro-batches and data-parallel ranks it weighs
   // aux_loss_coef x the mean of the micro-batches' losses. The trainer sets it.
   void set_global_batch_sequences(int64_t sequences) { global_batch_ = sequences; }
+  // Context parallelism (models::ContextParallel): this rank holds 1 /
+  // `degree` of each sequence's tokens; `sum_over_group` sums a tensor over
+  // the ranks holding the rest. The auxiliary loss then takes its expert
+  // shares f_e over the whole micro-batch (the loads summed over the
+  // group) and each rank weighs its tokens' mean probabilities by 1 /
+  // degree: the group's terms add up to the unsplit micro-batch's loss and
+  // gradient. degree 1 and no function: none.
+  void set_context_parallel(int64_t degree, std::function<void(torch::Tensor&)> sum_over_group);
   // This step's statistics so far, and a fresh start.
   MoeLayerStats take_stats();
   // DeepSeek-V3's update from the step's loads (summed over every
@@ -114,6 +122,8 @@ class MoeFeedForwardImpl : public torch::nn::Module {
   MoeOptions options_;
   int64_t moe_layer_count_;  // the aux loss is their mean
   int64_t global_batch_ = 0;
+  int64_t context_degree_ = 1;
+  std::function<void(torch::Tensor&)> sum_over_context_;
   MoeRouter gate_{nullptr};
   GroupedExperts experts_{nullptr};
   ExpertDispatch dispatch_;  // expert parallelism; empty: every expert here

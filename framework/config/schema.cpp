@@ -308,8 +308,9 @@ std::vector<Key> build_schema() {
        "consecutive ranks of the shard axis, which read the same samples and each take their part "
        "of the sequence (model.seq_len / parallel.context tokens); attention runs as a ring over "
        "them. Must divide parallel.shard; the batch splits over replicate x shard / context, and "
-       "FSDP shards the parameters over the whole shard axis. Llama only; not yet with "
-       "parallel.tensor, parallel.pipeline, parallel.expert or a mixture of experts. 1: none."},
+       "FSDP shards the parameters over the whole shard axis. Llama only, dense or a mixture of "
+       "experts; combines with parallel.tensor (each rank's heads over the ring), "
+       "parallel.pipeline and parallel.expert. 1: none."},
       {SHARDKIT_CONFIG_ENUM(parallel.context_load_balance, cp::parse_load_balance), one_of_enum(cp::kLoadBalances),
        "How a sequence splits over the context group: head_tail (2 x parallel.context equal "
        "chunks, rank r holding chunks r and 2C-1-r, so every rank has the same causal attention "

@@ -26,20 +26,6 @@ fsdp::FsdpOptions fsdp_options(const ParallelConfig& config) {
 
 Layout resolve(const ParallelConfig& config, int64_t world) {
   Layout layout;
-  if (config.context > 1) {
-    // Not yet combined (docs/parallelism.md, "Context parallelism"). In
-    // resolve, not check_config: a config may carry them while it is not run.
-    std::string others;
-    for (const auto& [key, degree] : {std::pair<const char*, int64_t>{"parallel.tensor", config.tensor},
-                                      {"parallel.pipeline", config.pipeline},
-                                      {"parallel.expert", config.expert}}) {
-      if (degree > 1) others += (others.empty() ? "" : ", ") + std::string(key) + " (" + text(degree) + ")";
-    }
-    if (!others.empty()) {
-      refuse("parallel.context (" + text(config.context) + ") is not supported together with " + others +
-             ": context parallelism runs with FSDP, DDP and HSDP only");
-    }
-  }
   if (config.pipeline < 1 || world % config.pipeline != 0) {
     refuse("parallel.pipeline (" + text(config.pipeline) + ") does not divide the world size " + text(world));
   }
@@ -112,6 +98,16 @@ void check_config(const ParallelConfig& config, const std::function<std::string(
   } else if (config.stages_per_rank != 1) {
     refuse(describe("parallel.stages_per_rank") + " needs " + describe("parallel.pipeline") + " above 1");
   }
+}
+
+std::vector<int64_t> Layout::context_shape() const {
+  if (tensor > 1) return {replicate, batch_shard(), context, tensor};
+  return {replicate, batch_shard(), context};
+}
+
+std::vector<std::string> Layout::context_axis_names() const {
+  if (tensor > 1) return {"replicate", "batch_shard", "context", "tensor"};
+  return {"replicate", "batch_shard", "context"};
 }
 
 std::vector<int64_t> Layout::stage_shape() const {

@@ -86,10 +86,12 @@ struct Layout {
 
   // The shard axis's ranks that read different samples (shard / context).
   int64_t batch_shard() const { return shard / context; }
-  // The context mesh {replicate, batch_shard, context}: a stage's ranks
-  // with the shard axis factored, context innermost, and its axis names.
-  std::vector<int64_t> context_shape() const { return {replicate, batch_shard(), context}; }
-  std::vector<std::string> context_axis_names() const { return {"replicate", "batch_shard", "context"}; }
+  // The context mesh {replicate, batch_shard, context[, tensor]}: a
+  // stage's ranks with the shard axis factored, context innermost of it
+  // (the tensor axis only when tensor > 1: a context group is the ranks of
+  // one tensor rank, each attending over its own heads), and its axis names.
+  std::vector<int64_t> context_shape() const;
+  std::vector<std::string> context_axis_names() const;
 
   // The experts' FSDP degree: the shard axis's ranks that hold the same experts.
   int64_t expert_shard() const { return shard / expert; }
@@ -141,8 +143,7 @@ fsdp::FsdpOptions fsdp_options(const ParallelConfig& config);
 
 // Resolves the derived (-1) degree and checks every degree against
 // `world`: throws std::invalid_argument naming the keys, their values and
-// the size they do not divide or match, or the combination not supported
-// (parallel.context with parallel.tensor, pipeline or expert).
+// the size they do not divide or match.
 Layout resolve(const ParallelConfig& config, int64_t world);
 
 // The global batch over a layout's batch ranks (batch_parallel()): an even split and,

@@ -39,11 +39,15 @@ Meshes build_meshes(const Layout& layout, comm::Rendezvous& rendezvous, int chan
   if (layout.context > 1) {
     // The same ranks in the same order, the shard axis factored (s =
     // batch_shard index x context + c). One channel: ring attention's
-    // sends and receives run on the step's thread only. (resolve's callers
-    // refuse context with a pipeline or tensor parallelism: check_config.)
-    TORCH_CHECK(!piped && layout.tensor == 1, "build_meshes: parallel.context with a pipeline or tensor axis");
-    meshes.context = dtensor::DeviceMesh::create(rendezvous, layout.context_shape(), layout.context_axis_names(),
-                                                 "context_mesh", 1);
+    // sends and receives run on the step's thread only.
+    std::vector<int64_t> context_shape = layout.context_shape();
+    std::vector<std::string> context_names = layout.context_axis_names();
+    if (piped) {
+      context_shape.insert(context_shape.begin(), layout.pipeline);
+      context_names.insert(context_names.begin(), "pipeline");
+    }
+    auto world = dtensor::DeviceMesh::create(rendezvous, context_shape, context_names, "context_mesh", 1);
+    meshes.context = piped ? world->submesh(inner_axes(*world)) : world;
   }
   return meshes;
 }

@@ -23,8 +23,9 @@ struct Meshes {
   // shards the experts. Else null.
   std::shared_ptr<dtensor::DeviceMesh> expert;
   // Context parallelism (layout.context > 1): {replicate, batch_shard,
-  // context} over the stage's ranks (Layout::context_shape); the context
-  // axis's group (consecutive ranks of the shard axis) is ring attention's.
+  // context[, tensor]} over the stage's ranks (Layout::context_shape); the
+  // context axis's group (ranks of the shard axis `tensor` apart, of one
+  // tensor rank) is ring attention's.
   // Else null.
   std::shared_ptr<dtensor::DeviceMesh> context;
   // The context axis's group. REQUIRES: context > 1.

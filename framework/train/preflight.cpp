@@ -558,6 +558,7 @@ std::vector<ContextActivations> activations_by_context(const config::Config& cfg
     // The same ranks over the batch, each sequence over c of them.
     config::Config as = cfg;
     as.parallel.context = c;
+    as.parallel.expert = 1;  // a rank's activations do not depend on it
     if (as.parallel.shard > 0) as.parallel.shard = as.parallel.shard / configured * c;
     const int world = static_cast<int>(world_size / configured * c);
     row.bytes = estimate_memory(as, world).activations;

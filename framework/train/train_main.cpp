@@ -140,7 +140,6 @@ void print_context_activations(const framework::config::Config& cfg, const frame
   } catch (const std::invalid_argument&) {
     return;
   }
-  if (layout.tensor > 1 || layout.pipeline > 1 || layout.expert > 1) return;
   std::string line;
   for (const framework::train::ContextActivations& row : framework::train::activations_by_context(cfg, world)) {
     char value[64];

@@ -294,6 +294,8 @@ void Trainer::State::apply_context_parallel() {
                                                                    const torch::Tensor& v) {
     return cp::ring_attention(q, k, v, table, *group, /*causal=*/true, stats.get());
   };
+  context_parallel.degree = layout.context;
+  context_parallel.sum_over_group = [group](torch::Tensor& t) { group->all_reduce(t); };
   use_context_parallel(true);
 }
 

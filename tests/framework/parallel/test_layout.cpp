@@ -148,22 +148,41 @@ TEST(ParallelLayout, ContextFoldsIntoTheShardAxisInnermostAndTheBatchSplitsOverT
   EXPECT_EQ(resolve(one, 2).batch_parallel(), 1);
 }
 
-TEST(ParallelLayout, AContextDegreeThatDoesNotDivideTheShardOrACombinationNotSupportedIsRefused) {
+TEST(ParallelLayout, AContextDegreeThatDoesNotDivideTheShardIsRefusedAndItCombinesWithTheOtherAxes) {
   ParallelConfig c = degrees(1, -1);
   c.context = 3;
   EXPECT_EQ(refusal(c, 4),
             "parallel.context (3) must divide the shard degree 4: context parallelism borrows its ranks from the "
             "shard axis");
+  // With tensor and expert parallelism (world 8: shard 4 = batch 2 x
+  // context 2 = expert shard 2 x expert 2, tensor 2): a context group is
+  // the ranks of one tensor rank whose shard index differs in its context
+  // place only, `tensor` apart in the world.
   c.context = 2;
   c.tensor = 2;
   c.expert = 2;
-  EXPECT_EQ(refusal(c, 8),
-            "parallel.context (2) is not supported together with parallel.tensor (2), parallel.expert (2): context "
-            "parallelism runs with FSDP, DDP and HSDP only");
+  const Layout l = resolve(c, 8);
+  EXPECT_EQ(l.describe(), "fsdp+tp replicate=1 shard=4 expert=2 context=2 tensor=2");
+  EXPECT_EQ(l.context_shape(), (std::vector<int64_t>{1, 2, 2, 2}));
+  EXPECT_EQ(l.context_axis_names(), (std::vector<std::string>{"replicate", "batch_shard", "context", "tensor"}));
+  EXPECT_EQ(l.batch_parallel(), 2);
+  std::map<std::pair<int64_t, int64_t>, std::set<int64_t>> groups;  // (batch, tensor) -> its context group
+  for (int64_t rank = 0; rank < 8; ++rank) {
+    const Layout::Coordinates at = l.coordinates(rank);
+    groups[{at.batch, at.tensor}].insert(rank);
+  }
+  ASSERT_EQ(groups.size(), 4u);
+  for (const auto& [key, ranks] : groups) {
+    const int64_t first = key.first * 4 + key.second;
+    EXPECT_EQ(ranks, (std::set<int64_t>{first, first + 2})) << "batch " << key.first << ", tensor " << key.second;
+  }
+  // With a pipeline: each stage's ranks in the same layout.
   ParallelConfig piped = degrees(1, -1, 1, 2);
   piped.context = 2;
-  EXPECT_EQ(refusal(piped, 4),
-            "parallel.context (2) is not supported together with parallel.pipeline (2): context parallelism runs "
-            "with FSDP, DDP and HSDP only");
+  const Layout p = resolve(piped, 4);
+  EXPECT_EQ(p.describe(), "fsdp replicate=1 shard=2 context=2");
+  EXPECT_EQ(p.coordinates(3).pipeline, 1);
+  EXPECT_EQ(p.coordinates(3).context, 1);
+  EXPECT_EQ(p.coordinates(2).context, 0);
   EXPECT_EQ(refusal(degrees(1, -1), 4), "(accepted)");
 }

@@ -73,6 +73,7 @@ std::string llama_scratch(const std::string& tag) {
 struct LlamaRun {
   std::vector<double> losses;
   std::vector<double> grad_norms;
+  std::vector<double> aux_losses;  // a mixture of experts' auxiliary loss per step
   std::vector<torch::Tensor> params;  // full tensors after training
   int64_t first_step = 0;
 };
@@ -97,6 +98,7 @@ LlamaRun train(framework::config::Config cfg, int world, int64_t replicate = 1, 
       for (const auto& rec : trainer.history()) {
         result.losses.push_back(rec.loss);
         result.grad_norms.push_back(rec.grad_norm);
+        result.aux_losses.push_back(rec.moe_aux_loss);
       }
       result.params = full;
       result.first_step = first;
@@ -1167,8 +1169,10 @@ void expect_within_1e5(const LlamaRun& got, const LlamaRun& ref, const std::stri
 // and CP 2 x FSDP 2 (world 4: shard 4, context 2, two context groups
 // reading different samples), with the head-tail split and without load
 // balancing; RoPE at the tokens' true positions, ring attention over the
-// group, the loss and token count summed over every rank once.
-TEST(LlamaContextParallel, Cp2AndCp2xFsdp2MatchOneProcessOverTwentySteps) {
+// group, the loss and token count summed over every rank once. Then CP 2 x
+// TP 2 (world 4: each tensor rank's 2 query and 1 key/value heads over its
+// own context ring, the ring's ranks 2 apart).
+TEST(LlamaContextParallel, Cp2Cp2xFsdp2AndCp2xTp2MatchOneProcessOverTwentySteps) {
   auto cfg = context_config(llama_scratch("cp_eq"));
   const LlamaRun ref = train(cfg, 1);
   ASSERT_EQ(ref.losses.size(), 20u);
@@ -1177,6 +1181,40 @@ TEST(LlamaContextParallel, Cp2AndCp2xFsdp2MatchOneProcessOverTwentySteps) {
   expect_within_1e5(train_cp(cfg, 4, 2), ref, "CP 2 x FSDP 2, head-tail");
   expect_within_1e5(train_cp(cfg, 2, 2, framework::cp::LoadBalance::kNone), ref, "CP 2, no load balance");
   expect_within_1e5(train_cp(cfg, 4, 2, framework::cp::LoadBalance::kNone), ref, "CP 2 x FSDP 2, no load balance");
+  auto tp = cfg;
+  tp.parallel.tensor = 2;
+  expect_within_1e5(train_cp(tp, 4, 2), ref, "CP 2 x TP 2, head-tail");
+  fs::remove_all(cfg.run.dir);
+}
+
+// A mixture of experts under context parallelism against one process, fp32,
+// 20 steps (moe_config: top-2 of 4 experts, a shared expert, the auxiliary
+// loss per micro-batch of 3 sequences and the bias balancing): CP 2 (world
+// 2) and CP 2 x EP 2 (world 4: shard 4 = context 2 x batch 2 = expert 2 x
+// expert shard 2, each rank's tokens of its half-sequences sent to their
+// experts). The auxiliary loss's expert shares are the whole micro-batch's
+// (the loads summed over the context group), so the logged auxiliary loss,
+// the losses and every parameter (the router's included) match.
+TEST(MoeContextParallel, Cp2AndCp2xEp2MatchOneProcessOverTwentySteps) {
+  auto cfg = moe_config(llama_scratch("moe_cp"));
+  const LlamaRun ref = train(cfg, 1);
+  ASSERT_EQ(ref.losses.size(), 20u);
+  auto expect_aux = [&](const LlamaRun& got, const std::string& what) {
+    ASSERT_EQ(got.aux_losses.size(), ref.aux_losses.size()) << what;
+    for (size_t i = 0; i < ref.aux_losses.size(); ++i) {
+      EXPECT_GT(ref.aux_losses[i], 0) << "step " << i + 1;
+      EXPECT_NEAR(got.aux_losses[i], ref.aux_losses[i], 1e-6 * ref.aux_losses[i])
+          << what << ": auxiliary loss of step " << i + 1;
+    }
+  };
+  const LlamaRun cp2 = train_cp(cfg, 2, 2);
+  expect_close(cp2, ref, 1e-5, "MoE CP 2");
+  expect_aux(cp2, "MoE CP 2");
+  auto ep = cfg;
+  ep.parallel.expert = 2;
+  const LlamaRun cp2ep2 = train_cp(ep, 4, 2);
+  expect_close(cp2ep2, ref, 1e-5, "MoE CP 2 x EP 2");
+  expect_aux(cp2ep2, "MoE CP 2 x EP 2");
   fs::remove_all(cfg.run.dir);
 }
 

@@ -181,6 +181,22 @@ void pp_expect_close(const PpRun& got, const PpRun& ref, double tol, const std::
   }
 }
 
+// pp_config's llama as a mixture of experts: top-2 of 4 experts, a dense
+// first block, a shared expert, q/k norm, the aux loss and the bias balancing.
+framework::config::Config pp_moe_config(const std::string& tag) {
+  auto c = pp_config(tag);
+  c.model.moe.num_experts = 4;
+  c.model.moe.top_k = 2;
+  c.model.moe.d_ff = 8;
+  c.model.moe.route_norm = true;
+  c.model.moe.num_shared_experts = 1;
+  c.model.moe.first_dense_layers = 1;
+  c.model.moe.aux_loss_coef = 0.01;
+  c.model.moe.load_balance_rate = 0.01;
+  c.model.qk_norm = true;
+  return c;
+}
+
 const PpRun& pp_single() {
   static PpRun r = pp_train(pp_config("single"), 1);
   return r;
@@ -355,19 +371,7 @@ TEST(PipelineTraining, WithFsdpAndTensorParallelMatchesOneProcess) {
 // whose loads every stage reports for its own blocks. Then a PP 2 x EP 2
 // checkpoint resumes at world 1 within rounding.
 TEST(PipelineTraining, AMixtureOfExpertsUnderPp2AndPp2xEp2MatchesOneProcess) {
-  auto moe = [](const std::string& tag) {
-    auto c = pp_config(tag);
-    c.model.moe.num_experts = 4;
-    c.model.moe.top_k = 2;
-    c.model.moe.d_ff = 8;
-    c.model.moe.route_norm = true;
-    c.model.moe.num_shared_experts = 1;
-    c.model.moe.first_dense_layers = 1;
-    c.model.moe.aux_loss_coef = 0.01;
-    c.model.moe.load_balance_rate = 0.01;
-    c.model.qk_norm = true;
-    return c;
-  };
+  const auto moe = pp_test::pp_moe_config;
   const auto one = moe("moe_one");
   const PpRun whole = pp_train(one, 1);
   ASSERT_EQ(whole.losses.size(), 20u);
@@ -404,6 +408,33 @@ TEST(PipelineTraining, AMixtureOfExpertsUnderPp2AndPp2xEp2MatchesOneProcess) {
     fs::remove_all(cfg.run.dir);
   }
   fs::remove_all(one.run.dir);
+}
+
+// Context parallelism inside each pipeline stage (#72) against one process
+// over 20 fp32 steps: PP 2 x CP 2 (world 4: each stage's two ranks hold
+// the head-tail halves of every sequence, attend over a ring of the two,
+// and pass [micro, 4, d_model] to the other stage's rank of the same
+// context place), 1F1B and interleaved, the dense llama and its mixture of
+// experts (the auxiliary loss's expert shares summed over the context
+// group); the validation loss after training goes through the stages too.
+TEST(PipelineTraining, Pp2xCp2MatchesOneProcessDenseAndMixtureOfExperts) {
+  const PpRun& dense = pp_single();
+  for (Schedule schedule : {Schedule::k1F1B, Schedule::kInterleaved1F1B}) {
+    auto cfg = pp_config(std::string("cp_") + framework::pp::to_string(schedule));
+    cfg.parallel.pipeline = 2;
+    cfg.parallel.context = 2;
+    cfg.parallel.pipeline_schedule = schedule;
+    if (schedule == Schedule::kInterleaved1F1B) cfg.parallel.stages_per_rank = 2;
+    pp_expect_close(pp_train(cfg, 4), dense, 1e-5, std::string("PP 2 x CP 2, ") + framework::pp::to_string(schedule));
+    fs::remove_all(cfg.run.dir);
+  }
+  const auto one = pp_test::pp_moe_config("cp_moe_one");
+  const PpRun whole = pp_train(one, 1);
+  auto cfg = pp_test::pp_moe_config("cp_moe");
+  cfg.parallel.pipeline = 2;
+  cfg.parallel.context = 2;
+  pp_expect_close(pp_train(cfg, 4), whole, 1e-5, "MoE PP 2 x CP 2");
+  for (const auto& d : {one.run.dir, cfg.run.dir}) fs::remove_all(d);
 }
 
 TEST(PipelineTraining, ResumesBitExactInItsLayoutAndWithinRoundingAcrossLayouts) {

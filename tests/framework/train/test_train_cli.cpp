@@ -910,6 +910,13 @@ TEST(TrainCli, ContextParallelLlamaTrainsAndBadSplitsAndCombinationsExitTwo) {
                             "(parallel.context; the batch split 1 way(s) as configured): C=1 "),
             std::string::npos) << dry.output;
   EXPECT_NE(dry.output.find(", C=8 - (model.seq_len does not split)"), std::string::npos) << dry.output;
+  // With tensor parallelism (heads split inside each context group): the
+  // layout and the same line.
+  Result dry_tp = run("--dry-run --nproc 4 " + llama + " --set parallel.context=2 --set parallel.tensor=2");
+  EXPECT_EQ(dry_tp.status, 0) << dry_tp.output;
+  EXPECT_NE(dry_tp.output.find("context=2 tensor=2"), std::string::npos) << dry_tp.output;
+  EXPECT_NE(dry_tp.output.find("each sequence over C ranks (parallel.context; the batch split 1 way(s) as configured)"),
+            std::string::npos) << dry_tp.output;
 
   const std::string refused = cli_scratch("cp_refused");
   const auto expect_one_line = [&](const std::string& args, const std::string& want) {
@@ -929,8 +936,6 @@ TEST(TrainCli, ContextParallelLlamaTrainsAndBadSplitsAndCombinationsExitTwo) {
                   "model.seq_len (30) must split into 2 x parallel.context (2) = 4 equal chunks");
   expect_one_line(bad + " --set parallel.context=2 --set parallel.context_load_balance=none --set model.seq_len=31",
                   "model.seq_len (31) must split into parallel.context (2) equal chunks");
-  expect_one_line("--nproc 4 " + llama + " --set run.dir=" + refused + " --set parallel.context=2 --set parallel.tensor=2",
-                  "parallel.context (2) is not supported together with parallel.tensor (2)");
   expect_one_line("--nproc 2 " + common(refused) + " --set parallel.context=2",  // default.yaml: gpt
                   "parallel.context 2 needs model.kind llama (model.kind is gpt");
   expect_one_line("--nproc 3 " + llama + " --set run.dir=" + refused + " --set parallel.context=2",
