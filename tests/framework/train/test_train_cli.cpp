@@ -867,7 +867,7 @@ TEST(TrainCli, TensorParallelLlamaTrainsAndItsCheckpointResumesUnderFsdp) {
 // not split into the chunks, a combination not supported and a model kind
 // that does not split along the sequence exit 2 with one line naming the
 // keys, before anything is written.
-TEST(TrainCli, ContextParallelLlamaTrainsAndBadSplitsAndCombinationsExitTwo) {
+TEST(TrainCli, ContextParallelLlamaTrainsWithTheOtherAxesAndBadSplitsExitTwo) {
   const std::string dir = cli_scratch("cp");
   const std::string llama = "--config " + testing_support::source_dir() + "/configs/llama_tiny.yaml --set run.dir=" +
                             dir + " --set train.steps=4 --set train.log_every=1 --set train.eval_every=2"
@@ -917,6 +917,20 @@ TEST(TrainCli, ContextParallelLlamaTrainsAndBadSplitsAndCombinationsExitTwo) {
   EXPECT_NE(dry_tp.output.find("context=2 tensor=2"), std::string::npos) << dry_tp.output;
   EXPECT_NE(dry_tp.output.find("each sequence over C ranks (parallel.context; the batch split 1 way(s) as configured)"),
             std::string::npos) << dry_tp.output;
+  // With pipeline and expert parallelism and a mixture of experts
+  // (moe_tiny.yaml sets parallel.expert 2): PP 2 x CP 2 x EP 2 at world 4
+  // trains and logs its auxiliary loss.
+  const std::string moe_dir = cli_scratch("cp_moe");
+  Result m = run("--nproc 4 --config " + testing_support::source_dir() + "/configs/moe_tiny.yaml --set run.dir=" +
+                 moe_dir + " --set train.stop_at=2 --set train.log_every=1 --set checkpoint.interval=0"
+                 " --set parallel.context=2 --set parallel.pipeline=2");
+  ASSERT_EQ(m.status, 0) << m.output;
+  EXPECT_NE(m.output.find("layout pipeline=2 (1f1b, 2 stages, 4 micro-batches) x fsdp replicate=1 shard=2 expert=2 "
+                          "context=2 (16 tokens per rank"),
+            std::string::npos) << m.output;
+  EXPECT_NE(m.output.find("step 2/200 | loss "), std::string::npos) << m.output;
+  EXPECT_NE(m.output.find("| moe aux "), std::string::npos) << m.output;
+  fs::remove_all(moe_dir);
 
   const std::string refused = cli_scratch("cp_refused");
   const auto expect_one_line = [&](const std::string& args, const std::string& want) {
