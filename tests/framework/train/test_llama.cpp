@@ -1171,8 +1171,10 @@ void expect_within_1e5(const LlamaRun& got, const LlamaRun& ref, const std::stri
 // balancing; RoPE at the tokens' true positions, ring attention over the
 // group, the loss and token count summed over every rank once. Then CP 2 x
 // TP 2 (world 4: each tensor rank's 2 query and 1 key/value heads over its
-// own context ring, the ring's ranks 2 apart).
-TEST(LlamaContextParallel, Cp2Cp2xFsdp2AndCp2xTp2MatchOneProcessOverTwentySteps) {
+// own context ring, the ring's ranks 2 apart), and HSDP with the shard axis
+// all context (world 4: replicate 2, shard 2, context 2; gradients
+// all-reduced over the replicas).
+TEST(LlamaContextParallel, Cp2Cp2xFsdp2Cp2xTp2AndHsdpMatchOneProcessOverTwentySteps) {
   auto cfg = context_config(llama_scratch("cp_eq"));
   const LlamaRun ref = train(cfg, 1);
   ASSERT_EQ(ref.losses.size(), 20u);
@@ -1184,6 +1186,9 @@ TEST(LlamaContextParallel, Cp2Cp2xFsdp2AndCp2xTp2MatchOneProcessOverTwentySteps)
   auto tp = cfg;
   tp.parallel.tensor = 2;
   expect_within_1e5(train_cp(tp, 4, 2), ref, "CP 2 x TP 2, head-tail");
+  auto hsdp = cfg;
+  hsdp.parallel.context = 2;
+  expect_within_1e5(train(hsdp, 4, /*replicate=*/2), ref, "HSDP: replicate 2 x (shard 2 = context 2)");
   fs::remove_all(cfg.run.dir);
 }
 
