@@ -2,8 +2,8 @@
 """goodput: how much of a training job's time is useful work when its
 workers die at random (issue #71).
 
-  bench/goodput.py [--leg debian12|trixie|both] [--launcher train|torchrun|both]
-                   [--configs default,fast] [--mtbf 30,60,120] [--steps 6000]
+  bench/goodput.py [--leg debian12|trixie|both] [--launcher train|torchrun|netns|both|all]
+                   [--configs default,fast] [--mtbf 30,60,120] [--steps 2400]
                    [--seed 71] [--quick] [--set KEY=VALUE]...
                    [--config-set NAME:KEY=VALUE]... [--max-restarts 1000]
                    [--monitor-interval 0.5] [--timeout S] [--json F] [--keep]
@@ -15,7 +15,20 @@ rank dies:
   train      build/train --nproc 2 --max-restarts K (the built-in launcher);
   torchrun   scripts/torchrun --nproc_per_node 2 --max_restarts K
              --monitor_interval X --rdzv_backend c10d --rdzv_endpoint
-             127.0.0.1:PORT --no_python train ... (the real elastic agent).
+             127.0.0.1:PORT --no_python train ... (the real elastic agent);
+  netns      two simulated nodes of one rank each (the project's two-node
+             setup, tests/reliability/netns/netns_lib.sh's layout): a network
+             namespace per node joined by a bridge, a veth each, node K at
+             10.X.Y.K+1, its own host name in /etc/netns/<ns>/hosts (removed
+             at the end); in each, scripts/torchrun --nnodes 2
+             --nproc_per_node 1 --max_restarts K --rdzv_backend c10d
+             --rdzv_endpoint NODE0:PORT --no_python train ... with
+             GLOO_SOCKET_IFNAME=eth0, so every collective and the store
+             cross the bridge. The local tier is per node and, with two
+             nodes, each rank's files get a partner copy on the other node
+             (checkpoint.local.partner, on by default). Debian 12 leg only
+             (the trixie root resolves no node names); needs root.
+--launcher both is train and torchrun; all adds netns.
 On the Debian 12 leg (torch and LibTorch 1.13) they run on this host; on the
 trixie leg (Debian 13, LibTorch and torch 2.6) inside the debootstrapped root
 of scripts/trixie-leg (/var/cache/shardkit/trixie-root): a private mount
@@ -68,7 +81,9 @@ Checks (a failed check ends the benchmark with one line naming it, exit 1):
     the fault-free run's bit for bit (their repr compared);
   - no committed checkpoint lost: each restart resumed from a step at least
     as new as the newest step_N/.metadata on disk (checkpoint.dir and the
-    local tier) just before the kill;
+    local tier) just before the kill; with two nodes a local step counts
+    once every rank's file is on its node or in a partner copy on the
+    other (checkpoint/FORMAT.md, "State of a tier");
   - every run finished all its steps, in one attempt more than its kills.
 Prints a table and one JSON object (--json F to write it; scripts/plot-bench
 F draws it). Everything it creates (runs, /dev/shm directories) lies under
@@ -207,6 +222,127 @@ def committed_steps(dirs):
     return steps
 
 
+def complete_local_steps(base, nodes):
+    """With `nodes` nodes of one rank each under base/<node>: the steps a
+    resume can load from the local tiers, every rank r's file on node r
+    (its .metadata committed) or as a partner copy on another node."""
+    per_node = {}
+    for k in range(nodes):
+        d = os.path.join(base, str(k))
+        try:
+            per_node[k] = [n for n in os.listdir(d) if n.startswith("step_") and n[5:].isdigit()]
+        except OSError:
+            per_node[k] = []
+    steps = set()
+    for n in set(x for names in per_node.values() for x in names):
+        def has(r):
+            own = os.path.join(base, str(r), n)
+            if os.path.exists(os.path.join(own, ".metadata")) and os.path.exists(os.path.join(own, f"rank_{r}.data")):
+                return True
+            return any(os.path.exists(os.path.join(base, str(o), n, ".partner.json")) and
+                       os.path.exists(os.path.join(base, str(o), n, ".partner", f"rank_{r}.data"))
+                       for o in range(nodes) if o != r)
+        if all(has(r) for r in range(nodes)):
+            steps.add(int(n[5:]))
+    return steps
+
+
+# --- two simulated nodes -----------------------------------------------------------
+
+class Nodes:
+    """Two nodes as network namespaces joined by a bridge (the layout of
+    tests/reliability/netns/netns_lib.sh, under the prefix gpns<pid>), each
+    with its own host name in /etc/netns/<ns>/hosts: torchrun's c10d
+    rendezvous decides which agent hosts the store by its host name."""
+
+    def __init__(self):
+        pid = os.getpid()
+        self.prefix = f"gpns{pid}"
+        self.bridge = self.prefix + "br"
+        self.names = [f"{self.prefix}n{k}" for k in range(2)]
+        self.addrs = [f"10.{(pid >> 8) & 255}.{pid & 255}.{k + 1}" for k in range(2)]
+        self.made_etc_netns = False
+        self.up = False
+
+    @staticmethod
+    def ip(*args):
+        p = subprocess.run(["ip", *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        if p.returncode != 0:
+            raise BenchError(f"netns: ip {' '.join(args)}: {p.stdout.strip()}")
+        return p.stdout
+
+    def node_name(self, k):
+        return f"node{k}.{self.prefix}"
+
+    def setup(self):
+        if os.geteuid() != 0:
+            raise BenchError("--launcher netns needs root (network namespaces)")
+        if shutil.which("ip") is None:
+            raise BenchError("--launcher netns needs the ip command (iproute2)")
+        self.up = True
+        self.ip("netns", "add", self.bridge)
+        self.ip("-n", self.bridge, "link", "set", "lo", "up")
+        self.ip("-n", self.bridge, "link", "add", "br0", "type", "bridge")
+        self.ip("-n", self.bridge, "link", "set", "br0", "up")
+        for k, ns in enumerate(self.names):
+            self.ip("netns", "add", ns)
+            self.ip("link", "add", "eth0", "netns", ns, "type", "veth", "peer", "name", f"p{k}", "netns", self.bridge)
+            self.ip("-n", self.bridge, "link", "set", f"p{k}", "master", "br0", "up")
+            # One IPv4 address per interface: Gloo takes the interface's first.
+            self.ip("netns", "exec", ns, "sh", "-c", "echo 1 > /proc/sys/net/ipv6/conf/all/disable_ipv6")
+            self.ip("-n", ns, "link", "set", "lo", "up")
+            self.ip("-n", ns, "addr", "add", self.addrs[k] + "/24", "dev", "eth0")
+            self.ip("-n", ns, "link", "set", "eth0", "up")
+        if not os.path.isdir("/etc/netns"):
+            os.makedirs("/etc/netns")
+            self.made_etc_netns = True
+        host = os.uname().nodename
+        for k, ns in enumerate(self.names):
+            os.makedirs(f"/etc/netns/{ns}", exist_ok=True)
+            with open(f"/etc/netns/{ns}/hosts", "w") as f:
+                f.write("127.0.0.1 localhost\n")
+                for j in range(2):
+                    f.write(f"{self.addrs[j]} {self.node_name(j)}" + (f" {host}" if j == k else "") + "\n")
+        # Each node reaches the other (a TCP connect to port 1: "refused"
+        # proves the peer answered).
+        for k, peer in ((1, 0), (0, 1)):
+            probe = ("import socket,sys\ns=socket.socket();s.settimeout(2)\ntry: s.connect((sys.argv[1],1))\n"
+                     "except ConnectionRefusedError: sys.exit(0)\nexcept OSError as e: sys.exit(str(e))")
+            for attempt in range(3):
+                p = subprocess.run(["ip", "netns", "exec", self.names[k], "/usr/bin/python3", "-c", probe,
+                                    self.addrs[peer]], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                if p.returncode == 0:
+                    break
+                time.sleep(0.2)
+            else:
+                raise BenchError(f"netns: node {k} cannot reach node {peer} ({self.addrs[peer]}): {p.stdout.strip()}")
+
+    def cleanup(self):
+        if not self.up:
+            return
+        for ns in self.names + [self.bridge]:
+            for _ in range(50):
+                p = subprocess.run(["ip", "netns", "pids", ns], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                   text=True)
+                pids = [int(x) for x in p.stdout.split()]
+                if not pids:
+                    break
+                for pid in pids:
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                    except OSError:
+                        pass
+                time.sleep(0.1)
+            subprocess.run(["ip", "netns", "del", ns], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            shutil.rmtree(f"/etc/netns/{ns}", ignore_errors=True)
+        if self.made_etc_netns:
+            try:
+                os.rmdir("/etc/netns")
+            except OSError:
+                pass
+        self.up = False
+
+
 # --- metrics.jsonl -------------------------------------------------------------
 
 class MetricsTail:
@@ -279,12 +415,26 @@ class Leg:
         return 2  # Debian 13's python3-torch 2.6
 
 
-def job_command(a, leg, launcher, sets, run_id):
+def job_commands(a, leg, launcher, sets, run_id):
+    """The launcher processes of one job: one, or one agent per node."""
     conf = ["--config", os.path.join(leg.work, "llama_tiny.yaml")]
     for k, v in sets.items():
         conf += ["--set", f"{k}={v}"]
     if launcher == "train":
-        return leg.wrap([leg.train, "--nproc", "2", "--max-restarts", str(a.max_restarts)] + conf)
+        return [leg.wrap([leg.train, "--nproc", "2", "--max-restarts", str(a.max_restarts)] + conf)]
+    if launcher == "netns":
+        nodes = a.nodes
+        port = str(random.Random(run_id).randrange(20000, 60000))
+        out = []
+        for k, ns in enumerate(nodes.names):
+            cmd = ["ip", "netns", "exec", ns, "env", "GLOO_SOCKET_IFNAME=eth0", "/usr/bin/python3",
+                   os.path.join(leg.work, "torchrun"), "--nnodes", "2", "--nproc_per_node", "1", "--max_restarts",
+                   str(a.max_restarts), "--monitor_interval", str(a.monitor_interval), "--rdzv_id", run_id,
+                   "--rdzv_backend", "c10d", "--rdzv_endpoint", f"{nodes.addrs[0]}:{port}"]
+            if leg.torch_major() >= 2:
+                cmd += ["--local_addr", nodes.addrs[k]]
+            out.append(cmd + ["--no_python", leg.train] + conf)
+        return out
     cmd = ["/usr/bin/python3", os.path.join(leg.work, "torchrun"), "--nproc_per_node", "2", "--max_restarts",
            str(a.max_restarts), "--monitor_interval", str(a.monitor_interval), "--rdzv_id", run_id,
            "--rdzv_backend", "c10d", "--rdzv_endpoint", f"127.0.0.1:{free_port()}"]
@@ -292,7 +442,7 @@ def job_command(a, leg, launcher, sets, run_id):
         # torchrun 2.x hands the workers the agent's store by host name,
         # which the root cannot resolve (docs/training.md).
         cmd += ["--local_addr", "127.0.0.1"]
-    return leg.wrap(cmd + ["--no_python", leg.train] + conf)
+    return [leg.wrap(cmd + ["--no_python", leg.train] + conf)]
 
 
 def run_job(a, leg, launcher, overrides, tag, timeout, kills=None):
@@ -307,22 +457,33 @@ def run_job(a, leg, launcher, overrides, tag, timeout, kills=None):
     durable = sets.get("checkpoint.dir") or os.path.join(run_dir, "checkpoints")
     local = sets.get("checkpoint.local.dir", "")
     local_base = local.split("{node}")[0].rstrip("/") if local else None
-    cmd = job_command(a, leg, launcher, sets, tag.replace("/", "-"))
-    log_path = run_dir + ".log"
-    os.makedirs(os.path.dirname(log_path), exist_ok=True)
+    nodes = 2 if launcher == "netns" else 1
+    cmds = job_commands(a, leg, launcher, sets, tag.replace("/", "-"))
+    log_paths = [run_dir + ".log"] + [f"{run_dir}.node{k}.log" for k in range(1, len(cmds))]
+    os.makedirs(os.path.dirname(log_paths[0]), exist_ok=True)
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("TORCHELASTIC_", "SHARDKIT_")) and k not in (
                "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
                "GROUP_RANK", "GROUP_WORLD_SIZE")}
-    log = open(log_path, "w")
+
+    def committed():
+        steps = committed_steps([durable])
+        if local_base:
+            steps |= committed_steps([local_base]) if nodes == 1 else complete_local_steps(local_base, nodes)
+        return steps
+
+    logs = [open(p, "w") for p in log_paths]
     tail = MetricsTail(os.path.join(run_dir, "metrics.jsonl"))
     failures = []
     t_start = time.time()
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+    procs = []
     try:
+        for cmd, log in zip(cmds, logs):
+            procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                          env=env))
         attempt, training_since, trained_s, last_step, done = -1, None, 0.0, 0, False
         pending = list(kills or [])
-        while proc.poll() is None:
+        while any(p.poll() is None for p in procs):
             if time.time() - t_start > timeout:
                 raise BenchError(f"{tag}: no end after {timeout:.0f} s (--timeout)")
             for r in tail.read():
@@ -342,12 +503,12 @@ def run_job(a, leg, launcher, overrides, tag, timeout, kills=None):
                     pid = None
                     deadline = time.time() + 10
                     while pid is None and time.time() < deadline:
-                        pid = worker_pid(proc.pid, rank, attempt)
+                        pid = next((w for p in procs for w in [worker_pid(p.pid, rank, attempt)] if w), None)
                         if pid is None:
                             time.sleep(0.05)
                     if pid is None:
                         raise BenchError(f"{tag}: no process of rank {rank}, attempt {attempt} to kill")
-                    before = committed_steps([durable] + ([local_base] if local_base else []))
+                    before = committed()
                     t_kill = time.time()
                     os.kill(pid, signal.SIGKILL)
                     trained_s += t_kill - training_since
@@ -357,20 +518,23 @@ def run_job(a, leg, launcher, overrides, tag, timeout, kills=None):
                                      "trained_s": trained_s, "step_at_kill": last_step,
                                      "committed_before": max(before) if before else None})
             time.sleep(0.05)
-        rc = proc.wait()
+        rcs = [p.wait() for p in procs]
     except BaseException:
-        kill_tree(proc)
+        for p in procs:
+            kill_tree(p)
         raise
     finally:
-        log.close()
+        for log in logs:
+            log.close()
     wall = time.time() - t_start
     tail.read()
-    if rc != 0:
-        with open(log_path, errors="replace") as f:
-            text = f.read()[-3000:]
-        where = f" ({log_path})" if a.keep else ""
-        raise BenchError(f"{tag}: the launcher exited with status {rc}; its log{where} ends:\n{text}")
-    return {"wall_s": wall, "records": tail.records, "failures": failures, "log": log_path, "run_dir": run_dir}
+    for rc, log_path in zip(rcs, log_paths):
+        if rc != 0:
+            with open(log_path, errors="replace") as f:
+                text = f.read()[-3000:]
+            where = f" ({log_path})" if a.keep else ""
+            raise BenchError(f"{tag}: a launcher exited with status {rc}; its log{where} ends:\n{text}")
+    return {"wall_s": wall, "records": tail.records, "failures": failures, "log": log_paths[0], "run_dir": run_dir}
 
 
 # --- checks and per-failure figures ---------------------------------------------
@@ -489,13 +653,14 @@ def parse_args():
     ap.add_argument("--trixie-root", default=os.environ.get("SHARDKIT_TRIXIE_ROOT", TRIXIE_ROOT))
     ap.add_argument("--config", default=os.path.join(REPO, "configs", "llama_tiny.yaml"))
     ap.add_argument("--leg", choices=["debian12", "trixie", "both"], default="debian12")
-    ap.add_argument("--launcher", choices=["train", "torchrun", "both"], default="both")
+    ap.add_argument("--launcher", choices=["train", "torchrun", "netns", "both", "all"], default="both",
+                    help="both: train and torchrun; all: also netns (two simulated nodes, Debian 12 leg)")
     ap.add_argument("--configs", default=",".join(CONFIGS), help="which configurations, comma-separated")
     ap.add_argument("--config-set", action="append", default=[], metavar="NAME:KEY=VALUE",
                     help="an override of configuration NAME (a new NAME adds a configuration)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="an override of every configuration")
     ap.add_argument("--mtbf", default="30,60,120", help="mean seconds between kills, comma-separated")
-    ap.add_argument("--steps", type=int, default=6000)
+    ap.add_argument("--steps", type=int, default=2400)
     ap.add_argument("--seed", type=int, default=71)
     ap.add_argument("--quick", action="store_true", help="T = 30 s only and 1200 steps (unless given)")
     ap.add_argument("--max-restarts", type=int, default=1000)
@@ -570,13 +735,20 @@ def prepare_legs(a, work):
 
 def main():
     a = parse_args()
-    launchers = ["train", "torchrun"] if a.launcher == "both" else [a.launcher]
+    launchers = {"both": ["train", "torchrun"], "all": ["train", "torchrun", "netns"]}.get(a.launcher, [a.launcher])
+    a.nodes = None
+    if "netns" in launchers and a.leg != "debian12":
+        fail("--launcher netns (or all) runs on the Debian 12 leg only: inside the trixie root the simulated "
+             "nodes' host names do not resolve; give --leg debian12", 2)
     work = tempfile.mkdtemp(prefix="goodput.")
     a.shm = tempfile.mkdtemp(prefix="goodput.", dir="/dev/shm")
     legs = []
     rows = []
     try:
         legs = prepare_legs(a, work)
+        if "netns" in launchers:
+            a.nodes = Nodes()
+            a.nodes.setup()
         for leg in legs:
             for launcher in launchers:
                 these = []
@@ -592,6 +764,8 @@ def main():
     except BenchError as e:
         fail(str(e) + (f"\n(work directory kept: {work})" if a.keep else ""))
     finally:
+        if a.nodes is not None:
+            a.nodes.cleanup()
         for leg in legs:
             if leg.root:
                 # The mount point the namespaces made for the work directory.

@@ -1,8 +1,8 @@
 #!/usr/bin/python3
 """Pipeline parallelism through the train binary, as a user runs it, with
 real processes: PP 2 x FSDP 2 x TP 2 on 8 (`train --nproc 8`) against one
-process on the same work (losses within 1e-5 over 6 steps); its checkpoint
-resumes under FSDP 2; a split point that names no block exits 2 with one
+process on the same work (losses within 1e-5 over 6 steps, one run); its
+step-3 checkpoint resumes under FSDP 2; a split point that names no block exits 2 with one
 line naming the key. one_leg: 8 LibTorch processes on CI's 2 cores take a
 while, and nothing here differs between LibTorch versions (the 8-rank case
 also runs in-process on both legs: PipelineTraining.With*).
@@ -53,14 +53,14 @@ class PipelineCli(unittest.TestCase):
     def test_eight_ranks_match_one_process_and_resume_under_fsdp(self):
         code, one = run("--nproc", "1", *self.common("one"))
         self.assertEqual(code, 0, one)
-        code, out = run("--nproc", "8", *self.common("pp"), "--set", "parallel.pipeline=2",
-                        "--set", "parallel.shard=2", "--set", "parallel.tensor=2", "--set", "train.stop_at=3")
-        self.assertEqual(code, 0, out)
-        self.assertIn("layout pipeline=2 (1f1b, 2 stages, 4 micro-batches) x fsdp+tp replicate=1 shard=2 tensor=2",
-                      out)
+        # One 8-rank run of the 6 steps (a stop at 3 and a resume in this
+        # layout are PipelineTraining.ResumesBitExactInItsLayout*'s, in-process
+        # on both legs); its step-3 checkpoint resumes under FSDP below.
         code, out = run("--nproc", "8", *self.common("pp"), "--set", "parallel.pipeline=2",
                         "--set", "parallel.shard=2", "--set", "parallel.tensor=2")
         self.assertEqual(code, 0, out)
+        self.assertIn("layout pipeline=2 (1f1b, 2 stages, 4 micro-batches) x fsdp+tp replicate=1 shard=2 tensor=2",
+                      out)
         ref, got = losses(os.path.join(self.dir, "one")), losses(os.path.join(self.dir, "pp"))
         self.assertEqual(sorted(got), list(range(1, 7)))
         for step, loss in ref.items():
