@@ -1,4 +1,5 @@
 #include "comm/launch_env.h"
+#include "comm/local_launcher.h"
 
 #include <algorithm>
 #include <cinttypes>
@@ -365,6 +366,9 @@ std::string new_job_id() {
 namespace {
 // CLOCK_BOOTTIME seconds at a standby's activation; 0: not an activated standby.
 double g_activated_at_s = 0;
+// A rank forked from a template (fork_rank_templates): g_activated_at_s is
+// its activation.
+bool g_forked_rank = false;
 
 double boottime_s() {
   timespec now{};
@@ -373,7 +377,16 @@ double boottime_s() {
 }
 }  // namespace
 
-bool activated_standby() { return g_activated_at_s > 0; }
+bool activated_standby() { return g_activated_at_s > 0 && !g_forked_rank; }
+
+bool forked_rank() { return g_forked_rank; }
+
+namespace detail {
+void mark_forked_rank_activated() {
+  g_activated_at_s = boottime_s();
+  g_forked_rank = true;
+}
+}  // namespace detail
 
 bool wait_if_standby() {
   const char* fd_text = std::getenv(kStandbyFdVar);

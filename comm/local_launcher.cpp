@@ -244,6 +244,191 @@ void close_other_fds(const std::vector<int>& keep, long open_max) {
   close_fd_range(next, ~0U, open_max);
 }
 
+// ---------------------------------------------------------------------------
+// Rank templates (fork_rank_templates in local_launcher.h).
+
+struct RankTemplate {
+  pid_t pid = -1;
+  int control_fd = -1;  // the launcher's end of the template's socket
+};
+// Forked by fork_rank_templates(), taken by the next launcher's first attempt.
+std::vector<RankTemplate> g_templates;
+
+// What an activation sends: this header (with the fds as SCM_RIGHTS), then
+// `payload` bytes: `fds` target fd numbers (int32 each), then NUL-ended
+// strings: argc, the argv, envc, the environment.
+struct TemplateHeader {
+  uint32_t magic = 0x524b5431;  // "RKT1"
+  uint32_t fds = 0;
+  uint64_t payload = 0;
+};
+// SCM_RIGHTS carries at most this many fds (SCM_MAX_FD).
+constexpr size_t kMaxTemplateFds = 250;
+
+void stop_templates() noexcept {
+  for (RankTemplate& t : g_templates) {
+    ::close(t.control_fd);  // it reads EOF and exits 0
+    kill(t.pid, SIGKILL);   // at once, whatever it was doing
+    waitpid(t.pid, nullptr, 0);
+  }
+  g_templates.clear();
+}
+
+bool recv_exactly(int fd, char* data, size_t size) {
+  while (size > 0) {
+    const ssize_t n = ::recv(fd, data, size, 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    data += n;
+    size -= static_cast<size_t>(n);
+  }
+  return true;
+}
+
+// The block /proc/self/environ reads (env_start and env_end of
+// /proc/self/stat, fields 50 and 51); {nullptr, 0} if unknown.
+std::pair<char*, size_t> environ_block() {
+  std::FILE* f = std::fopen("/proc/self/stat", "r");
+  if (f == nullptr) return {nullptr, 0};
+  std::string text(4096, '\0');
+  const size_t n = std::fread(text.data(), 1, text.size() - 1, f);
+  std::fclose(f);
+  text.resize(n);
+  const size_t close = text.rfind(')');
+  if (close == std::string::npos) return {nullptr, 0};
+  // Fields after the command: the state is field 3.
+  std::vector<std::string> fields;
+  size_t at = close + 2;
+  while (at < text.size()) {
+    size_t end = text.find_first_of(" \n", at);
+    if (end == std::string::npos) end = text.size();
+    fields.push_back(text.substr(at, end - at));
+    at = end + 1;
+  }
+  if (fields.size() < 49) return {nullptr, 0};
+  const unsigned long long start = std::strtoull(fields[50 - 3].c_str(), nullptr, 10);
+  const unsigned long long end = std::strtoull(fields[51 - 3].c_str(), nullptr, 10);
+  if (start == 0 || end <= start) return {nullptr, 0};
+  return {reinterpret_cast<char*>(start), static_cast<size_t>(end - start)};
+}
+
+// In an activated template, once nothing refers to the old environment any
+// more: writes `vars` (the rank's first) over the block the launcher was
+// started with, each one that fits, so that tools reading
+// /proc/<pid>/environ (ps e, a test looking for RANK=1) see the rank.
+void show_environment(const std::vector<std::string>& vars) {
+  const auto [block, size] = environ_block();
+  if (block == nullptr) return;
+  size_t used = 0;
+  for (const std::string& var : vars) {
+    if (used + var.size() + 1 > size) continue;
+    std::memcpy(block + used, var.c_str(), var.size() + 1);
+    used += var.size() + 1;
+  }
+  std::memset(block + used, 0, size - used);
+}
+
+// A template's life: wait on `fd` for the activation, then become the rank it
+// describes and return its argv. Exits 0 on EOF (not needed, or the launcher
+// died).
+std::vector<std::string> wait_as_template(int fd, pid_t launcher) {
+#ifdef __linux__
+  prctl(PR_SET_PDEATHSIG, SIGHUP);
+  if (getppid() != launcher) _exit(0);
+  char name[17] = {0};
+  prctl(PR_GET_NAME, name);
+  prctl(PR_SET_NAME, "rank-template");
+#else
+  (void)launcher;
+#endif
+  TemplateHeader header;
+  std::vector<int> received;
+  {
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxTemplateFds)];
+    iovec iov{&header, sizeof header};
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof control;
+    ssize_t n;
+    do {
+      n = ::recvmsg(fd, &msg, MSG_CMSG_CLOEXEC);
+    } while (n < 0 && errno == EINTR);
+    if (n <= 0) _exit(0);
+    for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
+      if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+      const size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+      const int* fds = reinterpret_cast<const int*>(CMSG_DATA(c));
+      received.insert(received.end(), fds, fds + count);
+    }
+    if (static_cast<size_t>(n) < sizeof header &&
+        !recv_exactly(fd, reinterpret_cast<char*>(&header) + n, sizeof header - static_cast<size_t>(n))) {
+      _exit(0);
+    }
+  }
+  std::string payload(header.payload, '\0');
+  if (header.magic != TemplateHeader{}.magic || header.fds != received.size() ||
+      !recv_exactly(fd, payload.data(), payload.size()) || payload.size() < header.fds * sizeof(int32_t)) {
+    _exit(0);
+  }
+  std::vector<int> targets(header.fds);
+  for (size_t i = 0; i < targets.size(); ++i) {
+    int32_t target = 0;
+    std::memcpy(&target, payload.data() + i * sizeof target, sizeof target);
+    targets[i] = target;
+  }
+  std::vector<std::string> strings;
+  for (size_t at = header.fds * sizeof(int32_t); at < payload.size();) {
+    const size_t end = payload.find('\0', at);
+    if (end == std::string::npos) _exit(0);
+    strings.push_back(payload.substr(at, end - at));
+    at = end + 1;
+  }
+  const size_t argc = strings.empty() ? 0 : std::strtoul(strings[0].c_str(), nullptr, 10);
+  if (argc == 0 || strings.size() < argc + 2) _exit(0);
+  std::vector<std::string> argv(strings.begin() + 1, strings.begin() + 1 + static_cast<long>(argc));
+  const size_t envc = std::strtoul(strings[argc + 1].c_str(), nullptr, 10);
+  if (strings.size() != argc + 2 + envc) _exit(0);
+  std::vector<std::string> env(strings.begin() + 2 + static_cast<long>(argc), strings.end());
+
+  // A process group of its own, as an exec'd rank's; the launcher waits for
+  // this before it signals the rank's group.
+  setpgid(0, 0);
+  const char ack = 1;
+  if (::send(fd, &ack, 1, MSG_NOSIGNAL) != 1) _exit(0);
+  ::close(fd);
+  // The fds at their numbers: first all above every target, then into place.
+  int above = 3;
+  for (int target : targets) above = std::max(above, target + 1);
+  for (int& got : received) {
+    const int moved = fcntl(got, F_DUPFD_CLOEXEC, above);
+    if (moved < 0) _exit(127);
+    ::close(got);
+    got = moved;
+  }
+  std::vector<int> keep;
+  for (size_t i = 0; i < targets.size(); ++i) {
+    if (dup2(received[i], targets[i]) < 0) _exit(127);
+    if (targets[i] >= 3) keep.push_back(targets[i]);
+  }
+  std::sort(keep.begin(), keep.end());
+  close_other_fds(keep, sysconf(_SC_OPEN_MAX));
+  // The rank's environment, all of it and nothing of the template's.
+  clearenv();
+  for (const std::string& var : env) {
+    const size_t eq = var.find('=');
+    if (eq == std::string::npos || eq == 0) continue;
+    ::setenv(var.substr(0, eq).c_str(), var.c_str() + eq + 1, 1);
+  }
+  show_environment(env);
+#ifdef __linux__
+  prctl(PR_SET_NAME, name);
+#endif
+  detail::mark_forked_rank_activated();
+  return argv;
+}
+
 // Where the ranks find the job's store, which the launcher serves.
 struct JobRendezvous {
   int port = 0;
@@ -373,6 +558,7 @@ class LocalLauncher {
  private:
   void start_ranks(const JobRendezvous& job);
   void start_rank(int index, const JobRendezvous& job, int stdin_fd);
+  bool activate_template(int index, const JobRendezvous& job, int stdin_fd);
   // fork + exec of `plan` with stdin `stdin_fd` and fresh output pipes.
   void spawn(const ExecPlan& plan, int stdin_fd, const std::string& what, pid_t& pid, int& out_fd,
              int& err_fd);
@@ -445,7 +631,8 @@ void LocalLauncher::start_ranks(const JobRendezvous& job) {
     throw;
   }
   ::close(stdin_fd);
-  stop_standbys();  // those not activated (their rank started afresh)
+  stop_standbys();   // those not activated (their rank started afresh)
+  stop_templates();  // more than the ranks
 }
 
 void LocalLauncher::spawn(const ExecPlan& plan, int stdin_fd, const std::string& what, pid_t& pid,
@@ -489,7 +676,119 @@ void LocalLauncher::spawn(const ExecPlan& plan, int stdin_fd, const std::string&
   set_cloexec_nonblock(err_fd, true);
 }
 
+// Makes a rank template (fork_rank_templates) rank `index`: sends it the
+// exec plan's argv and environment (the rank's variables first), stdin, fresh
+// output pipes and the inherited fds, and waits until it has its own process
+// group. False when there is none left, or it failed (it is then reaped):
+// start the rank by exec.
+bool LocalLauncher::activate_template(int index, const JobRendezvous& job, int stdin_fd) {
+  if (g_templates.empty() || job.attempt != 0) return false;
+  const RankTemplate t = g_templates.front();
+  g_templates.erase(g_templates.begin());
+  const auto give_up = [&]() {
+    ::close(t.control_fd);
+    kill(t.pid, SIGKILL);
+    waitpid(t.pid, nullptr, 0);
+    return false;
+  };
+  if (inherited_fds_.size() + 3 > kMaxTemplateFds) return give_up();
+  int out_pipe[2];
+  int err_pipe[2];
+  try {
+    make_pipe(out_pipe);
+  } catch (...) {
+    return give_up();
+  }
+  try {
+    make_pipe(err_pipe);
+  } catch (...) {
+    ::close(out_pipe[0]);
+    ::close(out_pipe[1]);
+    return give_up();
+  }
+  std::vector<int> fds{stdin_fd, out_pipe[1], err_pipe[1]};
+  std::vector<int32_t> targets{0, 1, 2};
+  for (int fd : inherited_fds_) {
+    fds.push_back(fd);
+    targets.push_back(fd);
+  }
+  const auto vars = rank_vars(options_, index, job);
+  const ExecPlan plan = make_plan(options_, vars, inherited_fds_);
+  std::string payload(reinterpret_cast<const char*>(targets.data()), targets.size() * sizeof(int32_t));
+  const auto add = [&](const std::string& text) {
+    payload += text;
+    payload.push_back('\0');
+  };
+  add(std::to_string(options_.argv.size()));
+  for (const std::string& arg : options_.argv) add(arg);
+  add(std::to_string(plan.env_storage.size()));
+  // The rank's variables first (make_plan puts them last): what fits of the
+  // environment in /proc/<pid>/environ starts with them.
+  const size_t first_var = plan.env_storage.size() - vars.size();
+  for (size_t i = first_var; i < plan.env_storage.size(); ++i) add(plan.env_storage[i]);
+  for (size_t i = 0; i < first_var; ++i) add(plan.env_storage[i]);
+
+  TemplateHeader header;
+  header.fds = static_cast<uint32_t>(fds.size());
+  header.payload = payload.size();
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxTemplateFds)] = {};
+  iovec iov{&header, sizeof header};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = CMSG_SPACE(sizeof(int) * fds.size());
+  cmsghdr* c = CMSG_FIRSTHDR(&msg);
+  c->cmsg_level = SOL_SOCKET;
+  c->cmsg_type = SCM_RIGHTS;
+  c->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
+  std::memcpy(CMSG_DATA(c), fds.data(), sizeof(int) * fds.size());
+  ssize_t n;
+  do {
+    n = ::sendmsg(t.control_fd, &msg, MSG_NOSIGNAL);
+  } while (n < 0 && errno == EINTR);
+  bool ok = n == static_cast<ssize_t>(sizeof header);
+  for (size_t sent = 0; ok && sent < payload.size();) {
+    const ssize_t m = ::send(t.control_fd, payload.data() + sent, payload.size() - sent, MSG_NOSIGNAL);
+    if (m < 0 && errno == EINTR) continue;
+    ok = m > 0;
+    if (ok) sent += static_cast<size_t>(m);
+  }
+  // An idle template answers at once; one that does not in 10 s is given up.
+  char ack = 0;
+  while (ok) {
+    pollfd wait{t.control_fd, POLLIN, 0};
+    const int ready = ::poll(&wait, 1, 10000);
+    if (ready < 0 && errno == EINTR) continue;
+    const ssize_t m = ready > 0 ? ::recv(t.control_fd, &ack, 1, MSG_DONTWAIT) : 0;
+    if (m < 0 && errno == EINTR) continue;
+    ok = m == 1;
+    break;
+  }
+  ::close(out_pipe[1]);
+  ::close(err_pipe[1]);
+  if (!ok) {
+    ::close(out_pipe[0]);
+    ::close(err_pipe[0]);
+    return give_up();
+  }
+  ::close(t.control_fd);
+  Rank rank;
+  rank.index = index;
+  rank.pid = t.pid;
+  rank.running = true;
+  rank.out.fd = out_pipe[0];
+  rank.err.fd = err_pipe[0];
+  set_cloexec_nonblock(rank.out.fd, true);
+  set_cloexec_nonblock(rank.err.fd, true);
+  rank.out.target = 1;
+  rank.err.target = 2;
+  ranks_.push_back(std::move(rank));
+  return true;
+}
+
 void LocalLauncher::start_rank(int index, const JobRendezvous& job, int stdin_fd) {
+  if (activate_template(index, job, stdin_fd)) return;
   ExecPlan plan = make_exec_plan(options_, index, job, inherited_fds_);
   Rank rank;
   rank.index = index;
@@ -957,6 +1256,7 @@ void LocalLauncher::run_attempt(const JobRendezvous& job) {
 // orphans behind.
 void LocalLauncher::kill_and_reap_all() noexcept {
   stop_standbys();
+  stop_templates();
   for (Rank& rank : ranks_) {
     if (rank.running) {
       kill(-rank.pid, SIGKILL);
@@ -976,6 +1276,38 @@ void LocalLauncher::kill_and_reap_all() noexcept {
 int run_local_launcher(const LocalLaunchOptions& options) {
   LocalLauncher launcher(options);
   return launcher.run();
+}
+
+std::optional<std::vector<std::string>> fork_rank_templates(int count) {
+  if (count <= 0 || !g_templates.empty()) return std::nullopt;
+  if (const char* off = std::getenv("SHARDKIT_FORK_RANKS"); off != nullptr && std::string(off) == "0") {
+    return std::nullopt;
+  }
+  count = std::min(count, kMaxRankTemplates);
+  const pid_t launcher = getpid();
+  // Nothing buffered may be written twice.
+  std::cout.flush();
+  std::cerr.flush();
+  std::fflush(nullptr);
+  for (int i = 0; i < count; ++i) {
+    int pair[2];
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair) != 0) break;
+    const pid_t pid = fork();
+    if (pid < 0) {
+      ::close(pair[0]);
+      ::close(pair[1]);
+      break;
+    }
+    if (pid == 0) {
+      ::close(pair[0]);
+      for (const RankTemplate& t : g_templates) ::close(t.control_fd);
+      g_templates.clear();
+      return wait_as_template(pair[1], launcher);
+    }
+    ::close(pair[1]);
+    g_templates.push_back({pid, pair[0]});
+  }
+  return std::nullopt;
 }
 
 std::vector<std::string> argv_without_nproc(int argc, char** argv) {

@@ -4,6 +4,7 @@
 // 0..N-1. Torch-free.
 #include "comm/store_server.h"
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -89,5 +90,41 @@ int run_local_launcher(const LocalLaunchOptions& options);
 // "--nproc N", "--nodes N", "--nproc-per-node N", "--max-restarts K" and
 // their "--flag=N" forms.
 std::vector<std::string> argv_without_nproc(int argc, char** argv);
+
+// Rank templates: copies of this process forked before it does anything
+// else, which the next run_local_launcher() of this process makes its
+// first attempt's ranks instead of starting the program again. A rank that
+// starts from one skips the program's load (LibTorch's about 0.6 s of CPU
+// and 0.7 s of wall time) and runs exactly as an exec'd rank would: the
+// launcher's child, in its own process group, with the rank's environment
+// (all of it, nothing of the template's), arguments, stdin, output pipes
+// and inherited fds sent over a socket at its activation.
+//
+// Call first in main, before any other thread starts (OpenBLAS's pool,
+// which stops itself across fork, aside), with the number of ranks the
+// process will launch of itself. In the parent (the launcher to be) it
+// returns nullopt at once. In a template it returns only once the launcher
+// activates it: the rank's argv, with which the program runs as that rank
+// (its environment is already the rank's). A template the launcher does not
+// need, or whose launcher dies, exits 0 without output.
+//
+// Off (nullopt, nothing forked) with SHARDKIT_FORK_RANKS=0 in the
+// environment, for count <= 0, and beyond kMaxRankTemplates ranks (the rest
+// start as before). Restarts and standbys start as before. A forked rank's
+// /proc/<pid>/environ shows its rank variables (RANK, ..., the job's) first,
+// then as many of the others as fit in the block the launcher was started
+// with; its /proc/<pid>/cmdline is the launcher's.
+inline constexpr int kMaxRankTemplates = 64;
+std::optional<std::vector<std::string>> fork_rank_templates(int count);
+
+// In a rank forked from a template: true; process_age_s() then counts from
+// its activation.
+bool forked_rank();
+
+namespace detail {
+// For the template's activation (local_launcher.cpp); defined with
+// process_age_s() in launch_env.cpp.
+void mark_forked_rank_activated();
+}  // namespace detail
 
 }  // namespace comm

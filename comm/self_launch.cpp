@@ -33,6 +33,14 @@ int self_launching_main(int argc, char** argv, const std::string& name,
       return run_rank(dir);
     }
     if (nproc < 1) throw std::invalid_argument("--nproc must be at least 1");
+    // The ranks to be, forked before anything else: they skip the load.
+    if (auto rank_argv = fork_rank_templates(nproc)) {
+      std::vector<char*> pointers;
+      for (std::string& arg : *rank_argv) pointers.push_back(arg.data());
+      pointers.push_back(nullptr);
+      return self_launching_main(static_cast<int>(rank_argv->size()), pointers.data(), name, run_rank,
+                                 default_nproc);
+    }
     // Not a rank yet: start `nproc` ranks of this program and wait for them.
     const bool own_dir = dir.empty();
     if (own_dir) {

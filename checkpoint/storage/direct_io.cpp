@@ -173,16 +173,38 @@ bool existing_dir(const std::string& dir, std::string& at, dev_t& device) {
   return true;
 }
 
-// The probe of `device`: the one remembered in g_remember_in, else a new
-// one of `at` (remembered there). Holds g_mu.
+// SHARDKIT_DIRECT_IO_PROBES: probes shared by every process of this boot
+// that names the file; "" for none.
+const std::string& shared_probes_file() {
+  static const std::string file = [] {
+    const char* value = std::getenv("SHARDKIT_DIRECT_IO_PROBES");
+    return std::string(value != nullptr ? value : "");
+  }();
+  return file;
+}
+
+// The probe of `device`: the one remembered in g_remember_in, else the one
+// in the shared file, else a new one of `at` (remembered in both). Holds g_mu.
 DirectIoProbe remembered_or_new_probe(dev_t device, const std::string& at) {
-  if (g_remember_in.empty()) return probe_direct_io(at);
-  if (std::optional<DirectIoProbe> known = read_remembered_probe(g_remember_in, device)) {
-    known->dir = at;
-    return *known;
+  const std::string& shared = shared_probes_file();
+  if (!g_remember_in.empty()) {
+    if (std::optional<DirectIoProbe> known = read_remembered_probe(g_remember_in, device)) {
+      known->dir = at;
+      return *known;
+    }
+  }
+  if (!shared.empty()) {
+    if (std::optional<DirectIoProbe> known = read_remembered_probe(shared, device)) {
+      known->dir = at;
+      known->detail = describe(*known) + "; probe of an earlier process, reused from " + shared +
+                      " (SHARDKIT_DIRECT_IO_PROBES)";
+      if (!g_remember_in.empty()) write_remembered_probe(g_remember_in, device, *known);
+      return *known;
+    }
   }
   DirectIoProbe probe = probe_direct_io(at);
-  write_remembered_probe(g_remember_in, device, probe);
+  if (!g_remember_in.empty()) write_remembered_probe(g_remember_in, device, probe);
+  if (!shared.empty()) write_remembered_probe(shared, device, probe);
   return probe;
 }
 

@@ -60,7 +60,11 @@ DirectIoProbe probe_direct_io(const std::string& dir, uint64_t bytes = uint64_t{
 // file system (device number) return the first result. Thread-safe;
 // concurrent first calls wait for one probe. With a file to remember probes
 // in (remember_direct_io_probes_in), a file system this process has not
-// probed is first looked up there, and a new probe is added to it.
+// probed is first looked up there, and a new probe is added to it. With
+// SHARDKIT_DIRECT_IO_PROBES=<file> in the environment (read once), that
+// file is looked up next (any earlier process of this boot, of any run;
+// `detail` says so) and a new probe is added to it too: a machine's many
+// short jobs (a test suite) probe each file system once.
 DirectIoProbe cached_direct_io_probe(const std::string& dir);
 
 // Remembering probes beyond one process (a restarted rank must not write

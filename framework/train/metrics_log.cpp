@@ -406,7 +406,7 @@ void MetricsLog::sample(int64_t step, const std::string& prompt, const std::stri
 void MetricsLog::startup(int64_t step, const StartupPhases& p) {
   std::ostringstream line;
   line << std::fixed << std::setprecision(2) << "shardkit: startup " << p.total_s << " s"
-       << (p.standby ? " from the standby's activation" : "") << " (load " << p.load_s
+       << (p.standby ? " from the standby's activation" : "") << (p.forked ? " from the fork" : "") << " (load " << p.load_s
        << ", rendezvous " << p.rendezvous_s << ", groups " << p.groups_s << ", model " << p.model_s << ", data "
        << p.data_s << ", checkpoint " << p.checkpoint_s << ", resume " << p.resume_s << ", other " << p.other_s
        << ")";
@@ -416,6 +416,7 @@ void MetricsLog::startup(int64_t step, const StartupPhases& p) {
          {"step", step},
          {"restart", p.restart},
          {"standby", p.standby},
+         {"forked", p.forked},
          {"startup_s", p.total_s},
          {"load_s", p.load_s},
          {"rendezvous_s", p.rendezvous_s},

@@ -71,7 +71,8 @@ struct RunStart {
 // process: after a restart it is the restarted rank's.
 struct StartupPhases {
   // From exec, or for a standby of the local launcher from its activation
-  // (comm::wait_if_standby: it was loaded before the failure).
+  // (comm::wait_if_standby: it was loaded before the failure), or for a
+  // rank forked from a template from its activation (comm::fork_rank_templates).
   double total_s = 0;       // exec (or activation) to the first step
   double load_s = 0;        // exec (or activation) to the rendezvous: the program and LibTorch loaded, config, checks
   double rendezvous_s = 0;  // connected to the store, job id checked
@@ -83,6 +84,7 @@ struct StartupPhases {
   double other_s = 0;       // the rest: total less the phases above
   int restart = 0;          // the attempt (TORCHELASTIC_RESTART_COUNT)
   bool standby = false;     // an activated standby (comm::activated_standby)
+  bool forked = false;      // forked from a rank template (comm::forked_rank)
 };
 
 // Where the step is within the run() (for the ETA) and the ranks' peaks.

@@ -423,6 +423,17 @@ int launch_local_ranks(int argc, char** argv, const Args& args, const LaunchShap
   }
 }
 
+// A rank forked from a template: train_main with the rank's arguments.
+int run_as_rank(const std::vector<std::string>& rank_argv, const TrainerHooks& hooks) {
+  static std::vector<std::string> storage;
+  static std::vector<char*> pointers;
+  storage = rank_argv;
+  pointers.clear();
+  for (std::string& arg : storage) pointers.push_back(arg.data());
+  pointers.push_back(nullptr);
+  return train_main(static_cast<int>(storage.size()), pointers.data(), hooks);
+}
+
 }  // namespace
 
 int train_main(int argc, char** argv, const TrainerHooks& hooks) {
@@ -440,6 +451,11 @@ int train_main(int argc, char** argv, const TrainerHooks& hooks) {
     } catch (const std::invalid_argument& e) {
       std::cerr << "train: " << e.what() << std::endl;
       return 2;
+    }
+    // The ranks to be, forked now (no thread started yet): each starts as a
+    // rank without loading the program again (fork_rank_templates).
+    if (shape.nproc > 0 && !args.dry_run && !args.print_config) {
+      if (auto rank_argv = comm::fork_rank_templates(shape.nproc)) return run_as_rank(*rank_argv, hooks);
     }
   }
 

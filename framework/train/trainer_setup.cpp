@@ -8,6 +8,7 @@
 #include "checkpoint/timing.h"
 #include "comm/device.h"
 #include "comm/launch_env.h"
+#include "comm/local_launcher.h"
 #include "framework/config/run_items.h"
 #include "framework/cp/ring_attention.h"
 #include "framework/cp/sequence_tensors.h"
@@ -536,6 +537,7 @@ void Trainer::State::log_startup_once() {
   p.groups_s = rt.startup.groups_s;
   p.restart = rt.env.restart_count;
   p.standby = comm::activated_standby();
+  p.forked = comm::forked_rank();
   p.other_s = std::max(0.0, p.total_s - (p.load_s + p.rendezvous_s + p.groups_s + p.model_s + p.data_s +
                                          p.checkpoint_s + p.resume_s));
   reports.log->startup(step, p);

@@ -35,8 +35,8 @@ struct Result {
 };
 
 // build/<tool> with `args`, stdout and stderr together.
-Result run_tool(const std::string& tool, const std::string& args) {
-  std::string cmd = testing_support::binary_dir() + "/" + tool + " " + args + " 2>&1";
+Result run_tool(const std::string& tool, const std::string& args, const std::string& env = "") {
+  std::string cmd = env + testing_support::binary_dir() + "/" + tool + " " + args + " 2>&1";
   Result r;
   FILE* p = popen(cmd.c_str(), "r");
   std::array<char, 4096> buf;
@@ -94,6 +94,68 @@ TEST(TrainCli, ResumeAfterStopAtIsBitExact) {
   EXPECT_LT(want.at(20), want.at(1));
   fs::remove_all(full);
   fs::remove_all(split);
+}
+
+// The startup record's "forked" of each process (metrics.jsonl).
+std::vector<bool> forked_startups(const std::string& dir) {
+  std::vector<bool> out;
+  std::ifstream in(dir + "/metrics.jsonl");
+  for (std::string line; std::getline(in, line);) {
+    const auto j = nlohmann::json::parse(line);
+    if (j.value("event", "") == "startup") out.push_back(j.at("forked").get<bool>());
+  }
+  return out;
+}
+
+// train --nproc's ranks start from rank templates forked at the launcher's
+// start (comm::fork_rank_templates) and train exactly as exec'd ones
+// (SHARDKIT_FORK_RANKS=0): the same losses, bit for bit, and the same files.
+// And a run finds checkpoint.direct_io auto's probe of an earlier run in
+// SHARDKIT_DIRECT_IO_PROBES's file instead of probing again.
+TEST(TrainCli, ForkedRanksTrainExactlyAsExecdRanksAndALaterRunReusesTheProbe) {
+  const std::string forked = cli_scratch("forked"), execd = cli_scratch("execd");
+  const std::string steps = " --set train.steps=4 --set checkpoint.interval=2 --set checkpoint.direct_io=auto";
+  const std::string probes = forked + "_probes";
+  fs::remove(probes);
+  Result a = run_tool("train", "--nproc 2 " + common(forked) + steps, "SHARDKIT_DIRECT_IO_PROBES=" + probes + " ");
+  ASSERT_EQ(a.status, 0) << a.output;
+  const auto text_of = [](const std::string& path) {
+    std::ifstream in(path);
+    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  };
+  const std::string probed = text_of(probes);
+  Result b = run_tool("train", "--nproc 2 " + common(execd) + steps,
+                      "SHARDKIT_FORK_RANKS=0 SHARDKIT_DIRECT_IO_PROBES=" + probes + " ");
+  ASSERT_EQ(b.status, 0) << b.output;
+  EXPECT_NE(a.output.find("checkpoint.direct_io auto: "), std::string::npos) << a.output;
+  EXPECT_EQ(a.output.find("reused from"), std::string::npos) << a.output;
+  EXPECT_NE(probed.find("direct_io_probe/1 "), std::string::npos) << probed;
+  // b's ranks probed nothing: the file still holds a's timings, and rank 0
+  // says where its probe came from (the shared file, or the run's own file
+  // where its other rank copied the shared line first).
+  EXPECT_EQ(text_of(probes), probed);
+  const bool from_shared =
+      b.output.find("probe of an earlier process, reused from " + probes + " (SHARDKIT_DIRECT_IO_PROBES)") !=
+      std::string::npos;
+  const bool from_run = b.output.find("probe of an earlier process of this run, reused from " + execd +
+                                      "/.direct_io_probes") != std::string::npos;
+  EXPECT_TRUE(from_shared || from_run) << b.output;
+  fs::remove(probes);
+  EXPECT_NE(a.output.find("shardkit: startup "), std::string::npos) << a.output;
+  EXPECT_NE(a.output.find(" s from the fork (load "), std::string::npos) << a.output;
+  EXPECT_EQ(b.output.find(" s from the fork (load "), std::string::npos) << b.output;
+  EXPECT_EQ(forked_startups(forked), std::vector<bool>{true});
+  EXPECT_EQ(forked_startups(execd), std::vector<bool>{false});
+  const auto want = losses(execd), got = losses(forked);
+  ASSERT_EQ(want.size(), 4u);
+  EXPECT_EQ(got, want);
+  for (const char* step : {"step_2", "step_4"}) {
+    EXPECT_TRUE(fs::exists(fs::path(forked) / "ck" / step / ".metadata")) << step << "\n" << a.output;
+  }
+  // Both ranks' output came through the launcher's pipes with their prefixes.
+  EXPECT_NE(a.output.find("[rank 0] step 4/4"), std::string::npos) << a.output;
+  fs::remove_all(forked);
+  fs::remove_all(execd);
 }
 
 TEST(TrainCli, ConfigErrorsExitWithStatusTwoNamingTheKey) {
@@ -1241,6 +1303,8 @@ TEST(TrainCli, MaxRestartsRestartsTheGroupAfterAWorkerIsKilledAndTheRunResumesBi
     // Attempts 1 and 2 ran on activated standbys: start-up counts from the
     // activation, with no program load in it.
     EXPECT_EQ(j.at("standby").get<bool>(), j["restart"].get<int>() > 0) << l;
+    // Attempt 0's ranks were forked from the launcher's rank templates.
+    EXPECT_EQ(j.at("forked").get<bool>(), j["restart"].get<int>() == 0) << l;
     for (const char* key : {"startup_s", "load_s", "rendezvous_s", "groups_s", "model_s", "data_s", "checkpoint_s",
                             "resume_s", "other_s"}) {
       EXPECT_GE(j.at(key).get<double>(), 0) << l;
