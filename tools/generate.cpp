@@ -17,6 +17,7 @@
 // --prompt-ids and read --ids. Exit status: 0 done, 2 bad arguments or input
 // (one line naming it), 1 anything else.
 #include "checkpoint/interop/hf.h"
+#include "comm/fork_server.h"
 #include "checkpoint/interop/import_weights.h"
 #include "framework/config/run_items.h"
 #include "checkpoint/interop/weights_file.h"
@@ -282,6 +283,8 @@ int report_failure(const std::exception& e) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Under the test suite only (SHARDKIT_TEST_SERVE; comm/fork_server.h).
+  comm::serve_forks_if_asked(argc, argv);
   CLI::App app{"generate: continue a prompt with a trained model (a checkpoint of any world size, or a "
                "Hugging Face Llama directory)"};
   Args a;

@@ -131,13 +131,15 @@ CaseResult run_case(const BadConfig& c) {
   std::ofstream(root / "tiny.txt") << "ab";
   std::string yaml = c.yaml.rfind("!", 0) == 0 ? c.yaml.substr(1) : std::string(kBase) + c.yaml;
   std::ofstream(cfg) << substitute(yaml, vars);
-  std::vector<std::string> argv{train_binary(), "--config", cfg.string(), "--nproc", "2"};
+  // Through test_fork (comm/fork_server.h): forked from a train loaded once.
+  std::vector<std::string> argv{testing_support::binary_dir() + "/test_fork", train_binary(), "--config",
+                                cfg.string(), "--nproc", "2"};
   for (const auto& a : c.args) {
-    if (a == "--config") argv.erase(argv.begin() + 1, argv.begin() + 3);
+    if (a == "--config") argv.erase(argv.begin() + 2, argv.begin() + 4);
     argv.push_back(substitute(a, vars));
   }
   // "--nproc 0" must replace, not follow, the default "--nproc 2".
-  if (c.args.size() == 2 && c.args[0] == "--nproc") argv.erase(argv.begin() + 3, argv.begin() + 5);
+  if (c.args.size() == 2 && c.args[0] == "--nproc") argv.erase(argv.begin() + 4, argv.begin() + 6);
   RunResult r = run_process(argv, {}, 120, (root / "train.log").string());
   std::ostringstream why;
   if (r.exit_code != 2) why << "exit " << r.exit_code << " (want 2); ";

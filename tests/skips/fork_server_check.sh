@@ -2,7 +2,7 @@
 # fork_server_check.sh TEST_FORK SKIP_FIXTURES WORK_DIR
 #
 # ctest runs every GoogleTest test through test_fork, which has the test
-# binary's fork server fork the test (tests/support/fork_server.h). Checks,
+# binary's fork server fork the test (comm/fork_server.h). Checks,
 # with skip_fixtures' ForkProbe tests, that a served test is a process of its
 # own that sees what an exec'd one would: the client's environment, working
 # directory, umask and standard streams; that its exit status and a death by

@@ -55,7 +55,7 @@ int count_environment() {
   return n;
 }
 
-// For fork_server_check.sh (the fork server, support/fork_server.h); without
+// For fork_server_check.sh (the fork server, comm/fork_server.h); without
 // their variables they pass.
 TEST(ForkProbe, ReportsItsProcess) {
   const char* out = std::getenv("SHARDKIT_FORK_PROBE_OUT");

@@ -4,7 +4,7 @@
 // when none can start or SHARDKIT_TEST_FORKSERVER=0. ctest runs every
 // test of a test binary through it (tests/CMakeLists.txt: the binaries'
 // CROSSCOMPILING_EMULATOR). No LibTorch here: that is the point.
-#include "support/fork_protocol.h"
+#include "comm/fork_protocol.h"
 
 #include <fcntl.h>
 #include <poll.h>
@@ -31,7 +31,7 @@ extern char** environ;
 
 namespace {
 
-namespace fp = testing_support::fork_protocol;
+namespace fp = comm::fork_protocol;
 
 [[noreturn]] void exec_directly(char** argv) {
   execv(argv[1], argv + 1);

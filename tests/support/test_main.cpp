@@ -13,7 +13,7 @@
 //    reason" last, which is what tests/CMakeLists.txt tells ctest to count as
 //    a skip;
 //  - any other skip makes the exit status 1, with a line naming it.
-#include "support/fork_server.h"
+#include "comm/fork_server.h"
 #include "support/skip.h"
 
 #include <gtest/gtest.h>
@@ -178,8 +178,8 @@ class SkipVerdict : public ::testing::EmptyTestEventListener {
 
 int main(int argc, char** argv) {
   // Under ctest: the server's forks of this process return here as the tests
-  // (support/fork_server.h).
-  testing_support::serve_forks_if_asked(argc, argv);
+  // (comm/fork_server.h).
+  comm::serve_forks_if_asked(argc, argv);
   ::testing::InitGoogleTest(&argc, argv);
   ::testing::TestEventListeners& listeners = ::testing::UnitTest::GetInstance()->listeners();
   // Null under --gtest_brief or when output goes elsewhere; then there is

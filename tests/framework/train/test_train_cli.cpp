@@ -35,8 +35,12 @@ struct Result {
 };
 
 // build/<tool> with `args`, stdout and stderr together.
+// train and generate go through test_fork (comm/fork_server.h): forked from
+// a copy loaded once, as an exec'd one would run.
 Result run_tool(const std::string& tool, const std::string& args, const std::string& env = "") {
-  std::string cmd = env + testing_support::binary_dir() + "/" + tool + " " + args + " 2>&1";
+  const std::string dir = testing_support::binary_dir();
+  const std::string served = tool == "train" || tool == "generate" ? dir + "/test_fork " : "";
+  std::string cmd = env + served + dir + "/" + tool + " " + args + " 2>&1";
   Result r;
   FILE* p = popen(cmd.c_str(), "r");
   std::array<char, 4096> buf;

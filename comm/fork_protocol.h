@@ -12,7 +12,7 @@
 // runs the test itself.
 #include <cstdint>
 
-namespace testing_support::fork_protocol {
+namespace comm::fork_protocol {
 
 constexpr uint32_t kMagic = 0x53464b31;  // "SFK1"
 constexpr int kIdleSeconds = 45;
@@ -25,4 +25,4 @@ struct Header {
   uint64_t payload_bytes;
 };
 
-}  // namespace testing_support::fork_protocol
+}  // namespace comm::fork_protocol

@@ -1,6 +1,6 @@
-#include "support/fork_server.h"
+#include "comm/fork_server.h"
 
-#include "support/fork_protocol.h"
+#include "comm/fork_protocol.h"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -23,7 +23,7 @@
 #include <thread>
 #include <vector>
 
-namespace testing_support {
+namespace comm {
 namespace {
 
 namespace fp = fork_protocol;
@@ -286,4 +286,4 @@ void serve_forks_if_asked(int& argc, char**& argv) {
   _exit(3);
 }
 
-}  // namespace testing_support
+}  // namespace comm
