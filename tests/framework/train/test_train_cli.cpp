@@ -21,6 +21,7 @@
 #include <fstream>
 #include <iterator>
 #include <map>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -1242,16 +1243,16 @@ TEST(TrainCli, MaxRestartsRestartsTheGroupAfterAWorkerIsKilledAndTheRunResumesBi
   StreamedRun b("train", restart_args);
   std::string out, line;
   pid_t killed = -1, killed_again = -1;
-  int64_t newest_commit = -1;  // before the restart
+  int64_t seen_commit = -1;  // the newest commit line read so far, before the restart
   size_t restart_at = std::string::npos, restarted_at = std::string::npos;
   while (b.next_line(line)) {
     out += line + "\n";
     const size_t commit = line.find("checkpoint step ");
     if (restart_at == std::string::npos && commit != std::string::npos &&
         line.find(" committed ") != std::string::npos) {
-      newest_commit = std::atoll(line.c_str() + commit + 16);
+      seen_commit = std::atoll(line.c_str() + commit + 16);
     }
-    if (killed < 0 && newest_commit >= 10 && standby_children(b.pid()) == 2) {
+    if (killed < 0 && seen_commit >= 10 && standby_children(b.pid()) == 2) {
       killed = child_with_rank(b.pid(), 1);
       ASSERT_GT(killed, 0) << "no rank 1 under the launcher\n" << out;
       ASSERT_EQ(kill(killed, SIGKILL), 0);
@@ -1288,6 +1289,22 @@ TEST(TrainCli, MaxRestartsRestartsTheGroupAfterAWorkerIsKilledAndTheRunResumesBi
       << out;
   ASSERT_NE(restart_at, std::string::npos) << out;
   const std::string before = out.substr(0, restart_at), after = out.substr(restart_at);
+  // The newest checkpoint the first group committed: its lines all come
+  // before the restarted group's first (ledger) line. Not the newest one read
+  // when rank 1 was killed: the ranks run on while the test reads their
+  // lines, and may commit again before the kill lands.
+  ASSERT_NE(restarted_at, std::string::npos) << out;
+  int64_t newest_commit = -1;
+  {
+    std::istringstream first_group(out.substr(0, restarted_at));
+    for (std::string l; std::getline(first_group, l);) {
+      const size_t commit = l.find("checkpoint step ");
+      if (commit != std::string::npos && l.find(" committed ") != std::string::npos) {
+        newest_commit = std::max<int64_t>(newest_commit, std::atoll(l.c_str() + commit + 16));
+      }
+    }
+  }
+  ASSERT_GE(newest_commit, 10) << out;
   EXPECT_NE(after.find("shardkit: world 2 (train --nproc, restart 1)"), std::string::npos) << after;
   EXPECT_NE(after.find("resumed from " + faulted + "/checkpoints/step_" + std::to_string(newest_commit) + " "),
             std::string::npos)
