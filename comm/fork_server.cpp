@@ -1,5 +1,6 @@
 #include "comm/fork_server.h"
 
+#include "comm/fd_passing.h"
 #include "comm/fork_protocol.h"
 
 #include <dirent.h>
@@ -56,23 +57,14 @@ struct Request {
 
 // The request on a freshly accepted connection; false when it is malformed.
 bool read_request(int conn, Request& req) {
-  iovec iov{&req.header, sizeof req.header};
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof req.fds)];
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = control;
-  msg.msg_controllen = sizeof control;
-  ssize_t got;
-  do {
-    got = recvmsg(conn, &msg, MSG_CMSG_CLOEXEC | MSG_WAITALL);
-  } while (got < 0 && errno == EINTR);
-  if (got != static_cast<ssize_t>(sizeof req.header)) return false;
-  for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
-    if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS && c->cmsg_len == CMSG_LEN(sizeof req.fds)) {
-      std::memcpy(req.fds, CMSG_DATA(c), sizeof req.fds);
-    }
+  std::vector<int> fds;
+  const bool whole = recv_with_fds(conn, &req.header, sizeof req.header, 3, fds);
+  if (fds.size() == 3) {
+    for (int i = 0; i < 3; ++i) req.fds[i] = fds[static_cast<size_t>(i)];
+  } else {
+    for (int fd : fds) close(fd);
   }
+  if (!whole) return false;
   if (req.header.magic != fp::kMagic || req.fds[0] < 0 || req.header.payload_bytes > (64u << 20)) return false;
   req.payload.resize(req.header.payload_bytes);
   return read_all(conn, req.payload.data(), req.payload.size());

@@ -1,5 +1,6 @@
 #include "comm/local_launcher.h"
 
+#include "comm/fd_passing.h"
 #include "comm/launch_env.h"
 
 #include <filesystem>
@@ -274,17 +275,6 @@ void stop_templates() noexcept {
   g_templates.clear();
 }
 
-bool recv_exactly(int fd, char* data, size_t size) {
-  while (size > 0) {
-    const ssize_t n = ::recv(fd, data, size, 0);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return false;
-    data += n;
-    size -= static_cast<size_t>(n);
-  }
-  return true;
-}
-
 // The block /proc/self/environ reads (env_start and env_end of
 // /proc/self/stat, fields 50 and 51); {nullptr, 0} if unknown.
 std::pair<char*, size_t> environ_block() {
@@ -343,33 +333,10 @@ std::vector<std::string> wait_as_template(int fd, pid_t launcher) {
 #endif
   TemplateHeader header;
   std::vector<int> received;
-  {
-    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxTemplateFds)];
-    iovec iov{&header, sizeof header};
-    msghdr msg{};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control;
-    msg.msg_controllen = sizeof control;
-    ssize_t n;
-    do {
-      n = ::recvmsg(fd, &msg, MSG_CMSG_CLOEXEC);
-    } while (n < 0 && errno == EINTR);
-    if (n <= 0) _exit(0);
-    for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
-      if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
-      const size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-      const int* fds = reinterpret_cast<const int*>(CMSG_DATA(c));
-      received.insert(received.end(), fds, fds + count);
-    }
-    if (static_cast<size_t>(n) < sizeof header &&
-        !recv_exactly(fd, reinterpret_cast<char*>(&header) + n, sizeof header - static_cast<size_t>(n))) {
-      _exit(0);
-    }
-  }
+  if (!recv_with_fds(fd, &header, sizeof header, kMaxTemplateFds, received)) _exit(0);
   std::string payload(header.payload, '\0');
   if (header.magic != TemplateHeader{}.magic || header.fds != received.size() ||
-      !recv_exactly(fd, payload.data(), payload.size()) || payload.size() < header.fds * sizeof(int32_t)) {
+      !recv_with_fds(fd, payload.data(), payload.size(), 0, received) || payload.size() < header.fds * sizeof(int32_t)) {
     _exit(0);
   }
   std::vector<int> targets(header.fds);
