@@ -19,6 +19,7 @@
 #include <torch/version.h>
 #include <torch/torch.h>
 
+#include <atomic>
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
@@ -46,15 +47,41 @@ struct Args {
   bool dry_run = false;
 };
 
+// Set just before the trainer's first step. Until then (rendezvous, model
+// build, checkpoint load) a stop signal has nothing to save: the rank exits
+// 75 at once, saying so, instead of waiting for a peer that may never come
+// (a rank that failed at start-up: torchrun 2.x's agent, which serves the
+// store, or the local launcher would SIGKILL it only after its grace).
+std::atomic<bool> g_stepping{false};
+char g_startup_stop_line[96];  // "train: rank R: stopped by signal " (built before the handlers)
+size_t g_startup_stop_len = 0;
+
+[[noreturn]] void exit_before_first_step(int sig) {
+  char digits[4];
+  size_t n = 0;
+  for (int v = sig; v > 0 && n < sizeof(digits); v /= 10) digits[n++] = static_cast<char>('0' + v % 10);
+  char line[160];
+  size_t len = 0;
+  for (size_t i = 0; i < g_startup_stop_len; ++i) line[len++] = g_startup_stop_line[i];
+  while (n > 0) line[len++] = digits[--n];
+  static const char kRest[] = " before its first step: nothing to save, exiting 75\n";
+  for (size_t i = 0; i + 1 < sizeof(kRest); ++i) line[len++] = kRest[i];
+  const ssize_t ignored = ::write(2, line, len);
+  (void)ignored;
+  _exit(kExitPreempted);
+}
+
 // First SIGTERM/SIGINT: finish the step, save (checkpoint.save_on_signal),
-// exit 75. A second one: exit at once.
+// exit 75. A second one: exit at once. Before the first step: exit 75 at once.
 void on_stop_signal(int sig) {
+  if (!g_stepping.load()) exit_before_first_step(sig);
   if (framework::train::Trainer::stop_signal().exchange(sig) != 0) _exit(128 + sig);
 }
 
 // SIGHUP: the launcher died (PR_SET_PDEATHSIG; it may come once per launcher
 // thread). Stop as on a first SIGTERM, however many arrive.
-void on_launcher_gone(int) {
+void on_launcher_gone(int sig) {
+  if (!g_stepping.load()) exit_before_first_step(sig);
   int none = 0;
   framework::train::Trainer::stop_signal().compare_exchange_strong(none, SIGTERM);
 }
@@ -278,6 +305,8 @@ int run_rank(const Args& args, const framework::config::Config& cfg, const Train
   // Like torchrun's OMP_NUM_THREADS: ranks on one machine share its cores.
   // Sizes OpenBLAS's pool too: it would otherwise take every core per rank.
   comm::share_cpu_threads_among_local_ranks(env);
+  g_startup_stop_len = static_cast<size_t>(std::snprintf(g_startup_stop_line, sizeof(g_startup_stop_line),
+                                                         "train: rank %d: stopped by signal ", env.rank));
   std::signal(SIGTERM, on_stop_signal);
   std::signal(SIGINT, on_stop_signal);
   // Ranks the local launcher started run under its lock; otherwise rank 0
@@ -300,6 +329,7 @@ int run_rank(const Args& args, const framework::config::Config& cfg, const Train
   try {
     auto runtime = comm::init_runtime(env, cfg.dist, cfg.train.device);
     framework::train::Trainer trainer(cfg, *runtime, hooks);
+    g_stepping.store(true);
     return trainer.run();
   } catch (const ResumeAuditError& e) {
     // Every rank found the same difference; rank 0 says it once.

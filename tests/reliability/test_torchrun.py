@@ -19,7 +19,9 @@ Debian 13 leg.
 On torchrun 2.x the agent serves the store (TORCHELASTIC_USE_AGENT_STORE):
 the banner must say the ranks used it.
 4. Rank 0 refused (the run directory is held by another job): the job ends
-   within 60 s naming why; rank 1 does not wait out the rendezvous timeout.
+   within 60 s naming why; rank 1 does not wait out the rendezvous timeout,
+   and on 2.x it stops at once on the agent's SIGTERM, saying so (before
+   its first step a rank has nothing to save), not after the agent's 30 s.
 
 Never skipped: python3-torch comes with scripts/bootstrap.sh (and the Debian
 13 root's package list).
@@ -185,6 +187,14 @@ def main():
         holder.wait()
         if r.returncode == 0 or "is in use by another job" not in r.stdout + r.stderr or took > 60:
             fail(f"a busy run directory: status {r.returncode} after {took:.1f} s: {(r.stdout + r.stderr)[-3000:]}")
+        # torchrun 2.x's agent serves the store: rank 1 waits there for rank
+        # 0 until the agent's SIGTERM, which it must act on at once (before
+        # its first step there is nothing to save), not after the agent's
+        # 30 s wait for SIGKILL. (1.13: rank 0 served the store, and rank 1
+        # fails when it goes.)
+        if major >= 2 and "train: rank 1: stopped by signal 15 before its first step" not in r.stdout + r.stderr:
+            fail(f"rank 1 did not stop at once on the agent's SIGTERM ({took:.1f} s): "
+                 f"{(r.stdout + r.stderr)[-3000:]}")
         print(f"rank 0 refused a busy run directory: the job ended in {took:.1f} s (status {r.returncode})")
     print("OK")
 
