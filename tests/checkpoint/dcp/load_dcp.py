@@ -248,13 +248,8 @@ def main():
         sys.exit(finish(generic_mode(args), args))
     if args.world == 1:
         sys.exit(finish(model_mode(0, 1, args), args))
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    store, port = common.parent_store()  # noqa: F841 (serves the workers until this process ends)
-    procs = [ctx.Process(target=worker, args=(r, args.world, port, args, q))
-             for r in range(args.world)]
-    for p in procs:
-        p.start()
+    q = mp.get_context("fork").Queue()
+    store, procs = common.fork_workers(worker, args.world, (args, q))  # noqa: F841 (store: until this process ends)
     # Rank 0's result, or the first rank that died without one: a worker that
     # crashes must fail the load, not leave this process waiting forever.
     res, deadline = None, time.monotonic() + 300

@@ -41,7 +41,6 @@ os.environ.setdefault("USE_LIBUV", "0")
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
-import torch.multiprocessing as mp  # noqa: E402
 
 import common  # noqa: E402
 
@@ -162,9 +161,9 @@ def main():
     a = ap.parse_args()
     out = os.path.abspath(a.out_dir)
     world = 2
-    store, port = common.parent_store()  # noqa: F841 (serves the workers until mp.spawn returns)
-    mp.spawn(worker, args=(world, port, out, a.flatten_optim, a.steps, a.fsdp2, a.layout),
-             nprocs=world, join=True)
+    store, procs = common.fork_workers(worker, world, (out, a.flatten_optim, a.steps, a.fsdp2, a.layout))
+    common.join_workers(procs)
+    del store  # served the workers until they ended
 
 
 if __name__ == "__main__":
