@@ -6,6 +6,8 @@
 #include <torch/torch.h>
 
 #include <atomic>
+#include <condition_variable>
+#include <mutex>
 
 using comm::DistError;
 using comm::Group;
@@ -256,14 +258,36 @@ TEST(CheckpointGroup, RunsCollectivesFromABackgroundThreadWhileTrainingGroupIsBu
   });
 }
 
+// The stuck peer (a thread of this process) stays silent until rank 0 has
+// its answer or `wake_after` has passed, whichever comes first: a timeout
+// that fails to fire leaves rank 0 waiting until the peer leaves.
+class StuckPeer {
+ public:
+  void stay_silent(std::chrono::milliseconds wake_after) {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait_for(lock, wake_after, [&] { return answered_; });
+  }
+  void answered() {
+    std::lock_guard<std::mutex> lock(mu_);
+    answered_ = true;
+    cv_.notify_all();
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool answered_ = false;
+};
+
 TEST(DeadPeer, CollectiveAgainstAStuckPeerTimesOutNamingTheOperation) {
   std::string message;
+  StuckPeer peer;
   run_ranks(2, [&](RankContext& ctx) {
     std::vector<int> all{0, 1};
     auto g = ctx.rendezvous.new_group("train", all);
     if (ctx.rank == 1) {
       // Alive but never joins the collective: stays silent past the timeout.
-      std::this_thread::sleep_for(std::chrono::milliseconds(9000));
+      peer.stay_silent(std::chrono::milliseconds(9000));
       return;
     }
     at::Tensor t = at::ones({8});
@@ -279,6 +303,7 @@ TEST(DeadPeer, CollectiveAgainstAStuckPeerTimesOutNamingTheOperation) {
     EXPECT_LT(waited, 7.0);
     // The group is now unusable and says so at once.
     EXPECT_THROW(g->barrier(), DistError);
+    peer.answered();
   }, /*timeout_s=*/3.0);
   EXPECT_NE(message.find("all_reduce"), std::string::npos) << message;
   EXPECT_NE(message.find("'train'"), std::string::npos) << message;
@@ -286,11 +311,12 @@ TEST(DeadPeer, CollectiveAgainstAStuckPeerTimesOutNamingTheOperation) {
 
 TEST(DeadPeer, AllToAllAgainstAStuckPeerTimesOutNamingTheOperation) {
   std::string message;
+  StuckPeer peer;
   run_ranks(2, [&](RankContext& ctx) {
     std::vector<int> all{0, 1};
     auto g = ctx.rendezvous.new_group("experts", all);
     if (ctx.rank == 1) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(6000));
+      peer.stay_silent(std::chrono::milliseconds(6000));
       return;
     }
     at::Tensor in = at::ones({3, 4});
@@ -305,6 +331,7 @@ TEST(DeadPeer, AllToAllAgainstAStuckPeerTimesOutNamingTheOperation) {
     const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     EXPECT_LT(waited, 5.5);  // the 3 s timeout, not the peer's 6 s
     EXPECT_THROW(g->barrier(), DistError);
+    peer.answered();
   }, /*timeout_s=*/3.0);
   EXPECT_NE(message.find("all_to_all on group 'experts'"), std::string::npos) << message;
 }

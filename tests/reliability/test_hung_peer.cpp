@@ -14,7 +14,7 @@ constexpr double kTimeoutS = 3;
 // The launcher's grace between SIGTERM and SIGKILL (dist.stop_grace_s; 10 s
 // by default): the stalled rank cannot act on SIGTERM, so each case waits
 // it out.
-constexpr double kGraceS = 2;
+constexpr double kGraceS = 1;
 // Detection (3 timeouts at most) plus the launcher's kill grace plus slack.
 constexpr double kBoundS = 3 * kTimeoutS + kGraceS + 15;
 

@@ -67,7 +67,9 @@ TEST(TiersKill, KilledAfterTheLocalCommitBeforeTheFlushResumesFromTheLocalTier) 
 TEST(TiersKill, APartnerThatStopsRespondingFailsTheSaveAndClaimsNoPartnerCopy) {
   const fs::path root = fresh_dir("tiers_partner_down");
   // Rank 3 (node 1) hangs before its partner copy of step 4.
-  TrainSpec hung = tier_run(root, "run", {"dist.timeout_s=3"}, {{"SHARDKIT_STALL_AT", "partner:4:3"}});
+  // A grace of 1 s: the hung rank cannot act on SIGTERM (10 s by default).
+  TrainSpec hung = tier_run(root, "run", {"dist.timeout_s=3", "dist.stop_grace_s=1"},
+                            {{"SHARDKIT_STALL_AT", "partner:4:3"}});
   RunResult r = run_train(hung, root / "hung.log");
   EXPECT_NE(r.exit_code, 0) << tail(r.output);
   EXPECT_TRUE(contains(r.output, "checkpoint of step 4")) << tail(r.output);
