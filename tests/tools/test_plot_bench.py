@@ -524,6 +524,14 @@ def main():
         args = args[2:]
     if PLOT_BENCH is None:
         sys.exit("usage: test_plot_bench.py --plot-bench SCRIPT")
+    # The forked runs must use the interpreter the script's #! line names (a
+    # user's run does), not whichever python3 comes first on PATH.
+    with open(PLOT_BENCH) as f:
+        first = f.readline()
+    interpreter = first[2:].strip().split()[0] if first.startswith("#!") else sys.executable
+    if (os.path.basename(interpreter).startswith("python")
+            and os.path.realpath(interpreter) != os.path.realpath(sys.executable)):
+        os.execv(interpreter, [interpreter, os.path.abspath(__file__), "--plot-bench", PLOT_BENCH, *args])
     try:  # once, for every forked run (run_forked); its absence fails the PNG cases
         import matplotlib
         matplotlib.use("Agg")

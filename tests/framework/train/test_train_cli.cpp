@@ -1055,7 +1055,7 @@ TEST(TrainCli, MoeTinyLearnsResumesBitExactlyAndLogsItsExperts) {
   const std::string config = "--nproc 2 --config " + testing_support::source_dir() + "/configs/moe_tiny.yaml";
   auto args = [&](const std::string& dir) {
     return config + " --set run.dir=" + dir + " --set train.log_every=1 --set train.eval_every=60"
-                    " --set checkpoint.interval=30 --set checkpoint.mode=sync";
+                    " --set checkpoint.interval=45 --set checkpoint.mode=sync";
   };
   const std::string full = cli_scratch("moe_full"), split = cli_scratch("moe_split");
   Result a = run(args(full) + " --set train.stop_at=60");
@@ -1081,20 +1081,20 @@ TEST(TrainCli, MoeTinyLearnsResumesBitExactlyAndLogsItsExperts) {
   }
   EXPECT_EQ(steps_with_loads, 60);
   EXPECT_LT(val_loss, 2.0) << a.output;
-  // The resumed run starts from the step-30 checkpoint the full run
-  // committed (interval 30), copied alone into a run directory of its own
+  // The resumed run starts from the step-45 checkpoint the full run
+  // committed (interval 45), copied alone into a run directory of its own
   // (no metrics.jsonl: every loss compared below is the resumed run's).
   // train.stop_at's own stop-and-resume path: ResumeAfterStopAtIsBitExact.
-  ASSERT_TRUE(fs::is_directory(full + "/checkpoints/step_30")) << a.output;
+  ASSERT_TRUE(fs::is_directory(full + "/checkpoints/step_45")) << a.output;
   fs::create_directories(split + "/checkpoints");
-  fs::copy(full + "/checkpoints/step_30", split + "/checkpoints/step_30", fs::copy_options::recursive);
+  fs::copy(full + "/checkpoints/step_45", split + "/checkpoints/step_45", fs::copy_options::recursive);
   Result c = run(args(split) + " --set train.stop_at=60");
   ASSERT_EQ(c.status, 0) << c.output;
-  EXPECT_NE(c.output.find("resumed from " + split + "/checkpoints/step_30"), std::string::npos) << c.output;
+  EXPECT_NE(c.output.find("resumed from " + split + "/checkpoints/step_45"), std::string::npos) << c.output;
   auto want = losses(full), got = losses(split);
-  ASSERT_EQ(got.size(), 30u);
-  ASSERT_EQ(got.begin()->first, 31);
-  for (int64_t s = 31; s <= 60; ++s) EXPECT_EQ(got.at(s), want.at(s)) << "step " << s << " is not bit-identical";
+  ASSERT_EQ(got.size(), 15u);
+  ASSERT_EQ(got.begin()->first, 46);
+  for (int64_t s = 46; s <= 60; ++s) EXPECT_EQ(got.at(s), want.at(s)) << "step " << s << " is not bit-identical";
 
   const std::string refused = cli_scratch("moe_refused");
   Result k = run(config + " --set run.dir=" + refused + " --set model.moe.top_k=9");
