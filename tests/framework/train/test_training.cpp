@@ -13,6 +13,7 @@
 #include "framework/config/config.h"
 #include "support/multi_rank.h"
 #include "support/paths.h"
+#include "support/python.h"
 #include "support/skip.h"
 
 #include <gtest/gtest.h>
@@ -430,19 +431,6 @@ std::string adamw_file_text(const fs::path& path) {
   return text.str();
 }
 
-// A python3 that can import torch, or "".
-std::string adamw_python() {
-  std::vector<std::string> candidates;
-  if (const char* env = std::getenv("SHARDKIT_PYTHON")) candidates.push_back(env);
-  candidates.push_back("/usr/bin/python3");
-  candidates.push_back("python3");
-  for (const std::string& python : candidates) {
-    const int status = std::system((python + " -c 'import torch' > /dev/null 2>&1").c_str());
-    if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return python;
-  }
-  return "";
-}
-
 }  // namespace
 
 TEST(AdamWImpls, ForeachAndFusedMatchTheForLoopWithinOneMillionth) {
@@ -462,7 +450,7 @@ TEST(AdamWImpls, ForeachAndFusedMatchTheForLoopWithinOneMillionth) {
 }
 
 TEST(AdamWImpls, EachMatchesPyTorchsAdamWOfTheSameImplementationOverTwentySteps) {
-  const std::string python = adamw_python();
+  const std::string python = testing_support::python_with("torch");
   if (python.empty()) {
     SHARDKIT_SKIP("no python3 with torch (tried $SHARDKIT_PYTHON, /usr/bin/python3, python3): "
                   "apt-get install python3-torch to compare against torch.optim.AdamW");
