@@ -1,6 +1,6 @@
 // A bounded libFuzzer run of each fuzz target (fuzz/): configures and builds
 // the torch-free fuzz build with clang in <build>/fuzz-ci (incrementally),
-// then runs each target for 2 s from the committed seed corpus. Skips, with
+// then runs each target for 1 s from the committed seed corpus. Skips, with
 // the reason, when clang++ or its libFuzzer runtime is missing. scripts/fuzz
 // runs longer.
 #include <cstdlib>
@@ -13,12 +13,12 @@
 namespace reliability {
 namespace {
 
-// 2 s each: every input of the seed corpus runs first, however short the
+// 1 s each: every input of the seed corpus runs first, however short the
 // run; then the mutations. Fuzzing proper is scripts/fuzz's (600 s each).
 // Uncached, the build takes most of the test's time (402 s of 545 s in a
 // fresh clone on 2 cores, beside the Debian 13 leg's build; its limit is
 // 900 s, tests/reliability/CMakeLists.txt).
-constexpr int kSecondsPerTarget = 2;
+constexpr int kSecondsPerTarget = 1;
 // Every target of fuzz/CMakeLists.txt (SHARDKIT_FUZZ_TARGETS), each with its
 // seed corpus in fuzz/corpus/<target>.
 const std::vector<std::string> kTargets = {"fuzz_metadata",    "fuzz_block_decoder", "fuzz_dcp_metadata",
