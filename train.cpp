@@ -5,6 +5,7 @@
 // Exit status: 0 done; 2 usage or config error; 75 stopped by a signal after
 // its final save (resume me); anything else: a failure (message on stderr).
 // The work is framework::train::train_main (framework/train/train_main.h).
+#include "comm/exit_now.h"
 #include "comm/fork_server.h"
 #include "framework/train/train_main.h"
 
@@ -19,10 +20,6 @@ int main(int argc, char** argv) {
   const int status = framework::train::train_main(argc, argv, {});
   // Everything of the run (checkpoints, metrics, TensorBoard files, the
   // launcher's ranks) has ended inside train_main; what is left at exit is
-  // LibTorch's static destructors, about 0.25 s of wall time in every
-  // process (3 per `train --nproc 2`, a rank restart included).
-  std::cout.flush();
-  std::cerr.flush();
-  std::fflush(nullptr);
-  std::_Exit(status);
+  // LibTorch's static destructors (comm/exit_now.h).
+  comm::exit_now(status);
 }

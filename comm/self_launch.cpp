@@ -1,10 +1,10 @@
 #include "comm/self_launch.h"
 
+#include "comm/exit_now.h"
 #include "comm/launch_env.h"
 #include "comm/local_launcher.h"
 #include "comm/runtime.h"
 
-#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
@@ -31,11 +31,7 @@ int self_launching_main(int argc, char** argv, const std::string& name,
   try {
     if (detect_launch_env(process_env()).source != LaunchSource::kSingleProcess) {
       if (dir.empty()) throw std::invalid_argument("--dir is required when started by a launcher");
-      const int status = run_rank(dir);
-      std::cout.flush();
-      std::cerr.flush();
-      std::fflush(nullptr);
-      std::_Exit(status);
+      exit_now(run_rank(dir));
     }
     if (nproc < 1) throw std::invalid_argument("--nproc must be at least 1");
     // The ranks to be, forked before anything else: they skip the load.

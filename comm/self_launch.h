@@ -7,12 +7,10 @@
 //
 // Arguments: [--nproc N] [--dir DIR]. Started by torchrun, SLURM or a
 // launcher (a rank environment is set), it runs run_rank(DIR) and ends the
-// process with its status, after flushing stdout, stderr and stdio: a
-// rank's process exists for run_rank alone, and skipping LibTorch's static
-// destructors saves each rank about 0.25 s, far more in ranks forked from
-// one loaded process (their destructors copy the pages they share: 64
-// forked ranks of tests/checkpoint/many_ranks took 31 s, 10 s without). DIR
-// is required then. Started alone, it runs N copies of this executable
+// process with its status through exit_now() (comm/exit_now.h: no static
+// destructors, which cost most in ranks forked from a loaded launcher); a
+// rank's process exists for run_rank alone. DIR is required then. Started
+// alone, it runs N copies of this executable
 // (default `default_nproc`) as local ranks with run_local_launcher, each
 // given "--dir DIR" (a fresh directory under /tmp, removed after a
 // successful run, when no --dir is given), serving their store itself, and

@@ -17,6 +17,7 @@
 // --prompt-ids and read --ids. Exit status: 0 done, 2 bad arguments or input
 // (one line naming it), 1 anything else.
 #include "checkpoint/interop/hf.h"
+#include "comm/exit_now.h"
 #include "comm/fork_server.h"
 #include "checkpoint/interop/import_weights.h"
 #include "framework/config/run_items.h"
@@ -327,9 +328,6 @@ int main(int argc, char** argv) {
   comm::serve_forks_if_asked(argc, argv);
   const int status = generate_main(argc, argv);
   // Everything is written; what is left at exit is LibTorch's static
-  // destructors (about 0.25 s), as in train.cpp.
-  std::cout.flush();
-  std::cerr.flush();
-  std::fflush(nullptr);
-  std::_Exit(status);
+  // destructors (comm/exit_now.h).
+  comm::exit_now(status);
 }

@@ -34,6 +34,7 @@
 #include "framework/config/config.h"
 #include "framework/config/run_items.h"
 #include "framework/data/dataset.h"
+#include "comm/exit_now.h"
 #include "comm/device.h"
 #include "comm/torch_compat.h"
 #include "framework/fsdp/fully_shard.h"
@@ -364,8 +365,6 @@ int main(int argc, char** argv) {
     std::cerr << "llama_ref: " << e.what() << std::endl;
     return 1;
   }
-  // All written: skip LibTorch's static destructors (about 0.25 s), as train.cpp.
-  std::cout.flush();
-  std::fflush(nullptr);
-  std::_Exit(0);
+  // All written: no LibTorch static destructors (comm/exit_now.h).
+  comm::exit_now(0);
 }

@@ -14,6 +14,7 @@
 //
 // The local launcher (--nproc) re-executes this binary, so every rank gets
 // the same faults.
+#include "comm/exit_now.h"
 #include "checkpoint/save_seam.h"
 #include "checkpoint/storage/storage.h"
 #include "framework/train/train_main.h"
@@ -76,10 +77,6 @@ int main(int argc, char** argv) {
   }
   checkpoint::test_seam::set_default_save_seam(std::move(seam));
   const int status = framework::train::train_main(argc, argv, hooks);
-  // As train.cpp: no LibTorch static destructors at exit (about 0.25 s a
-  // process, more in ranks forked from the launcher, whose pages they copy).
-  std::cout.flush();
-  std::cerr.flush();
-  std::fflush(nullptr);
-  std::_Exit(status);
+  // As train.cpp: no LibTorch static destructors at exit (comm/exit_now.h).
+  comm::exit_now(status);
 }

@@ -13,6 +13,7 @@
 //    reason" last, which is what tests/CMakeLists.txt tells ctest to count as
 //    a skip;
 //  - any other skip makes the exit status 1, with a line naming it.
+#include "comm/exit_now.h"
 #include "comm/fork_server.h"
 #include "support/skip.h"
 
@@ -190,11 +191,7 @@ int main(int argc, char** argv) {
   auto* verdict = new SkipVerdict;  // the listener list owns it
   listeners.Append(verdict);
   const int status = verdict->finish(RUN_ALL_TESTS());
-  // No static destructors: LibTorch's take about 0.3 s of CPU at every
-  // exit, and nothing a test checks runs in them (gtest has printed and
-  // written its results; every stream is flushed here).
-  std::cout.flush();
-  std::cerr.flush();
-  std::fflush(nullptr);
-  std::_Exit(status);
+  // No static destructors (comm/exit_now.h): nothing a test checks runs in
+  // them (gtest has printed and written its results).
+  comm::exit_now(status);
 }
