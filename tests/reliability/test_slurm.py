@@ -12,7 +12,7 @@ points there; /etc/slurm is not used), one node declared with 4 CPUs (two
    checkpoint every 10): the banner says the ranks saw SLURM, the run
    finishes, `ckpt list` shows step 20 committed and `ckpt verify` passes.
    A second srun with train.steps 30 resumes from step_20 and finishes.
-2. sbatch --requeue of a script that runs `srun build/train ...` (150 steps,
+2. sbatch --requeue of a script that runs `srun build/train ...` (80 steps,
    checkpoint every 10) and, when train exits 75, requeues its own job
    (`scontrol requeue $SLURM_JOB_ID`). After the first commit (step 10) the
    test sends `scancel --signal=TERM <job>`: SLURM signals the job's steps,
@@ -49,7 +49,7 @@ import tempfile
 import time
 
 SLURM_BINARIES = ["munged", "slurmctld", "slurmd", "srun", "sbatch", "scontrol", "scancel", "sinfo", "squeue"]
-STEPS_BATCH = 150
+STEPS_BATCH = 80
 STEPS_TOGETHER = 3
 
 
