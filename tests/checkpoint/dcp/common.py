@@ -99,20 +99,24 @@ def _forked_worker(target, rank, world, ports, args):
 
 
 def join_workers(procs, timeout_s=300):
-    """Waits for fork_workers()'s processes; exits this process with status
-    2, naming them, when one failed or did not end in time."""
+    """Waits for fork_workers()'s processes; once one fails (its peers would
+    wait in a collective) or none ended in time, kills the rest and exits
+    this process with status 2, naming them."""
     import sys
     import time
+    from multiprocessing.connection import wait
 
     deadline = time.monotonic() + timeout_s
-    for p in procs:
-        p.join(max(0.0, deadline - time.monotonic()))
+    while any(p.exitcode is None for p in procs) and time.monotonic() < deadline:
+        if any(p.exitcode not in (None, 0) for p in procs):
+            break
+        wait([p.sentinel for p in procs if p.exitcode is None], max(0.0, deadline - time.monotonic()))
     bad = [(r, p.exitcode) for r, p in enumerate(procs) if p.exitcode != 0]
     if bad:
         for p in procs:
             if p.exitcode is None:
                 p.kill()
-        print("workers failed (rank, exit code; None: no end in %d s): %s" % (timeout_s, bad), file=sys.stderr)
+        print("workers failed (rank, exit code; None: no end yet): %s" % bad, file=sys.stderr)
         sys.exit(2)
 
 
