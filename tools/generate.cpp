@@ -282,10 +282,6 @@ int report_failure(const std::exception& e) {
   return usage ? 2 : 1;
 }
 
-}  // namespace
-
-namespace {
-
 int generate_main(int argc, char** argv) {
   CLI::App app{"generate: continue a prompt with a trained model (a checkpoint of any world size, or a "
                "Hugging Face Llama directory)"};

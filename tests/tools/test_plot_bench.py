@@ -25,6 +25,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import traceback
 import unittest
 
@@ -232,7 +233,6 @@ def run_forked(argv, timeout):
     sel = selectors.DefaultSelector()
     for fd in chunks:
         sel.register(fd, selectors.EVENT_READ)
-    import time
     deadline = time.monotonic() + timeout
     while sel.get_map():
         events = sel.select(max(0.0, deadline - time.monotonic()))
